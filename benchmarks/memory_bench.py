@@ -1,0 +1,138 @@
+"""Offline-memory throughput benchmark (issue 3, "measured, not asserted").
+
+For generated 10-minute and 60-minute 640x360 H.264 videos (textured scenes of 3-25 s, 25 fps; the 60-minute one is
+six remuxed copies of the 10-minute one, which costs no encoding) it measures:
+bare 1-fps decode (OpenCV grab/retrieve, the strategy the pipeline uses), the full stage-1 pipeline
+(decode + quality filter + image embedding + adaptive segmentation, streamed), their ratio (target <= 1.5x with the
+offline embedders), L1 count and mean length, peak RSS of the process, and the offline perceptual captioner's time
+per segment (frame cutting + OCR + visual facts) on a sample of segments. With --strategies it also times the three
+decode strategies on the 10-minute video (the table in nbs/10_frames.ipynb).
+
+Each video is measured in a fresh subprocess so peak RSS is per video.
+Usage:  python benchmarks/memory_bench.py [--minutes 10 60] [--strategies] [--caption-sample 30] [--out runs/bench]
+"""
+import argparse, json, math, os, resource, subprocess, sys, time
+from pathlib import Path
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+
+
+def make_video(path: Path, minutes: float, fps: int = 25, seed: int = 0) -> Path:
+    "A long textured video: scenes of 3-25 s (random seeds), some with on-screen text."
+    import numpy as np
+    from reveal_kit.test_utils import make_test_video
+    if path.exists(): return path
+    rng = np.random.default_rng(seed)
+    scenes, total = [], 0.0
+    while total < minutes * 60:
+        L = float(min(rng.integers(3, 26), minutes * 60 - total))
+        sc = (L, int(rng.integers(1, 10**6))) if rng.random() > 0.2 else (L, int(rng.integers(1, 10**6)), f'SIGN {len(scenes)}')
+        scenes.append(sc); total += L
+    tmp = path.with_suffix('.tmp.mp4')
+    make_test_video(tmp, scenes, fps=fps, size=(640, 360), preset='ultrafast')
+    tmp.rename(path)
+    return path
+
+
+def concat_copies(src: Path, dst: Path, n: int) -> Path:
+    "`n` back-to-back copies of `src` by remuxing packets with shifted timestamps (no re-encoding)."
+    import av
+    if dst.exists(): return dst
+    tmp = dst.with_suffix('.tmp.mp4')
+    with av.open(str(src)) as c0:
+        s0 = c0.streams.video[0]
+        span = max(p.pts + (p.duration or 0) for p in c0.demux(s0) if p.pts is not None)
+    with av.open(str(tmp), 'w') as out:
+        with av.open(str(src)) as c:
+            so = out.add_stream_from_template(c.streams.video[0])
+        for k in range(n):
+            with av.open(str(src)) as c:
+                s = c.streams.video[0]
+                for p in c.demux(s):
+                    if p.dts is None: continue
+                    p.pts += k * span; p.dts += k * span; p.stream = so; out.mux(p)
+    tmp.rename(dst)
+    return dst
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_one(video: Path, caption_sample: int, strategies: bool) -> dict:
+    from reveal_kit.core import Config
+    from reveal_kit.frames import probe_video, iter_frames, _iter_grab
+    from reveal_kit.embedders import get_image_embedder
+    from reveal_kit.offline_memory import _segment_pass, _caption_times
+    from reveal_kit.captioning import PerceptualCaptioner, get_ocr
+    from reveal_kit.frames import read_frames_at
+    cfg = Config()
+    info = probe_video(video)
+    ie = get_image_embedder(); ie.encode([__import__('numpy').zeros((360, 640, 3), 'uint8')])   # load outside timings
+    get_ocr()
+    res = dict(video=video.name, minutes=round(info.duration / 60, 1), native_fps=info.fps, image_embedder=ie.model_id)
+    t = time.time(); n = sum(1 for _ in iter_frames(video, cfg.fps, strategy='grab', info=info)); res['decode_s'] = round(time.time() - t, 2)
+    res['n_samples'] = n
+    if strategies:
+        import av
+        t = time.time()
+        with av.open(str(video)) as c:
+            s = c.streams.video[0]; s.thread_type = 'AUTO'; k = 0
+            for fr in c.decode(s):
+                if fr.time is not None and fr.time + 1e-3 >= k: fr.to_ndarray(format='rgb24'); k += 1
+        res['pyav_decode_all_s'] = round(time.time() - t, 2)
+        t = time.time(); sum(1 for _ in iter_frames(video, cfg.fps, strategy='seek', info=info)); res['seek_each_s'] = round(time.time() - t, 2)
+    t = time.time(); segs, rep = _segment_pass(video, info, cfg, ie, progress=False); res['pipeline_s'] = round(time.time() - t, 2)
+    res['ratio'] = round(res['pipeline_s'] / res['decode_s'], 2)
+    res.update(n_kept=rep.n_kept, n_l1=len(segs), mean_l1_s=round(info.duration / len(segs), 2))
+    pc = PerceptualCaptioner()
+    step = max(1, len(segs) // caption_sample)
+    sample = segs[::step][:caption_sample]
+    t = time.time()
+    for s in sample:
+        frs = [f.rgb for f in read_frames_at(video, _caption_times(s, cfg.caption_frames), 640)]
+        pc.caption(frs, s.t_start, s.t_end, '', s.boundary_sim)
+    res['caption_s_per_segment'] = round((time.time() - t) / len(sample), 3)
+    res['caption_sampled'] = len(sample)
+    res['peak_rss_mb'] = round(peak_rss_mb())
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--minutes', type=float, nargs='+', default=[10, 60])
+    ap.add_argument('--out', default='runs/bench')
+    ap.add_argument('--caption-sample', type=int, default=30)
+    ap.add_argument('--strategies', action='store_true')
+    ap.add_argument('--one', help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        print('RESULT ' + json.dumps(measure_one(Path(a.one), a.caption_sample, a.strategies))); return
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    base = out / 'bench_10min_360p.mp4'
+    for m in a.minutes:
+        v = out / f'bench_{int(m)}min_360p.mp4'
+        t = time.time()
+        if m > 10 and m % 10 == 0: make_video(base, 10); concat_copies(base, v, int(m // 10))   # long videos: 10-min blocks remuxed
+        else: make_video(v, m)
+        print(f'# video {v} ready ({time.time() - t:.0f}s)', file=sys.stderr)
+        cmd = [sys.executable, __file__, '--one', str(v), '--caption-sample', str(a.caption_sample)] + (['--strategies'] if a.strategies and m == a.minutes[0] else [])
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        line = [l for l in p.stdout.splitlines() if l.startswith('RESULT ')]
+        if not line: print(p.stdout, p.stderr, file=sys.stderr); raise SystemExit(f'measurement failed for {v}')
+        rows.append(json.loads(line[0][7:])); print(json.dumps(rows[-1]), file=sys.stderr)
+    (out / 'memory_bench.json').write_text(json.dumps(rows, indent=1))
+    print('| video | decode 1 fps (s) | decode+filter+embed+segment (s) | ratio | L1 | mean L1 (s) | peak RSS (MB) | offline caption (s/segment) |')
+    print('|---|---|---|---|---|---|---|---|')
+    for r in rows:
+        print(f"| {r['minutes']} min 360p | {r['decode_s']} | {r['pipeline_s']} | {r['ratio']}x | {r['n_l1']} | {r['mean_l1_s']} | {r['peak_rss_mb']} | {r['caption_s_per_segment']} |")
+    for r in rows:
+        if 'seek_each_s' in r:
+            print(f"\nDecode strategies, {r['minutes']} min ({r['n_samples']} samples at 1 fps): OpenCV grab/retrieve {r['decode_s']} s, "
+                  f"PyAV decode-all {r['pyav_decode_all_s']} s, seek each sample {r['seek_each_s']} s")
+    print(f"\nimage embedder: {rows[0]['image_embedder']}; CPU cores: {os.cpu_count()}")
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,240 @@
+"""Integration and fault tests of the offline memory (REVEAL §3.1): bad inputs, resume after a real crash, reuse,
+refusal of mismatched settings, segmentation accuracy, subtitle alignment, and the `reveal memory` CLI."""
+import json, os, signal, subprocess, sys, textwrap, time, warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from reveal_kit.core import Config
+from reveal_kit.frames import MemoryBuildError
+from reveal_kit.offline_memory import (OfflineMemory, MemoryMismatchError, memory_app, get_or_build_memory,
+                                       memory_dir_for, memory_models)
+from reveal_kit.test_utils import (make_test_video, write_srt, write_vtt, make_audio_only, make_empty, truncate_copy,
+                                   make_faststart_truncated, scene_boundaries)
+
+SCENES = [(9, 1), (11, 2), (10, 3, 'LIBRARY'), (10, 4)]          # boundaries at 9, 20, 30 s; 40 s long
+CFG = Config(l2_group=2)
+
+
+@pytest.fixture(scope='module')
+def video(tmp_path_factory):
+    d = tmp_path_factory.mktemp('v')
+    v = make_test_video(d / 'demo.mp4', SCENES, fps=4, size=(320, 180))
+    srt = write_srt(d / 'demo.srt', [(10.5, 13.0, 'Where did you put the red umbrella?'), (31.0, 34.0, 'The train leaves at noon.')])
+    return v, srt
+
+
+class Reply:
+    def __init__(self, text, ok=True): self.text, self.ok, self.record = text, ok, None
+
+
+class CountingVLM:
+    "Same `chat` signature as ChatModel; counts calls per role."
+    model_id, meaningful, supports_images = 'counting-vlm', True, True
+    def __init__(self): self.calls = []
+    def chat(self, messages, *, schema=None, role='', max_tokens=512, temperature=0.0):
+        self.calls.append(role); return Reply(f'{role} {len(self.calls)}')
+
+
+# ---------------------------------------------------------------- bad inputs: one-line errors, nothing half-written
+def _bad_inputs(d: Path, v: Path):
+    (d / 'junk.mp4').write_bytes(os.urandom(4000))
+    return {'missing': (d / 'missing.mp4', 'video not found'),
+            'zero-length': (make_empty(d / 'empty.mp4'), 'empty video file'),
+            'audio-only': (make_audio_only(d / 'tone.m4a'), 'no video stream'),
+            'truncated': (truncate_copy(v, d / 'cut.mp4', 0.4), 'cannot open video'),
+            'truncated-faststart': (make_faststart_truncated(d / 'cutfs.mp4'), 'truncated video'),
+            'unreadable': (d / 'junk.mp4', 'cannot open video'),
+            'directory': (d, 'directory')}
+
+
+@pytest.mark.parametrize('kind', ['missing', 'zero-length', 'audio-only', 'truncated', 'truncated-faststart', 'unreadable', 'directory'])
+def test_bad_video_one_line_error(tmp_path, video, kind):
+    bad, why = _bad_inputs(tmp_path, video[0])[kind]
+    with pytest.raises(MemoryBuildError) as e:
+        OfflineMemory.build(bad, tmp_path / 'mem', CFG, progress=False)
+    msg = str(e.value)
+    assert why in msg and '\n' not in msg
+    assert not (tmp_path / 'mem' / 'manifest.json').exists()
+    r = CliRunner().invoke(memory_app, ['build', str(bad), '--out', str(tmp_path / 'mem2')])
+    assert r.exit_code == 2 and why in r.output and r.output.strip().count('\n') == 0, r.output
+
+
+@pytest.mark.parametrize('content', ['just some words\n', 'WEBVTT\n\n00:00:xx --> garbage\nhello\n', '1\n00:00:01,000 --> 00:00:02\n'])
+def test_malformed_subtitles(tmp_path, video, content):
+    bad = tmp_path / 'bad.srt'; bad.write_text(content)
+    with pytest.raises(MemoryBuildError, match='malformed subtitle file'):
+        OfflineMemory.build(video[0], tmp_path / 'mem', CFG, subtitles=bad, progress=False)
+    assert not (tmp_path / 'mem').exists()                        # validated before anything is written
+    r = CliRunner().invoke(memory_app, ['build', str(video[0]), '--subtitles', str(bad), '--out', str(tmp_path / 'm')])
+    assert r.exit_code == 2 and 'malformed subtitle file' in r.output
+
+
+def test_all_frames_fail_filter_is_a_documented_fallback(tmp_path):
+    v = make_test_video(tmp_path / 'dark.mp4', [(8, 1)], fps=2, dark=[(0, 8)])
+    with pytest.warns(UserWarning, match='failed the quality filter'):
+        m = OfflineMemory.build(v, tmp_path / 'mem', CFG, progress=False)
+    assert m.manifest['quality']['rejected'] == {'dark': 8} and 'unfiltered' in m.manifest['quality']['fallback']
+    assert m.level(1) and m.level(1)[0].t_start == 0 and m.level(1)[-1].t_end == pytest.approx(8, abs=0.2)
+
+
+# ---------------------------------------------------------------- the memory itself
+def test_segments_subtitles_levels(tmp_path, video):
+    v, srt = video
+    m = OfflineMemory.build(v, tmp_path / 'mem', CFG, subtitles=srt, progress=False)
+    starts = [it.t_start for it in m.level(1)]
+    assert len(starts) == 4 and all(abs(a - b) <= 1.0 for a, b in zip(starts[1:], scene_boundaries(SCENES)))
+    subs = [it.meta['subtitles'] for it in m.level(1)]
+    assert subs == ['', 'Where did you put the red umbrella?', '', 'The train leaves at noon.']
+    assert (len(m.level(2)), len(m.level(3))) == (2, 1)
+    assert m.level(2)[0].children == ['L1_0000', 'L1_0001'] and m.level(3)[0].children == ['L2_0000', 'L2_0001']
+    c = m.manifest
+    for k in ('video_sha256', 'duration', 'config_hash', 'models', 'kit_version', 'counts', 'captioner', 'memory_config'):
+        assert k in c
+    assert c['captioner'] == 'offline-perceptual' and c['counts']['n_frames'] == 40
+    hits = m.search_text('red umbrella', k={1: 2, 2: 1, 3: 1})
+    assert [h.level for h in hits] == [1, 1, 2, 3] and hits[0].item.item_id == 'L1_0001'
+    assert all(h.t_end > h.t_start for h in hits)
+    fr = m.frames('L1_0002', 2)
+    assert len(fr) == 2 and fr[0].ndim == 3
+
+
+def test_short_video_gets_one_l2_and_l3(tmp_path):
+    v = make_test_video(tmp_path / 's.mp4', [(3, 1)], fps=4)
+    m = OfflineMemory.build(v, tmp_path / 'mem', Config(), progress=False)
+    assert (len(m.level(1)), len(m.level(2)), len(m.level(3))) == (1, 1, 1)
+
+
+def test_fixed_chunking(tmp_path, video):
+    m = OfflineMemory.build(video[0], tmp_path / 'mem', CFG.replace(chunking='fixed'), progress=False)
+    assert [(it.t_start, it.t_end) for it in m.level(1)] == [(0, 10), (10, 20), (20, 30), (30, 40)]
+
+
+def test_static_scene_respects_max_length(tmp_path):
+    v = make_test_video(tmp_path / 'static.mp4', [(75, 5)], fps=1)
+    m = OfflineMemory.build(v, tmp_path / 'mem', Config(), progress=False)
+    assert len(m.level(1)) >= 3 and max(it.duration for it in m.level(1)) <= 30.0
+
+
+# ---------------------------------------------------------------- persistence: reuse, refusal, load without model calls
+def test_reuse_refuse_rebuild(tmp_path, video):
+    v, srt = video
+    model = CountingVLM()
+    m = OfflineMemory.build(v, tmp_path / 'mem', CFG, chat_model=model, subtitles=srt, progress=False)
+    n = len(model.calls)
+    assert n == 4 + 2 + 1 and m.manifest['captioner'] == 'model:counting-vlm'
+    again = OfflineMemory.build(v, tmp_path / 'mem', CFG.replace(tau=0.3, max_rounds=5), chat_model=model, subtitles=srt, progress=False)
+    assert len(model.calls) == n and again.manifest['created'] == m.manifest['created']     # reused, no call
+    loaded = OfflineMemory.load(tmp_path / 'mem', CFG)
+    assert len(model.calls) == n and len(loaded.items) == len(m.items)
+    with pytest.raises(MemoryMismatchError, match='theta'):
+        OfflineMemory.build(v, tmp_path / 'mem', CFG.replace(theta=0.5), chat_model=model, subtitles=srt, progress=False)
+    with pytest.raises(MemoryMismatchError, match='captioner'):
+        OfflineMemory.build(v, tmp_path / 'mem', CFG, chat_model=None, subtitles=srt, progress=False)
+    with pytest.raises(MemoryMismatchError, match='different subtitles'):
+        OfflineMemory.build(v, tmp_path / 'mem', CFG, chat_model=model, progress=False)
+    with pytest.raises(MemoryMismatchError, match='theta'):
+        OfflineMemory.load(tmp_path / 'mem', CFG.replace(theta=0.5))
+    r = OfflineMemory.build(v, tmp_path / 'mem', CFG.replace(theta=0.5), subtitles=srt, progress=False, rebuild=True)
+    assert r.manifest['memory_config']['theta'] == 0.5 and r.manifest['captioner'] == 'offline-perceptual'
+
+
+def test_get_or_build_memory_reuses(tmp_path, video):
+    model = CountingVLM()
+    a = get_or_build_memory(video[0], CFG, chat_model=model, root=tmp_path)
+    n = len(model.calls)
+    b = get_or_build_memory(video[0], CFG.replace(tau=0.9), chat_model=model, root=tmp_path)
+    assert a.path == b.path and len(model.calls) == n
+    assert a.path == memory_dir_for(video[0], CFG, memory_models(model), root=tmp_path)
+    c = get_or_build_memory(video[0], CFG.replace(theta=0.7), chat_model=model, root=tmp_path)
+    assert c.path != a.path
+
+
+def test_half_built_memory_never_loads(tmp_path, video, monkeypatch):
+    import reveal_kit.offline_memory as om
+    def boom(*a, **k): raise RuntimeError('disk full')
+    monkeypatch.setattr(om, '_summary_stage', boom)
+    with pytest.raises(RuntimeError):
+        OfflineMemory.build(video[0], tmp_path / 'mem', CFG, progress=False)
+    with pytest.raises(MemoryBuildError, match='unfinished build'):
+        OfflineMemory.load(tmp_path / 'mem')
+    r = CliRunner().invoke(memory_app, ['show', str(tmp_path / 'mem')])
+    assert r.exit_code == 2 and 'unfinished build' in r.output
+
+
+# ---------------------------------------------------------------- resume after a real crash (SIGKILL mid-captioning)
+CHILD = textwrap.dedent('''
+    import sys, time
+    from reveal_kit.core import Config
+    from reveal_kit.offline_memory import OfflineMemory
+    import reveal_kit.captioning as cap
+    orig = cap.PerceptualCaptioner.caption
+    def slow(self, *a, **k):
+        time.sleep(0.4); return orig(self, *a, **k)
+    cap.PerceptualCaptioner.caption = slow
+    OfflineMemory.build(sys.argv[1], sys.argv[2], Config(fps=2, l2_group=2, max_segment_s=4, min_segment_s=2), progress=False)
+''')
+
+
+def test_resume_after_kill(tmp_path, monkeypatch):
+    v = make_test_video(tmp_path / 'v.mp4', [(12, 1), (12, 2)], fps=4)
+    out = tmp_path / 'mem'
+    p = subprocess.Popen([sys.executable, '-c', CHILD, str(v), str(out)], env=dict(os.environ, HF_HUB_OFFLINE='1'))
+    l1 = out / 'l1.jsonl'
+    t0 = time.time()
+    while time.time() - t0 < 120 and p.poll() is None:
+        if l1.exists() and l1.read_text().count('\n') >= 2: break
+        time.sleep(0.05)
+    assert p.poll() is None, 'build finished before it could be killed'
+    os.kill(p.pid, signal.SIGKILL); p.wait()
+    done = l1.read_text().count('\n')
+    assert not (out / 'manifest.json').exists() and (out / 'segments.json').exists()
+    with pytest.raises(MemoryBuildError, match='unfinished build'):
+        OfflineMemory.load(out)
+    import reveal_kit.captioning as cap, reveal_kit.offline_memory as om
+    calls = []
+    orig = cap.PerceptualCaptioner.caption
+    monkeypatch.setattr(cap.PerceptualCaptioner, 'caption', lambda self, *a, **k: calls.append(a[1]) or orig(self, *a, **k))
+    monkeypatch.setattr(om, '_segment_pass', lambda *a, **k: pytest.fail('stage 1 was redone'))
+    m = OfflineMemory.build(v, out, Config(fps=2, l2_group=2, max_segment_s=4, min_segment_s=2), progress=False)
+    n_l1 = len(m.level(1))
+    assert n_l1 == 6 and len(calls) == n_l1 - done                # only the unfinished captions were made
+    assert sorted(calls) == [it.t_start for it in m.level(1)][done:]
+    assert len({it.item_id for it in m.level(1)}) == n_l1
+
+
+# ---------------------------------------------------------------- CLI
+def test_cli_build_json_and_show(tmp_path, video):
+    v, srt = video
+    r = CliRunner().invoke(memory_app, ['build', str(v), '--subtitles', str(srt), '--out', str(tmp_path / 'm'), '--json',
+                                        '--chunking', 'fixed', '--set', 'l2_group=2'])
+    assert r.exit_code == 0, r.output
+    js = json.loads(r.stdout.strip().splitlines()[-1])
+    for k in ('n_frames', 'n_kept', 'n_l1', 'n_l2', 'n_l3', 'mean_l1_seconds', 'seconds', 'memory_dir'):
+        assert k in js
+    assert (js['n_l1'], js['mean_l1_seconds'], js['reused']) == (4, 10.0, False)
+    r2 = CliRunner().invoke(memory_app, ['build', str(v), '--subtitles', str(srt), '--out', str(tmp_path / 'm'), '--json',
+                                         '--chunking', 'fixed', '--set', 'l2_group=2'])
+    assert json.loads(r2.stdout.strip().splitlines()[-1])['reused'] is True
+    r3 = CliRunner().invoke(memory_app, ['build', str(v), '--out', str(tmp_path / 'm'), '--chunking', 'adaptive'])
+    assert r3.exit_code == 2 and 'rebuild' in r3.output
+    r4 = CliRunner().invoke(memory_app, ['show', str(tmp_path / 'm')])
+    assert r4.exit_code == 0 and 'L1       4 items' in r4.stdout and 'red umbrella' in r4.stdout
+    r5 = CliRunner().invoke(memory_app, ['build', str(v), '--chunking', 'scenes', '--out', str(tmp_path / 'x')])
+    assert r5.exit_code == 2 and 'adaptive or fixed' in r5.output
+
+
+def test_cli_default_out_dir(tmp_path, video, monkeypatch):
+    monkeypatch.setenv('REVEAL_RUNS', str(tmp_path / 'runs'))
+    r = CliRunner().invoke(memory_app, ['build', str(video[0]), '--json'])
+    assert r.exit_code == 0, r.output
+    d = Path(json.loads(r.stdout.strip().splitlines()[-1])['memory_dir'])
+    assert d.parent == tmp_path / 'runs' / 'memories' and d.name.startswith('demo-') and (d / 'manifest.json').exists()
+
+
+def test_vtt_subtitles(tmp_path, video):
+    vtt = write_vtt(tmp_path / 's.vtt', [(21.0, 24.0, 'Look at the library sign.')])
+    m = OfflineMemory.build(video[0], tmp_path / 'mem', CFG, subtitles=vtt, progress=False)
+    assert [bool(it.meta['subtitles']) for it in m.level(1)] == [False, False, True, False]
