@@ -55,15 +55,25 @@ QUESTIONS = [
 
 
 class TimedEmbedder:
-    "Wraps a text embedder and accumulates the time spent encoding."
+    "Wraps a text embedder and accumulates the wall and CPU time spent encoding."
     def __init__(self, inner):
-        self.inner, self.seconds, self.calls = inner, 0.0, 0
+        self.inner, self.seconds, self.cpu, self.calls = inner, 0.0, 0.0, 0
         self.model_id, self.dim = inner.model_id, inner.dim
         self.is_fallback, self.why = getattr(inner, 'is_fallback', False), getattr(inner, 'why', '')
     def encode(self, texts):
-        t = time.perf_counter(); out = self.inner.encode(texts)
-        self.seconds += time.perf_counter() - t; self.calls += 1
+        t, c = time.perf_counter(), time.process_time(); out = self.inner.encode(texts)
+        self.seconds += time.perf_counter() - t; self.cpu += time.process_time() - c; self.calls += 1
         return out
+
+
+class CPUTimedModel:
+    "Wraps a chat model and accumulates the process CPU time spent inside `chat` (subtracted from the loop's CPU time)."
+    def __init__(self, inner): self.inner, self.cpu = inner, 0.0
+    def __getattr__(self, k): return getattr(self.inner, k)
+    def chat(self, *a, **k):
+        c = time.process_time()
+        try: return self.inner.chat(*a, **k)
+        finally: self.cpu += time.process_time() - c
 
 
 def build_memory(memory_dir: str | None):
@@ -102,9 +112,11 @@ def run_set(questions, mem, model, roles, te, repeats=1):
     rows = []
     for q in questions:
         for _ in range(repeats):
-            e0 = te.seconds
+            e0, ec0, m0, c0 = te.seconds, te.cpu, getattr(model, 'cpu', 0.0), time.process_time()
             r = answer_question(q, mem, model, Config(), 'reveal', roles=roles)
+            cpu = time.process_time() - c0 - (getattr(model, 'cpu', 0.0) - m0)
             rows.append(dict(qid=q.qid, loop_ms=1000 * r['loop_seconds'], embed_ms=1000 * (te.seconds - e0), model_ms=1000 * r['model_seconds'],
+                             loop_cpu_ms=1000 * cpu, embed_cpu_ms=1000 * (te.cpu - ec0),
                              rounds=r['rounds'], llm_calls=r['llm_calls'], cache_hits=r['cache_hits'], calls_by_role=r['calls_by_role'],
                              correct=r['correct'], stop=r['stop_reason']))
     return rows
@@ -117,6 +129,8 @@ def summarize(rows):
         for k, v in r['calls_by_role'].items(): roles[k] = roles.get(k, 0) + v / len(rows)
     return dict(n=len(rows), loop_ms_mean=statistics.mean(lm), loop_ms_median=statistics.median(lm), loop_ms_max=max(lm),
                 loop_ms_excl_embedding_mean=statistics.mean(a - b for a, b in zip(lm, em)), embed_ms_mean=statistics.mean(em),
+                loop_cpu_ms_mean=statistics.mean(r['loop_cpu_ms'] for r in rows),
+                loop_cpu_ms_excl_embedding_mean=statistics.mean(r['loop_cpu_ms'] - r['embed_cpu_ms'] for r in rows),
                 rounds_mean=statistics.mean(r['rounds'] for r in rows), llm_calls_mean=statistics.mean(r['llm_calls'] for r in rows),
                 cache_hits_mean=statistics.mean(r['cache_hits'] for r in rows), calls_per_role=roles,
                 accuracy=statistics.mean(bool(r['correct']) for r in rows), stops={s: sum(r['stop'] == s for r in rows) for s in {r['stop'] for r in rows}})
@@ -137,7 +151,7 @@ def main(argv=None):
     out['offline_roles'] = summarize(run_set(qs, mem, None, 'offline', te, a.repeats))
     counter: dict = {}
     with tempfile.TemporaryDirectory() as d:
-        cached = CachedModel(ScriptedModel(scripted_fn(qs, counter)), CallCache(Path(d) / 'calls'), mode='readwrite')
+        cached = CPUTimedModel(CachedModel(ScriptedModel(scripted_fn(qs, counter)), CallCache(Path(d) / 'calls'), mode='readwrite'))
         out['scripted_model'] = summarize(run_set(qs, mem, cached, 'model', te))
         out['scripted_model']['model_calls_made'] = sum(counter.values())
         counter.clear()
@@ -145,12 +159,15 @@ def main(argv=None):
         out['cached_rerun']['model_calls_made'] = sum(counter.values())
     p = Path(a.out) if a.out else runs_dir() / 'bench' / 'loop_bench.json'
     p.parent.mkdir(parents=True, exist_ok=True); p.write_text(json.dumps(out, indent=1))
-    print(f"memory: {mem_desc}; items L1/L2/L3 = {out['n_items']}; text embedder {te.model_id}; {os.cpu_count()} CPUs")
-    print(f"{'run':16} {'loop ms mean':>12} {'median':>8} {'max':>8} {'excl. embed':>11} {'rounds':>7} {'calls/q':>8} {'made':>6}  calls per role")
+    out['load_average'] = os.getloadavg()
+    print(f"memory: {mem_desc}; items L1/L2/L3 = {out['n_items']}; text embedder {te.model_id}; {os.cpu_count()} CPUs, load {out['load_average'][0]:.1f}")
+    print("loop time per question excluding model calls: wall ms (mean/median/max, and without query/option embedding) and CPU ms")
+    print(f"{'run':16} {'wall mean':>9} {'median':>8} {'max':>8} {'-embed':>7} {'cpu':>7} {'cpu-emb':>7} {'rounds':>7} {'calls/q':>8} {'made':>5}  calls per role")
     for k in ('offline_roles', 'scripted_model', 'cached_rerun'):
         s = out[k]
-        print(f"{k:16} {s['loop_ms_mean']:12.1f} {s['loop_ms_median']:8.1f} {s['loop_ms_max']:8.1f} {s['loop_ms_excl_embedding_mean']:11.1f} "
-              f"{s['rounds_mean']:7.2f} {s['llm_calls_mean']:8.2f} {str(s.get('model_calls_made', 0)):>6}  "
+        print(f"{k:16} {s['loop_ms_mean']:9.1f} {s['loop_ms_median']:8.1f} {s['loop_ms_max']:8.1f} {s['loop_ms_excl_embedding_mean']:7.1f} "
+              f"{s['loop_cpu_ms_mean']:7.1f} {s['loop_cpu_ms_excl_embedding_mean']:7.1f} "
+              f"{s['rounds_mean']:7.2f} {s['llm_calls_mean']:8.2f} {str(s.get('model_calls_made', 0)):>5}  "
               + ', '.join(f"{r}={v:.2f}" for r, v in sorted(s['calls_per_role'].items())))
     print(f"offline-roles accuracy {out['offline_roles']['accuracy']:.2f}, stops {out['offline_roles']['stops']}; written {p}")
     if out['cached_rerun']['model_calls_made'] != 0: sys.exit('cached rerun made model calls')

@@ -104,7 +104,7 @@ def _q(s: str) -> str: return '"' + s.replace('"', "'") + '"'
 class PerceptualCaptioner:
     "Offline L1 captions from OCR, aligned subtitles and visual facts; no language model."
     kind = 'offline-perceptual'
-    def __init__(self, ocr_frames: int = 2, theta: float = 0.8): self.ocr_frames, self.theta = ocr_frames, theta
+    def __init__(self, ocr_frames: int | None = None, theta: float = 0.8): self.ocr_frames, self.theta = ocr_frames, theta
 
     def facts(self, frames: Sequence[np.ndarray], boundary_sim: float | None = None) -> tuple[str, dict]:
         "The visual-facts sentence(s) and their raw values."
@@ -119,9 +119,10 @@ class PerceptualCaptioner:
         return s, dict(colours=top, luma=round(luma, 1), motion=round(mot, 2))
 
     def ocr(self, frames: Sequence[np.ndarray]) -> list[str]:
-        "Distinct OCR lines from up to `ocr_frames` evenly chosen frames."
-        if not frames or self.ocr_frames <= 0: return []
-        idx = sorted(set(np.linspace(0, len(frames) - 1, min(self.ocr_frames, len(frames))).round().astype(int)))
+        "Distinct OCR lines from every frame given, or from up to `ocr_frames` evenly chosen ones."
+        n = len(frames) if self.ocr_frames is None else min(self.ocr_frames, len(frames))
+        if not frames or n <= 0: return []
+        idx = sorted(set(np.linspace(0, len(frames) - 1, n).round().astype(int)))
         lines = []
         for i in idx:
             for l in ocr_text(frames[i]):
@@ -167,30 +168,52 @@ def make_captioner(model=None, config: Config = Config()):
     if model is not None and getattr(model, 'meaningful', False): return VLMCaptioner(model)
     return PerceptualCaptioner(theta=config.theta)
 
-# %% ../nbs/13_captioning.ipynb #d4752e74
+# %% ../nbs/13_captioning.ipynb #0a2f75c0
 _STOP = set('a an the and or of to in on at is are was were be with for from by this that it its as into then'.split())
+_BOILER = set('scene colours colour medium brightness bright dark static motion strong some new begins visual change '
+              'previous segment on-screen text subtitles'.split())
 _SENT = re.compile(r'(?<=[.!?])\s+(?=[A-Z"\[])')
+_LABEL = re.compile(r'^\[(\d+:\d{2}(?::\d{2})?-\d+:\d{2}(?::\d{2})?)\]\s*')
 
-def _words(s: str) -> set[str]: return {w for w in re.findall(r"[a-z0-9']+", s.lower()) if w not in _STOP and not w.isdigit()}
+def _content(s: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9']+", s.lower()) if w not in _STOP and w not in _BOILER}
+
+def _units(children: Sequence[tuple[float, float, str]]) -> list[tuple[int, int, str, str]]:
+    "(child, position, time label, sentence) for every sentence of every child."
+    out = []
+    for i, (a, b, text) in enumerate(children):
+        label = f"{fmt_time(a)}-{fmt_time(b)}"
+        for j, sent in enumerate(_SENT.split(text)):
+            sent = sent.strip()
+            if m := _LABEL.match(sent): label, sent = m.group(1), sent[m.end():].strip()
+            if sent: out.append((i, j, label, sent))
+    return out
+
+def _gain(sent: str, seen: set) -> int:
+    new = _content(sent) - seen
+    quoted = {w for q in re.findall(r'"([^"]*)"', sent) for w in _content(q)}
+    return len(new) + len(new & quoted)
 
 def extractive_summary(children: Sequence[tuple[float, float, str]], words: int) -> str:
-    "Time-ordered sentences from the children, chosen greedily by how many new content words they add, within `words`."
-    sents = [(i, j, s.strip()) for i, (_, _, t) in enumerate(children) for j, s in enumerate(_SENT.split(t)) if s.strip()]
-    chosen, seen, budget = [], set(), words
+    "Time-labelled sentences of the children, chosen greedily by new content words within `words`, in time order."
+    units, chosen, seen, labels, budget = _units(children), set(), set(), set(), words
     while True:
         picked = False
-        for i in range(len(children)):            # one sentence per child per round, so every child is represented early
-            cands = [(len(_words(s) - seen), -j, j, s) for (ci, j, s) in sents if ci == i and (ci, j) not in {(a, b) for a, b, _ in chosen}]
+        for i in range(len(children)):              # one sentence per child per round: every child is represented early
+            cands = [(_gain(u[3], seen), -u[1], u) for u in units if u[0] == i and u[:2] not in chosen]
             cands = [c for c in cands if c[0] > 0]
             if not cands: continue
-            gain, _, j, s = max(cands)
-            n = len(s.split())
-            if n > budget: continue
-            chosen.append((i, j, s)); seen |= _words(s); budget -= n; picked = True
+            u = max(cands)[2]
+            cost = len(u[3].split()) + (u[2] not in labels)
+            if cost > budget: continue
+            chosen.add(u[:2]); seen |= _content(u[3]); labels.add(u[2]); budget -= cost; picked = True
         if not picked: break
-    return ' '.join(s for _, _, s in sorted(chosen))
+    out, last = [], None
+    for u in sorted(x for x in units if x[:2] in chosen):
+        out.append(u[3] if u[2] == last else f"[{u[2]}] {u[3]}"); last = u[2]
+    return ' '.join(out)
 
-# %% ../nbs/13_captioning.ipynb #31bbe899
+# %% ../nbs/13_captioning.ipynb #3dcaf80b
 class ExtractiveSummarizer:
     "Offline L2/L3 summarizer: `extractive_summary` with the level's word budget."
     kind = 'extractive'

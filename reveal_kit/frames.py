@@ -13,8 +13,8 @@ import numpy as np
 from .core import Config
 
 # %% auto #0
-__all__ = ['SEEK_COST_FRAMES', 'MemoryBuildError', 'VideoError', 'VideoInfo', 'probe_video', 'choose_strategy', 'Frame',
-           'iter_frames_at', 'read_frames_at', 'iter_frames', 'prefetch', 'frame_quality', 'quality_reason',
+__all__ = ['SEEK_COST_FRAMES', 'DENSE_STRATEGY', 'MemoryBuildError', 'VideoError', 'VideoInfo', 'probe_video', 'choose_strategy',
+           'Frame', 'iter_frames_at', 'read_frames_at', 'iter_frames', 'prefetch', 'frame_quality', 'quality_reason',
            'QualityReport', 'filter_frames']
 
 # %% ../nbs/10_frames.ipynb #a379a72e
@@ -56,11 +56,12 @@ def probe_video(path: str | Path) -> VideoInfo:
         return VideoInfo(str(p), dur, fps, n, s.codec_context.width, s.codec_context.height, s.codec_context.name)
 
 # %% ../nbs/10_frames.ipynb #9202a8ca
-SEEK_COST_FRAMES = 150   # one seek ≈ this many sequential grabs (issue: 35 s / 600 seeks vs 6.8 s / 15 000 grabs ≈ 128)
+SEEK_COST_FRAMES = 150   # one seek ≈ this many sequential decodes (measured: 89 s / 600 seeks vs 8 s / 15 000 frames ≈ 280; issue: ≈ 130)
+DENSE_STRATEGY = 'decode'
 
 def choose_strategy(n_samples: int, n_frames: int) -> str:
-    "'seek' when the samples are sparse enough that seeking beats decoding everything, else 'grab'."
-    return 'seek' if n_samples * SEEK_COST_FRAMES < n_frames else 'grab'
+    "'seek' when the samples are sparse enough that seeking beats decoding everything, else `DENSE_STRATEGY`."
+    return 'seek' if n_samples * SEEK_COST_FRAMES < n_frames else DENSE_STRATEGY
 
 # %% ../nbs/10_frames.ipynb #d6b7b693
 @dataclass
@@ -94,6 +95,23 @@ def _iter_grab(path: str, fps: float, max_width: int | None) -> Iterator[Frame]:
     finally: cap.release()
 
 # %% ../nbs/10_frames.ipynb #f9a87d2c
+def _iter_decode(path: str, fps: float, max_width: int | None) -> Iterator[Frame]:
+    "PyAV: decode every frame (threaded), convert only the first frame at or after each sample time."
+    import av
+    try: c = av.open(path)
+    except Exception as e: raise VideoError(f"cannot open video {Path(path).name}: {type(e).__name__}") from None
+    with c:
+        s = c.streams.video[0]; s.thread_type = 'AUTO'
+        half, step, k = 0.5 / float(s.average_rate or 25), 1.0 / fps, 0
+        try:
+            for fr in c.decode(s):
+                t = fr.time
+                if t is None or t + half < k * step: continue
+                yield Frame(round(t, 3), _resize(fr.to_ndarray(format='rgb24'), max_width))
+                k = math.floor(t / step + 1e-6) + 1
+        except av.error.FFmpegError: return      # a corrupt tail ends the stream; iter_frames reports truncation
+
+# %% ../nbs/10_frames.ipynb #012bc382
 def iter_frames_at(path: str | Path, times: Sequence[float], max_width: int | None = None, forward_s: float = 5.0) -> Iterator[Frame]:
     "One frame per requested time (in sorted order): seek with PyAV, or decode forward when the target is < `forward_s` ahead."
     import av
@@ -122,7 +140,7 @@ def read_frames_at(path: str | Path, times: Sequence[float], max_width: int | No
     "List version of `iter_frames_at`: the first frame at or after each requested time (the last frame past the end)."
     return list(iter_frames_at(path, times, max_width))
 
-# %% ../nbs/10_frames.ipynb #eb404965
+# %% ../nbs/10_frames.ipynb #6e65a2d5
 def _iter_seek(path: str, times: Sequence[float], max_width: int | None) -> Iterator[Frame]:
     yield from iter_frames_at(path, times, max_width)
 
@@ -132,14 +150,16 @@ def iter_frames(path: str | Path, fps: float = 1.0, max_width: int | None = 640,
     info = info or probe_video(path)
     times = [k / fps for k in range(int(math.floor(info.duration * fps - 1e-6)) + 1)]
     if strategy == 'auto': strategy = choose_strategy(len(times), info.n_frames)
-    it = _iter_seek(str(path), times, max_width) if strategy == 'seek' else _iter_grab(str(path), fps, max_width)
+    if strategy not in ('decode', 'grab', 'seek'): raise ValueError(f"strategy must be auto, decode, grab or seek, got {strategy!r}")
+    it = {'seek': lambda: _iter_seek(str(path), times, max_width), 'grab': lambda: _iter_grab(str(path), fps, max_width),
+          'decode': lambda: _iter_decode(str(path), fps, max_width)}[strategy]()
     n, last = 0, -1.0
     for f in it: n += 1; last = f.t; yield f
     if n == 0: raise VideoError(f"no decodable video frames in {Path(path).name} (corrupt or truncated stream?)")
     if info.duration - last > max(3.0, 3.0 / fps):
         raise VideoError(f"truncated video {Path(path).name}: frames stop at {last:.1f}s of the {info.duration:.1f}s its container declares")
 
-# %% ../nbs/10_frames.ipynb #031cf8f2
+# %% ../nbs/10_frames.ipynb #2c3120a3
 def prefetch(items: Iterable, n: int = 16) -> Iterator:
     "Run an iterator in a background thread with a bounded queue; exceptions re-raise in the consumer."
     q: queue.Queue = queue.Queue(maxsize=n); done = object(); stop = threading.Event()
@@ -161,7 +181,7 @@ def prefetch(items: Iterable, n: int = 16) -> Iterator:
             yield x
     finally: stop.set()
 
-# %% ../nbs/10_frames.ipynb #5b387317
+# %% ../nbs/10_frames.ipynb #bbe25b81
 _FLAT_JPEG: dict = {}
 
 def _jpeg_bytes(gray: np.ndarray) -> int:
@@ -186,7 +206,7 @@ def quality_reason(q: dict, config: Config) -> str | None:
     if q['lap_var'] < config.blur_min_laplacian_var: return 'blur'
     return None
 
-# %% ../nbs/10_frames.ipynb #092893bd
+# %% ../nbs/10_frames.ipynb #0deeda7d
 @dataclass
 class QualityReport:
     "Counts of the quality filter: frames seen, kept, rejected per reason, and whether the keep-best fallback fired."

@@ -16,19 +16,19 @@ from .frames import (MemoryBuildError, VideoError, QualityReport, Frame, probe_v
                                iter_frames_at, read_frames_at, filter_frames, prefetch)
 from .segmentation import L1Segment, make_segmenter
 from .subtitles import Cue, SubtitleError, load_subtitles, align_cues, cues_text
-from .captioning import make_captioner, make_summarizer, fmt_time
+from .captioning import make_captioner, make_summarizer, fmt_time, PerceptualCaptioner
 
 # %% auto #0
 __all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'memory_app', 'MemoryMismatchError', 'memory_config', 'memory_key',
            'captioner_kind', 'memory_models', 'video_sha256', 'memory_dir_for', 'Hit', 'OfflineMemory', 'search_text',
-           'search_visual', 'frames', 'from_items', 'build', 'load', 'get_or_build_memory', 'build_cmd', 'describe',
-           'show_cmd']
+           'search_visual', 'frames', 'from_items', 'frames_per_caption', 'build', 'load', 'get_or_build_memory',
+           'build_cmd', 'describe', 'show_cmd']
 
 # %% ../nbs/14_offline_memory.ipynb #a489f122
 FORMAT_VERSION = 1
 MEMORY_FIELDS = ('fps', 'dark_max_mean', 'bright_min_mean', 'uniform_max_std', 'min_jpeg_bytes_per_kpx',
                  'blur_min_laplacian_var', 'theta', 'min_segment_s', 'max_segment_s', 'chunking', 'fixed_chunk_s',
-                 'caption_frames', 'l2_group', 'l3_group', 'l2_words', 'l3_words')
+                 'caption_frames', 'ocr_every_s', 'l2_group', 'l3_group', 'l2_words', 'l3_words')
 
 class MemoryMismatchError(MemoryBuildError):
     "An existing memory was built with another Config, other models or another video/subtitles."
@@ -272,13 +272,18 @@ def _segment_pass(video: Path, info, config: Config, image_embedder, progress: b
     segs.extend(seg.finish(info.duration))
     return segs, report
 
+def frames_per_caption(seg: L1Segment, captioner, config: Config) -> int:
+    "Frames a caption sees: `caption_frames` for a model; for the offline captioner one per `ocr_every_s` (at least `caption_frames`), so on-screen text shown for a few seconds is read."
+    if not isinstance(captioner, PerceptualCaptioner) or config.ocr_every_s <= 0: return config.caption_frames
+    return max(config.caption_frames, int(np.ceil((seg.t_end - seg.t_start) / config.ocr_every_s)))
+
 def _caption_times(seg: L1Segment, n: int) -> list[float]:
     "Up to n evenly chosen *kept* frame times of the segment (so captions never see dropped dark/blurred frames)."
     ft = seg.frame_times
     if not ft: return _spread(seg.t_start, seg.t_end, min(n, 2))
     return [ft[int(i)] for i in np.unique(np.linspace(0, len(ft) - 1, min(n, len(ft))).round())]
 
-# %% ../nbs/14_offline_memory.ipynb #a65ed355
+# %% ../nbs/14_offline_memory.ipynb #bc5cbb28
 def _identity(video: Path, info, config: Config, models: dict, sub_sha: str | None, vsha: str) -> dict:
     return dict(format_version=FORMAT_VERSION, video_sha256=vsha, memory_config=memory_config(config), models=models,
                 subtitles_sha256=sub_sha, memory_key=memory_key(config, models, sub_sha))
@@ -322,14 +327,14 @@ def _locked(out: Path):
         try: yield
         finally: fcntl.flock(f, fcntl.LOCK_UN)
 
-# %% ../nbs/14_offline_memory.ipynb #339406fe
+# %% ../nbs/14_offline_memory.ipynb #6a55105e
 def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config, chat_model, progress: bool) -> list[MemoryItem]:
     done = {r['item_id']: MemoryItem.from_dict(r) for r in _read_jsonl(out / 'l1.jsonl')}
     todo = [s for s in segs if f"L1_{s.idx:04d}" not in done]
     if todo:
         cap = make_captioner(chat_model, config)
         subs = align_cues(cues, [(s.t_start, s.t_end) for s in todo]) if cues else [[] for _ in todo]
-        reqs = sorted((t, j) for j, s in enumerate(todo) for t in _caption_times(s, config.caption_frames))
+        reqs = sorted((t, j) for j, s in enumerate(todo) for t in _caption_times(s, frames_per_caption(s, cap, config)))
         stream = iter_frames_at(video, [t for t, _ in reqs], max_width=640)
         pending: dict[int, list] = {}
         want = {j: sum(1 for _, jj in reqs if jj == j) for j in range(len(todo))}
@@ -364,7 +369,7 @@ def _summary_stage(out: Path, level: int, children: list[MemoryItem], config: Co
             bar.update(1)
     return [done[f"L{level}_{j:04d}"] for j in range(len(groups))]
 
-# %% ../nbs/14_offline_memory.ipynb #8c07e843
+# %% ../nbs/14_offline_memory.ipynb #34f5b532
 @classmethod
 def build(cls, video_path: str | Path, out_dir: str | Path, config: Config = Config(), chat_model=None,
           subtitles: str | Path | None = None, text_embedder=None, image_embedder=None, progress: bool = True,
@@ -422,7 +427,7 @@ def build(cls, video_path: str | Path, out_dir: str | Path, config: Config = Con
     return cls.load(out, config, text_embedder=te, image_embedder=ie)
 OfflineMemory.build = build
 
-# %% ../nbs/14_offline_memory.ipynb #47bcf9be
+# %% ../nbs/14_offline_memory.ipynb #f4b42ad5
 @classmethod
 def load(cls, path: str | Path, config: Config | None = None, text_embedder=None, image_embedder=None) -> OfflineMemory:
     "Load a complete memory from its directory (no model call); with `config`, refuse one built under other memory settings."
@@ -444,7 +449,7 @@ def load(cls, path: str | Path, config: Config | None = None, text_embedder=None
     return mem
 OfflineMemory.load = load
 
-# %% ../nbs/14_offline_memory.ipynb #775ed3a5
+# %% ../nbs/14_offline_memory.ipynb #b2fd32ac
 def get_or_build_memory(video_path: str | Path, config: Config = Config(), chat_model=None, subtitles: str | Path | None = None,
                         root: str | Path | None = None, progress: bool = False, text_embedder=None, image_embedder=None) -> OfflineMemory:
     "The memory of this video for these settings: loaded when complete, resumed when partial, built otherwise."
@@ -453,7 +458,7 @@ def get_or_build_memory(video_path: str | Path, config: Config = Config(), chat_
     if (d / 'manifest.json').exists(): return OfflineMemory.load(d, config, text_embedder=te, image_embedder=ie)
     return OfflineMemory.build(video_path, d, config, chat_model, subtitles, te, ie, progress=progress)
 
-# %% ../nbs/14_offline_memory.ipynb #652aa791
+# %% ../nbs/14_offline_memory.ipynb #479d0e8a
 memory_app = typer.Typer(help="Build and inspect offline video memories (REVEAL §3.1).", no_args_is_help=True, add_completion=False)
 
 def _chat_model_from_cli(backend: str | None, model: str | None, base_url: str | None):

@@ -61,8 +61,8 @@ def test_descriptor_segments_a_generated_video_at_theta():
 
 def test_descriptor_is_fast_enough_for_600_frames():
     frames = [cv2.resize(scene(3)[0], (1280, 720))] * 600
-    t0 = time.perf_counter(); E.DescriptorImageEmbedder().encode(frames); dt = time.perf_counter() - t0
-    assert dt < 5, f"600 frames of 1280x720 took {dt:.2f} s"
+    c0 = time.process_time(); E.DescriptorImageEmbedder().encode(frames); cpu = time.process_time() - c0
+    assert cpu < 5, f"600 frames of 1280x720 took {cpu:.2f} s of CPU"     # CPU time: CI machines may be shared
 
 
 def test_descriptor_rejects_bad_frames():
@@ -153,18 +153,21 @@ def test_siglip_text_and_image_share_a_space():
 
 # ---------------------------------------------------------------- index
 
-def clustered(n, dim, seed=0, n_clusters=100):
+def clustered(n, dim, seed=0, n_clusters=400):
     r = np.random.default_rng(seed)
     c = r.standard_normal((n_clusters, dim)).astype(np.float32)
     return c[r.integers(0, n_clusters, n)] + 0.7 * r.standard_normal((n, dim)).astype(np.float32)
 
 
 def test_index_switches_to_hnsw_above_threshold_with_high_recall(tmp_path):
-    X = clustered(30_000, 64); Q = clustered(200, 64, seed=1)
-    ix = VectorIndex(64)
-    ix.add([f'v{i}' for i in range(len(X))], X)
+    XQ = clustered(8_200, 64); X, Q = XQ[:8_000], XQ[8_000:]                  # queries from the same clusters
+    ix = VectorIndex(64, exact_threshold=5_000)                                 # the switch, at a size CI can afford
+    ix.add([f'v{i}' for i in range(4_000)], X[:4_000])
+    ix.search(Q[:1], 10)
+    assert ix._hnsw is None                                                      # small: exact, no graph
+    ix.add([f'v{i}' for i in range(4_000, 8_000)], X[4_000:])
     approx = ix.search(Q, 10)
-    assert ix._hnsw is not None                                                  # 30k > 20k: the graph was built
+    assert ix._hnsw is not None and len(ix._hnsw) == 8_000                       # above the threshold: HNSW over everything
     truth, _ = exact_topk(Q / np.linalg.norm(Q, axis=1, keepdims=True), ix.matrix, 10)
     recall = np.mean([len({k for k, _ in a} & {f'v{j}' for j in t}) / 10 for a, t in zip(approx, truth)])
     assert recall >= 0.95, recall
@@ -183,3 +186,14 @@ def test_index_edge_cases():
     with pytest.raises(ValueError, match='dimension mismatch'): ix.add(['b'], np.ones((1, 9)))
     with pytest.raises(ValueError, match='all-zero'): ix.add(['b'], np.zeros((1, 8)))
     with pytest.raises(ValueError, match='dim must be'): VectorIndex(0)
+
+
+def test_index_bench_smoke(tmp_path):
+    "benchmarks/index_bench.py runs end to end at a tiny size and reports sane numbers."
+    import importlib.util, pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / 'benchmarks' / 'index_bench.py'
+    spec = importlib.util.spec_from_file_location('index_bench', path); mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(['--sizes', '2000', '--kinds', 'clustered', '--queries', '20', '--dim', '32', '--json', str(tmp_path / 'b.json')])
+    assert len(rows) == 1 and rows[0]['recall_at_10'] >= 0.9 and rows[0]['build_s'] > 0
+    assert json.loads((tmp_path / 'b.json').read_text())[0]['n'] == 2000

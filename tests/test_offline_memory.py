@@ -238,3 +238,15 @@ def test_vtt_subtitles(tmp_path, video):
     vtt = write_vtt(tmp_path / 's.vtt', [(21.0, 24.0, 'Look at the library sign.')])
     m = OfflineMemory.build(video[0], tmp_path / 'mem', CFG, subtitles=vtt, progress=False)
     assert [bool(it.meta['subtitles']) for it in m.level(1)] == [False, False, True, False]
+
+
+def test_scripted_model_path(tmp_path, video):
+    from reveal_kit.backends import ScriptedModel
+    sm = ScriptedModel(lambda messages, schema, role: f'{role} text', model_id='scripted-vlm')
+    m = OfflineMemory.build(video[0], tmp_path / 'mem', CFG, chat_model=sm, subtitles=video[1], progress=False)
+    assert [c['role'] for c in sm.calls] == ['caption'] * 4 + ['summarize_l2'] * 2 + ['summarize_l3']
+    assert m.manifest['captioner'] == 'model:scripted-vlm' and m.level(1)[0].narrative.endswith('caption text')
+    assert 'red umbrella' in str(sm.calls[1]['messages'])                          # aligned subtitles reach the prompt
+    weak = ScriptedModel(lambda messages, schema, role: 'x', model_id='weak', meaningful=False)
+    w = OfflineMemory.build(video[0], tmp_path / 'mem2', CFG, chat_model=weak, progress=False)
+    assert w.manifest['captioner'] == 'offline-perceptual' and not weak.calls      # not meaningful: offline roles

@@ -237,7 +237,7 @@ def test_cli(tmp_path):
     import typer
     from typer.testing import CliRunner
     app = typer.Typer(); app.command()(cli_synth)
-    r = CliRunner().invoke(app, [str(tmp_path), '--minutes', '3', '--videos', '1', '--questions-per-video', '6',
+    r = CliRunner().invoke(app, [str(tmp_path), '--minutes', '4', '--videos', '1', '--questions-per-video', '6',
                                  '--seed', '9', '--split', 'train', '--width', '320', '--height', '180'])
     assert r.exit_code == 0, r.output
     assert all(t in r.output for t in QTYPES) and (tmp_path / 'videos' / 'train-s9-000.mp4').exists()
@@ -267,6 +267,9 @@ def test_resume_after_interruption(tmp_path):
     assert mp4.read_bytes() == good and man['videos'][0]['render_s'] > 0
     man = generate_benchmark(tmp_path, seed=6, **SMALL)          # complete: nothing re-rendered
     assert man['videos'][0]['render_s'] == 0
+    done = mp4.with_name('test-s6-000.done.json'); d = json.loads(done.read_text())
+    done.write_text(json.dumps(dict(d, params=dict(d['params'], script='0' * 16))))   # made from another script
+    assert generate_benchmark(tmp_path, seed=6, **SMALL)['videos'][0]['render_s'] > 0
 
 
 # ---------- scale ----------
