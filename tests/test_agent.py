@@ -85,6 +85,15 @@ def test_negation_one_query_per_option():
     assert len(offline_decompose(five, Config())) == 5
 
 
+def test_negation_model_decomposition_enforced():
+    from reveal_kit.backends import ScriptedModel
+    m = ScriptedModel(lambda messages, schema, role: {'queries': ['animals in the video', 'what is not shown'], 'reasoning': 'x'})
+    a = Planner(m, Config(), offline=False).decompose(Q_NEG)
+    assert a.queries == offline_decompose(Q_NEG, Config()) and a.source == 'model' and 'negation' in a.notes[0]
+    ok = ScriptedModel(lambda messages, schema, role: {'queries': ['chef onions', 'dog pool', 'pilot plane', 'girl violin'], 'reasoning': 'x'})
+    assert Planner(ok, Config(), offline=False).decompose(Q_NEG).queries == ['chef onions', 'dog pool', 'pilot plane', 'girl violin']
+
+
 def test_uniform_sampling_only_unvisited():
     l1 = [MemoryItem(f'L1_{i:03d}', 1, 10 * i, 10 * i + 10, 'x') for i in range(40)]
     visited = {f'L1_{i:03d}' for i in range(0, 40, 3)}
@@ -210,6 +219,10 @@ def test_cli_ask_json(minilm_memory, monkeypatch, tmp_path):
     assert d['answer'] in 'ABCD' and all('t_start' in e for e in d['evidence'])
     out2 = CliRunner().invoke(app, [str(video), '-q', Q_COUNT.question, '-o', '1', '-o', '2', '--method', 'base', '--trace-dir', str(tmp_path / 'tr')])
     assert out2.exit_code == 0 and 'Answer:' in out2.output and 'Trace:' in out2.output
+    def bad_memory(*a, **k): raise ValueError('video not found: nowhere.mp4')
+    monkeypatch.setattr(agent, '_get_memory', bad_memory)
+    out3 = CliRunner().invoke(app, [str(video), '-q', 'x?', '-o', 'a', '-o', 'b'])
+    assert out3.exit_code == 2
 
 
 # --- the real embedded LLM --------------------------------------------------------------------------------------------
