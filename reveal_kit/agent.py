@@ -19,8 +19,7 @@ from .answerer import Answerer
 # %% auto #0
 __all__ = ['PRESETS', 'RERANK_WEIGHTS', 'MethodSpec', 'get_method', 'Candidate', 'topk_for', 'retrieve', 'rerank_targets',
            'rubric_rerank', 'relevance_rank', 'synthetic_items', 'trace_path', 'Roles', 'make_roles', 'MemoEmbed',
-           'run_loop', 'answer_question', 'load_trace', 'format_trace', 'cli_ask', 'run_methods', 'results_table',
-           'cli_demo']
+           'run_loop', 'answer_question', 'load_trace', 'format_trace', 'cli_ask']
 
 # %% ../nbs/25_agent.ipynb #0ca3134a
 @dataclass(frozen=True)
@@ -416,52 +415,4 @@ def cli_ask(video: Annotated[Path, typer.Argument(help="video file")],
         typer.echo(json.dumps({k: res[k] for k in ('answer', 'sufficient', 'rho', 'rounds', 'llm_calls', 'tokens', 'stop_reason', 'evidence', 'trace')}, default=str))
     else: typer.echo(_ask_summary(res, q, cfg.tau))
     if res['failed']: raise typer.Exit(1)
-    return res
-
-# %% ../nbs/25_agent.ipynb #f8900b2f
-def run_methods(questions: list[Question], get_memory: Callable[[Question, str], Any], methods: list[str] = ('reveal', 'base'),
-                model: Any = None, config: Config | None = None, trace_dir: str | Path | None = None, roles: str = 'auto',
-                progress: bool = True) -> list[dict]:
-    "Answer every question with every method; memories come from `get_memory(question, chunking)`."
-    from tqdm.auto import tqdm
-    config = config or Config(); out = []
-    for m in methods:
-        spec = get_method(m)
-        for q in tqdm(questions, desc=spec.name, disable=not progress, leave=False):
-            out.append(answer_question(q, get_memory(q, spec.chunking), model, config, spec,
-                                       trace_dir=Path(trace_dir) / _safe(spec.name) if trace_dir else None, roles=roles))
-    return out
-
-def results_table(results: list[dict]) -> str:
-    "Per method: questions, accuracy, mean rounds, mean LLM calls, mean loop ms, stop reasons."
-    rows, L = {}, [f"{'method':12} {'n':>4} {'acc':>6} {'rounds':>7} {'calls':>6} {'loop ms':>8}  stop reasons"]
-    for r in results: rows.setdefault(r['preset'], []).append(r)
-    for m, rs in rows.items():
-        ok = [r for r in rs if r['correct'] is not None]
-        stops = {}
-        for r in rs: stops[r['stop_reason']] = stops.get(r['stop_reason'], 0) + 1
-        acc = sum(r['correct'] for r in ok) / len(ok) if ok else float('nan')
-        L.append(f"{m:12} {len(rs):4d} {acc:6.3f} {np.mean([r['rounds'] for r in rs]):7.2f} {np.mean([r['llm_calls'] for r in rs]):6.2f} "
-                 f"{1000 * np.mean([r['loop_seconds'] for r in rs]):8.1f}  " + ', '.join(f"{k}={v}" for k, v in sorted(stops.items())))
-    return '\n'.join(L)
-
-# %% ../nbs/25_agent.ipynb #d0a9f333
-def cli_demo(bench: Annotated[Path, typer.Argument(help="a benchmark folder written by `reveal synth` (questions.jsonl)")],
-             methods: Annotated[str, typer.Option(help="comma-separated presets")] = 'reveal,base',
-             limit: Annotated[int, typer.Option(help="questions to answer (0 = all)")] = 8,
-             trace_dir: Annotated[Optional[Path], typer.Option(help="trace folder")] = None,
-             memory_root: Annotated[Optional[Path], typer.Option(help="where memories are built")] = None) -> list[dict]:
-    "Answer a handful of a generated benchmark's questions with some methods (offline roles) and print the table."
-    from reveal_kit.synth import load_questions
-    from reveal_kit.offline_memory import get_or_build_memory
-    qs = load_questions(bench); qs = qs[:limit] if limit else qs
-    cache: dict = {}
-    def get_memory(q: Question, chunking: str):
-        key = (q.video_path, chunking)
-        if key not in cache:
-            cache[key] = get_or_build_memory(q.video_path, Config(chunking=chunking), subtitles=q.subtitle_path, root=memory_root, progress=True)
-        return cache[key]
-    td = trace_dir or (runs_dir() / 'traces' / 'demo' / time.strftime('%Y%m%d-%H%M%S'))
-    res = run_methods(qs, get_memory, [m.strip() for m in methods.split(',') if m.strip()], trace_dir=td)
-    typer.echo(results_table(res)); typer.echo(f"traces: {td}")
     return res
