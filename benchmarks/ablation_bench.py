@@ -1,0 +1,59 @@
+"""REVEAL component ablation on a generated dev benchmark (issue 5 closing note; SPEC §5 Table 2 and the review's 2×2).
+
+Generates a dev split with `reveal_kit.synth`, runs every preset of `reveal_kit.agent.PRESETS` through the resumable
+runner (memories built once per video and chunking, then reused), and prints accuracy, mean rounds, model calls per
+question and stop reasons per preset, plus per-type accuracy. Rerunning resumes.
+
+    .venv/bin/python benchmarks/ablation_bench.py [--out runs/bench/ablation] [--videos 5] [--minutes 5] [--backend embedded]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+
+from reveal_kit.core import runs_dir
+from reveal_kit.agent import PRESETS
+from reveal_kit.synth import generate_benchmark
+from reveal_kit.runner import run_eval
+from reveal_kit.metrics import load_results, report
+
+
+def row(name: str, r: dict, wall: float) -> str:
+    "One table line for a preset."
+    stops = ', '.join(f"{k} {v}" for k, v in r['stop_reasons'].items())
+    return (f"{name:<12}{r['n']:>5}{100 * (r['accuracy'] or 0):>7.1f}{r['rounds_mean'] or 0:>7.2f}"
+            f"{r['llm_calls_mean'] or 0:>8.2f}{wall:>8.1f}  {stops}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--out', type=Path, default=runs_dir() / 'bench' / 'ablation')
+    ap.add_argument('--videos', type=int, default=5)
+    ap.add_argument('--minutes', type=float, default=5.0)
+    ap.add_argument('--questions-per-video', type=int, default=12)
+    ap.add_argument('--seed', type=int, default=0)
+    ap.add_argument('--backend', default='embedded')
+    ap.add_argument('--presets', default=','.join(PRESETS))
+    a = ap.parse_args()
+    data = a.out / 'data'
+    if not (data / 'questions.jsonl').exists():
+        generate_benchmark(data, minutes=a.minutes, videos=a.videos, questions_per_video=a.questions_per_video, seed=a.seed, split='dev')
+    lines, types = [f"{'preset':<12}{'n':>5}{'acc %':>7}{'rounds':>7}{'calls/q':>8}{'wall s':>8}  stop reasons"], {}
+    for p in a.presets.split(','):
+        t = time.time()
+        run_eval('synth', p, a.out / f"run_{p.replace('+', 'plus_')}", root=data, backend=a.backend, progress=False)
+        r = report(load_results(a.out / f"run_{p.replace('+', 'plus_')}"))
+        lines.append(row(p, r, time.time() - t)); types[p] = r['by_qtype']
+    print('\n'.join(lines))
+    qt = sorted({k for v in types.values() for k in v})
+    print('\nper-type accuracy %\n' + f"{'preset':<12}" + ''.join(f"{t[:10]:>11}" for t in qt))
+    for p, v in types.items():
+        print(f"{p:<12}" + ''.join(f"{100 * (v[t]['accuracy'] or 0) if t in v else float('nan'):>11.1f}" for t in qt))
+
+
+if __name__ == '__main__':
+    main()
