@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 import numpy as np
-from .core import Config, Question, MemoryItem, Evidence, runs_dir, kit_version
+from .core import Config, Question, MemoryItem, Evidence, runs_dir, kit_version, safe_name
 from .online_memory import OnlineMemory, tokens
 from .rubrics import RubricPool, load_rubric_pool, question_type
 from .planner import Planner, PlanAction, screen_queries, uniform_sample, focus, option_events, fmt_t
@@ -147,11 +147,10 @@ def _item_row(c: Candidate) -> dict:
     return {'item_id': it.item_id, 'level': it.level, 't_start': it.t_start, 't_end': it.t_end, 'score': round(c.score, 4),
             'rank_score': round(c.rank_score, 4), 'query': c.query, 'source': c.source}
 
-def _safe(s: str) -> str: return re.sub(r'[^A-Za-z0-9_.+-]+', '_', str(s))[:120]
 
 def trace_path(trace_dir: str | Path, qid: str, preset: str) -> Path:
     "Where a question's trace goes: `<trace_dir>/<qid>__<preset>.json`."
-    return Path(trace_dir) / f"{_safe(qid)}__{_safe(preset)}.json"
+    return Path(trace_dir) / f"{safe_name(qid)}__{safe_name(preset)}.json"
 
 def _totals(calls: list[dict]) -> dict:
     "Call totals: count, cache hits, tokens, model seconds, per role."

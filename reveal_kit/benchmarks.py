@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 import yaml, typer
-from .core import Question, normalize_options, project_root
+from .core import Question, normalize_options, project_root, duration_group
 
 # %% auto #0
 __all__ = ['VIDEOMME_ANN', 'LVBENCH_ANN', 'LVB_ANN', 'MMRV_ANN', 'LOADERS', 'data_app', 'AnnotationError', 'LoadReport',
            'read_json', 'read_jsonl', 'read_table', 'split_inline_options', 'extract_options', 'gold_letter',
-           'hms_to_seconds', 'parse_time_spans', 'duration_group', 'manifests_dir', 'load_manifest', 'load_videomme',
-           'load_lvbench', 'load_longvideobench', 'lvb_subtitles_to_srt', 'load_egoschema', 'load_mmrv',
-           'egolife_seconds', 'load_egolifeqa', 'load_egor1', 'load_synth', 'data_root', 'load_benchmark',
-           'write_fixture', 'check_data', 'format_check', 'cli_check']
+           'hms_to_seconds', 'parse_time_spans', 'manifests_dir', 'load_manifest', 'load_videomme', 'load_lvbench',
+           'load_longvideobench', 'lvb_subtitles_to_srt', 'load_egoschema', 'load_mmrv', 'egolife_seconds',
+           'load_egolifeqa', 'load_egor1', 'load_synth', 'data_root', 'load_benchmark', 'write_fixture', 'check_data',
+           'format_check', 'cli_check']
 
 # %% ../nbs/40_benchmarks.ipynb #ee1b8195
 class AnnotationError(ValueError):
@@ -167,11 +167,6 @@ def parse_time_spans(text: str | None) -> list[tuple[float, float]]:
     "All `start-end` spans in a time-reference string such as `'00:15-00:19'` or `'1:02:03-1:02:10, 5:00-5:05'`."
     if not text: return []
     return [(hms_to_seconds(a), hms_to_seconds(b)) for a, b in _SPAN_RE.findall(str(text))]
-
-def duration_group(seconds: float | None) -> str | None:
-    "Generic duration bucket (Video-MME's thresholds, plus hour+): short ≤2 min, medium ≤15 min, long ≤60 min, hour+."
-    if seconds is None: return None
-    return 'short' if seconds <= 120 else 'medium' if seconds <= 900 else 'long' if seconds <= 3600 else 'hour+'
 
 # %% ../nbs/40_benchmarks.ipynb #13c4d1f7
 def manifests_dir() -> Path:

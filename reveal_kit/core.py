@@ -11,8 +11,9 @@ from typing import Any, Iterable
 import yaml
 
 # %% auto #0
-__all__ = ['LETTERS', 'Span', 'normalize_options', 'Question', 'MemoryItem', 'Evidence', 'Config', 'parse_overrides',
-           'load_config', 'project_root', 'runs_dir', 'sha256_file', 'seed_everything', 'kit_version']
+__all__ = ['LETTERS', 'Span', 'normalize_options', 'Question', 'duration_group', 'MemoryItem', 'Evidence', 'Config',
+           'parse_overrides', 'load_config', 'project_root', 'runs_dir', 'safe_name', 'sha256_file', 'seed_everything',
+           'kit_version']
 
 # %% ../nbs/00_core.ipynb #9cf2e53f
 LETTERS = string.ascii_uppercase
@@ -78,7 +79,13 @@ class Question:
         "Options as `A. text` lines, the way prompts show them."
         return '\n'.join(f"{k}. {v}" for k, v in self.options.items())
 
-# %% ../nbs/00_core.ipynb #eef07edf
+# %% ../nbs/00_core.ipynb #a458cf3c
+def duration_group(seconds: float | None) -> str | None:
+    "One duration bucket for every benchmark (Video-MME's thresholds, plus hour+): short ≤2 min, medium ≤15 min, long ≤60 min, hour+."
+    if seconds is None: return None
+    return 'short' if seconds <= 120 else 'medium' if seconds <= 900 else 'long' if seconds <= 3600 else 'hour+'
+
+# %% ../nbs/00_core.ipynb #e9060e3d
 @dataclass
 class MemoryItem:
     "One node of the offline memory: an L1 segment narrative, an L2 event timeline or an L3 global narrative."
@@ -99,7 +106,7 @@ class MemoryItem:
     @classmethod
     def from_dict(cls, d: dict) -> MemoryItem: return cls(**d)
 
-# %% ../nbs/00_core.ipynb #e9060e3d
+# %% ../nbs/00_core.ipynb #295ffa05
 @dataclass
 class Evidence:
     "One piece of evidence admitted to a question's online memory (REVEAL's E_t entry)."
@@ -117,7 +124,7 @@ class Evidence:
         "Evidence made from a memory item."
         return cls(item.item_id, item.level, item.t_start, item.t_end, item.narrative, round, score, source)
 
-# %% ../nbs/00_core.ipynb #d61edf84
+# %% ../nbs/00_core.ipynb #7d7431fa
 @dataclass(frozen=True)
 class Config:
     "Every hyperparameter of the kit, defaulting to the papers' values; hashable and overridable from YAML or `key=value` strings."
@@ -185,7 +192,7 @@ def _coerce(old: Any, new: Any) -> Any:
     if isinstance(old, bool): return new.strip().lower() in ('1', 'true', 'yes', 'on')
     return type(old)(yaml.safe_load(new))
 
-# %% ../nbs/00_core.ipynb #7d7431fa
+# %% ../nbs/00_core.ipynb #c1f539f0
 def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
     "Parse CLI overrides like `['tau=0.8', 'max_rounds=2']` into a dict."
     out = {}
@@ -204,7 +211,7 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] | dict 
     ov = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     return cfg.replace(**ov) if ov else cfg
 
-# %% ../nbs/00_core.ipynb #feec5cb6
+# %% ../nbs/00_core.ipynb #8e836ca5
 def project_root() -> Path:
     "The checkout's root (folder holding settings.ini), else the current directory."
     for p in [Path.cwd(), *Path.cwd().parents]:
@@ -215,6 +222,10 @@ def runs_dir() -> Path:
     "Where runs, traces and caches go: `$REVEAL_RUNS` or `<root>/runs` (git-ignored)."
     p = Path(os.environ.get('REVEAL_RUNS', project_root() / 'runs')); p.mkdir(parents=True, exist_ok=True)
     return p
+
+def safe_name(s: str) -> str:
+    "A string made safe as a file name (ids, preset names such as `+iter`), at most 120 characters."
+    return re.sub(r'[^A-Za-z0-9_.+-]+', '_', str(s))[:120]
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     "Hex SHA-256 of a file's bytes, streamed."

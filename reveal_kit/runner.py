@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 import typer
 from tqdm.auto import tqdm
 from typer.core import TyperGroup
-from .core import Config, Question, load_config, parse_overrides, kit_version, project_root
+from .core import Config, Question, load_config, parse_overrides, kit_version, project_root, safe_name
 
 # %% auto #0
 __all__ = ['METHODS', 'ABORT_ERRORS', 'eval_app', 'shard_of', 'parse_shard', 'select_questions', 'repair_results', 'ResultWriter',
@@ -221,14 +221,12 @@ def run_one(q: Question, method: str, fn: Callable, ctx: RunContext) -> dict:
     except Exception as e:
         if type(e).__name__ in ABORT_ERRORS: raise      # an unreachable server fails every question: stop, keep what is done
         tb = traceback.format_exc()
-        tp = ctx.trace_dir / f"{_safe(q.qid)}.error.txt"; tp.write_text(tb)
+        tp = ctx.trace_dir / f"{safe_name(q.qid)}.error.txt"; tp.write_text(tb)
         raw = dict(answer=None, failed=True, error=f"{type(e).__name__}: {e}", trace=str(tp), stop_reason='error')
     r = finalize(raw, q, method, time.time() - t0)
     if not r.get('trace'):
-        tp = ctx.trace_dir / f"{_safe(q.qid)}.json"; tp.write_text(json.dumps(r, indent=1, default=str)); r['trace'] = str(tp)
+        tp = ctx.trace_dir / f"{safe_name(q.qid)}.json"; tp.write_text(json.dumps(r, indent=1, default=str)); r['trace'] = str(tp)
     return r
-
-def _safe(s: str) -> str: return ''.join(c if c.isalnum() or c in '-_.' else '_' for c in str(s))[:120]
 
 # %% ../nbs/42_runner.ipynb #9f7c7918
 def _resolve_config(config: Config | dict | str | Path | None, overrides: Iterable[str] | None = None) -> Config:
