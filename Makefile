@@ -3,27 +3,46 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
+DEV    := $(VENV)/.installed-dev
+# llama-cpp-python compiles from source. A native build uses the host's AMX kernels where the CPU has them, and those
+# crash in ggml (seen as a segfault on the first decode); this portable build keeps AVX2. The wheel is built once into
+# a folder named after its version and flags, because pip's own wheel cache ignores CMAKE_ARGS.
+LLAMA_VERSION := 0.3.36
+LLAMA_CMAKE   := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
+LLAMA_WHEELS  := $(HOME)/.cache/reveal-kit/wheels/llama-$(LLAMA_VERSION)-portable
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test sync nbtest pytest clean-nbs bench
+.PHONY: install install-dev demo figures test sync nbtest pytest clean-nbs bench
 
+## what the demo needs: the kit and its CPU dependencies (no llama.cpp: the demo's roles are the offline ones)
 $(STAMP): setup.py settings.ini
 	test -x $(PY) || python3 -m venv $(VENV)
 	# CPU torch first (a local CPU wheel); anything that pulls torch later then finds it satisfied.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e .
 	touch $(STAMP)
 
+## what the tests need besides: the embedded llama.cpp model (portable build) and the dev tools
+$(DEV): $(STAMP)
+	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) wheel -q --no-deps --no-cache-dir -w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_VERSION)
+	$(PIP) install -q $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	$(PIP) install -q -e ".[dev,embedded]"
+	# papermill runs the experiment notebooks with the kernel named in their metadata: this venv's python
+	$(PY) -m ipykernel install --sys-prefix --name python3
+	touch $(DEV)
+
 install: $(STAMP)
+install-dev: $(DEV)
 
 ## the main job on the embedded default: generate a small benchmark, build memories, answer with reveal and base
 demo: install
 	$(VENV)/bin/reveal demo --out runs/demo
 
 ## the whole CPU test suite: library in sync with notebooks, notebook tests (slow included), pytest (gpu skipped)
-test: install sync nbtest pytest
+test: install-dev sync nbtest pytest
 
 sync:
 	PATH=$(VENV)/bin:$$PATH bash tools/check_sync.sh
@@ -37,7 +56,25 @@ pytest:
 clean-nbs:
 	$(VENV)/bin/nbdev_clean
 
-bench: install
+## every benchmark script at its documented size (an hour or more on 2 cores); each prints its figures
+bench: install-dev
 	$(PY) benchmarks/index_bench.py --sizes 10000 100000
-	$(PY) benchmarks/memory_bench.py
+	$(PY) benchmarks/memory_bench.py --minutes 10 60
+	$(PY) benchmarks/synth_bench.py --minutes 10 60
 	$(PY) benchmarks/loop_bench.py
+	$(PY) benchmarks/eval_bench.py
+	$(PY) benchmarks/ablation_bench.py
+	$(PY) benchmarks/induction_bench.py
+	$(PY) benchmarks/pace_bench.py
+	$(PY) benchmarks/startup_bench.py
+
+EXPERIMENTS := reveal_table1 reveal_table2 reveal_fig4a reveal_fig4b reveal_fig4c reveal_tables34
+
+## every experiment notebook at its small default (generated benchmark, offline roles) → figures/*.png, *.csv
+figures: install-dev
+	@mkdir -p runs/nbs
+	@for nb in $(EXPERIMENTS); do \
+	  echo "[figures] $$nb"; \
+	  $(VENV)/bin/papermill -k python3 --cwd nbs/experiments --no-progress-bar --log-level WARNING \
+	    nbs/experiments/$$nb.ipynb runs/nbs/$$nb.ipynb || exit 1; \
+	done

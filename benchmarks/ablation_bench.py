@@ -1,10 +1,11 @@
-"""REVEAL component ablation on a generated dev benchmark (issue 5 closing note; SPEC §5 Table 2 and the review's 2×2).
+"""REVEAL component ablation on a generated dev benchmark (SPEC §5 Table 2).
 
-Generates a dev split with `reveal_kit.synth`, runs every preset of `reveal_kit.agent.PRESETS` through the resumable
-runner (memories built once per video and chunking, then reused), and prints accuracy, mean rounds, model calls per
+Generates a dev split with `reveal_kit.synth_bench`, runs every preset of `reveal_kit.agent.PRESETS` through the
+resumable runner (memories built once per video and chunking, then reused), and prints accuracy, mean rounds, model calls per
 question and stop reasons per preset, plus per-type accuracy. Rerunning resumes.
 
-    .venv/bin/python benchmarks/ablation_bench.py [--out runs/bench/ablation] [--videos 5] [--minutes 5] [--backend embedded]
+    .venv/bin/python benchmarks/ablation_bench.py [--out runs/bench/ablation] [--videos 5] [--minutes 5] \
+        [--backend embedded]
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
 from reveal_kit.core import runs_dir
 from reveal_kit.agent import PRESETS
-from reveal_kit.synth import generate_benchmark
+from reveal_kit.synth_bench import generate_benchmark
 from reveal_kit.runner import run_eval
 from reveal_kit.metrics import load_results, report
 
@@ -41,13 +42,15 @@ def main():
     a = ap.parse_args()
     data = a.out / 'data'
     if not (data / 'questions.jsonl').exists():
-        generate_benchmark(data, minutes=a.minutes, videos=a.videos, questions_per_video=a.questions_per_video, seed=a.seed, split='dev')
+        generate_benchmark(data, minutes=a.minutes, videos=a.videos, questions_per_video=a.questions_per_video,
+                           seed=a.seed, split='dev')
     lines, types = [f"{'preset':<12}{'n':>5}{'acc %':>7}{'rounds':>7}{'calls/q':>8}{'wall s':>8}  stop reasons"], {}
     for p in a.presets.split(','):
         t = time.time()
         run_eval('synth', p, a.out / f"run_{p.replace('+', 'plus_')}", root=data, backend=a.backend, progress=False)
         r = report(load_results(a.out / f"run_{p.replace('+', 'plus_')}"))
-        lines.append(row(p, r, time.time() - t)); types[p] = r['by_qtype']
+        lines.append(row(p, r, time.time() - t))
+        types[p] = r['by_qtype']
     print('\n'.join(lines))
     qt = sorted({k for v in types.values() for k in v})
     print('\nper-type accuracy %\n' + f"{'preset':<12}" + ''.join(f"{t[:10]:>11}" for t in qt))

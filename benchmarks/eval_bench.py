@@ -1,9 +1,9 @@
-"""Evaluation harness benchmark (issue 6, closing note).
+"""Evaluation harness benchmark: every baseline and method on one generated benchmark.
 
-Generates a test benchmark with `reveal_kit.synth` (default: 20 two-minute videos, ~106 questions), runs `blind`,
+Generates a test benchmark with `reveal_kit.synth_bench` (default: 20 two-minute videos, ~106 questions), runs `blind`,
 `direct`, `base` and `reveal` on it through the resumable runner (`reveal_kit.runner.run_eval`) with the chosen backend
-(default: the embedded model, i.e. the deterministic offline roles), then prints the table of accuracy / rounds / calls /
-wall time per method and the paired comparison `reveal` vs `base` (McNemar exact test, paired bootstrap CI).
+(default: the embedded model, i.e. the deterministic offline roles), then prints the table of accuracy / rounds /
+calls / wall time per method and the paired comparison `reveal` vs `base` (McNemar exact test, paired bootstrap CI).
 Rerunning resumes: finished questions are skipped, memories are reused from `$REVEAL_RUNS/memories`.
 
     .venv/bin/python benchmarks/eval_bench.py [--out runs/bench/eval] [--videos 20] [--minutes 2] [--backend embedded]
@@ -19,7 +19,8 @@ from pathlib import Path
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
 from reveal_kit.core import runs_dir
-from reveal_kit.synth import generate_benchmark
+from reveal_kit.io import atomic_write_json
+from reveal_kit.synth_bench import generate_benchmark
 from reveal_kit.runner import run_eval
 from reveal_kit.metrics import load_results, report, compare, format_compare
 
@@ -28,14 +29,16 @@ METHODS = ('blind', 'direct', 'base', 'reveal')
 
 def table(out: Path, walls: dict) -> str:
     "One line per method: accuracy, failures, rounds, calls, tokens, wall time."
-    L = [f"{'method':<8}{'n':>5}{'acc %':>7}{'failed':>7}{'unparse':>8}{'rounds':>7}{'calls/q':>8}{'tok/q':>7}{'s/q':>7}{'elapsed s':>10}"]
+    L = [f"{'method':<8}{'n':>5}{'acc %':>7}{'failed':>7}{'unparse':>8}{'rounds':>7}{'calls/q':>8}{'tok/q':>7}{'s/q':>7}"
+         f"{'elapsed s':>10}"]
     for m in METHODS:
         p = out / f'run_{m}'
         if not (p / 'results.jsonl').exists(): continue
         r = report(load_results(p))
         tok = (r['prompt_tokens_mean'] or 0) + (r['completion_tokens_mean'] or 0)
-        L.append(f"{m:<8}{r['n']:>5}{100 * r['accuracy']:>7.1f}{r['failed']:>7}{r['unparseable']:>8}{r['rounds_mean'] or 0:>7.2f}"
-                 f"{r['llm_calls_mean'] or 0:>8.2f}{tok:>7.0f}{r['seconds_mean'] or 0:>7.2f}{walls.get(m, float('nan')):>10.1f}")
+        L.append(f"{m:<8}{r['n']:>5}{100 * r['accuracy']:>7.1f}{r['failed']:>7}{r['unparseable']:>8}"
+                 f"{r['rounds_mean'] or 0:>7.2f}{r['llm_calls_mean'] or 0:>8.2f}{tok:>7.0f}{r['seconds_mean'] or 0:>7.2f}"
+                 f"{walls.get(m, float('nan')):>10.1f}")
     return '\n'.join(L)
 
 
@@ -52,7 +55,8 @@ def main():
     data = a.out / 'data'
     if not (data / 'questions.jsonl').exists():
         t = time.time()
-        man = generate_benchmark(data, minutes=a.minutes, videos=a.videos, questions_per_video=a.questions_per_video, seed=a.seed, progress=True)
+        man = generate_benchmark(data, minutes=a.minutes, videos=a.videos, questions_per_video=a.questions_per_video,
+                                 seed=a.seed, progress=True)
         print(f"generated {man['n_questions']} questions on {man['n_videos']} videos in {time.time() - t:.0f} s")
     walls = {}
     for m in METHODS:
@@ -63,7 +67,7 @@ def main():
     print(table(a.out, walls))
     c = compare(load_results(a.out / 'run_reveal'), load_results(a.out / 'run_base'), names=('reveal', 'base'))
     print(format_compare(c))
-    (a.out / 'eval_bench.json').write_text(json.dumps(dict(walls=walls, compare=c), indent=1, default=str))
+    atomic_write_json(a.out / 'eval_bench.json', dict(walls=walls, compare=c))
 
 
 if __name__ == '__main__':

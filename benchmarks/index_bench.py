@@ -61,10 +61,13 @@ def bench(kind: str, n: int, dim: int, n_queries: int, k: int, connectivity: int
         recall = float(np.mean([len({int(key) for key, _ in r} & set(t.tolist())) / k for r, t in zip(res, truth)]))
         lat = []
         for q in Q[:n_latency]:
-            t1 = time.perf_counter(); ix.search(q, k); lat.append(time.perf_counter() - t1)
+            t1 = time.perf_counter()
+            ix.search(q, k)
+            lat.append(time.perf_counter() - t1)
         rows.append(dict(kind=kind, n=n, dim=dim, connectivity=connectivity, expansion_add=expansion_add,
-                         expansion_search=es, build_s=round(build_s, 2), build_cpu_s=round(build_cpu_s, 1), median_query_ms=round(1000 * float(np.median(lat)), 3),
-                         recall_at_10=round(recall, 4), exact_numpy_ms_per_query=round(1000 * t_exact / len(Q), 3)))
+                         expansion_search=es, build_s=round(build_s, 2), build_cpu_s=round(build_cpu_s, 1),
+                         median_query_ms=round(1000 * float(np.median(lat)), 3), recall_at_10=round(recall, 4),
+                         exact_numpy_ms_per_query=round(1000 * t_exact / len(Q), 3)))
         print(format_row(rows[-1]), flush=True)
     return rows
 
@@ -74,8 +77,10 @@ HEADER = ("| vectors | n | M | ef_add | ef_search | build wall (s) | build CPU (
 
 
 def format_row(r: dict) -> str:
+    "One Markdown table row of a result."
     return (f"| {r['kind']} | {r['n']:,} | {r['connectivity']} | {r['expansion_add']} | {r['expansion_search']} | "
-            f"{r['build_s']:.1f} | {r.get('build_cpu_s', float('nan')):.1f} | {r['median_query_ms']:.3f} | {r['recall_at_10']:.3f} | {r['exact_numpy_ms_per_query']:.2f} |")
+            f"{r['build_s']:.1f} | {r.get('build_cpu_s', float('nan')):.1f} | {r['median_query_ms']:.3f} | "
+            f"{r['recall_at_10']:.3f} | {r['exact_numpy_ms_per_query']:.2f} |")
 
 
 def main(argv=None) -> list[dict]:
@@ -92,7 +97,8 @@ def main(argv=None) -> list[dict]:
     a = ap.parse_args(argv)
     print(f"# index_bench: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, dim {a.dim}, "
           f"{a.queries} queries, k {a.k}", flush=True)
-    print(HEADER); print("|" + "---|" * 10, flush=True)
+    print(HEADER)
+    print("|" + "---|" * 10, flush=True)
     rows = []
     for n in a.sizes:
         for kind in a.kinds:

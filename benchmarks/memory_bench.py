@@ -1,4 +1,4 @@
-"""Offline-memory throughput benchmark (issue 3, "measured, not asserted").
+"""Offline-memory throughput benchmark: measured, not asserted.
 
 For generated 10-minute and 60-minute 640x360 H.264 videos (textured scenes of 3-25 s, 25 fps; the 60-minute one is
 six remuxed copies of the 10-minute one, which costs no encoding) it measures:
@@ -7,10 +7,11 @@ bare 1-fps decode (the dense strategy the pipeline picks: PyAV decode-all), the 
 offline embedders), L1 count and mean length, peak RSS of the process, and the offline perceptual captioner's time
 per segment (frame cutting + OCR + visual facts) on a sample of segments. Bare decode is the best of two runs of the
 strategy the pipeline uses. With --strategies it also times OpenCV grab/retrieve and pure per-sample seeking on the
-first video (the table in nbs/10_frames.ipynb).
+first video (the choice `reveal_kit.frames.choose_strategy` makes, explained in nbs/10_frames.ipynb).
 
 Each video is measured in a fresh subprocess so peak RSS is per video.
-Usage:  python benchmarks/memory_bench.py [--minutes 10 60] [--strategies] [--caption-sample 30] [--out runs/bench]
+Usage:  python benchmarks/memory_bench.py [--minutes 10 60] [--strategies] [--transitions] [--caption-sample 30]
+        [--out runs/bench]
 """
 import argparse, json, math, os, resource, subprocess, sys, time
 from pathlib import Path
@@ -27,12 +28,38 @@ def make_video(path: Path, minutes: float, fps: int = 25, seed: int = 0) -> Path
     scenes, total = [], 0.0
     while total < minutes * 60:
         L = float(min(rng.integers(3, 26), minutes * 60 - total))
-        sc = (L, int(rng.integers(1, 10**6))) if rng.random() > 0.2 else (L, int(rng.integers(1, 10**6)), f'SIGN {len(scenes)}')
-        scenes.append(sc); total += L
+        plain = rng.random() > 0.2                                # a fifth of the scenes carry a sign
+        sc = (L, int(rng.integers(1, 10**6))) if plain else (L, int(rng.integers(1, 10**6)), f'SIGN {len(scenes)}')
+        scenes.append(sc)
+        total += L
     tmp = path.with_suffix('.tmp.mp4')
     make_test_video(tmp, scenes, fps=fps, size=(640, 360), preset='ultrafast')
+    path.with_suffix('.cuts.json').write_text(json.dumps(list(np.cumsum([s[0] for s in scenes])[:-1].tolist())))
     tmp.rename(path)
     return path
+
+
+def recall(found, truth, tol: float = 1.0) -> float:
+    "Fraction of true cuts with a segment boundary within +-tol s."
+    return round(sum(any(abs(f - t) <= tol for f in found) for t in truth) / max(1, len(truth)), 3)
+
+
+def transition_recall(out: Path) -> dict:
+    "Boundary recall (+-1 s) and L1 count on small clips whose cuts pass through black gaps and fades."
+    import numpy as np
+    from reveal_kit.core import Config
+    from reveal_kit.frames import probe_video
+    from reveal_kit.embedders import get_image_embedder
+    from reveal_kit.memory_build import _segment_pass
+    from reveal_kit.test_utils import make_transition_video, scene_boundaries
+    rng, res = np.random.default_rng(1), {}
+    scenes = [(float(rng.integers(6, 15)), int(rng.integers(1, 10**6))) for _ in range(12)]
+    for kind in ('cut', 'black', 'fade'):
+        v = make_transition_video(out / f'transitions_{kind}.mp4', scenes, [kind] * 11, fps=10, size=(320, 180))
+        segs, rep = _segment_pass(v, probe_video(v), Config(), get_image_embedder(), progress=False)
+        res[kind] = dict(recall=recall([s.t_start for s in segs[1:]], scene_boundaries(scenes)), n_l1=len(segs),
+                         n_true=len(scenes), n_kept=rep.n_kept, n_frames=rep.n_frames)
+    return res
 
 
 def concat_copies(src: Path, dst: Path, n: int) -> Path:
@@ -51,7 +78,10 @@ def concat_copies(src: Path, dst: Path, n: int) -> Path:
                 s = c.streams.video[0]
                 for p in c.demux(s):
                     if p.dts is None: continue
-                    p.pts += k * span; p.dts += k * span; p.stream = so; out.mux(p)
+                    p.pts += k * span
+                    p.dts += k * span
+                    p.stream = so
+                    out.mux(p)
     tmp.rename(dst)
     return dst
 
@@ -62,29 +92,38 @@ def peak_rss_mb() -> float:
 
 def measure_one(video: Path, caption_sample: int, strategies: bool) -> dict:
     from reveal_kit.core import Config
-    from reveal_kit.frames import probe_video, iter_frames, iter_frames_at, choose_strategy
+    import numpy as np
+    from reveal_kit.frames import probe_video, iter_frames, iter_frames_at, choose_strategy, read_frames_at
     from reveal_kit.embedders import get_image_embedder
-    from reveal_kit.offline_memory import _segment_pass, _caption_times
+    from reveal_kit.memory_build import _segment_pass, _caption_times
     from reveal_kit.captioning import PerceptualCaptioner, get_ocr
-    from reveal_kit.frames import read_frames_at
     cfg = Config()
     info = probe_video(video)
-    ie = get_image_embedder(); ie.encode([__import__('numpy').zeros((360, 640, 3), 'uint8')])   # load outside timings
+    ie = get_image_embedder()
+    ie.encode([np.zeros((360, 640, 3), 'uint8')])                 # load the models outside the timings
     get_ocr()
     res = dict(video=video.name, minutes=round(info.duration / 60, 1), native_fps=info.fps, image_embedder=ie.model_id)
-    open(video, 'rb').read()                                      # warm the page cache so the first timing is not penalised
+    open(video, 'rb').read()                                      # warm the page cache for the first timing
     def timed(strategy):
-        t = time.time(); n = sum(1 for _ in iter_frames(video, cfg.fps, strategy=strategy, info=info)); return time.time() - t, n
+        t = time.time()
+        n = sum(1 for _ in iter_frames(video, cfg.fps, strategy=strategy, info=info))
+        return time.time() - t, n
     dense = choose_strategy(math.ceil(info.duration * cfg.fps), info.n_frames)
     runs = [timed(dense) for _ in range(2)]
-    res['strategy'] = dense; res['decode_s'] = round(min(r[0] for r in runs), 2); res['n_samples'] = runs[0][1]
+    res.update(strategy=dense, decode_s=round(min(r[0] for r in runs), 2), n_samples=runs[0][1])
     if strategies:
         res['grab_s'] = round(min(timed('grab')[0] for _ in range(2)), 2)
         times = [k / cfg.fps for k in range(res['n_samples'])]
-        t = time.time(); sum(1 for _ in iter_frames_at(video, times, None, forward_s=0)); res['seek_each_s'] = round(time.time() - t, 2)
-    t = time.time(); segs, rep = _segment_pass(video, info, cfg, ie, progress=False); res['pipeline_s'] = round(time.time() - t, 2)
+        t = time.time()
+        sum(1 for _ in iter_frames_at(video, times, None, forward_s=0))
+        res['seek_each_s'] = round(time.time() - t, 2)
+    t = time.time()
+    segs, rep = _segment_pass(video, info, cfg, ie, progress=False)
+    res['pipeline_s'] = round(time.time() - t, 2)
     res['ratio'] = round(res['pipeline_s'] / res['decode_s'], 2)
-    res.update(n_kept=rep.n_kept, n_l1=len(segs), mean_l1_s=round(info.duration / len(segs), 2))
+    res.update(n_kept=rep.n_kept, n_frames=rep.n_frames, n_l1=len(segs), mean_l1_s=round(info.duration / len(segs), 2))
+    cuts = video.with_suffix('.cuts.json')
+    if cuts.exists(): res['boundary_recall_1s'] = recall([s.t_start for s in segs[1:]], json.loads(cuts.read_text()))
     pc = PerceptualCaptioner()
     step = max(1, len(segs) // caption_sample)
     sample = segs[::step][:caption_sample]
@@ -104,33 +143,53 @@ def main():
     ap.add_argument('--out', default='runs/bench')
     ap.add_argument('--caption-sample', type=int, default=30)
     ap.add_argument('--strategies', action='store_true')
+    ap.add_argument('--transitions', action='store_true', help='also measure recall through black gaps and fades')
     ap.add_argument('--one', help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print('RESULT ' + json.dumps(measure_one(Path(a.one), a.caption_sample, a.strategies))); return
-    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+        print('RESULT ' + json.dumps(measure_one(Path(a.one), a.caption_sample, a.strategies)))
+        return
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     base = out / 'bench_10min_360p.mp4'
     for m in a.minutes:
         v = out / f'bench_{int(m)}min_360p.mp4'
         t = time.time()
-        if m > 10 and m % 10 == 0: make_video(base, 10); concat_copies(base, v, int(m // 10))   # long videos: 10-min blocks remuxed
-        else: make_video(v, m)
+        if m > 10 and m % 10 == 0:                                # long videos: 10-min blocks remuxed
+            make_video(base, 10)
+            concat_copies(base, v, int(m // 10))
+        else:
+            make_video(v, m)
         print(f'# video {v} ready ({time.time() - t:.0f}s)', file=sys.stderr)
-        cmd = [sys.executable, __file__, '--one', str(v), '--caption-sample', str(a.caption_sample)] + (['--strategies'] if a.strategies and m == a.minutes[0] else [])
+        cmd = [sys.executable, __file__, '--one', str(v), '--caption-sample', str(a.caption_sample)]
+        if a.strategies and m == a.minutes[0]: cmd.append('--strategies')
         p = subprocess.run(cmd, capture_output=True, text=True)
         line = [l for l in p.stdout.splitlines() if l.startswith('RESULT ')]
-        if not line: print(p.stdout, p.stderr, file=sys.stderr); raise SystemExit(f'measurement failed for {v}')
-        rows.append(json.loads(line[0][7:])); print(json.dumps(rows[-1]), file=sys.stderr)
+        if not line:
+            print(p.stdout, p.stderr, file=sys.stderr)
+            raise SystemExit(f'measurement failed for {v}')
+        rows.append(json.loads(line[0][7:]))
+        print(json.dumps(rows[-1]), file=sys.stderr)
     (out / 'memory_bench.json').write_text(json.dumps(rows, indent=1))
-    print('| video | bare decode 1 fps (s) | decode+filter+embed+segment (s) | ratio | L1 | mean L1 (s) | peak RSS (MB) | offline caption (s/segment) |')
+    print('| video | bare decode 1 fps (s) | decode+filter+embed+segment (s) | ratio | L1 | mean L1 (s) '
+          '| peak RSS (MB) | offline caption (s/segment) |')
     print('|---|---|---|---|---|---|---|---|')
     for r in rows:
-        print(f"| {r['minutes']} min 360p | {r['decode_s']} | {r['pipeline_s']} | {r['ratio']}x | {r['n_l1']} | {r['mean_l1_s']} | {r['peak_rss_mb']} | {r['caption_s_per_segment']} |")
+        print(f"| {r['minutes']} min 360p | {r['decode_s']} | {r['pipeline_s']} | {r['ratio']}x | {r['n_l1']} "
+              f"| {r['mean_l1_s']} | {r['peak_rss_mb']} | {r['caption_s_per_segment']} |")
     for r in rows:
         if 'seek_each_s' in r:
-            print(f"\nDecode strategies, {r['minutes']} min ({r['n_samples']} samples at 1 fps): PyAV decode-all {r['decode_s']} s, "
+            print(f"\nDecode strategies, {r['minutes']} min ({r['n_samples']} samples at 1 fps): "
+                  f"PyAV decode-all {r['decode_s']} s, "
                   f"OpenCV grab/retrieve {r['grab_s']} s, seek to each sample {r['seek_each_s']} s")
+    for r in rows:
+        print(f"\n{r['minutes']} min: kept {r['n_kept']}/{r['n_frames']} frames, "
+              f"boundary recall (+-1 s) {r.get('boundary_recall_1s')}")
+    if a.transitions:
+        for kind, t in transition_recall(out).items():
+            print(f"transitions '{kind}': recall (+-1 s) {t['recall']}, L1 {t['n_l1']} for {t['n_true']} scenes, "
+                  f"kept {t['n_kept']}/{t['n_frames']}")
     print(f"\nimage embedder: {rows[0]['image_embedder']}; CPU cores: {os.cpu_count()}")
 
 

@@ -6,9 +6,10 @@
 from __future__ import annotations
 from dataclasses import dataclass, field, asdict
 from typing import Any
+from fastcore.basics import patch
 from .core import Config, Question, Evidence
+from .chat import role_call
 from .rubrics import RubricPool, question_type, load_rubric_pool
-from .planner import role_call
 from .verifier import EvidenceView, offline_scores, sufficiency_score, evidence_block
 
 # %% auto #0
@@ -24,23 +25,29 @@ class AnswerResult:
     calls: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     scores: dict = field(default_factory=dict)
-    def to_dict(self) -> dict: return asdict(self)
 
+    def to_dict(self) -> dict:
+        "The result as a plain dict."
+        return asdict(self)
+
+# %% ../nbs/24_answerer.ipynb #7c3d0002
 def offline_answer(q: Question, view: EvidenceView, pool: RubricPool) -> AnswerResult:
     "The best-supported option by the offline rules (see above)."
     crits = pool.for_type(question_type(q))
     sc = offline_scores(q, crits, view)
     rho_o, _ = sufficiency_score(sc.table, pool.weights([c.name for c in crits]))
-    cands = [o for o in q.options if sc.directions.get(o) == 'supported'] or \
-            [o for o in q.options if sc.directions.get(o) != 'ruled_out'] or list(q.options)
+    cands = ([o for o in q.options if sc.directions.get(o) == 'supported']
+             or [o for o in q.options if sc.directions.get(o) != 'ruled_out'] or list(q.options))
     sign = -1.0 if question_type(q) == 'negation' else 1.0
     best = max(cands, key=lambda o: (round(rho_o[o], 9), round(sign * sc.support[o], 9), -ord(o)))
     why = (f"{'no evidence; ' if not view.evidence else ''}option {best}: rho_o={rho_o[best]:.2f}, "
            f"support={sc.support[best]:.2f}, direction={sc.directions.get(best)}")
-    return AnswerResult(best, why, 'offline', scores={'rho_o': rho_o, 'support': sc.support, 'directions': sc.directions})
+    scores = {'rho_o': rho_o, 'support': sc.support, 'directions': sc.directions}
+    return AnswerResult(best, why, 'offline', scores=scores)
 
 # %% ../nbs/24_answerer.ipynb #dccdee94
-ANSWER_SYSTEM = ("You answer a multiple-choice question about a long video using only the evidence given: time-stamped "
+ANSWER_SYSTEM = (
+    "You answer a multiple-choice question about a long video using only the evidence given: time-stamped "
     "descriptions of video segments (L1 local segments, L2 event timelines, L3 global narratives) and, when present, "
     "frames. Choose the single best option. Answer with JSON only.")
 
@@ -49,25 +56,33 @@ def answer_schema(letters: list[str]) -> dict:
     return {'type': 'object', 'required': ['answer'], 'additionalProperties': False, 'properties': {
         'answer': {'type': 'string', 'enum': letters}, 'reasoning': {'type': 'string', 'maxLength': 400}}}
 
+# %% ../nbs/24_answerer.ipynb #7c3d0005
 def answer_prompt(q: Question, evidence: list[Evidence], n_frames: int = 0) -> str:
     "The answerer's user message."
     fr = f"\n\n{n_frames} frames from visually retrieved segments are attached." if n_frames else ''
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nEvidence:\n{evidence_block(evidence)}{fr}\n\n"
             'Reply as {"answer": "<letter>", "reasoning": "one sentence"}.')
 
+# %% ../nbs/24_answerer.ipynb #7c3d0008
 class Answerer:
     "REVEAL's answerer, by a chat model or the offline rule; sees only question, options, evidence (and frames)."
-    def __init__(self, pool: RubricPool | None = None, model: Any = None, config: Config = Config(), offline: bool | None = None):
+    def __init__(self, pool: RubricPool | None = None, model: Any = None, config: Config = Config(),
+                 offline: bool | None = None):
         self.pool, self.model, self.config = pool or load_rubric_pool(), model, config
         self.offline = offline if offline is not None else (model is None or not getattr(model, 'meaningful', False))
 
-    def answer(self, q: Question, view: EvidenceView, images: list | None = None) -> AnswerResult:
-        "Answer from the final evidence."
-        if self.offline: return offline_answer(q, view, self.pool)
-        data, rec = role_call(self.model, 'answerer', ANSWER_SYSTEM, answer_prompt(q, view.evidence, len(images or [])),
-                              answer_schema(list(q.options)), max_tokens=256, images=images or None)
-        letter = str((data or {}).get('answer', '')).strip().upper()[:1]
-        if letter not in q.options:
-            a = offline_answer(q, view, self.pool); a.source, a.calls = 'fallback', [rec]
-            a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); offline answer"); return a
-        return AnswerResult(letter, str(data.get('reasoning', ''))[:400], 'model', [rec])
+# %% ../nbs/24_answerer.ipynb #7c3d000b
+@patch
+def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None = None) -> AnswerResult:
+    "Answer from the final evidence."
+    if self.offline:
+        return offline_answer(q, view, self.pool)
+    data, rec = role_call(self.model, 'answerer', ANSWER_SYSTEM, answer_prompt(q, view.evidence, len(images or [])),
+                          answer_schema(list(q.options)), max_tokens=256, images=images or None)
+    letter = str((data or {}).get('answer', '')).strip().upper()[:1]
+    if letter not in q.options:
+        a = offline_answer(q, view, self.pool)
+        a.source, a.calls = 'fallback', [rec]
+        a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); offline answer")
+        return a
+    return AnswerResult(letter, str(data.get('reasoning', ''))[:400], 'model', [rec])

@@ -4,11 +4,14 @@
 
 # %% ../nbs/21_rubrics.ipynb #a0891fa4
 from __future__ import annotations
-import os, re
+import os
+import re
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Any
-import jsonschema, yaml
+import yaml
+from fastcore.basics import patch
+import reveal_kit
 from .core import Question, project_root
 
 # %% auto #0
@@ -18,12 +21,15 @@ __all__ = ['QUESTION_TYPES', 'SCORE_LEVELS', 'OFFLINE_CHECKS', 'POOL_SCHEMA', 'q
 # %% ../nbs/21_rubrics.ipynb #1d7ae322
 QUESTION_TYPES = ('temporal_order', 'counting', 'action', 'negation', 'causal', 'global', 'attribute', 'other')
 
-_NEG = re.compile(r"\b(not|except|never|isn't|wasn't|doesn't|didn't|aren't|weren't|none of|no longer|absent|missing)\b|n't\b", re.I)
+_NEG = re.compile(r"\b(not|except|never|isn't|wasn't|doesn't|didn't|aren't|weren't|none of|no longer|absent|missing)\b"
+                  r"|n't\b", re.I)
 _TYPE_RULES = [  # (type, regex on the question text), first match wins after negation
     ('counting', re.compile(r'\bhow many\b|\bhow often\b|\bnumber of\b|\bcount\b|\bhow much\b', re.I)),
-    ('temporal_order', re.compile(r'\b(before|after|first|last|order|sequence|earlier|later|then|followed|next|previous|chronolog)\w*', re.I)),
+    ('temporal_order', re.compile(r'\b(before|after|first|last|order|sequence|earlier|later|then|followed|next|'
+                                  r'previous|chronolog)\w*', re.I)),
     ('causal', re.compile(r'\bwhy\b|\bcaus|\breason\b|\bbecause\b|\bresult\b|\bpurpose\b|\blead to\b', re.I)),
-    ('global', re.compile(r'\b(overall|main(ly)?|mostly|summar|theme|whole video|entire video|video about|throughout|primarily)\b', re.I)),
+    ('global', re.compile(r'\b(overall|main(ly)?|mostly|summar|theme|whole video|entire video|video about|throughout|'
+                          r'primarily)\b', re.I)),
     ('action', re.compile(r'\b(doing|do|does|did|action|activity|perform|happen)\w*', re.I)),
     ('attribute', re.compile(r'\b(colou?r|what kind|wear|size|shape|which object|what object|where)\b', re.I)),
 ]
@@ -34,14 +40,19 @@ _QTYPE_ALIASES = [('negation', ('negat', 'not', 'exclu', 'absen')), ('counting',
 
 def question_type(question: Question | str, qtype: str | None = None) -> str:
     "The question's evidence type: a known `qtype` label (aliases allowed) wins, else rules on the question text."
-    if isinstance(question, Question): qtype, question = qtype or question.qtype, question.question
+    if isinstance(question, Question):
+        qtype, question = qtype or question.qtype, question.question
     q = (qtype or '').strip().lower()
-    if q in QUESTION_TYPES: return q
+    if q in QUESTION_TYPES:
+        return q
     for t, keys in _QTYPE_ALIASES:
-        if q and any(k in q for k in keys): return t
-    if _NEG.search(question): return 'negation'
+        if q and any(k in q for k in keys):
+            return t
+    if _NEG.search(question):
+        return 'negation'
     for t, rx in _TYPE_RULES:
-        if rx.search(question): return t
+        if rx.search(question):
+            return t
     return 'other'
 
 # %% ../nbs/21_rubrics.ipynb #300cc405
@@ -60,15 +71,39 @@ class Criterion:
     question_types: list[str]
     cues: list[str] = field(default_factory=list)
     check: str = 'direct_support'
-    def applies_to(self, qtype: str) -> bool: return 'all' in self.question_types or qtype in self.question_types
-    def to_dict(self) -> dict: return asdict(self)
-    def prompt_text(self) -> str:
-        "The criterion as the verifier prompt shows it."
-        b = self.boundaries
-        return f"- {self.name} (weight {self.weight:g}): {self.description} [1: {b['1']} | 0.5: {b['0.5']} | 0: {b['0']}]"
+
+    def applies_to(self, qtype: str) -> bool:
+        "Whether the criterion is meant for questions of `qtype`."
+        return 'all' in self.question_types or qtype in self.question_types
+
+    def to_dict(self) -> dict:
+        "The criterion as a plain dict."
+        return asdict(self)
+
+# %% ../nbs/21_rubrics.ipynb #1f0a2c13
+@patch
+def prompt_text(self: Criterion) -> str:
+    "The criterion as the verifier prompt shows it."
+    b = self.boundaries
+    return f"- {self.name} (weight {self.weight:g}): {self.description} [1: {b['1']} | 0.5: {b['0.5']} | 0: {b['0']}]"
 
 # %% ../nbs/21_rubrics.ipynb #cb3d6f4d
 _BKEY = {'1': '1', '1.0': '1', '0.5': '0.5', '.5': '0.5', '0': '0', '0.0': '0'}
+
+def _boundaries(name: str, b: dict) -> dict[str, str]:
+    "Normalize boundary keys (YAML reads `1:` as int, `0.5:` as float) and require all three."
+    out = {}
+    for k, v in b.items():
+        key = _BKEY.get(str(k).strip())
+        if key is None:
+            raise ValueError(f"criterion {name!r}: boundary key {k!r} is not one of 1 / 0.5 / 0")
+        out[key] = str(v).strip()
+    missing = [k for k in ('1', '0.5', '0') if not out.get(k)]
+    if missing:
+        raise ValueError(f"criterion {name!r}: missing boundary text for score(s) {missing}")
+    return out
+
+# %% ../nbs/21_rubrics.ipynb #1f0a2c18
 POOL_SCHEMA = {
     'type': 'object', 'required': ['name', 'criteria'],
     'properties': {
@@ -86,102 +121,124 @@ POOL_SCHEMA = {
                 'cues': {'type': 'array', 'items': {'type': 'string'}},
                 'check': {'type': 'string', 'enum': list(OFFLINE_CHECKS)}}}}}}
 
-def _boundaries(name: str, b: dict) -> dict[str, str]:
-    "Normalize boundary keys (YAML reads `1:` as int, `0.5:` as float) and require all three."
-    out = {}
-    for k, v in b.items():
-        key = _BKEY.get(str(k).strip())
-        if key is None: raise ValueError(f"criterion {name!r}: boundary key {k!r} is not one of 1 / 0.5 / 0")
-        out[key] = str(v).strip()
-    missing = [k for k in ('1', '0.5', '0') if not out.get(k)]
-    if missing: raise ValueError(f"criterion {name!r}: missing boundary text for score(s) {missing}")
-    return out
-
 # %% ../nbs/21_rubrics.ipynb #bb874a35
 class RubricPool:
     "A validated rubric pool: criteria by name, selection by question type, catalog text for prompts."
     def __init__(self, criteria: list[Criterion], name: str = 'pool', version: Any = 1, seed: bool = False,
                  description: str = '', question_types: list[str] | None = None, path: str | None = None):
         self.criteria, self.name, self.version, self.seed = list(criteria), name, version, seed
-        self.description, self.question_types, self.path = description, list(question_types or QUESTION_TYPES), path
+        self.description, self.path = description, path
+        self.question_types = list(question_types or QUESTION_TYPES)
         self._by = {c.name: c for c in self.criteria}
+
     def __len__(self) -> int: return len(self.criteria)
     def __contains__(self, name: str) -> bool: return name in self._by
     def __getitem__(self, name: str) -> Criterion: return self._by[name]
+
     @property
-    def names(self) -> list[str]: return [c.name for c in self.criteria]
-    def __repr__(self) -> str: return f"RubricPool({self.name!r} v{self.version}, {len(self)} criteria{', SEED' if self.seed else ''})"
+    def names(self) -> list[str]:
+        "Criterion names in pool order."
+        return [c.name for c in self.criteria]
+
+    def __repr__(self) -> str:
+        return f"RubricPool({self.name!r} v{self.version}, {len(self)} criteria{', SEED' if self.seed else ''})"
 
 # %% ../nbs/21_rubrics.ipynb #334ad5e3
-def _validate(d: dict, path: str | None = None) -> RubricPool:
+def _criterion(c: dict, vocab: set[str], where: str) -> Criterion:
+    "One criterion from its parsed mapping; its question types must come from `vocab`."
+    bad = [t for t in c['question_types'] if t not in vocab]
+    if bad:
+        raise ValueError(f"{where}criterion {c['name']!r}: unknown question types {bad} (vocabulary: {sorted(vocab)})")
+    return Criterion(c['name'], c['description'].strip(), float(c['weight']), _boundaries(c['name'], c['boundaries']),
+                     list(c['question_types']), [str(x).lower() for x in c.get('cues', [])],
+                     c.get('check', 'direct_support'))
+
+@patch(cls_method=True)
+def validate(cls: RubricPool, d: dict, path: str | None = None) -> RubricPool:
     "Validate a parsed pool mapping and build the pool; raises ValueError naming the problem."
+    import jsonschema
     where = f"{path}: " if path else ''
-    try: jsonschema.validate(d, POOL_SCHEMA)
+    try:
+        jsonschema.validate(d, POOL_SCHEMA)
     except jsonschema.ValidationError as e:
-        raise ValueError(f"{where}invalid rubric pool at {'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}") from None
+        at = '/'.join(map(str, e.absolute_path)) or '(root)'
+        raise ValueError(f"{where}invalid rubric pool at {at}: {e.message}") from None
     vocab = set(d.get('question_types') or QUESTION_TYPES) | {'all'}
     crits, seen = [], set()
     for c in d['criteria']:
-        if c['name'] in seen: raise ValueError(f"{where}duplicate criterion name {c['name']!r}")
+        if c['name'] in seen:
+            raise ValueError(f"{where}duplicate criterion name {c['name']!r}")
         seen.add(c['name'])
-        bad = [t for t in c['question_types'] if t not in vocab]
-        if bad: raise ValueError(f"{where}criterion {c['name']!r}: unknown question types {bad} (vocabulary: {sorted(vocab)})")
-        crits.append(Criterion(c['name'], c['description'].strip(), float(c['weight']), _boundaries(c['name'], c['boundaries']),
-                               list(c['question_types']), [str(x).lower() for x in c.get('cues', [])], c.get('check', 'direct_support')))
+        crits.append(_criterion(c, vocab, where))
     return RubricPool(crits, d['name'], d.get('version', 1), bool(d.get('seed', False)), d.get('description', ''),
                       d.get('question_types'), path)
-RubricPool.validate = staticmethod(_validate)
 
-def _load(path: str | Path) -> RubricPool:
+# %% ../nbs/21_rubrics.ipynb #1f0a2c1b
+@patch(cls_method=True)
+def load(cls: RubricPool, path: str | Path) -> RubricPool:
     "Load and validate a pool YAML file."
     p = Path(path)
-    if not p.exists(): raise FileNotFoundError(f"rubric pool not found: {p}")
-    try: d = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e: raise ValueError(f"{p}: not valid YAML: {e}") from None
-    if not isinstance(d, dict): raise ValueError(f"{p}: a rubric pool must be a YAML mapping")
-    return _validate(d, str(p))
-RubricPool.load = staticmethod(_load)
+    if not p.exists():
+        raise FileNotFoundError(f"rubric pool not found: {p}")
+    try:
+        d = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{p}: a rubric pool must be a YAML mapping")
+    return RubricPool.validate(d, str(p))
 
-def _to_yaml(self: RubricPool) -> str:
+# %% ../nbs/21_rubrics.ipynb #1f0a2c1d
+@patch
+def to_yaml(self: RubricPool) -> str:
     "The pool as YAML in the same schema (round-trips through `load`)."
+    crits = [{**c.to_dict(), 'boundaries': {1: c.boundaries['1'], 0.5: c.boundaries['0.5'], 0: c.boundaries['0']}}
+             for c in self.criteria]
     d = {'name': self.name, 'version': self.version, 'seed': self.seed, 'description': self.description,
-         'question_types': self.question_types,
-         'criteria': [{**c.to_dict(), 'boundaries': {1: c.boundaries['1'], 0.5: c.boundaries['0.5'], 0: c.boundaries['0']}}
-                      for c in self.criteria]}
+         'question_types': self.question_types, 'criteria': crits}
     return yaml.safe_dump(d, sort_keys=False, allow_unicode=True)
-RubricPool.to_yaml = _to_yaml
 
 # %% ../nbs/21_rubrics.ipynb #bd22ad47
 def default_pool_path() -> Path:
     "`$REVEAL_RUBRICS`, else `rubrics/seed.yaml` of the checkout (found from the working dir or the package)."
-    if os.environ.get('REVEAL_RUBRICS'): return Path(os.environ['REVEAL_RUBRICS'])
-    import reveal_kit
+    if os.environ.get('REVEAL_RUBRICS'):
+        return Path(os.environ['REVEAL_RUBRICS'])
     for root in (project_root(), Path(reveal_kit.__file__).resolve().parent.parent):
         p = root / 'rubrics' / 'seed.yaml'
-        if p.exists(): return p
+        if p.exists():
+            return p
     return project_root() / 'rubrics' / 'seed.yaml'
 
+# %% ../nbs/21_rubrics.ipynb #1f0a2c20
 _POOLS: dict[str, RubricPool] = {}
+
 def load_rubric_pool(path: str | Path | None = None) -> RubricPool:
     "Load (once per process) the pool at `path`, default `default_pool_path()`."
     p = str(Path(path or default_pool_path()).resolve())
-    if p not in _POOLS: _POOLS[p] = RubricPool.load(p)
+    if p not in _POOLS:
+        _POOLS[p] = RubricPool.load(p)
     return _POOLS[p]
 
 # %% ../nbs/21_rubrics.ipynb #e6c50c2e
-def _for_type(self: RubricPool, qtype: str) -> list[Criterion]:
+@patch
+def for_type(self: RubricPool, qtype: str) -> list[Criterion]:
     "Criteria that apply to a question type, in pool order (the offline verifier's call-1 selection)."
     sel = [c for c in self.criteria if c.applies_to(qtype)]
     return sel or [c for c in self.criteria if c.applies_to('other')] or self.criteria[:1]
-RubricPool.for_type = _for_type
 
-def _catalog(self: RubricPool, names: list[str] | None = None, boundaries: bool = False) -> str:
+# %% ../nbs/21_rubrics.ipynb #1f0a2c21
+@patch
+def catalog(self: RubricPool, names: list[str] | None = None, boundaries: bool = False) -> str:
     "The catalog text for prompts: one line per criterion (name, weight, description[, boundaries])."
     cs = [self[n] for n in names] if names is not None else self.criteria
-    return '\n'.join(c.prompt_text() if boundaries else f"- {c.name} (weight {c.weight:g}; types: {', '.join(c.question_types)}): {c.description}" for c in cs)
-RubricPool.catalog = _catalog
+    def line(c: Criterion) -> str:
+        if boundaries:
+            return c.prompt_text()
+        return f"- {c.name} (weight {c.weight:g}; types: {', '.join(c.question_types)}): {c.description}"
+    return '\n'.join(line(c) for c in cs)
 
-def _weights(self: RubricPool, names: list[str]) -> dict[str, float]:
+# %% ../nbs/21_rubrics.ipynb #1f0a2c23
+@patch
+def weights(self: RubricPool, names: list[str]) -> dict[str, float]:
     "`{name: weight}` for the selected criteria."
     return {n: self[n].weight for n in names}
-RubricPool.weights = _weights

@@ -1,121 +1,45 @@
-"""Integration tests of REVEAL's retrieve–verify–answer loop (nbs/20..25): thresholds, switches, fallbacks, end to end."""
+"""Integration tests of REVEAL's retrieve–verify–answer loop (nbs/21..25) on the real memory store: switches, the
+round budget with a scripted model, fallbacks, traces, `ask`, and end to end with the packaged text embedder."""
 import json
-import zlib
 
 import numpy as np
 import pytest
 
-from reveal_kit.core import Config, Evidence, MemoryItem, Question
-from reveal_kit.online_memory import OnlineMemory, content_words
-from reveal_kit.rubrics import load_rubric_pool
-from reveal_kit.planner import Planner, offline_decompose, screen_queries, uniform_sample
-from reveal_kit.verifier import is_sufficient, sufficiency_score
-from reveal_kit.agent import PRESETS, MethodSpec, answer_question, get_method, load_trace, synthetic_items, format_trace
+from reveal_kit.core import Config, Question
+from reveal_kit.chat import ScriptedModel
+from reveal_kit.memory_store import OfflineMemory
+from reveal_kit.test_utils import HashEmbedder, synthetic_items
+from reveal_kit.agent import PRESETS, ASK_JSON_KEYS, answer_question, get_preset, load_trace, format_trace
+import reveal_kit.agent as agent
 
 
-class HashEmbedder:
-    """Deterministic bag-of-stems embedder with the TextEmbedder interface (control-flow tests only)."""
-    model_id, dim, is_fallback, why = 'test-hash-64', 64, True, 'test fixture'
-
-    def encode(self, texts):
-        out = np.zeros((len(texts), 64), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for w in content_words(t):
-                out[i, zlib.crc32(w.encode()) % 64] += 1
-        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
-
-
-EVENTS = {5: 'the man opens the red door and carries a box inside', 30: 'at night the man opens the red door to let the cat out',
+EVENTS = {5: 'the man opens the red door and carries a box inside',
+          30: 'at night the man opens the red door to let the cat out',
           50: 'the man opens the red door for a delivery worker with flowers',
           12: 'a chef cuts onions on a board', 20: 'a dog jumps into the pool', 40: 'a girl plays the violin on stage'}
-Q_COUNT = Question('c1', 'syn', 'How many times does the man open the red door?', ['1', '2', '3', '4'], answer='C', qtype='counting')
+Q_COUNT = Question('c1', 'syn', 'How many times does the man open the red door?', ['1', '2', '3', '4'],
+                   answer='C', qtype='counting')
 Q_NEG = Question('n1', 'syn', 'Which of the following is not shown in the video?',
-                 ['a chef cuts onions', 'a dog jumps into the pool', 'a pilot lands a plane', 'a girl plays the violin'], answer='C')
+                 ['a chef cuts onions', 'a dog jumps into the pool', 'a pilot lands a plane',
+                  'a girl plays the violin'], answer='C')
 Q_ORDER = Question('t1', 'syn', 'In which order do these happen?',
-                   ['a girl plays the violin, then a dog jumps into the pool', 'a dog jumps into the pool, then a girl plays the violin'],
-                   answer='B')
-Q_ACTION = Question('a1', 'syn', 'What does the chef do with the onions?', ['cuts them on a board', 'throws them away', 'fries them'], answer='A')
+                   ['a girl plays the violin, then a dog jumps into the pool',
+                    'a dog jumps into the pool, then a girl plays the violin'], answer='B')
+Q_ACTION = Question('a1', 'syn', 'What does the chef do with the onions?',
+                    ['cuts them on a board', 'throws them away', 'fries them'], answer='A')
 
 
 @pytest.fixture(scope='module')
 def hash_memory():
-    from reveal_kit.offline_memory import OfflineMemory
     return OfflineMemory.from_items(synthetic_items(60, EVENTS), text_embedder=HashEmbedder())
 
 
-# --- arithmetic and thresholds -------------------------------------------------------------------------------------
-
-def test_rho_arithmetic_and_threshold():
-    w = {'a': 2.0, 'b': 1.0, 'c': 1.0}
-    table = {'A': {'a': 1, 'b': 0.5, 'c': 0}, 'B': {'a': 0.5, 'b': 1, 'c': 1}, 'C': {'a': 0, 'b': 0, 'c': 0}}
-    rho_o, rho = sufficiency_score(table, w)
-    assert rho_o == pytest.approx({'A': 2.5 / 4, 'B': 3.0 / 4, 'C': 0.0})
-    assert rho == pytest.approx(0.75) and is_sufficient(rho, 0.7)
-    assert not is_sufficient(sufficiency_score({'A': table['A']}, w)[1], 0.7)          # 0.625 < 0.7
-    assert sufficiency_score({'A': {'x': 1, 'y': 0.5}}, {'x': 0.4, 'y': 0.6})[1] == pytest.approx(0.7)
-    assert is_sufficient(0.7, 0.7) and not is_sufficient(0.6999, 0.7)
+def scripted(fn):
+    "A scripted chat model answering by role."
+    return ScriptedModel(lambda messages, schema, role: fn(role, schema))
 
 
-def test_query_rejection_at_exact_thresholds():
-    vec = {'q070': [0.70, np.sqrt(1 - 0.49)], 'q0699': [0.699, np.sqrt(1 - 0.699 ** 2)]}
-    emb = lambda ts: np.array([vec.get(t, [0.0, 1.0]) for t in ts])
-    om = OnlineMemory()
-    om.admit(Evidence('L1_0', 1, 0, 10, 'x'), np.array([1.0, 0.0]))
-    ten = 'w1 w2 w3 w4 w5 w6 w7 w8 w9 w10'
-    om.record_attempt(0, 'Text Retrieval', ten, 8, 1)
-    kept, rej, _ = screen_queries(['q070', 'q0699', 'w1 w2 w3 w4 w5 w6 w7 w8 w9', 'w1 w2 w3 w4 w5 w6 w7 w8 w11'], om, emb, Config())
-    # Jaccard 9/10 = 0.9 → rejected; 8/11 → kept; cosine 0.70 → rejected; 0.699 → kept
-    assert kept == ['q0699', 'w1 w2 w3 w4 w5 w6 w7 w8 w11']
-    assert [r['query'] for r in rej] == ['q070', 'w1 w2 w3 w4 w5 w6 w7 w8 w9']
-
-
-def test_admission_dedup_at_0_9():
-    om = OnlineMemory(dedup_cosine=0.9)
-    assert om.admit(Evidence('a', 1, 0, 1, 'x'), np.array([1.0, 0.0]))[0]
-    assert om.admit(Evidence('b', 1, 1, 2, 'y'), np.array([0.9, np.sqrt(0.19)]))[0]           # = 0.9: admitted
-    ok, why = om.admit(Evidence('c', 1, 2, 3, 'z'), np.array([0.9001, np.sqrt(1 - 0.9001 ** 2)]))
-    assert not ok and why.startswith('near_duplicate')
-    assert len(om) == 2 and om.visited == {'a', 'b', 'c'}
-
-
-def test_negation_one_query_per_option():
-    qs = offline_decompose(Q_NEG, Config())
-    assert len(qs) == len(Q_NEG.options) and all(len(q.split()) <= 15 for q in qs)
-    five = Question('n5', 'v', 'Which is NOT shown?', ['a', 'b b', 'c c', 'd d', 'e e'])
-    assert len(offline_decompose(five, Config())) == 5
-
-
-def test_negation_model_decomposition_enforced():
-    from reveal_kit.backends import ScriptedModel
-    m = ScriptedModel(lambda messages, schema, role: {'queries': ['animals in the video', 'what is not shown'], 'reasoning': 'x'})
-    a = Planner(m, Config(), offline=False).decompose(Q_NEG)
-    assert a.queries == offline_decompose(Q_NEG, Config()) and a.source == 'model' and 'negation' in a.notes[0]
-    ok = ScriptedModel(lambda messages, schema, role: {'queries': ['chef onions', 'dog pool', 'pilot plane', 'girl violin'], 'reasoning': 'x'})
-    assert Planner(ok, Config(), offline=False).decompose(Q_NEG).queries == ['chef onions', 'dog pool', 'pilot plane', 'girl violin']
-
-
-def test_uniform_sampling_only_unvisited():
-    l1 = [MemoryItem(f'L1_{i:03d}', 1, 10 * i, 10 * i + 10, 'x') for i in range(40)]
-    visited = {f'L1_{i:03d}' for i in range(0, 40, 3)}
-    for n in (1, 5, 8, 40):
-        s = uniform_sample(l1, visited, n)
-        assert all(it.item_id not in visited for it in s) and len({it.item_id for it in s}) == len(s)
-        assert len(s) == min(n, 40 - len(visited))
-
-
-# --- the loop --------------------------------------------------------------------------------------------------------
-
-def test_presets_switch_exactly_what_they_name():
-    f = [k for k in MethodSpec.__dataclass_fields__ if k != 'name']
-    diff = lambda a, b: {k for k in f if getattr(PRESETS[a], k) != getattr(PRESETS[b], k)}
-    assert diff('base', '+iter') == {'iterative'}
-    assert diff('+iter', '+offmem') == {'chunking'}
-    assert diff('+offmem', '+onmem') == {'online_memory'}
-    assert diff('+onmem', 'reveal') == {'verify', 'rerank'}
-    assert diff('reveal', 'rerank_only') == {'verify'}
-    assert diff('reveal', 'verify_only') == {'rerank'}
-    assert (PRESETS['base'].chunking, PRESETS['reveal'].chunking) == ('fixed', 'adaptive')
-
+# --- the loop on the real memory store ---------------------------------------------------------------------------
 
 def test_presets_behave_as_named(hash_memory):
     res = {p: answer_question(Q_COUNT, hash_memory, None, Config(), p, return_trace=True) for p in PRESETS}
@@ -128,38 +52,49 @@ def test_presets_behave_as_named(hash_memory):
         assert res[p]['sufficient'] is None and not any('verifier' in rd for rd in t[p]['rounds'])
     for p in ('reveal', 'verify_only'):
         assert all('verifier' in rd for rd in t[p]['rounds'])
-    assert [t[p]['rounds'][0]['ranking'] for p in ('reveal', 'rerank_only', 'verify_only')] == ['rubric', 'rubric', 'relevance']
-    fixed = answer_question(Q_COUNT, hash_memory, None, Config(), get_method('reveal', fixed_rounds=2, fixed_segments=5))
+    rankings = [t[p]['rounds'][0]['ranking'] for p in ('reveal', 'rerank_only', 'verify_only')]
+    assert rankings == ['rubric', 'rubric', 'relevance']
+    spec = get_preset('reveal', fixed_rounds=2, fixed_segments=5)
+    fixed = answer_question(Q_COUNT, hash_memory, None, Config(), spec)
     assert fixed['rounds'] == 2 and fixed['stop_reason'] == 'budget' and len(fixed['evidence']) <= 10
+
+
+def never_sufficient(role, schema):
+    "Every score 0, a fresh missing-evidence line each round (so screening never rejects the repair query)."
+    if role == 'verifier':
+        props = schema['properties']['rubric_criteria_scores']['properties']
+        return {'rubric_criteria_scores': {o: {c: 0 for c in row['properties']} for o, row in props.items()},
+                'unknown_options': list(props), 'missing_evidence_analysis': [f'more evidence {np.random.rand():.6f}']}
+    if role == 'verifier_select':
+        return {'criteria': schema['properties']['criteria']['items']['enum'][:2]}
+    if role == 'planner_decompose':
+        return {'queries': ['man opens red door', 'red door'], 'reasoning': 'x'}
+    if role == 'planner':
+        return {'strategy': 'Uniform Sampling', 'queries': [], 'reasoning': 'x'}
+    return {'answer': 'A', 'reasoning': 'x'}
 
 
 @pytest.mark.parametrize('K', [1, 2, 3])
 def test_loop_stops_at_K(hash_memory, K):
-    from reveal_kit.backends import ScriptedModel
-    def never_sufficient(messages, schema, role):
-        if role == 'verifier':
-            props = schema['properties']['rubric_criteria_scores']['properties']
-            return {'rubric_criteria_scores': {o: {c: 0 for c in row['properties']} for o, row in props.items()},
-                    'unknown_options': list(props), 'missing_evidence_analysis': [f'more evidence {np.random.rand():.6f}']}
-        if role == 'verifier_select': return {'criteria': schema['properties']['criteria']['items']['enum'][:2]}
-        if role == 'planner_decompose': return {'queries': ['man opens red door', 'red door'], 'reasoning': 'x'}
-        if role == 'planner': return {'strategy': 'Uniform Sampling', 'queries': [], 'reasoning': 'x'}
-        return {'answer': 'A', 'reasoning': 'x'}
-    r = answer_question(Q_COUNT, hash_memory, ScriptedModel(never_sufficient), Config(max_rounds=K), 'reveal', roles='model')
+    r = answer_question(Q_COUNT, hash_memory, scripted(never_sufficient), Config(max_rounds=K), 'reveal', roles='model')
     assert r['rounds'] == K and r['stop_reason'] == 'budget' and r['sufficient'] is False and r['answer'] == 'A'
     assert r['calls_by_role']['verifier'] == K and r['calls_by_role'].get('planner', 0) == K - 1
     assert r['llm_calls'] == 2 * K + 2      # decompose + select + K verify + (K-1) plan + answer
 
 
 def test_invalid_verifier_json_is_repaired_or_recorded(hash_memory, tmp_path):
-    from reveal_kit.backends import ScriptedModel
-    def broken_verifier(messages, schema, role):
-        if role == 'verifier': return 'the evidence looks fine to me {not json'
-        if role == 'verifier_select': return {'criteria': ['distinct_instances']}
-        if role == 'planner_decompose': return {'queries': ['man opens red door', 'red door opened'], 'reasoning': 'x'}
-        if role == 'planner': return {'strategy': 'Text Retrieval', 'queries': ['door opening'], 'reasoning': 'x'}
+    def broken_verifier(role, schema):
+        if role == 'verifier':
+            return 'the evidence looks fine to me {not json'
+        if role == 'verifier_select':
+            return {'criteria': ['distinct_instances']}
+        if role == 'planner_decompose':
+            return {'queries': ['man opens red door', 'red door opened'], 'reasoning': 'x'}
+        if role == 'planner':
+            return {'strategy': 'Text Retrieval', 'queries': ['door opening'], 'reasoning': 'x'}
         return {'answer': 'C', 'reasoning': 'x'}
-    r = answer_question(Q_COUNT, hash_memory, ScriptedModel(broken_verifier), Config(), 'reveal', trace_dir=tmp_path, roles='model')
+    r = answer_question(Q_COUNT, hash_memory, scripted(broken_verifier), Config(), 'reveal', trace_dir=tmp_path,
+                        roles='model')
     assert not r['failed'] and r['answer'] == 'C'
     t = load_trace(r['trace'])
     vcalls = [c for c in t['calls'] if c['role'] == 'verifier']
@@ -172,12 +107,12 @@ def test_invalid_verifier_json_is_repaired_or_recorded(hash_memory, tmp_path):
 def test_trace_contents(hash_memory, tmp_path):
     r = answer_question(Q_NEG, hash_memory, None, Config(), 'reveal', trace_dir=tmp_path)
     t = json.loads(open(r['trace']).read())
-    assert t['rounds'][0]['queries'] and len(t['rounds'][0]['queries']) == 4           # one per option
+    assert len(t['rounds'][0]['queries']) == 4           # one per option
     for rd in t['rounds']:
         assert {'queries', 'rejected', 'retrieved', 'admitted', 'verifier', 'strategy_executed'} <= set(rd)
         assert all({'item_id', 'level', 't_start', 't_end', 'score'} <= set(a) for a in rd['admitted'])
         assert set(rd['verifier']['table']) == set('ABCD') and 'rho' in rd['verifier']
-    assert t['stop_reason'] in ('sufficient', 'budget', 'no_new_evidence')
+    assert t['stop_reason'] in ('sufficient', 'budget', 'no_new_evidence') and not t['failed']
     assert {'rounds', 'llm_calls', 'prompt_tokens', 'completion_tokens', 'seconds'} <= set(t['totals'])
     assert 'verifier: rho=' in format_trace(t)
 
@@ -186,7 +121,6 @@ def test_trace_contents(hash_memory, tmp_path):
 
 @pytest.fixture(scope='module')
 def minilm_memory():
-    from reveal_kit.offline_memory import OfflineMemory
     from reveal_kit.embedders import get_text_embedder
     return OfflineMemory.from_items(synthetic_items(60, EVENTS, seed=1), text_embedder=get_text_embedder())
 
@@ -202,46 +136,180 @@ def test_end_to_end_offline_roles_real_embedder(minilm_memory, tmp_path):
     assert all(b['rounds'] == 1 and b['answer'] in q.options for b, q in zip(base, qs))
 
 
-def test_cli_ask_json(minilm_memory, monkeypatch, tmp_path):
-    import typer
-    from typer.testing import CliRunner
-    import reveal_kit.agent as agent
-    import reveal_kit.backends as backends
-    monkeypatch.setattr(agent, '_get_memory', lambda *a, **k: minilm_memory)
-    monkeypatch.setattr(backends, 'get_chat_model', lambda *a, **k: None)
-    app = typer.Typer(); app.command()(agent.cli_ask)
-    video = tmp_path / 'v.mp4'; video.write_bytes(b'')
-    out = CliRunner().invoke(app, [str(video), '--question', Q_COUNT.question, *sum((['--option', o] for o in Q_COUNT.options.values()), []),
-                                   '--json', '--trace-dir', str(tmp_path / 'tr')])
-    assert out.exit_code == 0, out.output
-    d = json.loads(out.output.strip().splitlines()[-1])
-    assert set(d) == {'answer', 'sufficient', 'rho', 'rounds', 'llm_calls', 'tokens', 'stop_reason', 'evidence', 'trace'}
-    assert d['answer'] in 'ABCD' and all('t_start' in e for e in d['evidence'])
-    out2 = CliRunner().invoke(app, [str(video), '-q', Q_COUNT.question, '-o', '1', '-o', '2', '--method', 'base', '--trace-dir', str(tmp_path / 'tr')])
-    assert out2.exit_code == 0 and 'Answer:' in out2.output and 'Trace:' in out2.output
-    def bad_memory(*a, **k): raise ValueError('video not found: nowhere.mp4')
+def test_ask(minilm_memory, monkeypatch, tmp_path):
+    seen = []
+    def fake_memory(video, memory_dir, config, chat, subtitles):
+        seen.append((video.name, memory_dir, config.chunking, config.tau, subtitles))
+        return minilm_memory
+    monkeypatch.setattr(agent, '_get_memory', fake_memory)
+    monkeypatch.setattr(agent, 'get_chat_model', lambda *a, **k: None)
+    video = tmp_path / 'v.mp4'
+    res = agent.ask(video, Q_COUNT.question, list(Q_COUNT.options.values()), trace_dir=tmp_path / 'tr',
+                    overrides=['tau=0.8'], memory=tmp_path / 'mem')
+    assert set(ASK_JSON_KEYS) - {'memory_dir'} <= set(res) and res['answer'] in 'ABCD' and res['tau'] == 0.8
+    assert res['trace_error'] is None and res['degraded'] is False and res['failed_calls'] == {}
+    assert all('t_start' in e for e in res['evidence']) and load_trace(res['trace'])['qid'] == 'ask'
+    json.dumps({k: res[k] for k in ASK_JSON_KEYS}, default=str)
+    assert seen[-1] == ('v.mp4', tmp_path / 'mem', 'adaptive', 0.8, None)
+    out = agent.format_ask_summary(res)
+    assert out.startswith(f"Answer: {res['answer']}.") and out.endswith(f"Trace: {res['trace']}")
+    base = agent.ask(video, Q_COUNT.question, ['1', '2'], method='base', trace_dir=tmp_path / 'tr')
+    assert base['rounds'] == 1 and seen[-1][2] == 'fixed' and seen[-1][1] is None   # the method's memory kind
+    def bad_memory(*a, **k):
+        raise ValueError('video not found: nowhere.mp4')
     monkeypatch.setattr(agent, '_get_memory', bad_memory)
-    out3 = CliRunner().invoke(app, [str(video), '-q', 'x?', '-o', 'a', '-o', 'b'])
-    assert out3.exit_code == 2
+    with pytest.raises(ValueError, match='video not found'):
+        agent.ask(video, 'x?', ['a', 'b'])
 
 
 # --- the real embedded LLM --------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_embedded_llm_loop_completes(tmp_path):
-    """The embedded base model (not meaningful) forced into every role: replies are structurally valid or repaired/recorded,
-    and the loop still completes with an answer."""
-    from reveal_kit.backends import get_chat_model
-    from reveal_kit.offline_memory import OfflineMemory
+    """The embedded base model (not meaningful) forced into every role: replies are structurally valid or
+    repaired/recorded, and the loop still completes with an answer."""
+    from reveal_kit.models import get_chat_model
     from reveal_kit.embedders import get_text_embedder
     model = get_chat_model('embedded', cache=None)
-    mem = OfflineMemory.from_items(synthetic_items(12, {3: 'the man opens the red door and carries a box inside', 9: 'at night the man opens the red door to let the cat out'}),
-                                   text_embedder=get_text_embedder())
+    events = {3: 'the man opens the red door and carries a box inside',
+              9: 'at night the man opens the red door to let the cat out'}
+    mem = OfflineMemory.from_items(synthetic_items(12, events), text_embedder=get_text_embedder())
     # small prompts keep the CPU time bounded: one round, three evidence items
-    r = answer_question(Q_COUNT, mem, model, Config(max_rounds=1), get_method('reveal', fixed_segments=3), trace_dir=tmp_path, roles='model')
+    r = answer_question(Q_COUNT, mem, model, Config(max_rounds=1), get_preset('reveal', fixed_segments=3),
+                        trace_dir=tmp_path, roles='model')
     assert not r['failed'] and r['answer'] in Q_COUNT.options, r['error']
     t = load_trace(r['trace'])
     roles = [c['role'] for c in t['calls']]
     assert roles[:2] == ['verifier_select', 'planner_decompose'] and roles[-1] == 'answerer'
     assert r['rounds'] == 1 and r['stop_reason'] in ('sufficient', 'budget', 'no_new_evidence') and r['llm_calls'] == 4
     assert all(rd['verifier']['source'] in ('model', 'fallback') for rd in t['rounds'])
+
+
+# --- degraded results, misbehaving servers, traces, --memory roots, oracle evidence -------------------------------
+
+def test_degraded_result_counts_failed_calls(hash_memory, tmp_path):
+    "A verifier whose replies are never valid JSON: the answer stands, but the result says it is not the model's."
+    def bad_verifier(role, schema):
+        return 'fine {not json' if role == 'verifier' else never_sufficient(role, schema)
+    r = answer_question(Q_COUNT, hash_memory, scripted(bad_verifier), Config(), 'reveal', trace_dir=tmp_path,
+                        roles='model')
+    assert not r['failed'] and r['degraded'] and r['failed_calls'] == {'verifier': r['rounds']}
+    t = load_trace(r['trace'])
+    assert t['degraded'] and t['failed_calls'] == r['failed_calls']
+    ok = answer_question(Q_COUNT, hash_memory, scripted(never_sufficient), Config(), 'reveal', roles='model')
+    assert ok['degraded'] is False and ok['failed_calls'] == {}
+
+
+@pytest.mark.parametrize('body', ['<html><body>It works!</body></html>', {'object': 'list', 'data': []}])
+def test_misbehaving_server_stops_with_one_line(hash_memory, body):
+    "HTTP 200 with a body that is not a chat completion: the question stops with one error naming the URL and the body."
+    from reveal_kit.chat import BackendUnavailable
+    from reveal_kit.http_backend import OpenAIHTTPModel
+    from reveal_kit.test_utils import FakeChatServer
+    with FakeChatServer(lambda payload: (200, body)) as srv:
+        m = OpenAIHTTPModel(srv.url, model='m', retries=0)
+        with pytest.raises(BackendUnavailable) as e:
+            answer_question(Q_COUNT, hash_memory, m, Config(), 'reveal', roles='model')
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and f'the last 5 calls to {srv.url} failed' in msg
+    assert (b'It works' if isinstance(body, str) else b'"object"').decode() in msg
+
+
+def test_half_failing_server_is_degraded_not_silent(hash_memory):
+    "Every second call of the server is garbage: the run goes on, and every result says which calls failed."
+    from reveal_kit.http_backend import OpenAIHTTPModel
+    from reveal_kit.test_utils import FakeChatServer
+    n = {'i': 0}
+    def flaky(payload):
+        n['i'] += 1
+        if n['i'] % 2: return 200, 'Internal error page'
+        schema = (payload.get('response_format') or {}).get('json_schema', {}).get('schema', {})
+        return json.dumps(never_sufficient(_role_of(schema), schema))
+    with FakeChatServer(flaky) as srv:
+        r = answer_question(Q_COUNT, hash_memory, OpenAIHTTPModel(srv.url, model='m', retries=0), Config(), 'reveal',
+                            roles='model')
+    assert r['degraded'] and sum(r['failed_calls'].values()) >= r['llm_calls'] // 2
+    assert r['models']['base_url'] == srv.url
+
+
+def _role_of(schema):
+    "Which role a schema belongs to (by its properties)."
+    props = set(schema.get('properties', {}))
+    for role, key in (('verifier', 'rubric_criteria_scores'), ('verifier_select', 'criteria'),
+                      ('planner_decompose', 'queries'), ('planner', 'strategy')):
+        if key in props:
+            return role if not (role == 'planner_decompose' and 'strategy' in props) else 'planner'
+    return 'answerer'
+
+
+def test_trace_names_are_injective(hash_memory, tmp_path):
+    ids = ['a/b', 'a_b', 'a:b', 'q' * 130 + 'x', 'q' * 130 + 'y']
+    paths = [answer_question(Question(i, 'syn', Q_COUNT.question, ['1', '2']), hash_memory, None, Config(), 'base',
+                             trace_dir=tmp_path)['trace'] for i in ids]
+    assert len(set(paths)) == len(ids) and all(load_trace(p)['qid'] == i for p, i in zip(paths, ids))
+
+
+def test_ask_trace_dirs_unique_and_trace_failure_keeps_answer(minilm_memory, monkeypatch, tmp_path):
+    monkeypatch.setattr(agent, '_get_memory', lambda *a: minilm_memory)
+    monkeypatch.setattr(agent, 'get_chat_model', lambda *a, **k: None)
+    monkeypatch.setenv('REVEAL_RUNS', str(tmp_path / 'runs'))
+    a, b = (agent.ask(tmp_path / 'v.mp4', Q_COUNT.question, ['1', '2', '3', '4']) for _ in range(2))
+    assert a['trace'] != b['trace'] and load_trace(a['trace'])['answer'] == a['answer']
+    (tmp_path / 'file').write_text('x')
+    ro = agent.ask(tmp_path / 'v.mp4', Q_COUNT.question, ['1', '2', '3', '4'], trace_dir=tmp_path / 'file' / 'tr')
+    assert ro['answer'] == a['answer'] and ro['trace'] is None and ro['trace_error'].startswith('trace not written')
+    assert agent.format_ask_summary(ro).endswith(f"Trace: not written ({ro['trace_error']})")
+
+
+@pytest.mark.parametrize('options,question,why', [(['only one'], 'Why?', 'at least 2 options'),
+                                                  ([f'o{i}' for i in range(27)], 'Why?', 'at most 26 options'),
+                                                  (['a', ' '], 'Why?', 'empty option'),
+                                                  (['a', 'b'], ' ', 'empty question')])
+def test_ask_refuses_bad_input_before_work(monkeypatch, options, question, why):
+    monkeypatch.setattr(agent, 'get_chat_model', lambda *a, **k: pytest.fail('a model was made for bad input'))
+    with pytest.raises(ValueError, match=why):
+        agent.ask('no-video.mp4', question, options)
+    with pytest.raises(KeyError, match='presets: '):
+        agent.ask('no-video.mp4', 'Why?', ['a', 'b'], method='revael')
+
+
+def test_ask_passes_cache_and_timeout(minilm_memory, monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(agent, '_get_memory', lambda *a: minilm_memory)
+    monkeypatch.setattr(agent, 'get_chat_model', lambda *a, **k: seen.update(k))
+    agent.ask(tmp_path / 'v.mp4', 'x?', ['a', 'b'], trace_dir=tmp_path, cache='replay', timeout_s=7)
+    assert (seen['cache_mode'], seen['timeout_s']) == ('replay', 7)
+    agent.ask(tmp_path / 'v.mp4', 'x?', ['a', 'b'], trace_dir=tmp_path, overrides=[])
+    assert seen['cache_mode'] == 'readwrite' and seen['timeout_s'] == getattr(Config(), 'timeout_s', None)
+
+
+def test_memory_option_is_a_root_of_memories(tmp_path, monkeypatch):
+    "`--memory DIR`: one memory per memory-config key under DIR; DIR itself when it already is this memory."
+    video = tmp_path / 'clip.mp4'
+    video.write_bytes(b'not really a video, but hashable')
+    built = []
+    monkeypatch.setattr(agent.OfflineMemory, 'build', classmethod(lambda cls, v, d, *a, **k: built.append(d) or d))
+    root = tmp_path / 'mems'
+    for chunking in ('adaptive', 'fixed', 'adaptive'):
+        agent._get_memory(video, root, Config(chunking=chunking), None, None)
+    assert built[0] == built[2] != built[1] and all(p.parent == root for p in built)
+    key = built[1].name.rsplit('-', 1)[-1]
+    legacy = tmp_path / 'legacy'                         # a memory written straight into DIR (fixed chunking)
+    legacy.mkdir()
+    (legacy / 'manifest.json').write_text(json.dumps({'memory_key': key, 'video_sha256':
+                                                      agent.video_sha256(video)}))
+    assert agent._get_memory(video, legacy, Config(chunking='fixed'), None, None) == legacy
+    assert agent._get_memory(video, legacy, Config(chunking='adaptive'), None, None).parent == legacy
+
+
+def test_oracle_evidence(hash_memory, tmp_path):
+    "`+oracle`: the annotated segments are admitted before round 0, with source 'oracle', and the trace lists them."
+    q = Question('o1', 'syn', 'What does the delivery worker carry?', ['flowers', 'a pizza', 'a box'], answer='A',
+                 evidence_spans=[(501.0, 503.0)])
+    r = answer_question(q, hash_memory, None, Config(), 'base+oracle', trace_dir=tmp_path)
+    t = load_trace(r['trace'])
+    assert [i['item_id'] for i in t['oracle']['items']] == ['L1_0050'] and t['spec']['oracle_evidence']
+    assert r['evidence'][0]['item_id'] == 'L1_0050' and r['evidence'][0]['source'] == 'oracle'
+    plain = answer_question(q, hash_memory, None, Config(), 'base', return_trace=True)
+    assert plain['trace_data']['oracle'] is None and all(e['source'] != 'oracle' for e in plain['evidence'])
+    assert get_preset('verify_only+oracle').verify and not get_preset('verify_only+oracle').rerank

@@ -1,14 +1,24 @@
 """Evaluation harness: official-format loaders, data check, resumable/sharded runner, metrics, `reveal eval` CLI."""
-import json, os, signal, subprocess, sys, textwrap, time, warnings
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from reveal_kit.core import Question
-from reveal_kit import benchmarks as B
-from reveal_kit.runner import register_method, run_eval, eval_app, select_questions, shard_of, repair_results
+from reveal_kit import loaders as L
+from reveal_kit.annotations import AnnotationError, extract_options
+from reveal_kit.data_check import check_data
+from reveal_kit.test_utils import write_fixture
+from reveal_kit.runner import register_method, run_eval, select_questions, RunMismatch, RunLocked
 from reveal_kit.metrics import load_results, report, compare, mcnemar_exact, paired_bootstrap_ci
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,11 +28,12 @@ PETS = {'A': 'a cat', 'B': 'a dog', 'C': 'two birds', 'D': 'a fish'}
 # ---------------------------------------------------------------- loaders, one official-format fixture each
 
 def _w(p: Path, text: str) -> Path:
-    p.parent.mkdir(parents=True, exist_ok=True); p.write_text(text); return p
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
 
 
 def test_videomme_parquet_list_options(tmp_path):
-    pd = pytest.importorskip('pandas')
     rows = [dict(video_id='001', duration='long', domain='Knowledge', sub_category='History', url='u', videoID='fFjv93ACGo8',
                  question_id='001-1', task_type='Counting Problem', question='Which pet is shown?',
                  options=['A. a cat', 'B. a dog', 'C. two birds', 'D. a fish'], answer='B'),
@@ -30,12 +41,12 @@ def test_videomme_parquet_list_options(tmp_path):
                  question_id='002-1', task_type='OCR Problems', question='Text?', options=['A. 1', 'B. 2', 'C. 3', 'D. 4'], answer='A')]
     (tmp_path / 'videomme').mkdir()
     pd.DataFrame(rows).to_parquet(tmp_path / 'videomme' / 'test-00000-of-00001.parquet')
-    qs, rep = B.load_videomme(tmp_path)                       # long split by default
+    qs, rep = L.load_videomme(tmp_path)                       # long split by default
     assert (rep.loaded, rep.skipped) == (1, 0)
     q = qs[0]
     assert (q.qid, q.video_id, q.options, q.answer, q.qtype, q.duration_group) == ('001-1', 'fFjv93ACGo8', PETS, 'B', 'Counting Problem', 'long')
     assert q.video_path == str(tmp_path / 'data' / 'fFjv93ACGo8.mp4') and q.subtitle_path.endswith('subtitle/fFjv93ACGo8.srt')
-    assert len(B.load_videomme(tmp_path, split='all')[0]) == 2
+    assert len(L.load_videomme(tmp_path, split='all')[0]) == 2
 
 
 def test_lvbench_jsonl_inline_options(tmp_path):
@@ -43,7 +54,7 @@ def test_lvbench_jsonl_inline_options(tmp_path):
                qa=[dict(uid='7', question='Which pet is shown?\n(A) a cat\n(B) a dog\n(C) two birds\n(D) a fish', answer='C',
                         question_type=['entity recognition', 'temporal grounding'], time_reference='01:05-01:12')])
     _w(tmp_path / 'video_info.meta.jsonl', json.dumps(rec) + '\n')
-    qs, rep = B.load_lvbench(tmp_path)
+    qs, rep = L.load_lvbench(tmp_path)
     q = qs[0]
     assert (q.qid, q.video_id, q.question, q.options, q.answer) == ('7', 'aBcD', 'Which pet is shown?', PETS, 'C')
     assert (q.qtype, q.duration, q.duration_group, q.evidence_spans) == ('entity recognition', 3900.0, 'hour+', [(65.0, 72.0)])
@@ -55,25 +66,27 @@ def test_longvideobench_json_candidates_and_parquet_fields(tmp_path):
                candidates=list(PETS.values()), correct_choice=1, duration=420.0, duration_group=600, question_category='S2E',
                topic_category='KS', starting_timestamp_for_subtitles=3.0)
     _w(tmp_path / 'lvb_val.json', json.dumps([rec]))
-    qs, _ = B.load_longvideobench(tmp_path)
+    qs, _ = L.load_longvideobench(tmp_path)
     q = qs[0]
-    assert (q.qid, q.options, q.answer, q.qtype, q.duration_group) == ('v1_0', PETS, 'B', 'S2E', '600')
+    assert (q.qid, q.options, q.answer, q.qtype, q.duration_group) == ('v1_0', PETS, 'B', 'S2E', 'medium')
+    assert q.meta['lvb_duration_group'] == '600'
     assert q.subtitle_path == str(tmp_path / 'subtitles' / 'v1_en.json')
     # the parquet release: option0..option4 as separate fields
-    pd = pytest.importorskip('pandas')
     sep = {k: v for k, v in rec.items() if k != 'candidates'} | {f'option{i}': v for i, v in enumerate(PETS.values())}
-    (tmp_path / 'pq').mkdir(); pd.DataFrame([sep]).to_parquet(tmp_path / 'pq' / 'validation-00000-of-00001.parquet')
-    q2 = B.load_longvideobench(tmp_path / 'pq')[0][0]
+    (tmp_path / 'pq').mkdir()
+    pd.DataFrame([sep]).to_parquet(tmp_path / 'pq' / 'validation-00000-of-00001.parquet')
+    q2 = L.load_longvideobench(tmp_path / 'pq')[0][0]
     assert (q2.options, q2.answer) == (PETS, 'B')
 
 
 def test_egoschema_separate_option_fields_and_subset(tmp_path):
     qs = [{'q_uid': u, 'google_drive_id': 'g', 'question': 'Which pet is shown?', **{f'option {i}': v for i, v in enumerate(PETS.values())}}
           for u in ('u1', 'u2')]
-    _w(tmp_path / 'questions.json', json.dumps(qs)); _w(tmp_path / 'subset_answers.json', json.dumps({'u1': 3}))
-    sub, rep = B.load_egoschema(tmp_path)
+    _w(tmp_path / 'questions.json', json.dumps(qs))
+    _w(tmp_path / 'subset_answers.json', json.dumps({'u1': 3}))
+    sub, rep = L.load_egoschema(tmp_path)
     assert [(q.qid, q.options, q.answer) for q in sub] == [('u1', PETS, 'D')]
-    full, _ = B.load_egoschema(tmp_path, split='full')
+    full, _ = L.load_egoschema(tmp_path, split='full')
     assert [q.answer for q in full] == ['D', None]
 
 
@@ -81,7 +94,7 @@ def test_mmrv_paren_options(tmp_path):
     rec = dict(video='Some Show.mp4', videoType='TV', question='Which pet is shown?', options=[f'({k}) {v}' for k, v in PETS.items()],
                correctAnswer='(A)', abilityType_L2='Counterintuitive Reasoning', abilityType_L3='x', question_idx=3)
     _w(tmp_path / 'mmrv.json', json.dumps([rec]))
-    q = B.load_mmrv(tmp_path)[0][0]
+    q = L.load_mmrv(tmp_path)[0][0]
     assert (q.options, q.answer, q.video_id, q.qtype) == (PETS, 'A', 'Some Show', 'Counterintuitive Reasoning')
 
 
@@ -90,7 +103,7 @@ def test_egolifeqa_choice_fields_and_times(tmp_path):
                last_time=True, question='Which pet is shown?', choice_a='a cat', choice_b='a dog', choice_c='two birds', choice_d='a fish',
                answer='D', target_time=dict(date='DAY1', time='11152408'), keywords='hint')
     _w(tmp_path / 'EgoLifeQA' / 'EgoLifeQA_A1_JAKE.json', json.dumps([rec]))
-    q = B.load_egolifeqa(tmp_path)[0][0]
+    q = L.load_egolifeqa(tmp_path)[0][0]
     assert (q.qid, q.video_id, q.options, q.answer, q.qtype) == ('egolife_A1_JAKE_12', 'A1_JAKE', PETS, 'D', 'EventRecall')
     assert q.meta['query_seconds'] == 2 * 86400 + 20 * 3600
     assert q.evidence_spans == [(11 * 3600 + 15 * 60 + 24 + 0.4,) * 2] and 'keywords' not in q.meta
@@ -99,26 +112,26 @@ def test_egolifeqa_choice_fields_and_times(tmp_path):
 def test_synth_questions_jsonl(tmp_path):
     q = Question('s1', 'v0', 'Which pet is shown?', list(PETS.values()), answer='C', video_path='videos/v0.mp4', subtitle_path='videos/v0.srt')
     _w(tmp_path / 'questions.jsonl', json.dumps(q.to_dict()) + '\n')
-    (got,), rep = B.load_synth(tmp_path)
-    assert got.options == PETS and got.video_path == str(tmp_path / 'videos' / 'v0.mp4') and rep.loaded == 1
+    (got,), rep = L.load_synth(tmp_path)
+    assert got.options == PETS and got.video_path == str((tmp_path / 'videos' / 'v0.mp4').resolve()) and rep.loaded == 1
 
 
 def test_the_three_option_shapes_give_the_same_question():
     recs = [{'question': 'Which pet is shown?', 'options': [f'{k}. {v}' for k, v in PETS.items()]},
             {'question': 'Which pet is shown?', 'option 0': 'a cat', 'option 1': 'a dog', 'option 2': 'two birds', 'option 3': 'a fish'},
             {'question': 'Which pet is shown? A. a cat B. a dog C. two birds D. a fish'}]
-    assert {json.dumps(B.extract_options(r)) for r in recs} == {json.dumps(('Which pet is shown?', PETS))}
+    assert {json.dumps(extract_options(r)) for r in recs} == {json.dumps(('Which pet is shown?', PETS))}
 
 
 def test_truncated_file_names_file_and_record(tmp_path):
     recs = [dict(id=f'v_{i}', video_id='v', video_path='v.mp4', question='q?', candidates=['a', 'b'], correct_choice=0) for i in range(4)]
     text = json.dumps(recs)
     p = _w(tmp_path / 'lvb_val.json', text[:int(len(text) * 0.6)])
-    with pytest.raises(B.AnnotationError, match=r'lvb_val\.json: malformed JSON at record 2'):
-        B.load_longvideobench(tmp_path)
+    with pytest.raises(AnnotationError, match=r'lvb_val\.json: malformed JSON at record 2'):
+        L.load_longvideobench(tmp_path)
     _w(tmp_path / 'video_info.meta.jsonl', '{"key": "a", "qa": []}\n{"key": "b", "qa": [')
-    with pytest.raises(B.AnnotationError, match=r'video_info\.meta\.jsonl: malformed JSON on line 2'):
-        B.load_lvbench(tmp_path)
+    with pytest.raises(AnnotationError, match=r'video_info\.meta\.jsonl: malformed JSON on line 2'):
+        L.load_lvbench(tmp_path)
 
 
 def test_bad_records_are_counted_not_dropped(tmp_path):
@@ -128,7 +141,7 @@ def test_bad_records_are_counted_not_dropped(tmp_path):
     _w(tmp_path / 'lvb_val.json', json.dumps([good] + bad))
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter('always')
-        qs, rep = B.load_longvideobench(tmp_path)
+        qs, rep = L.load_longvideobench(tmp_path)
     assert (rep.loaded, rep.skipped, len(rep.reasons)) == (1, 4, 4)
     assert 'record 1 (bad-gold)' in rep.reasons[0] and 'out of range' in rep.reasons[0]
     assert 'duplicate qid' in rep.reasons[2] and "missing field 'id'" in rep.reasons[3]
@@ -138,16 +151,24 @@ def test_bad_records_are_counted_not_dropped(tmp_path):
 # ---------------------------------------------------------------- data check
 
 def test_data_check_on_a_partial_root(tmp_path):
-    root = B.write_fixture('lvbench', tmp_path / 'lv')            # 2 questions, 1 video present
+    root = write_fixture('lvbench', tmp_path / 'lv')            # 2 questions, 1 video present
     (root / 'videos' / 'vidA.mp4').unlink()
-    r = B.check_data('lvbench', root)
+    r = check_data('lvbench', root)
     assert (r['loaded'], r['expected_questions'], r['videos'], r['videos_present'], r['videos_missing']) == (2, 1549, 1, 0, 1)
     assert r['status'] == 'incomplete' and r['annotations'][0]['present']
-    r = B.check_data('egoschema', tmp_path / 'nothing')
+    r = check_data('egoschema', tmp_path / 'nothing')
     assert r['status'] == 'missing annotations' and 'no annotation file' in r['error']
-    res = CliRunner().invoke(B.data_app, ['check', 'videomme', '--root', str(B.write_fixture('videomme', tmp_path / 'vm')), '--json'])
+
+
+def test_data_check_cli(tmp_path):
+    from reveal_kit.cli import app
+    res = CliRunner().invoke(app, ['data', 'check', 'videomme', '--root', str(write_fixture('videomme', tmp_path / 'vm')),
+                                   '--json'])
     out = json.loads(res.output)
     assert res.exit_code == 1 and (out['loaded'], out['videos_present'], out['subtitles_present']) == (2, 1, 1)
+    res = CliRunner().invoke(app, ['data', 'check', 'lvbench', '--root', str(write_fixture('lvbench', tmp_path / 'lv'))])
+    assert res.exit_code == 1 and 'questions: 2 loaded (expected 1549)' in res.output, res.output
+    assert CliRunner().invoke(app, ['data', 'check', 'nope', '--root', str(tmp_path)]).exit_code == 2
 
 
 # ---------------------------------------------------------------- runner: resume after a kill, shards
@@ -180,7 +201,8 @@ def test_resume_after_kill_loses_nothing_and_duplicates_nothing(tmp_path):
     while time.time() - t0 < 60:
         if res.exists() and len(res.read_text().splitlines()) >= 15: break
         time.sleep(0.02)
-    p.send_signal(signal.SIGKILL); p.wait()
+    p.send_signal(signal.SIGKILL)
+    p.wait()
     before = len(res.read_text().splitlines())
     assert 15 <= before < n, before
     with open(res, 'a') as f: f.write('{"qid": "q9999", "answer": "A", "corr')      # a write cut by the kill
@@ -206,7 +228,6 @@ def test_shards_cover_every_question_exactly_once(tmp_path):
     assert sorted(seen) == sorted(q.qid for q in qs)
     vids = [{r['video_id'] for r in load_results(tmp_path / f's{i}')} for i in range(4)]
     assert sum(len(v) for v in vids) == 7                                          # a video lives in one shard only
-    assert all(shard_of(q.video_id, 4) == shard_of(q.video_id, 4) for q in qs)
     assert [q.qid for q in select_questions(qs, limit=10, shard=(0, 1))] == [f'q{k}' for k in range(10)]
 
 
@@ -249,36 +270,36 @@ def test_metric_arithmetic():
     assert 0.2 < lo < 0.3 < hi < 0.4
 
 
-# ---------------------------------------------------------------- the CLI: bare, run, report, compare (and mounted)
+# ---------------------------------------------------------------- the CLI: bare, run, report, compare
 
 def test_eval_cli_three_forms(tmp_path):
-    root = B.write_fixture('synth', tmp_path / 'data')
+    from reveal_kit.cli import app
+    root = write_fixture('synth', tmp_path / 'data')
     cli = CliRunner()
     base = ['--root', str(root), '--backend', 'none', '--quiet']
-    r = cli.invoke(eval_app, ['synth', '--method', '_const_b', '--out', str(tmp_path / 'a')] + base)
+    r = cli.invoke(app, ['eval', 'synth', '--method', '_const_b', '--out', str(tmp_path / 'a')] + base)
+    assert r.exit_code == 0 and '4 run' in r.output, r.output
+    r = cli.invoke(app, ['eval', 'run', 'synth', '--method', '_const_b', '--out', str(tmp_path / 'a'), '--limit', '2'] + base)
+    assert r.exit_code == 0 and '0 run, 2 already done' in r.output, r.output   # limit is not part of the run's identity
+    r = cli.invoke(app, ['eval', 'run', 'synth', '-m', 'blind', '-o', str(tmp_path / 'b')] + base)
     assert r.exit_code == 0, r.output
-    r = cli.invoke(eval_app, ['run', 'synth', '--method', '_const_b', '--out', str(tmp_path / 'a'), '--limit', '2'] + base)
-    assert r.exit_code == 0 and '0 run, 2 already done' in r.output, r.output        # rerun resumes (limit is not part of the identity)
-    r = cli.invoke(eval_app, ['run', 'synth', '-m', 'blind', '-o', str(tmp_path / 'b')] + base)
-    assert r.exit_code == 0, r.output
-    r = cli.invoke(eval_app, ['report', str(tmp_path / 'a'), '--json'])
+    r = cli.invoke(app, ['eval', 'synth', '--method', 'nope', '--out', str(tmp_path / 'x')] + base)
+    assert r.exit_code == 2 and 'unknown method' in r.output, r.output
+    r = cli.invoke(app, ['eval', 'report', str(tmp_path / 'a'), '--json'])
     rep = json.loads(r.output)
     assert r.exit_code == 0 and rep['n'] == 4 and rep['accuracy'] == 1.0
-    assert 'accuracy 100.0 %' in cli.invoke(eval_app, ['report', str(tmp_path / 'a')]).output
-    r = cli.invoke(eval_app, ['compare', str(tmp_path / 'a'), str(tmp_path / 'b'), '--json'])
+    assert 'accuracy 100.0 %' in cli.invoke(app, ['eval', 'report', str(tmp_path / 'a')]).output
+    r = cli.invoke(app, ['eval', 'compare', str(tmp_path / 'a'), str(tmp_path / 'b'), '--json'])
     c = json.loads(r.output)
     assert r.exit_code == 0 and c['n_common'] == 4 and 'mcnemar_p' in c
-    assert 'McNemar exact p' in cli.invoke(eval_app, ['compare', str(tmp_path / 'a'), str(tmp_path / 'b')]).output
-    parent = typer.Typer(); parent.add_typer(eval_app, name='eval')                     # as `reveal eval …`
-    r = cli.invoke(parent, ['eval', 'synth', '--method', '_const_b', '--out', str(tmp_path / 'c')] + base)
-    assert r.exit_code == 0 and '4 run' in r.output, r.output
-    assert cli.invoke(parent, ['eval', 'report', str(tmp_path / 'c')]).exit_code == 0
+    assert 'McNemar exact p' in cli.invoke(app, ['eval', 'compare', str(tmp_path / 'a'), str(tmp_path / 'b')]).output
+    assert cli.invoke(app, ['eval', 'report', str(tmp_path / 'nothing')]).exit_code == 2
 
 
 def test_rerun_with_other_config_is_refused(tmp_path):
     qs = [Question('q0', 'v', 'question?', ['x', 'y'], answer='B')]
     run_eval(qs, '_const_b', tmp_path, backend='none', progress=False)
-    with pytest.raises(Exception, match='other settings'):
+    with pytest.raises(RunMismatch, match='other settings'):
         run_eval(qs, '_const_b', tmp_path, backend='none', progress=False, overrides=['tau=0.5'])
 
 
@@ -286,14 +307,13 @@ def test_rerun_with_other_config_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_end_to_end_generated_benchmark_offline_roles(tmp_path, monkeypatch):
-    synth = pytest.importorskip('reveal_kit.synth')
-    pytest.importorskip('reveal_kit.agent'); pytest.importorskip('reveal_kit.offline_memory')
+    from reveal_kit.synth_bench import generate_benchmark
     monkeypatch.setenv('REVEAL_RUNS', str(tmp_path / 'runs'))                     # memories and caches stay in tmp
     root = tmp_path / 'data'
-    synth.generate_benchmark(root, minutes=1, videos=1, questions_per_video=3, seed=0, progress=False)
-    qs, rep = B.load_synth(root)
+    generate_benchmark(root, minutes=1, videos=1, questions_per_video=3, seed=0, progress=False)
+    qs, rep = L.load_synth(root)
     assert rep.skipped == 0 and len(qs) >= 2
-    chk = B.check_data('synth', root)
+    chk = check_data('synth', root)
     assert chk['videos_missing'] == 0 and chk['loaded'] == len(qs) and chk['expected_questions'] == len(qs)
     results = {}
     for m in ('blind', 'direct', 'base', 'reveal'):
@@ -315,8 +335,289 @@ def test_end_to_end_generated_benchmark_offline_roles(tmp_path, monkeypatch):
 
 
 def test_only_present_videos(tmp_path):
-    root = B.write_fixture('synth', tmp_path / 'data')                           # only videos/v0.mp4 exists
+    root = write_fixture('synth', tmp_path / 'data')                           # only videos/v0.mp4 exists
     s = run_eval('synth', '_const_b', tmp_path / 'run', root=root, backend='none', only_present=True, progress=False)
     assert s['selected'] == 2 and {r['video_id'] for r in load_results(tmp_path / 'run')} == {'v0'}
     with pytest.raises(ValueError, match='takes no'):
         run_eval('lvbench', '_const_b', tmp_path / 'x', root=root, split='val', backend='none', progress=False)
+
+
+# ---------------------------------------------------------------- option letters as the source gives them
+
+def test_out_of_order_letters_are_kept_never_relettered():
+    q = Question('d', 'v', 'What happens first?', ['B. drops the drum', 'A. kicks the drum'], answer='A')
+    assert q.options == {'B': 'drops the drum', 'A': 'kicks the drum'} and q.options['A'] == 'kicks the drum'
+    assert q.options_text() == 'B. drops the drum\nA. kicks the drum'
+    with pytest.raises(ValueError, match='carries the letter A'):
+        Question('d', 'v', 'q?', ['drops the drum', 'A. kicks the drum'])
+    with pytest.raises(ValueError, match='given twice'):
+        Question('d', 'v', 'q?', ['A. drops the drum', 'A. kicks the drum'])
+
+
+def test_runner_keeps_the_users_letters(tmp_path):
+    @register_method('_pick_kicks')
+    def _pick_kicks(q, ctx): return {'answer': next(k for k, v in q.options.items() if 'kicks' in v)}
+    q = Question('d', 'v', 'What happens first?', ['B. drops the drum', 'A. kicks the drum'], answer='A')
+    run_eval([q], '_pick_kicks', tmp_path, backend='none', progress=False)
+    (r,) = load_results(tmp_path)
+    assert (r['answer'], r['gold'], r['correct']) == ('A', 'A', True)
+
+
+def test_mmrv_letters_that_skip_one_and_duplicate_texts(tmp_path):
+    letters = 'ABCDEFGHIK'                                        # as in MMR-V: no J
+    rec = dict(video='Show.mp4', question='Which?', options=[f'({l}) thing {l}' for l in letters], correctAnswer='(K)')
+    dup = dict(rec, options=['(A) same', '(B) other', '(C) same'], correctAnswer='(B)')
+    _w(tmp_path / 'mmrv.json', json.dumps([rec, dup]))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        qs, rep = L.load_mmrv(tmp_path)
+    assert list(qs[0].options) == list(letters) and qs[0].options['K'] == 'thing K' and qs[0].answer == 'K'
+    assert not any(v.startswith('(') for v in qs[0].options.values())
+    assert (rep.loaded, rep.skipped, len(rep.notes)) == (2, 0, 1) and 'options A, C have the same text' in rep.notes[0]
+    assert any('repeat an option text' in str(x.message) for x in w)
+
+
+# ---------------------------------------------------------------- one writer per RUN_DIR
+
+HOLD = textwrap.dedent('''
+    import sys, time
+    from reveal_kit.runner import locked_run_dir
+    with locked_run_dir(sys.argv[1]):
+        print('held', flush=True)
+        time.sleep(60)
+''')
+
+
+def test_second_run_into_a_locked_run_dir_fails_at_once_naming_the_holder(tmp_path):
+    script, out = _w(tmp_path / 'hold.py', HOLD), tmp_path / 'run'
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    p = subprocess.Popen([sys.executable, str(script), str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == 'held'
+        qs = [Question('q0', 'v', 'question?', ['x', 'y'], answer='B')]
+        with pytest.raises(RunLocked, match=rf'in use by another run \(pid {p.pid} on '):
+            run_eval(qs, '_const_b', out, backend='none', progress=False)
+        assert not (out / 'results.jsonl').exists()
+    finally:
+        p.kill()
+        p.wait()
+    assert run_eval(qs, '_const_b', out, backend='none', progress=False)['ran'] == 1      # a dead holder holds nothing
+
+
+# ---------------------------------------------------------------- splits, roots, durations, layouts
+
+def test_unknown_splits_name_the_valid_ones(tmp_path):
+    vm, lvb = write_fixture('videomme', tmp_path / 'vm'), write_fixture('longvideobench', tmp_path / 'lvb')
+    for bad in ('Long', 'test'):
+        with pytest.raises(ValueError, match="valid splits: short, medium, long, all"):
+            L.load_videomme(vm, split=bad)
+    with pytest.raises(ValueError, match="no split 'dev'; valid splits: val, test"):
+        L.load_longvideobench(lvb, split='dev')
+    from reveal_kit.cli import app
+    for name, root, split in (('videomme', vm, 'Long'), ('longvideobench', lvb, 'dev')):
+        r = CliRunner().invoke(app, ['data', 'check', name, '--root', str(root), '--split', split])
+        assert r.exit_code == 2 and 'valid splits' in r.output and 'Traceback' not in r.output, r.output
+
+
+def test_data_check_is_never_ok_with_no_questions(tmp_path):
+    root = write_fixture('synth', tmp_path / 'sy')
+    (root / 'questions.jsonl').write_text('')
+    (root / 'manifest.json').write_text(json.dumps({'n_questions': 0, 'n_videos': 0}))
+    r = check_data('synth', root)
+    assert r['loaded'] == 0 and r['status'] == 'no questions'
+
+
+def test_root_may_be_the_annotation_file_itself(tmp_path):
+    from reveal_kit.cli import app
+    f = write_fixture('lvbench', tmp_path / 'lv') / 'video_info.meta.jsonl'
+    r = check_data('lvbench', f)
+    assert (r['loaded'], r['source'], r['annotations']) == (2, str(f), [dict(path=str(f), present=True)])
+    out = CliRunner().invoke(app, ['data', 'check', 'lvbench', '--root', str(f)]).output
+    assert 'MISSING' not in out and f'read: {f}' in out, out
+
+
+def test_duration_group_has_one_meaning_and_seconds_are_probed(tmp_path):
+    from reveal_kit.test_utils import make_test_video
+    lvb = L.load_longvideobench(write_fixture('longvideobench', tmp_path / 'lvb'))[0]
+    assert {q.duration_group for q in lvb} == {'medium'}                     # '600' → 512.3 s → medium
+    vm = write_fixture('videomme', tmp_path / 'vm')
+    assert L.load_videomme(vm)[0][0].duration is None                        # an empty video file is not probed
+    make_test_video(vm / 'data' / 'V1.mp4', scenes=((3, 1),))
+    q = L.load_videomme(vm)[0][0]
+    assert abs(q.duration - 3.0) < 0.2 and q.duration_group == 'long'        # Video-MME's own group is kept
+    groups = {q.duration_group for name in ('lvbench', 'egoschema', 'egolifeqa')
+              for q in L.load_benchmark(name, write_fixture(name, tmp_path / name))[0]}
+    assert groups <= {'short', 'medium', 'long', 'hour+'}, groups
+
+
+def test_egoschema_subset_as_csv_with_a0_to_a4(tmp_path):
+    ans = {'u1': 3, 'u2': 0}
+    rows = [dict(q_uid=u, question=f'What is C doing in {u}?', answer=ans.get(u, ''),
+                 **{f'a{i}': f'activity {i} {u}' for i in range(5)}) for u in ('u1', 'u2', 'u3')]
+    pd.DataFrame(rows).to_csv(tmp_path / 'egoschema_subset.csv', index=False)
+    qs, rep = L.load_egoschema(tmp_path)
+    assert [(q.qid, q.answer) for q in qs] == [('u1', 'D'), ('u2', 'A')] and rep.source.endswith('egoschema_subset.csv')
+    assert qs[0].options == {L_: f'activity {i} u1' for i, L_ in enumerate('ABCDE')}
+    assert len(L.load_egoschema(tmp_path, split='full')[0]) == 3
+    r = check_data('egoschema', tmp_path / 'nothing')
+    from reveal_kit.data_check import format_check
+    assert 'expected: annotation file(s) questions.json' in format_check(r) and 'a0' in format_check(r)
+
+
+# ---------------------------------------------------------------- degraded results are counted, never hidden
+
+def test_report_counts_degraded_results():
+    rows = [dict(qid='1', answer='A', gold='A', correct=True),
+            dict(qid='2', answer='B', gold='B', correct=True, degraded=True, failed_calls={'planner': 3, 'verifier': 1}),
+            dict(qid='3', answer='A', gold='B', correct=False, degraded=False, failed_calls={})]
+    rep = report(rows)
+    assert (rep['n'], rep['correct'], rep['degraded'], rep['failed_calls']) == (3, 2, 1, {'planner': 3, 'verifier': 1})
+    assert rep['accuracy_not_degraded'] == 0.5
+    from reveal_kit.metrics import format_report
+    assert 'degraded 1 (answer not wholly from the configured model' in format_report(rep)
+
+
+# ---------------------------------------------------------------- methods by name: plugins, +oracle
+
+def test_pace_methods_load_on_first_use_in_a_fresh_process():
+    code = ("from reveal_kit import runner\n"
+            "assert 'pace' not in runner.METHODS\n"
+            "assert callable(runner.get_method('pace')) and callable(runner.get_method('dvd'))\n"
+            "known = runner.available_methods()\n"
+            "assert {'pace-no-qcindex', 'pace-factors-3', 'reveal+oracle', '+iter+oracle'} <= set(known), known\n"
+            "assert runner.load_plugins() == {}\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    r = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_plugin_that_does_not_import_is_named_in_the_unknown_method_error(monkeypatch, tmp_path):
+    from reveal_kit import runner
+    (tmp_path / '_plugin_ok.py').write_text("from reveal_kit.runner import register_method\n"
+                                            "register_method('_from_plugin')(lambda q, ctx: {'answer': 'B'})\n")
+    (tmp_path / '_plugin_bad.py').write_text("raise ImportError('needs a package that is not installed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(runner, 'PLUGINS', ['_plugin_ok', '_plugin_bad'])
+    monkeypatch.setattr(runner, '_PLUGINS_TRIED', set())
+    monkeypatch.setattr(runner, '_PLUGIN_ERRORS', {})
+    assert '_from_plugin' in runner.available_methods()
+    qs = [Question('q0', 'v', 'question?', ['x', 'y'], answer='B')]
+    assert run_eval(qs, '_from_plugin', tmp_path / 'run', backend='none', progress=False)['accuracy'] == 1.0
+    with pytest.raises(KeyError, match=r"unknown method 'pace-x'.*_plugin_bad did not import "
+                                       r"\(ImportError: needs a package that is not installed\)"):
+        runner.get_method('pace-x')
+
+
+def test_oracle_suffix_on_any_preset_is_a_method():
+    from reveal_kit.runner import get_method
+    for name in ('reveal+oracle', 'base+oracle', '+onmem+oracle'):
+        assert get_method(name).__qualname__ == '_preset_method.<locals>.run'
+    with pytest.raises(KeyError, match='unknown method'):
+        get_method('reveal+oracle+oracle')
+
+
+# ---------------------------------------------------------------- the run's pool, roles, cache mode, timeout
+
+def _alt_pool(path: Path, provenance: str = '') -> Path:
+    from reveal_kit.rubrics import default_pool_path
+    return _w(path, default_pool_path().read_text().replace('- name: ', '- name: alt_') + provenance)
+
+
+def test_the_configured_rubric_pool_scores_the_evidence(tmp_path, monkeypatch):
+    from reveal_kit import runner
+    from reveal_kit.test_utils import synthetic_items, TinyMemory
+    mem = TinyMemory(synthetic_items(60, {5: 'the man opens the red door', 30: 'the man opens the red door again',
+                                          50: 'the man opens the red door for a delivery worker'}))
+    monkeypatch.setattr(runner.RunContext, 'memory', lambda self, q, chunking=None: mem)
+    qs = [Question('c1', 'tiny', 'How many times does the man open the red door?', ['1', '2', '3', '4'], answer='C',
+                   meta={'split': 'dev'})]
+    pool = _alt_pool(tmp_path / 'induced.yaml', 'provenance:\n  benchmark: custom\n  split: dev\n')
+    with pytest.warns(UserWarning, match='not a held-out result'):
+        s = run_eval(qs, 'reveal', tmp_path / 'alt', backend='none', overrides=[f'rubric_pool={pool}'], progress=False)
+    assert s['failed'] == 0
+    (r,) = load_results(tmp_path / 'alt')
+    table = json.loads(Path(r['trace']).read_text())['rounds'][0]['verifier']['table']['A']
+    assert table and all(k.startswith('alt_') for k in table), table
+    meta = json.loads((tmp_path / 'alt' / 'run.json').read_text())
+    assert meta['config']['rubric_pool'] == str(pool) and meta['rubric_pool'] == str(pool)
+    assert 'not a held-out result' in meta['rubric_pool_warning'] and len(meta['rubric_pool_sha256']) == 64
+    run_eval(qs, 'reveal', tmp_path / 'seed', backend='none', progress=False)
+    (r,) = load_results(tmp_path / 'seed')
+    table = json.loads(Path(r['trace']).read_text())['rounds'][0]['verifier']['table']['A']
+    assert table and not any(k.startswith('alt_') for k in table), table
+    assert json.loads((tmp_path / 'seed' / 'run.json').read_text())['rubric_pool_warning'] is None
+    pool.write_text(pool.read_text().replace('weight: 1.5', 'weight: 1.25'))          # the pool file changed
+    with pytest.raises(RunMismatch, match='rubric_pool_sha256'), pytest.warns(UserWarning):
+        run_eval(qs, 'reveal', tmp_path / 'alt', backend='none', overrides=[f'rubric_pool={pool}'], progress=False)
+    with pytest.raises(FileNotFoundError, match='rubric pool .* not found'):
+        run_eval(qs, 'reveal', tmp_path / 'x', backend='none', overrides=[f'rubric_pool={tmp_path}/no.yaml'],
+                 progress=False)
+
+
+@register_method('_reads_model')
+def _reads_model(q, ctx):
+    return {'answer': 'A', 'timeout': ctx.model.timeout_s, 'cache': getattr(ctx.model, 'mode', None), 'roles': ctx.roles}
+
+
+def test_cache_mode_timeout_and_roles_reach_the_model_and_run_json(tmp_path):
+    qs = [Question('q0', 'v', 'question?', ['x', 'y'], answer='A')]
+    srv = dict(backend='http', model='m', base_url='http://127.0.0.1:9', progress=False)
+    run_eval(qs, '_reads_model', tmp_path / 'a', cache_mode='off', timeout_s=3, roles='offline', **srv)
+    (r,) = load_results(tmp_path / 'a')
+    assert (r['timeout'], r['cache'], r['roles']) == (3.0, None, 'offline')           # 'off': no cache wrapper
+    meta = json.loads((tmp_path / 'a' / 'run.json').read_text())
+    assert (meta['model'], meta['model_base_url'], meta['roles'], meta['cache_mode']) == \
+           ('http:m', 'http://127.0.0.1:9/v1', 'offline', 'off')
+    run_eval(qs, '_reads_model', tmp_path / 'b', cache_mode='replay', overrides=['timeout_s=4'], **srv)
+    (r,) = load_results(tmp_path / 'b')
+    assert (r['timeout'], r['cache'], r['roles']) == (4.0, 'replay', 'auto')
+    assert run_eval(qs, '_reads_model', tmp_path / 'b', cache_mode='replay', **srv)['ran'] == 0    # timeout: same run
+    with pytest.raises(RunMismatch, match='roles'):
+        run_eval(qs, '_reads_model', tmp_path / 'b', cache_mode='replay', roles='model', **srv)
+    for kw, msg in ((dict(cache_mode='fresh'), 'cache mode must be one of'), (dict(roles='all'), 'roles must be one of'),
+                    (dict(timeout_s=-1), 'timeout must be > 0')):
+        with pytest.raises(ValueError, match=msg):
+            run_eval(qs, '_reads_model', tmp_path / 'c', **srv, **kw)
+    assert not (tmp_path / 'c' / 'results.jsonl').exists()
+
+
+def test_eval_cli_refuses_a_bad_cache_mode_and_roles_in_one_line(tmp_path):
+    from reveal_kit.cli import app
+    root = write_fixture('synth', tmp_path / 'data')
+    base = ['eval', 'synth', '--method', '_const_b', '--root', str(root), '--backend', 'none', '--quiet']
+    for extra, msg in ((['--cache', 'fresh'], 'cache mode must be one of'), (['--roles', 'model'], 'needs a chat model')):
+        r = CliRunner().invoke(app, base + ['--out', str(tmp_path / 'x')] + extra)
+        assert r.exit_code == 2 and msg in r.output and 'Traceback' not in r.output, r.output
+
+
+def test_error_traces_of_ids_that_one_file_name_would_merge_stay_apart(tmp_path):
+    @register_method('_boom')
+    def _boom(q, ctx): raise RuntimeError(f'boom {q.qid}')
+    qs = [Question(i, 'v', 'question?', ['x', 'y'], answer='A') for i in ('a/b', 'a_b')]
+    run_eval(qs, '_boom', tmp_path, backend='none', progress=False)
+    recs = {r['qid']: r for r in load_results(tmp_path)}
+    assert recs['a/b']['trace'] != recs['a_b']['trace']
+    for qid, r in recs.items():
+        assert r['trace'].endswith('.error.txt') and f'boom {qid}' in Path(r['trace']).read_text()
+
+
+# ---------------------------------------------------------------- PACE's diagnostics in the report
+
+def test_report_averages_pace_diagnostics_and_leaves_other_rows_alone():
+    from reveal_kit.metrics import format_report
+    def P(qid, nr, tools, ptc):
+        return dict(qid=qid, answer='A', gold='A', correct=True, needle_recall=nr, steps=sum(tools.values()),
+                    tool_calls=tools, invalid_calls=0, prompt_tokens=900, completion_tokens=100,
+                    index=dict(n_clips=4, prompt_tokens_per_clip=ptc, completion_tokens_per_clip=20))
+    rep = report([P('1', 1.0, {'ClipSearch': 3, 'Finish': 1}, 80), P('2', 0.0, {'Finish': 1}, 180),
+                  P('3', None, {'GlobalBrowse': 1, 'Finish': 1}, 80)])
+    assert (rep['needle_recall_mean'], rep['needle_recall_n']) == (0.5, 2)
+    assert rep['tool_calls_mean'] == {'ClipSearch': 1.0, 'Finish': 1.0, 'GlobalBrowse': 1 / 3}
+    assert rep['index_tokens_per_clip_mean'] == pytest.approx((100 + 200 + 100) / 3)
+    assert rep['query_tokens_mean'] == 1000 and rep['steps_mean'] == pytest.approx(7 / 3)
+    txt = format_report(rep)
+    assert 'needle recall 50.0 % (2 questions with cues)' in txt and 'tool calls ClipSearch 1.00' in txt, txt
+    assert 'tokens per clip (indexing) 133, per query (reasoning) 1000' in txt, txt
+    plain = report([dict(qid='1', answer='A', gold='A', correct=True, rounds=2)])
+    assert not {'needle_recall_mean', 'tool_calls_mean', 'index_tokens_per_clip_mean'} & set(plain)
+    assert 'needle recall' not in format_report(plain) and 'per clip' not in format_report(plain)

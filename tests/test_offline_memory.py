@@ -1,16 +1,18 @@
 """Integration and fault tests of the offline memory (REVEAL §3.1): bad inputs, resume after a real crash, reuse,
-refusal of mismatched settings, segmentation accuracy, subtitle alignment, and the `reveal memory` CLI."""
-import json, os, signal, subprocess, sys, textwrap, time, warnings
+refusal of mismatched settings, segmentation accuracy, subtitle alignment, and the `reveal memory` commands."""
+import json, os, signal, subprocess, sys, textwrap, time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from reveal_kit.core import Config
-from reveal_kit.frames import MemoryBuildError
-from reveal_kit.offline_memory import (OfflineMemory, MemoryMismatchError, memory_app, get_or_build_memory,
-                                       memory_dir_for, memory_models)
+import reveal_kit.captioning as cap
+import reveal_kit.memory_build as mb
+from reveal_kit.chat import ScriptedModel
+from reveal_kit.core import Config, MemoryBuildError
+from reveal_kit.memory_build import build_memory, format_build_summary, get_or_build_memory
+from reveal_kit.memory_store import OfflineMemory, MemoryMismatchError, describe, memory_dir_for, memory_models
 from reveal_kit.test_utils import (make_test_video, write_srt, write_vtt, make_audio_only, make_empty, truncate_copy,
                                    make_faststart_truncated, scene_boundaries)
 
@@ -22,20 +24,20 @@ CFG = Config(l2_group=2)
 def video(tmp_path_factory):
     d = tmp_path_factory.mktemp('v')
     v = make_test_video(d / 'demo.mp4', SCENES, fps=4, size=(320, 180))
-    srt = write_srt(d / 'demo.srt', [(10.5, 13.0, 'Where did you put the red umbrella?'), (31.0, 34.0, 'The train leaves at noon.')])
+    srt = write_srt(d / 'demo.srt', [(10.5, 13.0, 'Where did you put the red umbrella?'),
+                                     (31.0, 34.0, 'The train leaves at noon.')])
     return v, srt
 
 
-class Reply:
-    def __init__(self, text, ok=True): self.text, self.ok, self.record = text, ok, None
+def counting_vlm() -> ScriptedModel:
+    "A meaningful scripted vision model whose `.calls` log every request."
+    return ScriptedModel(lambda messages, schema, role: f'{role} text', model_id='counting-vlm')
 
 
-class CountingVLM:
-    "Same `chat` signature as ChatModel; counts calls per role."
-    model_id, meaningful, supports_images = 'counting-vlm', True, True
-    def __init__(self): self.calls = []
-    def chat(self, messages, *, schema=None, role='', max_tokens=512, temperature=0.0):
-        self.calls.append(role); return Reply(f'{role} {len(self.calls)}')
+def cli(*args):
+    "Run `reveal ARGS...` in-process."
+    from reveal_kit.cli import app
+    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 # ---------------------------------------------------------------- bad inputs: one-line errors, nothing half-written
@@ -50,7 +52,10 @@ def _bad_inputs(d: Path, v: Path):
             'directory': (d, 'directory')}
 
 
-@pytest.mark.parametrize('kind', ['missing', 'zero-length', 'audio-only', 'truncated', 'truncated-faststart', 'unreadable', 'directory'])
+BAD_KINDS = ['missing', 'zero-length', 'audio-only', 'truncated', 'truncated-faststart', 'unreadable', 'directory']
+
+
+@pytest.mark.parametrize('kind', BAD_KINDS)
 def test_bad_video_one_line_error(tmp_path, video, kind):
     bad, why = _bad_inputs(tmp_path, video[0])[kind]
     with pytest.raises(MemoryBuildError) as e:
@@ -58,18 +63,18 @@ def test_bad_video_one_line_error(tmp_path, video, kind):
     msg = str(e.value)
     assert why in msg and '\n' not in msg
     assert not (tmp_path / 'mem' / 'manifest.json').exists()
-    r = CliRunner().invoke(memory_app, ['build', str(bad), '--out', str(tmp_path / 'mem2')])
-    assert r.exit_code == 2 and why in r.output and r.output.strip().count('\n') == 0, r.output
 
 
-@pytest.mark.parametrize('content', ['just some words\n', 'WEBVTT\n\n00:00:xx --> garbage\nhello\n', '1\n00:00:01,000 --> 00:00:02\n'])
+SUBTITLE_JUNK = ['just some words\n', 'WEBVTT\n\n00:00:xx --> garbage\nhello\n', '1\n00:00:01,000 --> 00:00:02\n']
+
+
+@pytest.mark.parametrize('content', SUBTITLE_JUNK)
 def test_malformed_subtitles(tmp_path, video, content):
-    bad = tmp_path / 'bad.srt'; bad.write_text(content)
+    bad = tmp_path / 'bad.srt'
+    bad.write_text(content)
     with pytest.raises(MemoryBuildError, match='malformed subtitle file'):
         OfflineMemory.build(video[0], tmp_path / 'mem', CFG, subtitles=bad, progress=False)
     assert not (tmp_path / 'mem').exists()                        # validated before anything is written
-    r = CliRunner().invoke(memory_app, ['build', str(video[0]), '--subtitles', str(bad), '--out', str(tmp_path / 'm')])
-    assert r.exit_code == 2 and 'malformed subtitle file' in r.output
 
 
 def test_all_frames_fail_filter_is_a_documented_fallback(tmp_path):
@@ -91,8 +96,8 @@ def test_segments_subtitles_levels(tmp_path, video):
     assert (len(m.level(2)), len(m.level(3))) == (2, 1)
     assert m.level(2)[0].children == ['L1_0000', 'L1_0001'] and m.level(3)[0].children == ['L2_0000', 'L2_0001']
     c = m.manifest
-    for k in ('video_sha256', 'duration', 'config_hash', 'models', 'kit_version', 'counts', 'captioner', 'memory_config'):
-        assert k in c
+    assert {'video_sha256', 'duration', 'config_hash', 'models', 'kit_version', 'counts', 'captioner',
+            'memory_config'} <= set(c)
     assert c['captioner'] == 'offline-perceptual' and c['counts']['n_frames'] == 40
     hits = m.search_text('red umbrella', k={1: 2, 2: 1, 3: 1})
     assert [h.level for h in hits] == [1, 1, 2, 3] and hits[0].item.item_id == 'L1_0001'
@@ -121,28 +126,31 @@ def test_static_scene_respects_max_length(tmp_path):
 # ---------------------------------------------------------------- persistence: reuse, refusal, load without model calls
 def test_reuse_refuse_rebuild(tmp_path, video):
     v, srt = video
-    model = CountingVLM()
+    model = counting_vlm()
     m = OfflineMemory.build(v, tmp_path / 'mem', CFG, chat_model=model, subtitles=srt, progress=False)
     n = len(model.calls)
     assert n == 4 + 2 + 1 and m.manifest['captioner'] == 'model:counting-vlm'
-    again = OfflineMemory.build(v, tmp_path / 'mem', CFG.replace(tau=0.3, max_rounds=5), chat_model=model, subtitles=srt, progress=False)
+    again = OfflineMemory.build(v, tmp_path / 'mem', CFG.replace(tau=0.3, max_rounds=5), chat_model=model,
+                                subtitles=srt, progress=False)
     assert len(model.calls) == n and again.manifest['created'] == m.manifest['created']     # reused, no call
     loaded = OfflineMemory.load(tmp_path / 'mem', CFG)
     assert len(model.calls) == n and len(loaded.items) == len(m.items)
     with pytest.raises(MemoryMismatchError, match='theta'):
-        OfflineMemory.build(v, tmp_path / 'mem', CFG.replace(theta=0.5), chat_model=model, subtitles=srt, progress=False)
+        OfflineMemory.build(v, tmp_path / 'mem', CFG.replace(theta=0.5), chat_model=model, subtitles=srt,
+                            progress=False)
     with pytest.raises(MemoryMismatchError, match='captioner'):
         OfflineMemory.build(v, tmp_path / 'mem', CFG, chat_model=None, subtitles=srt, progress=False)
     with pytest.raises(MemoryMismatchError, match='different subtitles'):
         OfflineMemory.build(v, tmp_path / 'mem', CFG, chat_model=model, progress=False)
     with pytest.raises(MemoryMismatchError, match='theta'):
         OfflineMemory.load(tmp_path / 'mem', CFG.replace(theta=0.5))
-    r = OfflineMemory.build(v, tmp_path / 'mem', CFG.replace(theta=0.5), subtitles=srt, progress=False, rebuild=True)
+    r = OfflineMemory.build(v, tmp_path / 'mem', CFG.replace(theta=0.5), subtitles=srt, progress=False,
+                            rebuild=True)
     assert r.manifest['memory_config']['theta'] == 0.5 and r.manifest['captioner'] == 'offline-perceptual'
 
 
 def test_get_or_build_memory_reuses(tmp_path, video):
-    model = CountingVLM()
+    model = counting_vlm()
     a = get_or_build_memory(video[0], CFG, chat_model=model, root=tmp_path)
     n = len(model.calls)
     b = get_or_build_memory(video[0], CFG.replace(tau=0.9), chat_model=model, root=tmp_path)
@@ -153,28 +161,27 @@ def test_get_or_build_memory_reuses(tmp_path, video):
 
 
 def test_half_built_memory_never_loads(tmp_path, video, monkeypatch):
-    import reveal_kit.offline_memory as om
     def boom(*a, **k): raise RuntimeError('disk full')
-    monkeypatch.setattr(om, '_summary_stage', boom)
+    monkeypatch.setattr(mb, '_summary_stage', boom)
     with pytest.raises(RuntimeError):
         OfflineMemory.build(video[0], tmp_path / 'mem', CFG, progress=False)
     with pytest.raises(MemoryBuildError, match='unfinished build'):
         OfflineMemory.load(tmp_path / 'mem')
-    r = CliRunner().invoke(memory_app, ['show', str(tmp_path / 'mem')])
-    assert r.exit_code == 2 and 'unfinished build' in r.output
 
 
 # ---------------------------------------------------------------- resume after a real crash (SIGKILL mid-captioning)
 CHILD = textwrap.dedent('''
     import sys, time
     from reveal_kit.core import Config
-    from reveal_kit.offline_memory import OfflineMemory
+    from reveal_kit.memory_build import OfflineMemory
     import reveal_kit.captioning as cap
     orig = cap.PerceptualCaptioner.caption
     def slow(self, *a, **k):
-        time.sleep(0.4); return orig(self, *a, **k)
+        time.sleep(0.4)
+        return orig(self, *a, **k)
     cap.PerceptualCaptioner.caption = slow
-    OfflineMemory.build(sys.argv[1], sys.argv[2], Config(fps=2, l2_group=2, max_segment_s=4, min_segment_s=2), progress=False)
+    OfflineMemory.build(sys.argv[1], sys.argv[2], Config(fps=2, l2_group=2, max_segment_s=4, min_segment_s=2),
+                        progress=False)
 ''')
 
 
@@ -188,16 +195,17 @@ def test_resume_after_kill(tmp_path, monkeypatch):
         if l1.exists() and l1.read_text().count('\n') >= 2: break
         time.sleep(0.05)
     assert p.poll() is None, 'build finished before it could be killed'
-    os.kill(p.pid, signal.SIGKILL); p.wait()
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
     done = l1.read_text().count('\n')
     assert not (out / 'manifest.json').exists() and (out / 'segments.json').exists()
     with pytest.raises(MemoryBuildError, match='unfinished build'):
         OfflineMemory.load(out)
-    import reveal_kit.captioning as cap, reveal_kit.offline_memory as om
     calls = []
     orig = cap.PerceptualCaptioner.caption
-    monkeypatch.setattr(cap.PerceptualCaptioner, 'caption', lambda self, *a, **k: calls.append(a[1]) or orig(self, *a, **k))
-    monkeypatch.setattr(om, '_segment_pass', lambda *a, **k: pytest.fail('stage 1 was redone'))
+    monkeypatch.setattr(cap.PerceptualCaptioner, 'caption',
+                        lambda self, *a, **k: calls.append(a[1]) or orig(self, *a, **k))
+    monkeypatch.setattr(mb, '_segment_pass', lambda *a, **k: pytest.fail('stage 1 was redone'))
     m = OfflineMemory.build(v, out, Config(fps=2, l2_group=2, max_segment_s=4, min_segment_s=2), progress=False)
     n_l1 = len(m.level(1))
     assert n_l1 == 6 and len(calls) == n_l1 - done                # only the unfinished captions were made
@@ -205,33 +213,53 @@ def test_resume_after_kill(tmp_path, monkeypatch):
     assert len({it.item_id for it in m.level(1)}) == n_l1
 
 
-# ---------------------------------------------------------------- CLI
-def test_cli_build_json_and_show(tmp_path, video):
+# ---------------------------------------------------------------- what `reveal memory build | show` run
+def test_build_memory_summary_reuse_and_describe(tmp_path, video):
     v, srt = video
-    r = CliRunner().invoke(memory_app, ['build', str(v), '--subtitles', str(srt), '--out', str(tmp_path / 'm'), '--json',
-                                        '--chunking', 'fixed', '--set', 'l2_group=2'])
-    assert r.exit_code == 0, r.output
-    js = json.loads(r.stdout.strip().splitlines()[-1])
+    out, cfg = tmp_path / 'm', Config(l2_group=2)
+    s = build_memory(v, out, cfg, subtitles=srt, chunking='fixed', progress=False)
     for k in ('n_frames', 'n_kept', 'n_l1', 'n_l2', 'n_l3', 'mean_l1_seconds', 'seconds', 'memory_dir'):
-        assert k in js
-    assert (js['n_l1'], js['mean_l1_seconds'], js['reused']) == (4, 10.0, False)
-    r2 = CliRunner().invoke(memory_app, ['build', str(v), '--subtitles', str(srt), '--out', str(tmp_path / 'm'), '--json',
-                                         '--chunking', 'fixed', '--set', 'l2_group=2'])
-    assert json.loads(r2.stdout.strip().splitlines()[-1])['reused'] is True
-    r3 = CliRunner().invoke(memory_app, ['build', str(v), '--out', str(tmp_path / 'm'), '--chunking', 'adaptive'])
-    assert r3.exit_code == 2 and 'rebuild' in r3.output
-    r4 = CliRunner().invoke(memory_app, ['show', str(tmp_path / 'm')])
-    assert r4.exit_code == 0 and 'L1       4 items' in r4.stdout and 'red umbrella' in r4.stdout
-    r5 = CliRunner().invoke(memory_app, ['build', str(v), '--chunking', 'scenes', '--out', str(tmp_path / 'x')])
-    assert r5.exit_code == 2 and 'adaptive or fixed' in r5.output
+        assert k in s
+    assert (s['n_l1'], s['mean_l1_seconds'], s['reused']) == (4, 10.0, False)
+    assert json.loads(json.dumps(s)) == s                                     # `--json` prints it as is
+    assert format_build_summary(s).startswith(f"built {out}: ") and 'L1=4 (mean 10.0s)' in format_build_summary(s)
+    assert build_memory(v, out, cfg, subtitles=srt, chunking='fixed', progress=False)['reused'] is True
+    with pytest.raises(MemoryMismatchError, match='rebuild'):
+        build_memory(v, out, cfg, chunking='adaptive', progress=False)
+    text = describe(OfflineMemory.load(out))
+    assert 'L1       4 items' in text and 'red umbrella' in text
+    with pytest.raises(MemoryBuildError, match='adaptive or fixed'):
+        build_memory(v, tmp_path / 'x', cfg, chunking='scenes', progress=False)
 
 
-def test_cli_default_out_dir(tmp_path, video, monkeypatch):
+def test_build_memory_default_out_dir(tmp_path, video, monkeypatch):
     monkeypatch.setenv('REVEAL_RUNS', str(tmp_path / 'runs'))
-    r = CliRunner().invoke(memory_app, ['build', str(video[0]), '--json'])
-    assert r.exit_code == 0, r.output
-    d = Path(json.loads(r.stdout.strip().splitlines()[-1])['memory_dir'])
+    d = Path(build_memory(video[0], progress=False)['memory_dir'])
     assert d.parent == tmp_path / 'runs' / 'memories' and d.name.startswith('demo-') and (d / 'manifest.json').exists()
+
+
+def test_cli_memory_errors_are_one_line_exit_2(tmp_path, video):
+    "The CLI maps every MemoryBuildError to one line on stderr and exit status 2."
+    bad, why = _bad_inputs(tmp_path, video[0])['audio-only']
+    r = cli('memory', 'build', bad, '--out', tmp_path / 'mem')
+    assert r.exit_code == 2 and why in r.output and r.output.strip().count('\n') == 0, r.output
+    junk = tmp_path / 'bad.srt'
+    junk.write_text(SUBTITLE_JUNK[0])
+    r = cli('memory', 'build', video[0], '--subtitles', junk, '--out', tmp_path / 'm')
+    assert r.exit_code == 2 and 'malformed subtitle file' in r.output
+    (tmp_path / 'empty').mkdir()
+    r = cli('memory', 'show', tmp_path / 'empty')
+    assert r.exit_code == 2 and 'not a complete memory' in r.output, r.output
+
+
+def test_cli_memory_build_json_and_show(tmp_path, video):
+    v, srt = video
+    r = cli('memory', 'build', v, '--subtitles', srt, '--out', tmp_path / 'm', '--json', '--chunking', 'fixed',
+            '--set', 'l2_group=2')
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])['n_l1'] == 4
+    r = cli('memory', 'show', tmp_path / 'm')
+    assert r.exit_code == 0 and 'L1       4 items' in r.stdout
 
 
 def test_vtt_subtitles(tmp_path, video):
@@ -241,7 +269,6 @@ def test_vtt_subtitles(tmp_path, video):
 
 
 def test_scripted_model_path(tmp_path, video):
-    from reveal_kit.backends import ScriptedModel
     sm = ScriptedModel(lambda messages, schema, role: f'{role} text', model_id='scripted-vlm')
     m = OfflineMemory.build(video[0], tmp_path / 'mem', CFG, chat_model=sm, subtitles=video[1], progress=False)
     assert [c['role'] for c in sm.calls] == ['caption'] * 4 + ['summarize_l2'] * 2 + ['summarize_l3']
@@ -250,3 +277,115 @@ def test_scripted_model_path(tmp_path, video):
     weak = ScriptedModel(lambda messages, schema, role: 'x', model_id='weak', meaningful=False)
     w = OfflineMemory.build(video[0], tmp_path / 'mem2', CFG, chat_model=weak, progress=False)
     assert w.manifest['captioner'] == 'offline-perceptual' and not weak.calls      # not meaningful: offline roles
+
+
+# ---------------------------------------------------------------- real-world videos and damaged memories
+from reveal_kit.test_utils import make_mkv_with_subtitles, make_raw_h264, make_transition_video
+
+
+def test_mkv_subtitle_track_outlasting_video_builds_and_warns_about_late_cues(tmp_path):
+    v = make_mkv_with_subtitles(tmp_path / 'rip.mkv', [(4, 1), (4, 2)], cues=[(1, 2, 'hi'), (9, 11, 'credits')])
+    with pytest.warns(UserWarning, match='run past the video'):
+        m = OfflineMemory.build(v, tmp_path / 'mem', CFG, subtitles=v.with_suffix('.srt'), progress=False)
+    assert m.level(1)[-1].t_end == pytest.approx(8.0, abs=0.15)
+
+
+def test_raw_h264_stream_builds(tmp_path):
+    m = OfflineMemory.build(make_raw_h264(tmp_path / 'r.h264', [(5, 1), (5, 2)]), tmp_path / 'mem', CFG,
+                            progress=False)
+    assert m.manifest['counts']['n_frames'] == 10 and m.level(1)
+
+
+def test_directory_as_video_says_directory(tmp_path):
+    with pytest.raises(MemoryBuildError, match='got a directory'):
+        build_memory(tmp_path, progress=False)
+
+
+def _recall(found, truth, tol=1.0):
+    return sum(any(abs(f - t) <= tol for f in found) for t in truth) / len(truth)
+
+
+@pytest.mark.parametrize('kind', ['black', 'fade'])
+def test_cuts_through_black_and_fades(tmp_path, kind):
+    scenes = [(8, 1), (9, 2), (8, 3), (9, 4)]
+    v = make_transition_video(tmp_path / 'tr.mp4', scenes, [kind] * 3, fps=5, size=(160, 120))
+    m = OfflineMemory.build(v, tmp_path / 'mem', CFG, progress=False)
+    found = [it.t_start for it in m.level(1)[1:]]
+    assert _recall(found, scene_boundaries(scenes)) >= 0.9, found
+    assert len(found) <= 2 * len(scenes), found                       # no cut every min_segment_s through a fade
+
+
+def test_fixed_chunking_no_sliver_and_frames_everywhere(tmp_path):
+    v = make_test_video(tmp_path / 's.mp4', [(10, 1), (10.2, 2)], fps=5)
+    m = OfflineMemory.build(v, tmp_path / 'mem', CFG.replace(chunking='fixed'), progress=False)
+    assert min(it.duration for it in m.level(1)) >= CFG.min_segment_s
+    assert all(it.meta['n_frames'] > 0 for it in m.level(1))
+
+
+def test_fallback_reported_the_same_everywhere(tmp_path):
+    v = make_test_video(tmp_path / 'dark.mp4', [(6, 1)], fps=2, dark=[(0, 6)])
+    with pytest.warns(UserWarning):
+        s = build_memory(v, tmp_path / 'mem', CFG, progress=False)
+    assert 'unfiltered' in s['fallback'] and 'FALLBACK' in s['quality'] and 'FALLBACK' in format_build_summary(s)
+    text = describe(OfflineMemory.load(tmp_path / 'mem'))
+    assert '6/6 frames used' in text and 'FALLBACK' in text
+
+
+@pytest.fixture
+def built(tmp_path, video):
+    OfflineMemory.build(video[0], tmp_path / 'mem', CFG, progress=False)
+    return tmp_path / 'mem'
+
+
+def test_show_never_writes_and_build_repairs_keeping_valid_lines(built, video):
+    l1 = built / 'l1.jsonl'
+    lines = l1.read_text().splitlines()
+    lines[1] = lines[1][:20]
+    l1.write_text('\n'.join(lines) + '\n')
+    before = l1.read_bytes()
+    with pytest.warns(UserWarning), pytest.raises(MemoryBuildError, match='build it again to repair'):
+        OfflineMemory.load(built)
+    assert l1.read_bytes() == before                                   # a read command never writes
+    r = cli('memory', 'show', built)
+    assert r.exit_code == 2 and l1.read_bytes() == before
+    with pytest.warns(UserWarning, match='repairing'):
+        m = OfflineMemory.build(video[0], built, CFG, progress=False)
+    assert len(m.level(1)) == 4 and [json.loads(x)['item_id'] for x in l1.read_text().splitlines()][:3] == \
+        ['L1_0000', 'L1_0002', 'L1_0003']                               # valid lines kept, the damaged one redone
+
+
+def test_truncated_manifest_named_and_rebuild_replaces_it(built, video):
+    man = built / 'manifest.json'
+    man.write_text(man.read_text()[:50])
+    with pytest.raises(MemoryBuildError, match='manifest.json'):
+        OfflineMemory.load(built)
+    with pytest.raises(MemoryBuildError, match='manifest.json'):
+        OfflineMemory.build(video[0], built, CFG, progress=False)
+    m = OfflineMemory.build(video[0], built, CFG, progress=False, rebuild=True)
+    assert len(m.level(1)) == 4 and OfflineMemory.load(built)
+
+
+@pytest.mark.parametrize('name', ['text_emb.npy', 'visual.npy', 'text_ids.json'])
+def test_missing_or_misshapen_files_are_one_clear_error(built, name):
+    (built / name).unlink()
+    with pytest.raises(MemoryBuildError, match=name):
+        OfflineMemory.load(built)
+    if name.endswith('.npy'):
+        np.save(built / name, np.zeros((2, 3), np.float32))
+        with pytest.raises(MemoryBuildError, match='shape'):
+            OfflineMemory.load(built)
+
+
+def test_complete_memory_in_read_only_directory(built, video):
+    if os.geteuid() == 0:
+        pytest.skip('root ignores directory permissions')
+    os.chmod(built, 0o555)
+    try:
+        m = OfflineMemory.build(video[0], built, CFG, progress=False)
+        assert len(m.level(1)) == 4
+    finally: os.chmod(built, 0o755)
+
+
+def test_complete_memory_build_takes_no_lock(built, video, monkeypatch):
+    monkeypatch.setattr(mb, '_locked', lambda out: pytest.fail('a complete memory was locked for reading'))
+    assert len(OfflineMemory.build(video[0], built, CFG, progress=False).level(1)) == 4
