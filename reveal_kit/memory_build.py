@@ -5,6 +5,8 @@
 # %% ../nbs/14a_memory_build.ipynb #66cfb794
 from __future__ import annotations
 import contextlib, json, math, shutil, sys, time, warnings
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
 from fastcore.basics import patch
@@ -23,7 +25,8 @@ from .memory_store import memory_models, memory_dir_for, video_sha256, _embedder
 from .memory_store import quality_line
 
 # %% auto #0
-__all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'produced_by', 'get_or_build_memory', 'build_memory', 'format_build_summary']
+__all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'call_concurrency', 'produced_by', 'get_or_build_memory', 'build_memory',
+           'format_build_summary']
 
 # %% ../nbs/14a_memory_build.ipynb #fbc24d3f
 def _pbar(total: int, desc: str, progress: bool):
@@ -118,9 +121,41 @@ def _l1_item(s: L1Segment, c, subtitles: str) -> MemoryItem:
     return MemoryItem(f"L1_{s.idx:04d}", 1, s.t_start, s.t_end, c.text, [], meta)
 
 # %% ../nbs/14a_memory_build.ipynb #406d143a
+def call_concurrency(chat_model=None, concurrency: int | None = None) -> int:
+    "Caption/summary calls a build keeps in flight: `concurrency`, else 4 per replica of an HTTP model, else 1."
+    if concurrency is not None:
+        if int(concurrency) < 1: raise ValueError(f"concurrency must be at least 1, got {concurrency!r}")
+        return int(concurrency)
+    inner = getattr(chat_model, 'inner', chat_model)
+    if getattr(inner, 'backend_name', '') != 'http': return 1
+    return 4 * len(getattr(inner, 'base_urls', ()) or (1,))
+
+# %% ../nbs/14a_memory_build.ipynb #12e61e55
+class _InOrder:
+    "Calls on up to `n` threads (inline when `n` is 1); each result goes to `write` in the order the calls were given."
+    def __init__(self, n: int, write):
+        self.n, self.write, self.q = max(1, int(n)), write, deque()
+        self.ex = ThreadPoolExecutor(self.n) if self.n > 1 else None
+
+    def submit(self, fn, *args):
+        "Start `fn(*args)`; write the finished results at the head of the line (at most `2n` wait)."
+        if self.ex is None: return self.write(fn(*args))
+        self.q.append(self.ex.submit(fn, *args))
+        while self.q and (self.q[0].done() or len(self.q) > 2 * self.n): self.write(self.q.popleft().result())
+
+    def __enter__(self): return self
+
+    def __exit__(self, exc_type, *_):
+        "Write the rest in order; after an error, cancel what has not started."
+        if self.ex is None: return
+        try:
+            while exc_type is None and self.q: self.write(self.q.popleft().result())
+        finally: self.ex.shutdown(wait=True, cancel_futures=True)
+
+# %% ../nbs/14a_memory_build.ipynb #94b7b878
 def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config, chat_model,
-                   progress: bool) -> list[MemoryItem]:
-    "Stage 2: one caption per L1 segment, resuming from `l1.jsonl`."
+                   progress: bool, concurrency: int = 1) -> list[MemoryItem]:
+    "Stage 2: one caption per L1 segment, resuming from `l1.jsonl`; `concurrency` calls in flight, written in order."
     done = {r['item_id']: MemoryItem.from_dict(r) for r in read_jsonl_rows(out / 'l1.jsonl', repair=True)}
     todo = [s for s in segs if f"L1_{s.idx:04d}" not in done]
     if not todo: return [done[f"L1_{s.idx:04d}"] for s in segs]
@@ -130,40 +165,42 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
     want = {j: sum(1 for _, jj in reqs if jj == j) for j in range(len(todo))}
     pending: dict[int, list] = {}
     nxt = 0
-    with _pbar(len(todo), 'L1 captions', progress) as bar:
+    def one(s, frames, text): return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim), text)
+    def write(it):
+        append_jsonl(out / 'l1.jsonl', it.to_dict())
+        done[it.item_id] = it
+        bar.update(1)
+    with _pbar(len(todo), 'L1 captions', progress) as bar, _InOrder(concurrency, write) as line:
         for (t, j), fr in zip(reqs, iter_frames_at(video, [t for t, _ in reqs], max_width=640)):
             pending.setdefault(j, []).append(fr.rgb)
             while nxt < len(todo) and len(pending.get(nxt, [])) == want[nxt]:
-                s, text = todo[nxt], cues_text(subs[nxt])
-                it = _l1_item(s, cap.caption(pending.pop(nxt), s.t_start, s.t_end, text, s.boundary_sim), text)
-                append_jsonl(out / 'l1.jsonl', it.to_dict())
-                done[it.item_id] = it
+                line.submit(one, todo[nxt], pending.pop(nxt), cues_text(subs[nxt]))
                 nxt += 1
-                bar.update(1)
     if nxt < len(todo):
         raise VideoError(f"could not read caption frames after {fmt_time(todo[nxt].t_start)} (truncated video?)")
     return [done[f"L1_{s.idx:04d}"] for s in segs]
 
 # %% ../nbs/14a_memory_build.ipynb #c84d4640
 def _summary_stage(out: Path, level: int, children: list[MemoryItem], config: Config, chat_model,
-                   progress: bool) -> list[MemoryItem]:
-    "Every `l{level}_group` children → one item of `level`; at least one item."
+                   progress: bool, concurrency: int = 1) -> list[MemoryItem]:
+    "Every `l{level}_group` children → one item of `level` (at least one); `concurrency` calls in flight, in order."
     fn = out / f'l{level}.jsonl'
     done = {r['item_id']: MemoryItem.from_dict(r) for r in read_jsonl_rows(fn, repair=True)}
     g = config.l2_group if level == 2 else config.l3_group
     groups = [children[i:i + g] for i in range(0, len(children), g)]
-    summ = None
-    with _pbar(len(groups), f'L{level} summaries', progress) as bar:
+    summ = make_summarizer(chat_model, level, config)
+    def one(j, grp):
+        c = summ.summarize(level, [(x.t_start, x.t_end, x.narrative) for x in grp])
+        return MemoryItem(f"L{level}_{j:04d}", level, grp[0].t_start, grp[-1].t_end, c.text,
+                          [x.item_id for x in grp], dict(c.meta, captioner=c.captioner))
+    def write(it):
+        append_jsonl(fn, it.to_dict())
+        done[it.item_id] = it
+        bar.update(1)
+    with _pbar(len(groups), f'L{level} summaries', progress) as bar, _InOrder(concurrency, write) as line:
         for j, grp in enumerate(groups):
-            iid = f"L{level}_{j:04d}"
-            if iid not in done:
-                summ = summ or make_summarizer(chat_model, level, config)
-                c = summ.summarize(level, [(x.t_start, x.t_end, x.narrative) for x in grp])
-                it = MemoryItem(iid, level, grp[0].t_start, grp[-1].t_end, c.text, [x.item_id for x in grp],
-                                dict(c.meta, captioner=c.captioner))
-                append_jsonl(fn, it.to_dict())
-                done[iid] = it
-            bar.update(1)
+            if f"L{level}_{j:04d}" in done: bar.update(1)
+            else: line.submit(one, j, grp)
     return [done[f"L{level}_{j:04d}"] for j in range(len(groups))]
 
 # %% ../nbs/14a_memory_build.ipynb #27ef8194
@@ -274,8 +311,8 @@ def _timed(timings: dict, key: str):
 @patch(cls_method=True)
 def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, config: Config = Config(), chat_model=None,
           subtitles: str | Path | None = None, text_embedder=None, image_embedder=None, progress: bool = True,
-          rebuild: bool = False) -> OfflineMemory:
-    "Build (or resume, or reuse) the offline memory of a video in `out_dir`; returns the loaded memory."
+          rebuild: bool = False, concurrency: int | None = None) -> OfflineMemory:
+    "Build (or resume, or reuse) the memory of a video in `out_dir` (`concurrency`: model calls in flight); loaded."
     t0, video, out = time.time(), Path(video_path), Path(out_dir)
     info = probe_video(video)                                            # one-line VideoError on bad input
     cues = load_subtitles(subtitles) if subtitles else []               # one-line SubtitleError
@@ -296,11 +333,12 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
         if state == 'new':
             atomic_write_json(out / 'build.json', dict(ident, started=time.strftime('%Y-%m-%dT%H:%M:%S')))
         segs, quality = _segments_stage(out, video, info, config, ie, progress)
-        timings = {}
-        with _timed(timings, 'caption_s'): l1 = _caption_stage(out, video, segs, cues, config, chat_model, progress)
+        timings, n = {}, call_concurrency(chat_model, concurrency)
+        with _timed(timings, 'caption_s'):
+            l1 = _caption_stage(out, video, segs, cues, config, chat_model, progress, n)
         with _timed(timings, 'summary_s'):
-            l2 = _summary_stage(out, 2, l1, config, chat_model, progress)
-            l3 = _summary_stage(out, 3, l2, config, chat_model, progress)
+            l2 = _summary_stage(out, 2, l1, config, chat_model, progress, n)
+            l3 = _summary_stage(out, 3, l2, config, chat_model, progress, n)
         with _timed(timings, 'text_embed_s'): _text_stage(out, l1 + l2 + l3, te)
         man = _manifest(out, ident, video, info, config, quality, subtitles, len(cues), l1, l2 + l3, timings, t0)
         atomic_write_json(out / 'manifest.json', man)
@@ -309,12 +347,13 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
 # %% ../nbs/14a_memory_build.ipynb #4eeb0679
 def get_or_build_memory(video_path: str | Path, config: Config = Config(), chat_model=None,
                         subtitles: str | Path | None = None, root: str | Path | None = None, progress: bool = False,
-                        text_embedder=None, image_embedder=None) -> OfflineMemory:
+                        text_embedder=None, image_embedder=None, concurrency: int | None = None) -> OfflineMemory:
     "The memory of this video for these settings: loaded when complete, resumed when partial, built otherwise."
     te, ie = _embedders(text_embedder, image_embedder)
     d = memory_dir_for(video_path, config, memory_models(chat_model, te, ie), subtitles, root)
     if (d / 'manifest.json').exists(): return OfflineMemory.load(d, config, text_embedder=te, image_embedder=ie)
-    return OfflineMemory.build(video_path, d, config, chat_model, subtitles, te, ie, progress=progress)
+    return OfflineMemory.build(video_path, d, config, chat_model, subtitles, te, ie, progress=progress,
+                               concurrency=concurrency)
 
 # %% ../nbs/14a_memory_build.ipynb #e5f593c4
 def _build_summary(mem: OfflineMemory, seconds: float, reused: bool) -> dict:
@@ -329,7 +368,7 @@ def _build_summary(mem: OfflineMemory, seconds: float, reused: bool) -> dict:
 # %% ../nbs/14a_memory_build.ipynb #48b48e8f
 def build_memory(video: str | Path, out: str | Path | None = None, config: Config | None = None, chat_model=None,
                  subtitles: str | Path | None = None, chunking: str | None = None, rebuild: bool = False,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, concurrency: int | None = None) -> dict:
     "Build, resume or reuse the memory of `video` (default `out`: runs/memories/<stem>-<sha8>-<key>); a summary dict."
     t0 = time.time()
     if chunking not in (None, 'adaptive', 'fixed'):
@@ -339,7 +378,7 @@ def build_memory(video: str | Path, out: str | Path | None = None, config: Confi
     out = Path(out) if out else memory_dir_for(video, cfg, memory_models(chat_model), subtitles)
     reused = (out / 'manifest.json').exists() and not rebuild
     mem = OfflineMemory.build(video, out, cfg, chat_model=chat_model, subtitles=subtitles, progress=progress,
-                              rebuild=rebuild)
+                              rebuild=rebuild, concurrency=concurrency)
     return _build_summary(mem, time.time() - t0, reused)
 
 # %% ../nbs/14a_memory_build.ipynb #c15aaabe

@@ -22,7 +22,7 @@ __all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'memory_config', 'MemoryMismatchEr
            'memory_models', 'video_sha256', 'memory_dir_for', 'Hit', 'OfflineMemory', 'quality_line', 'describe']
 
 # %% ../nbs/14_memory_store.ipynb #a489f122
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3   # 3: transition-aware segmentation (boundaries moved)
 MEMORY_FIELDS = ('fps', 'dark_max_mean', 'bright_min_mean', 'uniform_max_std', 'min_jpeg_bytes_per_kpx',
                  'blur_min_laplacian_var', 'theta', 'min_segment_s', 'max_segment_s', 'chunking', 'fixed_chunk_s',
                  'caption_frames', 'ocr_every_s', 'l2_group', 'l3_group', 'l2_words', 'l3_words')

@@ -15,7 +15,7 @@ __all__ = ['BACKENDS', 'make_backend', 'get_chat_model', 'describe_chat_model']
 # %% ../nbs/03a_models.ipynb #ccc80145
 BACKENDS = ('embedded', 'http', 'vllm', 'scripted')
 
-def make_backend(backend: str, model: str | None = None, base_url: str | None = None, **kw) -> ChatModel:
+def make_backend(backend: str, model: str | None = None, base_url: str | list[str] | None = None, **kw) -> ChatModel:
     "The uncached model for a backend name."
     if backend == 'embedded':
         from reveal_kit.llamacpp import LlamaCppModel
@@ -57,12 +57,14 @@ def get_chat_model(backend: str | None = None, model: str | None = None, base_ur
 
 # %% ../nbs/03a_models.ipynb #5e34fc2a
 def describe_chat_model(model: ChatModel) -> dict:
-    "What chat model is in use: backend, model id, meaningful, fallback or not, why (and the cache, when wrapped)."
+    "What chat model is in use: backend, model id, meaningful, fallback or not, why, every replica, the cache."
     inner = getattr(model, 'inner', model)
     d = {'backend': inner.backend_name, 'model_id': None, 'meaningful': inner.meaningful,
          'is_fallback': inner.is_fallback, 'why': inner.why, 'supports_images': inner.supports_images,
-         'base_url': inner.base_url or None, 'timeout_s': inner.timeout_s}
+         'base_url': inner.base_url or None, 'base_urls': list(getattr(inner, 'base_urls', ())) or None,
+         'timeout_s': inner.timeout_s}
     try: d['model_id'] = inner.model_id
     except BackendError as e: d['error'] = str(e)
+    if getattr(inner, 'replicas', None) is not None: d['replicas'] = inner.replicas.status()   # after asking for the id
     if inner is not model: d.update(cache=str(model.cache.path), cache_mode=model.mode)
     return d

@@ -5,6 +5,7 @@
 # %% ../nbs/33_pace_agent.ipynb #406280de
 from __future__ import annotations
 import json
+import threading
 import time
 from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
@@ -13,7 +14,7 @@ import numpy as np
 from fastcore.basics import patch
 from .core import Config, Question, Evidence, load_config, runs_dir
 from .text import content_words, fmt_time
-from .chat import role_call
+from .chat import make_messages, parse_json, _record_dict
 from .models import get_chat_model
 from .embedders import get_text_embedder
 from .planner import focus
@@ -24,13 +25,13 @@ from .agent import _totals, trace_path
 from .runner import register_method, RunContext
 from .pace_factors import Factor, extract_factors
 from .pace_index import EvidenceDB, get_pace_dbs, build_factor_db, factor_key, tagger_kind
-from .pace_tools import ToolBox, Observation, PACE_TOOLS, DVD_TOOLS, TOOL_SPECS, tool_schemas, format_rows
+from .pace_tools import ToolBox, Observation, PACE_TOOLS, DVD_TOOLS, TOOL_SPECS, format_rows
 
 # %% auto #0
-__all__ = ['PACE_SPECS', 'PACE_ALIASES', 'CALL_SCHEMA', 'AGENT_SYSTEM', 'NEEDLE_MIN_COVER', 'PaceSpec', 'get_pace_spec',
-           'AgentState', 'OfflinePolicy', 'trace_evidence', 'best_supported', 'agent_prompt', 'ModelPolicy',
-           'run_agent', 'cue_recovered', 'needle_recall', 'answer_pace', 'shared_plain_db', 'ask_pace',
-           'format_pace_summary']
+__all__ = ['PACE_SPECS', 'PACE_ALIASES', 'AGENT_SYSTEM', 'NEEDLE_MIN_COVER', 'PaceSpec', 'get_pace_spec', 'AgentState',
+           'OfflinePolicy', 'trace_evidence', 'best_supported', 'call_schema', 'tool_lines', 'agent_prompt',
+           'ModelPolicy', 'run_agent', 'cue_recovered', 'needle_recall', 'answer_pace', 'plain_index_model',
+           'shared_plain_db', 'ask_pace', 'format_pace_summary']
 
 # %% ../nbs/33_pace_agent.ipynb #66edf77b
 @dataclass(frozen=True)
@@ -126,18 +127,35 @@ def best_supported(tb: ToolBox) -> str:
     return offline_answer(tb.q, view, load_rubric_pool()).answer
 
 # %% ../nbs/33_pace_agent.ipynb #db3b37e4
-CALL_SCHEMA = {'type': 'object', 'required': ['tool', 'arguments'], 'additionalProperties': False,
-               'properties': {'thought': {'type': 'string', 'maxLength': 400},
-                              'tool': {'type': 'string', 'maxLength': 40}, 'arguments': {'type': 'object'}}}
+def call_schema(names: Sequence[str], letters: Sequence[str] | None = None) -> dict:
+    "JSON schema of one tool call `{thought?, tool, arguments}`: a union over the tools `names` (Finish: `letters`)."
+    def one(n):
+        params = TOOL_SPECS[n]['parameters']
+        if n == 'Finish' and letters:
+            params = dict(params, properties={'answer': {'type': 'string', 'enum': list(letters)}})
+        return {'type': 'object', 'required': ['tool', 'arguments'], 'additionalProperties': False,
+                'properties': {'thought': {'type': 'string', 'maxLength': 300}, 'tool': {'type': 'string', 'enum': [n]},
+                               'arguments': params}}
+    return {'type': 'object', 'anyOf': [one(n) for n in names]}
+
+# %% ../nbs/33_pace_agent.ipynb #2058773b
 AGENT_SYSTEM = (
     "You answer a multiple-choice question about a long video by calling tools over an evidence index of its 10-second "
     "clips. Call exactly one tool per turn. Use QueryDecompose (once) to get contrastive factors that distinguish the "
     "options, EvidenceRetrieve to test each factor, FrameInspect when the records leave a factor unresolved, and "
-    "Finish with one option letter when every factor is addressed. Tools (OpenAI function format):\n{tools}\n"
-    'Reply with JSON only: {{"thought": "...", "tool": "<name>", "arguments": {{...}}}}.')
+    "Finish with one option letter when every factor is addressed. Tools:\n{tools}\n"
+    'Reply with JSON only: {{"thought": "...", "tool": "<name>", "arguments": {{...}}}}; the reply schema gives each '
+    "tool's argument types.")
 
-def agent_prompt(st: AgentState, only: Sequence[str] | None = None) -> str:
-    "The user message of one step: question, options, F_Q, contrastive factors, the steps so far, the budget."
+def tool_lines(names: Sequence[str]) -> str:
+    "The tools as `- Name(arg, optional?): description` lines (their argument schemas travel in the reply schema)."
+    def sig(n):
+        ps = TOOL_SPECS[n]['parameters']
+        return ', '.join(k if k in ps.get('required', []) else f"{k}?" for k in ps.get('properties', {}))
+    return '\n'.join(f"- {n}({sig(n)}): {TOOL_SPECS[n]['description']}" for n in names)
+
+def agent_prompt(st: AgentState, only: Sequence[str] | None = None, max_chars: int | None = None) -> str:
+    "One step's user message: question, options, F_Q, contrastive factors, steps so far (fit to `max_chars`), budget."
     tb = st.tb
     L = [f"Question: {tb.q.question}", f"Options:\n{tb.q.options_text()}"]
     if st.fq: L.append("Question factors indexed: " + '; '.join(f"{f.fid}: {f.text}" for f in st.fq))
@@ -145,24 +163,50 @@ def agent_prompt(st: AgentState, only: Sequence[str] | None = None) -> str:
         L.append("Contrastive factors:\n" + '\n'.join(
             f"{d.did}: {d.criterion} [in {','.join(d.rules_in)}; out {','.join(d.rules_out)}] "
             f"{'addressed (' + d.by + ')' if d.addressed else 'UNRESOLVED'}" for d in tb.factors))
-    for s in st.steps:
-        L.append(f"Step {s['step'] + 1}: {s['tool']}({json.dumps(s['arguments'])}) -> {s['summary'][:1200]}")
     left = st.max_steps - len(st.steps)
-    L.append(f"Steps left: {left}." + (f" You must now call {' or '.join(only)}." if only else ''))
-    return '\n\n'.join(L)
+    tail = f"Steps left: {left}." + (f" You must now call {' or '.join(only)}." if only else '')
+    for cut in (1200, 300, 0):
+        out = '\n\n'.join(L + _step_lines(st.steps, cut) + [tail])
+        if max_chars is None or len(out) <= max_chars: break
+    return out
 
-# %% ../nbs/33_pace_agent.ipynb #007b5878
+def _step_lines(steps: list[dict], cut: int, keep: int = 2) -> list[str]:
+    "One line per step: the call and its result, results of all but the last `keep` steps cut to `cut` characters."
+    return [f"Step {s['step'] + 1}: {s['tool']}({json.dumps(s['arguments'])}) -> "
+            f"{s['summary'][:1200 if i >= len(steps) - keep else cut]}" for i, s in enumerate(steps)]
+
+# %% ../nbs/33_pace_agent.ipynb #bab53e76
+def _loose_call(text: str, error: str | None) -> tuple[Any, Any]:
+    "(tool, arguments) of a reply that broke the call schema but parses as a call; else (None, {'error': …})."
+    try: data = parse_json(text)
+    except ValueError: data = None
+    if isinstance(data, dict) and 'tool' in data: return data['tool'], data.get('arguments')
+    return None, {'error': error or 'reply is not valid JSON'}
+
+def _context_chars(model: Any, max_tokens: int) -> int | None:
+    "A prompt-length budget in characters for a model with a known context window (`n_ctx`), else None."
+    n = getattr(getattr(model, 'inner', model), 'n_ctx', None)
+    return max(2000, 3 * (int(n) - max_tokens) - 4000) if n else None
+
 class ModelPolicy:
     "Next calls from a chat model as structured output; an unusable reply becomes an invalid step (never a crash)."
     kind = 'model'
 
-    def __init__(self, model: Any, max_tokens: int = 400): self.model, self.max_tokens = model, max_tokens
+    def __init__(self, model: Any, max_tokens: int = 400, max_prompt_chars: int | None = None):
+        self.model, self.max_tokens = model, max_tokens
+        self.max_prompt_chars = max_prompt_chars or _context_chars(model, max_tokens)
 
     def _ask(self, st: AgentState, names: Sequence[str], only: Sequence[str] | None) -> tuple[Any, Any, list[dict]]:
-        sys_ = AGENT_SYSTEM.format(tools=json.dumps(tool_schemas(names)))
-        data, rec = role_call(self.model, 'pace_agent', sys_, agent_prompt(st, only), CALL_SCHEMA, self.max_tokens)
-        if data is None: return None, {'error': rec.get('error') or 'reply is not valid JSON'}, [rec]
-        return data.get('tool'), data.get('arguments'), [rec]
+        sys_ = AGENT_SYSTEM.format(tools=tool_lines(names))
+        msgs = make_messages(sys_, agent_prompt(st, only, self.max_prompt_chars))
+        t0 = time.perf_counter()
+        res = self.model.chat(msgs, schema=call_schema(names, list(st.tb.q.options)), role='pace_agent',
+                              max_tokens=self.max_tokens, temperature=0.0)
+        rec = {**_record_dict(getattr(res, 'record', None)), 'role': 'pace_agent',
+               'wall_s': round(time.perf_counter() - t0, 6)}
+        rec['ok'] = bool(getattr(res, 'ok', False)) and isinstance(res.data, dict)
+        if rec['ok']: return res.data['tool'], res.data['arguments'], [rec]
+        return *_loose_call(getattr(res, 'text', ''), rec.get('error')), [rec]
 
     def next_call(self, st: AgentState): return self._ask(st, st.tb.tools, None)
 
@@ -267,7 +311,8 @@ def _pace_result(q, spec, tr, tot, seconds, config, models, error, rows, index, 
             'evidence': [{k: d[k] for k in ('item_id', 'level', 't_start', 't_end', 'score', 'source', 'text')}
                          for d in rows], 'needle_recall': needle_recall(q, rows), 'index': index,
             'factors': [f.text for f in fq], 'factor_source': fsrc, 'trace': None, 'config_hash': config.hash(),
-            'models': models, 'failed': failed, 'error': error}
+            'models': models, 'failed': failed, 'error': error,
+            'degraded': bool(tot['failed_calls'] or tr.get('notes')), 'failed_calls': tot['failed_calls']}
 
 # %% ../nbs/33_pace_agent.ipynb #266bbbec
 def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace', model: Any = None,
@@ -292,7 +337,7 @@ def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace', m
     seconds = time.perf_counter() - t0
     rows = trace_evidence(tb)
     calls = [c for s in tr['steps'] for c in s['calls']]
-    tot = _totals(calls)
+    tot = {**_totals(calls), 'failed_calls': _totals(calls + fcalls)['failed_calls']}
     res = _pace_result(q, spec, tr, tot, seconds, config, _models(model, plain.text_embedder, offline), None, rows,
                        _index_cost(db, fcalls), fq, fsrc)
     trace = {**res, 'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'policy': policy.kind,
@@ -313,16 +358,20 @@ def _in_memory_factor_db(plain: EvidenceDB, fq: Sequence[Factor]) -> EvidenceDB:
     return EvidenceDB.from_records(_offline_records(plain, fq), plain.text_embedder, fq, plain.manifest)
 
 # %% ../nbs/33_pace_agent.ipynb #a379f7f7
+def plain_index_model(ctx: RunContext) -> Any:
+    "The model that captions a run's plain index: none under the offline roles (not even created) or if not meaningful."
+    if ctx.roles == 'offline': return None
+    return ctx.model if getattr(ctx.model, 'meaningful', False) else None
+
 def shared_plain_db(q: Question, ctx: RunContext) -> EvidenceDB:
     "The plain PACE database of the question's video in this run: built or loaded once, shared."
     key = (q.video_id, 'pace-plain')
-    with ctx._lock: vlock = ctx._vlocks.setdefault(key, __import__('threading').Lock())
+    with ctx._lock: vlock = ctx._vlocks.setdefault(key, threading.Lock())
     with vlock:
         if key not in ctx._mems:
             if not q.video_path or not Path(q.video_path).exists():
                 raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
-            m = ctx.model if getattr(ctx.model, 'meaningful', False) else None
-            ctx._mems[key] = get_pace_dbs(q.video_path, (), ctx.config, m, ctx.subtitles(q))[0]
+            ctx._mems[key] = get_pace_dbs(q.video_path, (), ctx.config, plain_index_model(ctx), ctx.subtitles(q))[0]
         return ctx._mems[key]
 
 def _runner_method(name: str):

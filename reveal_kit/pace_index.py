@@ -29,9 +29,9 @@ from .pace_factors import Factor
 
 # %% auto #0
 __all__ = ['CAPTION_SCHEMA', 'CAPTION_SYSTEM', 'TAG_MIN_COVER', 'FACTOR_RECORD_SYSTEM', 'PACE_FIELDS', 'clip_spans',
-           'clip_frames', 'ClipRecord', 'plain_caption', 'tag_factors', 'factor_text', 'factor_record_schema',
-           'factor_record_prompt', 'model_record', 'EvidenceDB', 'pace_models', 'pace_dir_for', 'factor_key', 'load_db',
-           'build_plain_db', 'tagger_kind', 'build_factor_db', 'get_pace_dbs']
+           'clip_frames', 'hms', 'time_label', 'ClipRecord', 'plain_caption', 'tag_factors', 'factor_text',
+           'factor_record_schema', 'factor_record_prompt', 'model_record', 'EvidenceDB', 'pace_models', 'pace_dir_for',
+           'factor_key', 'load_db', 'build_plain_db', 'tagger_kind', 'build_factor_db', 'get_pace_dbs']
 
 # %% ../nbs/31_pace_index.ipynb #f3581a85
 def clip_spans(duration: float, clip_s: float = 10.0) -> list[tuple[float, float]]:
@@ -57,6 +57,17 @@ def clip_frames(video: str | Path, config: Config = Config(), info=None,
         yield j, *spans[j], (frames if j == cur else [])
 
 # %% ../nbs/31_pace_index.ipynb #e83d987f
+def hms(t: float) -> str:
+    "Seconds as `HH:MM:SS` (rounded to the second)."
+    t = int(round(t))
+    return f"{t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
+
+# %% ../nbs/31_pace_index.ipynb #bd6ddcc2
+def time_label(t0: float, t1: float) -> str:
+    "`[HH:MM:SS–HH:MM:SS]`: the label of a time range in the tools' outputs."
+    return f"[{hms(t0)}–{hms(t1)}]"
+
+# %% ../nbs/31_pace_index.ipynb #8d62fa8e
 @dataclass
 class ClipRecord:
     "One entry of M: clip id, time range, record text, factor tags `{fid: {observed, how, score}}`, extra facts."
@@ -77,8 +88,8 @@ class ClipRecord:
         return [f for f, t in self.tags.items() if t.get('observed')]
 
     def label(self) -> str:
-        "`[m:ss–m:ss]` time range of the record."
-        return f"[{fmt_time(self.t_start)}–{fmt_time(self.t_end)}]"
+        "`[HH:MM:SS–HH:MM:SS]` time range of the record."
+        return time_label(self.t_start, self.t_end)
 
 # %% ../nbs/31_pace_index.ipynb #0b0427d3
 CAPTION_SCHEMA = {'type': 'object', 'required': ['description'], 'additionalProperties': False,

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field, asdict
 from typing import Any, Sequence
@@ -13,35 +14,37 @@ import numpy as np
 import jsonschema
 from fastcore.basics import patch
 from .core import Config, Question
-from .text import content_words, fmt_time
+from .text import content_words
 from .chat import role_call
 from .frames import read_frames_at, VideoError
 from .captioning import extractive_summary, ocr_text, PerceptualCaptioner
 from .planner import focus
 from .verifier import option_common_words, option_number
 from .rubrics import question_type
-from .pace_index import EvidenceDB, ClipRecord
+from .pace_index import EvidenceDB, ClipRecord, hms, time_label
 
 # %% auto #0
 __all__ = ['TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'OFFLINE_READ_FRAMES', 'RETRIEVE_TOPK', 'TAG_BONUS',
            'BROWSE_SYSTEM', 'BROWSE_SCHEMA', 'INSPECT_SYSTEM', 'INSPECT_SCHEMA', 'tool_schemas', 'ToolError',
-           'Observation', 'evidence_row', 'format_rows', 'check_ranges', 'inspect_times', 'ContrastiveFactor',
-           'offline_decompose', 'decompose_schema', 'ToolBox', 'subject_registry', 'offline_reading', 'check_call']
+           'Observation', 'evidence_row', 'format_rows', 'parse_time', 'check_ranges', 'inspect_times',
+           'ContrastiveFactor', 'offline_decompose', 'decompose_schema', 'ToolBox', 'subject_registry',
+           'offline_reading', 'check_call']
 
 # %% ../nbs/32_pace_tools.ipynb #30dd98cd
-_RANGE = {'type': 'array', 'minItems': 2, 'maxItems': 2, 'items': {'type': 'number'}}
+_TIME = {'anyOf': [{'type': 'number', 'minimum': 0}, {'type': 'string', 'pattern': '^[0-9]{1,2}(:[0-9]{2}){1,2}$'}]}
+_RANGE = {'type': 'array', 'minItems': 2, 'maxItems': 2, 'items': _TIME}
 TOOL_SPECS = {
     'GlobalBrowse': dict(description="A video-level overview: a summary of many clip records (top 300 by similarity "
                          "to the query, in time order) and a registry of the subjects seen.",
                          parameters={'type': 'object', 'required': ['query'], 'additionalProperties': False,
                                      'properties': {'query': {'type': 'string', 'minLength': 1}}}),
     'ClipSearch': dict(description="The top_k clip records most similar to a description, in time order, each with "
-                       "its [start–end] time range.",
+                       "its [HH:MM:SS–HH:MM:SS] time range.",
                        parameters={'type': 'object', 'required': ['description'], 'additionalProperties': False,
                                    'properties': {'description': {'type': 'string', 'minLength': 1},
                                                   'top_k': {'type': 'integer', 'minimum': 1, 'maximum': 64}}}),
-    'FrameInspect': dict(description="Look at the frames of one or more time ranges (seconds, [start, end]) and "
-                         "answer a visual question about them.",
+    'FrameInspect': dict(description="Look at the frames of one or more time ranges ([start, end], each in seconds "
+                         "or as 'HH:MM:SS') and answer a visual question about them.",
                          parameters={'type': 'object', 'required': ['question', 'time_ranges'],
                                      'additionalProperties': False,
                                      'properties': {'question': {'type': 'string', 'minLength': 1},
@@ -89,18 +92,29 @@ def evidence_row(r: ClipRecord, score: float, tool: str) -> dict:
     return dict(item_id=r.clip_id, level=1, t_start=r.t_start, t_end=r.t_end, text=r.text, score=round(float(score), 4),
                 source=tool, observed=r.observed())
 
+_TIME_PREFIX = re.compile(r'^\[[0-9:]+\s*[-–]\s*[0-9:]+\]\s*')
+
 def format_rows(rows: Sequence[dict], max_words: int = 60) -> str:
-    "Evidence rows as `[m:ss–m:ss] text` lines in time order."
+    "Evidence rows as `[HH:MM:SS–HH:MM:SS] text` lines in time order (a caption's own time prefix dropped)."
     rows = sorted(rows, key=lambda d: d['t_start'])
-    return '\n'.join(f"[{fmt_time(d['t_start'])}–{fmt_time(d['t_end'])}] {' '.join(d['text'].split()[:max_words])}"
-                     for d in rows)
+    return '\n'.join(f"{time_label(d['t_start'], d['t_end'])} "
+                     f"{' '.join(_TIME_PREFIX.sub('', d['text']).split()[:max_words])}" for d in rows)
 
 # %% ../nbs/32_pace_tools.ipynb #d33f8280
+def parse_time(x: float | int | str) -> float:
+    "Seconds from a number or an `HH:MM:SS` / `MM:SS` string; a ToolError otherwise."
+    if isinstance(x, (int, float)) and not isinstance(x, bool): return float(x)
+    parts = str(x).strip().split(':')
+    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise ToolError(f"time {x!r} is neither seconds nor HH:MM:SS")
+    return float(sum(int(p) * 60 ** i for i, p in enumerate(reversed(parts))))
+
+# %% ../nbs/32_pace_tools.ipynb #a96db399
 def check_ranges(ranges: Sequence[Sequence[float]], duration: float) -> list[tuple[float, float]]:
     "The ranges as (start, end) pairs, or a ToolError naming the first bad one."
     out = []
     for r in ranges:
-        a, b = float(r[0]), float(r[1])
+        a, b = parse_time(r[0]), parse_time(r[1])
         if a < 0 or b <= a: raise ToolError(f"time range [{a:g}, {b:g}] is not a range: need 0 <= start < end")
         if a >= duration or b > duration + 0.5:
             raise ToolError(f"time range [{a:g}, {b:g}] is past the video's end ({duration:.1f} s)")
@@ -197,7 +211,7 @@ def subject_registry(records: Sequence[ClipRecord], top: int = 8) -> list[dict]:
     for r in records:
         for w in set(content_words(' '.join(r.meta.get('ocr', [])))): seen.setdefault(w, []).append(r.t_start)
     rank = sorted(seen.items(), key=lambda kv: (-len(kv[1]), min(kv[1]), kv[0]))[:top]
-    return [dict(subject=w, clips=len(ts), first_seen=fmt_time(min(ts))) for w, ts in rank]
+    return [dict(subject=w, clips=len(ts), first_seen=hms(min(ts))) for w, ts in rank]
 
 # %% ../nbs/32_pace_tools.ipynb #9c6f7f58
 BROWSE_SYSTEM = ("You summarize time-stamped clip records of a long video into one overview (events in order, main "
@@ -295,7 +309,7 @@ def offline_reading(frames: Sequence, a: float, b: float) -> str:
     lines = list(dict.fromkeys(l for f in pick for l in ocr_text(f)))
     facts = PerceptualCaptioner().facts(list(frames))[0]
     txt = f" On-screen text: {'; '.join(chr(34) + l + chr(34) for l in lines)}." if lines else ''
-    return f"[{fmt_time(a)}-{fmt_time(b)}] Inspected {len(frames)} frames. {facts}{txt}"
+    return f"{time_label(a, b)} Inspected {len(frames)} frames. {facts}{txt}"
 
 # %% ../nbs/32_pace_tools.ipynb #79c80784
 @patch
@@ -313,13 +327,13 @@ def frame_inspect(self: ToolBox, question: str, time_ranges: list) -> Observatio
                          source='FrameInspect', observed=[], text=offline_reading(fr, a, b) if fr else ''))
     ans = ' '.join(r['text'] for r in rows)
     if self.model is not None and getattr(self.model, 'supports_images', False):
-        user = f"Question: {question}\nTime ranges: {', '.join(f'[{fmt_time(a)}-{fmt_time(b)}]' for a, b in ranges)}"
+        user = f"Question: {question}\nTime ranges: {', '.join(time_label(a, b) for a, b in ranges)}"
         data, rec = role_call(self.model, 'pace_inspect', INSPECT_SYSTEM, user, INSPECT_SCHEMA, max_tokens=600,
                               images=[f.rgb for f in frames])
         calls = [rec]
         if data:
             ans = data['answer']
-            for r in rows: r['text'] = f"[{fmt_time(r['t_start'])}-{fmt_time(r['t_end'])}] {ans}"
+            for r in rows: r['text'] = f"{time_label(r['t_start'], r['t_end'])} {ans}"
     self._keep(rows)
     for d in self.factors or []:
         if not d.addressed and any(a < y and x < b for x, y in d.ranges for a, b in ranges):

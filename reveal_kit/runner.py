@@ -18,10 +18,11 @@ import time
 import traceback
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 from fastcore.basics import patch
 from filelock import FileLock, Timeout
 from tqdm.auto import tqdm
@@ -34,13 +35,13 @@ from .memory_build import get_or_build_memory
 from .loaders import load_benchmark, lvb_subtitles_to_srt
 from .baselines import blind, direct
 from .rubrics import default_pool_path, load_rubric_pool
-from .agent import PRESETS, ORACLE_SUFFIX, answer_question, get_preset, trace_path
+from .agent import PRESETS, ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX, answer_question, get_preset, trace_path
 
 # %% auto #0
 __all__ = ['ROLES', 'METHODS', 'PLUGINS', 'ABORT_ERRORS', 'shard_of', 'parse_shard', 'select_questions', 'repair_results',
            'ResultWriter', 'git_commit', 'RunMismatch', 'write_run_json', 'RunLocked', 'locked_run_dir', 'RunContext',
            'pool_meta', 'register_method', 'load_plugins', 'available_methods', 'get_method', 'finalize', 'run_one',
-           'run_eval', 'format_run_summary']
+           'answer_in_process', 'run_eval', 'format_run_summary']
 
 # %% ../nbs/42_runner.ipynb #53aed256
 def shard_of(video_id: str, n: int) -> int:
@@ -183,6 +184,13 @@ class RunContext:
                                                 timeout_s=self.timeout_s or self.config.timeout_s)
             return self.model_obj
 
+# %% ../nbs/42_runner.ipynb #e932ca52
+@patch
+def spec(self: RunContext) -> dict:
+    "The settings another process rebuilds this context from (`RunContext(**spec)`): picklable, no model object."
+    d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != 'model_obj'}
+    return dict(d, out_dir=str(Path(self.out_dir).resolve()))
+
 # %% ../nbs/42_runner.ipynb #8d08b2f9
 @patch
 def model_id(self: RunContext) -> str:
@@ -194,8 +202,10 @@ def model_id(self: RunContext) -> str:
 # %% ../nbs/42_runner.ipynb #fbbe5322
 @patch
 def model_base_url(self: RunContext) -> dict:
-    "`{'model_base_url': URL}` of the chat model once it exists (None for an in-process one), else `{}`."
-    return {} if self.model_obj is None else {'model_base_url': describe_chat_model(self.model_obj)['base_url']}
+    "The chat model's first server URL and all its replicas' once it exists (None in-process), else `{}`."
+    if self.model_obj is None: return {}
+    d = describe_chat_model(self.model_obj)
+    return {'model_base_url': d['base_url'], 'model_base_urls': d.get('base_urls')}
 
 # %% ../nbs/42_runner.ipynb #18fd1682
 @patch
@@ -306,13 +316,14 @@ def load_plugins() -> dict[str, str]:
 
 # %% ../nbs/42_runner.ipynb #27ab4355
 def available_methods() -> list[str]:
-    "Every method name the runner knows: the registered ones (plugins loaded) and the agent's presets, also `+oracle`."
+    "Every method name the runner knows: registered ones (plugins loaded), the agent's presets, also oracle ones."
     load_plugins()
-    return sorted(set(METHODS) | set(PRESETS) | {p + ORACLE_SUFFIX for p in PRESETS})
+    oracle = {p + s for p in PRESETS for s in (ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX)}
+    return sorted(set(METHODS) | set(PRESETS) | oracle)
 
 # %% ../nbs/42_runner.ipynb #f8b2102b
 def _is_preset(name: str) -> bool:
-    "Whether the agent knows `name` as a preset (with or without the `+oracle` suffix)."
+    "Whether the agent knows `name` as a preset (with or without an oracle suffix)."
     try: get_preset(name)
     except KeyError: return False
     return True
@@ -322,10 +333,10 @@ def get_method(name: str) -> Callable[[Question, RunContext], dict]:
     if name not in METHODS and not _is_preset(name): load_plugins()
     if name in METHODS: return METHODS[name]
     if _is_preset(name): return _preset_method(name)
-    known = [m for m in available_methods() if not m.endswith(ORACLE_SUFFIX)]
+    known = [m for m in available_methods() if not m.endswith((ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX))]
     why = ''.join(f"; {m} did not import ({e})" for m, e in load_plugins().items())
     raise KeyError(f"unknown method {name!r}; known: {', '.join(known)} (each preset also with the suffix "
-                   f"{ORACLE_SUFFIX}){why}")
+                   f"{ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX}){why}")
 
 # %% ../nbs/42_runner.ipynb #d0f2ead8
 def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
@@ -376,28 +387,34 @@ def _load(benchmark: str | list[Question], root, split) -> tuple[str, list[Quest
     qs, rep = load_benchmark(benchmark, root, **({'split': split} if split else {}))
     return benchmark, qs, rep.to_dict()
 
-# %% ../nbs/42_runner.ipynb #b09442a5
-def _execute(todo: list[Question], method: str, fn: Callable, ctx: RunContext, writer: ResultWriter, stats: dict, bar,
-             concurrency: int) -> None:
-    "Run the questions in a bounded pool, writing each result as it finishes; on an abort, cancel what has not started."
+# %% ../nbs/42_runner.ipynb #4b2019e9
+def answer_in_process(todo: list[Question], method: str, ctx: RunContext, concurrency: int = 1) -> Iterator[dict]:
+    "Each question's result row as it finishes, from a bounded thread pool; on an abort, cancel what has not started."
+    fn = get_method(method)
     pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)))
     try:
-        futs = {pool.submit(run_one, q, method, fn, ctx): q for q in todo}
-        for fut in as_completed(futs):
-            q, r = futs[fut], fut.result()
-            writer.write(r)
-            ctx.release(q)
-            stats['n'] += 1
-            stats['new'] += 1
-            stats['correct'] += bool(r.get('correct'))
-            stats['failed'] += bool(r.get('failed'))
-            stats['degraded'] += bool(r.get('degraded'))
-            bar.update(1)
-            bar.set_postfix(acc=f"{stats['correct'] / max(stats['n'], 1):.3f}", failed=stats['failed'])
-    except BaseException:
+        futs = [pool.submit(run_one, q, method, fn, ctx) for q in todo]
+        for fut in as_completed(futs): yield fut.result()
+    finally:
         pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
+
+# %% ../nbs/42_runner.ipynb #b6ee4372
+def _record(rows: Iterable[dict], todo: list[Question], ctx: RunContext, writer: ResultWriter, stats: dict,
+            bar) -> None:
+    "Append each row of a question still to do, once (any other row is dropped), freeing memories and counting."
+    left, by_qid = Counter(q.qid for q in todo), {q.qid: q for q in todo}
+    for r in rows:
+        if left[r.get('qid')] <= 0: continue
+        left[r['qid']] -= 1
+        writer.write(r)
+        ctx.release(by_qid[r['qid']])
+        stats['n'] += 1
+        stats['new'] += 1
+        stats['correct'] += bool(r.get('correct'))
+        stats['failed'] += bool(r.get('failed'))
+        stats['degraded'] += bool(r.get('degraded'))
+        bar.update(1)
+        bar.set_postfix(acc=f"{stats['correct'] / max(stats['n'], 1):.3f}", failed=stats['failed'])
 
 # %% ../nbs/42_runner.ipynb #387fd906
 def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dict:
@@ -425,12 +442,13 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
              config: Config | dict | str | Path | None = None, overrides: Iterable[str] | None = None,
              split: str | None = None, retry_failed: bool = False, only_present: bool = False,
              progress: bool = True, cache_mode: str | None = None, timeout_s: float | None = None,
-             roles: str = 'auto') -> dict:
-    "Run `method` over a benchmark into `out_dir` (resumable); returns a summary of this invocation."
+             roles: str = 'auto', answer: Callable[..., Iterable[dict]] | None = None) -> dict:
+    "Run `method` over a benchmark into `out_dir` (resumable; `answer`: who answers); a summary of this invocation."
     _check_run_options(cache_mode, timeout_s, roles, backend, model)
     out, (si, sn) = Path(out_dir), parse_shard(shard)
     with locked_run_dir(out):
-        cfg, fn = _resolve_config(config, overrides), get_method(method)
+        cfg = _resolve_config(config, overrides)
+        get_method(method)                                  # an unknown name fails before anything is written
         name, qs, load_rep = _load(benchmark, root, split)
         if only_present: qs = [q for q in qs if q.video_path and Path(q.video_path).exists()]   # e.g. LVBench's subset
         sel = select_questions(qs, limit, (si, sn))
@@ -452,7 +470,8 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
         bar = tqdm(total=len(sel), initial=stats['n'], desc=f"{name}/{method}", disable=not progress,
                    dynamic_ncols=True)
         with bar:
-            _execute(todo, method, fn, ctx, ResultWriter(out / 'results.jsonl'), stats, bar, concurrency)
+            rows = (answer or answer_in_process)(todo, method, ctx, concurrency)
+            _record(rows, todo, ctx, ResultWriter(out / 'results.jsonl'), stats, bar)
         summary = dict(out_dir=str(out), selected=len(sel), skipped_finished=len(sel) - len(todo), ran=stats['new'],
                        failed=stats['failed'], degraded=stats['degraded'],
                        accuracy=stats['correct'] / max(stats['n'], 1), repaired_lines=dropped, seconds=time.time() - t0)

@@ -11,7 +11,8 @@ from fastcore.basics import patch
 from .core import Config
 
 # %% auto #0
-__all__ = ['L1Segment', 'AdaptiveSegmenter', 'segment_adaptive', 'FixedSegmenter', 'segment_fixed', 'make_segmenter']
+__all__ = ['REL_K', 'REL_FLOOR', 'RUN_MAX', 'L1Segment', 'AdaptiveSegmenter', 'segment_adaptive', 'FixedSegmenter',
+           'segment_fixed', 'make_segmenter']
 
 # %% ../nbs/11_segmentation.ipynb #e2759e6e
 @dataclass
@@ -45,7 +46,10 @@ def _close(idx: int, times: list, embs: list, t_start: float, boundary_sim=None)
     k = int(np.argmax(E @ _unit(E.mean(0))))
     return L1Segment(idx, t_start, t_start, list(times), times[k], E[k].astype(np.float32), boundary_sim)
 
-# %% ../nbs/11_segmentation.ipynb #0b2e31c4
+# %% ../nbs/11_segmentation.ipynb #aadf184e
+REL_K, REL_FLOOR = 3.0, 0.08   # a spike: a step this many times the segment's median step, and at least this
+RUN_MAX = 4                    # kept frames a run may hold before it is resolved without settling
+
 class AdaptiveSegmenter:
     "Streaming L1 segmentation against the open segment's running-mean embedding (rule above)."
     def __init__(self, config: Config = Config()):
@@ -53,25 +57,28 @@ class AdaptiveSegmenter:
         self.step = 1.0 / config.fps
         self.done: list[L1Segment] = []
         self._reset([], [], None)
-        self.gap: list[float] = []        # samples the quality filter dropped since the last kept frame
 
     def _reset(self, times, embs, bsim, start=None):
-        "Open a new segment with these frames (`bsim`: its boundary similarity; `start`: when it has no frame yet)."
+        "Open a new segment with these member frames (`bsim`: its boundary similarity; `start`: when it starts)."
         self.times, self.embs, self.bsim, self.open_start = list(times), list(embs), bsim, start
         self.sum = np.sum(embs, axis=0) if embs else None
-        self.extra: list[float] = []      # flicker frames: in the segment's time span, not in its mean
-        self.pending: list = []           # a held candidate boundary frame: (t, emb, sim)
+        self.steps = [1 - float(a @ b) for a, b in zip(self.embs, self.embs[1:])]   # members' frame-to-frame change
+        self.extra: list[float] = []      # kept frames in the segment's span but not in its mean
+        self.run: list = []               # held samples: (t, emb, cos to the mean) kept, (t, None, None) dropped
 
     def _start(self) -> float:
         if self.open_start is not None: return self.open_start
         return 0.0 if not self.done else self.times[0] if self.times else self.done[-1].t_end
 
     def _add(self, t, emb):
+        self.steps.append(1 - float(emb @ self.embs[-1]))
         self.times.append(t)
         self.embs.append(emb)
         self.sum = self.sum + emb
 
-# %% ../nbs/11_segmentation.ipynb #fcb02d14
+    def _kept_run(self) -> list: return [r for r in self.run if r[1] is not None]
+
+# %% ../nbs/11_segmentation.ipynb #86afcf85
 @patch
 def _cut(self: AdaptiveSegmenter, new_times, new_embs, bsim, start=None) -> list[L1Segment]:
     "Close the open segment, open one with the given frames (from `start`); returns the segment that became final."
@@ -81,52 +88,92 @@ def _cut(self: AdaptiveSegmenter, new_times, new_embs, bsim, start=None) -> list
     self._reset(new_times, new_embs, bsim, start)
     return [self.done[-2]] if len(self.done) > 1 else []
 
-# %% ../nbs/11_segmentation.ipynb #534d1de1
+# %% ../nbs/11_segmentation.ipynb #2860e282
+@patch
+def _spike(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> bool:
+    "Whether `emb` moved from the last member `REL_K` times more than the members move per sample (≥ `REL_FLOOR`)."
+    if len(self.steps) < 2: return False
+    n = max(1.0, round((t - self.times[-1]) / self.step))
+    return 1 - float(emb @ self.embs[-1]) >= max(REL_FLOOR, REL_K * n * float(np.median(self.steps[-10:])))
+
+# %% ../nbs/11_segmentation.ipynb #14d948b4
+@patch
+def _joins(self: AdaptiveSegmenter, t: float, emb: np.ndarray, sim: float) -> bool:
+    "Whether a kept frame continues the open segment (and is not closer to the held run's last frame)."
+    if sim < self.theta or self._spike(t, emb): return False
+    k = self._kept_run()
+    return not k or sim >= float(emb @ k[-1][1])
+
+# %% ../nbs/11_segmentation.ipynb #a950d2c6
+@patch
+def _boundary(self: AdaptiveSegmenter, f: int, ref: np.ndarray) -> float:
+    "The middle of the dropped samples before run[f], else the run frame least like either side, else run[f]."
+    drop = [r[0] for r in self.run[:f] if r[1] is None]
+    if drop: return drop[len(drop) // 2]
+    if not f: return self.run[0][0]
+    return min(self.run[:f], key=lambda r: max(r[2], float(r[1] @ ref)))[0]
+
+# %% ../nbs/11_segmentation.ipynb #d1395e77
+@patch
+def _resolve(self: AdaptiveSegmenter) -> list[L1Segment]:
+    "Cut once the run ends in two adjacent frames that agree (or holds `RUN_MAX` frames); returns final segments."
+    k = self._kept_run()
+    if len(k) >= 2 and self.run[-2] is k[-2] and float(k[-1][1] @ k[-2][1]) >= self.theta:
+        ref = _unit(k[-1][1] + k[-2][1])
+    elif len(k) >= RUN_MAX: ref = k[-1][1]
+    else: return []
+    f = next(i for i, r in enumerate(self.run)
+             if r is k[-1] or r[1] is not None and r[1] @ ref >= max(self.theta, r[2]))
+    b = self._boundary(f, ref)
+    if b - self._start() < self.min_s:                                  # rule 4: too short to close
+        for r in k: self._add(r[0], r[1])
+        self.run = []
+        return []
+    new = [r for r in self.run[f:] if r[1] is not None]
+    held = [r[0] for r in self.run[:f] if r[1] is not None]
+    self.extra += [t for t in held if t < b]
+    out = self._cut([r[0] for r in new], [r[1] for r in new], self.run[f][2], start=b)
+    self.extra += [t for t in held if t >= b]
+    return out
+
+# %% ../nbs/11_segmentation.ipynb #50b333eb
 @patch
 def push(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
     "Add one kept frame; returns segments that are now final (closed and with their end time known)."
     emb = _unit(np.asarray(emb, dtype=np.float32))
-    gap, self.gap = self.gap, []
-    if not self.times:
-        self._reset([t], [emb], self.bsim, self.open_start)
+    if not self.times:                                                  # a segment without frames takes it
+        self.extra += [r[0] for r in self._kept_run()]
+        self.run, self.times, self.embs, self.sum = [], [t], [emb], emb.copy()
         return []
-    start = self._start()
     sim = float(emb @ _unit(self.sum))
-    if gap and sim < self.theta and gap[len(gap) // 2] - start >= self.min_s:     # a dropped run marks the cut
-        self.extra += [p[0] for p in self.pending] + gap[:len(gap) // 2]
-        self.pending = []
-        out = self._cut([t], [emb], sim, start=gap[len(gap) // 2])
-        self.extra += gap[len(gap) // 2:]
-        return out
-    self.extra += gap
-    if t + self.step - start > self.max_s + 1e-6:                       # rule 1
-        held = self.pending
-        first = held or [(t, emb, sim)]
-        out = self._cut([p[0] for p in first], [p[1] for p in first], held[0][2] if held else None)
-        if held: self._add(t, emb)
-        return out
-    if sim >= self.theta:                                               # rule 2 (+ flicker absorbed)
-        self.extra += [p[0] for p in self.pending]
-        self.pending = []
+    if t + self.step - self._start() > self.max_s + 1e-6:               # rule 1
+        k = self._kept_run() + [(t, emb, sim)]
+        return self._cut([r[0] for r in k], [r[1] for r in k], k[0][2], start=k[0][0])
+    if self._joins(t, emb, sim):                                        # rule 2 (+ flicker absorbed)
+        self.extra += [r[0] for r in self._kept_run()]
+        self.run = []
         self._add(t, emb)
         return []
-    if t - start < self.min_s:                                          # rule 3
-        for p in self.pending: self._add(p[0], p[1])
-        self.pending = []
-        self._add(t, emb)
-        return []
-    if not self.pending:                                                # rule 4: hold
-        self.pending = [(t, emb, sim)]
-        return []
-    p = self.pending[0]
-    return self._cut([p[0], t], [p[1], emb], p[2])                      # confirmed change
+    self.run.append((t, emb, sim))                                      # rule 3
+    return self._resolve()
 
-# %% ../nbs/11_segmentation.ipynb #e648e777
+# %% ../nbs/11_segmentation.ipynb #b3fb2d39
+@patch
+def skip(self: AdaptiveSegmenter, t: float) -> list[L1Segment]:
+    "Note a sample dropped by the quality filter at `t`; returns segments that are now final."
+    if t + self.step - self._start() <= self.max_s + 1e-6 or not (self.times or self.extra or self.run):
+        self.run.append((t, None, None))
+        return []
+    k = self._kept_run()                    # held frames open the new segment; dropped ones stay in the old span
+    self.run = []
+    return self._cut([r[0] for r in k], [r[1] for r in k], k[0][2] if k else None, start=k[0][0] if k else t)
+
+# %% ../nbs/11_segmentation.ipynb #090b683c
 @patch
 def finish(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
     "Close the last segment at `duration` (a too-short tail joins its predecessor); returns the remaining segments."
-    self.extra += [p[0] for p in self.pending] + self.gap
-    self.pending, self.gap = [], []
+    self.extra += [r[0] for r in self._kept_run()]
+    self.run = []
     if not self.times and not self.done: return []
     start = self._start()
     if self.done and duration - start < self.min_s and duration - self.done[-1].t_start <= self.max_s:
@@ -137,17 +184,6 @@ def finish(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
     out = self._cut([], [], None)
     self.done[-1].t_end = max(duration, self.done[-1].t_start)
     return out + [self.done[-1]]
-
-# %% ../nbs/11_segmentation.ipynb #cf18560b
-@patch
-def skip(self: AdaptiveSegmenter, t: float) -> list[L1Segment]:
-    "Note a sample dropped by the quality filter at `t`; returns segments that are now final."
-    if t + self.step - self._start() <= self.max_s + 1e-6 or not (self.times or self.extra or self.gap):
-        self.gap.append(t)
-        return []
-    self.extra += self.gap
-    self.gap = []
-    return self._cut([], [], None, start=t)
 
 # %% ../nbs/11_segmentation.ipynb #6e354067
 def segment_adaptive(times: Sequence[float], embs: np.ndarray, duration: float, config: Config = Config(),

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_test_utils.ipynb #812d0e1c
 from __future__ import annotations
-import colorsys, json, random, shutil, threading, zlib
+import colorsys, json, math, random, shutil, threading, zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -15,10 +15,11 @@ from .io import write_subtitles
 from .frames import write_video, pick_codec
 
 # %% auto #0
-__all__ = ['Scene', 'CueTuple', 'scene_texture', 'scene_frames', 'scene_boundaries', 'make_test_video', 'make_audio_only',
-           'truncate_copy', 'make_faststart_truncated', 'make_empty', 'write_srt', 'write_vtt', 'FakeChatServer',
-           'HashEmbedder', 'synthetic_items', 'TinyHit', 'TinyMemory', 'write_fixture', 'ffmpeg_exe', 'ffmpeg_write',
-           'make_mkv_with_subtitles', 'make_ntsc_video', 'make_raw_h264', 'transition_frames', 'make_transition_video']
+__all__ = ['Scene', 'CueTuple', 'Transition', 'scene_texture', 'scene_frames', 'scene_boundaries', 'make_test_video',
+           'make_audio_only', 'truncate_copy', 'make_faststart_truncated', 'make_empty', 'write_srt', 'write_vtt',
+           'FakeChatServer', 'HashEmbedder', 'synthetic_items', 'TinyHit', 'TinyMemory', 'write_fixture', 'ffmpeg_exe',
+           'ffmpeg_write', 'make_mkv_with_subtitles', 'make_ntsc_video', 'make_raw_h264', 'camera_view',
+           'transition_truth', 'transition_frames', 'make_transition_video', 'match_boundaries', 'transition_mix']
 
 # %% ../nbs/01_test_utils.ipynb #064264f0
 Scene = tuple  # (seconds, seed: int | (r,g,b)) or (seconds, seed, on-screen text)
@@ -414,7 +415,9 @@ def ffmpeg_write(path: str | Path, frames: Iterable[np.ndarray], rate: str = '10
     cmd = [ffmpeg_exe(), '-y', '-loglevel', 'error', '-f', 'rawvideo', '-pix_fmt', 'rgb24', '-s', f'{w}x{h}',
            '-r', rate, '-i', '-', *extra, '-pix_fmt', 'yuv420p', *args, str(path)]
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    for fr in [first, *frames]: p.stdin.write(np.ascontiguousarray(fr, dtype=np.uint8).tobytes())
+    try:
+        for fr in [first, *frames]: p.stdin.write(np.ascontiguousarray(fr, dtype=np.uint8).tobytes())
+    except BrokenPipeError: pass                          # ffmpeg gave up early: its stderr says why
     _, err = p.communicate()
     if p.returncode: raise RuntimeError(f"ffmpeg failed: {err.decode()[-300:]}")
     return path
@@ -445,28 +448,131 @@ def make_raw_h264(path: str | Path, scenes: Sequence[Scene] = ((5, 1), (5, 2)), 
     return ffmpeg_write(path, scene_frames(scenes, fps, size), str(fps),
                         args=['-c:v', 'libx264', '-preset', 'ultrafast', '-f', 'h264'])
 
-# %% ../nbs/01_test_utils.ipynb #6b73f7d6
-def _transition_gain(t: float, cuts: Sequence[float], kinds: Sequence[str], black_s: float, fade_s: float) -> float:
-    "Brightness factor of the frame at `t`: 0 inside a black gap, ramping through a fade, 1 elsewhere."
-    g = 1.0
-    for c, k in zip(cuts, kinds):
-        if k == 'black' and c - black_s / 2 <= t < c + black_s / 2: g = 0.0
-        if k == 'fade' and c - fade_s <= t < c + fade_s: g = min(g, abs(t - c) / fade_s)
-    return g
+# %% ../nbs/01_test_utils.ipynb #f8eb6a5a
+def _scene_canvas(key, size: tuple[int, int], rng) -> np.ndarray:
+    "A canvas twice the frame size: a gradient backdrop, large shapes in the scene's palette, a fine texture on top."
+    import cv2
+    w, h = size
+    pal = _palette(key).astype(np.float32)
+    i, j = rng.permutation(len(pal))[:2]
+    a = np.linspace(0, 1, 2 * h)[:, None, None]
+    img = (1 - a) * pal[i] + a * pal[j] + np.zeros((2 * h, 2 * w, 3), np.float32)
+    for _ in range(int(rng.integers(4, 8))):
+        c = tuple(float(x) for x in pal[rng.integers(len(pal))] * rng.uniform(0.6, 1.2))
+        x, y = int(rng.uniform(0, 2 * w)), int(rng.uniform(0, 2 * h))
+        rw, rh = int(rng.uniform(0.15, 0.5) * w), int(rng.uniform(0.15, 0.5) * h)
+        if rng.random() < 0.5: cv2.rectangle(img, (x - rw, y - rh), (x + rw, y + rh), c, -1)
+        else: cv2.ellipse(img, (x, y), (rw, rh), float(rng.uniform(0, 180)), 0, 360, c, -1)
+    tex = scene_texture(key, (2 * w, 2 * h), block=int(rng.choice([4, 6, 8]))).astype(np.float32)
+    return np.clip(img + 0.35 * (tex - tex.mean((0, 1))), 0, 255).astype(np.uint8)
+
+# %% ../nbs/01_test_utils.ipynb #4febf667
+def camera_view(key, size: tuple[int, int] = (160, 120), seed: int = 0) -> Callable[[float], np.ndarray]:
+    "`view(t)`: the frame a moving camera sees of scene `key` at `t` s into the scene (pan, zoom, shake, jolt, blob)."
+    import cv2
+    w, h = size
+    rng = np.random.default_rng(seed)
+    canvas = _scene_canvas(key, size, np.random.default_rng(rng.integers(1 << 30)))
+    v = rng.uniform(0.015, 0.04, 2) * (w, h) * rng.choice([-1, 1], 2)           # pan, px/s
+    jolt = rng.uniform(0.5, 3.0) if rng.random() < 0.5 else math.inf            # a 0.5-s hand-held jolt
+    bx, by, bv, br = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(-0.06, 0.06) * w, int(0.12 * h)
+    def view(t: float) -> np.ndarray:
+        img = canvas.copy()
+        cv2.circle(img, (int(w / 2 + bx + bv * t), int(h / 2 + by)), br, (235, 235, 235), -1)
+        bump = np.sin(np.pi * np.clip((t - jolt) / 0.5, 0, 1))
+        cx = w + v[0] * t + 0.15 * w * bump + 0.02 * w * np.sin(2.1 * t)
+        cy = h + v[1] * t + 0.02 * h * np.sin(1.7 * t + 1)
+        z = 1.0 + 0.05 * np.sin(0.3 * t)
+        M = np.float32([[z, 0, w / 2 - z * cx], [0, z, h / 2 - z * cy]])
+        fr = cv2.warpAffine(img, M, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+        k = int(1 + 0.15 * w * np.pi / 15 * abs(np.cos(np.pi * (t - jolt) / 0.5))) if jolt <= t < jolt + 0.5 else 1
+        return cv2.blur(fr, (k, 1)) if k > 1 else fr                            # motion blur along the jolt
+    return view
+
+# %% ../nbs/01_test_utils.ipynb #3050c7bb
+Transition = tuple  # ('cut',) | ('black', s) | ('fade', s, hold_s) | ('dissolve', s)
+
+def _spans(scenes: Sequence[Scene], transitions: Sequence[Transition]) -> list[tuple]:
+    "(boundary time, kind, s, hold, half-span) of each transition."
+    if len(transitions) != len(scenes) - 1:
+        raise ValueError(f"need {len(scenes) - 1} transitions for {len(scenes)} scenes, got {len(transitions)}")
+    out = []
+    for c, tr in zip(scene_boundaries(scenes), transitions):
+        kind, s, hold = tr[0], float(tr[1]) if len(tr) > 1 else 0.0, float(tr[2]) if len(tr) > 2 else 0.0
+        if kind not in ('cut', 'black', 'fade', 'dissolve'): raise ValueError(f"unknown transition {kind!r}")
+        out.append((c, kind, s, hold, dict(cut=0.0, black=s / 2, fade=s + hold / 2, dissolve=s / 2)[kind]))
+    return out
 
 
-def transition_frames(scenes: Sequence[Scene], kinds: Sequence[str], fps: float = 10,
-                      size: tuple[int, int] = (160, 120), black_s: float = 0.6,
-                      fade_s: float = 1.5) -> Iterable[np.ndarray]:
-    "Frames of `scenes` with the transition `kinds[i]` ('cut', 'black' or 'fade') at the i-th scene boundary."
-    cuts = scene_boundaries(scenes)
-    if len(kinds) != len(cuts): raise ValueError(f"need {len(cuts)} transition kinds, got {len(kinds)}")
-    for i, fr in enumerate(scene_frames(scenes, fps, size)):
-        g = _transition_gain(i / fps, cuts, kinds, black_s, fade_s)
-        yield fr if g >= 1 else (fr.astype(np.float32) * g).astype(np.uint8)
+def transition_truth(scenes: Sequence[Scene], transitions: Sequence[Transition]) -> list[tuple[float, str, float]]:
+    "(time, kind, half-width) per boundary: a boundary within half-width (+ a tolerance) of time is right."
+    return [(c, k, s / 2 if k == 'black' else hold / 2 if k == 'fade' else 0.0)
+            for c, k, s, hold, _ in _spans(scenes, transitions)]
+
+# %% ../nbs/01_test_utils.ipynb #6fa8adb1
+def _at(t: float, views, starts, spans) -> np.ndarray:
+    "The float frame at `t`: the current scene's view, darkened or blended by the transition around `t`."
+    i = max(j for j, s in enumerate(starts) if s <= t)
+    fr = views[i](t - starts[i]).astype(np.float32)
+    for j, (c, kind, s, hold, half) in enumerate(spans):
+        if not c - half <= t < c + half: continue
+        if kind == 'black': fr = fr * 0
+        if kind == 'fade': fr = fr * min(1.0, max(0.0, (abs(t - c) - hold / 2) / s))
+        if kind == 'dissolve':
+            a = (t - c + half) / (2 * half)
+            fr = (1 - a) * views[j](t - starts[j]).astype(np.float32) + a * views[j + 1](t - starts[j + 1])
+    return fr
 
 
-def make_transition_video(path: str | Path, scenes: Sequence[Scene], kinds: Sequence[str], fps: float = 10,
-                          size: tuple[int, int] = (160, 120), black_s: float = 0.6, fade_s: float = 1.5) -> Path:
-    "An .mp4 whose scene boundaries pass through black gaps or fades; true cuts at `scene_boundaries(scenes)`."
-    return write_video(path, transition_frames(scenes, kinds, fps, size, black_s, fade_s), fps=fps)
+def transition_frames(scenes: Sequence[Scene], transitions: Sequence[Transition], fps: float = 30000 / 1001,
+                      size: tuple[int, int] = (160, 120), noise: float = 2.0, seed: int = 0) -> Iterable[np.ndarray]:
+    "RGB frames of camera-filmed `scenes` joined by `transitions`, with sensor noise of std `noise`."
+    spans, starts = _spans(scenes, transitions), [0.0, *scene_boundaries(scenes)]
+    views = [camera_view(sc[1], size, seed * 1000 + i) for i, sc in enumerate(scenes)]
+    rng = np.random.default_rng(seed)
+    for n in range(int(round(sum(s[0] for s in scenes) * fps))):
+        fr = _at(n / fps, views, starts, spans)
+        yield (fr + rng.normal(0, noise, fr.shape) if noise else fr).clip(0, 255).astype(np.uint8)
+
+
+def make_transition_video(path: str | Path, scenes: Sequence[Scene], transitions: Sequence[Transition],
+                          size: tuple[int, int] = (160, 120), seed: int = 0) -> Path:
+    "An NTSC-rate (30000/1001 fps) H.264 file of `transition_frames`; true boundaries from `transition_truth`."
+    return ffmpeg_write(path, transition_frames(scenes, transitions, 30000 / 1001, size, seed=seed), '30000/1001',
+                        args=['-c:v', 'libx264', '-preset', 'ultrafast', '-crf', '20'])
+
+# %% ../nbs/01_test_utils.ipynb #81bc4914
+def match_boundaries(found: Sequence[float], truth: Sequence[tuple], tol: float = 1.0) -> dict:
+    "Recall, precision and counts per transition kind (and 'all') of `found` times against `transition_truth`."
+    pairs = sorted((abs(f - t) - h, i, j) for i, (t, _, h) in enumerate(truth) for j, f in enumerate(found)
+                   if abs(f - t) <= h + tol)
+    hit, used = {}, set()
+    for _, i, j in pairs:
+        if i not in hit and j not in used: hit[i] = j
+        used = set(hit.values())
+    near = [truth[int(np.argmin([abs(f - t) for t, _, _ in truth]))][1] for f in found] if truth else []
+    out = {}
+    for kind in [*sorted({k for _, k, _ in truth}), 'all']:
+        idx = [i for i, (_, k, _) in enumerate(truth) if kind in (k, 'all')]
+        att = [j for j, k in enumerate(near) if kind in (k, 'all')]
+        out[kind] = dict(recall=round(sum(i in hit for i in idx) / max(1, len(idx)), 3), n=len(idx),
+                         precision=round(sum(j in used for j in att) / max(1, len(att)), 3), found=len(att))
+    return out
+
+# %% ../nbs/01_test_utils.ipynb #19431e98
+def transition_mix(n_each: int = 3, seed: int = 0) -> tuple[list[Scene], list[Transition]]:
+    "Scenes and transitions: each kind `n_each` times, shuffled; every third scene has its predecessor's colours."
+    rng = np.random.default_rng(seed)
+    kinds = []
+    for _ in range(n_each):
+        kinds += [('cut',), ('black', float(rng.choice([0.3, 0.7, 1.5, 2.5]))),
+                  ('fade', round(float(rng.uniform(0.5, 1.5)), 2), float(rng.choice([0, 0, 0.5, 1.0]))),
+                  ('dissolve', round(float(rng.uniform(1.0, 2.0)), 2))]
+    kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+    scenes, key = [], None
+    for i in range(len(kinds) + 1):
+        if i % 3 == 2 and isinstance(key, tuple): key = (key[0], key[1], key[2] + 1)
+        elif rng.random() < 0.5: key = tuple(int(x) for x in rng.integers(30, 220, 3))
+        else: key = int(rng.integers(1, 10**6))
+        scenes.append((round(float(rng.uniform(4, 8)), 2), key))
+    return scenes, kinds

@@ -313,3 +313,34 @@ def test_oracle_evidence(hash_memory, tmp_path):
     plain = answer_question(q, hash_memory, None, Config(), 'base', return_trace=True)
     assert plain['trace_data']['oracle'] is None and all(e['source'] != 'oracle' for e in plain['evidence'])
     assert get_preset('verify_only+oracle').verify and not get_preset('verify_only+oracle').rerank
+
+
+def test_oracle_frames_arm_sends_the_annotated_segments_frames(hash_memory, monkeypatch):
+    "`+oracle-frames`: an image-capable HTTP answerer gets the annotated segments' frames; `+oracle` the visual hits'."
+    from reveal_kit.chat import minimal_instance, message_images, image_to_data_url
+    from reveal_kit.http_backend import OpenAIHTTPModel
+    from reveal_kit.memory_store import Hit
+    from reveal_kit.test_utils import FakeChatServer
+    frame = lambda t: np.full((8, 8, 3), int(t) % 256, np.uint8)
+    monkeypatch.setattr(hash_memory, 'frames', lambda item, n=None: [frame(item.t_start)] * n, raising=False)
+    hit = Hit(hash_memory.get('L1_0020'), 0.9, 'visual')
+    monkeypatch.setattr(hash_memory, 'search_visual', lambda q, k=None: [hit], raising=False)
+    q = Question('of1', 'syn', 'What does the delivery worker carry?', ['flowers', 'a pizza'], answer='A',
+                 evidence_spans=[(501.0, 503.0)])
+    reply = lambda p: json.dumps(minimal_instance(p['response_format']['json_schema']['schema']))
+    def answer_images(srv):
+        schemas = [p['response_format']['json_schema']['schema'] for p in srv.requests]
+        req = [p for p, s in zip(srv.requests, schemas) if 'answer' in s['properties']]
+        return [u for m in req[-1]['messages'] for u in message_images(m)]
+    with FakeChatServer(reply) as srv:
+        m = OpenAIHTTPModel(srv.url, model='m', retries=0)
+        r = answer_question(q, hash_memory, m, Config(), 'base+oracle-frames', roles='model', return_trace=True)
+        assert answer_images(srv) == [image_to_data_url(frame(500))] * 4
+        o = r['trace_data']['oracle']
+        assert (o['frames'], o['frame_items']) == (4, [{'item_id': 'L1_0050', 't_start': 500.0, 't_end': 510.0,
+                                                        'frames': 4}])
+        answer_question(q, hash_memory, m, Config(), 'base+oracle', roles='model')
+        assert answer_images(srv) == [image_to_data_url(frame(200))] * 4
+    off = answer_question(q, hash_memory, None, Config(), 'base+oracle-frames', return_trace=True)
+    assert off['trace_data']['oracle']['frames'] == 0 and not off['failed']
+    assert off['trace_data']['oracle']['frames_note'] == 'answerer cannot take images: captions only'

@@ -1,10 +1,12 @@
 """The experiment notebooks run through papermill with tiny parameters; each test asserts on the CSVs it wrote."""
 import csv
+import json
 import os
 from pathlib import Path
 import papermill as pm
 import pytest
 from reveal_kit.metrics import load_results
+from reveal_kit.figures import ensure_synth
 
 NB = Path(__file__).resolve().parents[1] / 'nbs' / 'experiments'
 TINY = dict(synth={'minutes': 1.0, 'videos': 1, 'questions_per_video': 2}, seed=0)
@@ -25,7 +27,7 @@ def run_nb(name: str, work: Path, tag: str = '', **params) -> Path:
     "Execute nbs/experiments/<name>.ipynb with tiny parameters; returns the folder its figures went to."
     figs = work / f'figs{tag}'
     (work / 'executed').mkdir(exist_ok=True)
-    p = dict(TINY, root=str(work / 'bench'), out_dir=str(work / f'out{tag}'), fig_dir=str(figs), **params)
+    p = {**TINY, 'root': str(work / 'bench'), 'out_dir': str(work / f'out{tag}'), 'fig_dir': str(figs), **params}
     pm.execute_notebook(str(NB / f'{name}.ipynb'), str(work / 'executed' / f'{name}{tag}.ipynb'), parameters=p,
                         kernel_name='python3', progress_bar=False, cwd=str(NB))
     return figs
@@ -81,6 +83,8 @@ def test_fig4b(work):
     assert [r['verdict'] for r in t][:2] == ['sufficient', 'insufficient']
     plain = [r for r in t if r['arm'] == 'REVEAL (retrieved evidence)']
     assert sum(int(r['n']) for r in plain) <= 2 and all(in_unit(r['accuracy']) for r in t)
+    frames = [r for r in t if r['arm'] == 'oracle captions + frames']
+    assert frames and all(r['answerer frames'].startswith('0 (answerer cannot take images') for r in frames)
 
 
 def test_fig4c(work):
@@ -95,7 +99,11 @@ def test_tables34(work):
     figs = run_nb('reveal_tables34', work)
     cost = rows(figs / 'reveal_tables34.csv')
     assert [r['method'] for r in cost] == ['base', 'reveal']
-    assert all(float(r['seconds_total']) > 0 and float(r['rounds_mean']) >= 1 for r in cost)
+    assert all(float(r['rounds_mean']) >= 1 for r in cost)
+    assert not any('seconds' in k for k in cost[0])         # wall times change per run: they have their own CSV
+    timing = rows(figs / 'reveal_tables34_timing.csv')
+    assert [r['method'] for r in timing] == ['base', 'reveal']
+    assert all(float(r['seconds_total']) > 0 and int(r['n']) == 2 for r in timing)
     hist = rows(figs / 'reveal_tables34_rounds.csv')
     assert [(r['method'], r['rounds']) for r in hist] == [(m, str(k)) for m in ('base', 'reveal') for k in (1, 2, 3)]
     assert all(sum(int(r['questions']) for r in hist if r['method'] == m) == 2 for m in ('base', 'reveal'))
@@ -119,3 +127,88 @@ def test_replay_reproduces_csv(work):
     assert a == b and b'blind' in a
     res = load_results(next((work / 'out-replay').glob('*/blind-*')))
     assert len(res) == 2 and all(r['llm_calls'] == 1 for r in res)     # each answer: one model call, replayed
+
+
+@pytest.mark.slow
+def test_tables34_replay_identical(work):
+    "Tables 3–4 with the embedded model called in-process, then replayed: every CSV but the timing one, same bytes."
+    kw = dict(methods=['blind'], roles='model', cache=str(work / 'calls34.sqlite'))
+    first = run_nb('reveal_tables34', work, tag='-rw34', cache_mode='readwrite', **kw)
+    again = run_nb('reveal_tables34', work, tag='-replay34', cache_mode='replay', **kw)
+    for name in ('reveal_tables34.csv', 'reveal_tables34_rounds.csv', 'reveal_tables34_calls.csv'):
+        assert (first / name).read_bytes() == (again / name).read_bytes(), name
+    assert rows(first / 'reveal_tables34.csv')[0]['llm_calls_total'] == '2'       # one real call per question
+    assert (again / 'reveal_tables34_timing.csv').exists()
+
+
+def test_only_present(work):
+    "With only_present, a question whose video is missing is left out of the table instead of failing."
+    bench = ensure_synth(work / 'bench-gone', minutes=1.0, videos=1, questions_per_video=2)
+    for v in (bench / 'videos').glob('*.mp4'): v.rename(v.with_suffix('.gone'))
+    figs = run_nb('reveal_table1', work, tag='-present', methods=['blind'], root=str(bench), only_present=True)
+    assert rows(figs / 'reveal_table1.csv')[0]['n'] == '0'
+
+
+PACE_METHODS = ['direct', 'reveal', 'dvd', 'pace', 'pace-no-qcindex', 'pace-no-verify']
+
+
+def test_pace_table4(work):
+    figs = run_nb('pace_table4', work, methods=PACE_METHODS, n_boot=200)
+    acc = rows(figs / 'pace_table4.csv')
+    assert [r['method'] for r in acc] == PACE_METHODS
+    for r in acc:
+        assert int(r['n']) == 2 and int(r['failed']) == 0
+        assert float(r['ci_low']) <= float(r['accuracy']) <= float(r['ci_high'])
+    vs = rows(figs / 'pace_table4_versus.csv')
+    assert [(r['before'], r['after']) for r in vs] == [('pace', m) for m in PACE_METHODS if m != 'pace']
+    assert all(0 < float(r['mcnemar_p']) <= 1 for r in vs)
+    cost = {r['method']: r for r in rows(figs / 'pace_table4_cost.csv')}
+    assert all(1 <= float(cost[m]['rounds_mean']) <= 15 for m in ('dvd', 'pace', 'pace-no-qcindex', 'pace-no-verify'))
+
+
+def test_pace_needle(work):
+    methods = ['direct', 'dvd', 'reveal', 'pace']
+    figs = run_nb('pace_needle', work, methods=methods, n_boot=200)
+    t = rows(figs / 'pace_needle.csv')
+    assert [r['method'] for r in t] == methods
+    for r in t:
+        assert int(r['n']) == 2 and in_unit(r['needle_recall']) and in_unit(r['accuracy'])
+        assert float(r['recall_ci_low']) <= float(r['needle_recall']) <= float(r['recall_ci_high'])
+
+
+def test_pace_table6(work):
+    figs = run_nb('pace_table6', work)
+    tok = rows(figs / 'pace_table6.csv')
+    assert [(r['method'], r['stage']) for r in tok] == [(m, s) for m in ('dvd', 'pace')
+                                                        for s in ('indexing (per clip)', 'reasoning (per query)')]
+    assert all(float(r['prompt_tokens']) >= 0 for r in tok) and int(tok[0]['n']) > 0      # clips indexed
+    tools = rows(figs / 'pace_table6_tools.csv')
+    pace = {r['tool']: r for r in tools if r['method'] == 'pace'}
+    assert 'GlobalBrowse' in pace and all(in_unit(r['episodes_using']) for r in tools)
+    assert not {'QueryDecompose', 'EvidenceRetrieve'} & {r['tool'] for r in tools if r['method'] == 'dvd'}
+
+
+@pytest.mark.slow
+def test_pace_fig4_factors(work):
+    figs = run_nb('pace_fig4_factors', work, budgets=[1, 5], references=['pace-no-verify'])
+    t = rows(figs / 'pace_fig4_factors.csv')
+    assert [(r['arm'], r['k']) for r in t] == [('forced', '1'), ('forced', '5'), ('pace-no-verify', '')]
+    assert all(in_unit(r['accuracy']) and int(r['n']) == 2 for r in t)
+    assert all(float(r['factors']) <= int(r['k']) for r in t[:2]) and float(t[0]['factors']) == 1.0
+
+
+@pytest.mark.slow
+def test_induction(work):
+    "Induce on a generated dev split, compare seed vs induced pool on the test split; curve and filter counts written."
+    figs = run_nb('reveal_induction', work, dev_root=str(work / 'dev'), max_iters=2, n_boot=200,
+                  dev_synth={'minutes': 2.0, 'videos': 2, 'questions_per_video': 12})
+    pools = rows(figs / 'reveal_induction.csv')
+    assert [r['method'] for r in pools] == ['seed pool', 'induced pool'] and all(int(r['n']) == 2 for r in pools)
+    curve = rows(figs / 'reveal_induction_curve.csv')
+    assert curve[0]['iteration'] == '0' and sum(r['best'] == 'True' for r in curve) == 1
+    flt = rows(figs / 'reveal_induction_filters.csv')
+    assert [r['condition'] for r in flt][-1] == 'kept' and int(flt[-1]['questions']) >= 2
+    report = json.loads((work / 'out' / 'reveal_induction.report.json').read_text())
+    n_dev = len((work / 'dev' / 'questions.jsonl').read_text().splitlines())
+    assert sum(int(r['questions']) for r in flt) == report['filter']['candidates'] == n_dev   # each removed once
+    assert (work / 'out' / 'reveal_induction.yaml').exists()

@@ -15,8 +15,8 @@ from reveal_kit.pace_index import (ClipRecord, EvidenceDB, tag_factors, factor_t
                                    load_db)
 from reveal_kit.pace_tools import ToolBox, PACE_TOOLS, DVD_TOOLS, inspect_times
 from reveal_kit.pace_agent import (run_agent, OfflinePolicy, ModelPolicy, answer_pace, needle_recall, cue_recovered,
-                                   PACE_SPECS)
-from reveal_kit.runner import get_method, run_eval
+                                   PACE_SPECS, shared_plain_db)
+from reveal_kit.runner import get_method, run_eval, RunContext
 from reveal_kit.synth_bench import generate_benchmark, load_questions
 
 HE = HashEmbedder()
@@ -172,19 +172,38 @@ def test_loop_stops_when_all_factors_addressed():
 
 
 def test_invalid_tool_calls_are_reported_and_counted():
-    replies = iter(['{"tool": "ClipSearch", "arguments": ', 'still not json',
-                    {'tool': 'Teleport', 'arguments': {}},
-                    {'tool': 'FrameInspect', 'arguments': {'question': 'x'}},
-                    {'tool': 'EvidenceRetrieve', 'arguments': {'factor': 'd9'}}]
-                   + [{'tool': 'Finish', 'arguments': {'answer': 'Q'}}] * 3)
-    m = ScriptedModel(lambda ms, s, r: next(replies))
-    tr = run_agent(ToolBox(Q, toy_db()), ModelPolicy(m), max_steps=5)
+    "A model that ignores the call schema: the same bad reply to a step and to the chat layer's repair request."
+    bad = ['{"tool": "ClipSearch", "arguments": ', {'tool': 'Teleport', 'arguments': {}},
+           {'tool': 'FrameInspect', 'arguments': {'question': 'x'}},
+           {'tool': 'EvidenceRetrieve', 'arguments': {'factor': 'd9'}}]              # valid JSON call, a tool error
+    def fn(messages, schema, role):
+        n = message_text(messages[1]).count('\n\nStep ')
+        return bad[n] if n < len(bad) else {'tool': 'Finish', 'arguments': {'answer': 'Q'}}
+    m = ScriptedModel(fn)
+    m.max_failures_in_row = None         # the chat layer's circuit breaker (5 failed calls in a row) is not tested here
+    res = answer_pace(Q, toy_db(), 'pace', m, return_trace=True)
+    tr = res['trace_data']
     kinds = [(s['tool'], s['invalid'], s['ok']) for s in tr['steps']]
-    assert kinds[0][1] and kinds[1][0] == 'Teleport' and kinds[1][1] and kinds[2][1]
-    assert tr['invalid_calls'] == 3 and tr['tool_errors'] == 2
-    prompts = [message_text(c['messages'][-1]) for c in m.calls]
-    assert any('Teleport' in p and 'unknown tool' in p for p in prompts)
-    assert tr['answer'] in Q.options and tr['notes']
+    assert kinds[:4] == [('None', True, False), ('Teleport', True, False), ('FrameInspect', True, False),
+                         ('EvidenceRetrieve', False, False)]
+    assert tr['invalid_calls'] == 3 and tr['tool_errors'] == len(tr['steps']) - 3 and len(tr['steps']) == 15
+    prompts = [message_text(c['messages'][1]) for c in m.calls]
+    assert any("unknown tool 'Teleport'" in p for p in prompts)
+    assert any("'time_ranges' is a required property" in p for p in prompts)
+    assert res['answer'] in Q.options and tr['notes'] and res['degraded']
+    assert res['failed_calls']['pace_agent'] == len(tr['steps']) - 1
+
+
+def test_schema_following_model_makes_only_valid_calls():
+    """A model that emits the smallest value valid under the schema it is sent (as a base model decoding under a
+    grammar emits some valid value) calls only allowed tools with valid arguments and finishes with a letter."""
+    for spec, allowed in (('pace', PACE_TOOLS), ('dvd', DVD_TOOLS)):
+        m = ScriptedModel()                                          # replies minimal_instance(schema)
+        tb = ToolBox(Q, toy_db(), model=m, tools=PACE_SPECS[spec].tools)
+        tr = run_agent(tb, ModelPolicy(m), max_steps=4)
+        assert tr['invalid_calls'] == 0 and tr['tool_errors'] == 0 and all(s['ok'] for s in tr['steps'])
+        assert {s['tool'] for s in tr['steps']} <= set(allowed) and tr['steps'][-1]['tool'] == 'Finish'
+        assert tr['answer'] in Q.options and not tr['notes']
 
 
 def test_tool_calls_through_an_openai_compatible_server():
@@ -199,8 +218,25 @@ def test_tool_calls_through_an_openai_compatible_server():
         m = OpenAIHTTPModel(srv.url, retries=0)
         tr = run_agent(ToolBox(Q, toy_db(), model=m), ModelPolicy(m), max_steps=6)
         assert all('response_format' in p for p in srv.requests)
+        run_agent(ToolBox(Q, toy_db(), model=m), ModelPolicy(m), max_steps=1)      # one step: a forced Finish
+        sent = [p['response_format']['json_schema']['schema'] for p in srv.requests]
+        names = [[b['properties']['tool']['enum'][0] for b in s['anyOf']] for s in sent]
+    assert names == [list(PACE_TOOLS), list(PACE_TOOLS), ['Finish']]      # each step offers exactly the allowed calls
+    assert sent[-1]['anyOf'][0]['properties']['arguments']['properties']['answer']['enum'] == list(Q.options)
     assert [s['tool'] for s in tr['steps']] == ['ClipSearch', 'Finish'] and tr['answer'] == 'B'
     assert tr['steps'][0]['prompt_tokens'] > 0
+
+
+def test_plain_index_under_offline_roles_calls_no_model(bench, hash_embedder, tmp_path, monkeypatch):
+    "`--roles offline` with a meaningful model: the shared plain index is the perceptual one and the model is idle."
+    root, qs = bench
+    monkeypatch.setenv('REVEAL_RUNS', str(tmp_path))
+    for roles, captioner in (('offline', 'offline-perceptual'), ('auto', 'model:scripted')):
+        m = ScriptedModel(lambda ms, s, r: {'description': 'a scripted caption'})
+        ctx = RunContext('synth', 'pace', tmp_path / roles, backend='scripted', model_obj=m, roles=roles)
+        db = shared_plain_db(qs[0], ctx)
+        assert db.manifest['models']['captioner'] == captioner
+        assert (len(m.calls) == 0) == (roles == 'offline')
 
 
 def test_dvd_uses_no_pace_tools():
