@@ -349,8 +349,8 @@ def plot_sweep(sw: pd.DataFrame, title: str):
 def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str, ylabel: str = 'accuracy (%)',
                  order: Sequence[str] | None = None):
     "Grouped bars of accuracy (%) by `x` and `hue`, with 95 % whiskers and the question count under each group."
-    fig, (ax,) = new_figure(title, width=max(5.0, 1.1 * df[x].nunique() + 3))
     xs, hs = list(order or dict.fromkeys(df[x])), list(dict.fromkeys(df[hue]))
+    fig, (ax,) = new_figure(title, width=max(5.0, 1.1 * len(xs) + 3, 2.4 * min(len(hs), 3)))   # room for the legend row
     w = 0.8 / max(len(hs), 1)
     for j, h in enumerate(hs):
         d = df[df[hue] == h].set_index(x).reindex(xs)
@@ -360,10 +360,10 @@ def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str, yl
         ax.bar(pos, y, w, yerr=err, capsize=3, label=str(h))
         _bar_labels(ax, pos, y, 100 * d.ci_high.to_numpy(float) if has_ci else None, '{:.0f}')
     n = df.drop_duplicates(x).set_index(x).reindex(xs)['n'] if 'n' in df else None
-    ax.set(xticks=np.arange(len(xs)), ylim=(0, 118), xlabel=xlabel, ylabel=ylabel)
+    ax.set(xticks=np.arange(len(xs)), ylim=(0, 132), xlabel=xlabel, ylabel=ylabel)
     ax.set_xticklabels([f"{v}\n(n={int(k)})" if n is not None and not pd.isna(k) else str(v)
                         for v, k in zip(xs, n if n is not None else [None] * len(xs))])
-    ax.legend(fontsize=8.5, loc='upper right', ncols=min(len(hs), 3))
+    ax.legend(fontsize=8.5, loc='upper center', ncols=min(len(hs), 3))
     fig.tight_layout()
     return fig
 
