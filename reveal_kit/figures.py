@@ -88,8 +88,7 @@ def benchmark_questions(benchmark: str, root: str | Path, split: str | None = No
     "The questions an experiment uses, as the runner selects them: the first `limit` (of those whose video exists)."
     s = loader_split(benchmark, split)
     qs, _ = load_benchmark(benchmark, resolve(root), **({'split': s} if s else {}))
-    if only_present: qs = [q for q in qs if q.video_path and Path(q.video_path).exists()]
-    return select_questions(qs, limit)
+    return select_questions(qs, limit, only_present=only_present)
 
 # %% ../nbs/44_figures.ipynb #fdecd64a
 def run_methods(methods: Sequence[str], benchmark: str, root: str | Path, out_dir: str | Path, chat: Any,

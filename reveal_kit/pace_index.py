@@ -29,7 +29,7 @@ from .pace_factors import Factor
 
 # %% auto #0
 __all__ = ['CAPTION_SCHEMA', 'CAPTION_SYSTEM', 'TAG_MIN_COVER', 'FACTOR_RECORD_SYSTEM', 'PACE_FIELDS', 'clip_spans',
-           'clip_frames', 'hms', 'time_label', 'ClipRecord', 'plain_caption', 'tag_factors', 'factor_text',
+           'clip_frames', 'time_label', 'ClipRecord', 'plain_caption', 'tag_factors', 'factor_text',
            'factor_record_schema', 'factor_record_prompt', 'model_record', 'EvidenceDB', 'pace_models', 'pace_dir_for',
            'factor_key', 'load_db', 'build_plain_db', 'tagger_kind', 'build_factor_db', 'get_pace_dbs']
 
@@ -56,16 +56,10 @@ def clip_frames(video: str | Path, config: Config = Config(), info=None,
     for j in range(cur, len(spans)):
         yield j, *spans[j], (frames if j == cur else [])
 
-# %% ../nbs/31_pace_index.ipynb #e83d987f
-def hms(t: float) -> str:
-    "Seconds as `HH:MM:SS` (rounded to the second)."
-    t = int(round(t))
-    return f"{t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
-
 # %% ../nbs/31_pace_index.ipynb #bd6ddcc2
 def time_label(t0: float, t1: float) -> str:
     "`[HH:MM:SS–HH:MM:SS]`: the label of a time range in the tools' outputs."
-    return f"[{hms(t0)}–{hms(t1)}]"
+    return f"[{fmt_time(t0, hours=True)}–{fmt_time(t1, hours=True)}]"
 
 # %% ../nbs/31_pace_index.ipynb #8d62fa8e
 @dataclass

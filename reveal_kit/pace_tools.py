@@ -14,14 +14,15 @@ import numpy as np
 import jsonschema
 from fastcore.basics import patch
 from .core import Config, Question
-from .text import content_words
+from .text import content_words, fmt_time
+from .annotations import hms_to_seconds
 from .chat import role_call
 from .frames import read_frames_at, VideoError
 from .captioning import extractive_summary, ocr_text, PerceptualCaptioner
 from .planner import focus
 from .verifier import option_common_words, option_number
 from .rubrics import question_type
-from .pace_index import EvidenceDB, ClipRecord, hms, time_label
+from .pace_index import EvidenceDB, ClipRecord, time_label
 
 # %% auto #0
 __all__ = ['TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'OFFLINE_READ_FRAMES', 'RETRIEVE_TOPK', 'TAG_BONUS',
@@ -104,10 +105,8 @@ def format_rows(rows: Sequence[dict], max_words: int = 60) -> str:
 def parse_time(x: float | int | str) -> float:
     "Seconds from a number or an `HH:MM:SS` / `MM:SS` string; a ToolError otherwise."
     if isinstance(x, (int, float)) and not isinstance(x, bool): return float(x)
-    parts = str(x).strip().split(':')
-    if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-        raise ToolError(f"time {x!r} is neither seconds nor HH:MM:SS")
-    return float(sum(int(p) * 60 ** i for i, p in enumerate(reversed(parts))))
+    try: return hms_to_seconds(x)
+    except ValueError: raise ToolError(f"time {x!r} is neither seconds nor HH:MM:SS") from None
 
 # %% ../nbs/32_pace_tools.ipynb #a96db399
 def check_ranges(ranges: Sequence[Sequence[float]], duration: float) -> list[tuple[float, float]]:
@@ -211,7 +210,7 @@ def subject_registry(records: Sequence[ClipRecord], top: int = 8) -> list[dict]:
     for r in records:
         for w in set(content_words(' '.join(r.meta.get('ocr', [])))): seen.setdefault(w, []).append(r.t_start)
     rank = sorted(seen.items(), key=lambda kv: (-len(kv[1]), min(kv[1]), kv[0]))[:top]
-    return [dict(subject=w, clips=len(ts), first_seen=hms(min(ts))) for w, ts in rank]
+    return [dict(subject=w, clips=len(ts), first_seen=fmt_time(min(ts), hours=True)) for w, ts in rank]
 
 # %% ../nbs/32_pace_tools.ipynb #9c6f7f58
 BROWSE_SYSTEM = ("You summarize time-stamped clip records of a long video into one overview (events in order, main "

@@ -131,8 +131,7 @@ def build_all(benchmark: str | list[Question], root: str | Path | None = None,
     _check_run_options(cache_mode, timeout_s, 'auto', backend, None)
     cfg, t0 = _resolve_config(config, overrides), time.time()
     name, qs, _ = _load(benchmark, root, split)
-    if only_present: qs = [q for q in qs if q.video_path and Path(q.video_path).exists()]
-    jobs = memory_jobs(select_questions(qs, limit, parse_shard(shard)), chunkings or [cfg.chunking])
+    jobs = memory_jobs(select_questions(qs, limit, parse_shard(shard), only_present), chunkings or [cfg.chunking])
     ctx = RunContext(name, 'build-all', runs_dir() / 'build-all', cfg, backend, model, base_url, None, cache_mode,
                      timeout_s)
     rows = [_raise_abort(r) for r in _build_rows(jobs, worker_spec(ctx), concurrency, ray_address, worker_cpus,

@@ -57,8 +57,10 @@ def parse_shard(s: str | tuple[int, int] | None) -> tuple[int, int]:
     return i, n
 
 # %% ../nbs/42_runner.ipynb #498e258d
-def select_questions(qs: list[Question], limit: int | None = None, shard: tuple[int, int] = (0, 1)) -> list[Question]:
-    "The first `limit` questions (benchmark order), then those of this shard's videos."
+def select_questions(qs: list[Question], limit: int | None = None, shard: tuple[int, int] = (0, 1),
+                     only_present: bool = False) -> list[Question]:
+    "The first `limit` questions (benchmark order; only those whose video exists, if asked), then this shard's."
+    if only_present: qs = [q for q in qs if q.video_path and Path(q.video_path).exists()]   # e.g. LVBench's subset
     qs = qs[:limit] if limit else qs
     i, n = shard
     return [q for q in qs if shard_of(q.video_id, n) == i]
@@ -450,8 +452,7 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
         cfg = _resolve_config(config, overrides)
         get_method(method)                                  # an unknown name fails before anything is written
         name, qs, load_rep = _load(benchmark, root, split)
-        if only_present: qs = [q for q in qs if q.video_path and Path(q.video_path).exists()]   # e.g. LVBench's subset
-        sel = select_questions(qs, limit, (si, sn))
+        sel = select_questions(qs, limit, (si, sn), only_present)
         named = isinstance(model, str)
         ctx = RunContext(name, method, out, cfg, backend, model if named else None, base_url, None if named else model,
                          cache_mode, timeout_s, roles)

@@ -48,8 +48,9 @@ def jaccard(a: str, b: str) -> float:
     return len(sa & sb) / len(sa | sb)
 
 # %% ../nbs/00a_text.ipynb #f6607628
-def fmt_time(t: float) -> str:
-    "Seconds as `m:ss`, or `h:mm:ss` from one hour on (rounded to the second)."
+def fmt_time(t: float, hours: bool = False) -> str:
+    "Seconds as `m:ss`, or `h:mm:ss` from one hour on; always `HH:MM:SS` with `hours` (rounded to the second)."
     t = int(round(t))
     h, m, s = t // 3600, t // 60 % 60, t % 60
+    if hours: return f"{h:02d}:{m:02d}:{s:02d}"
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
