@@ -435,12 +435,14 @@ def plot_versus(acc: pd.DataFrame, pairs: pd.DataFrame, cost: pd.DataFrame, titl
 
 # %% ../nbs/44_figures.ipynb #d2ef8f05
 def bootstrap_ci(x: Sequence[float], seed: int = 0, n_boot: int = 2000, level: float = 0.95) -> tuple[float, float]:
-    "Percentile bootstrap interval of the mean of `x` (seeded: a rerun gives the same bounds); (nan, nan) when empty."
+    "Percentile bootstrap interval of the mean of `x` (scipy; seeded, so a rerun gives the same bounds); nan when empty."
+    from scipy.stats import bootstrap
     x = np.asarray(x, float)
     if len(x) == 0: return (math.nan, math.nan)
-    means = x[np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))].mean(1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    if np.all(x == x[0]): return (float(x[0]),) * 2          # every resample is the same
+    res = bootstrap((x,), np.mean, vectorized=True, n_resamples=n_boot, confidence_level=level, method='percentile',
+                    rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 # %% ../nbs/44_figures.ipynb #d10ab799
 def question_needle(r: dict, q: Question) -> float | None:

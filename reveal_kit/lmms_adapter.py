@@ -11,13 +11,14 @@ from typing import Iterable
 from .core import Question, runs_dir
 from .io import read_jsonl_rows
 from .annotations import extract_options, split_inline_options, gold_letter
+from .baselines import parse_letter
 from .runner import run_eval
 
 # %% auto #0
 __all__ = ['QTYPE_KEYS', 'LMMS_IGNORED', 'RUN_KEYS', 'LMMS_EXTRA', 'NOT_SUPPORTED', 'DEFAULT_POST_PROMPT', 'TASK_YAML',
            'TASK_UTILS', 'prompt_options', 'doc_to_question', 'request_question', 'answer_questions', 'run_options',
-           'require_lmms', 'reveal_model_class', 'manifest', 'extract_letter', 'mc_doc_to_visual', 'mc_doc_to_text',
-           'mc_process_results', 'question_doc', 'write_lmms_task']
+           'require_lmms', 'reveal_model_class', 'manifest', 'mc_doc_to_visual', 'mc_doc_to_text', 'mc_process_results',
+           'question_doc', 'write_lmms_task']
 
 # %% ../nbs/47_lmms.ipynb #2a64e4d4
 def prompt_options(context: str) -> tuple[str, dict[str, str]]:
@@ -131,13 +132,6 @@ def manifest():
     except ImportError as e: raise ImportError(f"the lmms-eval adapter needs lmms-eval: {LMMS_EXTRA} ({e})") from e
     return ModelManifest(model_id='reveal', simple_class_path='reveal_kit.lmms_adapter.Reveal')
 
-# %% ../nbs/47_lmms.ipynb #90911c52
-def extract_letter(reply: str, letters: Iterable[str] = 'ABCDE') -> str | None:
-    "The option letter a reply names (`B`, `(B)`, `B. a dog`, `Answer: B`), None when it names none of `letters`."
-    ls = ''.join(letters)
-    m = re.search(rf"(?<![A-Za-z])([{re.escape(ls)}])(?![A-Za-z])", str(reply or '')) if ls else None
-    return m.group(1) if m else None
-
 # %% ../nbs/47_lmms.ipynb #8c6b2688
 DEFAULT_POST_PROMPT = "\nAnswer with the option's letter from the given choices directly."
 
@@ -157,7 +151,7 @@ def mc_doc_to_text(doc: dict, lmms_eval_specific_kwargs: dict | None = None) -> 
 def mc_process_results(doc: dict, results: list[str]) -> dict:
     "lmms-eval's `process_results` for a task doc: `{'accuracy': 1.0}` when the reply names the gold letter, else 0."
     _, opts = extract_options(doc)
-    return {'accuracy': float(extract_letter(results[0], opts) == gold_letter(doc['answer'], opts))}
+    return {'accuracy': float(parse_letter(results[0], opts) == gold_letter(doc['answer'], opts))}
 
 # %% ../nbs/47_lmms.ipynb #335ae216
 def question_doc(q: Question) -> dict:
