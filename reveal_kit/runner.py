@@ -60,7 +60,13 @@ def parse_shard(s: str | tuple[int, int] | None) -> tuple[int, int]:
 def select_questions(qs: list[Question], limit: int | None = None, shard: tuple[int, int] = (0, 1),
                      only_present: bool = False) -> list[Question]:
     "The first `limit` questions (benchmark order; only those whose video exists, if asked), then this shard's."
-    if only_present: qs = [q for q in qs if q.video_path and Path(q.video_path).exists()]   # e.g. LVBench's subset
+    if only_present:                                                # e.g. LVBench's subset
+        have = [q for q in qs if q.video_path and Path(q.video_path).exists()]
+        if qs and not have:
+            eg = next((q.video_path for q in qs if q.video_path), None) or 'no video path in the annotations'
+            raise FileNotFoundError(f"none of the {len(qs)} questions' videos is present (e.g. {eg}): put the videos "
+                                    "under the benchmark root, or drop --only-present")
+        qs = have
     qs = qs[:limit] if limit else qs
     i, n = shard
     return [q for q in qs if shard_of(q.video_id, n) == i]

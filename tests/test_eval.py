@@ -340,6 +340,12 @@ def test_only_present_videos(tmp_path):
     assert s['selected'] == 2 and {r['video_id'] for r in load_results(tmp_path / 'run')} == {'v0'}
     with pytest.raises(ValueError, match='takes no'):
         run_eval('lvbench', '_const_b', tmp_path / 'x', root=root, split='val', backend='none', progress=False)
+    from reveal_kit.cli import app
+    (root / 'videos' / 'v0.mp4').unlink()                                        # now no video is present
+    res = CliRunner().invoke(app, ['eval', 'run', 'synth', '--method', '_const_b', '--root', str(root), '--out',
+                                   str(tmp_path / 'none'), '--backend', 'none', '--only-present', '--quiet'])
+    assert res.exit_code == 2 and "questions' videos is present (e.g." in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / 'none' / 'results.jsonl').exists()
 
 
 # ---------------------------------------------------------------- option letters as the source gives them

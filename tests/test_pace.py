@@ -146,6 +146,29 @@ def test_frame_inspect_range_errors_and_frame_cap(bench, hash_embedder, tmp_path
     assert all(len(inspect_times([(0, 600)] * 8, k, 2.0)) <= k for k in (1, 7, 50))
 
 
+def test_frame_inspect_reads_a_range_once_offline_and_always_for_a_vlm(bench, hash_embedder, tmp_path, monkeypatch):
+    import reveal_kit.pace_tools as pace_tools
+    root, qs = bench
+    plain = get_pace_dbs(qs[0].video_path, root=tmp_path)[0]
+    decoded, real = [], pace_tools.read_frames_at
+    monkeypatch.setattr(pace_tools, 'read_frames_at', lambda p, ts, w=None: decoded.append(len(ts)) or real(p, ts, w))
+    args = {'question': 'what is shown?', 'time_ranges': [[0, 10], [20, 30]]}
+    first = ToolBox(qs[0], plain).call('FrameInspect', args)
+    again = ToolBox(qs[1], plain).call('FrameInspect', args)        # another question's fresh toolbox
+    counts = lambda o: (o.data['n_frames'], o.data['readings_reused'])
+    assert decoded == [40] and counts(first) == (40, 0)
+    assert again.summary == first.summary and counts(again) == (40, 2)
+    memo = Path(plain.path).parent / 'inspect_readings.jsonl'
+    assert len(memo.read_text().splitlines()) == 2
+    part = ToolBox(qs[0], plain).call('FrameInspect', {'question': 'x', 'time_ranges': [[0, 10], [40, 50]]})
+    assert decoded == [40, 40] and part.data['readings_reused'] == 1
+    assert part.records[0]['text'] == first.records[0]['text'] != part.records[1]['text']
+    seen = []
+    vlm = ScriptedModel(lambda ms, s, r: seen.append(r) or {'answer': 'a red lamp'})
+    looked = ToolBox(qs[0], plain, model=vlm).call('FrameInspect', args)
+    assert decoded == [40, 40, 40] and seen == ['pace_inspect'] and 'a red lamp' in looked.summary
+
+
 # ---------------------------------------------------------------- loop
 def test_loop_stops_at_budget():
     m = ScriptedModel(lambda ms, s, r: {'tool': 'ClipSearch', 'arguments': {'description': 'girl'}})

@@ -149,7 +149,8 @@ class _Counting(OfflineProposer):
 
 
 class _Never:
-    name = 'never'
+    "Stands in for the killed run's oracle teacher (the same name, so the work folder resumes); must not be asked."
+    name = 'oracle'
 
     def label(self, q, c):
         raise AssertionError('the teacher was asked again after resuming')
