@@ -78,6 +78,7 @@ bench: install-dev
 	$(PY) benchmarks/ablation_bench.py
 	$(PY) benchmarks/induction_bench.py
 	$(PY) benchmarks/pace_bench.py
+	$(PY) benchmarks/inspect_memo_bench.py --out runs/bench/pace
 	$(PY) benchmarks/startup_bench.py
 	$(PY) benchmarks/throughput_bench.py
 

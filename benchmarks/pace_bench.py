@@ -163,6 +163,10 @@ def main():
     for m, rs in res.items():
         print(f"{m:<17}" + ''.join(f"{100 * mean([r.get('correct') for r in rs if r.get('qtype') == t]):>10.1f}"
                                    for t in types))
+    print('question factors |F_Q| per method (count of questions):')
+    for m, rs in res.items():
+        if any(r.get('factors') is not None for r in rs):
+            print(f"  {m:<17}{dict(sorted(Counter(len(r.get('factors') or []) for r in rs).items()))}")
     print('index build times (wall seconds on this machine, as recorded in the manifests):')
     print('\n'.join(index_walls(Path(os.environ['REVEAL_RUNS']) / 'pace')) or '  (none)')
 

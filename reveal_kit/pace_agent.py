@@ -212,16 +212,18 @@ class ModelPolicy:
 
     def finish(self, st: AgentState): return self._ask(st, ['Finish'], ['Finish'])
 
-# %% ../nbs/33_pace_agent.ipynb #a77f66b4
+# %% ../nbs/33_pace_agent.ipynb #b1cb9447
 def _step_row(i: int, name, args, obs: Observation, calls: list[dict], policy_s: float) -> dict:
-    "One trace step: tool, arguments, ok/error, result summary, evidence rows (ids, times), tokens, latency."
+    "One trace step: tool, arguments, ok/error, summary, evidence rows (ids, times), tokens, latency, scalar data."
     recs = calls + obs.calls
     return dict(step=i, tool=name if isinstance(name, str) else repr(name), arguments=obs.arguments, ok=obs.ok,
                 error=obs.error, invalid=bool(obs.data.get('invalid')), summary=obs.summary[:2000],
                 records=[{k: d[k] for k in ('item_id', 't_start', 't_end', 'source', 'score')} for d in obs.records],
                 prompt_tokens=sum(int(c.get('prompt_tokens') or 0) for c in recs),
                 completion_tokens=sum(int(c.get('completion_tokens') or 0) for c in recs),
-                latency_s=round(policy_s + obs.data.get('latency_s', 0.0), 6), calls=recs)
+                latency_s=round(policy_s + obs.data.get('latency_s', 0.0), 6), calls=recs,
+                data={k: v for k, v in obs.data.items()
+                      if isinstance(v, (bool, int, float, str)) and k not in ('latency_s', 'invalid')})
 
 def _invalid_obs(name, args) -> Observation:
     "The observation of a model reply that held no usable tool call."

@@ -304,5 +304,5 @@ def test_methods_registered_and_resume_after_kill(bench, hash_embedder, tmp_path
     assert s2['skipped_finished'] == 2 and s2['ran'] == len(qs) - 2 and s2['repaired_lines'] == 1
     tr = json.loads(Path(rows[0]['trace']).read_text())
     assert {'steps', 'question_factors', 'contrastive_factors', 'evidence', 'stop_reason'} <= set(tr)
-    assert all({'tool', 'arguments', 'summary', 'prompt_tokens', 'completion_tokens', 'latency_s'} <= set(s)
+    assert all({'tool', 'arguments', 'summary', 'prompt_tokens', 'completion_tokens', 'latency_s', 'data'} <= set(s)
                for s in tr['steps'])
