@@ -9,4 +9,4 @@ cells = [{'cell_type': 'markdown', 'id': hashlib.sha1(f'index:{i}'.encode()).hex
          for i, p in enumerate(parts)]
 nb = {'cells': cells, 'metadata': {'kernelspec': {'display_name': 'python3', 'language': 'python', 'name': 'python3'}},
       'nbformat': 4, 'nbformat_minor': 5}
-Path('nbs/index.ipynb').write_text(json.dumps(nb, indent=1) + '\n')
+Path('nbs/index.ipynb').write_text(json.dumps(nb, indent=1, ensure_ascii=False) + '\n')
