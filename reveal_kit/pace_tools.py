@@ -180,7 +180,7 @@ def decompose_schema(letters: list[str]) -> dict:
     return {'type': 'object', 'required': ['factors'], 'additionalProperties': False,
             'properties': {'factors': {'type': 'array', 'minItems': 1, 'maxItems': 5, 'items': item}}}
 
-# %% ../nbs/32_pace_tools.ipynb #f8e8ed1c
+# %% ../nbs/32_pace_tools.ipynb #a1d47f31
 OFFLINE_READ_FRAMES = 4
 RETRIEVE_TOPK = 8
 TAG_BONUS = 0.25
@@ -194,6 +194,7 @@ class ToolBox:
         self.video_path = video_path or db.manifest.get('video_path')
         self.retrieve_topk, self.factors, self.evidence = retrieve_topk, None, {}
         self.answer = None
+        self._memo = None                      # the video's ReadingMemo, opened at the first FrameInspect
 
     @property
     def duration(self) -> float: return self.db.duration
@@ -335,11 +336,11 @@ class ReadingMemo:
         self.rows[key] = (text, n_frames)
         if self.path: append_jsonl(self.path, dict(key=key, text=text, n_frames=n_frames))
 
-# %% ../nbs/32_pace_tools.ipynb #53d2c41b
+# %% ../nbs/32_pace_tools.ipynb #b1d795b5
 @patch
 def reading_memo(self: ToolBox) -> ReadingMemo:
     "This video's memo: beside the database's files when it was loaded from disk for this video, else in memory."
-    if getattr(self, '_memo', None) is None:
+    if self._memo is None:
         own = self.db.path is not None and self.video_path == self.db.manifest.get('video_path')
         self._memo = ReadingMemo(Path(self.db.path).parent / 'inspect_readings.jsonl' if own else None)
     return self._memo
