@@ -20,6 +20,6 @@ setuptools.setup(
     entry_points={'console_scripts': req('console_scripts'),
                   'nbdev': [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"],
                   # lmms-eval finds the kit's agent as its model `reveal` (the `lmms` extra)
-                  'lmms_eval.models': ['reveal=reveal_kit.lmms_adapter:manifest']},
+                  'lmms_eval.models': ['reveal=reveal_kit.eval.lmms:manifest']},
     zip_safe=False,
 )

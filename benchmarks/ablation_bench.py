@@ -1,6 +1,6 @@
 """REVEAL component ablation on a generated dev benchmark (SPEC §5 Table 2).
 
-Generates a dev split with `reveal_kit.synth_bench`, runs every preset of `reveal_kit.agent.PRESETS` through the
+Generates a dev split with `reveal_kit.synth.bench`, runs every preset of `reveal_kit.reveal.presets.PRESETS` through the
 resumable runner (memories built once per video and chunking, then reused), and prints accuracy, mean rounds, model calls per
 question and stop reasons per preset, plus per-type accuracy. Rerunning resumes.
 
@@ -17,10 +17,10 @@ from pathlib import Path
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
 from reveal_kit.core import runs_dir
-from reveal_kit.agent import PRESETS
-from reveal_kit.synth_bench import generate_benchmark
-from reveal_kit.runner import run_eval
-from reveal_kit.metrics import load_results, report
+from reveal_kit.reveal.presets import PRESETS
+from reveal_kit.synth.bench import generate_benchmark
+from reveal_kit.eval.runner import run_eval
+from reveal_kit.eval.metrics import load_results, report
 
 
 def row(name: str, r: dict, wall: float) -> str:

@@ -1,7 +1,7 @@
 """Evaluation harness benchmark: every baseline and method on one generated benchmark.
 
-Generates a test benchmark with `reveal_kit.synth_bench` (default: 20 two-minute videos, ~106 questions), runs `blind`,
-`direct`, `base` and `reveal` on it through the resumable runner (`reveal_kit.runner.run_eval`) with the chosen backend
+Generates a test benchmark with `reveal_kit.synth.bench` (default: 20 two-minute videos, ~106 questions), runs `blind`,
+`direct`, `base` and `reveal` on it through the resumable runner (`reveal_kit.eval.runner.run_eval`) with the chosen backend
 (default: the embedded model, i.e. the deterministic offline roles), then prints the table of accuracy / rounds /
 calls / wall time per method and the paired comparison `reveal` vs `base` (McNemar exact test, paired bootstrap CI).
 Rerunning resumes: finished questions are skipped, memories are reused from `$REVEAL_RUNS/memories`.
@@ -20,9 +20,9 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
 from reveal_kit.core import runs_dir
 from reveal_kit.io import atomic_write_json
-from reveal_kit.synth_bench import generate_benchmark
-from reveal_kit.runner import run_eval
-from reveal_kit.metrics import load_results, report, compare, format_compare
+from reveal_kit.synth.bench import generate_benchmark
+from reveal_kit.eval.runner import run_eval
+from reveal_kit.eval.metrics import load_results, report, compare, format_compare
 
 METHODS = ('blind', 'direct', 'base', 'reveal')
 

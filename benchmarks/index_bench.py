@@ -1,4 +1,4 @@
-"""Benchmark reveal_kit.index.VectorIndex's HNSW path: build time, median query latency, recall@10 vs exact search.
+"""Benchmark reveal_kit.retrieval.index.VectorIndex's HNSW path: build time, median query latency, recall@10 vs exact search.
 
     python benchmarks/index_bench.py                                  # 10k, 100k, 1M; clustered and random
     python benchmarks/index_bench.py --sizes 10000 100000 --kinds clustered
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reveal_kit.index import (VectorIndex, exact_topk, HNSW_CONNECTIVITY, HNSW_EXPANSION_ADD,  # noqa: E402
-                              HNSW_EXPANSION_SEARCH)
+from reveal_kit.retrieval.index import (VectorIndex, exact_topk, HNSW_CONNECTIVITY, HNSW_EXPANSION_ADD,  # noqa: E402
+                                        HNSW_EXPANSION_SEARCH)
 
 
 def make_vectors(kind: str, n: int, n_queries: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

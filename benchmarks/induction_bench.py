@@ -1,8 +1,8 @@
 """Rubric induction benchmark: induce a pool on a generated dev split, evaluate `reveal` on a disjoint test split.
 
 Generates (or reuses) a dev benchmark (13 two-minute videos, ~68 questions) and a test benchmark (22 two-minute videos,
-~106 questions) with `reveal_kit.synth_bench`, induces a rubric pool on dev with the oracle teacher and the offline
-proposer (`reveal_kit.rubric_induction.induce`), then runs `reveal` on test through the resumable runner twice — with
+~106 questions) with `reveal_kit.synth.bench`, induces a rubric pool on dev with the oracle teacher and the offline
+proposer (`reveal_kit.reveal.induction.induce`), then runs `reveal` on test through the resumable runner twice — with
 the hand-written seed pool and with the induced pool (selected by `Config.rubric_pool`, i.e. `--set rubric_pool=PATH`)
 — and prints the filter counts, the per-iteration validation curve, both accuracies and the paired comparison
 (McNemar exact test, paired bootstrap). It also scores the model teacher's E⁺ against the oracle on dev questions
@@ -25,19 +25,20 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
 from reveal_kit.core import runs_dir, project_root
 from reveal_kit.io import atomic_write_json
-from reveal_kit.synth_bench import generate_benchmark
-from reveal_kit.runner import run_eval
-from reveal_kit.metrics import compare_runs, format_compare
-from reveal_kit.rubrics import default_pool_path
-from reveal_kit.rubric_induction import induce, show_pool, pool_eval_warning
+from reveal_kit.synth.bench import generate_benchmark
+from reveal_kit.eval.runner import run_eval
+from reveal_kit.eval.metrics import compare_runs, format_compare
+from reveal_kit.reveal.rubrics import default_pool_path
+from reveal_kit.reveal.induction import show_pool, pool_eval_warning
+from reveal_kit.eval.runner import induce_benchmark
 
 TEACHER_CHILD = r"""
 import json, sys
 from reveal_kit.core import Config
-from reveal_kit.synth_bench import load_questions
-from reveal_kit.memory_build import get_or_build_memory
-from reveal_kit.models import get_chat_model
-from reveal_kit.rubric_induction import ModelTeacher, OracleTeacher, candidates, teacher_agreement
+from reveal_kit.synth.bench import load_questions
+from reveal_kit.memory.build import get_or_build_memory
+from reveal_kit.backends.models import get_chat_model
+from reveal_kit.reveal.pairs import ModelTeacher, OracleTeacher, candidates, teacher_agreement
 root, n, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 qs = load_questions(root)[:n]
 model = get_chat_model(backend)
@@ -99,7 +100,7 @@ def main():
     dev, test = data(a.out, 'dev', a.dev_videos), data(a.out, 'test', a.test_videos)
     seed_pool = default_pool_path()
     t = time.time()
-    rep = induce('synth', root=dev, split='dev', out=a.pool, teacher='oracle', proposer='offline',
+    rep = induce_benchmark('synth', root=dev, split='dev', out=a.pool, teacher='oracle', proposer='offline',
                  max_iters=a.max_iters, work_dir=a.out / 'induction_work')
     walls = {'induce': time.time() - t}
     print(show_pool(a.pool))

@@ -20,9 +20,9 @@ from pathlib import Path
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
 from reveal_kit.core import Config, runs_dir
-from reveal_kit.synth_bench import load_questions
-from reveal_kit.pace_index import get_pace_dbs
-from reveal_kit.pace_tools import ToolBox, ReadingMemo
+from reveal_kit.synth.bench import load_questions
+from reveal_kit.pace.index import get_pace_dbs
+from reveal_kit.pace.tools import ToolBox, ReadingMemo
 
 
 def main():

@@ -5,7 +5,7 @@ On the memory of a 60-minute video it measures
    scripted chat model in every role (model time = wall time inside `ChatModel.chat`, subtracted);
 2. model calls per question by role (scripted model, which behaves like REVEAL: sufficient after the first repair
    round);
-3. a rerun of the same questions through the call cache (`reveal_kit.cache.CachedModel`) — it must make 0 model calls.
+3. a rerun of the same questions through the call cache (`reveal_kit.backends.cache.CachedModel`) — it must make 0 model calls.
 
 Memory: `--memory DIR` loads a built memory (`reveal memory build`); by default a synthetic 60-minute memory
 (360 L1 / 30 L2 / 3 L3 narratives with planted events) through `OfflineMemory.from_items` and the packaged text
@@ -27,10 +27,10 @@ from pathlib import Path
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
 from reveal_kit.core import Config, Question, runs_dir
-from reveal_kit.agent import answer_question
-from reveal_kit.test_utils import synthetic_items
-from reveal_kit.planner import offline_decompose, focus
-from reveal_kit.rubrics import load_rubric_pool, question_type
+from reveal_kit.reveal.agent import answer_question
+from reveal_kit.testing.fakes import synthetic_items
+from reveal_kit.reveal.planner import offline_decompose, focus
+from reveal_kit.reveal.rubrics import load_rubric_pool, question_type
 
 EVENTS = {
     17: 'the man opens the red door and carries a box inside',
@@ -99,8 +99,8 @@ class CPUTimedModel:
 
 
 def build_memory(memory_dir: str | None):
-    from reveal_kit.memory_store import OfflineMemory
-    from reveal_kit.embedders import get_text_embedder
+    from reveal_kit.memory.store import OfflineMemory
+    from reveal_kit.retrieval.choice import get_text_embedder
     te = TimedEmbedder(get_text_embedder())
     if memory_dir:
         mem = OfflineMemory.load(memory_dir, text_embedder=te)
@@ -198,8 +198,8 @@ def main(argv=None):
     ap.add_argument('--repeats', type=int, default=3)
     ap.add_argument('--out', default=None, help='JSON output (default runs/bench/loop_bench.json)')
     a = ap.parse_args(argv)
-    from reveal_kit.chat import ScriptedModel
-    from reveal_kit.cache import CallCache, CachedModel
+    from reveal_kit.backends.chat import ScriptedModel
+    from reveal_kit.backends.cache import CallCache, CachedModel
     mem, te, mem_desc = build_memory(a.memory)
     qs = QUESTIONS if not a.memory else [Question(q.qid, mem.video_id, q.question, q.options) for q in QUESTIONS]
     answer_question(qs[0], mem, None, Config(), 'reveal')                       # warm-up (embedder load, indices)

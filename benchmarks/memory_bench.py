@@ -7,7 +7,7 @@ bare 1-fps decode (the dense strategy the pipeline picks: PyAV decode-all), the 
 offline embedders), L1 count and mean length, peak RSS of the process, and the offline perceptual captioner's time
 per segment (frame cutting + OCR + visual facts) on a sample of segments. Bare decode is the best of two runs of the
 strategy the pipeline uses. With --strategies it also times OpenCV grab/retrieve and pure per-sample seeking on the
-first video (the choice `reveal_kit.frames.choose_strategy` makes, explained in nbs/10_frames.ipynb).
+first video (the choice `reveal_kit.video.frames.choose_strategy` makes, explained in nbs/10_frames.ipynb).
 
 Each video is measured in a fresh subprocess so peak RSS is per video.
 Usage:  python benchmarks/memory_bench.py [--minutes 10 60] [--strategies] [--transitions] [--caption-sample 30]
@@ -22,7 +22,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 def make_video(path: Path, minutes: float, fps: int = 25, seed: int = 0) -> Path:
     "A long textured video: scenes of 3-25 s (random seeds), some with on-screen text."
     import numpy as np
-    from reveal_kit.test_utils import make_test_video
+    from reveal_kit.testing.videos import make_test_video
     if path.exists(): return path
     rng = np.random.default_rng(seed)
     scenes, total = [], 0.0
@@ -53,10 +53,10 @@ def transition_recall(out: Path, n_each: int = 12, seed: int = 2) -> dict:
     third scene shares its predecessor's colours) joined by `n_each` hard cuts, black gaps (0.3-2.5 s), fades through
     black and dissolves, through the pipeline's own stage 1 (decode, quality filter, image embedding, segmentation)."""
     from reveal_kit.core import Config
-    from reveal_kit.frames import probe_video
-    from reveal_kit.embedders import get_image_embedder
-    from reveal_kit.memory_build import _segment_pass
-    from reveal_kit.test_utils import make_transition_video, transition_mix, transition_truth, match_boundaries
+    from reveal_kit.video.frames import probe_video
+    from reveal_kit.retrieval.choice import get_image_embedder
+    from reveal_kit.memory.build import _segment_pass
+    from reveal_kit.testing.media import make_transition_video, transition_mix, transition_truth, match_boundaries
     scenes, trans = transition_mix(n_each, seed)
     v = out / f'transitions_{n_each}x4_seed{seed}.mp4'
     if not v.exists(): make_transition_video(v, scenes, trans, size=(320, 180), seed=seed)
@@ -97,10 +97,10 @@ def peak_rss_mb() -> float:
 def measure_one(video: Path, caption_sample: int, strategies: bool) -> dict:
     from reveal_kit.core import Config
     import numpy as np
-    from reveal_kit.frames import probe_video, iter_frames, iter_frames_at, choose_strategy, read_frames_at
-    from reveal_kit.embedders import get_image_embedder
-    from reveal_kit.memory_build import _segment_pass, _caption_times
-    from reveal_kit.captioning import PerceptualCaptioner, get_ocr
+    from reveal_kit.video.frames import probe_video, iter_frames, iter_frames_at, choose_strategy, read_frames_at
+    from reveal_kit.retrieval.choice import get_image_embedder
+    from reveal_kit.memory.build import _segment_pass, _caption_times
+    from reveal_kit.video.captioning import PerceptualCaptioner, get_ocr
     cfg = Config()
     info = probe_video(video)
     ie = get_image_embedder()

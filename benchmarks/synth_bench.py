@@ -1,4 +1,4 @@
-"""Benchmark the synthetic benchmark generator (reveal_kit.synth_bench): time to script + render one video of each
+"""Benchmark the synthetic benchmark generator (reveal_kit.synth.bench): time to script + render one video of each
 length, file sizes, question counts.
 
     python benchmarks/synth_bench.py                       # 10 and 60 minutes at 640x360, 2 fps
@@ -13,8 +13,8 @@ import argparse, json, os, platform, sys, tempfile, time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reveal_kit.frames import iter_frames  # noqa: E402
-from reveal_kit.synth_bench import generate_benchmark  # noqa: E402
+from reveal_kit.video.frames import iter_frames  # noqa: E402
+from reveal_kit.synth.bench import generate_benchmark  # noqa: E402
 
 
 def bench(minutes: float, size: tuple[int, int], fps: float, qpv: int) -> dict:

@@ -6,7 +6,7 @@ schema; plain text for captions and summaries), serves at most `--replica-slots`
 server's batch; the rest wait), and records when each request was served. For every replica count (1 and 3) and
 concurrency (1, 4, 16, 64) it runs
 
-* `reveal` through `reveal_kit.runner.run_eval(backend='http', base_url=<the replicas>, concurrency=N,
+* `reveal` through `reveal_kit.eval.runner.run_eval(backend='http', base_url=<the replicas>, concurrency=N,
   cache_mode='off')` over generated questions whose memories were built beforehand, and
 * the caption and summary stages of a memory build with `concurrency=N` (the frame pass is read back from a
   finished build, as a resumed build does),
@@ -187,7 +187,7 @@ def peak(logs: list, a: float, b: float) -> int:
 
 def make_data(root: Path, n_videos: int, captions: list[int]) -> tuple[list, dict]:
     "Question videos (30 s each) and one caption video per caption count (2-s fixed chunks)."
-    from reveal_kit.test_utils import make_test_video
+    from reveal_kit.testing.videos import make_test_video
     qv = [make_test_video(root / f'qv{i}.mp4', [(6, 7 * i + j) for j in range(5)], fps=2, size=(160, 120))
           for i in range(n_videos)]
     cv = {n: make_test_video(root / f'cv{n}.mp4', [(8, 3 + j) for j in range(max(1, n // 4))], fps=2,
@@ -214,8 +214,8 @@ def caption_config():
 
 def template(video: Path, root: Path, url: str) -> Path:
     "A finished build of `video` whose frame pass (segments) later builds resume from."
-    from reveal_kit.http_backend import OpenAIHTTPModel
-    from reveal_kit.memory_store import OfflineMemory
+    from reveal_kit.backends.http import OpenAIHTTPModel
+    from reveal_kit.memory.store import OfflineMemory
     out = root / f'template-{video.stem}'
     OfflineMemory.build(video, out, caption_config(), chat_model=OpenAIHTTPModel(url, model=MODEL), progress=False,
                         concurrency=8)
@@ -224,8 +224,8 @@ def template(video: Path, root: Path, url: str) -> Path:
 
 def caption_run(tpl: Path, video: Path, out: Path, urls: list[str], conc: int, reps) -> dict:
     "Stages 2-4 of a build resumed from the template's frame pass, with `conc` calls in flight."
-    from reveal_kit.http_backend import OpenAIHTTPModel
-    from reveal_kit.memory_store import OfflineMemory
+    from reveal_kit.backends.http import OpenAIHTTPModel
+    from reveal_kit.memory.store import OfflineMemory
     out.mkdir(parents=True)
     for f in ('build.json', 'segments.json', 'visual.npy'): shutil.copy(tpl / f, out / f)
     t0 = time.monotonic()
@@ -239,7 +239,7 @@ def caption_run(tpl: Path, video: Path, out: Path, urls: list[str], conc: int, r
 
 def reveal_run(qs: list, out: Path, urls: list[str], conc: int, reps) -> dict:
     "`reveal` over `qs` through the runner with `conc` questions at once."
-    from reveal_kit.runner import run_eval
+    from reveal_kit.eval.runner import run_eval
     c0 = time.process_time()
     s = run_eval(qs, 'reveal', out, backend='http', base_url=','.join(urls), concurrency=conc, cache_mode='off',
                  progress=False)
@@ -277,7 +277,7 @@ def main():
     qs = questions(qv, max(n_q.values()))
     warm = Replica(0.0, 0)                                         # builds memories and templates without waiting
     try:
-        from reveal_kit.runner import run_eval
+        from reveal_kit.eval.runner import run_eval
         run_eval(qs[::PER_VIDEO][:len(qv)], 'reveal', root / 'warm', backend='http', base_url=warm.url,
                  concurrency=len(qv), cache_mode='off', progress=False)
         tpl = {n: template(v, root / 'templates', warm.url) for n, v in cv.items()}

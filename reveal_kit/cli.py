@@ -22,10 +22,11 @@ __all__ = ['CacheOpt', 'TimeoutOpt', 'BaseUrlOpt', 'RayOpt', 'WorkerCpusOpt', 'R
 # %% ../nbs/90_cli.ipynb #35adc4a9
 def expected_errors() -> tuple[type[BaseException], ...]:
     "The exception classes a command reports as one line with exit 2 (bad input, unavailable service)."
-    from reveal_kit.chat import BackendError
-    from reveal_kit.cache import CacheMiss
-    from reveal_kit.runner import RunMismatch, RunLocked
-    from reveal_kit.ray_runner import RayUnavailable, RayRunFailed
+    from reveal_kit.backends.chat import BackendError
+    from reveal_kit.backends.cache import CacheMiss
+    from reveal_kit.eval.run_dir import RunLocked
+    from reveal_kit.core import RunMismatch
+    from reveal_kit.eval.ray import RayUnavailable, RayRunFailed
     return (MemoryBuildError, ValueError, KeyError, FileNotFoundError, PermissionError, IsADirectoryError,
             NotADirectoryError, yaml.YAMLError, BackendError, CacheMiss, RunMismatch, RunLocked, RayUnavailable,
             RayRunFailed)
@@ -52,7 +53,7 @@ def chat_model_from_options(backend: str | None, model: str | None = None, base_
     "The chat model named by `--backend/--model/--base-url/--cache/--timeout`; None for backend `none`."
     if backend == 'none':
         return None
-    from reveal_kit.models import get_chat_model
+    from reveal_kit.backends.models import get_chat_model
     return get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache, timeout_s=timeout)
 
 # %% ../nbs/90_cli.ipynb #567d8002
@@ -77,8 +78,8 @@ data_app = typer.Typer(help="Benchmark data: what is present under a data root."
 def backends_report(backend: str | None = None, model: str | None = None, base_url: str | None = None,
                     text: str = 'auto', vision: str = 'auto') -> dict:
     "The chat model, text embedder and vision embedder in use: which, whether a fallback, and why."
-    from reveal_kit.models import get_chat_model, describe_chat_model
-    from reveal_kit.embedders import describe_embedders
+    from reveal_kit.backends.models import get_chat_model, describe_chat_model
+    from reveal_kit.retrieval.choice import describe_embedders
     try:
         chat = describe_chat_model(get_chat_model(backend, model, base_url, cache=None))
     except Exception as e:
@@ -132,7 +133,7 @@ def memory_build(
         as_json: Annotated[bool, typer.Option('--json', help="print a JSON summary")] = False):
     "Build (or resume, or reuse) the offline memory of VIDEO."
     from reveal_kit.core import load_config
-    from reveal_kit.memory_build import build_memory, format_build_summary
+    from reveal_kit.memory.build import build_memory, format_build_summary
     with cli_errors():
         cfg = load_config(config, set_ or [])
         cm = chat_model_from_options(backend, model, base_url, cache, timeout or getattr(cfg, 'timeout_s', None))
@@ -146,7 +147,7 @@ def memory_show(path: Annotated[Path, typer.Argument(help="memory directory")],
                 n: Annotated[int, typer.Option(help="L1 narratives to show")] = 3,
                 as_json: Annotated[bool, typer.Option('--json', help="print the manifest as JSON")] = False):
     "Summarize a memory: levels, time coverage, a few narratives."
-    from reveal_kit.memory_store import OfflineMemory, describe
+    from reveal_kit.memory.store import OfflineMemory, describe
     with cli_errors():
         mem = OfflineMemory.load(path)
     typer.echo(json.dumps(mem.manifest, indent=1) if as_json else describe(mem, n))
@@ -178,7 +179,7 @@ def memory_build_all(
         retries: RetriesOpt = None,
         as_json: Annotated[bool, typer.Option('--json', help="print a JSON summary")] = False):
     "Build (or resume, or reuse) every memory BENCHMARK's questions need."
-    from reveal_kit.ray_runner import build_all, format_build_all_summary
+    from reveal_kit.eval.ray import build_all, format_build_all_summary
     with cli_errors():
         bad = sorted(set(chunking or []) - {'adaptive', 'fixed'})
         if bad: raise ValueError(f"--chunking must be adaptive or fixed, got {', '.join(bad)}")
@@ -205,7 +206,7 @@ def synth(out_dir: Annotated[Path, typer.Argument(help="folder to write the benc
           no_render: Annotated[bool, typer.Option('--no-render', help="write questions and subtitles only")] = False,
           overwrite: Annotated[bool, typer.Option(help="re-render videos that are already complete")] = False):
     "Generate a long-video QA benchmark with exact ground truth."
-    from reveal_kit.synth_bench import generate_benchmark, describe_benchmark, SPLITS
+    from reveal_kit.synth.bench import generate_benchmark, describe_benchmark, SPLITS
     if split not in SPLITS:
         raise typer.BadParameter(f"split must be one of {list(SPLITS)}", param_hint='--split')
     with cli_errors():
@@ -218,8 +219,8 @@ def synth(out_dir: Annotated[Path, typer.Argument(help="folder to write the benc
 def ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles, trace_dir, config,
                     overrides, cache, timeout) -> tuple[dict, str, tuple]:
     "`reveal ask` with a PACE method: the result, its summary text and the keys `--json` prints."
-    from reveal_kit.pace_agent import ask_pace, format_pace_summary
-    from reveal_kit.agent import ASK_JSON_KEYS
+    from reveal_kit.pace.agent import ask_pace, format_pace_summary
+    from reveal_kit.reveal.ask import ASK_JSON_KEYS
     with cli_errors():
         res = ask_pace(video, question, list(option), method=method, subtitles=subtitles, backend=backend,
                        model=model, base_url=base_url, roles=roles, trace_dir=trace_dir, config=config,
@@ -232,7 +233,7 @@ def ask_pace_method(video, question, option, method, subtitles, backend, model, 
 def ask(video: Annotated[Path, typer.Argument(help="video file")],
         question: Annotated[str, typer.Option('--question', '-q', help="the question")],
         option: Annotated[List[str], typer.Option('--option', '-o', help="an option, e.g. 'A. a red car' (repeat)")],
-        method: Annotated[str, typer.Option(help="a REVEAL preset (reveal_kit.agent.PRESETS, '+oracle' or "
+        method: Annotated[str, typer.Option(help="a REVEAL preset (reveal_kit.reveal.presets.PRESETS, '+oracle' or "
                                                 "'+oracle-frames' suffix allowed) or a PACE method (pace, dvd, …)")] = 'reveal',
         memory: Annotated[Optional[Path], typer.Option(help="folder of memories, one per memory-config key (or one "
                                                        "memory of this video); built there if missing")] = None,
@@ -248,12 +249,12 @@ def ask(video: Annotated[Path, typer.Argument(help="video file")],
         cache: CacheOpt = 'readwrite',
         timeout: TimeoutOpt = None):
     "Answer one question about one video with a REVEAL or PACE method and show the evidence."
-    from reveal_kit.pace_agent import PACE_SPECS, PACE_ALIASES
+    from reveal_kit.pace.agent import PACE_SPECS, PACE_ALIASES
     if method in PACE_SPECS or method in PACE_ALIASES:
         res, text, keys = ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles,
                                           trace_dir, config, set_, cache, timeout)
     else:
-        from reveal_kit.agent import ask as ask_question, format_ask_summary, ASK_JSON_KEYS
+        from reveal_kit.reveal.ask import ask as ask_question, format_ask_summary, ASK_JSON_KEYS
         with cli_errors():
             res = ask_question(video, question, list(option), method=method, memory=memory, subtitles=subtitles,
                                backend=backend, model=model, base_url=base_url, roles=roles, trace_dir=trace_dir,
@@ -302,8 +303,8 @@ def eval_run(benchmark: Annotated[str, typer.Argument(help="benchmark name (see 
              retries: RetriesOpt = None,
              quiet: Annotated[bool, typer.Option(help="no progress bar")] = False):
     "Run a method over a benchmark; rerunning the same command resumes. With `--ray`, `-c` is the number of workers."
-    from reveal_kit.runner import format_run_summary
-    from reveal_kit.ray_runner import run_eval_ray
+    from reveal_kit.eval.runner import format_run_summary
+    from reveal_kit.eval.ray import run_eval_ray
     with cli_errors():
         s = run_eval_ray(benchmark, method, out, ray_address=ray, worker_cpus=worker_cpus, retries=retries,
                      root=root, limit=limit, shard=shard, concurrency=concurrency,
@@ -317,7 +318,7 @@ def eval_run(benchmark: Annotated[str, typer.Argument(help="benchmark name (see 
 def eval_report(run_dir: Annotated[Path, typer.Argument(help="a RUN_DIR")],
                 as_json: Annotated[bool, typer.Option('--json', help="print JSON")] = False):
     "Accuracy (overall, by type, by duration group), failures, rounds, calls, tokens, time, stop reasons."
-    from reveal_kit.metrics import report_run, format_report
+    from reveal_kit.eval.metrics import report_run, format_report
     with cli_errors():
         rep = report_run(run_dir)
     typer.echo(json.dumps(rep, indent=1) if as_json else format_report(rep, title=str(run_dir)))
@@ -330,7 +331,7 @@ def eval_compare(run_a: Annotated[Path, typer.Argument(help="the first RUN_DIR")
                  seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
                  n_boot: Annotated[int, typer.Option(help="bootstrap resamples")] = 10000):
     "Two runs side by side on the questions both answered, with McNemar's exact test and a paired bootstrap CI."
-    from reveal_kit.metrics import compare_runs, format_compare
+    from reveal_kit.eval.metrics import compare_runs, format_compare
     with cli_errors():
         c = compare_runs(run_a, run_b, seed=seed, n_boot=n_boot)
     typer.echo(json.dumps(c, indent=1) if as_json else format_compare(c))
@@ -343,12 +344,12 @@ def _data():
     "Benchmark data utilities."
 
 @data_app.command('check')
-def data_check(benchmark: Annotated[str, typer.Argument(help="a benchmark name (see reveal_kit.loaders.LOADERS)")],
+def data_check(benchmark: Annotated[str, typer.Argument(help="a benchmark name (see reveal_kit.eval.loaders.LOADERS)")],
                root: Annotated[Optional[Path], typer.Option(help="data root (default $REVEAL_DATA/<benchmark>)")] = None,
                split: Annotated[Optional[str], typer.Option(help="split, where the benchmark has several")] = None,
                as_json: Annotated[bool, typer.Option('--json', help="print JSON")] = False):
     "Report present/missing annotations, videos and subtitles, with counts against the manifest."
-    from reveal_kit.data_check import check_data, format_check
+    from reveal_kit.eval.data_check import check_data, format_check
     with cli_errors():
         r = check_data(benchmark, root, **({'split': split} if split else {}))
     typer.echo(json.dumps(r, indent=1) if as_json else format_check(r))
@@ -379,11 +380,11 @@ def rubrics_induce(
         work_dir: Annotated[Optional[Path], typer.Option(help="checkpoints (default runs/induction/<pool>)")] = None,
         quiet: Annotated[bool, typer.Option(help="no progress bar")] = False):
     "Induce a rubric pool from contrastive evidence pairs (REVEAL §3.2, App. B.4); rerunning resumes."
-    from reveal_kit.rubric_induction import induce
+    from reveal_kit.eval.runner import induce_benchmark
     with cli_errors():
         uses_model = 'model' in (teacher, proposer) or backend
         chat = chat_model_from_options(backend, model, base_url, cache, timeout) if uses_model else None
-        rep = induce(benchmark, root=root, split=split, out=out, teacher=teacher, proposer=proposer, model=chat,
+        rep = induce_benchmark(benchmark, root=root, split=split, out=out, teacher=teacher, proposer=proposer, model=chat,
                      max_iters=max_iters, patience=patience, limit=limit, allow_unknown_split=allow_unknown_split,
                      work_dir=work_dir, progress=not quiet)
     prov = rep['provenance']
@@ -396,7 +397,7 @@ def rubrics_induce(
 @rubrics_app.command('show')
 def rubrics_show(pool: Annotated[Path, typer.Argument(help="a rubric pool YAML")]):
     "Print a pool's provenance, criteria and weights."
-    from reveal_kit.rubric_induction import show_pool
+    from reveal_kit.reveal.induction import show_pool
     with cli_errors():
         typer.echo(show_pool(pool))
 
@@ -411,7 +412,7 @@ def trace_show(run_dir: Annotated[Path, typer.Argument(help="a RUN_DIR")],
                html: Annotated[Optional[Path], typer.Option('--html', help="also write a standalone HTML page")] = None,
                thumbs: Annotated[bool, typer.Option(help="keyframe thumbnails in the HTML page")] = True):
     "Print a question's trace: rounds, queries, evidence, verifier scores, stop reason, calls."
-    from reveal_kit.trace_view import show_trace
+    from reveal_kit.eval.trace_view import show_trace
     with cli_errors():
         typer.echo(show_trace(run_dir, qid, html_out=html, thumbs=thumbs))
 
@@ -420,7 +421,7 @@ app.add_typer(trace_app, name='trace')
 # %% ../nbs/90_cli.ipynb #c2103597
 def demo_table(run_dirs: dict[str, Path]) -> str:
     "One line per method: questions, accuracy, failed, mean rounds, calls per question, stop reasons."
-    from reveal_kit.metrics import load_results, report
+    from reveal_kit.eval.metrics import load_results, report
     rows = [f"{'method':12s} {'n':>4s} {'acc':>6s} {'failed':>6s} {'rounds':>6s} {'calls/q':>7s}  stop reasons"]
     for name, d in run_dirs.items():
         r = report(load_results(d))
@@ -453,9 +454,9 @@ def demo(out: Annotated[Path, typer.Option(help="folder for the benchmark, memor
          timeout: TimeoutOpt = None,
          seed: Annotated[int, typer.Option(help="benchmark seed")] = 0):
     "Generate a small benchmark, answer it with each method, print the table, the paired comparison and the traces."
-    from reveal_kit.synth_bench import generate_benchmark
-    from reveal_kit.runner import run_eval
-    from reveal_kit.metrics import load_results, compare, format_compare
+    from reveal_kit.synth.bench import generate_benchmark
+    from reveal_kit.eval.runner import run_eval
+    from reveal_kit.eval.metrics import load_results, compare, format_compare
     out = Path(out)
     bench = out / 'bench'
     typer.echo(f"[1/3] generating {videos} × {minutes:g}-min videos, {questions_per_video} questions each → {bench}")

@@ -13,8 +13,8 @@ import yaml
 
 # %% auto #0
 __all__ = ['LETTERS', 'Span', 'normalize_options', 'Question', 'duration_group', 'MemoryItem', 'Evidence', 'MemoryBuildError',
-           'Config', 'parse_overrides', 'load_config', 'project_root', 'runs_dir', 'safe_name', 'sha256_file',
-           'seed_everything', 'kit_version']
+           'RunMismatch', 'Config', 'parse_overrides', 'load_config', 'project_root', 'runs_dir', 'safe_name',
+           'sha256_file', 'seed_everything', 'kit_version']
 
 # %% ../nbs/00_core.ipynb #6cf813b8
 LETTERS = string.ascii_uppercase
@@ -191,6 +191,10 @@ class Evidence:
 # %% ../nbs/00_core.ipynb #02dcba59
 class MemoryBuildError(ValueError):
     "A video, subtitle file or memory directory the offline memory cannot be built from; the message says why."
+
+# %% ../nbs/00_core.ipynb #2d2dae37
+class RunMismatch(RuntimeError):
+    "RUN_DIR holds results made with a different benchmark, method, config or model."
 
 # %% ../nbs/00_core.ipynb #24f97ee6
 def _coerce(old: Any, new: Any) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 # %% auto #0
-__all__ = ['STOPWORDS', 'tokens', 'stem', 'content_words', 'jaccard', 'fmt_time']
+__all__ = ['STOPWORDS', 'tokens', 'stem', 'content_words', 'jaccard', 'fmt_time', 'hms_to_seconds']
 
 # %% ../nbs/00a_text.ipynb #5aee1816
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -54,3 +54,10 @@ def fmt_time(t: float, hours: bool = False) -> str:
     h, m, s = t // 3600, t // 60 % 60, t % 60
     if hours: return f"{h:02d}:{m:02d}:{s:02d}"
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+# %% ../nbs/00a_text.ipynb #1df12faf
+def hms_to_seconds(s: str) -> float:
+    "`'1:02:03.5'`, `'02:03'` or `'75'` → seconds."
+    out = 0.0
+    for p in str(s).strip().split(':'): out = out * 60 + float(p)
+    return out

@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 
 from reveal_kit.core import Config, Question
-from reveal_kit.chat import ScriptedModel
-from reveal_kit.memory_store import OfflineMemory
-from reveal_kit.test_utils import HashEmbedder, synthetic_items
-from reveal_kit.agent import PRESETS, ASK_JSON_KEYS, answer_question, get_preset, load_trace, format_trace
-import reveal_kit.agent as agent
+from reveal_kit.backends.chat import ScriptedModel
+from reveal_kit.memory.store import OfflineMemory
+from reveal_kit.testing.fakes import HashEmbedder, synthetic_items
+from reveal_kit.reveal.presets import PRESETS, get_preset
+from reveal_kit.reveal.ask import ASK_JSON_KEYS, load_trace, format_trace
+from reveal_kit.reveal.agent import answer_question
+import reveal_kit.reveal.ask as agent
 
 
 EVENTS = {5: 'the man opens the red door and carries a box inside',
@@ -121,7 +123,7 @@ def test_trace_contents(hash_memory, tmp_path):
 
 @pytest.fixture(scope='module')
 def minilm_memory():
-    from reveal_kit.embedders import get_text_embedder
+    from reveal_kit.retrieval.choice import get_text_embedder
     return OfflineMemory.from_items(synthetic_items(60, EVENTS, seed=1), text_embedder=get_text_embedder())
 
 
@@ -168,8 +170,8 @@ def test_ask(minilm_memory, monkeypatch, tmp_path):
 def test_embedded_llm_loop_completes(tmp_path):
     """The embedded base model (not meaningful) forced into every role: replies are structurally valid or
     repaired/recorded, and the loop still completes with an answer."""
-    from reveal_kit.models import get_chat_model
-    from reveal_kit.embedders import get_text_embedder
+    from reveal_kit.backends.models import get_chat_model
+    from reveal_kit.retrieval.choice import get_text_embedder
     model = get_chat_model('embedded', cache=None)
     events = {3: 'the man opens the red door and carries a box inside',
               9: 'at night the man opens the red door to let the cat out'}
@@ -203,9 +205,9 @@ def test_degraded_result_counts_failed_calls(hash_memory, tmp_path):
 @pytest.mark.parametrize('body', ['<html><body>It works!</body></html>', {'object': 'list', 'data': []}])
 def test_misbehaving_server_stops_with_one_line(hash_memory, body):
     "HTTP 200 with a body that is not a chat completion: the question stops with one error naming the URL and the body."
-    from reveal_kit.chat import BackendUnavailable
-    from reveal_kit.http_backend import OpenAIHTTPModel
-    from reveal_kit.test_utils import FakeChatServer
+    from reveal_kit.backends.chat import BackendUnavailable
+    from reveal_kit.backends.http import OpenAIHTTPModel
+    from reveal_kit.testing.fakes import FakeChatServer
     with FakeChatServer(lambda payload: (200, body)) as srv:
         m = OpenAIHTTPModel(srv.url, model='m', retries=0)
         with pytest.raises(BackendUnavailable) as e:
@@ -217,8 +219,8 @@ def test_misbehaving_server_stops_with_one_line(hash_memory, body):
 
 def test_half_failing_server_is_degraded_not_silent(hash_memory):
     "Every second call of the server is garbage: the run goes on, and every result says which calls failed."
-    from reveal_kit.http_backend import OpenAIHTTPModel
-    from reveal_kit.test_utils import FakeChatServer
+    from reveal_kit.backends.http import OpenAIHTTPModel
+    from reveal_kit.testing.fakes import FakeChatServer
     n = {'i': 0}
     def flaky(payload):
         n['i'] += 1
@@ -317,10 +319,10 @@ def test_oracle_evidence(hash_memory, tmp_path):
 
 def test_oracle_frames_arm_sends_the_annotated_segments_frames(hash_memory, monkeypatch):
     "`+oracle-frames`: an image-capable HTTP answerer gets the annotated segments' frames; `+oracle` the visual hits'."
-    from reveal_kit.chat import minimal_instance, message_images, image_to_data_url
-    from reveal_kit.http_backend import OpenAIHTTPModel
-    from reveal_kit.memory_store import Hit
-    from reveal_kit.test_utils import FakeChatServer
+    from reveal_kit.backends.chat import minimal_instance, message_images, image_to_data_url
+    from reveal_kit.backends.http import OpenAIHTTPModel
+    from reveal_kit.memory.store import Hit
+    from reveal_kit.testing.fakes import FakeChatServer
     frame = lambda t: np.full((8, 8, 3), int(t) % 256, np.uint8)
     monkeypatch.setattr(hash_memory, 'frames', lambda item, n=None: [frame(item.t_start)] * n, raising=False)
     hit = Hit(hash_memory.get('L1_0020'), 0.9, 'visual')

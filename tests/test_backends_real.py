@@ -8,12 +8,12 @@ import jsonschema
 import pytest
 
 from reveal_kit import llamacpp
-from reveal_kit.cache import CacheMiss, CachedModel, CallCache
-from reveal_kit.chat import system_message, user_message
-from reveal_kit.http_backend import OpenAIHTTPModel
-from reveal_kit.llamacpp import LlamaCppModel, default_llama_threads, packaged_gguf_path
-from reveal_kit.models import get_chat_model
-from reveal_kit.test_utils import FakeChatServer
+from reveal_kit.backends.cache import CacheMiss, CachedModel, CallCache
+from reveal_kit.backends.chat import system_message, user_message
+from reveal_kit.backends.http import OpenAIHTTPModel
+from reveal_kit.backends.llamacpp import LlamaCppModel, default_llama_threads, packaged_gguf_path
+from reveal_kit.backends.models import get_chat_model
+from reveal_kit.testing.fakes import FakeChatServer
 
 ANSWER = {'type': 'object', 'properties': {'answer': {'type': 'string', 'enum': ['A', 'B', 'C', 'D']},
                                            'reason': {'type': 'string'}}, 'required': ['answer', 'reason']}
@@ -117,9 +117,9 @@ def test_http_cache_hit(llama_server, tmp_path):
 
 REPLAY = textwrap.dedent('''
     import json, sys
-    from reveal_kit.chat import user_message
-    from reveal_kit.http_backend import OpenAIHTTPModel
-    from reveal_kit.cache import CachedModel, CacheMiss
+    from reveal_kit.backends.chat import user_message
+    from reveal_kit.backends.http import OpenAIHTTPModel
+    from reveal_kit.backends.cache import CachedModel, CacheMiss
     # the same server URL (it is part of the cache key), but a replay must never reach it
     def never(*a, **k): raise AssertionError("replay reached the server")
     OpenAIHTTPModel._request = never
@@ -201,7 +201,7 @@ def test_not_a_chat_completion_names_url_and_bytes():
 
 def test_timeout_fails_in_one_line():
     "A server slower than timeout_s: one BackendUnavailable line naming the URL and the limit, no retries."
-    from reveal_kit.chat import BackendUnavailable
+    from reveal_kit.backends.chat import BackendUnavailable
     def slow(payload):
         time.sleep(3)
         return 'late'

@@ -1,4 +1,4 @@
-"""Integration tests for reveal_kit.embedders and reveal_kit.index: real models (the packaged MiniLM), generated frames,
+"""Integration tests for reveal_kit.retrieval.choice and reveal_kit.retrieval.index: real models (the packaged MiniLM), generated frames,
 the model-selection plumbing (BGE-M3 / SigLIP discovery), and the index's exact and HNSW paths."""
 import importlib.util
 import json
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from reveal_kit import embedders as E
-from reveal_kit.index import VectorIndex, exact_topk
+from reveal_kit.retrieval.index import VectorIndex, exact_topk
 
 
 def scene(seed, palette=None, fine=False, size=(360, 640)):
@@ -131,7 +131,7 @@ def test_onnx_minilm_equals_sentence_transformers():
 def test_memories_built_with_either_backend_are_interchangeable():
     "A memory embedded through sentence-transformers is searched through ONNX (and back) with the same results."
     from reveal_kit.core import MemoryItem
-    from reveal_kit.memory_store import OfflineMemory, memory_models
+    from reveal_kit.memory.store import OfflineMemory, memory_models
     st = E.SentenceTransformerText(E.packaged_minilm_path(), E.MINILM_ID, is_fallback=True)
     om = E.OnnxMiniLM()
     assert memory_models(None, st, E.DescriptorImageEmbedder()) == memory_models(None, om, E.DescriptorImageEmbedder())
@@ -171,7 +171,7 @@ def test_failed_export_falls_back_to_sentence_transformers(tmp_path, monkeypatch
 
 def test_choosing_an_embedder_imports_no_model_library():
     "get_text_embedder / get_image_embedder / memory_models import neither torch nor onnxruntime; encode loads once."
-    code = ("import sys; from reveal_kit import embedders as E; from reveal_kit.memory_store import memory_models; "
+    code = ("import sys; from reveal_kit import embedders as E; from reveal_kit.memory.store import memory_models; "
             "m = memory_models(); heavy = [x for x in ('torch', 'onnxruntime', 'sentence_transformers', 'open_clip', "
             "'transformers') if x in sys.modules]; te = E.get_text_embedder('minilm'); te.encode(['a']); "
             "s = te._session; te.encode(['b']); "
@@ -264,12 +264,12 @@ def test_index_bench_smoke(tmp_path):
 
 def test_reusing_a_finished_memory_loads_no_model(tmp_path):
     "A reused `build_memory` and `OfflineMemory.load` import no embedder runtime and no OCR (fresh interpreter)."
-    from reveal_kit.test_utils import make_test_video
-    from reveal_kit.memory_build import build_memory
+    from reveal_kit.testing.videos import make_test_video
+    from reveal_kit.memory.build import build_memory
     vid = make_test_video(tmp_path / 'v.mp4', [(3, 1), (3, 2)], fps=4)
     build_memory(vid, tmp_path / 'mem', progress=False)
-    code = ("import sys; from reveal_kit.memory_build import build_memory; "
-            "from reveal_kit.memory_store import OfflineMemory; "
+    code = ("import sys; from reveal_kit.memory.build import build_memory; "
+            "from reveal_kit.memory.store import OfflineMemory; "
             f"s = build_memory({str(vid)!r}, {str(tmp_path / 'mem')!r}, progress=False); "
             f"m = OfflineMemory.load({str(tmp_path / 'mem')!r}); "
             "print(s['reused'], [x for x in ('torch', 'onnxruntime', 'sentence_transformers', 'rapidocr_onnxruntime', "

@@ -15,11 +15,14 @@ from typer.testing import CliRunner
 
 from reveal_kit.core import Question
 from reveal_kit import loaders as L
-from reveal_kit.annotations import AnnotationError, extract_options
-from reveal_kit.data_check import check_data
-from reveal_kit.test_utils import write_fixture
-from reveal_kit.runner import register_method, run_eval, select_questions, RunMismatch, RunLocked
-from reveal_kit.metrics import load_results, report, compare, mcnemar_exact, paired_bootstrap_ci
+from reveal_kit.eval.annotations import AnnotationError, extract_options
+from reveal_kit.eval.data_check import check_data
+from reveal_kit.testing.annotation_files import write_fixture
+from reveal_kit.eval.methods import register_method
+from reveal_kit.eval.runner import run_eval
+from reveal_kit.eval.run_dir import select_questions, RunLocked
+from reveal_kit.core import RunMismatch
+from reveal_kit.eval.metrics import load_results, report, compare, mcnemar_exact, paired_bootstrap_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 PETS = {'A': 'a cat', 'B': 'a dog', 'C': 'two birds', 'D': 'a fish'}
@@ -176,7 +179,8 @@ def test_data_check_cli(tmp_path):
 SCRIPT = textwrap.dedent('''
     import sys, time
     from reveal_kit.core import Question
-    from reveal_kit.runner import register_method, run_eval
+    from reveal_kit.eval.methods import register_method
+    from reveal_kit.eval.runner import run_eval
 
     @register_method('slow')
     def slow(q, ctx):
@@ -307,7 +311,7 @@ def test_rerun_with_other_config_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_end_to_end_generated_benchmark_offline_roles(tmp_path, monkeypatch):
-    from reveal_kit.synth_bench import generate_benchmark
+    from reveal_kit.synth.bench import generate_benchmark
     monkeypatch.setenv('REVEAL_RUNS', str(tmp_path / 'runs'))                     # memories and caches stay in tmp
     root = tmp_path / 'data'
     generate_benchmark(root, minutes=1, videos=1, questions_per_video=3, seed=0, progress=False)
@@ -387,7 +391,7 @@ def test_mmrv_letters_that_skip_one_and_duplicate_texts(tmp_path):
 
 HOLD = textwrap.dedent('''
     import sys, time
-    from reveal_kit.runner import locked_run_dir
+    from reveal_kit.eval.run_dir import locked_run_dir
     with locked_run_dir(sys.argv[1]):
         print('held', flush=True)
         time.sleep(60)
@@ -443,7 +447,7 @@ def test_root_may_be_the_annotation_file_itself(tmp_path):
 
 
 def test_duration_group_has_one_meaning_and_seconds_are_probed(tmp_path):
-    from reveal_kit.test_utils import make_test_video
+    from reveal_kit.testing.videos import make_test_video
     lvb = L.load_longvideobench(write_fixture('longvideobench', tmp_path / 'lvb'))[0]
     assert {q.duration_group for q in lvb} == {'medium'}                     # '600' → 512.3 s → medium
     vm = write_fixture('videomme', tmp_path / 'vm')
@@ -466,7 +470,7 @@ def test_egoschema_subset_as_csv_with_a0_to_a4(tmp_path):
     assert qs[0].options == {L_: f'activity {i} u1' for i, L_ in enumerate('ABCDE')}
     assert len(L.load_egoschema(tmp_path, split='full')[0]) == 3
     r = check_data('egoschema', tmp_path / 'nothing')
-    from reveal_kit.data_check import format_check
+    from reveal_kit.eval.data_check import format_check
     assert 'expected: annotation file(s) questions.json' in format_check(r) and 'a0' in format_check(r)
 
 
@@ -479,7 +483,7 @@ def test_report_counts_degraded_results():
     rep = report(rows)
     assert (rep['n'], rep['correct'], rep['degraded'], rep['failed_calls']) == (3, 2, 1, {'planner': 3, 'verifier': 1})
     assert rep['accuracy_not_degraded'] == 0.5
-    from reveal_kit.metrics import format_report
+    from reveal_kit.eval.metrics import format_report
     assert 'degraded 1 (answer not wholly from the configured model' in format_report(rep)
 
 
@@ -499,7 +503,7 @@ def test_pace_methods_load_on_first_use_in_a_fresh_process():
 
 def test_a_plugin_that_does_not_import_is_named_in_the_unknown_method_error(monkeypatch, tmp_path):
     from reveal_kit import runner
-    (tmp_path / '_plugin_ok.py').write_text("from reveal_kit.runner import register_method\n"
+    (tmp_path / '_plugin_ok.py').write_text("from reveal_kit.eval.runner import register_method\n"
                                             "register_method('_from_plugin')(lambda q, ctx: {'answer': 'B'})\n")
     (tmp_path / '_plugin_bad.py').write_text("raise ImportError('needs a package that is not installed')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -515,7 +519,7 @@ def test_a_plugin_that_does_not_import_is_named_in_the_unknown_method_error(monk
 
 
 def test_oracle_suffix_on_any_preset_is_a_method():
-    from reveal_kit.runner import get_method
+    from reveal_kit.eval.methods import get_method
     for name in ('reveal+oracle', 'base+oracle', '+onmem+oracle'):
         assert get_method(name).__qualname__ == '_preset_method.<locals>.run'
     with pytest.raises(KeyError, match='unknown method'):
@@ -525,13 +529,13 @@ def test_oracle_suffix_on_any_preset_is_a_method():
 # ---------------------------------------------------------------- the run's pool, roles, cache mode, timeout
 
 def _alt_pool(path: Path, provenance: str = '') -> Path:
-    from reveal_kit.rubrics import default_pool_path
+    from reveal_kit.reveal.rubrics import default_pool_path
     return _w(path, default_pool_path().read_text().replace('- name: ', '- name: alt_') + provenance)
 
 
 def test_the_configured_rubric_pool_scores_the_evidence(tmp_path, monkeypatch):
     from reveal_kit import runner
-    from reveal_kit.test_utils import synthetic_items, TinyMemory
+    from reveal_kit.testing.fakes import synthetic_items, TinyMemory
     mem = TinyMemory(synthetic_items(60, {5: 'the man opens the red door', 30: 'the man opens the red door again',
                                           50: 'the man opens the red door for a delivery worker'}))
     monkeypatch.setattr(runner.RunContext, 'memory', lambda self, q, chunking=None: mem)
@@ -610,7 +614,7 @@ def test_error_traces_of_ids_that_one_file_name_would_merge_stay_apart(tmp_path)
 # ---------------------------------------------------------------- PACE's diagnostics in the report
 
 def test_report_averages_pace_diagnostics_and_leaves_other_rows_alone():
-    from reveal_kit.metrics import format_report
+    from reveal_kit.eval.metrics import format_report
     def P(qid, nr, tools, ptc):
         return dict(qid=qid, answer='A', gold='A', correct=True, needle_recall=nr, steps=sum(tools.values()),
                     tool_calls=tools, invalid_calls=0, prompt_tokens=900, completion_tokens=100,

@@ -5,8 +5,8 @@ import os
 from pathlib import Path
 import papermill as pm
 import pytest
-from reveal_kit.metrics import load_results
-from reveal_kit.figures import ensure_synth
+from reveal_kit.eval.metrics import load_results
+from reveal_kit.eval.figures.common import ensure_synth
 
 NB = Path(__file__).resolve().parents[1] / 'nbs' / 'experiments'
 TINY = dict(synth={'minutes': 1.0, 'videos': 1, 'questions_per_video': 2}, seed=0)

@@ -5,13 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from reveal_kit.cache import CachedModel, CallCache
-from reveal_kit.chat import BackendUnavailable, message_text, minimal_instance
+from reveal_kit.backends.cache import CachedModel, CallCache
+from reveal_kit.backends.chat import BackendUnavailable, message_text, minimal_instance
 from reveal_kit.core import Config, Question
-from reveal_kit.http_backend import OpenAIHTTPModel
-from reveal_kit.memory_store import OfflineMemory
-from reveal_kit.models import describe_chat_model, get_chat_model
-from reveal_kit.test_utils import FakeChatServer, make_test_video
+from reveal_kit.backends.http import OpenAIHTTPModel
+from reveal_kit.memory.store import OfflineMemory
+from reveal_kit.backends.models import describe_chat_model, get_chat_model
+from reveal_kit.testing.fakes import FakeChatServer
+from reveal_kit.testing.videos import make_test_video
 
 
 class Counting:
@@ -130,7 +131,7 @@ def test_fleet_through_get_chat_model_describe_and_the_cache_key(tmp_path):
 
 
 def test_runner_spreads_questions_over_the_fleet(tmp_path):
-    from reveal_kit.runner import run_eval
+    from reveal_kit.eval.runner import run_eval
     def reply(payload):
         rf = payload.get('response_format') or {}
         return json.dumps(minimal_instance(rf.get('json_schema', {}).get('schema'))) if rf else 'ok'

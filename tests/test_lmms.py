@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from reveal_kit.cli import app
-from reveal_kit.loaders import load_synth
-from reveal_kit.lmms_adapter import LMMS_EXTRA, write_lmms_task
-from reveal_kit.metrics import load_results
-from reveal_kit.runner import run_eval
-from reveal_kit.synth_bench import generate_benchmark
+from reveal_kit.eval.loaders import load_synth
+from reveal_kit.eval.lmms import LMMS_EXTRA, write_lmms_task
+from reveal_kit.eval.metrics import load_results
+from reveal_kit.eval.runner import run_eval
+from reveal_kit.synth.bench import generate_benchmark
 
 HAVE_LMMS = importlib.util.find_spec('lmms_eval') is not None
 pytestmark = [pytest.mark.lmms,
@@ -45,9 +45,9 @@ def bench(tmp_path_factory):
 def test_entry_point_resolves_to_the_adapter_class():
     from lmms_eval.api.model import lmms
     from lmms_eval.models import get_model
-    import reveal_kit.lmms_adapter as A
+    import reveal_kit.eval.lmms as A
     eps = {ep.name: ep.value for ep in entry_points(group='lmms_eval.models')}
-    assert eps.get('reveal') == 'reveal_kit.lmms_adapter:manifest', eps
+    assert eps.get('reveal') == 'reveal_kit.eval.lmms:manifest', eps
     cls = get_model('reveal')
     assert cls is A.Reveal and issubclass(cls, lmms) and cls.is_simple
 

@@ -7,14 +7,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import reveal_kit.captioning as cap
-import reveal_kit.memory_build as mb
-from reveal_kit.chat import ScriptedModel
+import reveal_kit.video.captioning as cap
+import reveal_kit.memory.build as mb
+from reveal_kit.backends.chat import ScriptedModel
 from reveal_kit.core import Config, MemoryBuildError
-from reveal_kit.memory_build import build_memory, format_build_summary, get_or_build_memory
-from reveal_kit.memory_store import OfflineMemory, MemoryMismatchError, describe, memory_dir_for, memory_models
-from reveal_kit.test_utils import (make_test_video, write_srt, write_vtt, make_audio_only, make_empty, truncate_copy,
-                                   make_faststart_truncated, scene_boundaries)
+from reveal_kit.memory.build import build_memory, format_build_summary, get_or_build_memory
+from reveal_kit.memory.store import OfflineMemory, MemoryMismatchError, describe, memory_dir_for, memory_models
+from reveal_kit.testing.videos import (make_test_video, write_srt, write_vtt, make_audio_only, make_empty, truncate_copy, make_faststart_truncated, scene_boundaries)
 
 SCENES = [(9, 1), (11, 2), (10, 3, 'LIBRARY'), (10, 4)]          # boundaries at 9, 20, 30 s; 40 s long
 CFG = Config(l2_group=2)
@@ -173,8 +172,8 @@ def test_half_built_memory_never_loads(tmp_path, video, monkeypatch):
 CHILD = textwrap.dedent('''
     import sys, time
     from reveal_kit.core import Config
-    from reveal_kit.memory_build import OfflineMemory
-    import reveal_kit.captioning as cap
+    from reveal_kit.memory.store import OfflineMemory
+    import reveal_kit.video.captioning as cap
     orig = cap.PerceptualCaptioner.caption
     def slow(self, *a, **k):
         time.sleep(0.4)
@@ -280,8 +279,8 @@ def test_scripted_model_path(tmp_path, video):
 
 
 # ---------------------------------------------------------------- real-world videos and damaged memories
-from reveal_kit.test_utils import make_mkv_with_subtitles, make_raw_h264, make_transition_video
-from reveal_kit.test_utils import transition_mix, transition_truth, match_boundaries
+from reveal_kit.testing.media import make_mkv_with_subtitles, make_raw_h264, make_transition_video
+from reveal_kit.testing.media import transition_mix, transition_truth, match_boundaries
 
 
 def test_mkv_subtitle_track_outlasting_video_builds_and_warns_about_late_cues(tmp_path):
@@ -306,8 +305,8 @@ def test_transitions_one_boundary_each_in_the_transition(tmp_path):
     """Camera-filmed NTSC scenes (pan, zoom, jolts, noise; some with the same colours) joined by hard cuts, black gaps
     of 0.3-2.5 s, fades through black and dissolves: cuts and black gaps are found within +-1 s (anywhere in a black
     run counts), and a fade or a dissolve gives one boundary, not two or three."""
-    from reveal_kit.embedders import get_image_embedder
-    from reveal_kit.frames import probe_video
+    from reveal_kit.retrieval.choice import get_image_embedder
+    from reveal_kit.video.frames import probe_video
     scenes, trans = transition_mix(3, seed=3)
     v = make_transition_video(tmp_path / 'tr.mp4', scenes, trans)
     segs, _ = mb._segment_pass(v, probe_video(v), CFG, get_image_embedder(), progress=False)

@@ -5,19 +5,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import reveal_kit.pace_index as pace_index
+import reveal_kit.pace.index as pace_index
 from reveal_kit.core import Config, Question
-from reveal_kit.chat import ScriptedModel, message_text
-from reveal_kit.test_utils import HashEmbedder, FakeChatServer
-from reveal_kit.http_backend import OpenAIHTTPModel
-from reveal_kit.pace_factors import Factor, extract_factors, offline_factors
-from reveal_kit.pace_index import (ClipRecord, EvidenceDB, tag_factors, factor_text, get_pace_dbs, build_plain_db,
-                                   load_db)
-from reveal_kit.pace_tools import ToolBox, PACE_TOOLS, DVD_TOOLS, inspect_times
-from reveal_kit.pace_agent import (run_agent, OfflinePolicy, ModelPolicy, answer_pace, needle_recall, cue_recovered,
-                                   PACE_SPECS, shared_plain_db)
-from reveal_kit.runner import get_method, run_eval, RunContext
-from reveal_kit.synth_bench import generate_benchmark, load_questions
+from reveal_kit.backends.chat import ScriptedModel, message_text
+from reveal_kit.testing.fakes import HashEmbedder, FakeChatServer
+from reveal_kit.backends.http import OpenAIHTTPModel
+from reveal_kit.pace.factors import Factor, extract_factors, offline_factors
+from reveal_kit.pace.index import (ClipRecord, EvidenceDB, tag_factors, factor_text, get_pace_dbs, build_plain_db, load_db)
+from reveal_kit.pace.tools import ToolBox, PACE_TOOLS, DVD_TOOLS, inspect_times
+from reveal_kit.pace.agent import (run_agent, OfflinePolicy, ModelPolicy, answer_pace, needle_recall, cue_recovered, PACE_SPECS, shared_plain_db)
+from reveal_kit.eval.methods import get_method
+from reveal_kit.eval.runner import run_eval
+from reveal_kit.eval.context import RunContext
+from reveal_kit.synth.bench import generate_benchmark, load_questions
 
 HE = HashEmbedder()
 TEXTS = ['On-screen text: "GIRL KICKS LAMP".', 'On-screen text: "PILOT SELLS LAMP".', 'Scene colours: red; static.',
@@ -147,7 +147,7 @@ def test_frame_inspect_range_errors_and_frame_cap(bench, hash_embedder, tmp_path
 
 
 def test_frame_inspect_reads_a_range_once_offline_and_always_for_a_vlm(bench, hash_embedder, tmp_path, monkeypatch):
-    import reveal_kit.pace_tools as pace_tools
+    import reveal_kit.pace.tools as pace_tools
     root, qs = bench
     plain = get_pace_dbs(qs[0].video_path, root=tmp_path)[0]
     decoded, real = [], pace_tools.read_frames_at

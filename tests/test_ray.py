@@ -9,8 +9,8 @@ import ray
 
 from reveal_kit import runner
 from reveal_kit.io import read_jsonl_rows
-from reveal_kit.ray_runner import RayRunFailed, build_all, run_eval_ray
-from reveal_kit.runner import run_eval
+from reveal_kit.eval.ray import RayRunFailed, build_all, run_eval_ray
+from reveal_kit.eval.runner import run_eval
 
 # Fields that differ between two runs of the same questions: timings, and the trace path (it names the run folder;
 # the trace file's name is compared instead).
@@ -24,8 +24,8 @@ TIMING = ('seconds', 'wall_seconds', 'model_seconds', 'loop_seconds')
 FAULTS = '''
 import json, os, signal, time
 from pathlib import Path
-import reveal_kit.memory_build as mb
-import reveal_kit.runner as rn
+import reveal_kit.memory.build as mb
+import reveal_kit.eval.runner as rn
 
 D = os.environ.get('KIT_TEST_FAULT_DIR')
 
@@ -64,7 +64,7 @@ if D:
 @pytest.fixture(scope='module')
 def env(tmp_path_factory):
     "A generated benchmark (2 one-minute videos), its own runs folder, and a local 2-CPU Ray cluster with the faults."
-    from reveal_kit.synth_bench import generate_benchmark
+    from reveal_kit.synth.bench import generate_benchmark
     base = tmp_path_factory.mktemp('ray')
     faults = base / 'faults'
     faults.mkdir()

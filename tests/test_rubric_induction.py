@@ -1,4 +1,4 @@
-"""Integration tests of rubric induction (reveal_kit.rubric_induction, nbs/26_rubric_induction.ipynb).
+"""Integration tests of rubric induction (reveal_kit.reveal.induction, nbs/26_rubric_induction.ipynb).
 
 A tiny generated benchmark (not rendered) with memories made from each video's script (one L1 item per scripted
 event), so the oracle's labels can be checked against the generator's own record of which events are decisive, the
@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from reveal_kit.agent import answer_question
+from reveal_kit.reveal.agent import answer_question
 from reveal_kit.core import MemoryItem
 from reveal_kit.io import read_jsonl_rows
-from reveal_kit.rubric_induction import (ModelTeacher, OfflineProposer, OracleTeacher, SplitRefused, candidates, induce,
-                                         read_provenance, show_pool, teacher_agreement)
-from reveal_kit.rubrics import RubricPool
-from reveal_kit.chat import ScriptedModel
-from reveal_kit.synth_bench import generate_benchmark, load_questions
-from reveal_kit.test_utils import HashEmbedder, TinyMemory
+from reveal_kit.reveal.pairs import ModelTeacher, OracleTeacher, candidates, teacher_agreement
+from reveal_kit.reveal.proposers import OfflineProposer
+from reveal_kit.reveal.induction import SplitRefused, induce, read_provenance, show_pool
+from reveal_kit.eval.runner import induce_benchmark
+from reveal_kit.reveal.rubrics import RubricPool
+from reveal_kit.backends.chat import ScriptedModel
+from reveal_kit.synth.bench import generate_benchmark, load_questions
+from reveal_kit.testing.fakes import HashEmbedder, TinyMemory
 
 EMB = HashEmbedder()
 
@@ -74,7 +76,7 @@ def test_refuses_generated_test_split(tmp_path):
     generate_benchmark(root, minutes=1.0, videos=1, questions_per_video=4, seed=5, split='test', render=False,
                        progress=False)
     with pytest.raises(SplitRefused, match='test split'):
-        induce('synth', root=root, split=None, out=tmp_path / 'p.yaml', text_embedder=EMB, work_dir=tmp_path,
+        induce_benchmark('synth', root=root, split=None, out=tmp_path / 'p.yaml', text_embedder=EMB, work_dir=tmp_path,
                progress=False)
     assert not (tmp_path / 'p.yaml').exists()
 
@@ -99,7 +101,7 @@ import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_rubric_induction import script_memory, EMB
-from reveal_kit.synth_bench import load_questions
+from reveal_kit.synth.bench import load_questions
 from reveal_kit import rubric_induction as ri
 root = Path({root!r})
 qs = load_questions(root)

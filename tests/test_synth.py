@@ -1,4 +1,4 @@
-"""Integration tests of the generated benchmark (reveal_kit.synth_script / synth_render / synth_bench, nbs/09*).
+"""Integration tests of the generated benchmark (reveal_kit.synth.questions / synth_render / synth_bench, nbs/09*).
 
 Determinism, validity (every gold answer recomputed here, independently, from the scripted timeline), evidence really
 in the pixels (OCR) or the subtitles, and blind answerers (question + options only) near chance.
@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reveal_kit.frames import iter_frames, read_frames_at
-from reveal_kit.subtitles import load_subtitles
-from reveal_kit.synth_bench import SPLITS, generate_benchmark, load_questions
-from reveal_kit.synth_script import ACTIONS, ENTITIES, QTYPES
+from reveal_kit.video.frames import iter_frames, read_frames_at
+from reveal_kit.video.subtitles import load_subtitles
+from reveal_kit.synth.bench import SPLITS, generate_benchmark, load_questions
+from reveal_kit.synth.script import ACTIONS, ENTITIES, QTYPES
 
 SMALL = dict(minutes=2, videos=1, questions_per_video=6, size=(320, 180), progress=False)
 
@@ -216,7 +216,7 @@ def test_blind_answerers_near_chance(many):
 @pytest.mark.slow
 def test_blind_embedding_answerer_near_chance(many):
     "The kit's text embedder: pick the option most similar to the question."
-    from reveal_kit.embedders import get_text_embedder
+    from reveal_kit.retrieval.choice import get_text_embedder
     _, _, qs = many
     enc = get_text_embedder('auto').encode
     texts = sorted({q.question for q in qs} | {o for q in qs for o in q.options.values()})

@@ -1,0 +1,1 @@
+"""Evaluation: benchmark loaders, baselines, the method registry, the runner, metrics, figures and trace views."""

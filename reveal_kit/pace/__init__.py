@@ -1,0 +1,1 @@
+"""PACE: question-only factors, the factor-conditioned index, the tools and the option-aware agent."""

@@ -1,0 +1,1 @@
+"""Embedders (text and frame) and the vector index the memories search."""

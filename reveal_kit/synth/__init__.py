@@ -1,0 +1,1 @@
+"""The generated benchmark: scripted timelines, their questions, rendered videos and subtitles."""
