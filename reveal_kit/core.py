@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #e0343e42
 from __future__ import annotations
-import dataclasses, hashlib, json, os, random, re, string, sys
+import dataclasses, hashlib, json, os, random, re, string, sys, time, uuid
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 from typing import Any, Iterable
@@ -14,7 +14,7 @@ import yaml
 # %% auto #0
 __all__ = ['LETTERS', 'Span', 'normalize_options', 'Question', 'duration_group', 'MemoryItem', 'Evidence', 'MemoryBuildError',
            'RunMismatch', 'Config', 'parse_overrides', 'load_config', 'project_root', 'runs_dir', 'safe_name',
-           'sha256_file', 'seed_everything', 'kit_version']
+           'sha256_file', 'seed_everything', 'kit_version', 'trace_path', 'digest', 'build_stamp', 'ask_trace_dir']
 
 # %% ../nbs/00_core.ipynb #6cf813b8
 LETTERS = string.ascii_uppercase
@@ -346,3 +346,26 @@ def kit_version() -> str:
     "The installed reveal_kit version."
     from reveal_kit import __version__
     return __version__
+
+# %% ../nbs/00_core.ipynb #9a7e000e
+def trace_path(trace_dir: str | Path, qid: str, preset: str) -> Path:
+    "Where a question's trace goes: `<trace_dir>/<qid>__<preset>__<hash8>.json`, one file per (qid, preset)."
+    h = hashlib.sha256(json.dumps([str(qid), str(preset)]).encode()).hexdigest()[:8]
+    return Path(trace_dir) / f"{safe_name(qid)[:80]}__{safe_name(preset)}__{h}.json"
+
+# %% ../nbs/00_core.ipynb #d1e5c0de
+def digest(obj: Any, n: int = 10) -> str:
+    "The first `n` hex digits of the SHA-256 of `obj` as canonical JSON (anything JSON cannot encode as its str)."
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
+
+# %% ../nbs/00_core.ipynb #b57a3p00
+def build_stamp() -> str:
+    "The local time, to the second, that build records carry (`2026-12-01T20:51:00`)."
+    return time.strftime('%Y-%m-%dT%H:%M:%S')
+
+# %% ../nbs/00_core.ipynb #9a7e0028
+def ask_trace_dir() -> Path | None:
+    "A fresh folder for one `ask`'s trace, `runs/traces/ask/<time>-<random>` (None when runs/ cannot be created)."
+    try: root = runs_dir()
+    except OSError: return None
+    return root / 'traces' / 'ask' / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"

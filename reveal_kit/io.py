@@ -4,14 +4,15 @@
 
 # %% ../nbs/00b_io.ipynb #6d65cf42
 from __future__ import annotations
-import json, os, warnings
+import contextlib, json, os, threading, warnings
 from pathlib import Path
 from typing import Any, Iterable
 import numpy as np
+from filelock import FileLock
 
 # %% auto #0
 __all__ = ['json_default', 'atomic_write_text', 'atomic_write_json', 'atomic_save_npy', 'append_jsonl', 'read_jsonl_rows',
-           'write_subtitles']
+           'write_subtitles', 'locked_dir']
 
 # %% ../nbs/00b_io.ipynb #4bf44059
 def json_default(o: Any) -> Any:
@@ -102,3 +103,10 @@ def write_subtitles(path: str | Path, cues: Iterable[tuple[float, float, str]]) 
     path.parent.mkdir(parents=True, exist_ok=True)
     subs.save(str(path), format_=fmt)
     return path
+
+# %% ../nbs/00b_io.ipynb #9ed108ed
+@contextlib.contextmanager
+def locked_dir(out: Path):
+    "Hold an exclusive lock on the folder `out` (made if missing), so two processes never build into it at once."
+    out.mkdir(parents=True, exist_ok=True)
+    with FileLock(out / '.lock', preserve_lock_file=True): yield

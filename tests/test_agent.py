@@ -319,7 +319,8 @@ def test_oracle_evidence(hash_memory, tmp_path):
 
 def test_oracle_frames_arm_sends_the_annotated_segments_frames(hash_memory, monkeypatch):
     "`+oracle-frames`: an image-capable HTTP answerer gets the annotated segments' frames; `+oracle` the visual hits'."
-    from reveal_kit.backends.chat import minimal_instance, message_images, image_to_data_url
+    from reveal_kit.backends.chat import minimal_instance
+    from reveal_kit.backends.messages import message_images, image_to_data_url
     from reveal_kit.backends.http import OpenAIHTTPModel
     from reveal_kit.memory.store import Hit
     from reveal_kit.testing.fakes import FakeChatServer

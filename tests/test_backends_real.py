@@ -9,7 +9,7 @@ import pytest
 
 from reveal_kit import llamacpp
 from reveal_kit.backends.cache import CacheMiss, CachedModel, CallCache
-from reveal_kit.backends.chat import system_message, user_message
+from reveal_kit.backends.messages import system_message, user_message
 from reveal_kit.backends.http import OpenAIHTTPModel
 from reveal_kit.backends.llamacpp import LlamaCppModel, default_llama_threads, packaged_gguf_path
 from reveal_kit.backends.models import get_chat_model
@@ -117,7 +117,7 @@ def test_http_cache_hit(llama_server, tmp_path):
 
 REPLAY = textwrap.dedent('''
     import json, sys
-    from reveal_kit.backends.chat import user_message
+    from reveal_kit.backends.messages import user_message
     from reveal_kit.backends.http import OpenAIHTTPModel
     from reveal_kit.backends.cache import CachedModel, CacheMiss
     # the same server URL (it is part of the cache key), but a replay must never reach it

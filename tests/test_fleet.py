@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from reveal_kit.backends.cache import CachedModel, CallCache
-from reveal_kit.backends.chat import BackendUnavailable, message_text, minimal_instance
+from reveal_kit.backends.chat import BackendUnavailable, minimal_instance
+from reveal_kit.backends.messages import message_text
 from reveal_kit.core import Config, Question
 from reveal_kit.backends.http import OpenAIHTTPModel
 from reveal_kit.memory.store import OfflineMemory

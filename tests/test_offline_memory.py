@@ -387,5 +387,5 @@ def test_complete_memory_in_read_only_directory(built, video):
 
 
 def test_complete_memory_build_takes_no_lock(built, video, monkeypatch):
-    monkeypatch.setattr(mb, '_locked', lambda out: pytest.fail('a complete memory was locked for reading'))
+    monkeypatch.setattr(mb, 'locked_dir', lambda out: pytest.fail('a complete memory was locked for reading'))
     assert len(OfflineMemory.build(video[0], built, CFG, progress=False).level(1)) == 4

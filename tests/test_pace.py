@@ -7,7 +7,8 @@ import pytest
 
 import reveal_kit.pace.index as pace_index
 from reveal_kit.core import Config, Question
-from reveal_kit.backends.chat import ScriptedModel, message_text
+from reveal_kit.backends.chat import ScriptedModel
+from reveal_kit.backends.messages import message_text
 from reveal_kit.testing.fakes import HashEmbedder, FakeChatServer
 from reveal_kit.backends.http import OpenAIHTTPModel
 from reveal_kit.pace.factors import Factor, extract_factors, offline_factors

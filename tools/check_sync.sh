@@ -11,7 +11,7 @@ if bad: sys.exit('notebooks with cells lacking ids (exports would not be determi
 # every module must come from a notebook that still exists (a deleted or renamed notebook leaves a stale module)
 import re
 stale = []
-for m in pathlib.Path('reveal_kit').glob('*.py'):
+for m in pathlib.Path('reveal_kit').rglob('*.py'):
     if m.name in ('__init__.py', '_modidx.py'): continue
     src = re.search(r'File to edit: \.\./(nbs/\S+\.ipynb)', m.read_text())
     if not src or not pathlib.Path(src.group(1)).exists(): stale.append(m.name)

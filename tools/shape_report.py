@@ -1,71 +1,78 @@
-"""Print the shape of the notebooks and the library: export-cell sizes, definitions per cell, public names never shown
-in their own notebook, long lines, `;` joins, module sizes, kit imports inside functions and import cycles.
-Usage: python tools/shape_report.py [ROOT]   (ROOT: a checkout, default .)"""
+"""Print the shape of the notebooks and the library: module sizes, export cells with several public names, exported
+definitions not followed by a cell that shows them, long functions, density, kit imports inside functions and cycles.
+Usage: python tools/shape_report.py [ROOT] [-v]   (ROOT: a checkout, default .; -v lists every finding)"""
 import ast, json, re, statistics, sys
 from pathlib import Path
 
-root = Path(sys.argv[1] if len(sys.argv) > 1 else '.')
+args = [a for a in sys.argv[1:] if not a.startswith('-')]
+root = Path(args[0] if args else '.')
+verbose = '-v' in sys.argv
 
-def export_cells(nb: Path):
-    "(source without directives, is_export) for every code cell of a notebook."
+
+def cells(nb: Path):
+    "(source without directives, is_export, is_code) for every cell of a notebook."
     for c in json.loads(nb.read_text())['cells']:
-        if c['cell_type'] != 'code': continue
         s = ''.join(c['source'])
-        yield '\n'.join(l for l in s.splitlines() if not l.startswith('#|')), bool(re.match(r'\s*#\|\s*export', s))
+        yield ('\n'.join(l for l in s.splitlines() if not l.startswith('#|')),
+               c['cell_type'] == 'code' and bool(re.match(r'\s*#\|\s*export', s)), c['cell_type'] == 'code')
 
-sizes, multi, public, unshown = [], 0, 0, []
+
+def top_defs(src: str) -> list[ast.AST]:
+    try: tree = ast.parse(src)
+    except SyntaxError: return []
+    return [d for d in tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+multi, defs, unshown = [], 0, []
 for nb in sorted((root / 'nbs').glob('*.ipynb')):
-    cells = list(export_cells(nb))
-    shown = '\n'.join(s for s, ex in cells if not ex)
-    for src, ex in cells:
+    cs = list(cells(nb))
+    for i, (src, ex, code) in enumerate(cs):
         if not ex: continue
-        try: tree = ast.parse(src)
-        except SyntaxError: continue
-        defs = [d for d in tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-        if not defs: continue
-        sizes.append(sum(1 for l in src.splitlines() if l.strip()))
-        pub = [d.name for d in defs if not d.name.startswith('_')]
-        multi += len(pub) > 1
-        for n in pub:
-            public += 1
-            if not re.search(rf'\b{re.escape(n)}\b', shown): unshown.append(f'{nb.stem}:{n}')
+        ds = top_defs(src)
+        pub = [d.name for d in ds if not d.name.startswith('_')]
+        if len(pub) > 1: multi.append(f'{nb.stem}: {", ".join(pub)}')
+        nxt = next((s for s, e, c in cs[i + 1:] if c), '')
+        nxt_export = next((e for s, e, c in cs[i + 1:] if c), True)
+        for d in ds:
+            if d.name.startswith('_'): continue
+            defs += 1
+            if nxt_export or not re.search(rf'\b{re.escape(d.name)}\b', nxt): unshown.append(f'{nb.stem}:{d.name}')
 
-lines = long = semis = 0
-mods, inner, graph = {}, 0, {}
-for f in sorted((root / 'reveal_kit').glob('*.py')):
+lines, long, sizes, mods, inner, graph, fn_sizes, fn_long = [], 0, {}, {}, 0, {}, [], []
+for f in sorted((root / 'reveal_kit').rglob('*.py')):
     if f.name == '_modidx.py': continue
     text = f.read_text()
-    mods[f.stem] = len(text.splitlines())
-    for l in text.splitlines():
-        lines += 1
-        long += len(l) > 120
-        semis += len(re.findall(r';\s*\S', re.sub(r"(['\"]).*?\1", '', l)))
+    name = '.'.join(f.relative_to(root / 'reveal_kit').with_suffix('').parts)
+    mods[name] = len(text.splitlines())
+    code = [l for l in text.splitlines() if l.strip() and not l.lstrip().startswith('#')]
+    lines += [len(l) for l in code]
+    long += sum(len(l) > 120 for l in code)
     tree = ast.parse(text)
     deps = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or '').startswith('reveal_kit')):
-            deps.add((node.module or '').replace('reveal_kit.', '').split('.')[0])
-    graph[f.stem] = deps
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or '').startswith('reveal_kit')):
+            deps.add(node.module or '')
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node in tree.body or \
+                isinstance(node, ast.ClassDef) and node in tree.body:
+            seg = ast.get_source_segment(text, node) or ''
+            if isinstance(node, ast.ClassDef): continue
+            fn_sizes.append(len(seg))
+            n = node.end_lineno - node.lineno + 1
+            if n > 30: fn_long.append(f'{name}.{node.name} ({n})')
+    graph[name] = deps
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            inner += sum(isinstance(n, ast.ImportFrom) and (n.level == 1 or (n.module or '').startswith('reveal_kit'))
-                         for n in ast.walk(fn))
+            inner += sum(isinstance(n, ast.ImportFrom) and (n.level > 0 or (n.module or '').startswith('reveal_kit'))
+                         for n in ast.walk(fn) if n is not fn)
 
-def cycles():
-    "Pairs of modules that import each other (directly or through others)."
-    def reach(a):
-        seen, todo = set(), [a]
-        while todo:
-            for d in graph.get(todo.pop(), ()):
-                if d not in seen: seen.add(d); todo.append(d)
-        return seen
-    r = {m: reach(m) for m in graph}
-    return sorted({tuple(sorted((a, b))) for a in graph for b in r[a] if b != a and a in r.get(b, ())})
-
-print(f"export cells defining something: {len(sizes)}; median {statistics.median(sizes):.0f} lines; "
-      f"{multi} define more than one public name")
-print(f"public names: {public}; not shown in their own notebook: {len(unshown)}")
-print(f"library lines: {lines}; > 120 chars: {long} ({100 * long / max(lines, 1):.1f} %); ';' joins: {semis}")
-print(f"kit imports inside functions: {inner}; import cycles: {cycles() or 'none'}")
-print("largest modules: " + ', '.join(f"{m} {n}" for m, n in sorted(mods.items(), key=lambda x: -x[1])[:6]))
-if '-v' in sys.argv: print('\n'.join(unshown))
+big = sorted(((m, n) for m, n in mods.items() if n > 450), key=lambda x: -x[1])
+print(f"modules: {len(mods)}; over 450 lines: {len(big)} {big or ''}")
+print(f"largest modules: " + ', '.join(f"{m} {n}" for m, n in sorted(mods.items(), key=lambda x: -x[1])[:6]))
+print(f"export cells with several public names: {len(multi)}")
+print(f"exported public definitions: {defs}; not followed by a cell that shows them: {len(unshown)}")
+print(f"functions over 30 lines: {len(fn_long)}; median function {statistics.median(fn_sizes):.0f} characters")
+print(f"library code lines: {len(lines)}; mean {statistics.mean(lines):.0f} characters; over 120: {long}")
+print(f"kit imports inside functions: {inner}")
+if verbose:
+    for title, xs in (('several public names', multi), ('not shown', unshown), ('over 30 lines', fn_long)):
+        print(f'\n## {title}\n' + '\n'.join(xs))

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 from fastcore.basics import patch
 from ..core import runs_dir
-from .chat import ChatModel, ChatResult, CallRecord, as_messages
+from .chat import ChatModel, ChatResult, CallRecord
+from .messages import as_messages
 
 # %% auto #0
 __all__ = ['MODES', 'content_hashed', 'call_key', 'default_cache_path', 'CallCache', 'CacheMiss', 'CachedModel']

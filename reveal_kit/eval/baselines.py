@@ -12,7 +12,8 @@ from collections import Counter
 from typing import Any
 import numpy as np
 from ..core import Config, Question, Evidence
-from ..backends.chat import user_message
+from ..backends.chat import is_meaningful, offline_role
+from ..backends.messages import user_message
 from ..retrieval.choice import get_text_embedder
 from ..reveal.offline_checks import EvidenceView
 from ..reveal.answerer import Answerer
@@ -88,7 +89,7 @@ ANSWER_SCHEMA = {'type': 'object', 'properties': {'answer': {'type': 'string'}},
 def blind(q: Question, model=None, config: Config | None = None) -> dict:
     "The blind baseline: question and options only (a meaningful model, else the offline embedding prior)."
     t0 = time.time()
-    if model is None or not getattr(model, 'meaningful', False):
+    if offline_role(model):
         encode, mid = text_encoder()
         letter, scores = blind_offline(q, encode)
         return make_result(q, letter, 'blind', seconds=time.time() - t0, models={'text_embedder': mid},
@@ -145,7 +146,7 @@ def direct(q: Question, memory, model=None, config: Config | None = None) -> dic
     duration = float(getattr(memory, 'duration', None) or q.duration or 0.0)
     times = uniform_timestamps(duration, cfg.direct_fps, cfg.direct_max_frames)
     items = covering_items(memory.level(1), times)
-    meaningful = model is not None and getattr(model, 'meaningful', False)
+    meaningful = is_meaningful(model)
     images = _direct_images(memory, items, times) if meaningful and getattr(model, 'supports_images', False) else None
     answerer = Answerer(model=model if meaningful else None, config=cfg)
     res = answerer.answer(q, evidence_view(items, memory, duration), images)

@@ -15,6 +15,7 @@ from ..reveal.agent import answer_question
 from .context import RunContext
 from ..pace.index import EvidenceDB, get_pace_dbs
 from ..pace.agent import PACE_SPECS, PACE_ALIASES, answer_pace
+from ..backends.chat import is_meaningful
 
 # %% auto #0
 __all__ = ['METHODS', 'PLUGINS', 'register_method', 'load_plugins', 'available_methods', 'get_method', 'plain_index_model',
@@ -97,7 +98,7 @@ def get_method(name: str) -> Callable[[Question, RunContext], dict]:
 def plain_index_model(ctx: RunContext) -> Any:
     "The model that captions a run's plain index: none under the offline roles (not even created) or if not meaningful."
     if ctx.roles == 'offline': return None
-    return ctx.model if getattr(ctx.model, 'meaningful', False) else None
+    return ctx.model if is_meaningful(ctx.model) else None
 
 def shared_plain_db(q: Question, ctx: RunContext) -> EvidenceDB:
     "The plain PACE database of the question's video in this run: built or loaded once, shared."

@@ -21,7 +21,7 @@ from ..backends.chat import BackendUnavailable
 from ..backends.cache import CacheMiss, MODES
 from .loaders import load_benchmark, load_split_questions
 from ..reveal.induction import induce
-from ..reveal.agent import trace_path
+from ..core import trace_path
 from .context import ROLES, RunContext, pool_meta
 from .run_dir import ResultWriter, git_commit, json_or_str, locked_run_dir, parse_shard, repair_results, select_questions, write_run_json
 from .methods import get_method

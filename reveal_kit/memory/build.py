@@ -12,13 +12,13 @@ import numpy as np
 from fastcore.basics import patch
 from filelock import FileLock
 from tqdm import tqdm
-from ..core import Config, MemoryItem, MemoryBuildError, kit_version
+from ..core import Config, MemoryItem, MemoryBuildError, kit_version, build_stamp
 from ..video.frames import VideoError, QualityReport, probe_video, prefetch
 from ..video.frames import iter_frames, iter_frames_at, filter_frames
 from ..video.segmentation import L1Segment, make_segmenter
 from ..video.subtitles import Cue, load_subtitles, align_cues, cues_text
 from ..video.captioning import make_captioner, make_summarizer, PerceptualCaptioner
-from ..io import atomic_write_json, atomic_save_npy, read_jsonl_rows, append_jsonl
+from ..io import atomic_write_json, atomic_save_npy, read_jsonl_rows, append_jsonl, locked_dir
 from ..text import fmt_time
 from .store import FORMAT_VERSION, MemoryMismatchError, OfflineMemory, memory_config, memory_key
 from .store import memory_models, memory_dir_for, video_sha256, memory_embedders, spread_times
@@ -264,13 +264,6 @@ def _complete(out: Path, ident: dict) -> bool:
         return True
     except (OSError, ValueError): return False
 
-# %% ../../nbs/14a_memory.build.ipynb #9ed108ed
-@contextlib.contextmanager
-def _locked(out: Path):
-    "Exclusive lock on the memory directory, so two processes never build the same memory at once."
-    out.mkdir(parents=True, exist_ok=True)
-    with FileLock(out / '.lock', preserve_lock_file=True): yield
-
 # %% ../../nbs/14a_memory.build.ipynb #01902fb0
 def produced_by(items: list[MemoryItem]) -> dict:
     "Per level: how many narratives each captioner actually wrote (a fallback counts as its own), and the fallbacks."
@@ -297,7 +290,7 @@ def _manifest(out: Path, ident: dict, video: Path, info, config: Config, quality
                 quality=quality,
                 subtitles=dict(path=str(subtitles) if subtitles else None, n_cues=n_cues), counts=counts,
                 mean_l1_seconds=round(float(np.mean([it.duration for it in l1])), 3), timings=dict(stage1, **timings),
-                build_seconds=round(time.time() - t0, 2), created=time.strftime('%Y-%m-%dT%H:%M:%S'))
+                build_seconds=round(time.time() - t0, 2), created=build_stamp())
 
 # %% ../../nbs/14a_memory.build.ipynb #5440a113
 @contextlib.contextmanager
@@ -325,13 +318,13 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
                       f"({fmt_time(info.duration)}); the part after the end is not in the memory")
     if not rebuild and _complete(out, ident):                            # no lock, no write: read-only is fine
         return cls.load(out, config, text_embedder=te, image_embedder=ie)
-    with _locked(out):
+    with locked_dir(out):
         state = _prepare_dir(out, ident, rebuild)
         if state == 'complete':
             try: return cls.load(out, config, text_embedder=te, image_embedder=ie)
             except MemoryBuildError as e: warnings.warn(f"{e}; repairing it")           # resume, keeping valid lines
         if state == 'new':
-            atomic_write_json(out / 'build.json', dict(ident, started=time.strftime('%Y-%m-%dT%H:%M:%S')))
+            atomic_write_json(out / 'build.json', dict(ident, started=build_stamp()))
         segs, quality = _segments_stage(out, video, info, config, ie, progress)
         timings, n = {}, call_concurrency(chat_model, concurrency)
         with _timed(timings, 'caption_s'):

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any, Sequence
 import numpy as np
 from fastcore.basics import patch
-from ..core import Config, MemoryItem, MemoryBuildError, runs_dir, sha256_file
+from ..core import Config, MemoryItem, MemoryBuildError, runs_dir, sha256_file, digest
 from ..video.frames import VideoError, read_frames_at
 from ..retrieval.choice import get_text_embedder, get_image_embedder
 from ..retrieval.index import VectorIndex
 from ..io import read_jsonl_rows
 from ..text import fmt_time
+from ..backends.chat import is_meaningful
 
 # %% auto #0
 __all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'memory_config', 'MemoryMismatchError', 'memory_key', 'captioner_kind',
@@ -36,25 +37,15 @@ def memory_config(config: Config) -> dict:
 class MemoryMismatchError(MemoryBuildError):
     "An existing memory was built with another Config, other models or another video/subtitles."
 
-# %% ../../nbs/14_memory.store.ipynb #0e481f70
-def _digest(obj: Any, n: int = 10) -> str:
-    "The first `n` hex digits of the SHA-256 of `obj` as canonical JSON."
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:n]
-
 # %% ../../nbs/14_memory.store.ipynb #16af85a7
 def memory_key(config: Config, models: dict, subtitles_sha256: str | None = None) -> str:
     "Short digest of format version + memory config + model ids + subtitles: equal keys ⇔ interchangeable memories."
-    return _digest(dict(format=FORMAT_VERSION, config=memory_config(config), models=models, subtitles=subtitles_sha256))
-
-# %% ../../nbs/14_memory.store.ipynb #3bf53478
-def _is_meaningful(model) -> bool:
-    "Whether `model` is a real chat model (not None, not a stand-in)."
-    return model is not None and bool(getattr(model, 'meaningful', False))
+    return digest(dict(format=FORMAT_VERSION, config=memory_config(config), models=models, subtitles=subtitles_sha256))
 
 # %% ../../nbs/14_memory.store.ipynb #73403ce2
 def captioner_kind(chat_model=None) -> str:
     "'model:<id>' for a meaningful chat model, else 'offline-perceptual'."
-    if not _is_meaningful(chat_model): return 'offline-perceptual'
+    if not is_meaningful(chat_model): return 'offline-perceptual'
     return f"model:{getattr(chat_model, 'model_id', type(chat_model).__name__)}"
 
 # %% ../../nbs/14_memory.store.ipynb #9ae7348d

@@ -12,16 +12,18 @@ from pathlib import Path
 from typing import Any, Sequence
 import numpy as np
 from fastcore.basics import patch
-from ..core import Config, Question, Evidence, load_config, runs_dir
+from ..core import Config, Question, Evidence, load_config, runs_dir, ask_trace_dir
 from ..text import content_words, fmt_time
-from ..backends.chat import make_messages, parse_json, record_dict
+from ..backends.chat import parse_json, record_dict, is_meaningful, offline_role, models_record
+from ..backends.messages import make_messages
 from ..backends.models import get_chat_model
 from ..retrieval.choice import get_text_embedder
 from ..reveal.planner import focus
 from ..reveal.rubrics import question_type, load_rubric_pool
 from ..reveal.offline_checks import EvidenceView
 from ..reveal.answerer import offline_answer
-from ..reveal.agent import call_totals, trace_path
+from ..core import trace_path
+from ..backends.chat import call_totals
 from .factors import Factor, extract_factors
 from .index import EvidenceDB, get_pace_dbs, build_factor_db, factor_key, tagger_kind
 from .tools import ToolBox, Observation, PACE_TOOLS, DVD_TOOLS, TOOL_SPECS, format_rows
@@ -277,12 +279,6 @@ def needle_recall(q: Question, rows: Sequence[dict], min_cover: float = NEEDLE_M
     return sum(cue_recovered(c, s, rows, min_cover) for c, s in zip(q.cues, spans)) / len(q.cues)
 
 # %% ../../nbs/33_pace.agent.ipynb #bfe8e1be
-def _models(model: Any, te: Any, offline: bool) -> dict:
-    "The models of a PACE run, for the result and the trace."
-    chat = f"{getattr(model, 'backend_name', 'none')}:{getattr(model, 'model_id', None)}" if model is not None else None
-    return {'chat': chat, 'meaningful': bool(getattr(model, 'meaningful', False)),
-            'roles': 'offline' if offline else 'model', 'text_embedder': getattr(te, 'model_id', None)}
-
 def _index_cost(db: EvidenceDB, factor_calls: list[dict]) -> dict:
     "Indexing cost of the database a question read: clips, calls and tokens (per clip and in all)."
     c, n = db.manifest.get('index_calls', {}), max(len(db), 1)
@@ -323,7 +319,7 @@ def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace', m
     config, spec = config or Config(), get_pace_spec(spec)
     if roles not in ('auto', 'offline', 'model'): raise ValueError(f"roles must be auto, offline or model: {roles!r}")
     if roles == 'model' and model is None: raise ValueError("roles='model' needs a chat model")
-    offline = roles == 'offline' or (roles == 'auto' and not getattr(model, 'meaningful', False))
+    offline = offline_role(model, roles)
     m = None if offline else model
     t0 = time.perf_counter()
     k = (spec.force_factors or config.pace_force_factors) if force_factors is None else force_factors
@@ -339,7 +335,7 @@ def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace', m
     rows = trace_evidence(tb)
     calls = [c for s in tr['steps'] for c in s['calls']]
     tot = {**call_totals(calls), 'failed_calls': call_totals(calls + fcalls)['failed_calls']}
-    res = _pace_result(q, spec, tr, tot, seconds, config, _models(model, plain.text_embedder, offline), None, rows,
+    res = _pace_result(q, spec, tr, tot, seconds, config, models_record(model, offline, plain.text_embedder), None, rows,
                        _index_cost(db, fcalls), fq, fsrc)
     trace = {**res, 'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'policy': policy.kind,
              'question_factors': [f.to_dict() for f in fq], **{k: v for k, v in tr.items() if k != 'answer'},
@@ -369,9 +365,9 @@ def ask_pace(video: str | Path, question: str, options: list[str], method: str =
     cfg = load_config(config, overrides or [])
     q = Question('ask', Path(video).stem, question, list(options))
     chat = get_chat_model(backend, model=model, base_url=base_url) if isinstance(backend, str) else backend
-    m = chat if getattr(chat, 'meaningful', False) and roles != 'offline' else None
+    m = chat if is_meaningful(chat) and roles != 'offline' else None
     plain = get_pace_dbs(video, (), cfg, m, subtitles, root, text_embedder)[0]
-    td = trace_dir or (runs_dir() / 'traces' / 'ask' / time.strftime('%Y%m%d-%H%M%S'))
+    td = trace_dir or ask_trace_dir()
     return {**answer_pace(q, plain, method, chat, cfg, td, roles), 'options': q.options}
 
 # %% ../../nbs/33_pace.agent.ipynb #956f4218

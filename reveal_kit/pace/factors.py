@@ -10,7 +10,7 @@ from dataclasses import dataclass, asdict
 from typing import Any
 from ..core import Config
 from ..text import STOPWORDS, tokens, content_words
-from ..backends.chat import role_call
+from ..backends.chat import role_call, offline_role
 from ..reveal.planner import focus
 
 # %% auto #0
@@ -132,7 +132,7 @@ def extract_factors(question: str, model: Any = None, config: Config = Config(),
     "F_Q from the question text: (factors, source, call records); the options are never an input."
     if not isinstance(question, str): raise TypeError("extract_factors takes the question text only (no options)")
     lo, hi = factor_budget(config, force)
-    if model is None or not getattr(model, 'meaningful', False): return offline_factors(question, lo, hi), 'offline', []
+    if offline_role(model): return offline_factors(question, lo, hi), 'offline', []
     data, rec = role_call(model, 'pace_factors', FACTOR_SYSTEM, factor_prompt(question, lo, hi),
                           factor_schema(lo, hi), max_tokens=256)
     got = _model_factors(data, lo, hi)

@@ -15,10 +15,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from fastcore.basics import patch
 from filelock import FileLock
-from ..core import Config, MemoryBuildError, runs_dir, kit_version
+from ..core import Config, MemoryBuildError, runs_dir, kit_version, digest, build_stamp
 from ..text import content_words, fmt_time
-from ..io import atomic_write_json, atomic_save_npy, append_jsonl, read_jsonl_rows
-from ..backends.chat import role_call
+from ..io import atomic_write_json, atomic_save_npy, append_jsonl, read_jsonl_rows, locked_dir
+from ..backends.chat import role_call, offline_role
 from ..video.frames import probe_video, iter_frames
 from ..video.subtitles import load_subtitles, align_cues, cues_text
 from ..video.captioning import PerceptualCaptioner, caption_prompt
@@ -103,7 +103,7 @@ def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles:
     meta = dict(cap.meta) if cap else {}
     if subtitles: meta['subtitles'] = subtitles
     text = cap.text if cap else f"[{fmt_time(t0)}-{fmt_time(t1)}] (no decodable frames)"
-    if model is None or not getattr(model, 'meaningful', False): return text, meta, []
+    if offline_role(model): return text, meta, []
     imgs = list(frames) if getattr(model, 'supports_images', False) else None
     user = caption_prompt(t0, t1, subtitles, '' if imgs else text)
     data, rec = role_call(model, 'pace_caption', CAPTION_SYSTEM, user, CAPTION_SCHEMA, max_tokens=400, images=imgs)
@@ -237,10 +237,6 @@ def from_records(cls: EvidenceDB, records: Sequence[ClipRecord], text_embedder=N
 # %% ../../nbs/31_pace.index.ipynb #de5cb737
 PACE_FIELDS = ('pace_clip_s', 'pace_fps', 'ocr_every_s', 'theta')
 
-def _digest(obj: Any, n: int = 10) -> str:
-    "First `n` hex digits of the SHA-256 of `obj` as canonical JSON."
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
-
 def pace_models(chat_model=None, text_embedder=None) -> dict:
     "The model ids a PACE index depends on: captioner (offline-perceptual or model:<id>) and text embedder."
     te = text_embedder or get_text_embedder()
@@ -252,22 +248,16 @@ def pace_dir_for(video: str | Path, config: Config = Config(), models: dict | No
     "`<root>/<stem>-<sha8>-<key>` (root: runs/pace): the folder of a video's PACE databases under these settings."
     p = Path(video)
     if not p.is_file(): raise MemoryBuildError(f"video not found: {p}")
-    key = _digest(dict(config={k: getattr(config, k) for k in PACE_FIELDS}, models=models or pace_models(),
+    key = digest(dict(config={k: getattr(config, k) for k in PACE_FIELDS}, models=models or pace_models(),
                        subtitles=video_sha256(subtitles) if subtitles else None))
     return (Path(root) if root else runs_dir() / 'pace') / f"{p.stem}-{video_sha256(p)[:8]}-{key}"
 
 # %% ../../nbs/31_pace.index.ipynb #c2effa7c
 def factor_key(factors: Sequence[Factor], tagger: str) -> str:
     "The key of a factor set under a tagger (offline tagger or VLM id): the name of its `factors-<key>` folder."
-    return _digest(dict(factors=[(f.text, f.kind) for f in factors], tagger=tagger))
+    return digest(dict(factors=[(f.text, f.kind) for f in factors], tagger=tagger))
 
 # %% ../../nbs/31_pace.index.ipynb #49c8ae78
-@contextlib.contextmanager
-def _locked(out: Path):
-    "Exclusive lock on a database folder, so two processes never build the same one at once."
-    out.mkdir(parents=True, exist_ok=True)
-    with FileLock(out / '.lock', preserve_lock_file=True): yield
-
 def _start(out: Path, ident: dict) -> dict[str, ClipRecord]:
     "Records already written by an earlier (interrupted) build of the same identity; refuses another identity."
     bj = out / 'build.json'
@@ -275,7 +265,7 @@ def _start(out: Path, ident: dict) -> dict[str, ClipRecord]:
         old = json.loads(bj.read_text())
         if {k: old.get(k) for k in ident} != ident:
             raise MemoryBuildError(f"{out} holds a PACE index built differently; delete it or use another root")
-    else: atomic_write_json(bj, dict(ident, started=time.strftime('%Y-%m-%dT%H:%M:%S')))
+    else: atomic_write_json(bj, dict(ident, started=build_stamp()))
     return {r['clip_id']: ClipRecord.from_dict(r) for r in read_jsonl_rows(out / 'clips.jsonl', repair=True)}
 
 # %% ../../nbs/31_pace.index.ipynb #7bea7dbe
@@ -290,7 +280,7 @@ def _finish(out: Path, ident: dict, recs: list[ClipRecord], te, factors, extra: 
     vecs = te.encode([r.text for r in recs]).astype(np.float32)
     atomic_save_npy(out / 'text_emb.npy', vecs)
     man = dict(ident, **extra, n_clips=len(recs), index_calls=_call_totals(recs), kit_version=kit_version(),
-               build_seconds=round(time.time() - t0, 2), created=time.strftime('%Y-%m-%dT%H:%M:%S'))
+               build_seconds=round(time.time() - t0, 2), created=build_stamp())
     atomic_write_json(out / 'manifest.json', man)
     return EvidenceDB(recs, vecs, te, factors, man, out)
 
@@ -322,7 +312,7 @@ def build_plain_db(video: str | Path, out: str | Path, config: Config = Config()
     info = probe_video(video)
     ident = dict(kind='plain', video_sha256=video_sha256(video), config={k: getattr(config, k) for k in PACE_FIELDS},
                  models=pace_models(model, te), subtitles_sha256=video_sha256(subtitles) if subtitles else None)
-    with _locked(out):
+    with locked_dir(out):
         if (out / 'manifest.json').exists(): return load_db(out, te)
         done = _start(out, ident)
         spans = clip_spans(info.duration, config.pace_clip_s)
@@ -364,7 +354,7 @@ def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict,
 # %% ../../nbs/31_pace.index.ipynb #5ed2dc41
 def tagger_kind(model: Any = None) -> str:
     "'offline-tagger' without a meaningful model, else the model's captioner kind."
-    return 'offline-tagger' if model is None or not getattr(model, 'meaningful', False) else captioner_kind(model)
+    return 'offline-tagger' if offline_role(model) else captioner_kind(model)
 
 # %% ../../nbs/31_pace.index.ipynb #8387a26a
 def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Path, config: Config = Config(),
@@ -375,7 +365,7 @@ def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Pat
     ident = dict(kind='factor', plain=plain.manifest.get('video_sha256'), config=plain.manifest.get('config'),
                  models=dict(plain.manifest.get('models', {}), tagger=tagger_kind(model)),
                  factors=[f.to_dict() for f in factors])
-    with _locked(out):
+    with locked_dir(out):
         if (out / 'manifest.json').exists(): return load_db(out, te)
         done = _start(out, ident)
         if tagger_kind(model) == 'offline-tagger': recs = offline_records(plain, factors)

@@ -16,7 +16,7 @@ from fastcore.basics import patch
 from ..core import Config, Question
 from ..text import content_words, fmt_time
 from ..text import hms_to_seconds
-from ..backends.chat import role_call
+from ..backends.chat import role_call, is_meaningful
 from ..video.frames import read_frames_at, VideoError
 from ..video.captioning import extractive_summary, ocr_text, PerceptualCaptioner
 from ..reveal.planner import focus
@@ -30,7 +30,7 @@ from pathlib import Path
 __all__ = ['TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'OFFLINE_READ_FRAMES', 'RETRIEVE_TOPK', 'TAG_BONUS',
            'BROWSE_SYSTEM', 'BROWSE_SCHEMA', 'INSPECT_SYSTEM', 'INSPECT_SCHEMA', 'READING_VERSION', 'tool_schemas',
            'ToolError', 'Observation', 'evidence_row', 'format_rows', 'parse_time', 'check_ranges', 'inspect_times',
-           'ContrastiveFactor', 'offline_decompose', 'decompose_schema', 'ToolBox', 'subject_registry',
+           'ContrastiveFactor', 'offline_contrastive_factors', 'contrastive_schema', 'ToolBox', 'subject_registry',
            'offline_reading', 'reading_key', 'ReadingMemo', 'check_call']
 
 # %% ../../nbs/32_pace.tools.ipynb #30dd98cd
@@ -152,7 +152,7 @@ class ContrastiveFactor:
     def to_dict(self) -> dict: return asdict(self)
 
 # %% ../../nbs/32_pace.tools.ipynb #d97bb4be
-def offline_decompose(q: Question) -> list[ContrastiveFactor]:
+def offline_contrastive_factors(q: Question) -> list[ContrastiveFactor]:
     "Deterministic contrastive factors of a question with its options (rule above)."
     letters, foc = list(q.options), focus(q.question)
     if all(option_number(t) is not None for t in q.options.values()):
@@ -171,7 +171,7 @@ DECOMPOSE_SYSTEM = (
     "criteria that distinguish the options; for each, the option letters it would rule in and rule out. "
     "Answer with JSON only.")
 
-def decompose_schema(letters: list[str]) -> dict:
+def contrastive_schema(letters: list[str]) -> dict:
     "JSON schema of the QueryDecompose reply."
     L = {'type': 'array', 'items': {'type': 'string', 'enum': letters}, 'maxItems': len(letters)}
     item = {'type': 'object', 'required': ['criterion', 'rules_in', 'rules_out'], 'additionalProperties': False,
@@ -190,7 +190,7 @@ class ToolBox:
     def __init__(self, q: Question, db: EvidenceDB, config: Config = Config(), model: Any = None,
                  video_path: str | None = None, tools: Sequence[str] = PACE_TOOLS, retrieve_topk: int = RETRIEVE_TOPK):
         self.q, self.db, self.config, self.tools = q, db, config, tuple(tools)
-        self.model = model if model is not None and getattr(model, 'meaningful', False) else None
+        self.model = model if is_meaningful(model) else None
         self.video_path = video_path or db.manifest.get('video_path')
         self.retrieve_topk, self.factors, self.evidence = retrieve_topk, None, {}
         self.answer = None
@@ -287,12 +287,12 @@ def query_decompose(self: ToolBox) -> Observation:
     calls, fs = [], None
     if self.model is not None:
         user = f"Question: {self.q.question}\nOptions:\n{self.q.options_text()}"
-        schema = decompose_schema(list(self.q.options))
+        schema = contrastive_schema(list(self.q.options))
         data, rec = role_call(self.model, 'pace_decompose', DECOMPOSE_SYSTEM, user, schema, max_tokens=600)
         calls = [rec]
         if data: fs = [ContrastiveFactor(f"d{i + 1}", d['criterion'], d['criterion'], d['rules_in'], d['rules_out'])
                        for i, d in enumerate(data['factors'])]
-    self.factors = fs or offline_decompose(self.q)
+    self.factors = fs or offline_contrastive_factors(self.q)
     lines = [f"{d.did}: {d.criterion} (rules in {','.join(d.rules_in) or '-'}; out {','.join(d.rules_out) or '-'})"
              for d in self.factors]
     return Observation('QueryDecompose', {}, summary='\n'.join(lines), calls=calls,

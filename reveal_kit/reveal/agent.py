@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 from ..core import Config, Question, Evidence, kit_version, safe_name
 from ..io import atomic_write_text
-from ..backends.chat import BackendUnavailable
+from ..backends.chat import BackendUnavailable, is_meaningful, offline_role, models_record
 from ..backends.cache import CacheMiss
 from .online_memory import OnlineMemory
 from .rubrics import RubricPool, load_rubric_pool, question_type
@@ -25,9 +25,11 @@ from .offline_checks import EvidenceView
 from .answerer import Answerer
 from .rerank import Candidate, relevance_rank, rerank_targets, retrieve, rubric_rerank, topk_for
 from .presets import MethodSpec, get_preset
+from ..backends.chat import call_totals
+from ..core import trace_path
 
 # %% auto #0
-__all__ = ['trace_path', 'call_totals', 'Roles', 'make_roles', 'MemoEmbed', 'inject_oracle', 'run_loop', 'answer_question']
+__all__ = ['Roles', 'make_roles', 'MemoEmbed', 'inject_oracle', 'run_loop', 'answer_question']
 
 # %% ../../nbs/25b_reveal.agent.ipynb #1fcf976a
 def _item_row(c: Candidate) -> dict:
@@ -35,25 +37,6 @@ def _item_row(c: Candidate) -> dict:
     it = c.item
     return {'item_id': it.item_id, 'level': it.level, 't_start': it.t_start, 't_end': it.t_end,
             'score': round(c.score, 4), 'rank_score': round(c.rank_score, 4), 'query': c.query, 'source': c.source}
-
-# %% ../../nbs/25b_reveal.agent.ipynb #9a7e000e
-def trace_path(trace_dir: str | Path, qid: str, preset: str) -> Path:
-    "Where a question's trace goes: `<trace_dir>/<qid>__<preset>__<hash8>.json`, one file per (qid, preset)."
-    h = hashlib.sha256(json.dumps([str(qid), str(preset)]).encode()).hexdigest()[:8]
-    return Path(trace_dir) / f"{safe_name(qid)[:80]}__{safe_name(preset)}__{h}.json"
-
-# %% ../../nbs/25b_reveal.agent.ipynb #9a7e0010
-def call_totals(calls: list[dict]) -> dict:
-    "Call totals: count, cache hits, tokens, model seconds, per role, failed calls per role."
-    by_role: dict[str, int] = {}
-    for c in calls:
-        by_role[c.get('role', '?')] = by_role.get(c.get('role', '?'), 0) + 1
-    failed = Counter(c.get('role', '?') for c in calls if c.get('ok') is False)
-    return {'llm_calls': len(calls), 'cache_hits': sum(bool(c.get('cache_hit')) for c in calls),
-            'prompt_tokens': sum(int(c.get('prompt_tokens') or 0) for c in calls),
-            'completion_tokens': sum(int(c.get('completion_tokens') or 0) for c in calls),
-            'model_seconds': round(sum(float(c.get('wall_s') or 0.0) for c in calls), 6), 'calls_by_role': by_role,
-            'failed_calls': dict(sorted(failed.items()))}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #37936185
 @dataclass
@@ -71,7 +54,7 @@ def make_roles(model: Any, config: Config, roles: str = 'auto', pool: RubricPool
         raise ValueError(f"roles must be 'auto', 'offline' or 'model', got {roles!r}")
     if roles == 'model' and model is None:
         raise ValueError("roles='model' needs a chat model")
-    offline = roles == 'offline' or (roles == 'auto' and (model is None or not getattr(model, 'meaningful', False)))
+    offline = offline_role(model, roles)
     pool = pool or load_rubric_pool()
     return Roles(Planner(model, config, offline), Verifier(pool, model, config, offline),
                  Answerer(pool, model, config, offline), offline)
@@ -286,15 +269,6 @@ def _run_safely(q: Question, memory: Any, spec: MethodSpec, config: Config, role
               'traceback': traceback.format_exc()}
         return tr, f"{type(e).__name__}: {e}"
 
-# %% ../../nbs/25b_reveal.agent.ipynb #9a7e0021
-def _models(model: Any, roles: Roles, memory: Any) -> dict:
-    "The models of a run, for the result and the trace (the chat model with its server's URL, if any)."
-    emb = getattr(memory, 'text_embedder', None)
-    chat = f"{getattr(model, 'backend_name', 'none')}:{getattr(model, 'model_id', None)}" if model is not None else None
-    return {'chat': chat, 'base_url': getattr(model, 'base_url', None) or None,
-            'meaningful': bool(getattr(model, 'meaningful', False)),
-            'roles': 'offline' if roles.offline else 'model', 'text_embedder': getattr(emb, 'model_id', None)}
-
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0023
 _EVIDENCE_KEYS = ('item_id', 'level', 't_start', 't_end', 'round', 'score', 'source', 'text')
 
@@ -342,7 +316,7 @@ def answer_question(question: Question, memory: Any, model: Any = None, config: 
     tr, error = _run_safely(question, memory, spec, config, rl)
     seconds = time.perf_counter() - t0
     tot = call_totals(tr.get('calls', []))
-    res = _result(question, spec, tr, tot, seconds, config, _models(model, rl, memory), error)
+    res = _result(question, spec, tr, tot, seconds, config, models_record(model, rl.offline, getattr(memory, 'text_embedder', None)), error)
     trace = _trace_doc(question, spec, config, res, tr, tot, memory)
     if trace_dir is not None:
         p = trace_path(trace_dir, question.qid, spec.name)

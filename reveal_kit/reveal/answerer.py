@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Any
 from fastcore.basics import patch
 from ..core import Config, Question, Evidence
-from ..backends.chat import role_call
+from ..backends.chat import role_call, offline_role
 from .rubrics import RubricPool, question_type, load_rubric_pool
 from .offline_checks import EvidenceView, offline_scores
 from .verifier import sufficiency_score, evidence_block
@@ -70,7 +70,7 @@ class Answerer:
     def __init__(self, pool: RubricPool | None = None, model: Any = None, config: Config = Config(),
                  offline: bool | None = None):
         self.pool, self.model, self.config = pool or load_rubric_pool(), model, config
-        self.offline = offline if offline is not None else (model is None or not getattr(model, 'meaningful', False))
+        self.offline = offline if offline is not None else offline_role(model)
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d000b
 @patch

@@ -70,15 +70,10 @@ def _get_memory(video: Path, memory_dir: Path | None, config: Config, chat: Any,
     d = _memory_under(memory_dir, video, config, chat, subtitles)
     return OfflineMemory.build(video, d, config, chat_model=chat, subtitles=subtitles, progress=True)
 
-# %% ../../nbs/25c_reveal.ask.ipynb #9a7e0028
+# %% ../../nbs/25c_reveal.ask.ipynb #a5ca11ed
 ASK_JSON_KEYS = ('answer', 'sufficient', 'rho', 'rounds', 'llm_calls', 'tokens', 'stop_reason', 'evidence', 'trace',
                  'trace_error', 'degraded', 'failed_calls', 'memory_dir')
 
-def _ask_trace_dir() -> Path | None:
-    "A fresh folder for one `ask`'s trace, `runs/traces/ask/<time>-<random>` (None when runs/ cannot be created)."
-    try: root = runs_dir()
-    except OSError: return None
-    return root / 'traces' / 'ask' / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 def ask(video: str | Path, question: str, options: list[str], method: str = 'reveal', memory: str | Path | None = None,
         subtitles: str | Path | None = None, backend: str = 'embedded', model: str | None = None,
@@ -92,7 +87,7 @@ def ask(video: str | Path, question: str, options: list[str], method: str = 'rev
     chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache,
                           timeout_s=timeout_s or getattr(cfg, 'timeout_s', None))
     mem = _get_memory(Path(video), Path(memory) if memory else None, cfg, chat, Path(subtitles) if subtitles else None)
-    td = trace_dir or _ask_trace_dir()
+    td = trace_dir or ask_trace_dir()
     res = answer_question(q, mem, chat, cfg, spec, trace_dir=td, roles=roles)
     if td is None: res['trace_error'] = "trace not written: the runs folder cannot be created (set $REVEAL_RUNS)"
     return {'trace_error': None, **res, 'options': q.options, 'tau': cfg.tau,

@@ -24,9 +24,10 @@ from ..memory.build import get_or_build_memory
 from ..core import RunMismatch
 from .proposers import ModelProposer, OfflineProposer, pool_diff
 from .pairs import ModelTeacher, OracleTeacher, Pair, candidates, filter_counts, make_pair, pair_views, separation, separation_accuracy
+from ..backends.chat import offline_role
 
 # %% auto #0
-__all__ = ['criterion_text', 'merge_criteria', 'normalize_weights', 'merge_pool', 'SplitRefused', 'check_split',
+__all__ = ['criterion_text', 'merge_criteria', 'normalize_weights', 'merge_pool', 'SplitRefused', 'refuse_test_split',
            'pool_provenance', 'write_pool', 'read_provenance', 'show_pool', 'pool_eval_warning', 'split_pairs',
            'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir', 'induce']
 
@@ -79,7 +80,7 @@ def merge_pool(pool: RubricPool, embed: Callable, threshold: float = 0.9) -> tup
 class SplitRefused(ValueError):
     "Induction was asked to run on a test split (or an unknown one without permission)."
 
-def check_split(split: str | None, questions: list[Question], allow_unknown: bool = False) -> str:
+def refuse_test_split(split: str | None, questions: list[Question], allow_unknown: bool = False) -> str:
     "The split induction runs on; raises SplitRefused for a test split or an unknown one (unless allowed)."
     recorded = sorted({str(q.meta.get('split')) for q in questions if q.meta.get('split')})
     names = [s.lower() for s in ([split] if split else []) + recorded]
@@ -235,7 +236,7 @@ def claim_work_dir(work: str | Path, setup: dict) -> None:
 def _iterate(pool, train, val, views, proposer, embed, config, model, work, rows, max_iters, patience, merge_threshold,
              progress) -> list[dict]:
     "Propose → merge → validate until patience or max_iters; every finished iteration is written before the next."
-    sep = lambda pl, ps: separation(pl, ps, views, None if model is None or not getattr(model, 'meaningful', False)
+    sep = lambda pl, ps: separation(pl, ps, views, None if offline_role(model)
                                     else model, config)
     if not rows:
         rows.append(iteration_row(0, pool, None, sep(pool, val), sep(pool, train), [], []))
@@ -273,7 +274,7 @@ def induce(questions: list[Question], split: str | None = 'dev', out: str | Path
     "`reveal rubrics induce`: pairs → filter → propose / merge / validate → the pool YAML and its report (resumable)."
     config, out = config or Config(), Path(out)
     name, qs = benchmark, list(questions)
-    split_used = check_split(split, qs, allow_unknown_split)
+    split_used = refuse_test_split(split, qs, allow_unknown_split)
     teacher, proposer = _roles(teacher, proposer, model, config)
     start = start_pool or load_rubric_pool()
     te = text_embedder or get_text_embedder()

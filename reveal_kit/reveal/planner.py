@@ -11,7 +11,7 @@ import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, MemoryItem
 from ..text import tokens, jaccard, STOPWORDS, fmt_time
-from ..backends.chat import role_call
+from ..backends.chat import role_call, offline_role
 from .online_memory import OnlineMemory
 from .rubrics import question_type
 
@@ -212,7 +212,7 @@ class Planner:
     "REVEAL's planner: `decompose` (round 0) and `repair` (rounds ≥ 1), by a chat model or the offline rules."
     def __init__(self, model: Any = None, config: Config = Config(), offline: bool | None = None):
         self.model, self.config = model, config
-        self.offline = offline if offline is not None else (model is None or not getattr(model, 'meaningful', False))
+        self.offline = offline if offline is not None else offline_role(model)
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c1b
 @patch

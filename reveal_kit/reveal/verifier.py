@@ -9,7 +9,7 @@ from typing import Any
 from fastcore.basics import patch
 from ..core import Config, Question, Evidence
 from ..text import fmt_time
-from ..backends.chat import role_call
+from ..backends.chat import role_call, offline_role
 from .rubrics import RubricPool, question_type, load_rubric_pool
 from .offline_checks import EvidenceView, offline_scores
 
@@ -120,7 +120,7 @@ class Verifier:
     def __init__(self, pool: RubricPool | None = None, model: Any = None, config: Config = Config(),
                  offline: bool | None = None):
         self.pool, self.model, self.config = pool or load_rubric_pool(), model, config
-        self.offline = offline if offline is not None else (model is None or not getattr(model, 'meaningful', False))
+        self.offline = offline if offline is not None else offline_role(model)
         self._selected: dict[tuple, tuple[list[str], str]] = {}
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #9016213c

@@ -12,7 +12,8 @@ import numpy as np
 from fastcore.basics import patch
 from ..core import Config
 from ..text import STOPWORDS, fmt_time
-from ..backends.chat import user_message
+from ..backends.chat import is_meaningful
+from ..backends.messages import user_message
 
 # %% auto #0
 __all__ = ['CAPTION_PROMPT', 'SUMMARY_PROMPTS', 'OCR_OPTIONS', 'caption_prompt', 'summary_prompt', 'colour_names', 'motion_level',
@@ -195,7 +196,7 @@ class VLMCaptioner:
 # %% ../../nbs/13_video.captioning.ipynb #4860c2df
 def make_captioner(model=None, config: Config = Config()):
     "`VLMCaptioner` when `model` is meaningful, else `PerceptualCaptioner`."
-    if model is not None and getattr(model, 'meaningful', False): return VLMCaptioner(model)
+    if is_meaningful(model): return VLMCaptioner(model)
     return PerceptualCaptioner(theta=config.theta)
 
 # %% ../../nbs/13_video.captioning.ipynb #8f17ba50
@@ -289,5 +290,5 @@ class ModelSummarizer:
 def make_summarizer(model, level: int, config: Config = Config()):
     "The L2 (level 2) or L3 (level 3) summarizer: through the model when it is meaningful, else extractive."
     words = config.l2_words if level == 2 else config.l3_words
-    if model is not None and getattr(model, 'meaningful', False): return ModelSummarizer(model, words)
+    if is_meaningful(model): return ModelSummarizer(model, words)
     return ExtractiveSummarizer(words)

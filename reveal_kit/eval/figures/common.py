@@ -24,6 +24,7 @@ from ..runner import run_eval
 from ..run_dir import select_questions
 from ..metrics import load_results
 from ...synth.bench import generate_benchmark
+from ...backends.chat import is_meaningful
 
 # %% auto #0
 __all__ = ['resolve', 'ensure_synth', 'chat_model', 'run_slug', 'loader_split', 'benchmark_questions', 'run_methods', 'load_runs',
@@ -64,7 +65,7 @@ def chat_model(backend: str = 'embedded', model: str | None = None, base_url: st
 # %% ../../../nbs/44_eval.figures.common.ipynb #ded1d61b
 def run_slug(benchmark: str, split: str | None, chat: Any, roles: str = 'auto') -> str:
     "The folder of one benchmark × split × chat model × roles, e.g. `synth-test-embedded-gemma…-offline`."
-    auto = 'model' if getattr(chat, 'meaningful', False) else 'offline'
+    auto = 'model' if is_meaningful(chat) else 'offline'
     who = roles if roles != 'auto' else auto
     return safe_name(f"{benchmark}-{split or 'all'}-{chat.backend_name}-{chat.model_id}-{who}")
 
