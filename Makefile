@@ -59,7 +59,7 @@ LMMS_VENV ?= .venv-lmms
 test-lmms:
 	test -x $(LMMS_VENV)/bin/python || python3 -m venv $(LMMS_VENV)
 	$(LMMS_VENV)/bin/pip install -q torch==2.13.0
-	$(LMMS_VENV)/bin/pip install -q -e ".[lmms]" "pytest>=8" pytest-timeout imageio-ffmpeg
+	$(LMMS_VENV)/bin/pip install -q -e ".[lmms]" "pytest>=8" imageio-ffmpeg
 	# PyPI's torchvision for torch 2.13 is a CUDA build that cannot load beside the CPU torch (pinned only so pip keeps
 	# torch 2.13); lmms-eval's path for the kit's adapter does not import it
 	$(LMMS_VENV)/bin/pip uninstall -q -y torchvision

@@ -1,4 +1,4 @@
-"""FrameInspect's offline reading with and without the per-video reading memo (`pace_tools.ReadingMemo`).
+"""FrameInspect's offline reading with and without the per-video reading memo (`pace.tools.ReadingMemo`).
 
 Replays the FrameInspect calls recorded in the traces of a finished `dvd` run of the PACE benchmark (default: the
 long split, `benchmarks/pace_bench.py --split long`) twice per call: cold (an empty in-memory memo: frames decoded

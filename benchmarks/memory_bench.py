@@ -7,7 +7,7 @@ bare 1-fps decode (the dense strategy the pipeline picks: PyAV decode-all), the 
 offline embedders), L1 count and mean length, peak RSS of the process, and the offline perceptual captioner's time
 per segment (frame cutting + OCR + visual facts) on a sample of segments. Bare decode is the best of two runs of the
 strategy the pipeline uses. With --strategies it also times OpenCV grab/retrieve and pure per-sample seeking on the
-first video (the choice `reveal_kit.video.frames.choose_strategy` makes, explained in nbs/10_frames.ipynb).
+first video (the choice `reveal_kit.video.frames.choose_strategy` makes, explained in nbs/10_video.frames.ipynb).
 
 Each video is measured in a fresh subprocess so peak RSS is per video.
 Usage:  python benchmarks/memory_bench.py [--minutes 10 60] [--strategies] [--transitions] [--caption-sample 30]

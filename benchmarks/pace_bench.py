@@ -2,8 +2,8 @@
 
 Generates a test split with `reveal_kit.synth.bench` (`--split short`: 3 videos of 2 minutes, 36 questions;
 `--split long`: 10 videos of 10 minutes, 120 questions, where ClipSearch's 16 records and EvidenceRetrieve's 8 no
-longer cover a video), runs every method through the resumable runner (`reveal_kit.pace.agent` registers the PACE
-methods) and prints per method: accuracy, needle recall (one matching rule for every method: `pace_agent.needle_recall`
+longer cover a video), runs every method through the resumable runner (`reveal_kit.eval.methods` registers the PACE
+methods) and prints per method: accuracy, needle recall (one matching rule for every method: `pace.agent.needle_recall`
 over the result's evidence), mean steps, tool calls per episode by tool, invalid calls, tool errors, degraded answers,
 model calls and tokens per query, indexing tokens per clip, seconds per question; then paired comparisons (McNemar)
 pace vs dvd / reveal / the ablations, the wall time of building the plain and the factor-conditioned indexes per
@@ -33,7 +33,7 @@ from reveal_kit.core import runs_dir
 from reveal_kit.synth.bench import generate_benchmark, load_questions
 from reveal_kit.eval.runner import run_eval
 from reveal_kit.eval.metrics import load_results, compare
-import reveal_kit.pace.agent  # noqa: F401  (registers the PACE methods with the runner)
+import reveal_kit.eval.methods  # noqa: F401  (registers the PACE methods with the runner)
 from reveal_kit.pace.agent import needle_recall
 
 METHODS = ['pace', 'dvd', 'pace-no-qcindex', 'pace-no-verify', 'reveal']

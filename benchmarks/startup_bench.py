@@ -63,7 +63,7 @@ def prepare(work: Path, env: dict) -> dict[str, list[str]]:
     "Build a small memory once; the commands to time."
     vid = work / 'v.mp4'
     if not vid.exists():    # in a child, so that this process stays small (a child's ru_maxrss starts at ours)
-        subprocess.run([sys.executable, '-c', 'import sys; from reveal_kit.testing.media import make_test_video; '
+        subprocess.run([sys.executable, '-c', 'import sys; from reveal_kit.testing.videos import make_test_video; '
                         'make_test_video(sys.argv[1], [(4, 1), (5, 2)], fps=5)', str(vid)], check=True, env=env)
     mem = work / 'mem'
     if not (mem / 'manifest.json').exists():

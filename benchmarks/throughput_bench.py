@@ -216,6 +216,7 @@ def template(video: Path, root: Path, url: str) -> Path:
     "A finished build of `video` whose frame pass (segments) later builds resume from."
     from reveal_kit.backends.http import OpenAIHTTPModel
     from reveal_kit.memory.store import OfflineMemory
+    import reveal_kit.memory.build  # noqa: F401  (adds OfflineMemory.build)
     out = root / f'template-{video.stem}'
     OfflineMemory.build(video, out, caption_config(), chat_model=OpenAIHTTPModel(url, model=MODEL), progress=False,
                         concurrency=8)
@@ -226,6 +227,7 @@ def caption_run(tpl: Path, video: Path, out: Path, urls: list[str], conc: int, r
     "Stages 2-4 of a build resumed from the template's frame pass, with `conc` calls in flight."
     from reveal_kit.backends.http import OpenAIHTTPModel
     from reveal_kit.memory.store import OfflineMemory
+    import reveal_kit.memory.build  # noqa: F401  (adds OfflineMemory.build)
     out.mkdir(parents=True)
     for f in ('build.json', 'segments.json', 'visual.npy'): shutil.copy(tpl / f, out / f)
     t0 = time.monotonic()

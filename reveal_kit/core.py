@@ -358,7 +358,7 @@ def digest(obj: Any, n: int = 10) -> str:
     "The first `n` hex digits of the SHA-256 of `obj` as canonical JSON (anything JSON cannot encode as its str)."
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
 
-# %% ../nbs/00_core.ipynb #b57a3p00
+# %% ../nbs/00_core.ipynb #a0b0db38
 def build_stamp() -> str:
     "The local time, to the second, that build records carry (`2026-12-01T20:51:00`)."
     return time.strftime('%Y-%m-%dT%H:%M:%S')

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00b_io.ipynb #6d65cf42
 from __future__ import annotations
-import contextlib, json, os, threading, warnings
+import contextlib, json, os, warnings
 from pathlib import Path
 from typing import Any, Iterable
 import numpy as np

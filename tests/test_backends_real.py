@@ -7,7 +7,7 @@ import httpx
 import jsonschema
 import pytest
 
-from reveal_kit import llamacpp
+from reveal_kit.backends import llamacpp
 from reveal_kit.backends.cache import CacheMiss, CachedModel, CallCache
 from reveal_kit.backends.messages import system_message, user_message
 from reveal_kit.backends.http import OpenAIHTTPModel

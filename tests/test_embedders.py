@@ -9,7 +9,11 @@ import cv2
 import numpy as np
 import pytest
 
-from reveal_kit import embedders as E
+from reveal_kit.retrieval.choice import get_image_embedder, get_text_embedder
+from reveal_kit.retrieval.frame_embedders import DESCRIPTOR_ID, DescriptorImageEmbedder, find_siglip
+from reveal_kit.retrieval import onnx as onnx_mod
+from reveal_kit.retrieval.onnx import OnnxMiniLM, ensure_minilm_onnx, minilm_onnx_path
+from reveal_kit.retrieval.text_embedders import BGE_M3_REPO, MINILM_ID, SentenceTransformerText, packaged_minilm_path
 from reveal_kit.retrieval.index import VectorIndex, exact_topk
 
 
@@ -37,18 +41,18 @@ def clean_env(monkeypatch):
     "Clear the per-process embedder caches around a test that changes the environment."
     for var in ('REVEAL_BGE_M3', 'REVEAL_SIGLIP', 'REVEAL_SIGLIP_ARCH', 'REVEAL_ONNX'):
         monkeypatch.delenv(var, raising=False)
-    E.get_text_embedder.cache_clear()
-    E.get_image_embedder.cache_clear()
+    get_text_embedder.cache_clear()
+    get_image_embedder.cache_clear()
     yield monkeypatch
-    E.get_text_embedder.cache_clear()
-    E.get_image_embedder.cache_clear()
+    get_text_embedder.cache_clear()
+    get_image_embedder.cache_clear()
 
 
 # ---------------------------------------------------------------- descriptor
 
 def test_descriptor_segments_a_generated_video_at_theta():
     "Frames of a 3-shot 'video' (moving object, noise, a subtitle) group into exactly 3 runs at θ = 0.8."
-    emb = E.DescriptorImageEmbedder()
+    emb = DescriptorImageEmbedder()
     frames, shot_of = [], []
     rng = np.random.default_rng(7)
     for shot, seed in enumerate((11, 12, 13)):
@@ -70,7 +74,7 @@ def test_descriptor_segments_a_generated_video_at_theta():
 # ---------------------------------------------------------------- text
 
 def test_text_embedder_retrieves_paraphrases_through_the_index(tmp_path, clean_env):
-    te = E.get_text_embedder()
+    te = get_text_embedder()
     narratives = {'n1': "A woman in a red coat feeds pigeons in a snowy park.",
                   'n2': "Two men repair a bicycle tyre in a garage.",
                   'n3': "A chef slices onions and tomatoes on a wooden board.",
@@ -89,17 +93,17 @@ def test_text_embedder_retrieves_paraphrases_through_the_index(tmp_path, clean_e
 
 def test_bge_m3_request_without_weights_fails_loudly(clean_env, tmp_path):
     clean_env.setenv('REVEAL_BGE_M3', str(tmp_path / 'missing'))
-    with pytest.raises(RuntimeError, match='REVEAL_BGE_M3'): E.get_text_embedder('bge-m3')
-    auto = E.get_text_embedder('auto')
-    assert auto.is_fallback and auto.model_id == E.MINILM_ID and 'packaged all-MiniLM-L6-v2' in auto.why
+    with pytest.raises(RuntimeError, match='REVEAL_BGE_M3'): get_text_embedder('bge-m3')
+    auto = get_text_embedder('auto')
+    assert auto.is_fallback and auto.model_id == MINILM_ID and 'packaged all-MiniLM-L6-v2' in auto.why
 
 
 def test_bge_m3_plumbing_through_sentence_transformers(clean_env):
     "With REVEAL_BGE_M3 pointing at a sentence-transformers directory and no FlagEmbedding, the BGE-M3 route runs it."
     clean_env.setitem(sys.modules, 'FlagEmbedding', None)                     # FlagEmbedding absent (or broken)
-    clean_env.setenv('REVEAL_BGE_M3', str(E.packaged_minilm_path()))          # stand-in weights: only the plumbing
-    te = E.get_text_embedder('bge-m3')
-    assert te.model_id == E.BGE_M3_REPO and not te.is_fallback
+    clean_env.setenv('REVEAL_BGE_M3', str(packaged_minilm_path()))          # stand-in weights: only the plumbing
+    te = get_text_embedder('bge-m3')
+    assert te.model_id == BGE_M3_REPO and not te.is_fallback
     assert te.encode(['hello']).shape == (1, te.dim)                          # the route is chosen at load time
     assert te.backend == 'sentence-transformers' and 'FlagEmbedding unavailable' in te.why
 
@@ -117,8 +121,8 @@ PARITY_TEXTS = ["", " ", "a", "Hello world!", "HELLO WORLD", "12345 3.14159", "2
 
 def test_onnx_minilm_equals_sentence_transformers():
     "Same vectors as sentence-transformers (cosine >= 0.999 on every text), same model id, its own backend."
-    st = E.SentenceTransformerText(E.packaged_minilm_path(), E.MINILM_ID, is_fallback=True)
-    om = E.OnnxMiniLM()
+    st = SentenceTransformerText(packaged_minilm_path(), MINILM_ID, is_fallback=True)
+    om = OnnxMiniLM()
     a, b = om.encode(PARITY_TEXTS), st.encode(PARITY_TEXTS)
     assert om.backend == 'onnxruntime' and st.backend == 'sentence-transformers'
     assert a.shape == b.shape == (len(PARITY_TEXTS), 384) and a.dtype == np.float32
@@ -132,9 +136,9 @@ def test_memories_built_with_either_backend_are_interchangeable():
     "A memory embedded through sentence-transformers is searched through ONNX (and back) with the same results."
     from reveal_kit.core import MemoryItem
     from reveal_kit.memory.store import OfflineMemory, memory_models
-    st = E.SentenceTransformerText(E.packaged_minilm_path(), E.MINILM_ID, is_fallback=True)
-    om = E.OnnxMiniLM()
-    assert memory_models(None, st, E.DescriptorImageEmbedder()) == memory_models(None, om, E.DescriptorImageEmbedder())
+    st = SentenceTransformerText(packaged_minilm_path(), MINILM_ID, is_fallback=True)
+    om = OnnxMiniLM()
+    assert memory_models(None, st, DescriptorImageEmbedder()) == memory_models(None, om, DescriptorImageEmbedder())
     texts = ["a chef slices onions on a wooden board", "two men repair a bicycle tyre in a garage",
              "children play football on a sunny beach", "a woman feeds pigeons in a snowy park"]
     items = [MemoryItem(f'L1_{i}', 1, 10. * i, 10. * i + 10, t) for i, t in enumerate(texts)]
@@ -150,35 +154,36 @@ def test_onnx_file_is_cached_by_the_weights_hash(tmp_path, monkeypatch):
     "The export goes to $REVEAL_CACHE_DIR/onnx/minilm-<sha12>.onnx and runs once; later loads reuse the file."
     import hashlib
     monkeypatch.setenv('REVEAL_CACHE_DIR', str(tmp_path))
-    w = E.packaged_minilm_path() / 'model.safetensors'
+    w = packaged_minilm_path() / 'model.safetensors'
     sha = hashlib.sha256(w.read_bytes()).hexdigest()
-    assert E.minilm_onnx_path() == tmp_path / 'onnx' / f'minilm-{sha[:12]}.onnx'
+    assert minilm_onnx_path() == tmp_path / 'onnx' / f'minilm-{sha[:12]}.onnx'
     calls = []
-    monkeypatch.setattr(E, '_export_in_child', lambda d, out: calls.append(out) or out.write_bytes(b'x'))
-    assert E.ensure_minilm_onnx() == E.ensure_minilm_onnx() == E.minilm_onnx_path()
+    monkeypatch.setattr(onnx_mod, '_export_in_child', lambda d, out: calls.append(out) or out.write_bytes(b'x'))
+    assert ensure_minilm_onnx() == ensure_minilm_onnx() == minilm_onnx_path()
     assert len(calls) == 1
 
 
 def test_failed_export_falls_back_to_sentence_transformers(tmp_path, monkeypatch):
     monkeypatch.setenv('REVEAL_CACHE_DIR', str(tmp_path))
     def broken(d, out): raise RuntimeError('ONNX export of x failed: no onnx')
-    monkeypatch.setattr(E, '_export_in_child', broken)
-    om = E.OnnxMiniLM(why='packaged')
+    monkeypatch.setattr(onnx_mod, '_export_in_child', broken)
+    om = OnnxMiniLM(why='packaged')
     v = om.encode(['hello world'])
-    assert om.backend == 'sentence-transformers' and 'no onnx' in om.why and om.model_id == E.MINILM_ID
+    assert om.backend == 'sentence-transformers' and 'no onnx' in om.why and om.model_id == MINILM_ID
     assert v.shape == (1, 384)
 
 
 def test_choosing_an_embedder_imports_no_model_library():
     "get_text_embedder / get_image_embedder / memory_models import neither torch nor onnxruntime; encode loads once."
-    code = ("import sys; from reveal_kit import embedders as E; from reveal_kit.memory.store import memory_models; "
+    code = ("import sys; from reveal_kit.retrieval.choice import get_text_embedder; "
+            "from reveal_kit.memory.store import memory_models; "
             "m = memory_models(); heavy = [x for x in ('torch', 'onnxruntime', 'sentence_transformers', 'open_clip', "
-            "'transformers') if x in sys.modules]; te = E.get_text_embedder('minilm'); te.encode(['a']); "
+            "'transformers') if x in sys.modules]; te = get_text_embedder('minilm'); te.encode(['a']); "
             "s = te._session; te.encode(['b']); "
             "print(heavy, m['text_embedder'], s is te._session, 'torch' in sys.modules)")
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ['[]', E.MINILM_ID, 'True', 'False'], r.stdout
+    assert r.stdout.split() == ['[]', MINILM_ID, 'True', 'False'], r.stdout
 
 
 # ---------------------------------------------------------------- SigLIP discovery (no open_clip needed)
@@ -188,32 +193,32 @@ def test_find_siglip_local_dir_and_weights_file(clean_env, tmp_path):
     d.mkdir()
     (d / 'open_clip_config.json').write_text('{"model_cfg": {}, "preprocess_cfg": {}}')
     clean_env.setenv('REVEAL_SIGLIP', str(d))
-    assert E.find_siglip()[0] is None                                           # no weights file yet
+    assert find_siglip()[0] is None                                           # no weights file yet
     (d / 'open_clip_model.safetensors').write_bytes(b'')
-    src, why = E.find_siglip()
+    src, why = find_siglip()
     assert src['local_dir'] == str(d) and 'REVEAL_SIGLIP' in why
     clean_env.setenv('REVEAL_SIGLIP', str(d / 'open_clip_model.safetensors'))
     clean_env.setenv('REVEAL_SIGLIP_ARCH', 'ViT-B-16-SigLIP')
-    src, _ = E.find_siglip()
+    src, _ = find_siglip()
     assert src == dict(model_name='ViT-B-16-SigLIP', pretrained=str(d / 'open_clip_model.safetensors'))
 
 
 def test_auto_image_embedder_without_open_clip_reports_why(clean_env):
     "Without open_clip, 'auto' is the descriptor with the reason, text-to-frame search says what is missing."
     clean_env.setitem(sys.modules, 'open_clip', None)
-    ie = E.get_image_embedder()
-    assert ie.is_fallback and ie.model_id == E.DESCRIPTOR_ID and 'open_clip is not installed' in ie.why
+    ie = get_image_embedder()
+    assert ie.is_fallback and ie.model_id == DESCRIPTOR_ID and 'open_clip is not installed' in ie.why
     with pytest.raises(NotImplementedError, match='no text tower'): ie.encode_text(['a dog'])
-    with pytest.raises(RuntimeError, match='open_clip'): E.get_image_embedder('siglip')
+    with pytest.raises(RuntimeError, match='open_clip'): get_image_embedder('siglip')
 
 
 def _siglip_available() -> bool:
-    return importlib.util.find_spec('open_clip') is not None and E.find_siglip()[0] is not None
+    return importlib.util.find_spec('open_clip') is not None and find_siglip()[0] is not None
 
 
 @pytest.mark.skipif(not _siglip_available(), reason="needs open_clip and local SigLIP weights")
 def test_siglip_text_and_image_share_a_space():
-    se = E.get_image_embedder('siglip')
+    se = get_image_embedder('siglip')
     red, blue = np.zeros((384, 384, 3), np.uint8), np.zeros((384, 384, 3), np.uint8)
     red[..., 0] = 220
     blue[..., 2] = 220

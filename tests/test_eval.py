@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from reveal_kit.core import Question
-from reveal_kit import loaders as L
+from reveal_kit.eval import loaders as L
 from reveal_kit.eval.annotations import AnnotationError, extract_options
 from reveal_kit.eval.data_check import check_data
 from reveal_kit.testing.annotation_files import write_fixture
@@ -489,33 +489,33 @@ def test_report_counts_degraded_results():
 
 # ---------------------------------------------------------------- methods by name: plugins, +oracle
 
-def test_pace_methods_load_on_first_use_in_a_fresh_process():
-    code = ("from reveal_kit import runner\n"
-            "assert 'pace' not in runner.METHODS\n"
-            "assert callable(runner.get_method('pace')) and callable(runner.get_method('dvd'))\n"
-            "known = runner.available_methods()\n"
+def test_pace_variants_are_in_the_registry_of_a_fresh_process_without_plugins():
+    code = ("from reveal_kit.eval import methods\n"
+            "assert methods.PLUGINS == [] and {'pace', 'dvd', 'pace_noindex'} <= set(methods.METHODS)\n"
+            "assert callable(methods.get_method('pace')) and callable(methods.get_method('dvd'))\n"
+            "known = methods.available_methods()\n"
             "assert {'pace-no-qcindex', 'pace-factors-3', 'reveal+oracle', '+iter+oracle'} <= set(known), known\n"
-            "assert runner.load_plugins() == {}\n")
+            "assert methods.load_plugins() == {}\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
     r = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
 
 
 def test_a_plugin_that_does_not_import_is_named_in_the_unknown_method_error(monkeypatch, tmp_path):
-    from reveal_kit import runner
-    (tmp_path / '_plugin_ok.py').write_text("from reveal_kit.eval.runner import register_method\n"
+    from reveal_kit.eval import methods
+    (tmp_path / '_plugin_ok.py').write_text("from reveal_kit.eval.methods import register_method\n"
                                             "register_method('_from_plugin')(lambda q, ctx: {'answer': 'B'})\n")
     (tmp_path / '_plugin_bad.py').write_text("raise ImportError('needs a package that is not installed')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(runner, 'PLUGINS', ['_plugin_ok', '_plugin_bad'])
-    monkeypatch.setattr(runner, '_PLUGINS_TRIED', set())
-    monkeypatch.setattr(runner, '_PLUGIN_ERRORS', {})
-    assert '_from_plugin' in runner.available_methods()
+    monkeypatch.setattr(methods, 'PLUGINS', ['_plugin_ok', '_plugin_bad'])
+    monkeypatch.setattr(methods, '_PLUGINS_TRIED', set())
+    monkeypatch.setattr(methods, '_PLUGIN_ERRORS', {})
+    assert '_from_plugin' in methods.available_methods()
     qs = [Question('q0', 'v', 'question?', ['x', 'y'], answer='B')]
     assert run_eval(qs, '_from_plugin', tmp_path / 'run', backend='none', progress=False)['accuracy'] == 1.0
     with pytest.raises(KeyError, match=r"unknown method 'pace-x'.*_plugin_bad did not import "
                                        r"\(ImportError: needs a package that is not installed\)"):
-        runner.get_method('pace-x')
+        methods.get_method('pace-x')
 
 
 def test_oracle_suffix_on_any_preset_is_a_method():
@@ -528,20 +528,21 @@ def test_oracle_suffix_on_any_preset_is_a_method():
 
 # ---------------------------------------------------------------- the run's pool, roles, cache mode, timeout
 
-def _alt_pool(path: Path, provenance: str = '') -> Path:
+def _alt_pool(path: Path, provenance: dict | None = None) -> Path:
     from reveal_kit.reveal.rubrics import default_pool_path
-    return _w(path, default_pool_path().read_text().replace('- name: ', '- name: alt_') + provenance)
+    from reveal_kit.testing.runs import renamed_pool
+    return renamed_pool(default_pool_path(), path, provenance=provenance)
 
 
 def test_the_configured_rubric_pool_scores_the_evidence(tmp_path, monkeypatch):
-    from reveal_kit import runner
+    from reveal_kit.eval.context import RunContext
     from reveal_kit.testing.fakes import synthetic_items, TinyMemory
     mem = TinyMemory(synthetic_items(60, {5: 'the man opens the red door', 30: 'the man opens the red door again',
                                           50: 'the man opens the red door for a delivery worker'}))
-    monkeypatch.setattr(runner.RunContext, 'memory', lambda self, q, chunking=None: mem)
+    monkeypatch.setattr(RunContext, 'memory', lambda self, q, chunking=None: mem)
     qs = [Question('c1', 'tiny', 'How many times does the man open the red door?', ['1', '2', '3', '4'], answer='C',
                    meta={'split': 'dev'})]
-    pool = _alt_pool(tmp_path / 'induced.yaml', 'provenance:\n  benchmark: custom\n  split: dev\n')
+    pool = _alt_pool(tmp_path / 'induced.yaml', dict(benchmark='custom', split='dev'))
     with pytest.warns(UserWarning, match='not a held-out result'):
         s = run_eval(qs, 'reveal', tmp_path / 'alt', backend='none', overrides=[f'rubric_pool={pool}'], progress=False)
     assert s['failed'] == 0

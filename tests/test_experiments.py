@@ -1,12 +1,15 @@
 """The experiment notebooks run through papermill with tiny parameters; each test asserts on the CSVs it wrote."""
+import ast
 import csv
 import json
 import os
+from dataclasses import fields
 from pathlib import Path
 import papermill as pm
 import pytest
+import yaml
 from reveal_kit.eval.metrics import load_results
-from reveal_kit.eval.figures.common import ensure_synth
+from reveal_kit.eval.figures.common import Experiment, ensure_synth
 
 NB = Path(__file__).resolve().parents[1] / 'nbs' / 'experiments'
 TINY = dict(synth={'minutes': 1.0, 'videos': 1, 'questions_per_video': 2}, seed=0)
@@ -23,14 +26,54 @@ def work(tmp_path_factory):
     else: os.environ['REVEAL_RUNS'] = old
 
 
-def run_nb(name: str, work: Path, tag: str = '', **params) -> Path:
-    "Execute nbs/experiments/<name>.ipynb with tiny parameters; returns the folder its figures went to."
+def run_nb(name: str, work: Path, tag: str = '', setup: dict | None = None, **params) -> Path:
+    "Execute nbs/experiments/<name>.ipynb with tiny parameters (and `setup`); returns the folder its figures went to."
     figs = work / f'figs{tag}'
     (work / 'executed').mkdir(exist_ok=True)
-    p = {**TINY, 'root': str(work / 'bench'), 'out_dir': str(work / f'out{tag}'), 'fig_dir': str(figs), **params}
-    pm.execute_notebook(str(NB / f'{name}.ipynb'), str(work / 'executed' / f'{name}{tag}.ipynb'), parameters=p,
-                        kernel_name='python3', progress_bar=False, cwd=str(NB))
+    s = {**TINY, 'root': str(work / 'bench'), 'out_dir': str(work / f'out{tag}'), 'fig_dir': str(figs), **(setup or {})}
+    pm.execute_notebook(str(NB / f'{name}.ipynb'), str(work / 'executed' / f'{name}{tag}.ipynb'),
+                        parameters={**params, 'setup': s}, kernel_name='python3', progress_bar=False, cwd=str(NB))
     return figs
+
+
+def parameters_cell(name: str) -> dict:
+    "The literals of a notebook's one `parameters`-tagged cell, by name."
+    cells = [c for c in json.loads((NB / f'{name}.ipynb').read_text())['cells']
+             if 'parameters' in c['metadata'].get('tags', [])]
+    assert len(cells) == 1, name
+    body = ast.parse(''.join(cells[0]['source'])).body
+    assert all(isinstance(st, ast.Assign) and len(st.targets) == 1 for st in body), name
+    return {st.targets[0].id: ast.literal_eval(st.value) for st in body}
+
+
+def test_parameters_cells():
+    "Each notebook: one tagged cell of literals, `setup` empty (the defaults are Experiment's), no function defined."
+    for nb in sorted(NB.glob('*.ipynb')):
+        p = parameters_cell(nb.stem)
+        assert p['setup'] == {} and {'benchmark', 'limit', 'fig_id'} <= set(p) and p['fig_id'] == nb.stem, nb.stem
+        assert not set(p) & {f.name for f in fields(Experiment)} - {'benchmark', 'limit'}, nb.stem
+        code = [''.join(c['source']) for c in json.loads(nb.read_text())['cells'] if c['cell_type'] == 'code']
+        defs = [n for c in code for n in ast.walk(ast.parse(c)) if isinstance(n, (ast.FunctionDef, ast.Lambda))]
+        assert not defs, nb.stem
+
+
+def test_paper_params_match():
+    "Every params/<notebook>/paper*.yaml sets only its notebook's parameters, and under `setup` Experiment's fields."
+    known = {f.name for f in fields(Experiment)}
+    ymls = sorted(NB.glob('params/*/paper*.yaml'))
+    assert len({y.parent.name for y in ymls}) == len(list(NB.glob('*.ipynb'))) == 11
+    for y in ymls:
+        p, names = yaml.safe_load(y.read_text()), set(parameters_cell(y.parent.name))
+        assert set(p) <= names and set(p['setup']) <= known, (y, set(p) - names, set(p['setup']) - known)
+        assert {'root', 'split', 'backend', 'base_url', 'model'} <= set(p['setup']), y
+
+
+def test_unknown_setup_key(work):
+    "A misspelt setup key stops the notebook at once, naming the key and the nearest field."
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        run_nb('reveal_table1', work, tag='-typo', methods=['blind'], setup={'cache_mod': 'off'})
+    assert "unknown setup key 'cache_mod' (did you mean 'cache_mode'?)" in str(e.value)
+    assert not (work / 'figs-typo').exists()
 
 
 def rows(path: Path) -> list[dict]:
@@ -112,17 +155,17 @@ def test_tables34(work):
 def test_replay_miss_fails_loudly(work):
     "Replay with an empty cache: the first model call fails, naming the role and the cache."
     with pytest.raises(pm.PapermillExecutionError) as e:
-        run_nb('reveal_table1', work, tag='-miss', methods=['blind'], roles='model', cache_mode='replay',
-               cache=str(work / 'empty.sqlite'))
+        run_nb('reveal_table1', work, tag='-miss', methods=['blind'],
+               setup=dict(roles='model', cache_mode='replay', cache=str(work / 'empty.sqlite')))
     assert 'CacheMiss' in str(e.value) and 'empty.sqlite' in str(e.value)
 
 
 @pytest.mark.slow
 def test_replay_reproduces_csv(work):
     "The embedded model really called in-process (roles='model'), then replayed from its cache: the same CSV bytes."
-    kw = dict(methods=['blind'], roles='model', cache=str(work / 'calls.sqlite'))
-    first = run_nb('reveal_table1', work, tag='-rw', cache_mode='readwrite', **kw)
-    again = run_nb('reveal_table1', work, tag='-replay', cache_mode='replay', **kw)
+    kw = dict(roles='model', cache=str(work / 'calls.sqlite'))
+    first = run_nb('reveal_table1', work, tag='-rw', methods=['blind'], setup=dict(cache_mode='readwrite', **kw))
+    again = run_nb('reveal_table1', work, tag='-replay', methods=['blind'], setup=dict(cache_mode='replay', **kw))
     a, b = (first / 'reveal_table1.csv').read_bytes(), (again / 'reveal_table1.csv').read_bytes()
     assert a == b and b'blind' in a
     res = load_results(next((work / 'out-replay').glob('*/blind-*')))
@@ -132,9 +175,9 @@ def test_replay_reproduces_csv(work):
 @pytest.mark.slow
 def test_tables34_replay_identical(work):
     "Tables 3–4 with the embedded model called in-process, then replayed: every CSV but the timing one, same bytes."
-    kw = dict(methods=['blind'], roles='model', cache=str(work / 'calls34.sqlite'))
-    first = run_nb('reveal_tables34', work, tag='-rw34', cache_mode='readwrite', **kw)
-    again = run_nb('reveal_tables34', work, tag='-replay34', cache_mode='replay', **kw)
+    kw = dict(roles='model', cache=str(work / 'calls34.sqlite'))
+    first = run_nb('reveal_tables34', work, tag='-rw34', methods=['blind'], setup=dict(cache_mode='readwrite', **kw))
+    again = run_nb('reveal_tables34', work, tag='-replay34', methods=['blind'], setup=dict(cache_mode='replay', **kw))
     for name in ('reveal_tables34.csv', 'reveal_tables34_rounds.csv', 'reveal_tables34_calls.csv'):
         assert (first / name).read_bytes() == (again / name).read_bytes(), name
     assert rows(first / 'reveal_tables34.csv')[0]['llm_calls_total'] == '2'       # one real call per question
@@ -146,7 +189,8 @@ def test_only_present(work):
     bench = ensure_synth(work / 'bench-gone', minutes=1.0, videos=2, questions_per_video=2)
     gone = sorted((bench / 'videos').glob('*.mp4'))[0]
     gone.rename(gone.with_suffix('.gone'))
-    figs = run_nb('reveal_table1', work, tag='-present', methods=['blind'], root=str(bench), only_present=True)
+    figs = run_nb('reveal_table1', work, tag='-present', methods=['blind'],
+                  setup=dict(root=str(bench), only_present=True))
     assert rows(figs / 'reveal_table1.csv')[0]['n'] == '2'                   # the other video's two questions
 
 

@@ -13,7 +13,8 @@ from reveal_kit.backends.chat import ScriptedModel
 from reveal_kit.core import Config, MemoryBuildError
 from reveal_kit.memory.build import build_memory, format_build_summary, get_or_build_memory
 from reveal_kit.memory.store import OfflineMemory, MemoryMismatchError, describe, memory_dir_for, memory_models
-from reveal_kit.testing.videos import (make_test_video, write_srt, write_vtt, make_audio_only, make_empty, truncate_copy, make_faststart_truncated, scene_boundaries)
+from reveal_kit.testing.videos import make_test_video, write_srt, write_vtt, make_audio_only, make_empty, truncate_copy
+from reveal_kit.testing.videos import make_faststart_truncated, scene_boundaries
 
 SCENES = [(9, 1), (11, 2), (10, 3, 'LIBRARY'), (10, 4)]          # boundaries at 9, 20, 30 s; 40 s long
 CFG = Config(l2_group=2)
@@ -173,6 +174,7 @@ CHILD = textwrap.dedent('''
     import sys, time
     from reveal_kit.core import Config
     from reveal_kit.memory.store import OfflineMemory
+    import reveal_kit.memory.build                      # adds OfflineMemory.build
     import reveal_kit.video.captioning as cap
     orig = cap.PerceptualCaptioner.caption
     def slow(self, *a, **k):

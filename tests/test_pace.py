@@ -12,10 +12,12 @@ from reveal_kit.backends.messages import message_text
 from reveal_kit.testing.fakes import HashEmbedder, FakeChatServer
 from reveal_kit.backends.http import OpenAIHTTPModel
 from reveal_kit.pace.factors import Factor, extract_factors, offline_factors
-from reveal_kit.pace.index import (ClipRecord, EvidenceDB, tag_factors, factor_text, get_pace_dbs, build_plain_db, load_db)
+from reveal_kit.pace.index import (ClipRecord, EvidenceDB, tag_factors, factor_text, get_pace_dbs, build_plain_db,
+                                   load_db)
 from reveal_kit.pace.tools import ToolBox, PACE_TOOLS, DVD_TOOLS, inspect_times
-from reveal_kit.pace.agent import (run_agent, OfflinePolicy, ModelPolicy, answer_pace, needle_recall, cue_recovered, PACE_SPECS, shared_plain_db)
-from reveal_kit.eval.methods import get_method
+from reveal_kit.pace.agent import (run_agent, OfflinePolicy, ModelPolicy, answer_pace, needle_recall, cue_recovered,
+                                   PACE_SPECS)
+from reveal_kit.eval.methods import get_method, shared_plain_db
 from reveal_kit.eval.runner import run_eval
 from reveal_kit.eval.context import RunContext
 from reveal_kit.synth.bench import generate_benchmark, load_questions
@@ -269,7 +271,8 @@ def test_dvd_uses_no_pace_tools():
     called = {s['tool'] for s in res['trace_data']['steps']}
     assert not called & {'QueryDecompose', 'EvidenceRetrieve'} and 'ClipSearch' in called
     tb = ToolBox(Q, toy_db(), tools=DVD_TOOLS)
-    assert tb.call('QueryDecompose').data.get('invalid') and tb.call('EvidenceRetrieve', {'factor': 'x'}).data['invalid']
+    assert tb.call('QueryDecompose').data.get('invalid')
+    assert tb.call('EvidenceRetrieve', {'factor': 'x'}).data['invalid']
 
 
 # ---------------------------------------------------------------- needle recall

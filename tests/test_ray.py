@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from reveal_kit import runner
+from reveal_kit.eval import methods
 from reveal_kit.io import read_jsonl_rows
 from reveal_kit.eval.ray import RayRunFailed, build_all, run_eval_ray
 from reveal_kit.eval.runner import run_eval
@@ -16,7 +16,7 @@ from reveal_kit.eval.runner import run_eval
 # the trace file's name is compared instead).
 TIMING = ('seconds', 'wall_seconds', 'model_seconds', 'loop_seconds')
 
-# A plugin module the Ray workers import (runner.PLUGINS travels with the run). It arms itself only where
+# A plugin module the Ray workers import (methods.PLUGINS travels with the run). It arms itself only where
 # KIT_TEST_FAULT_DIR is set, i.e. in Ray workers (set through the cluster's runtime_env, never in this process),
 # and kills its own worker process once, mid-task, when a `<stage>.armed` file exists:
 # - build: right after the first L1 caption line of the second memory is on disk (the first memory is complete);
@@ -25,7 +25,7 @@ FAULTS = '''
 import json, os, signal, time
 from pathlib import Path
 import reveal_kit.memory.build as mb
-import reveal_kit.eval.runner as rn
+import reveal_kit.eval.methods as rm
 
 D = os.environ.get('KIT_TEST_FAULT_DIR')
 
@@ -35,7 +35,7 @@ def _die_once(stage, state):
     os.kill(os.getpid(), signal.SIGKILL)
 
 if D:
-    _append, _answer = mb.append_jsonl, rn.answer_question
+    _append, _answer = mb.append_jsonl, rm.answer_question
 
     def append_jsonl(path, row):
         _append(path, row)
@@ -57,7 +57,7 @@ if D:
             _die_once('eval', dict(qid=q.qid, lines=res.read_text().splitlines() if res.exists() else []))
         return _answer(q, *a, trace_dir=trace_dir, **kw)
 
-    mb.append_jsonl, rn.answer_question = append_jsonl, answer_question
+    mb.append_jsonl, rm.answer_question = append_jsonl, answer_question
 '''
 
 
@@ -72,13 +72,13 @@ def env(tmp_path_factory):
     old_runs = os.environ.get('REVEAL_RUNS')
     os.environ['REVEAL_RUNS'] = str(base / 'runs')
     sys.path.insert(0, str(faults))
-    runner.PLUGINS.append('kit_test_faults')
+    methods.PLUGINS.append('kit_test_faults')
     generate_benchmark(base / 'bench', minutes=1, videos=2, questions_per_video=3, seed=0, progress=False)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={'env_vars': {'PYTHONPATH': str(faults), 'KIT_TEST_FAULT_DIR': str(faults)}})
     yield dict(bench=base / 'bench', faults=faults)
     ray.shutdown()
-    runner.PLUGINS.remove('kit_test_faults')
+    methods.PLUGINS.remove('kit_test_faults')
     sys.path.remove(str(faults))
     if old_runs is None: os.environ.pop('REVEAL_RUNS', None)
     else: os.environ['REVEAL_RUNS'] = old_runs

@@ -1,4 +1,4 @@
-"""Integration tests of rubric induction (reveal_kit.reveal.induction, nbs/26_rubric_induction.ipynb).
+"""Integration tests of rubric induction (reveal_kit.reveal.pairs, .proposers, .induction: nbs/26*_reveal.*.ipynb).
 
 A tiny generated benchmark (not rendered) with memories made from each video's script (one L1 item per scripted
 event), so the oracle's labels can be checked against the generator's own record of which events are decisive, the
@@ -102,7 +102,7 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_rubric_induction import script_memory, EMB
 from reveal_kit.synth.bench import load_questions
-from reveal_kit import rubric_induction as ri
+from reveal_kit.reveal import induction as ri
 root = Path({root!r})
 qs = load_questions(root)
 orig = ri.append_jsonl

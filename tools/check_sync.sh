@@ -13,7 +13,7 @@ import re
 stale = []
 for m in pathlib.Path('reveal_kit').rglob('*.py'):
     if m.name in ('__init__.py', '_modidx.py'): continue
-    src = re.search(r'File to edit: \.\./(nbs/\S+\.ipynb)', m.read_text())
+    src = re.search(r'File to edit: (?:\.\./)+(nbs/\S+\.ipynb)', m.read_text())
     if not src or not pathlib.Path(src.group(1)).exists(): stale.append(m.name)
 if stale: sys.exit('modules exported by no notebook (delete them): ' + ', '.join(sorted(stale)))
 PY

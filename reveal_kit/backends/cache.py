@@ -52,17 +52,15 @@ class CallCache:
         self.path, self.timeout, self._local = p, timeout, threading.local()
         self._conn().execute(_SCHEMA)
 
-# %% ../../nbs/03_backends.cache.ipynb #b8513334
-@patch
-def _conn(self: CallCache) -> sqlite3.Connection:
-    "This thread's connection in this process (opened on first use, and again after a fork)."
-    c = getattr(self._local, 'conn', None)
-    if c is None or self._local.pid != os.getpid():
-        c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
-        c.execute('PRAGMA journal_mode=WAL')
-        c.execute('PRAGMA synchronous=NORMAL')
-        self._local.conn, self._local.pid = c, os.getpid()
-    return c
+    def _conn(self) -> sqlite3.Connection:
+        "This thread's connection in this process (opened on first use, and again after a fork)."
+        c = getattr(self._local, 'conn', None)
+        if c is None or self._local.pid != os.getpid():
+            c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+            c.execute('PRAGMA journal_mode=WAL')
+            c.execute('PRAGMA synchronous=NORMAL')
+            self._local.conn, self._local.pid = c, os.getpid()
+        return c
 
 # %% ../../nbs/03_backends.cache.ipynb #2af7ad4f
 @patch
@@ -72,6 +70,7 @@ def put(self: CallCache, key: str, entry: dict) -> None:
     row = (key, r.get('role', ''), r.get('backend', ''), r.get('model', ''), time.time(), json.dumps(entry))
     self._conn().execute('INSERT OR REPLACE INTO calls VALUES (?,?,?,?,?,?)', row)
 
+# %% ../../nbs/03_backends.cache.ipynb #b3e21045
 @patch
 def get(self: CallCache, key: str) -> dict | None:
     "The stored entry for `key`, or None."
@@ -87,12 +86,13 @@ def __contains__(self: CallCache, key: str) -> bool:
 def __len__(self: CallCache) -> int: return self._conn().execute('SELECT COUNT(*) FROM calls').fetchone()[0]
 
 @patch
+def __repr__(self: CallCache): return f"CallCache({str(self.path)!r}, {len(self)} calls)"
+
+# %% ../../nbs/03_backends.cache.ipynb #af6e4641
+@patch
 def clear(self: CallCache) -> None:
     "Remove every entry."
     self._conn().execute('DELETE FROM calls')
-
-@patch
-def __repr__(self: CallCache): return f"CallCache({str(self.path)!r}, {len(self)} calls)"
 
 # %% ../../nbs/03_backends.cache.ipynb #730fc350
 MODES = ('readwrite', 'replay', 'off')

@@ -4,13 +4,11 @@
 
 # %% ../../nbs/02a_backends.chat.ipynb #28ab99cc
 from __future__ import annotations
-import base64, copy, functools, io, json, mimetypes, re, sys, threading, time
+import copy, functools, json, re, sys, threading, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, asdict
-from pathlib import Path
 from typing import Any, Callable
-import numpy as np
 from fastcore.basics import patch
 from .messages import as_messages, assistant_message, make_messages, message_text, user_message
 
@@ -18,7 +16,7 @@ from .messages import as_messages, assistant_message, make_messages, message_tex
 __all__ = ['JSON_STATS', 'BackendError', 'BackendUnavailable', 'RequestRejected', 'BadReply', 'CallsFailing', 'CallRecord',
            'ChatResult', 'parse_json', 'schema_validator', 'validate_reply', 'bound_schema', 'minimal_instance',
            'schema_instruction', 'with_schema_instruction', 'repair_messages', 'json_stats', 'estimate_tokens',
-           'ChatModel', 'is_meaningful', 'offline_role', 'models_record', 'ScriptedModel', 'record_dict', 'role_call',
+           'ChatModel', 'ScriptedModel', 'is_meaningful', 'offline_role', 'models_record', 'record_dict', 'role_call',
            'call_totals']
 
 # %% ../../nbs/02a_backends.chat.ipynb #fbd2b09f
@@ -203,17 +201,38 @@ class ChatModel:
         return self.base_url or str(getattr(self, 'model_path', None) or '') or str(self.model_id)
     def __repr__(self): return f"{type(self).__name__}({self.model_id!r}, meaningful={self.meaningful})"
 
-# %% ../../nbs/02a_backends.chat.ipynb #offrole2
+# %% ../../nbs/02a_backends.chat.ipynb #13e3732c
+def _default_reply(messages, schema, role):
+    "The scripted model's default: the smallest valid JSON value, or 'ok'."
+    return minimal_instance(schema) if schema is not None else 'ok'
+
+class ScriptedModel(ChatModel):
+    "A deterministic model: `fn(messages, schema, role) -> str | dict | list`; every call is logged in `.calls`."
+    backend_name = 'scripted'
+    def __init__(self, fn: Callable | None = None, *, model_id: str = 'scripted', meaningful: bool = True,
+                 supports_images: bool = True):
+        super().__init__()
+        self.fn, self.model_id = fn or _default_reply, model_id
+        self.meaningful, self.supports_images = meaningful, supports_images
+        self.why, self.calls = 'scripted test model (deterministic replies, no real model)', []
+
+    def _complete(self, messages, *, schema, max_tokens, temperature, role):
+        self.calls.append({'role': role, 'messages': messages})
+        out = self.fn(messages, schema, role)
+        text = out if isinstance(out, str) else json.dumps(out)
+        return text, sum(estimate_tokens(message_text(m)) for m in messages), estimate_tokens(text)
+
+# %% ../../nbs/02a_backends.chat.ipynb #bcfcd1c2
 def is_meaningful(model: Any) -> bool:
     "Whether `model` is there and its replies mean something (the embedded base model's do not)."
     return model is not None and bool(getattr(model, 'meaningful', False))
 
-# %% ../../nbs/02a_backends.chat.ipynb #offrole4
+# %% ../../nbs/02a_backends.chat.ipynb #b9fcb667
 def offline_role(model: Any, roles: str = 'auto') -> bool:
     "Whether a role runs its offline implementation: `roles` 'offline', or 'auto' without a meaningful model."
     return roles == 'offline' or (roles == 'auto' and not is_meaningful(model))
 
-# %% ../../nbs/02a_backends.chat.ipynb #m0de1rec
+# %% ../../nbs/02a_backends.chat.ipynb #850ecbc1
 def models_record(model: Any, offline: bool, text_embedder: Any = None) -> dict:
     "What a result and its trace record about the models: chat model (and its server), roles, text embedder."
     chat = f"{getattr(model, 'backend_name', 'none')}:{getattr(model, 'model_id', None)}" if model is not None else None
@@ -318,27 +337,6 @@ def chat_many(self: ChatModel, conversations: list, *, schema: dict | None = Non
     f = lambda c: self.chat(c, schema=schema, role=role, max_tokens=max_tokens, temperature=temperature)
     if max_workers <= 1 or len(conversations) <= 1: return [f(c) for c in conversations]
     with ThreadPoolExecutor(max_workers) as ex: return list(ex.map(f, conversations))
-
-# %% ../../nbs/02a_backends.chat.ipynb #13e3732c
-def _default_reply(messages, schema, role):
-    "The scripted model's default: the smallest valid JSON value, or 'ok'."
-    return minimal_instance(schema) if schema is not None else 'ok'
-
-class ScriptedModel(ChatModel):
-    "A deterministic model: `fn(messages, schema, role) -> str | dict | list`; every call is logged in `.calls`."
-    backend_name = 'scripted'
-    def __init__(self, fn: Callable | None = None, *, model_id: str = 'scripted', meaningful: bool = True,
-                 supports_images: bool = True):
-        super().__init__()
-        self.fn, self.model_id = fn or _default_reply, model_id
-        self.meaningful, self.supports_images = meaningful, supports_images
-        self.why, self.calls = 'scripted test model (deterministic replies, no real model)', []
-
-    def _complete(self, messages, *, schema, max_tokens, temperature, role):
-        self.calls.append({'role': role, 'messages': messages})
-        out = self.fn(messages, schema, role)
-        text = out if isinstance(out, str) else json.dumps(out)
-        return text, sum(estimate_tokens(message_text(m)) for m in messages), estimate_tokens(text)
 
 # %% ../../nbs/02a_backends.chat.ipynb #a8521275
 def record_dict(rec: Any) -> dict:

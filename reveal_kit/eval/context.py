@@ -8,13 +8,14 @@ import threading
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from fastcore.basics import patch
 from ..core import Config, Question, sha256_file
 from ..backends.models import get_chat_model, describe_chat_model
 from ..memory.build import get_or_build_memory
 from .loaders import lvb_subtitles_to_srt
 from ..reveal.rubrics import default_pool_path, load_rubric_pool
+from ..reveal.induction import pool_eval_warning
 
 # %% auto #0
 __all__ = ['ROLES', 'RunContext', 'pool_meta']
@@ -86,19 +87,27 @@ def subtitles(self: RunContext, q: Question) -> str | None:
     if not out.exists(): lvb_subtitles_to_srt(p, out, float(q.meta.get('starting_timestamp_for_subtitles') or 0.0))
     return str(out)
 
+# %% ../../nbs/42a_eval.context.ipynb #7859b11d
+@patch
+def shared(self: RunContext, q: Question, kind: str, build: Callable[[], Any]) -> Any:
+    "The run's one `kind` of object for the question's video: made by `build()` once under a per-video lock, shared."
+    key = (q.video_id, kind)
+    with self._lock: vlock = self._vlocks.setdefault(key, threading.Lock())
+    with vlock:
+        if key not in self._mems:
+            if not q.video_path or not Path(q.video_path).exists():
+                raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
+            self._mems[key] = build()
+        return self._mems[key]
+
 # %% ../../nbs/42a_eval.context.ipynb #73c0cf5d
 @patch
 def memory(self: RunContext, q: Question, chunking: str | None = None):
     "The offline memory of the question's video, built once per (video, chunking) and shared."
-    key = (q.video_id, chunking or self.config.chunking)
-    with self._lock: vlock = self._vlocks.setdefault(key, threading.Lock())
-    with vlock:
-        if key not in self._mems:
-            cfg = self.config.replace(chunking=key[1]) if key[1] != self.config.chunking else self.config
-            if not q.video_path or not Path(q.video_path).exists():
-                raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
-            self._mems[key] = get_or_build_memory(q.video_path, cfg, chat_model=self.model, subtitles=self.subtitles(q))
-        return self._mems[key]
+    chunking = chunking or self.config.chunking
+    cfg = self.config.replace(chunking=chunking) if chunking != self.config.chunking else self.config
+    build = lambda: get_or_build_memory(q.video_path, cfg, chat_model=self.model, subtitles=self.subtitles(q))
+    return self.shared(q, chunking, build)
 
 # %% ../../nbs/42a_eval.context.ipynb #fd84be37
 @patch
@@ -124,7 +133,6 @@ def rubric_pool(self: RunContext):
 # %% ../../nbs/42a_eval.context.ipynb #b7cf772d
 def pool_meta(cfg: Config, benchmark: str, split: str | None, qs: list[Question]) -> dict:
     "What `run.json` records about the rubric pool: path, SHA-256, and the warning of a pool induced on this split."
-    from reveal_kit.reveal.induction import pool_eval_warning     # it imports the runner
     p = Path(cfg.rubric_pool) if cfg.rubric_pool else default_pool_path()
     if not p.exists():
         if cfg.rubric_pool: raise FileNotFoundError(f"rubric pool {p} not found (Config.rubric_pool)")

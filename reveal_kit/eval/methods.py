@@ -6,16 +6,15 @@
 from __future__ import annotations
 import importlib
 import threading
-from pathlib import Path
 from typing import Any, Callable
 from ..core import Question
+from ..backends.chat import is_meaningful
 from .baselines import blind, direct
 from ..reveal.presets import PRESETS, ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX, get_preset
 from ..reveal.agent import answer_question
 from .context import RunContext
 from ..pace.index import EvidenceDB, get_pace_dbs
 from ..pace.agent import PACE_SPECS, PACE_ALIASES, answer_pace
-from ..backends.chat import is_meaningful
 
 # %% auto #0
 __all__ = ['METHODS', 'PLUGINS', 'register_method', 'load_plugins', 'available_methods', 'get_method', 'plain_index_model',
@@ -100,17 +99,13 @@ def plain_index_model(ctx: RunContext) -> Any:
     if ctx.roles == 'offline': return None
     return ctx.model if is_meaningful(ctx.model) else None
 
+# %% ../../nbs/42b_eval.methods.ipynb #c0312afe
 def shared_plain_db(q: Question, ctx: RunContext) -> EvidenceDB:
     "The plain PACE database of the question's video in this run: built or loaded once, shared."
-    key = (q.video_id, 'pace-plain')
-    with ctx._lock: vlock = ctx._vlocks.setdefault(key, threading.Lock())
-    with vlock:
-        if key not in ctx._mems:
-            if not q.video_path or not Path(q.video_path).exists():
-                raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
-            ctx._mems[key] = get_pace_dbs(q.video_path, (), ctx.config, plain_index_model(ctx), ctx.subtitles(q))[0]
-        return ctx._mems[key]
+    build = lambda: get_pace_dbs(q.video_path, (), ctx.config, plain_index_model(ctx), ctx.subtitles(q))[0]
+    return ctx.shared(q, 'pace-plain', build)
 
+# %% ../../nbs/42b_eval.methods.ipynb #664adbef
 def _runner_method(name: str):
     "A runner method `fn(question, ctx) -> result` for one PACE variant."
     def run(q: Question, ctx: RunContext) -> dict:

@@ -11,8 +11,8 @@ import numpy as np
 from ..io import read_jsonl_rows
 
 # %% auto #0
-__all__ = ['load_results', 'report', 'format_report', 'mcnemar_exact', 'paired_bootstrap_ci', 'compare', 'format_compare',
-           'report_run', 'compare_runs']
+__all__ = ['DEMO_GUIDE', 'load_results', 'report', 'format_report', 'mcnemar_exact', 'paired_bootstrap_ci', 'compare',
+           'format_compare', 'report_run', 'compare_runs', 'demo_table', 'demo_report']
 
 # %% ../../nbs/43_eval.metrics.ipynb #1dd65cde
 def load_results(run_dir: str | Path) -> list[dict]:
@@ -247,3 +247,34 @@ def report_run(run_dir: str | Path) -> dict:
 def compare_runs(run_a: str | Path, run_b: str | Path, seed: int = 0, n_boot: int = 10000) -> dict:
     "`compare` of two RUN_DIRs, named by their paths."
     return compare(load_results(run_a), load_results(run_b), seed=seed, n_boot=n_boot, names=(str(run_a), str(run_b)))
+
+# %% ../../nbs/43_eval.metrics.ipynb #34b54520
+def demo_table(run_dirs: dict[str, Path]) -> str:
+    "One line per method: questions, accuracy, failed, mean rounds, calls per question, stop reasons."
+    rows = [f"{'method':12s} {'n':>4s} {'acc':>6s} {'failed':>6s} {'rounds':>6s} {'calls/q':>7s}  stop reasons"]
+    for name, d in run_dirs.items():
+        r = report(load_results(d))
+        stops = ', '.join(f"{k}:{v}" for k, v in sorted(r.get('stop_reasons', {}).items()))
+        acc, rnd, calls = (f"{x:.3f}" if x is not None else '—'
+                           for x in (r['accuracy'], r['rounds_mean'], r['llm_calls_mean']))
+        rows.append(f"{name:12s} {r['n']:>4d} {acc:>6s} {r['failed']:>6d} {rnd:>6s} {calls:>7s}  {stops}")
+    return '\n'.join(rows)
+
+# %% ../../nbs/43_eval.metrics.ipynb #221e8dc9
+DEMO_GUIDE = """How to read this: with the embedded default the roles (planner, verifier, answerer, captioner) are the
+kit's deterministic offline implementations (the packaged base model's answers are not meaningful), so the numbers
+measure the mechanism on a generated benchmark, not a backbone: 'calls/q' is 0 and the accuracies are not comparable
+with the papers. 'rounds' is REVEAL's retrieve-verify rounds (at most 3); 'stop reasons' say whether the verifier found
+the evidence sufficient (rho >= tau), the budget ran out, or retrieval found nothing new. Each answer's trace (queries,
+retrieved segments with times, option x criterion scores, missing evidence) is a JSON file under the traces folder.
+With a real model: reveal demo --backend http --base-url http://HOST:8000/v1 (e.g. a `vllm serve` server)."""
+
+# %% ../../nbs/43_eval.metrics.ipynb #e059b1ec
+def demo_report(run_dirs: dict[str, Path]) -> str:
+    "The demo's results: the table, the paired comparison of the first and last run, the traces, how to read them."
+    parts = ["[3/3] results\n" + demo_table(run_dirs)]
+    if len(run_dirs) >= 2:
+        (a, da), (b, db) = list(run_dirs.items())[0], list(run_dirs.items())[-1]
+        parts.append('\n' + format_compare(compare(load_results(da), load_results(db), names=(a, b))))
+    parts += [f"traces of {m}: {Path(d) / 'traces'}" for m, d in run_dirs.items()]
+    return '\n'.join(parts + ['\n' + DEMO_GUIDE])

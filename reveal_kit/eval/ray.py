@@ -8,14 +8,14 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 from ..core import Config, Question, runs_dir
 from ..memory.store import memory_dir_for, memory_models
-from .runner import ABORT_ERRORS, run_one, run_eval
-from .methods import PLUGINS, get_method, load_plugins
-from .context import RunContext
-from .runner import check_run_options, load_run_questions, resolve_config
 from .run_dir import json_or_str, parse_shard, select_questions
+from .context import RunContext
+from .methods import PLUGINS, get_method, load_plugins
+from .runner import (ABORT_ERRORS, check_run_options, load_run_questions, resolve_config, run_one,
+                                    run_eval)
 
 # %% auto #0
 __all__ = ['RayUnavailable', 'RayRunFailed', 'connect_ray', 'worker_spec', 'worker_context', 'memory_jobs', 'build_one',
@@ -25,6 +25,7 @@ __all__ = ['RayUnavailable', 'RayRunFailed', 'connect_ray', 'worker_spec', 'work
 class RayUnavailable(ImportError):
     "Ray is not installed here (the `ray` extra), or the cluster cannot be reached."
 
+# %% ../../nbs/46_eval.ray.ipynb #816f7f78
 class RayRunFailed(RuntimeError):
     "A Ray stage stopped (a worker lost beyond its retries); what finished is on disk and a rerun resumes."
 

@@ -16,9 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from filelock import FileLock, Timeout
-from ..core import Question, project_root
+from ..core import Question, RunMismatch, project_root
 from ..io import json_default, atomic_write_text, append_jsonl, read_jsonl_rows
-from ..core import RunMismatch
 
 # %% auto #0
 __all__ = ['shard_of', 'parse_shard', 'select_questions', 'json_or_str', 'repair_results', 'ResultWriter', 'git_commit',

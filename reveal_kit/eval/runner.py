@@ -15,20 +15,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 from tqdm.auto import tqdm
-from ..core import Config, Question, load_config, parse_overrides, kit_version
+from ..core import Config, Question, load_config, parse_overrides, kit_version, trace_path
 from ..io import atomic_write_text
 from ..backends.chat import BackendUnavailable
 from ..backends.cache import CacheMiss, MODES
 from .loaders import load_benchmark, load_split_questions
 from ..reveal.induction import induce
-from ..core import trace_path
 from .context import ROLES, RunContext, pool_meta
-from .run_dir import ResultWriter, git_commit, json_or_str, locked_run_dir, parse_shard, repair_results, select_questions, write_run_json
+from .run_dir import (ResultWriter, git_commit, json_or_str, locked_run_dir, parse_shard, repair_results,
+                                     select_questions, write_run_json)
 from .methods import get_method
 
 # %% auto #0
 __all__ = ['ABORT_ERRORS', 'finalize', 'run_one', 'resolve_config', 'load_run_questions', 'answer_in_process',
-           'check_run_options', 'run_eval', 'format_run_summary', 'induce_benchmark']
+           'check_run_options', 'run_eval', 'format_run_summary', 'induce_benchmark', 'format_induction_summary']
 
 # %% ../../nbs/42c_eval.runner.ipynb #d0f2ead8
 def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
@@ -127,6 +127,34 @@ def check_run_options(cache_mode: str | None, timeout_s: float | None, roles: st
     if roles == 'model' and backend in (None, 'none') and model is None:
         raise ValueError("roles='model' needs a chat model; backend 'none' has none")
 
+# %% ../../nbs/42c_eval.runner.ipynb #eeab2637
+def _todo(sel: list[Question], results: Path, retry_failed: bool) -> tuple[list[Question], list[dict], int]:
+    "The selected questions still to do (ordered by video), the finished rows of the others, the broken lines dropped."
+    done, dropped = repair_results(results)
+    last = {r['qid']: r for r in done}
+    finished = {k for k, r in last.items() if not (retry_failed and r.get('failed'))}
+    todo = sorted((q for q in sel if q.qid not in finished), key=lambda q: q.video_id)
+    return todo, [last[q.qid] for q in sel if q.qid in finished], dropped
+
+# %% ../../nbs/42c_eval.runner.ipynb #8dac9472
+def _answer_all(todo: list[Question], prev: list[dict], total: int, method: str, ctx: RunContext, concurrency: int,
+                answer: Callable[..., Iterable[dict]] | None, progress: bool) -> dict:
+    "Answer `todo` (in this process unless `answer` says who), appending each row; the counts of the run so far."
+    stats = dict(n=len(prev), correct=sum(bool(r.get('correct')) for r in prev), failed=0, degraded=0, new=0)
+    bar = tqdm(total=total, initial=stats['n'], desc=f"{ctx.benchmark}/{method}", disable=not progress,
+               dynamic_ncols=True)
+    with bar:
+        rows = (answer or answer_in_process)(todo, method, ctx, concurrency)
+        _record(rows, todo, ctx, ResultWriter(Path(ctx.out_dir) / 'results.jsonl'), stats, bar)
+    return stats
+
+# %% ../../nbs/42c_eval.runner.ipynb #351dd041
+def _summary(out: Path, sel: list[Question], todo: list[Question], stats: dict, dropped: int, t0: float) -> dict:
+    "What `run_eval` returns about this invocation (and records in `run.json`)."
+    return dict(out_dir=str(out), selected=len(sel), skipped_finished=len(sel) - len(todo), ran=stats['new'],
+                failed=stats['failed'], degraded=stats['degraded'], accuracy=stats['correct'] / max(stats['n'], 1),
+                repaired_lines=dropped, seconds=time.time() - t0)
+
 # %% ../../nbs/42c_eval.runner.ipynb #15d065f2
 def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, root: str | Path | None = None,
              limit: int | None = None, shard: str | tuple[int, int] = (0, 1), concurrency: int = 1,
@@ -150,22 +178,11 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
                                              cache_mode=cache_mode, **pool_meta(cfg, name, split, qs),
                                              root=str(root) if root else None, split=split, limit=limit,
                                              only_present=only_present, shards=[(si, sn)], load_report=load_rep))
-        done, dropped = repair_results(out / 'results.jsonl')
-        last = {r['qid']: r for r in done}
-        finished = {k for k, r in last.items() if not (retry_failed and r.get('failed'))}
-        todo = sorted((q for q in sel if q.qid not in finished), key=lambda q: q.video_id)
+        todo, prev, dropped = _todo(sel, out / 'results.jsonl', retry_failed)
         ctx.hold(todo)
-        prev = [last[q.qid] for q in sel if q.qid in finished]
-        stats = dict(n=len(prev), correct=sum(bool(r.get('correct')) for r in prev), failed=0, degraded=0, new=0)
         t0 = time.time()
-        bar = tqdm(total=len(sel), initial=stats['n'], desc=f"{name}/{method}", disable=not progress,
-                   dynamic_ncols=True)
-        with bar:
-            rows = (answer or answer_in_process)(todo, method, ctx, concurrency)
-            _record(rows, todo, ctx, ResultWriter(out / 'results.jsonl'), stats, bar)
-        summary = dict(out_dir=str(out), selected=len(sel), skipped_finished=len(sel) - len(todo), ran=stats['new'],
-                       failed=stats['failed'], degraded=stats['degraded'],
-                       accuracy=stats['correct'] / max(stats['n'], 1), repaired_lines=dropped, seconds=time.time() - t0)
+        stats = _answer_all(todo, prev, len(sel), method, ctx, concurrency, answer, progress)
+        summary = _summary(out, sel, todo, stats, dropped, t0)
         updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
         write_run_json(out, dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
         return summary
@@ -183,3 +200,11 @@ def induce_benchmark(benchmark: str, root: str | Path | None = None, split: str 
     "`reveal.induction.induce` on a benchmark's split (its first `limit` questions); the induction report."
     qs = load_split_questions(benchmark, root, split)
     return induce(qs[:limit] if limit else qs, split=split, benchmark=benchmark, root=root, **kw)
+
+# %% ../../nbs/42c_eval.runner.ipynb #36c4e3e3
+def format_induction_summary(rep: dict) -> str:
+    "One line about an induction report: questions → pairs kept, the best iteration, its validation accuracy, the pool."
+    prov, filt = rep['provenance'], rep['filter']
+    return (f"{filt['candidates']} questions -> {filt['kept']} pairs (removed by {filt['first']}); "
+            f"best iteration {rep['best_iteration']} (validation accuracy {prov['val_accuracy']:.3f}, "
+            f"start pool {prov['start_val_accuracy']:.3f}) -> {rep['pool']}")

@@ -9,7 +9,6 @@ import html
 import json
 from pathlib import Path
 from typing import Any
-from fastcore.basics import patch
 from ..text import fmt_time
 from ..io import atomic_write_text
 from .metrics import load_results
@@ -217,25 +216,21 @@ class TraceViewer:
         from IPython.display import display
         display(self.widget)
 
-# %% ../../nbs/45_eval.trace_view.ipynb #0f52a68e
-@patch
-def refresh(self: TraceViewer) -> None:
-    "Re-filter the question list (keeping the selection when it still matches)."
-    rows = filter_questions(self.rows, self.outcome.value, self.qtype.value, self.stop.value)
-    mark = lambda r: '✓' if r['correct'] else ('✗' if r['correct'] is False else '·')
-    self.pick.options = [(f"{mark(r)} {r['qid']} [{r['qtype']}] {r['stop_reason']}", r['qid']) for r in rows]
-    if self.pick.value is None and rows: self.pick.value = rows[0]['qid']
-    self.render()
+    def refresh(self) -> None:
+        "Re-filter the question list (keeping the selection when it still matches)."
+        rows = filter_questions(self.rows, self.outcome.value, self.qtype.value, self.stop.value)
+        mark = lambda r: '✓' if r['correct'] else ('✗' if r['correct'] is False else '·')
+        self.pick.options = [(f"{mark(r)} {r['qid']} [{r['qtype']}] {r['stop_reason']}", r['qid']) for r in rows]
+        if self.pick.value is None and rows: self.pick.value = rows[0]['qid']
+        self.render()
 
-# %% ../../nbs/45_eval.trace_view.ipynb #91dfbafc
-@patch
-def render(self: TraceViewer) -> None:
-    "Show the selected question's trace page (cutting keyframes when the checkbox is on)."
-    qid = self.pick.value
-    if qid is None:
-        self.page.value = '<p>no question matches the filters</p>'
-        return
-    t = run_trace(self.run_dir, qid)
-    if self.thumbs.value and self._videos is None: self._videos = run_videos(self.run_dir)
-    th = keyframe_thumbs(t, self._videos.get(qid)) if self.thumbs.value else {}
-    self.page.value = trace_html(t, th)
+    def render(self) -> None:
+        "Show the selected question's trace page (cutting keyframes when the checkbox is on)."
+        qid = self.pick.value
+        if qid is None:
+            self.page.value = '<p>no question matches the filters</p>'
+            return
+        t = run_trace(self.run_dir, qid)
+        if self.thumbs.value and self._videos is None: self._videos = run_videos(self.run_dir)
+        th = keyframe_thumbs(t, self._videos.get(qid)) if self.thumbs.value else {}
+        self.page.value = trace_html(t, th)

@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
 from fastcore.basics import patch
-from filelock import FileLock
 from tqdm import tqdm
 from ..core import Config, MemoryItem, MemoryBuildError, kit_version, build_stamp
 from ..video.frames import VideoError, QualityReport, probe_video, prefetch
@@ -300,6 +299,28 @@ def _timed(timings: dict, key: str):
     yield
     timings[key] = round(time.time() - t, 2)
 
+# %% ../../nbs/14a_memory.build.ipynb #1ed3e143
+def _warn_late_cues(cues: list, info, subtitles) -> None:
+    "Warn when subtitle cues run past the video's end: that part is not in the memory."
+    if not cues or cues[-1].end <= info.duration + 0.5: return
+    late = sum(c.end > info.duration + 0.5 for c in cues)
+    warnings.warn(f"{Path(subtitles).name}: {late} subtitle cue(s) run past the video's end "
+                  f"({fmt_time(info.duration)}); the part after the end is not in the memory")
+
+
+def _run_stages(out: Path, video: Path, info, cues: list, config: Config, chat_model, te, ie, progress: bool,
+                concurrency: int | None) -> tuple:
+    "The four stages of a build (segments, captions, summaries, text vectors): `(quality, l1, l2 + l3, timings)`."
+    segs, quality = _segments_stage(out, video, info, config, ie, progress)
+    timings, n = {}, call_concurrency(chat_model, concurrency)
+    with _timed(timings, 'caption_s'):
+        l1 = _caption_stage(out, video, segs, cues, config, chat_model, progress, n)
+    with _timed(timings, 'summary_s'):
+        l2 = _summary_stage(out, 2, l1, config, chat_model, progress, n)
+        l3 = _summary_stage(out, 3, l2, config, chat_model, progress, n)
+    with _timed(timings, 'text_embed_s'): _text_stage(out, l1 + l2 + l3, te)
+    return quality, l1, l2 + l3, timings
+
 # %% ../../nbs/14a_memory.build.ipynb #2a59e9ec
 @patch(cls_method=True)
 def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, config: Config = Config(), chat_model=None,
@@ -312,10 +333,7 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
     te, ie = memory_embedders(text_embedder, image_embedder)
     sub_sha = video_sha256(subtitles) if subtitles else None
     ident = _identity(config, memory_models(chat_model, te, ie), sub_sha, video_sha256(video))
-    if cues and cues[-1].end > info.duration + 0.5:
-        late = sum(c.end > info.duration + 0.5 for c in cues)
-        warnings.warn(f"{Path(subtitles).name}: {late} subtitle cue(s) run past the video's end "
-                      f"({fmt_time(info.duration)}); the part after the end is not in the memory")
+    _warn_late_cues(cues, info, subtitles)
     if not rebuild and _complete(out, ident):                            # no lock, no write: read-only is fine
         return cls.load(out, config, text_embedder=te, image_embedder=ie)
     with locked_dir(out):
@@ -325,15 +343,9 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
             except MemoryBuildError as e: warnings.warn(f"{e}; repairing it")           # resume, keeping valid lines
         if state == 'new':
             atomic_write_json(out / 'build.json', dict(ident, started=build_stamp()))
-        segs, quality = _segments_stage(out, video, info, config, ie, progress)
-        timings, n = {}, call_concurrency(chat_model, concurrency)
-        with _timed(timings, 'caption_s'):
-            l1 = _caption_stage(out, video, segs, cues, config, chat_model, progress, n)
-        with _timed(timings, 'summary_s'):
-            l2 = _summary_stage(out, 2, l1, config, chat_model, progress, n)
-            l3 = _summary_stage(out, 3, l2, config, chat_model, progress, n)
-        with _timed(timings, 'text_embed_s'): _text_stage(out, l1 + l2 + l3, te)
-        man = _manifest(out, ident, video, info, config, quality, subtitles, len(cues), l1, l2 + l3, timings, t0)
+        quality, l1, l23, timings = _run_stages(out, video, info, cues, config, chat_model, te, ie, progress,
+                                                concurrency)
+        man = _manifest(out, ident, video, info, config, quality, subtitles, len(cues), l1, l23, timings, t0)
         atomic_write_json(out / 'manifest.json', man)
     return cls.load(out, config, text_embedder=te, image_embedder=ie)
 

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/14_memory.store.ipynb #f59bfbb5
 from __future__ import annotations
-import hashlib, json
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence

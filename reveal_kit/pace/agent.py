@@ -5,28 +5,22 @@
 # %% ../../nbs/33_pace.agent.ipynb #406280de
 from __future__ import annotations
 import json
-import threading
 import time
 from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
-import numpy as np
-from fastcore.basics import patch
-from ..core import Config, Question, Evidence, load_config, runs_dir, ask_trace_dir
+from ..core import Config, Question, Evidence, load_config, ask_trace_dir, trace_path
 from ..text import content_words, fmt_time
-from ..backends.chat import parse_json, record_dict, is_meaningful, offline_role, models_record
+from ..backends.chat import parse_json, record_dict, is_meaningful, offline_role, models_record, call_totals
 from ..backends.messages import make_messages
 from ..backends.models import get_chat_model
-from ..retrieval.choice import get_text_embedder
 from ..reveal.planner import focus
 from ..reveal.rubrics import question_type, load_rubric_pool
 from ..reveal.offline_checks import EvidenceView
 from ..reveal.answerer import offline_answer
-from ..core import trace_path
-from ..backends.chat import call_totals
 from .factors import Factor, extract_factors
-from .index import EvidenceDB, get_pace_dbs, build_factor_db, factor_key, tagger_kind
-from .tools import ToolBox, Observation, PACE_TOOLS, DVD_TOOLS, TOOL_SPECS, format_rows
+from .index import EvidenceDB, get_pace_dbs, build_factor_db, factor_key, tagger_kind, offline_records
+from .tools import ToolBox, Observation, PACE_TOOLS, DVD_TOOLS, TOOL_SPECS
 
 # %% auto #0
 __all__ = ['PACE_SPECS', 'PACE_ALIASES', 'AGENT_SYSTEM', 'NEEDLE_MIN_COVER', 'PaceSpec', 'get_pace_spec', 'AgentState',
@@ -49,6 +43,7 @@ class PaceSpec:
 
     def to_dict(self) -> dict: return asdict(self)
 
+# %% ../../nbs/33_pace.agent.ipynb #cb5db45d
 _NO_VERIFY = tuple(t for t in PACE_TOOLS if t not in ('QueryDecompose', 'EvidenceRetrieve'))
 PACE_SPECS = {'pace': PaceSpec('pace'), 'pace-no-qcindex': PaceSpec('pace-no-qcindex', 'plain'),
               'pace-no-verify': PaceSpec('pace-no-verify', tools=_NO_VERIFY),
@@ -155,6 +150,7 @@ def tool_lines(names: Sequence[str]) -> str:
         return ', '.join(k if k in ps.get('required', []) else f"{k}?" for k in ps.get('properties', {}))
     return '\n'.join(f"- {n}({sig(n)}): {TOOL_SPECS[n]['description']}" for n in names)
 
+# %% ../../nbs/33_pace.agent.ipynb #e79102bc
 def agent_prompt(st: AgentState, only: Sequence[str] | None = None, max_chars: int | None = None) -> str:
     "One step's user message: question, options, F_Q, contrastive factors, steps so far (fit to `max_chars`), budget."
     tb = st.tb
@@ -311,48 +307,65 @@ def _pace_result(q, spec, tr, tot, seconds, config, models, error, rows, index, 
             'models': models, 'failed': failed, 'error': error,
             'degraded': bool(tot['failed_calls'] or tr.get('notes')), 'failed_calls': tot['failed_calls']}
 
+# %% ../../nbs/33_pace.agent.ipynb #57ee3e69
+def _roles_offline(model: Any, roles: str) -> bool:
+    "Whether a question runs the offline roles: `roles` is 'auto' (offline iff the model is not meaningful), …"
+    if roles not in ('auto', 'offline', 'model'): raise ValueError(f"roles must be auto, offline or model: {roles!r}")
+    if roles == 'model' and model is None: raise ValueError("roles='model' needs a chat model")
+    return offline_role(model, roles)
+
+def _in_memory_factor_db(plain: EvidenceDB, fq: Sequence[Factor]) -> EvidenceDB:
+    "A factor-conditioned database of an in-memory plain one (tests and demos; nothing on disk)."
+    return EvidenceDB.from_records(offline_records(plain, fq), plain.text_embedder, fq, plain.manifest)
+
+def _factor_db(plain: EvidenceDB, fq: Sequence[Factor], config: Config, model: Any) -> EvidenceDB:
+    "The database a question reads: the plain one without F_Q, else the factor-conditioned one (on disk or in memory)."
+    if not fq: return plain
+    if plain.path is None: return _in_memory_factor_db(plain, fq)
+    out = plain.path.parent / f"factors-{factor_key(fq, tagger_kind(model))}"
+    return build_factor_db(plain, fq, out, config, model)
+
+def _step_totals(tr: dict, factor_calls: list[dict]) -> dict:
+    "Call totals of the loop's model calls; the failed calls counted over the factor calls too."
+    calls = [c for s in tr['steps'] for c in s['calls']]
+    return {**call_totals(calls), 'failed_calls': call_totals(calls + factor_calls)['failed_calls']}
+
+def _pace_trace(res, q, spec, policy, fq, tr, rows, factor_calls, tot) -> dict:
+    "The trace of one question: the result, question and options, spec, policy, F_Q, the loop's record, evidence."
+    return {**res, 'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'policy': policy.kind,
+            'question_factors': [f.to_dict() for f in fq], **{k: v for k, v in tr.items() if k != 'answer'},
+            'evidence': rows, 'factor_calls': factor_calls, 'totals': {'steps': len(tr['steps']), **tot}}
+
+def _write_trace(trace: dict, trace_dir: str | Path, qid: str, method: str) -> str:
+    "Write a trace where `core.trace_path` puts it; its path."
+    p = trace_path(trace_dir, qid, method)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(trace, indent=1, default=str))
+    return str(p)
+
 # %% ../../nbs/33_pace.agent.ipynb #266bbbec
 def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace', model: Any = None,
                 config: Config | None = None, trace_dir: str | Path | None = None, roles: str = 'auto',
                 force_factors: int | None = None, return_trace: bool = False) -> dict:
     "Answer one question with a PACE variant over the video's plain database; writes the trace, returns the result."
     config, spec = config or Config(), get_pace_spec(spec)
-    if roles not in ('auto', 'offline', 'model'): raise ValueError(f"roles must be auto, offline or model: {roles!r}")
-    if roles == 'model' and model is None: raise ValueError("roles='model' needs a chat model")
-    offline = offline_role(model, roles)
+    offline = _roles_offline(model, roles)
     m = None if offline else model
     t0 = time.perf_counter()
     k = (spec.force_factors or config.pace_force_factors) if force_factors is None else force_factors
     fq, fsrc, fcalls = extract_factors(q.question, m, config, k) if spec.index == 'factor' else ([], None, [])
-    db = plain
-    if fq and plain.path is not None:
-        db = build_factor_db(plain, fq, plain.path.parent / f"factors-{factor_key(fq, tagger_kind(m))}", config, m)
-    elif fq: db = _in_memory_factor_db(plain, fq)
+    db = _factor_db(plain, fq, config, m)
     tb = ToolBox(q, db, config, m, tools=spec.tools, retrieve_topk=config.pace_retrieve_topk)
     policy = OfflinePolicy() if m is None else ModelPolicy(m)
     tr = run_agent(tb, policy, fq, config.pace_max_steps)
     seconds = time.perf_counter() - t0
-    rows = trace_evidence(tb)
-    calls = [c for s in tr['steps'] for c in s['calls']]
-    tot = {**call_totals(calls), 'failed_calls': call_totals(calls + fcalls)['failed_calls']}
-    res = _pace_result(q, spec, tr, tot, seconds, config, models_record(model, offline, plain.text_embedder), None, rows,
-                       _index_cost(db, fcalls), fq, fsrc)
-    trace = {**res, 'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'policy': policy.kind,
-             'question_factors': [f.to_dict() for f in fq], **{k: v for k, v in tr.items() if k != 'answer'},
-             'evidence': rows, 'factor_calls': fcalls, 'totals': {'steps': len(tr['steps']), **tot}}
-    if trace_dir is not None:
-        p = trace_path(trace_dir, q.qid, spec.name)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(trace, indent=1, default=str))
-        res['trace'] = str(p)
+    rows, tot = trace_evidence(tb), _step_totals(tr, fcalls)
+    models = models_record(model, offline, plain.text_embedder)
+    res = _pace_result(q, spec, tr, tot, seconds, config, models, None, rows, _index_cost(db, fcalls), fq, fsrc)
+    trace = _pace_trace(res, q, spec, policy, fq, tr, rows, fcalls, tot)
+    if trace_dir is not None: res['trace'] = _write_trace(trace, trace_dir, q.qid, spec.name)
     if return_trace: res['trace_data'] = trace
     return res
-
-# %% ../../nbs/33_pace.agent.ipynb #94a47e12
-def _in_memory_factor_db(plain: EvidenceDB, fq: Sequence[Factor]) -> EvidenceDB:
-    "A factor-conditioned database of an in-memory plain one (tests and demos; nothing on disk)."
-    from reveal_kit.pace.index import offline_records
-    return EvidenceDB.from_records(offline_records(plain, fq), plain.text_embedder, fq, plain.manifest)
 
 # %% ../../nbs/33_pace.agent.ipynb #cb2f93f2
 def ask_pace(video: str | Path, question: str, options: list[str], method: str = 'pace',

@@ -4,12 +4,11 @@
 
 # %% ../../nbs/30_pace.factors.ipynb #7cea22af
 from __future__ import annotations
-import math
 import re
 from dataclasses import dataclass, asdict
 from typing import Any
 from ..core import Config
-from ..text import STOPWORDS, tokens, content_words
+from ..text import STOPWORDS, tokens
 from ..backends.chat import role_call, offline_role
 from ..reveal.planner import focus
 

@@ -4,8 +4,6 @@
 
 # %% ../../nbs/31_pace.index.ipynb #9708d8eb
 from __future__ import annotations
-import contextlib
-import hashlib
 import json
 import math
 import time
@@ -14,7 +12,6 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 import numpy as np
 from fastcore.basics import patch
-from filelock import FileLock
 from ..core import Config, MemoryBuildError, runs_dir, kit_version, digest, build_stamp
 from ..text import content_words, fmt_time
 from ..io import atomic_write_json, atomic_save_npy, append_jsonl, read_jsonl_rows, locked_dir
@@ -156,6 +153,7 @@ def factor_record_schema(factors: Sequence[Factor]) -> dict:
                            'factors': {'type': 'array', 'items': tag, 'minItems': len(factors),
                                        'maxItems': len(factors)}}}
 
+# %% ../../nbs/31_pace.index.ipynb #5490886b
 def factor_record_prompt(t0: float, t1: float, factors: Sequence[Factor], subtitles: str = '', facts: str = '') -> str:
     "The user message of a factor-conditioned description."
     fl = '\n'.join(f"- {f.fid} ({f.kind}): {f.text}" for f in factors)
@@ -338,6 +336,12 @@ def offline_records(plain: EvidenceDB, factors: Sequence[Factor]) -> list[ClipRe
                               {k: v for k, v in r.meta.items() if k != 'calls'} | {'calls': []}))
     return out
 
+# %% ../../nbs/31_pace.index.ipynb #5ed2dc41
+def tagger_kind(model: Any = None) -> str:
+    "'offline-tagger' without a meaningful model, else the model's captioner kind."
+    return 'offline-tagger' if offline_role(model) else captioner_kind(model)
+
+# %% ../../nbs/31_pace.index.ipynb #8387a26a
 def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict, out: Path) -> None:
     "Factor-conditioned records by the VLM, one flushed line per clip (the perceptual caption and tagger on failure)."
     for i, a, b, frames in clip_frames(video, config):
@@ -351,12 +355,6 @@ def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict,
         done[p.clip_id] = ClipRecord(p.clip_id, a, b, text, tags, dict(p.meta, calls=calls))
         append_jsonl(out / 'clips.jsonl', done[p.clip_id].to_dict())
 
-# %% ../../nbs/31_pace.index.ipynb #5ed2dc41
-def tagger_kind(model: Any = None) -> str:
-    "'offline-tagger' without a meaningful model, else the model's captioner kind."
-    return 'offline-tagger' if offline_role(model) else captioner_kind(model)
-
-# %% ../../nbs/31_pace.index.ipynb #8387a26a
 def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Path, config: Config = Config(),
                     model: Any = None) -> EvidenceDB:
     "Build (or resume, or reuse) the factor-conditioned database of one factor set from the video's plain one."

@@ -9,13 +9,14 @@ import math
 import re
 import time
 from dataclasses import dataclass, field, asdict
+from pathlib import Path
 from typing import Any, Sequence
 import numpy as np
 import jsonschema
 from fastcore.basics import patch
 from ..core import Config, Question
-from ..text import content_words, fmt_time
-from ..text import hms_to_seconds
+from ..text import content_words, fmt_time, hms_to_seconds
+from ..io import append_jsonl, read_jsonl_rows
 from ..backends.chat import role_call, is_meaningful
 from ..video.frames import read_frames_at, VideoError
 from ..video.captioning import extractive_summary, ocr_text, PerceptualCaptioner
@@ -23,8 +24,6 @@ from ..reveal.planner import focus
 from ..reveal.offline_checks import option_common_words, option_number
 from ..reveal.rubrics import question_type
 from .index import EvidenceDB, ClipRecord, time_label
-from ..io import append_jsonl, read_jsonl_rows
-from pathlib import Path
 
 # %% auto #0
 __all__ = ['TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'OFFLINE_READ_FRAMES', 'RETRIEVE_TOPK', 'TAG_BONUS',
@@ -75,6 +74,7 @@ def tool_schemas(names: Sequence[str] = PACE_TOOLS) -> list[dict]:
 class ToolError(ValueError):
     "A tool call that cannot run; its message goes back to the agent as the observation."
 
+# %% ../../nbs/32_pace.tools.ipynb #41abc84c
 @dataclass
 class Observation:
     "What one tool call returned: ok or the error, a text summary, evidence rows, data, and model calls made."
@@ -95,6 +95,7 @@ def evidence_row(r: ClipRecord, score: float, tool: str) -> dict:
     return dict(item_id=r.clip_id, level=1, t_start=r.t_start, t_end=r.t_end, text=r.text, score=round(float(score), 4),
                 source=tool, observed=r.observed())
 
+# %% ../../nbs/32_pace.tools.ipynb #fb71265d
 _TIME_PREFIX = re.compile(r'^\[[0-9:]+\s*[-–]\s*[0-9:]+\]\s*')
 
 def format_rows(rows: Sequence[dict], max_words: int = 60) -> str:
@@ -122,6 +123,7 @@ def check_ranges(ranges: Sequence[Sequence[float]], duration: float) -> list[tup
         out.append((a, min(b, duration)))
     return out
 
+# %% ../../nbs/32_pace.tools.ipynb #798fed54
 def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50, fps: float = 2.0) -> list[float]:
     "Frame times spread over the ranges: per range ∝ its length (largest remainder), ≤ fps per second, ≤ max_frames."
     total = sum(b - a for a, b in ranges)
@@ -347,13 +349,10 @@ def reading_memo(self: ToolBox) -> ReadingMemo:
 
 # %% ../../nbs/32_pace.tools.ipynb #85d1db90
 @patch
-def frame_inspect(self: ToolBox, question: str, time_ranges: list) -> Observation:
-    "FrameInspect: frames spread over the checked ranges, read by the VLM (or offline, memoised); errors are ToolErrors."
-    if not self.video_path: raise ToolError("FrameInspect needs the video, and this evidence database has none")
-    ranges = check_ranges(time_ranges, self.duration)
-    times = inspect_times(ranges, self.config.frameinspect_max_frames, self.config.pace_fps)
+def _readings(self: ToolBox, ranges: list, times: list[float], vlm: bool) -> tuple[list, list, int]:
+    "(reading, n_frames) per range, the frames decoded, and how many ranges the memo held (decoding only if needed)."
     keys = [reading_key(a, b, [t for t in times if a <= t <= b]) for a, b in ranges]
-    memo, vlm = self.reading_memo(), self.model is not None and getattr(self.model, 'supports_images', False)
+    memo = self.reading_memo()
     read, frames = [memo.get(k) for k in keys], []
     reused = sum(r is not None for r in read)
     if vlm or reused < len(keys):
@@ -364,21 +363,40 @@ def frame_inspect(self: ToolBox, question: str, time_ranges: list) -> Observatio
             fr = [f.rgb for f, t in zip(frames, times) if a <= t <= b]
             read[i] = (offline_reading(fr, a, b) if fr else '', len(fr))
             memo.put(k, *read[i])
+    return read, frames, reused
+
+# %% ../../nbs/32_pace.tools.ipynb #07830bb4
+def _vlm_look(model: Any, question: str, ranges: list, frames: list, rows: list[dict]) -> tuple[str | None, list]:
+    "A VLM's answer about the frames (each row's text becomes it) and the call; None when the reply is unusable."
+    user = f"Question: {question}\nTime ranges: {', '.join(time_label(a, b) for a, b in ranges)}"
+    data, rec = role_call(model, 'pace_inspect', INSPECT_SYSTEM, user, INSPECT_SCHEMA, max_tokens=600,
+                          images=[f.rgb for f in frames])
+    if not data: return None, [rec]
+    for r in rows: r['text'] = f"{time_label(r['t_start'], r['t_end'])} {data['answer']}"
+    return data['answer'], [rec]
+
+def _mark_inspected(factors: list | None, ranges: list) -> None:
+    "Contrastive factors whose retrieved ranges overlap an inspected range are addressed by inspection."
+    for d in factors or []:
+        if not d.addressed and any(a < y and x < b for x, y in d.ranges for a, b in ranges):
+            d.addressed, d.by = True, 'inspected'
+
+@patch
+def frame_inspect(self: ToolBox, question: str, time_ranges: list) -> Observation:
+    "FrameInspect: frames spread over the checked ranges, read by a VLM (or offline, memoised); errors: ToolErrors."
+    if not self.video_path: raise ToolError("FrameInspect needs the video, and this evidence database has none")
+    ranges = check_ranges(time_ranges, self.duration)
+    times = inspect_times(ranges, self.config.frameinspect_max_frames, self.config.pace_fps)
+    vlm = self.model is not None and getattr(self.model, 'supports_images', False)
+    read, frames, reused = self._readings(ranges, times, vlm)
     rows = [dict(item_id=f"inspect@{a:g}-{b:g}", level=1, t_start=a, t_end=b, score=1.0, source='FrameInspect',
                  observed=[], text=txt) for (a, b), (txt, _) in zip(ranges, read)]
     ans, calls = ' '.join(r['text'] for r in rows), []
     if vlm:
-        user = f"Question: {question}\nTime ranges: {', '.join(time_label(a, b) for a, b in ranges)}"
-        data, rec = role_call(self.model, 'pace_inspect', INSPECT_SYSTEM, user, INSPECT_SCHEMA, max_tokens=600,
-                              images=[f.rgb for f in frames])
-        calls = [rec]
-        if data:
-            ans = data['answer']
-            for r in rows: r['text'] = f"{time_label(r['t_start'], r['t_end'])} {ans}"
+        looked, calls = _vlm_look(self.model, question, ranges, frames, rows)
+        ans = ans if looked is None else looked
     self._keep(rows)
-    for d in self.factors or []:
-        if not d.addressed and any(a < y and x < b for x, y in d.ranges for a, b in ranges):
-            d.addressed, d.by = True, 'inspected'
+    _mark_inspected(self.factors, ranges)
     return Observation('FrameInspect', dict(question=question, time_ranges=[list(r) for r in ranges]), summary=ans,
                        records=rows, data=dict(n_frames=sum(n for _, n in read), readings_reused=reused),
                        calls=calls)

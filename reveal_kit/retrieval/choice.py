@@ -7,7 +7,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 import numpy as np
-from .frame_embedders import DESCRIPTOR_ID, DescriptorImageEmbedder, SiglipImageEmbedder, find_siglip
+from .frame_embedders import DESCRIPTOR_ID, DescriptorImageEmbedder, SiglipImageEmbedder
+from .frame_embedders import find_siglip
 from .embedders import ImageEmbedder, TextEmbedder
 from .text_embedders import MINILM_ID, SentenceTransformerText, bge_m3_embedder, find_bge_m3
 from .onnx import has_module, minilm_text

@@ -21,7 +21,7 @@ DESCRIPTOR_ID = 'descriptor-v1'
 _THUMB_W, _THUMB_H = 64, 36
 _GRID_W, _GRID_H = 8, 6
 _W_LAYOUT, _W_MEAN, _W_HIST, _W_GRAD = 1.2, 1.0, 1.3, 1.0   # block weights
-_CENTRE = 0.5                                                 # histograms are centred on ½ × the uniform sqrt histogram
+_CENTRE = 0.5                                 # histograms are centred on ½ × the uniform sqrt histogram
 
 def frame_thumbnail(frame: np.ndarray) -> np.ndarray:
     "Shrink a frame to the 64×36 RGB uint8 thumbnail every descriptor block is computed from (area averaging)."
@@ -175,18 +175,21 @@ def _load(self: SiglipImageEmbedder):
     with torch.no_grad(): probe = self._model.encode_image(self._batch([np.zeros((64, 64, 3), np.uint8)]))
     self._dim = int(probe.shape[-1])
 
+# %% ../../nbs/04c_retrieval.frame_embedders.ipynb #78242279
 @patch(as_prop=True)
 def model(self: SiglipImageEmbedder):
     "The open_clip model (loaded on first use)."
     if self._model is None: self._load()
     return self._model
 
+# %% ../../nbs/04c_retrieval.frame_embedders.ipynb #4023dd92
 @patch(as_prop=True)
 def model_id(self: SiglipImageEmbedder) -> str:
     "`open_clip:<name>[@<weights file>]`, known without loading the weights."
     if self._model_id is None: self._model_id = _siglip_id(self.src)
     return self._model_id
 
+# %% ../../nbs/04c_retrieval.frame_embedders.ipynb #1475f6cd
 @patch(as_prop=True)
 def dim(self: SiglipImageEmbedder) -> int:
     "The embedding dimension (probed when the model loads)."
@@ -201,6 +204,7 @@ def _batch(self: SiglipImageEmbedder, frames):
     from PIL import Image
     return torch.stack([self.preprocess(Image.fromarray(check_frame(f))) for f in frames]).to(self.device)
 
+# %% ../../nbs/04c_retrieval.frame_embedders.ipynb #f3cd37a9
 @patch
 def encode(self: SiglipImageEmbedder, frames: Sequence[np.ndarray]) -> np.ndarray:
     "Embed frames → (n, dim) float32, unit rows."

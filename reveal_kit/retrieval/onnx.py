@@ -10,12 +10,13 @@ from typing import Sequence
 import numpy as np
 from fastcore.basics import patch
 from ..io import atomic_write_json
-from .text_embedders import MINILM_ID, SentenceTransformerText, model_dim, packaged_minilm_path, read_model_json
+from .text_embedders import MINILM_ID, SentenceTransformerText, model_dim, packaged_minilm_path
+from .text_embedders import read_model_json
 from .embedders import TextEmbedder, check_texts, l2_normalize
 
 # %% auto #0
-__all__ = ['onnx_cache_dir', 'weights_sha256', 'minilm_onnx_path', 'minilm_tokenizer', 'pad_batch', 'export_minilm_onnx',
-           'ensure_minilm_onnx', 'has_module', 'onnx_unavailable', 'plan_batches', 'OnnxMiniLM', 'minilm_text']
+__all__ = ['onnx_cache_dir', 'weights_sha256', 'minilm_onnx_path', 'minilm_tokenizer', 'pad_batch', 'plan_batches',
+           'export_minilm_onnx', 'ensure_minilm_onnx', 'has_module', 'onnx_unavailable', 'OnnxMiniLM', 'minilm_text']
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #c558a959
 def onnx_cache_dir() -> Path:
@@ -64,6 +65,34 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarra
         mask[r, :len(s)] = 1
     return ids, mask
 
+# %% ../../nbs/04b_retrieval.onnx.ipynb #40511160
+def plan_batches(lengths: Sequence[int], batch_size: int = 16, run_cost: int = 16) -> list[list[int]]:
+    "Indices grouped into batches of ≤ `batch_size`, longest first, minimising padded positions + `run_cost` per run."
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    best, cut = [0] * (len(order) + 1), [0] * (len(order) + 1)
+    for i in range(1, len(order) + 1):
+        best[i], cut[i] = min((best[j] + run_cost + (i - j) * lengths[order[j]], j)
+                              for j in range(max(0, i - batch_size), i))
+    groups, i = [], len(order)
+    while i:
+        groups.append(order[cut[i]:i])
+        i = cut[i]
+    return groups[::-1]
+
+# %% ../../nbs/04b_retrieval.onnx.ipynb #9a5aec36
+def _check_export(torch_model, onnx_file: Path, model_dir: str | Path, min_cos: float = 0.9999):
+    "Refuse an exported file whose outputs differ from torch's on a few texts (deletes it)."
+    import torch, onnxruntime as ort
+    enc = minilm_tokenizer(model_dir).encode_batch(['a', 'The man opens the red door.', ' '.join(['long'] * 300)])
+    ids, mask = pad_batch([e.ids for e in enc])
+    with torch.no_grad(): want = torch_model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    sess = ort.InferenceSession(str(onnx_file), providers=['CPUExecutionProvider'])
+    got = sess.run(None, {'input_ids': ids, 'attention_mask': mask})[0]
+    cos = (l2_normalize(want) * l2_normalize(got)).sum(1)
+    if cos.min() < min_cos:
+        onnx_file.unlink()
+        raise RuntimeError(f"the exported ONNX model differs from torch (cosine {cos.min():.6f} < {min_cos})")
+
 # %% ../../nbs/04b_retrieval.onnx.ipynb #92ac2c75
 def _mean_pooled(bert):
     "A torch module: BERT with all-zero token types, then the attention-masked mean of its token vectors."
@@ -97,24 +126,10 @@ def export_minilm_onnx(model_dir: str | Path, out: str | Path, opset: int = 17) 
     os.replace(tmp, out)
     return out
 
-# %% ../../nbs/04b_retrieval.onnx.ipynb #9a5aec36
-def _check_export(torch_model, onnx_file: Path, model_dir: str | Path, min_cos: float = 0.9999):
-    "Refuse an exported file whose outputs differ from torch's on a few texts (deletes it)."
-    import torch, onnxruntime as ort
-    enc = minilm_tokenizer(model_dir).encode_batch(['a', 'The man opens the red door.', ' '.join(['long'] * 300)])
-    ids, mask = pad_batch([e.ids for e in enc])
-    with torch.no_grad(): want = torch_model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-    sess = ort.InferenceSession(str(onnx_file), providers=['CPUExecutionProvider'])
-    got = sess.run(None, {'input_ids': ids, 'attention_mask': mask})[0]
-    cos = (l2_normalize(want) * l2_normalize(got)).sum(1)
-    if cos.min() < min_cos:
-        onnx_file.unlink()
-        raise RuntimeError(f"the exported ONNX model differs from torch (cosine {cos.min():.6f} < {min_cos})")
-
 # %% ../../nbs/04b_retrieval.onnx.ipynb #86b2a2ca
 def _export_in_child(model_dir: Path, out: Path):
     "Run `export_minilm_onnx` in a fresh interpreter (so this process never imports torch)."
-    code = ('import sys; from reveal_kit.retrieval.choice import export_minilm_onnx; '
+    code = ('import sys; from reveal_kit.retrieval.onnx import export_minilm_onnx; '
             'export_minilm_onnx(sys.argv[1], sys.argv[2])')
     env = dict(os.environ, HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1')
     r = subprocess.run([sys.executable, '-c', code, str(model_dir), str(out)], capture_output=True, text=True, env=env)
@@ -122,6 +137,7 @@ def _export_in_child(model_dir: Path, out: Path):
         tail = ' | '.join(r.stderr.strip().splitlines()[-3:])
         raise RuntimeError(f"ONNX export of {model_dir} failed: {tail}")
 
+# %% ../../nbs/04b_retrieval.onnx.ipynb #d39efb77
 def ensure_minilm_onnx(model_dir: str | Path | None = None) -> Path:
     "The cached ONNX file of the MiniLM, exported in a child process the first time."
     model_dir = Path(model_dir or packaged_minilm_path())
@@ -139,6 +155,7 @@ def has_module(name: str) -> bool:
     try: return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError): return False
 
+# %% ../../nbs/04b_retrieval.onnx.ipynb #0d406c2b
 def onnx_unavailable(model_dir: str | Path | None = None) -> str:
     "Why the MiniLM cannot be served through ONNX here ('' when it can)."
     if os.environ.get('REVEAL_ONNX', '1') == '0': return "REVEAL_ONNX=0"
@@ -147,20 +164,6 @@ def onnx_unavailable(model_dir: str | Path | None = None) -> str:
     if minilm_onnx_path(model_dir).exists(): return ''
     missing = [m for m in ('torch', 'transformers', 'onnx') if not has_module(m)]
     return f"no cached ONNX file and {', '.join(missing)} missing to export one (pip install onnx)" if missing else ''
-
-# %% ../../nbs/04b_retrieval.onnx.ipynb #40511160
-def plan_batches(lengths: Sequence[int], batch_size: int = 16, run_cost: int = 16) -> list[list[int]]:
-    "Indices grouped into batches of ≤ `batch_size`, longest first, minimising padded positions + `run_cost` per run."
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    best, cut = [0] * (len(order) + 1), [0] * (len(order) + 1)
-    for i in range(1, len(order) + 1):
-        best[i], cut[i] = min((best[j] + run_cost + (i - j) * lengths[order[j]], j)
-                              for j in range(max(0, i - batch_size), i))
-    groups, i = [], len(order)
-    while i:
-        groups.append(order[cut[i]:i])
-        i = cut[i]
-    return groups[::-1]
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #9f596297
 class OnnxMiniLM(TextEmbedder):

@@ -55,6 +55,7 @@ def hf_hub_cache() -> Path:
     home = os.environ.get('HF_HOME') or Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'huggingface'
     return Path(home).expanduser() / 'hub'
 
+# %% ../../nbs/04a_retrieval.text_embedders.ipynb #3125e9a0
 def hf_cached_snapshot(repo_id: str, revision: str = 'main') -> Path | None:
     "The local snapshot directory of `repo_id` in the Hugging Face cache, or None; reads the cache's files only."
     d = hf_hub_cache() / f"models--{repo_id.replace('/', '--')}"
@@ -91,6 +92,7 @@ def read_model_json(p: Path) -> dict:
     try: return json.loads(Path(p).read_text())
     except (OSError, ValueError): return {}
 
+# %% ../../nbs/04a_retrieval.text_embedders.ipynb #8a8dac09
 def model_dim(path: str | Path) -> int | None:
     "The embedding dimension a sentence-transformers (or plain transformers) directory declares, or None."
     p, dim = Path(path), None
@@ -131,6 +133,7 @@ def model(self: SentenceTransformerText):
         self._model = m
     return self._model
 
+# %% ../../nbs/04a_retrieval.text_embedders.ipynb #b34bf674
 @patch(as_prop=True)
 def dim(self: SentenceTransformerText) -> int:
     "The output dimension: from the files, or from the loaded model when they do not say."
@@ -179,6 +182,7 @@ def _load(self: BGEM3Text):
         self.why = (f"{self.why}; FlagEmbedding unavailable ({type(e).__name__}: {e}), so BGE-M3 runs through "
                     "sentence-transformers (same dense CLS vectors)")
 
+# %% ../../nbs/04a_retrieval.text_embedders.ipynb #781e70fe
 @patch
 def encode(self: BGEM3Text, texts: Sequence[str]) -> np.ndarray:
     "Embed `texts` → (n, dim) float32, unit rows (BGE-M3's dense output)."

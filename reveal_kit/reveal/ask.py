@@ -5,11 +5,9 @@
 # %% ../../nbs/25c_reveal.ask.ipynb #264c37a5
 from __future__ import annotations
 import json
-import uuid
-import time
 from pathlib import Path
 from typing import Any
-from ..core import Config, Question, runs_dir, load_config
+from ..core import Config, Question, load_config, ask_trace_dir
 from ..text import fmt_time
 from ..backends.models import get_chat_model
 from ..memory.store import OfflineMemory, memory_dir_for, memory_models, video_sha256

@@ -269,37 +269,55 @@ class OfflineScores:
 _TEMPORAL_CHECKS = ('events_located', 'order_consistent')
 _COUNT_CHECKS = ('distinct_instances', 'instance_attributes', 'excludes_alternatives')
 
+def _check_name(c: Criterion) -> str:
+    "The offline check that scores a criterion (`direct_support` when it names none the kit has)."
+    return c.check if c.check in OFFLINE_CHECKS else 'direct_support'
+
+def _option_support(q: Question, view: EvidenceView) -> tuple[np.ndarray, dict, dict, np.ndarray]:
+    "The options' support matrix, each option's best support and best item, and the question focus's support per item."
+    qt, foc = question_type(q), focus(q.question)
+    texts = [f'{foc} {t}' if qt == 'causal' and foc else t for t in q.options.values()]
+    S = view.support(texts, option_common_words(texts))
+    best = {o: float(S[i].max()) if S.shape[1] else 0.0 for i, o in enumerate(q.options)}
+    arg = {o: (int(S[i].argmax()) if S.shape[1] else -1) for i, o in enumerate(q.options)}
+    fS = view.support([foc])[0] if (foc and view.evidence) else np.zeros(len(view.evidence))
+    return S, best, arg, fS
+
+# %% ../../nbs/23_reveal.offline_checks.ipynb #1186045b
+def _typed_checks(q: Question, criteria: list[Criterion], view: EvidenceView, checks: dict, details: dict) -> dict:
+    "Temporal and counting checks (into `checks`) when the type or a criterion needs them; their directions + missing."
+    qt, typed = question_type(q), {}
+    if qt == 'temporal_order' or any(c.check in _TEMPORAL_CHECKS for c in criteria):
+        zl, zo, *typed['temporal_order'] = _temporal(q, view, q.options)
+        checks.update(events_located=zl, order_consistent=zo)
+    if qt == 'counting' or any(c.check in _COUNT_CHECKS for c in criteria):
+        zd, za, zx, *typed['counting'], details['count'] = _counting(q, view, q.options)
+        checks.update(distinct_instances=zd, instance_attributes=za, excludes_alternatives=zx)
+    return typed
+
+# %% ../../nbs/23_reveal.offline_checks.ipynb #ff31a2f6
+def _directions(q: Question, S: np.ndarray, best: dict, view: EvidenceView, typed: dict,
+                details: dict) -> tuple[dict, list[str]]:
+    "Directions and missing evidence by question type (the rules above); a 'most' question records its frequencies."
+    qt, opts, foc = question_type(q), q.options, focus(q.question)
+    if qt == 'negation':
+        return _negation_dirs(opts, best)
+    if qt == 'global' and _MOST.search(q.question):
+        dirs, miss, details['frequency'] = _most_dirs(opts, S, view, foc)
+        return dirs, miss
+    if qt in ('counting', 'temporal_order'):
+        return tuple(typed[qt])
+    return _support_dirs(opts, best, foc)
+
+# %% ../../nbs/23_reveal.offline_checks.ipynb #a57a299f
 def offline_scores(q: Question, criteria: list[Criterion], view: EvidenceView) -> OfflineScores:
     "Deterministic option × criterion scores in {0, 0.5, 1} from evidence support (rules above)."
-    opts, qt, foc = q.options, question_type(q), focus(q.question)
-    texts = [f'{foc} {t}' if qt == 'causal' and foc else t for t in opts.values()]
-    S = view.support(texts, option_common_words(texts))
-    best = {o: float(S[i].max()) if S.shape[1] else 0.0 for i, o in enumerate(opts)}
-    arg = {o: (int(S[i].argmax()) if S.shape[1] else -1) for i, o in enumerate(opts)}
-    fS = view.support([foc])[0] if (foc and view.evidence) else np.zeros(len(view.evidence))
-    checks: dict[str, dict[str, float]] = {}
-    details: dict = {'qtype': qt, 'support': best}
-    if qt == 'temporal_order' or any(c.check in _TEMPORAL_CHECKS for c in criteria):
-        zl, zo, tdirs, tmiss = _temporal(q, view, opts)
-        checks['events_located'], checks['order_consistent'] = zl, zo
-    if qt == 'counting' or any(c.check in _COUNT_CHECKS for c in criteria):
-        zd, za, zx, cdirs, cmiss, n = _counting(q, view, opts)
-        checks.update(distinct_instances=zd, instance_attributes=za, excludes_alternatives=zx)
-        details['count'] = n
+    S, best, arg, fS = _option_support(q, view)
+    checks, details = {}, {'qtype': question_type(q), 'support': best}
+    typed = _typed_checks(q, criteria, view, checks, details)
     for c in criteria:
-        name = c.check if c.check in OFFLINE_CHECKS else 'direct_support'
-        if name not in checks:
-            checks[name] = _check(name, opts, best, arg, fS, view)
-    table = {o: {c.name: checks[c.check if c.check in OFFLINE_CHECKS else 'direct_support'][o] for c in criteria}
-             for o in opts}
-    if qt == 'negation':
-        dirs, miss = _negation_dirs(opts, best)
-    elif qt == 'counting':
-        dirs, miss = cdirs, cmiss
-    elif qt == 'global' and _MOST.search(q.question):
-        dirs, miss, details['frequency'] = _most_dirs(opts, S, view, foc)
-    elif qt == 'temporal_order':
-        dirs, miss = tdirs, tmiss
-    else:
-        dirs, miss = _support_dirs(opts, best, foc)
-    return OfflineScores(table, dirs, [o for o in opts if dirs[o] == 'unknown'], miss[:4], best, details)
+        if _check_name(c) not in checks:
+            checks[_check_name(c)] = _check(_check_name(c), q.options, best, arg, fS, view)
+    table = {o: {c.name: checks[_check_name(c)][o] for c in criteria} for o in q.options}
+    dirs, miss = _directions(q, S, best, view, typed, details)
+    return OfflineScores(table, dirs, [o for o in q.options if dirs[o] == 'unknown'], miss[:4], best, details)

@@ -61,6 +61,7 @@ PRESETS['reveal'] = PRESETS['+onmem'].replace(name='reveal', verify=True, rerank
 PRESETS['rerank_only'] = PRESETS['reveal'].replace(name='rerank_only', verify=False)
 PRESETS['verify_only'] = PRESETS['reveal'].replace(name='verify_only', rerank=False)
 
+# %% ../../nbs/25_reveal.presets.ipynb #84b238c1
 ORACLE_SUFFIX = '+oracle'
 ORACLE_FRAMES_SUFFIX = '+oracle-frames'
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from ..video.frames import write_video
-from ..io import write_subtitles
 from .script import ENTITIES, Event, Scene, Timeline, screen_lines
 
 # %% auto #0

@@ -8,7 +8,8 @@ import math
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 import numpy as np
-from .videos import CueTuple, Scene, scene_boundaries, scene_frames, scene_palette, scene_texture, write_srt
+from .videos import CueTuple, Scene, scene_boundaries, scene_frames, scene_palette
+from .videos import scene_texture, write_srt
 
 # %% auto #0
 __all__ = ['Transition', 'ffmpeg_exe', 'ffmpeg_write', 'make_mkv_with_subtitles', 'make_ntsc_video', 'make_raw_h264',
@@ -21,7 +22,7 @@ def ffmpeg_exe() -> str:
     import imageio_ffmpeg
     return imageio_ffmpeg.get_ffmpeg_exe()
 
-
+# %% ../../nbs/01c_testing.media.ipynb #d3572eba
 def ffmpeg_write(path: str | Path, frames: Iterable[np.ndarray], rate: str = '10', inputs: Sequence[str] = (),
                  args: Sequence[str] = ()) -> Path:
     "Pipe RGB frames into FFmpeg at an exact `rate` ('30000/1001'); `inputs`: more input files; `args`: output options."
@@ -153,7 +154,7 @@ def transition_frames(scenes: Sequence[Scene], transitions: Sequence[Transition]
         fr = _at(n / fps, views, starts, spans)
         yield (fr + rng.normal(0, noise, fr.shape) if noise else fr).clip(0, 255).astype(np.uint8)
 
-
+# %% ../../nbs/01c_testing.media.ipynb #c9634b5b
 def make_transition_video(path: str | Path, scenes: Sequence[Scene], transitions: Sequence[Transition],
                           size: tuple[int, int] = (160, 120), seed: int = 0) -> Path:
     "An NTSC-rate (30000/1001 fps) H.264 file of `transition_frames`; true boundaries from `transition_truth`."

@@ -12,8 +12,9 @@ from ..io import write_subtitles
 from ..video.frames import write_video, pick_codec
 
 # %% auto #0
-__all__ = ['Scene', 'CueTuple', 'scene_palette', 'scene_texture', 'scene_frames', 'scene_boundaries', 'make_test_video',
-           'make_audio_only', 'truncate_copy', 'make_faststart_truncated', 'make_empty', 'write_srt', 'write_vtt']
+__all__ = ['Scene', 'CueTuple', 'scene_palette', 'scene_texture', 'blur_frame', 'scene_boundaries', 'scene_frames',
+           'make_test_video', 'make_audio_only', 'truncate_copy', 'make_faststart_truncated', 'make_empty', 'write_srt',
+           'write_vtt']
 
 # %% ../../nbs/01_testing.videos.ipynb #064264f0
 Scene = tuple  # (seconds, seed: int | (r,g,b)) or (seconds, seed, on-screen text)
@@ -40,8 +41,8 @@ def scene_texture(key, size: tuple[int, int] = (160, 120), block: int = 8) -> np
     return np.ascontiguousarray(img[:h, :w])
 
 # %% ../../nbs/01_testing.videos.ipynb #0b40b8a5
-def _blur(img: np.ndarray, k: int = 31) -> np.ndarray:
-    "Strong box blur (no OpenCV needed)."
+def blur_frame(img: np.ndarray, k: int = 31) -> np.ndarray:
+    "A strong box blur of a frame, `k` pixels wide (no OpenCV needed)."
     f = img.astype(np.float32)
     for ax in (0, 1):
         pad = [(k // 2 + 1, k // 2) if a == ax else (0, 0) for a in range(3)]
@@ -51,10 +52,10 @@ def _blur(img: np.ndarray, k: int = 31) -> np.ndarray:
         f = (hi - lo) / k
     return f.clip(0, 255).astype(np.uint8)
 
+# %% ../../nbs/01_testing.videos.ipynb #b0cc723f
 def _in_spans(t: float, spans) -> bool:
     return any(a <= t < b for a, b in spans)
 
-# %% ../../nbs/01_testing.videos.ipynb #b0cc723f
 def _draw_text(img: np.ndarray, text: str) -> np.ndarray:
     "Big black-on-white text in the middle of the frame (OpenCV imported here only)."
     import cv2
@@ -66,6 +67,11 @@ def _draw_text(img: np.ndarray, text: str) -> np.ndarray:
     cv2.rectangle(img, (x - 6, y - th - 8), (x + tw + 6, y + 8), (255, 255, 255), -1)
     cv2.putText(img, text, (x, y), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 2, cv2.LINE_AA)
     return img
+
+# %% ../../nbs/01_testing.videos.ipynb #8c951f1c
+def scene_boundaries(scenes: Sequence[Scene]) -> list[float]:
+    "Times (s) where a new scene starts (the first scene's 0 excluded)."
+    return list(np.cumsum([s[0] for s in scenes])[:-1].astype(float))
 
 # %% ../../nbs/01_testing.videos.ipynb #2dcc640f
 def scene_frames(scenes: Sequence[Scene], fps: float = 10, size: tuple[int, int] = (160, 120), dark=(), blur=(),
@@ -79,15 +85,10 @@ def scene_frames(scenes: Sequence[Scene], fps: float = 10, size: tuple[int, int]
         for i in range(int(round(secs * fps))):
             t = t0 + i / fps
             fr = np.roll(tex, int(drift_px_per_s * i / fps), axis=1) if not text else tex
-            if _in_spans(t, blur): fr = _blur(fr)
+            if _in_spans(t, blur): fr = blur_frame(fr)
             if _in_spans(t, dark): fr = (fr * 0.03).astype(np.uint8)
             yield fr
         t0 += secs
-
-# %% ../../nbs/01_testing.videos.ipynb #8c951f1c
-def scene_boundaries(scenes: Sequence[Scene]) -> list[float]:
-    "Times (s) where a new scene starts (the first scene's 0 excluded)."
-    return list(np.cumsum([s[0] for s in scenes])[:-1].astype(float))
 
 # %% ../../nbs/01_testing.videos.ipynb #7086cfc3
 def make_test_video(path: str | Path, scenes: Sequence[Scene] = ((4, 1), (5, 2), (3, 3)), fps: float = 10,

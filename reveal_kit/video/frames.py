@@ -4,7 +4,7 @@
 
 # %% ../../nbs/10_video.frames.ipynb #d26812b4
 from __future__ import annotations
-import math, os, queue, threading, warnings
+import math, os, queue, threading
 from bisect import insort
 from collections import Counter
 from dataclasses import dataclass, field
@@ -154,6 +154,17 @@ def _iter_decode(path: str, fps: float, max_width: int | None) -> Iterator[Frame
         except av.error.FFmpegError: return      # a corrupt tail ends the stream; iter_frames reports truncation
 
 # %% ../../nbs/10_video.frames.ipynb #4650cb23
+def _decode_to(dec, target: float, tb: float, rate: float, n: int, pos: float | None):
+    "Decode forward to the first frame at or after `target`: (that frame or None at the end, its time, frames so far)."
+    got = None
+    for fr in dec:
+        pos = float(fr.pts * tb) if fr.pts is not None else n / rate
+        n += 1
+        got = fr
+        if pos + 1e-3 >= target: break
+    return got, pos, n
+
+
 def iter_frames_at(path: str | Path, times: Sequence[float], max_width: int | None = None,
                    forward_s: float = 5.0) -> Iterator[Frame]:
     "One frame per requested time (in sorted order): seek with PyAV, or decode forward when < `forward_s` ahead."
@@ -173,12 +184,7 @@ def iter_frames_at(path: str | Path, times: Sequence[float], max_width: int | No
             if dec is None or (not untimed and target - pos > forward_s):
                 if not untimed: c.seek(int(max(target - 0.001, 0) / tb), stream=s, backward=True, any_frame=False)
                 dec = c.decode(s)
-            got = None
-            for fr in dec:
-                pos = float(fr.pts * tb) if fr.pts is not None else n / rate
-                n += 1
-                got = fr
-                if pos + 1e-3 >= target: break
+            got, pos, n = _decode_to(dec, target, tb, rate, n, pos)
             if got is None:                      # past the last frame: serve the last one, if any
                 if last is None: return
                 yield Frame(round(pos, 3), last)
@@ -207,7 +213,7 @@ def sample_times(info: VideoInfo, fps: float) -> list[float]:
     "The target sample times at `fps` over the video stream's extent: one frame is sampled for each."
     return [k / fps for k in range(int(math.floor(info.duration * fps - 1e-6)) + 1)]
 
-
+# %% ../../nbs/10_video.frames.ipynb #6f2e0923
 def iter_frames(path: str | Path, fps: float = 1.0, max_width: int | None = 640, strategy: str = 'auto',
                 info: VideoInfo | None = None) -> Iterator[Frame]:
     "Stream frames sampled at `fps` (nothing is accumulated). `VideoError` if none decode or they stop early."
@@ -278,7 +284,7 @@ def absolute_thresholds(config: Config) -> dict:
     "The Config thresholds of the relative statistics (used before the video's distribution is known)."
     return {k: getattr(config, f) for k, f in _REL_STATS}
 
-
+# %% ../../nbs/10_video.frames.ipynb #107c9a72
 def relative_thresholds(medians: dict, config: Config) -> dict:
     "Per-statistic thresholds for this video: `REL_FRACTION` × its median, within [floor, Config value]."
     out = {}
@@ -287,7 +293,7 @@ def relative_thresholds(medians: dict, config: Config) -> dict:
         out[k] = a if k not in medians or a <= 0 else max(a * FLOOR_FRACTION, min(a, REL_FRACTION * medians[k]))
     return out
 
-
+# %% ../../nbs/10_video.frames.ipynb #6af378cf
 def quality_reason(q: dict, config: Config, thresholds: dict | None = None) -> str | None:
     "Why a frame is low quality ('dark', 'bright', 'uniform', 'blur'), or None when it is kept."
     th = thresholds or absolute_thresholds(config)
