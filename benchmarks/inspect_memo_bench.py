@@ -1,4 +1,4 @@
-"""FrameInspect's offline reading with and without the per-video reading memo (`pace.tools.ReadingMemo`).
+"""FrameInspect's offline reading with and without the per-video reading memo (`pace.inspect.ReadingMemo`).
 
 Replays the FrameInspect calls recorded in the traces of a finished `dvd` run of the PACE benchmark (default: the
 long split, `benchmarks/pace_bench.py --split long`) twice per call: cold (an empty in-memory memo: frames decoded
@@ -22,7 +22,8 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 from reveal_kit.core import Config, runs_dir
 from reveal_kit.synth.bench import load_questions
 from reveal_kit.pace.index import get_pace_dbs
-from reveal_kit.pace.tools import ToolBox, ReadingMemo
+from reveal_kit.pace.tools import ToolBox
+from reveal_kit.pace.inspect import ReadingMemo
 
 
 def main():
@@ -48,7 +49,7 @@ def main():
         tb = ToolBox(q, plain)                         # warm: the video's memo
         tb.call('FrameInspect', step['arguments'])     # fills it if this range was never read
         t = time.perf_counter(); w = tb.call('FrameInspect', step['arguments']); warm.append(time.perf_counter() - t)
-        same += c.summary == w.summary and w.data['readings_reused'] == len(step['arguments']['time_ranges'])
+        same += c.summary == w.summary and w.data['readings_reused'] == len(step['arguments']['time_ranges_hhmmss'])
     print(f"{len(cold)} FrameInspect calls from {a.out / 'run_dvd'}: cold median {statistics.median(cold):.2f} s "
           f"(mean {statistics.mean(cold):.2f}), warm median {statistics.median(warm) * 1000:.1f} ms "
           f"(mean {statistics.mean(warm) * 1000:.1f}); identical readings, every range reused: {same}/{len(cold)}")

@@ -133,6 +133,8 @@ def scripted_fn(questions: list[Question], counter: dict):
         if role == 'planner':
             return {'strategy': 'Text Retrieval', 'queries': [f'{focus(q.question)} later in the video'],
                     'reasoning': 'fill the gap'}
+        if role == 'reranker':           # one rubric-rerank call per round: every candidate partial, ties by retrieval
+            return {'scores': {k: 0.5 for k in schema['properties']['scores']['required']}}
         return {'answer': q.answer or 'A', 'reasoning': 'scripted'}
     return fn
 

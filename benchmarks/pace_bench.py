@@ -3,10 +3,10 @@
 Generates a test split with `reveal_kit.synth.bench` (`--split short`: 3 videos of 2 minutes, 36 questions;
 `--split long`: 10 videos of 10 minutes, 120 questions, where ClipSearch's 16 records and EvidenceRetrieve's 8 no
 longer cover a video), runs every method through the resumable runner (`reveal_kit.eval.methods` registers the PACE
-methods) and prints per method: accuracy, needle recall (one matching rule for every method: `pace.agent.needle_recall`
-over the result's evidence), mean steps, tool calls per episode by tool, invalid calls, tool errors, degraded answers,
-model calls and tokens per query, indexing tokens per clip, seconds per question; then paired comparisons (McNemar)
-pace vs dvd / reveal / the ablations, the wall time of building the plain and the factor-conditioned indexes per
+methods) and prints per method: accuracy, needle recall (one matching rule for every method: the lexical judge
+`pace.needle.needle_recall` over what a judge sees of the result, `pace.needle.judge_rows`), mean steps, tool calls
+per episode by tool, invalid calls, tool errors, degraded answers, model calls and tokens per query, indexing tokens
+per clip, seconds per question; then paired comparisons (McNemar) pace vs dvd / reveal / the ablations, the wall time of building the plain and the factor-conditioned indexes per
 video, and with `--sweep` the factor-budget sweep k = 1…5. Rerunning resumes; `--report` only prints what is there.
 
 With the offline roles (the default) no model is called: every token count is 0 by construction, and the numbers
@@ -34,7 +34,7 @@ from reveal_kit.synth.bench import generate_benchmark, load_questions
 from reveal_kit.eval.runner import run_eval
 from reveal_kit.eval.metrics import load_results, compare
 import reveal_kit.eval.methods  # noqa: F401  (registers the PACE methods with the runner)
-from reveal_kit.pace.agent import needle_recall
+from reveal_kit.pace.needle import needle_recall, judge_rows
 
 METHODS = ['pace', 'dvd', 'pace-no-qcindex', 'pace-no-verify', 'reveal']
 TOOLS = ['GlobalBrowse', 'ClipSearch', 'FrameInspect', 'QueryDecompose', 'EvidenceRetrieve', 'Finish']
@@ -50,7 +50,7 @@ def mean(xs) -> float:
 def summarize(rs: list[dict], qs: dict) -> dict:
     "Accuracy, needle recall, steps, tool calls per episode, failures, calls and tokens per query, tokens per clip."
     n = max(len(rs), 1)
-    nr = [needle_recall(qs[r['qid']], r.get('evidence') or []) for r in rs]
+    nr = [needle_recall(qs[r['qid']], judge_rows(r)) for r in rs]
     tools = Counter(t for r in rs for t, k in (r.get('tool_calls') or {}).items() for _ in range(k))
     idx = [r['index'] for r in rs if r.get('index')]
     tok_clip = mean([i['prompt_tokens_per_clip'] + i['completion_tokens_per_clip'] for i in idx]) if idx else 0.0

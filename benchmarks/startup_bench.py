@@ -38,7 +38,7 @@ TARGETS = {'help': 1.0, 'ask': 2.0, 'memory build (reuse)': 1.5, 'memory show': 
 def reveal_cmd() -> list[str]:
     "The `reveal` entry point of this interpreter's environment."
     exe = Path(sys.executable).parent / 'reveal'
-    return [str(exe)] if exe.exists() else [sys.executable, '-c', 'from reveal_kit.cli import main; main()']
+    return [str(exe)] if exe.exists() else [sys.executable, '-c', 'from reveal_kit.cli.main import main; main()']
 
 
 def timed(argv: list[str], env: dict) -> tuple[float, float, int, str, float]:
@@ -53,7 +53,7 @@ def timed(argv: list[str], env: dict) -> tuple[float, float, int, str, float]:
 
 def heavy_imports(argv: list[str], env: dict) -> list[str]:
     "Heavy top-level modules the command imports (from `-X importtime`)."
-    code = f'import sys; sys.argv = {argv[:1] + argv[1:]!r}; from reveal_kit.cli import main; main()'
+    code = f'import sys; sys.argv = {argv[:1] + argv[1:]!r}; from reveal_kit.cli.main import main; main()'
     p = subprocess.run([sys.executable, '-X', 'importtime', '-c', code], capture_output=True, text=True, env=env)
     mods = {ln.rsplit('|', 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith('import time:')}
     return sorted(m for m in HEAVY if m in mods)

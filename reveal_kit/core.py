@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #e0343e42
 from __future__ import annotations
-import dataclasses, hashlib, json, os, random, re, string, sys, time, uuid
+import dataclasses, hashlib, json, math, os, random, re, string, sys, time, uuid, warnings
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 from typing import Any, Iterable
@@ -12,9 +12,10 @@ import numpy as np
 import yaml
 
 # %% auto #0
-__all__ = ['LETTERS', 'Span', 'normalize_options', 'Question', 'duration_group', 'MemoryItem', 'Evidence', 'MemoryBuildError',
-           'RunMismatch', 'Config', 'parse_overrides', 'load_config', 'project_root', 'runs_dir', 'safe_name',
-           'sha256_file', 'seed_everything', 'kit_version', 'trace_path', 'digest', 'build_stamp', 'ask_trace_dir']
+__all__ = ['LETTERS', 'Span', 'DUPLICATE_QIDS', 'normalize_options', 'Question', 'unique_qids', 'duration_group', 'MemoryItem',
+           'Evidence', 'MemoryBuildError', 'RunMismatch', 'KitWarning', 'warn', 'check_config', 'Config',
+           'parse_overrides', 'load_config', 'project_root', 'runs_dir', 'safe_name', 'sha256_file', 'seed_everything',
+           'kit_version', 'trace_path', 'digest', 'build_stamp', 'ask_trace_dir']
 
 # %% ../nbs/00_core.ipynb #6cf813b8
 LETTERS = string.ascii_uppercase
@@ -55,14 +56,13 @@ def _options_from_str(options: str) -> dict[str, str]:
 
 # %% ../nbs/00_core.ipynb #b4395f8b
 def _options_from_dict(options: dict) -> dict[str, str]:
-    "`{'a': 'x', '(B)': 'B. y'}` → `{'A': 'x', 'B': 'y'}`: keys are letters; a text's own matching letter is dropped."
+    "`{'a': 'x', '(B)': 'L. y'}` → `{'A': 'x', 'B': 'L. y'}`: keys are letters; each text is kept as it is (stripped)."
     out = {}
     for k, v in options.items():
-        key, own = str(k).strip().upper().strip('.()'), _own_letter(v)
+        key = str(k).strip().upper().strip('.()')
         if len(key) != 1 or key not in LETTERS: raise ValueError(f"option key {k!r} is not a letter A-Z")
         if key in out: raise ValueError(f"option letter {key} given twice")
-        if own and own[0] != key: raise ValueError(f"option {key} is {str(v)!r}, which carries the letter {own[0]}")
-        out[key] = own[1] if own else str(v).strip()
+        out[key] = str(v).strip()
     return out
 
 # %% ../nbs/00_core.ipynb #cd2d01e6
@@ -126,6 +126,24 @@ class Question:
     def options_text(self) -> str:
         "Options as `A. text` lines, the way prompts show them."
         return '\n'.join(f"{k}. {v}" for k, v in self.options.items())
+
+# %% ../nbs/00_core.ipynb #d0b1e002
+DUPLICATE_QIDS = ('refuse', 'rename')
+
+def unique_qids(questions: list[Question], wheres: list[str] | None = None, mode: str | None = None) -> list[Question]:
+    "One question per id: a repeated qid refused (naming both records) or, with `mode='rename'`, renamed `qid#2` …"
+    mode = mode or os.environ.get('REVEAL_DUPLICATE_QIDS') or 'refuse'
+    if mode not in DUPLICATE_QIDS: raise ValueError(f"duplicate-qid mode must be one of {DUPLICATE_QIDS}, got {mode!r}")
+    wheres, seen, out = wheres or [f"question {i + 1}" for i in range(len(questions))], {}, []
+    for q, w in zip(questions, wheres):
+        if q.qid in seen and mode == 'refuse':
+            raise ValueError(f"{seen[q.qid]} and {w} share the qid {q.qid!r}: give each question its own id "
+                             "(or set REVEAL_DUPLICATE_QIDS=rename)")
+        n, qid = 2, q.qid
+        while qid in seen: qid, n = f"{q.qid}#{n}", n + 1
+        seen[qid] = w
+        out.append(q if qid == q.qid else dataclasses.replace(q, qid=qid, meta={**q.meta, 'qid_renamed_from': q.qid}))
+    return out
 
 # %% ../nbs/00_core.ipynb #fe074ef8
 def duration_group(seconds: float | None) -> str | None:
@@ -196,6 +214,25 @@ class MemoryBuildError(ValueError):
 class RunMismatch(RuntimeError):
     "RUN_DIR holds results made with a different benchmark, method, config or model."
 
+# %% ../nbs/00_core.ipynb #3a7c0002
+class KitWarning(UserWarning):
+    "A warning of the kit's own: printed as the one line `reveal: warning: <message>`."
+
+# %% ../nbs/00_core.ipynb #3a7c0007
+def warn(message: str) -> None:
+    "Warn with a `KitWarning` (one line, no source line)."
+    warnings.warn(message, KitWarning, stacklevel=2)
+
+# %% ../nbs/00_core.ipynb #3a7c0003
+_python_format = warnings.formatwarning
+
+def _one_line_format(message, category, filename, lineno, line=None) -> str:
+    "`KitWarning`s as one line; any other warning as Python formats it."
+    if issubclass(category, KitWarning): return f"reveal: warning: {' '.join(str(message).split())}\n"
+    return _python_format(message, category, filename, lineno, line)
+
+warnings.formatwarning = _one_line_format
+
 # %% ../nbs/00_core.ipynb #24f97ee6
 def _coerce(old: Any, new: Any) -> Any:
     "Convert `new` (possibly a CLI string) to the type of the default `old`."
@@ -205,6 +242,37 @@ def _coerce(old: Any, new: Any) -> Any:
     if isinstance(old, bool):
         return new.strip().lower() in ('1', 'true', 'yes', 'on')
     return type(old)(yaml.safe_load(new))
+
+# %% ../nbs/00_core.ipynb #c0f1a002
+_AT_LEAST_1 = {'max_rounds', 'min_subqueries', 'max_subqueries', 'subquery_max_words', 'max_repair_queries', 'topk_l1',
+               'rerank_to', 'l2_group', 'l3_group', 'l2_words', 'l3_words', 'caption_frames', 'pace_max_steps',
+               'pace_min_factors', 'pace_max_factors', 'clipsearch_topk', 'frameinspect_max_frames',
+               'pace_retrieve_topk', 'pace_browse_records', 'direct_max_frames', 'pace_agent_max_tokens',
+               'pace_factor_max_tokens', 'pace_decompose_max_tokens', 'pace_caption_max_tokens', 'pace_tool_max_tokens',
+               'pace_frame_height', 'pace_history_tokens'}
+_POSITIVE = {'fps', 'pace_fps', 'direct_fps', 'fixed_chunk_s', 'max_segment_s', 'pace_clip_s', 'ocr_every_s', 'timeout_s'}
+_UNIT = {'theta', 'tau', 'admit_dedup_cosine', 'query_jaccard_reject', 'query_cosine_reject'}
+
+def _range_error(name: str, v: float) -> str | None:
+    "Why `v` is out of range for the Config field `name`, or None."
+    if not math.isfinite(v) or v < 0: return 'a finite number ≥ 0'
+    if name in _AT_LEAST_1 and v < 1: return 'at least 1'
+    if name in _POSITIVE and v <= 0: return '> 0'
+    if name in _UNIT and v > 1: return 'in [0, 1]'
+    return None
+
+# %% ../nbs/00_core.ipynb #c0f1a004
+def check_config(cfg: Any) -> Any:
+    "`cfg` when every value is in its range (and each min ≤ its max); else a one-line ValueError naming the value."
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        why = _range_error(f.name, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        if why: raise ValueError(f"Config.{f.name} must be {why}, got {v!r}")
+    for lo, hi in (('min_subqueries', 'max_subqueries'), ('pace_min_factors', 'pace_max_factors'),
+                   ('min_segment_s', 'max_segment_s')):
+        if hasattr(cfg, lo) and hasattr(cfg, hi) and getattr(cfg, lo) > getattr(cfg, hi):
+            raise ValueError(f"Config.{lo} ({getattr(cfg, lo)!r}) must not exceed Config.{hi} ({getattr(cfg, hi)!r})")
+    return cfg
 
 # %% ../nbs/00_core.ipynb #0aebac7a
 _UNHASHED = ('timeout_s',)                # Config fields that cannot change a result
@@ -259,6 +327,15 @@ class Config:
     frameinspect_max_frames: int = 50
     pace_retrieve_topk: int = 8           # EvidenceRetrieve: records returned per factor
     pace_browse_records: int = 300        # GlobalBrowse: records in the overview
+    pace_agent_max_tokens: int = 400      # PACE budgets and switches (pace.roles.PaceSettings): one agent step
+    pace_factor_max_tokens: int = 256     # F_Q
+    pace_decompose_max_tokens: int = 600  # QueryDecompose
+    pace_caption_max_tokens: int = 600    # a plain caption or a factor-conditioned record
+    pace_tool_max_tokens: int = 800       # GlobalBrowse, FrameInspect, the registry merge
+    pace_frame_height: int = 720          # frames to a vision model at most this high (PACE §4.1: 720p)
+    pace_history_tokens: int = 32000      # the agent's history (tool results whole) within this many tokens
+    pace_protocol: str = 'json'           # json (structured output) | tools (OpenAI function calling)
+    pace_vision_substitute: str = ''      # '' refuse a text-only model in a vision role | 'ocr' (named in traces)
     # baselines (§5)
     direct_fps: float = 1.0
     direct_max_frames: int = 768
@@ -279,7 +356,7 @@ class Config:
         bad = set(kw) - {f.name for f in fields(self)}
         if bad:
             raise KeyError(f"unknown Config keys: {sorted(bad)}")
-        return dataclasses.replace(self, **{k: _coerce(getattr(self, k), v) for k, v in kw.items()})
+        return check_config(dataclasses.replace(self, **{k: _coerce(getattr(self, k), v) for k, v in kw.items()}))
 
 # %% ../nbs/00_core.ipynb #bb86f7e4
 def parse_overrides(pairs: Iterable[str] | None) -> dict[str, str]:

@@ -4,15 +4,16 @@
 
 # %% ../nbs/00b_io.ipynb #6d65cf42
 from __future__ import annotations
-import contextlib, json, os, warnings
+import contextlib, json, os
 from pathlib import Path
 from typing import Any, Iterable
 import numpy as np
 from filelock import FileLock
+from .core import warn
 
 # %% auto #0
 __all__ = ['json_default', 'atomic_write_text', 'atomic_write_json', 'atomic_save_npy', 'append_jsonl', 'read_jsonl_rows',
-           'write_subtitles', 'locked_dir']
+           'write_subtitles', 'move_aside', 'locked_dir']
 
 # %% ../nbs/00b_io.ipynb #4bf44059
 def json_default(o: Any) -> Any:
@@ -84,7 +85,7 @@ def read_jsonl_rows(path: str | Path, repair: bool = False) -> list[dict]:
     rows, bad = _parse_lines(data)
     torn = bool(data) and not data.endswith(b'\n')
     if bad:
-        warnings.warn(f"{path}: skipped {bad} damaged line(s)")
+        warn(f"{path}: skipped {bad} damaged line(s) (a write cut short, e.g. by a kill or a full disk)")
     if repair and (bad or torn):
         atomic_write_text(path, ''.join(json.dumps(r, default=json_default) + '\n' for r in rows))
     return rows
@@ -103,6 +104,16 @@ def write_subtitles(path: str | Path, cues: Iterable[tuple[float, float, str]]) 
     path.parent.mkdir(parents=True, exist_ok=True)
     subs.save(str(path), format_=fmt)
     return path
+
+# %% ../nbs/00b_io.ipynb #acef9034
+def move_aside(path: str | Path, why: str, companions: Iterable[str] = ()) -> Path:
+    "Rename a damaged `path` (and its `companions` suffixes, e.g. SQLite's `-wal`) to `<name>.damaged`, warning once."
+    p = Path(path)
+    for suffix in ('', *companions):
+        f = p.with_name(p.name + suffix)
+        if f.exists(): os.replace(f, f.with_name(f.name + '.damaged'))
+    warn(f"{p} is damaged ({why}): moved aside to {p.name}.damaged, building it again")
+    return p.with_name(p.name + '.damaged')
 
 # %% ../nbs/00b_io.ipynb #9ed108ed
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 # %% auto #0
-__all__ = ['STOPWORDS', 'tokens', 'stem', 'content_words', 'jaccard', 'fmt_time', 'hms_to_seconds']
+__all__ = ['STOPWORDS', 'tokens', 'stem', 'content_words', 'jaccard', 'fmt_time', 'hms_to_seconds', 'printable']
 
 # %% ../nbs/00a_text.ipynb #5aee1816
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -61,3 +61,13 @@ def hms_to_seconds(s: str) -> float:
     out = 0.0
     for p in str(s).strip().split(':'): out = out * 60 + float(p)
     return out
+
+# %% ../nbs/00a_text.ipynb #7e47a002
+_ESCAPES = re.compile(r'\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?'      # OSC … BEL / ST (clipboard, title)
+                      r'|\x1b\[[0-?]*[ -/]*[@-~]'                 # CSI (colour, cursor)
+                      r'|\x1b[@-Z\\-_]'                          # other two-byte escapes
+                      r'|[\x00-\x08\x0b-\x1f\x7f-\x9f]')          # any other control character but \t and \n
+
+def printable(text: object) -> str:
+    "`text` as a string without escape sequences or control characters (newline and tab kept)."
+    return _ESCAPES.sub('', str(text))

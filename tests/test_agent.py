@@ -9,6 +9,7 @@ from reveal_kit.core import Config, Question
 from reveal_kit.backends.chat import ScriptedModel
 from reveal_kit.memory.store import OfflineMemory
 from reveal_kit.testing.fakes import HashEmbedder, synthetic_items
+from reveal_kit.testing.scripted import StampedFrames
 from reveal_kit.reveal.presets import PRESETS, get_preset
 from reveal_kit.reveal.ask import ASK_JSON_KEYS, load_trace, format_trace
 from reveal_kit.reveal.agent import answer_question
@@ -55,7 +56,7 @@ def test_presets_behave_as_named(hash_memory):
     for p in ('reveal', 'verify_only'):
         assert all('verifier' in rd for rd in t[p]['rounds'])
     rankings = [t[p]['rounds'][0]['ranking'] for p in ('reveal', 'rerank_only', 'verify_only')]
-    assert rankings == ['rubric', 'rubric', 'relevance']
+    assert rankings == ['rubric-offline', 'rubric-offline', 'relevance']
     spec = get_preset('reveal', fixed_rounds=2, fixed_segments=5)
     fixed = answer_question(Q_COUNT, hash_memory, None, Config(), spec)
     assert fixed['rounds'] == 2 and fixed['stop_reason'] == 'budget' and len(fixed['evidence']) <= 10
@@ -73,6 +74,10 @@ def never_sufficient(role, schema):
         return {'queries': ['man opens red door', 'red door'], 'reasoning': 'x'}
     if role == 'planner':
         return {'strategy': 'Uniform Sampling', 'queries': [], 'reasoning': 'x'}
+    if role == 'reranker':
+        return {'scores': {k: 0.5 for k in schema['properties']['scores']['required']}}
+    if role == 'relevance':
+        return {'relevant': False, 'reasoning': 'x'}
     return {'answer': 'A', 'reasoning': 'x'}
 
 
@@ -81,7 +86,11 @@ def test_loop_stops_at_K(hash_memory, K):
     r = answer_question(Q_COUNT, hash_memory, scripted(never_sufficient), Config(max_rounds=K), 'reveal', roles='model')
     assert r['rounds'] == K and r['stop_reason'] == 'budget' and r['sufficient'] is False and r['answer'] == 'A'
     assert r['calls_by_role']['verifier'] == K and r['calls_by_role'].get('planner', 0) == K - 1
-    assert r['llm_calls'] == 2 * K + 2      # decompose + select + K verify + (K-1) plan + answer
+    assert r['calls_by_role']['reranker'] == K and not r['degraded']
+    assert r['llm_calls'] == 3 * K + 2      # decompose + select + K rerank + K verify + (K-1) plan + answer
+    off = answer_question(Q_COUNT, hash_memory, scripted(never_sufficient), Config(max_rounds=K),
+                          get_preset('reveal', rerank_by='offline'), roles='model')
+    assert off['llm_calls'] == 2 * K + 2 and 'reranker' not in off['calls_by_role']   # REVEAL Table 4's count
 
 
 def test_invalid_verifier_json_is_repaired_or_recorded(hash_memory, tmp_path):
@@ -182,8 +191,8 @@ def test_embedded_llm_loop_completes(tmp_path):
     assert not r['failed'] and r['answer'] in Q_COUNT.options, r['error']
     t = load_trace(r['trace'])
     roles = [c['role'] for c in t['calls']]
-    assert roles[:2] == ['verifier_select', 'planner_decompose'] and roles[-1] == 'answerer'
-    assert r['rounds'] == 1 and r['stop_reason'] in ('sufficient', 'budget', 'no_new_evidence') and r['llm_calls'] == 4
+    assert roles[:3] == ['verifier_select', 'planner_decompose', 'reranker'] and roles[-1] == 'answerer'
+    assert r['rounds'] == 1 and r['stop_reason'] in ('sufficient', 'budget', 'no_new_evidence') and r['llm_calls'] == 5
     assert all(rd['verifier']['source'] in ('model', 'fallback') for rd in t['rounds'])
 
 
@@ -305,7 +314,7 @@ def test_memory_option_is_a_root_of_memories(tmp_path, monkeypatch):
 
 
 def test_oracle_evidence(hash_memory, tmp_path):
-    "`+oracle`: the annotated segments are admitted before round 0, with source 'oracle', and the trace lists them."
+    "`+oracle`: the annotated segments are the evidence, with source 'oracle', and the trace lists them."
     q = Question('o1', 'syn', 'What does the delivery worker carry?', ['flowers', 'a pizza', 'a box'], answer='A',
                  evidence_spans=[(501.0, 503.0)])
     r = answer_question(q, hash_memory, None, Config(), 'base+oracle', trace_dir=tmp_path)
@@ -318,16 +327,13 @@ def test_oracle_evidence(hash_memory, tmp_path):
 
 
 def test_oracle_frames_arm_sends_the_annotated_segments_frames(hash_memory, monkeypatch):
-    "`+oracle-frames`: an image-capable HTTP answerer gets the annotated segments' frames; `+oracle` the visual hits'."
+    "`+oracle-frames`: an image-capable HTTP answerer gets the annotated segments' frames; `+oracle` none."
     from reveal_kit.backends.chat import minimal_instance
     from reveal_kit.backends.messages import message_images, image_to_data_url
     from reveal_kit.backends.http import OpenAIHTTPModel
-    from reveal_kit.memory.store import Hit
     from reveal_kit.testing.fakes import FakeChatServer
     frame = lambda t: np.full((8, 8, 3), int(t) % 256, np.uint8)
     monkeypatch.setattr(hash_memory, 'frames', lambda item, n=None: [frame(item.t_start)] * n, raising=False)
-    hit = Hit(hash_memory.get('L1_0020'), 0.9, 'visual')
-    monkeypatch.setattr(hash_memory, 'search_visual', lambda q, k=None: [hit], raising=False)
     q = Question('of1', 'syn', 'What does the delivery worker carry?', ['flowers', 'a pizza'], answer='A',
                  evidence_spans=[(501.0, 503.0)])
     reply = lambda p: json.dumps(minimal_instance(p['response_format']['json_schema']['schema']))
@@ -338,12 +344,163 @@ def test_oracle_frames_arm_sends_the_annotated_segments_frames(hash_memory, monk
     with FakeChatServer(reply) as srv:
         m = OpenAIHTTPModel(srv.url, model='m', retries=0)
         r = answer_question(q, hash_memory, m, Config(), 'base+oracle-frames', roles='model', return_trace=True)
-        assert answer_images(srv) == [image_to_data_url(frame(500))] * 4
-        o = r['trace_data']['oracle']
-        assert (o['frames'], o['frame_items']) == (4, [{'item_id': 'L1_0050', 't_start': 500.0, 't_end': 510.0,
-                                                        'frames': 4}])
+        assert answer_images(srv) == [image_to_data_url(frame(500))] * 10        # 1 fps over the 10-s segment
+        fr = r['trace_data']['answer_frames']
+        assert (fr['route'], fr['frames'], fr['items']) == ('oracle', 10, [{'item_id': 'L1_0050', 't_start': 500.0,
+                                                                            't_end': 510.0, 'frames': 10}])
+        assert r['rounds'] == 0 and [c['role'] for c in r['trace_data']['calls']] == ['answerer']   # no retrieval
         answer_question(q, hash_memory, m, Config(), 'base+oracle', roles='model')
-        assert answer_images(srv) == [image_to_data_url(frame(200))] * 4
+        assert answer_images(srv) == []                                          # the captions-only arm
     off = answer_question(q, hash_memory, None, Config(), 'base+oracle-frames', return_trace=True)
-    assert off['trace_data']['oracle']['frames'] == 0 and not off['failed']
-    assert off['trace_data']['oracle']['frames_note'] == 'answerer cannot take images: captions only'
+    assert off['trace_data']['answer_frames']['frames'] == 0 and not off['failed']
+    assert off['trace_data']['answer_frames']['note'] == 'answerer cannot take images: text only'
+
+
+# --- issue 21: the loop, its roles, the baselines and the oracle arm as the paper specifies them ------------------
+
+Q_AFTER = Question('t2', 'syn', 'What happens right after the chef cuts onions on a board?',
+                   ['a dog jumps into the pool', 'a girl plays the violin on stage',
+                    'the man opens the red door and carries a box inside'], answer='A', qtype='temporal_order')
+Q_NOT_ACTION = Question('n2', 'syn', 'Which of the following is not depicted in the video?',
+                        ['a chef cuts onions', 'a dog jumps into the pool', 'a pilot lands a plane',
+                         'a girl plays the violin'], answer='C', qtype='Action Recognition')
+
+
+def _images_sent(model, role='answerer'):
+    "Images in the last request of `role` a ScriptedModel received."
+    from reveal_kit.backends.messages import message_images
+    reqs = [c for c in model.calls if c['role'] == role]
+    return [u for m in reqs[-1]['messages'] for u in message_images(m)] if reqs else []
+
+
+def test_offline_rerank_includes_the_question_anchor(hash_memory):
+    "Item 2: the offline rerank scores candidates against the question's own anchor too ('right after X')."
+    from reveal_kit.reveal.rerank import rerank_targets
+    assert 'the chef cuts onions on a board' in rerank_targets(Q_AFTER, [])
+    r = answer_question(Q_AFTER, hash_memory, None, Config(), 'rerank_only', return_trace=True)
+    rd = r['trace_data']['rounds'][0]
+    assert 'L1_0012' in [a['item_id'] for a in rd['admitted']] and rd['ranking'] == 'rubric-offline'
+    assert r['rerank'] == 'rubric-offline'
+
+
+def test_model_rerank_is_one_call_per_round_scoring_the_candidates(hash_memory):
+    "Item 2: with a model, the rubric rerank is one model call per round over the merged candidates and criteria."
+    seen = []
+    def fn(messages, schema, role):
+        if role == 'reranker':
+            user = messages[-1]['content'] if isinstance(messages[-1]['content'], str) else str(messages[-1]['content'])
+            seen.append(user)
+            ids = schema['properties']['scores']['required']
+            return {'scores': {i: (1 if 'delivery worker' in user.split(f'[{i}]')[1].split('\n')[0] else 0)
+                               for i in ids}}
+        return never_sufficient(role, schema)
+    m = ScriptedModel(fn)
+    r = answer_question(Q_COUNT, hash_memory, m, Config(max_rounds=2), 'reveal', roles='model', return_trace=True)
+    assert r['calls_by_role']['reranker'] == r['rounds'] == 2 and r['rerank'] == 'rubric-model'
+    rd = r['trace_data']['rounds'][0]
+    names = r['trace_data']['criteria']['names']
+    assert rd['ranking'] == 'rubric-model' and 'Rubric:' in seen[0] and all(n in seen[0] for n in names)
+    assert rd['admitted'][0]['item_id'] == 'L1_0050'          # the one candidate the model scored 1 comes first
+
+
+def test_relevance_stop_for_the_rows_without_a_verifier(hash_memory):
+    "Item 3: +iter, +offmem and +onmem stop once the retrieved evidence is judged relevant (stop reason 'relevant')."
+    for p in ('+iter', '+offmem', '+onmem'):
+        r = answer_question(Q_COUNT, hash_memory, None, Config(), p)
+        assert (r['stop_reason'], r['rounds']) == ('relevant', 1), (p, r['stop_reason'], r['rounds'])
+    def judge(flag):
+        return scripted(lambda role, schema: {'relevant': flag, 'reasoning': 'x'} if role == 'relevance'
+                        else never_sufficient(role, schema))
+    yes = answer_question(Q_COUNT, hash_memory, judge(True), Config(), '+onmem', roles='model')
+    no = answer_question(Q_COUNT, hash_memory, judge(False), Config(), '+onmem', roles='model')
+    assert (yes['stop_reason'], yes['rounds'], yes['calls_by_role']['relevance']) == ('relevant', 1, 1)
+    assert no['stop_reason'] != 'relevant' and no['calls_by_role']['relevance'] == no['rounds'] - 1 >= 1  # not the last
+
+
+def test_negation_is_read_from_the_question_text(hash_memory):
+    "Item 4: a 'not depicted' question typed 'Action Recognition' is decomposed one query per option."
+    from reveal_kit.reveal.planner import offline_decompose, decompose_prompt
+    assert len(offline_decompose(Q_NOT_ACTION)) == 4 and 'one query per option' in decompose_prompt(Q_NOT_ACTION)
+    r = answer_question(Q_NOT_ACTION, hash_memory, None, Config(), 'reveal', return_trace=True)
+    assert len(r['trace_data']['rounds'][0]['queries']) == 4 and r['trace_data']['negation'] is True
+    assert r['qtype'] == 'action'                              # the reporting category stays the benchmark's
+
+
+def test_direct_sees_frames_not_captions(hash_memory):
+    "Item 6: `direct` sends uniform frames and no captions; the captions variant keeps its own name."
+    from reveal_kit.eval.baselines import direct
+    from reveal_kit.eval.methods import available_methods
+    mem = StampedFrames(hash_memory)
+    m = ScriptedModel(lambda messages, schema, role: {'answer': 'C'})
+    r = direct(Q_COUNT, mem, m, Config(direct_max_frames=16))
+    prompt = str(m.calls[-1]['messages'])
+    assert r['evidence'] == [] and 'opens the red door' not in prompt and len(_images_sent(m, m.calls[-1]['role'])) == 16
+    assert 'direct-captions' in available_methods()
+
+
+def test_offline_answerer_never_runs_the_verifier_scoring(hash_memory, monkeypatch):
+    "Item 7: the offline answerer does not call the verifier's scoring (offline_scores) nor read its directions."
+    import reveal_kit.reveal.answerer as ans
+    monkeypatch.setattr(ans, 'offline_scores', lambda *a, **k: pytest.fail('answerer ran the verifier'), raising=False)
+    r = answer_question(Q_COUNT, hash_memory, None, Config(), 'reveal', return_trace=True)
+    assert r['answer'] == 'C' and 'rho_o' not in str(r['trace_data']['answer_notes'])
+
+
+def test_option_in_the_anchor_segment_is_undetermined():
+    "Item 7: an option located in the anchor's own segment is undetermined for the offline verifier, not ruled out."
+    from reveal_kit.core import Evidence
+    from reveal_kit.reveal.offline_checks import EvidenceView, offline_scores
+    from reveal_kit.reveal.rubrics import load_rubric_pool
+    from reveal_kit.reveal.answerer import offline_answer
+    q = Question('t3', 'syn', 'What happens right after the chef cuts the onions?',
+                 ['the chef fries the onions', 'the dog jumps into the pool'], answer='A', qtype='temporal_order')
+    ev = [Evidence('L1_0001', 1, 10, 20, 'the chef cuts the onions and then the chef fries the onions', 0),
+          Evidence('L1_0000', 1, 0, 10, 'the dog jumps into the pool', 0)]       # B happens before the anchor
+    emb = HashEmbedder()
+    view = EvidenceView(ev, emb.encode([e.text for e in ev]).astype(np.float64), emb.encode)
+    pool = load_rubric_pool()
+    sc = offline_scores(q, pool.for_type('temporal_order'), view)
+    assert sc.directions['A'] == 'unknown'                       # old code: 'ruled_out' (strict < on midpoints)
+    assert offline_answer(q, view, pool).answer == 'A'            # and the answerer can still choose it
+
+
+def test_oracle_arm_judges_the_target_time_evidence_without_retrieval(hash_memory):
+    "Item 8: `+oracle` answers from the annotated segments only — no retrieval — capped like retrieved evidence."
+    q = Question('o2', 'syn', 'What does the man do with the red door?', ['opens it', 'paints it'], answer='A',
+                 evidence_spans=[(0.0, 150.0)])                  # 15 overlapping L1 segments
+    r = answer_question(q, hash_memory, None, Config(), 'reveal+oracle', return_trace=True)
+    t = r['trace_data']
+    assert t['rounds'] == [] and r['rounds'] == 0 and r['stop_reason'] == 'oracle'
+    assert len(r['evidence']) == Config().rerank_to and all(e['source'] == 'oracle' for e in r['evidence'])
+
+
+def test_answer_frames_are_routed_by_duration(hash_memory):
+    "Item 9 (B.2): ≤ 10 min → uniform 1 fps over the whole video (capped); longer → dense inside the retrieved spans."
+    mem = StampedFrames(hash_memory)                            # 600 s: a 10-minute video
+    m = ScriptedModel(lambda messages, schema, role: never_sufficient(role, schema))
+    r = answer_question(Q_COUNT, mem, m, Config(max_rounds=1), get_preset('reveal', answer_max_frames=12),
+                        roles='model', return_trace=True)
+    fr = r['trace_data']['answer_frames']
+    assert (fr['route'], fr['frames']) == ('uniform', 12) and len(_images_sent(m)) == 12
+    long_mem = StampedFrames(OfflineMemory.from_items(synthetic_items(120, EVENTS), text_embedder=HashEmbedder()))
+    m2 = ScriptedModel(lambda messages, schema, role: never_sufficient(role, schema))
+    r2 = answer_question(Q_COUNT, long_mem, m2, Config(max_rounds=1), 'reveal', roles='model', return_trace=True)
+    fr2 = r2['trace_data']['answer_frames']
+    spans = [(e['t_start'], e['t_end']) for e in r2['evidence'] if e['level'] == 1]
+    assert fr2['route'] == 'spans' and fr2['frames'] == len(_images_sent(m2)) == sum(int(b - a) for a, b in spans)
+
+
+def test_evidence_is_cut_by_a_token_budget_not_200_words():
+    "Item 11: a ~300-word L3 narrative reaches the verifier whole."
+    from reveal_kit.core import Evidence
+    from reveal_kit.reveal.verifier import evidence_block
+    l3 = Evidence('L3_0000', 3, 0, 600, ' '.join(f'w{i}' for i in range(300)), 0)
+    assert 'w299' in evidence_block([l3])
+
+
+def test_trace_records_the_embedder_the_thresholds_were_used_with(hash_memory):
+    "Item 11: the 0.9 / 0.70 cosine thresholds are BGE-M3's; the trace says which embedder they met."
+    t = answer_question(Q_COUNT, hash_memory, None, Config(), 'reveal', return_trace=True)['trace_data']
+    th = t['thresholds']
+    assert (th['admit_dedup_cosine'], th['query_cosine_reject'], th['text_embedder']) == (0.9, 0.7, 'test-hash-64')
+    assert th['paper_embedder'] == 'BGE-M3' and any('BGE-M3' in w for w in t['warnings'])

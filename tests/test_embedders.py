@@ -158,7 +158,11 @@ def test_onnx_file_is_cached_by_the_weights_hash(tmp_path, monkeypatch):
     sha = hashlib.sha256(w.read_bytes()).hexdigest()
     assert minilm_onnx_path() == tmp_path / 'onnx' / f'minilm-{sha[:12]}.onnx'
     calls = []
-    monkeypatch.setattr(onnx_mod, '_export_in_child', lambda d, out: calls.append(out) or out.write_bytes(b'x'))
+    def export(d, out):                                     # as the real export: the file, then its SHA-256 record
+        calls.append(out)
+        out.write_bytes(b'x')
+        onnx_mod.record_export(out)
+    monkeypatch.setattr(onnx_mod, '_export_in_child', export)
     assert ensure_minilm_onnx() == ensure_minilm_onnx() == minilm_onnx_path()
     assert len(calls) == 1
 

@@ -18,6 +18,7 @@ from reveal_kit.eval import loaders as L
 from reveal_kit.eval.annotations import AnnotationError, extract_options
 from reveal_kit.eval.data_check import check_data
 from reveal_kit.testing.annotation_files import write_fixture
+from reveal_kit.testing.videos import make_test_video
 from reveal_kit.eval.methods import register_method
 from reveal_kit.eval.runner import run_eval
 from reveal_kit.eval.run_dir import select_questions, RunLocked
@@ -140,15 +141,26 @@ def test_truncated_file_names_file_and_record(tmp_path):
 def test_bad_records_are_counted_not_dropped(tmp_path):
     good = dict(id='ok', video_id='v', video_path='v.mp4', question='q?', candidates=['a', 'b'], correct_choice=1)
     bad = [dict(good, id='bad-gold', correct_choice=5), {k: v for k, v in good.items() if k != 'candidates'} | {'id': 'no-options'},
-           dict(good, id='ok'), {k: v for k, v in good.items() if k != 'id'}]
+           {k: v for k, v in good.items() if k != 'id'}]
     _w(tmp_path / 'lvb_val.json', json.dumps([good] + bad))
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter('always')
         qs, rep = L.load_longvideobench(tmp_path)
-    assert (rep.loaded, rep.skipped, len(rep.reasons)) == (1, 4, 4)
+    assert (rep.loaded, rep.skipped, len(rep.reasons)) == (1, 3, 3)
     assert 'record 1 (bad-gold)' in rep.reasons[0] and 'out of range' in rep.reasons[0]
-    assert 'duplicate qid' in rep.reasons[2] and "missing field 'id'" in rep.reasons[3]
-    assert any('skipped 4' in str(x.message) for x in w)
+    assert "missing field 'id'" in rep.reasons[2]
+    assert any('skipped 3' in str(x.message) for x in w)
+
+
+def test_a_repeated_qid_is_refused_naming_both_records_or_renamed(tmp_path, monkeypatch):
+    "Two questions under one id would share a trace and count twice: refused in one line, or renamed by choice."
+    good = dict(id='ok', video_id='v', video_path='v.mp4', question='q?', candidates=['a', 'b'], correct_choice=1)
+    _w(tmp_path / 'lvb_val.json', json.dumps([good, dict(good, correct_choice=0)]))
+    with pytest.raises(ValueError, match=r"record 0 \(ok\) and .*record 1 \(ok\) share the qid 'ok'"):
+        L.load_longvideobench(tmp_path)
+    monkeypatch.setenv('REVEAL_DUPLICATE_QIDS', 'rename')
+    qs, rep = L.load_longvideobench(tmp_path)
+    assert [q.qid for q in qs] == ['ok', 'ok#2'] and [q.answer for q in qs] == ['B', 'A']
 
 
 # ---------------------------------------------------------------- data check
@@ -164,7 +176,7 @@ def test_data_check_on_a_partial_root(tmp_path):
 
 
 def test_data_check_cli(tmp_path):
-    from reveal_kit.cli import app
+    from reveal_kit.cli.main import app
     res = CliRunner().invoke(app, ['data', 'check', 'videomme', '--root', str(write_fixture('videomme', tmp_path / 'vm')),
                                    '--json'])
     out = json.loads(res.output)
@@ -277,7 +289,7 @@ def test_metric_arithmetic():
 # ---------------------------------------------------------------- the CLI: bare, run, report, compare
 
 def test_eval_cli_three_forms(tmp_path):
-    from reveal_kit.cli import app
+    from reveal_kit.cli.main import app
     root = write_fixture('synth', tmp_path / 'data')
     cli = CliRunner()
     base = ['--root', str(root), '--backend', 'none', '--quiet']
@@ -332,7 +344,7 @@ def test_end_to_end_generated_benchmark_offline_roles(tmp_path, monkeypatch):
         assert meta['method'] == m and meta['config_hash'] and meta['kit_version'] and meta['git_commit']
     assert all(1 <= r['rounds'] <= 3 for r in results['reveal'].values())
     assert all(r['rounds'] == 1 for r in results['base'].values())
-    assert all(r['evidence'] for r in results['direct'].values())
+    assert all(r['evidence'] == [] and r['text'] is None for r in results['direct'].values())   # frames, no captions
     c = compare(results['reveal'].values(), results['base'].values(), n_boot=500)
     assert c['n_common'] == len(qs) and 0 <= c['mcnemar_p'] <= 1
     assert run_eval('synth', 'reveal', tmp_path / 'reveal', root=root, backend='embedded', progress=False)['ran'] == 0
@@ -344,7 +356,7 @@ def test_only_present_videos(tmp_path):
     assert s['selected'] == 2 and {r['video_id'] for r in load_results(tmp_path / 'run')} == {'v0'}
     with pytest.raises(ValueError, match='takes no'):
         run_eval('lvbench', '_const_b', tmp_path / 'x', root=root, split='val', backend='none', progress=False)
-    from reveal_kit.cli import app
+    from reveal_kit.cli.main import app
     (root / 'videos' / 'v0.mp4').unlink()                                        # now no video is present
     res = CliRunner().invoke(app, ['eval', 'run', 'synth', '--method', '_const_b', '--root', str(root), '--out',
                                    str(tmp_path / 'none'), '--backend', 'none', '--only-present', '--quiet'])
@@ -423,7 +435,7 @@ def test_unknown_splits_name_the_valid_ones(tmp_path):
             L.load_videomme(vm, split=bad)
     with pytest.raises(ValueError, match="no split 'dev'; valid splits: val, test"):
         L.load_longvideobench(lvb, split='dev')
-    from reveal_kit.cli import app
+    from reveal_kit.cli.main import app
     for name, root, split in (('videomme', vm, 'Long'), ('longvideobench', lvb, 'dev')):
         r = CliRunner().invoke(app, ['data', 'check', name, '--root', str(root), '--split', split])
         assert r.exit_code == 2 and 'valid splits' in r.output and 'Traceback' not in r.output, r.output
@@ -438,7 +450,7 @@ def test_data_check_is_never_ok_with_no_questions(tmp_path):
 
 
 def test_root_may_be_the_annotation_file_itself(tmp_path):
-    from reveal_kit.cli import app
+    from reveal_kit.cli.main import app
     f = write_fixture('lvbench', tmp_path / 'lv') / 'video_info.meta.jsonl'
     r = check_data('lvbench', f)
     assert (r['loaded'], r['source'], r['annotations']) == (2, str(f), [dict(path=str(f), present=True)])
@@ -593,7 +605,7 @@ def test_cache_mode_timeout_and_roles_reach_the_model_and_run_json(tmp_path):
 
 
 def test_eval_cli_refuses_a_bad_cache_mode_and_roles_in_one_line(tmp_path):
-    from reveal_kit.cli import app
+    from reveal_kit.cli.main import app
     root = write_fixture('synth', tmp_path / 'data')
     base = ['eval', 'synth', '--method', '_const_b', '--root', str(root), '--backend', 'none', '--quiet']
     for extra, msg in ((['--cache', 'fresh'], 'cache mode must be one of'), (['--roles', 'model'], 'needs a chat model')):
@@ -627,8 +639,158 @@ def test_report_averages_pace_diagnostics_and_leaves_other_rows_alone():
     assert rep['index_tokens_per_clip_mean'] == pytest.approx((100 + 200 + 100) / 3)
     assert rep['query_tokens_mean'] == 1000 and rep['steps_mean'] == pytest.approx(7 / 3)
     txt = format_report(rep)
-    assert 'needle recall 50.0 % (2 questions with cues)' in txt and 'tool calls ClipSearch 1.00' in txt, txt
+    assert 'needle recall 50.0 % (2 questions with cues; judge lexical)' in txt and 'tool calls ClipSearch 1.00' in txt, txt
     assert 'tokens per clip (indexing) 133, per query (reasoning) 1000' in txt, txt
     plain = report([dict(qid='1', answer='A', gold='A', correct=True, rounds=2)])
     assert not {'needle_recall_mean', 'tool_calls_mean', 'index_tokens_per_clip_mean'} & set(plain)
     assert 'needle recall' not in format_report(plain) and 'per clip' not in format_report(plain)
+
+
+# ---------------------------------------------------------------- which pool a run used (issue 21, item 1)
+
+def test_a_real_benchmark_run_with_the_seed_pool_warns_once_and_records_the_pool(tmp_path, capsys):
+    "One warning line for REVEAL on a real benchmark with the seed pool; run.json and the report name the pool."
+    from reveal_kit.eval.metrics import report_run, format_report
+    root = write_fixture('videomme', tmp_path / 'vm')
+    for m in ('reveal', 'verify_only'):
+        run_eval('videomme', m, tmp_path / m, root=root, split='long', backend='none', progress=False)
+    err = [l for l in capsys.readouterr().err.splitlines() if 'rubric pool' in l]
+    assert len(err) == 1 and 'seed' in err[0] and 'induced' in err[0], err
+    meta = json.loads((tmp_path / 'reveal' / 'run.json').read_text())
+    assert (meta['rubric_pool_kind'], meta['rubric_pool_used']) == ('seed', True)
+    assert meta['rubric_pool_label'] == 'rubric pool seed (hand-written seed, not induced)'
+    rep = report_run(tmp_path / 'reveal')
+    assert rep['rubric_pool']['label'] == meta['rubric_pool_label']
+    assert meta['rubric_pool_label'] in format_report(rep)
+    run_eval('videomme', 'direct', tmp_path / 'direct', root=root, split='long', backend='none', progress=False)
+    assert json.loads((tmp_path / 'direct' / 'run.json').read_text())['rubric_pool_used'] is False
+    assert 'rubric pool' not in format_report(report_run(tmp_path / 'direct'))
+
+
+def test_an_induced_pool_is_named_with_its_provenance_and_not_warned_about(tmp_path, capsys):
+    root = write_fixture('videomme', tmp_path / 'vm')
+    pool = _alt_pool(tmp_path / 'induced-vm.yaml', dict(benchmark='videomme', split='medium', teacher='model',
+                                                         proposer='model', iteration=2))
+    pool.write_text(pool.read_text().replace('seed: true', 'seed: false'))
+    run_eval('videomme', 'reveal', tmp_path / 'r', root=root, split='long', backend='none', progress=False,
+             overrides=[f'rubric_pool={pool}'])
+    assert 'rubric pool' not in capsys.readouterr().err
+    meta = json.loads((tmp_path / 'r' / 'run.json').read_text())
+    assert meta['rubric_pool_kind'] == 'induced' and meta['rubric_pool_provenance']['split'] == 'medium'
+    assert 'induced on videomme/medium, teacher model, proposer model, iteration 2' in meta['rubric_pool_label']
+
+
+# ---------------------------------------------------------------- PACE's per-role models and needle judge (issue 22)
+
+def test_role_models_reach_pace_and_run_json_and_a_wrong_one_fails_in_one_line(tmp_path, monkeypatch):
+    "`--role-model agent=URL,NAME,text`: PACE's agent steps go to that server, the rest to the run's model."
+    from reveal_kit.cli.main import app
+    from reveal_kit.testing.fakes import FakeChatServer
+    root = tmp_path / 'b'
+    from reveal_kit.synth.bench import generate_benchmark
+    generate_benchmark(root, minutes=0.5, videos=1, questions_per_video=1, seed=2, split='test', progress=False)
+    monkeypatch.setenv('REVEAL_RUNS', str(tmp_path / 'runs'))
+    with FakeChatServer(lambda p: json.dumps({'tool': 'Finish', 'arguments': {'answer': 'A'}}), model='agent-m') as srv:
+        res = CliRunner().invoke(app, ['eval', 'run', 'synth', '--method', 'pace-no-verify', '--root', str(root),
+                                       '--out', str(tmp_path / 'r'), '--backend', 'none', '--roles', 'auto',
+                                       '--role-model', f'agent={srv.url},agent-m,text', '--cache', 'off', '--quiet'])
+        roles = {json.dumps(p['messages'][0]['content'])[:40] for p in srv.requests}
+    assert res.exit_code == 0, res.output
+    meta = json.loads((tmp_path / 'r' / 'run.json').read_text())
+    assert meta['role_models'] == {'agent': f'{srv.url},agent-m,text'}
+    row = load_results(tmp_path / 'r')[0]
+    assert row['models']['pace'] == dict(agent='http:agent-m', vision=None, vision_substitute=None)
+    assert len(srv.requests) >= 2 and row['answer'] == 'A'           # the factors and the agent's step
+    bad = CliRunner().invoke(app, ['eval', 'run', 'synth', '--method', 'pace', '--root', str(root), '--out',
+                                   str(tmp_path / 'x'), '--backend', 'none', '--role-model', 'planner=http://h/v1'])
+    assert bad.exit_code == 2 and 'GROUP one of agent, vision' in bad.output
+
+
+def test_eval_report_judge_names_the_judge_of_each_number(tmp_path, monkeypatch):
+    from reveal_kit.cli.main import app
+    from reveal_kit.testing.fakes import FakeChatServer
+    from reveal_kit.synth.bench import generate_benchmark
+    root = tmp_path / 'b'
+    generate_benchmark(root, minutes=0.5, videos=1, questions_per_video=2, seed=2, split='test', progress=False)
+    monkeypatch.setenv('REVEAL_RUNS', str(tmp_path / 'runs'))
+    run_eval('synth', 'dvd', tmp_path / 'r', root=root, backend='none', progress=False)
+    with FakeChatServer(lambda p: json.dumps({'found': False, 'why': 'not there'}), model='judge-m') as srv:
+        out = CliRunner().invoke(app, ['eval', 'report', str(tmp_path / 'r'), '--judge', f'{srv.url},judge-m',
+                                       '--cache', 'off']).output
+    assert '; judge lexical)' in out and 'needle recall 0.0 % (1 questions with cues; judge model:judge-m)' in out, out
+    assert (tmp_path / 'r' / 'needles' / 'model_judge-m.jsonl').exists()
+
+
+def test_text_from_data_reaches_the_terminal_without_escape_sequences(tmp_path):
+    "A question or option carrying OSC 52 (clipboard) or OSC 0 (title) is printed by `trace show` and `ask` stripped."
+    from reveal_kit.cli.main import app
+    root = write_fixture('synth', tmp_path / 'b')
+    rows = [json.loads(l) for l in (root / 'questions.jsonl').read_text().splitlines()]
+    osc52, osc0 = '\x1b]52;c;ZWNobyBwd25lZA==\x07', '\x1b]0;owned\x1b\\'
+    rows[0]['question'] = f'How many red balls {osc52}appear?'
+    rows[0]['options'] = {'A': f'one{osc0}', 'B': 'two\x1b[2J', 'C': 'three'}
+    (root / 'questions.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    run = tmp_path / 'run'
+    r = CliRunner().invoke(app, ['eval', 'run', 'synth', '--root', str(root), '--method', 'blind', '--out', str(run),
+                                 '--quiet'])
+    assert r.exit_code == 0, r.output
+    res = [json.loads(l) for l in (run / 'results.jsonl').read_text().splitlines()]
+    tp = Path(next(r['trace'] for r in res if r['qid'] == rows[0]['qid']))
+    tp.write_text(json.dumps({**json.loads(tp.read_text()), 'question': rows[0]['question']}))   # as REVEAL's traces
+    shown = CliRunner().invoke(app, ['trace', 'show', str(run), rows[0]['qid']])
+    assert shown.exit_code == 0 and 'How many red balls appear?' in shown.output, shown.output
+    assert '\x1b' not in shown.output and '\x07' not in shown.output
+    vid = make_test_video(tmp_path / 'v.mp4', scenes=((3, 1), (3, 2)))
+    asked = CliRunner().invoke(app, ['ask', str(vid), '-q', f'What is {osc52}shown?', '-o', f'a red{osc0}', '-o', 'blue',
+                                     '--trace-dir', str(tmp_path / 'tr')])
+    assert asked.exit_code == 0, asked.output
+    assert 'a red' in asked.output and '\x1b' not in asked.output and '\x07' not in asked.output
+
+
+def test_a_damaged_call_cache_is_recomputed_not_failed(tmp_path):
+    "Call-cache rows with torn JSON are misses (recomputed, with a one-line warning); a garbage calls.sqlite is moved aside."
+    import sqlite3
+    from reveal_kit.testing.fakes import FakeChatServer
+    from reveal_kit.synth.bench import generate_benchmark
+    root = tmp_path / 'b'
+    generate_benchmark(root, minutes=0.5, videos=1, questions_per_video=2, seed=2, split='test', progress=False)
+    env = dict(os.environ, REVEAL_RUNS=str(tmp_path / 'runs'))
+    cache = tmp_path / 'runs' / 'cache' / 'calls' / 'calls.sqlite'
+    with FakeChatServer(lambda p: json.dumps({'answer': 'A'}), model='m') as srv:
+        def run(out: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, '-c', 'from reveal_kit.cli.main import main; main()', 'eval', 'run',
+                                   'synth', '--method', 'blind', '--root', str(root), '--out', str(tmp_path / out),
+                                   '--backend', 'http', '--base-url', srv.url, '--model', 'm', '--quiet'],
+                                  capture_output=True, text=True, env=env, timeout=300)
+        first = run('r1')
+        asked = len(srv.requests)
+        assert first.returncode == 0 and asked >= 1, first.stderr
+        with sqlite3.connect(cache) as con: con.execute("UPDATE calls SET entry = substr(entry, 1, 12)")
+        torn = run('r2')
+        assert torn.returncode == 0 and len(srv.requests) == 2 * asked, torn.stderr     # made again, not failed
+        assert [(r['failed'], r['answer']) for r in load_results(tmp_path / 'r2')] == [(False, 'A')] * asked
+        warned = [l for l in torn.stderr.splitlines() if 'damaged call-cache entry' in l]
+        assert len(warned) == asked and warned[0].startswith('reveal: warning: '), torn.stderr
+        cache.write_bytes(b'\x00garbage' * 512)
+        garbage = run('r3')
+        assert garbage.returncode == 0 and 'Traceback' not in garbage.stderr, garbage.stderr
+        assert 'moved aside' in garbage.stderr and cache.with_name('calls.sqlite.damaged').exists()
+        assert len(srv.requests) == 3 * asked
+
+
+def test_ask_honours_the_configured_rubric_pool_and_a_missing_one_is_one_line(tmp_path):
+    "`reveal ask --set rubric_pool=PATH` answers with that pool (named in the trace); a missing PATH exits 2, one line."
+    from reveal_kit.cli.main import app
+    vid = make_test_video(tmp_path / 'v.mp4', scenes=((3, 1), (3, 2)))
+    ask = ['ask', str(vid), '-q', 'What colour is shown first?', '-o', 'A. red', '-o', 'B. blue', '--json',
+           '--trace-dir', str(tmp_path / 'tr'), '--set']
+    missing = CliRunner().invoke(app, ask + ['rubric_pool=/no/such/pool.yaml'])
+    assert missing.exit_code == 2 and 'rubric pool not found: /no/such/pool.yaml' in missing.output, missing.output
+    assert len(missing.output.strip().splitlines()) == 1
+    own = CliRunner().invoke(app, ask + ['rubric_pool=rubrics/induced-synth.yaml'])
+    assert own.exit_code == 0, own.output
+    trace = json.loads(Path(json.loads(own.output)['trace']).read_text())
+    assert trace['rubric_pool']['name'] == 'induced-synth'
+    paced = CliRunner().invoke(app, ['ask', str(vid), '-q', 'What colour?', '-o', 'A. red', '-o', 'B. blue',
+                                     '--method', 'pace', '--cache', 'fresh', '--trace-dir', str(tmp_path / 'tr')])
+    assert paced.exit_code == 2 and 'cache mode must be one of' in paced.output, paced.output   # --cache reaches PACE

@@ -61,7 +61,7 @@ def test_paper_params_match():
     "Every params/<notebook>/paper*.yaml sets only its notebook's parameters, and under `setup` Experiment's fields."
     known = {f.name for f in fields(Experiment)}
     ymls = sorted(NB.glob('params/*/paper*.yaml'))
-    assert len({y.parent.name for y in ymls}) == len(list(NB.glob('*.ipynb'))) == 11
+    assert len({y.parent.name for y in ymls}) == len(list(NB.glob('*.ipynb')))
     for y in ymls:
         p, names = yaml.safe_load(y.read_text()), set(parameters_cell(y.parent.name))
         assert set(p) <= names and set(p['setup']) <= known, (y, set(p) - names, set(p['setup']) - known)
@@ -233,6 +233,41 @@ def test_pace_table6(work):
     assert not {'QueryDecompose', 'EvidenceRetrieve'} & {r['tool'] for r in tools if r['method'] == 'dvd'}
 
 
+def test_pace_needle_with_a_judge_model(work):
+    "A judge model named by `judge` (a server): every row's recall is the judge's, and the table names it."
+    from reveal_kit.testing.fakes import FakeChatServer
+    with FakeChatServer(lambda p: json.dumps({'found': True, 'why': 'seen'}), model='fake-judge') as srv:
+        figs = run_nb('pace_needle', work, tag='-judge', methods=['dvd', 'pace'], n_boot=200,
+                      judge=f"{srv.url},fake-judge", setup={'cache_mode': 'off'})
+    t = rows(figs / 'pace_needle.csv')
+    assert [(r['method'], r['judge'], float(r['needle_recall'])) for r in t] == [('dvd', 'model:fake-judge', 1.0),
+                                                                                ('pace', 'model:fake-judge', 1.0)]
+
+
+def test_pace_table3(work):
+    "Two backbone setups (here both the offline roles): each gives DVD's and PACE's accuracy and the delta."
+    figs = run_nb('pace_table3', work, backbones={'unified': {}, 'uncached': {'cache_mode': 'off'}})
+    t = rows(figs / 'pace_table3.csv')
+    assert [r['backbone'] for r in t] == ['unified', 'uncached'] and all(int(r['n']) == 2 for r in t)
+    assert all(abs(float(r['delta']) - (float(r['pace_accuracy']) - float(r['dvd_accuracy']))) < 1e-9 for r in t)
+
+
+def test_pace_table5(work):
+    figs = run_nb('pace_table5', work)
+    t = rows(figs / 'pace_table5.csv')
+    assert [r['tool'] for r in t] == ['EvidenceRetrieve', 'ClipSearch']
+    assert int(t[0]['samples']) == 2 and int(t[1]['samples']) == 0       # the offline policy: ER always, ClipSearch never
+    assert in_unit(t[0]['with_tool']) and in_unit(t[0]['without_tool'])
+
+
+@pytest.mark.slow
+def test_pace_appg_clips(work):
+    figs = run_nb('pace_appg_clips', work, clip_seconds=[5, 20])
+    t = rows(figs / 'pace_appg_clips.csv')
+    assert [(r['clip_s'], r['method']) for r in t] == [('5.0', 'pace'), ('20.0', 'pace')]
+    assert all(int(r['n']) == 2 and in_unit(r['accuracy']) for r in t)
+
+
 @pytest.mark.slow
 def test_pace_fig4_factors(work):
     figs = run_nb('pace_fig4_factors', work, budgets=[1, 5], references=['pace-no-verify'])
@@ -244,16 +279,48 @@ def test_pace_fig4_factors(work):
 
 @pytest.mark.slow
 def test_induction(work):
-    "Induce on a generated dev split, compare seed vs induced pool on the test split; curve and filter counts written."
-    figs = run_nb('reveal_induction', work, dev_root=str(work / 'dev'), max_iters=2, n_boot=200,
-                  dev_synth={'minutes': 2.0, 'videos': 2, 'questions_per_video': 12})
+    "Induce the experiment's pool on a generated dev split, compare seed vs induced pool on the test split."
+    recipe = dict(path=str(work / 'pools' / 'induced-tiny.yaml'), benchmark='synth', root=str(work / 'dev'), split='dev',
+                  synth={'minutes': 2.0, 'videos': 2, 'questions_per_video': 12}, max_iters=2)
+    figs = run_nb('reveal_induction', work, n_boot=200, setup={'rubric_pool': recipe})
     pools = rows(figs / 'reveal_induction.csv')
     assert [r['method'] for r in pools] == ['seed pool', 'induced pool'] and all(int(r['n']) == 2 for r in pools)
     curve = rows(figs / 'reveal_induction_curve.csv')
     assert curve[0]['iteration'] == '0' and sum(r['best'] == 'True' for r in curve) == 1
     flt = rows(figs / 'reveal_induction_filters.csv')
     assert [r['condition'] for r in flt][-1] == 'kept' and int(flt[-1]['questions']) >= 2
-    report = json.loads((work / 'out' / 'reveal_induction.report.json').read_text())
+    report = json.loads((work / 'pools' / 'induced-tiny.report.json').read_text())
     n_dev = len((work / 'dev' / 'questions.jsonl').read_text().splitlines())
     assert sum(int(r['questions']) for r in flt) == report['filter']['candidates'] == n_dev   # each removed once
-    assert (work / 'out' / 'reveal_induction.yaml').exists()
+    meta = json.loads((work / 'out' / 'reveal_induction.metrics.json').read_text())
+    assert [l.split(' (')[0] for l in meta['rubric_pools']] == ['rubric pool seed', 'rubric pool induced-tiny']
+
+
+def _runs_reveal(p: dict) -> bool:
+    from reveal_kit.eval.context import uses_pool
+    ms = list(p.get('methods') or []) + [p.get('method'), p.get('sweep_method')]
+    return any(uses_pool(m) for m in ms + list((p.get('oracle_methods') or {}).values()) if m)
+
+
+def test_paper_params_name_the_induced_pool():
+    "Every paper-scale params file that runs REVEAL names one pool: the recipe of the pool induced on Video-MME's dev split."
+    from reveal_kit.eval.figures.common import pool_recipe
+    ymls = [y for y in sorted(NB.glob('params/*/paper*.yaml')) if _runs_reveal(yaml.safe_load(y.read_text()))]
+    assert len(ymls) == 13, ymls
+    for y in ymls:
+        p = yaml.safe_load(y.read_text())
+        r = pool_recipe(p['setup']['rubric_pool'])
+        assert (r['path'], r['benchmark'], r['split'], r['teacher'], r['proposer']) == (
+            'rubrics/induced-videomme.yaml', 'videomme', 'medium', 'model', 'model'), y
+        assert (r['benchmark'], r['split']) != (p['benchmark'], p['setup']['split']), y      # never the evaluated split
+
+
+def test_reveal_figures_run_with_the_induced_pool(work):
+    "On the generated benchmark REVEAL's methods run with the committed induced pool, and the figure says so."
+    figs = run_nb('reveal_table1', work, tag='-pool', methods=['blind', 'base'])
+    meta = json.loads((work / 'out-pool' / 'reveal_table1.metrics.json').read_text())
+    assert len(meta['rubric_pools']) == 1 and meta['rubric_pools'][0].startswith('rubric pool induced-synth (induced on '
+                                                                                   'synth/dev')
+    run = next((work / 'out-pool').glob('*/base-*/run.json'))
+    assert json.loads(run.read_text())['config']['rubric_pool'] == 'rubrics/induced-synth.yaml'
+    assert json.loads(next((work / 'out-pool').glob('*/blind-*/run.json')).read_text())['config']['rubric_pool'] == ''

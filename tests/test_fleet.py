@@ -203,3 +203,25 @@ def test_concurrent_build_resumes_after_a_dead_server(tmp_path):
         m = OfflineMemory.build(video, tmp_path / 'm', cfg, chat_model=OpenAIHTTPModel(srv.url, model='vlm'),
                                 progress=False, concurrency=4)
     for f in MEMORY_FILES: assert (m.path / f).read_bytes() == (ref.path / f).read_bytes(), f
+
+
+def test_tool_calls_over_a_fleet_with_a_replica_down():
+    "Function calling goes through the fleet like chat: a replica answering 503 is skipped, every call answered once."
+    tools = [{'type': 'function', 'function': {'name': 'finish', 'parameters': {
+        'type': 'object', 'properties': {'answer': {'type': 'string'}}, 'required': ['answer']}}}]
+    served = []
+    def good(payload):
+        assert payload['tools'] == tools and payload['tool_choice'] == 'required'
+        served.append(message_text(payload['messages'][-1]))
+        return {'tool_calls': [{'name': 'finish', 'arguments': {'answer': message_text(payload['messages'][-1])}}]}
+    with FakeChatServer(good) as a, FakeChatServer(Counting(fail=True)) as b:
+        m = OpenAIHTTPModel([a.url, b.url], model='m', cooldown_s=60, retries=1, backoff=0.01)
+        outs = [None] * 12
+        def one(i): outs[i] = m.chat_tools(f'q{i}', tools, role='agent')
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+    assert [o.calls[0].arguments['answer'] for o in outs] == [f'q{i}' for i in range(12)]
+    assert all(o.ok and o.record.base_url == a.url for o in outs)
+    assert sorted(served) == sorted(f'q{i}' for i in range(12))          # each answered once
+    assert m.replicas.status()[1]['healthy'] is False

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from reveal_kit.cli import app
+from reveal_kit.cli.main import app
 from reveal_kit.eval.loaders import load_synth
 from reveal_kit.eval.lmms import LMMS_EXTRA, write_lmms_task
 from reveal_kit.eval.metrics import load_results

@@ -36,7 +36,7 @@ def counting_vlm() -> ScriptedModel:
 
 def cli(*args):
     "Run `reveal ARGS...` in-process."
-    from reveal_kit.cli import app
+    from reveal_kit.cli.main import app
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
@@ -299,7 +299,8 @@ def test_raw_h264_stream_builds(tmp_path):
 
 
 def test_directory_as_video_says_directory(tmp_path):
-    with pytest.raises(MemoryBuildError, match='got a directory'):
+    "A folder is read as time-stamped clips (EgoLife); one without any says so in one line."
+    with pytest.raises(MemoryBuildError, match=r'folder of time-stamped clips .*the directory .* holds no \.mp4 clips'):
         build_memory(tmp_path, progress=False)
 
 
@@ -391,3 +392,61 @@ def test_complete_memory_in_read_only_directory(built, video):
 def test_complete_memory_build_takes_no_lock(built, video, monkeypatch):
     monkeypatch.setattr(mb, 'locked_dir', lambda out: pytest.fail('a complete memory was locked for reading'))
     assert len(OfflineMemory.build(video[0], built, CFG, progress=False).level(1)) == 4
+
+
+# ---------------------------------------------------------------- a folder of time-stamped clips (issue 21, item 5)
+
+def _egolife_clips(root: Path, identity: str = 'A1_JAKE') -> Path:
+    "An EgoLife-layout folder: three contiguous 6-s clips on day 1 (a scene runs across the first cut), one on day 2."
+    clips = [('DAY1', '11150000', [(3, 1), (3, 2)]), ('DAY1', '11150600', [(3, 2), (3, 3)]),
+             ('DAY1', '11151200', [(6, 4)]), ('DAY2', '09300000', [(3, 5), (3, 6)])]
+    for day, hms, scenes in clips:
+        make_test_video(root / identity / day / f'{day}_{identity}_{hms}.mp4', scenes, fps=4)
+    return root / identity
+
+
+def test_reveal_memory_build_reads_a_folder_of_clips_as_one_timeline(tmp_path):
+    from reveal_kit.eval.loaders import egolife_seconds
+    from reveal_kit.video.frames import read_frames_at
+    folder = _egolife_clips(tmp_path)
+    r = cli('memory', 'build', folder, '--out', tmp_path / 'mem', '--json', '--set', 'l2_group=2')
+    assert r.exit_code == 0, r.output
+    mem = OfflineMemory.load(tmp_path / 'mem')
+    l1 = mem.level(1)
+    day1, day2 = egolife_seconds('DAY1', '11150000'), egolife_seconds('DAY2', '09300000')
+    assert l1[0].t_start == day1 and any(it.t_start == day2 for it in l1)          # seconds since DAY1 00:00
+    assert not any(it.t_start < day1 + 18.5 < it.t_end for it in l1)                # none bridges the night
+    assert all(it.meta['source'].startswith(('DAY1/DAY1_A1_JAKE_', 'DAY2/DAY2_A1_JAKE_')) for it in l1)
+    start = lambda c: egolife_seconds(c.stem.split('_')[0], c.stem.split('_')[-1])
+    clips = sorted(folder.rglob('*.mp4'), key=start)
+    for it in l1:
+        assert abs(it.meta['source_offset'] - (it.t_start - start(folder / it.meta['source']))) < 1e-6
+        mid = (it.t_start + it.t_end) / 2
+        own = [c for c in clips if start(c) <= mid][-1]                          # the clip that holds the moment
+        assert (mem.frames(it, 1, None)[0] == read_frames_at(own, [mid - start(own)])[0].rgb).all(), it.item_id
+    assert any(len(it.meta['sources']) == 2 for it in l1)                           # one scene, two clips
+    assert mem.manifest['video_id'] == 'A1_JAKE' and mem.manifest['clips']['n_clips'] == 4
+
+
+def test_egolife_and_ego_r1_questions_get_the_folder_memory_and_range_targets(tmp_path):
+    from reveal_kit.eval.loaders import load_egolifeqa, load_egor1
+    from reveal_kit.eval.loaders import egolife_seconds
+    from reveal_kit.testing.annotation_files import write_fixture
+    write_fixture('egolifeqa', tmp_path / 'el', videos=False)
+    _egolife_clips(tmp_path / 'el')
+    (q, *_), _ = load_egolifeqa(tmp_path / 'el')
+    mem = get_or_build_memory(q.video_path, CFG, root=tmp_path / 'mems')
+    assert mem.manifest['video_path'] == str((tmp_path / 'el' / 'A1_JAKE').resolve())
+    assert mem.level(1)[0].t_start == egolife_seconds('DAY1', '11150000')
+    (tmp_path / 'r1').mkdir()
+    rec = dict(ID='7', identity='A1', question='What did I pick up?', choice_a='a cup', choice_b='a key', answer='B',
+               query_time={'date': 'DAY2', 'time': '10000000'}, target_time='DAY1_11150200-DAY1_11150800')
+    (tmp_path / 'r1' / 'Ego-R1-Bench.json').write_text(json.dumps([rec]))
+    _egolife_clips(tmp_path / 'r1')
+    (r1,), _ = load_egor1(tmp_path / 'r1')
+    a, b = egolife_seconds('DAY1', '11150200'), egolife_seconds('DAY1', '11150800')
+    assert r1.evidence_spans == [(a, b)] and r1.video_path == str(tmp_path / 'r1' / 'A1_JAKE')
+    m1 = get_or_build_memory(r1.video_path, CFG, root=tmp_path / 'mems')
+    hit = [it for it in m1.level(1) if it.t_start < b and it.t_end > a]
+    assert {s[0] for it in hit for s in it.meta['sources']} == {'DAY1/DAY1_A1_JAKE_11150000.mp4',
+                                                              'DAY1/DAY1_A1_JAKE_11150600.mp4'}   # the range's clips

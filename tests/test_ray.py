@@ -1,6 +1,7 @@
 """Ray Data over a benchmark on a local two-CPU cluster: the same rows as in-process, and no loss when a worker dies."""
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,3 +126,39 @@ def test_eval_on_ray_equals_in_process_and_resumes_after_a_killed_worker(env, tm
     qids = [r['qid'] for r in read_jsonl_rows(tmp_path / 'killed' / 'results.jsonl')]
     assert len(qids) == len(set(qids)) == n                                     # no duplicates
     assert rows_of(tmp_path / 'killed') == rows_of(tmp_path / 'local')
+
+
+LISTENERS = r'''
+import json, os, subprocess, sys, time
+from reveal_kit.eval.ray import connect_ray
+ray = connect_ray('local')
+@ray.remote
+def pid(): return os.getpid()
+worker = ray.get(pid.remote())
+time.sleep(1)
+def children(p):
+    try: return [int(x) for x in open(f'/proc/{p}/task/{p}/children').read().split()]
+    except OSError: return []
+tree, todo = set(), [os.getpid()]
+while todo:
+    p = todo.pop()
+    tree.add(p)
+    todo += children(p)
+rows = subprocess.run(['ss', '-ltnpH'], capture_output=True, text=True).stdout.splitlines()
+mine = [r for r in rows if any(f'pid={p},' in r for p in tree)]
+print(json.dumps({'worker': worker, 'tree': sorted(tree), 'listeners': mine}))
+ray.shutdown()
+'''
+
+
+def test_a_fresh_local_cluster_listens_on_loopback_only(tmp_path):
+    "`--ray local` with no cluster running starts one whose every server (GCS, raylet, workers, driver) is on 127.0.0.1."
+    env = {k: v for k, v in os.environ.items() if k not in ('RAY_ADDRESS', 'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER')}
+    out = subprocess.run([sys.executable, '-c', LISTENERS], capture_output=True, text=True, env=env, timeout=240,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got['worker'] in got['tree'] and len(got['listeners']) >= 3        # driver, GCS, raylet and a worker
+    local = ('127.0.0.1:', '[::ffff:127.0.0.1]:', '[::1]:')
+    wide = [r for r in got['listeners'] if not r.split()[3].startswith(local)]
+    assert not wide, 'listening beyond loopback:\n' + '\n'.join(wide)

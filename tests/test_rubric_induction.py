@@ -40,8 +40,8 @@ def script_memory(root: Path, q) -> TinyMemory:
 @pytest.fixture(scope='module')
 def bench(tmp_path_factory):
     root = tmp_path_factory.mktemp('ind') / 'dev'
-    generate_benchmark(root, minutes=1.0, videos=3, questions_per_video=6, seed=5, split='dev', render=False,
-                       progress=False)
+    generate_benchmark(root, minutes=2.0, videos=4, questions_per_video=8, seed=5, split='dev', render=False,
+                       progress=False)                        # 18 questions, about 10 contrastive pairs
     mems = {}
     return root, load_questions(root), lambda q: mems.setdefault(q.video_id, script_memory(root, q))
 
@@ -156,3 +156,85 @@ class _Never:
 
     def label(self, q, c):
         raise AssertionError('the teacher was asked again after resuming')
+
+
+# ---------------------------------------------------------------- induction as App. B.4 / Fig. 3 (issue 21, item 10)
+from reveal_kit.reveal.induction import split_pairs
+from reveal_kit.reveal.pairs import Pair, pair_views, separation
+from reveal_kit.reveal.proposers import check_table
+from reveal_kit.reveal.rubrics import Criterion, load_rubric_pool
+from reveal_kit.reveal.rubrics import OFFLINE_CHECKS
+import numpy as np
+
+_B = {'1': 'all', '0.5': 'some', '0': 'none'}
+
+
+class _Fixed:
+    "A proposer that returns `make(pool)` and records the qids of every working set it was given."
+    name = 'fixed'
+
+    def __init__(self, make):
+        self.make, self.working = make, []
+
+    def propose(self, pool, working, context, views):
+        self.working.append([p.qid for p in working])
+        return self.make(pool), {}
+
+
+def _kept(work: Path) -> list[Pair]:
+    return [p for p in (Pair.from_dict(r) for r in read_jsonl_rows(work / 'pairs.jsonl')) if p.kept]
+
+
+def test_next_working_set_is_the_misjudged_held_out_pairs(bench, tmp_path):
+    "Fig. 3: after iteration 1 (all training pairs), the proposer works on the held-out pairs the pool misjudged."
+    root, qs, mem = bench
+    bad = RubricPool([Criterion('coverage_only', 'Evidence spans the video.', 1.0, _B, ['all'], [], 'coverage')])
+    prop = _Fixed(lambda pool: bad)
+    rep = induce(qs, split='dev', out=tmp_path / 'p.yaml', proposer=prop, memories=mem, text_embedder=EMB,
+                 max_iters=2, patience=9, work_dir=tmp_path / 'w', progress=False)
+    train, val = split_pairs(_kept(tmp_path / 'w'))
+    assert prop.working[0] == [p.qid for p in train]
+    misjudged = [r['qid'] for r in separation(bad, val, pair_views(val, EMB.encode)) if not r['correct']]
+    assert misjudged, 'the fixture must leave a held-out pair misjudged'
+    assert rep['iterations'][1]['next_working'] == misjudged
+    assert prop.working[1] == misjudged and set(misjudged) <= {p.qid for p in val}
+
+
+def test_the_start_pool_is_selected_when_nothing_beats_it(bench, tmp_path):
+    "B.4: a proposal that does not beat the seed on validation leaves the seed (iteration 0) as the chosen pool."
+    root, qs, mem = bench
+    prop = _Fixed(lambda pool: RubricPool(list(pool.criteria), pool.name))      # validates exactly as the start pool
+    rep = induce(qs, split='dev', out=tmp_path / 'p.yaml', proposer=prop, memories=mem, text_embedder=EMB,
+                 max_iters=2, patience=9, work_dir=tmp_path / 'w', progress=False)
+    accs = [r['val_accuracy'] for r in rep['iterations']]
+    assert len(set(accs)) == 1 and len(accs) >= 2
+    assert rep['best_iteration'] == 0 and read_provenance(tmp_path / 'p.yaml')['iteration'] == 0
+    assert RubricPool.load(tmp_path / 'p.yaml').names == load_rubric_pool().names
+
+
+def _single_rho(pairs, views, check: str) -> list[tuple[float, float]]:
+    "ρ⁺ and ρ⁻ of a one-criterion pool of `check` on each pair: max over options of the check's score."
+    i = OFFLINE_CHECKS.index(check)
+    return [tuple(float(check_table(p.question, v, len(p.question.options))[:, i].max()) for v in views[p.qid])
+            for p in pairs]
+
+
+def test_a_proposed_criterion_that_separates_none_of_its_pairs_is_rejected(bench, tmp_path):
+    "B.4: each proposed criterion must separate E⁺ from E⁻ on its own pair; one that does not is not added."
+    root, qs, mem = bench
+    induce(qs, split='dev', out=tmp_path / 'p0.yaml', proposer=_Fixed(lambda p: p), memories=mem, text_embedder=EMB,
+           max_iters=1, work_dir=tmp_path / 'w0', progress=False)
+    train, _ = split_pairs(_kept(tmp_path / 'w0'))
+    views = pair_views(train, EMB.encode)
+    table = {c: _single_rho(train, views, c) for c in OFFLINE_CHECKS}
+    sep = [c for c in OFFLINE_CHECKS if any(a > b for a, b in table[c])]
+    never = [c for c in OFFLINE_CHECKS if not any(a > b for a, b in table[c])]
+    assert sep and never, 'the fixture must have a check that separates some training pair and one that separates none'
+    add = [Criterion('proposed_good', 'It separates.', 1.0, _B, ['all'], [], sep[0]),
+           Criterion('proposed_never', 'It never separates.', 1.0, _B, ['all'], [], never[0])]
+    prop = _Fixed(lambda pool: RubricPool(list(pool.criteria) + add, pool.name))
+    rep = induce(qs, split='dev', out=tmp_path / 'p.yaml', proposer=prop, memories=mem, text_embedder=EMB,
+                 max_iters=1, work_dir=tmp_path / 'w', progress=False)
+    it1 = RubricPool.load(tmp_path / 'w' / 'pool_iter1.yaml')
+    assert 'proposed_good' in it1 and 'proposed_never' not in it1
+    assert [r['name'] for r in rep['iterations'][1]['rejected']] == ['proposed_never']

@@ -6,11 +6,14 @@
 from __future__ import annotations
 import hashlib, json, os, sqlite3, threading, time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from fastcore.basics import patch
-from ..core import runs_dir
-from .chat import ChatModel, ChatResult, CallRecord
+from ..core import runs_dir, warn
+from ..io import move_aside
+from .chat import ChatModel, ChatResult, CallRecord, ToolResult
+from .replies import ToolCall
 from .messages import as_messages
 
 # %% auto #0
@@ -26,11 +29,13 @@ def content_hashed(obj: Any) -> Any:
 
 # %% ../../nbs/03_backends.cache.ipynb #cebc760e
 def call_key(backend: str, model: str, messages: list[dict], schema: dict | None = None, max_tokens: int = 512,
-             temperature: float = 0.0, sampling: dict | None = None, base_url: str = '') -> str:
-    "SHA-256 hex over everything that decides a model's reply (the server's URL only when there is one)."
+             temperature: float = 0.0, sampling: dict | None = None, base_url: str = '', tools: list | None = None,
+             tool_choice: Any = None) -> str:
+    "SHA-256 hex over everything that decides a model's reply (the server's URL and the tools only when there are any)."
     blob = {'v': 1, 'backend': backend, 'model': model, 'messages': content_hashed(messages), 'schema': schema,
             'max_tokens': int(max_tokens), 'temperature': float(temperature), 'sampling': sampling or {}}
     if base_url: blob['base_url'] = base_url
+    if tools is not None: blob['tools'] = {'tools': tools, 'tool_choice': tool_choice}
     text = json.dumps(blob, sort_keys=True, ensure_ascii=False, separators=(',', ':'), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -50,7 +55,11 @@ class CallCache:
         if p.suffix not in ('.sqlite', '.sqlite3', '.db'): p = p / 'calls.sqlite'
         p.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.timeout, self._local = p, timeout, threading.local()
-        self._conn().execute(_SCHEMA)
+        try: self._conn().execute(_SCHEMA)
+        except sqlite3.DatabaseError as e:             # not an SQLite file (overwritten, truncated): start a new one
+            self._local.conn = None
+            move_aside(p, str(e), ['-wal', '-shm'])
+            self._conn().execute(_SCHEMA)
 
     def _conn(self) -> sqlite3.Connection:
         "This thread's connection in this process (opened on first use, and again after a fork)."
@@ -73,9 +82,15 @@ def put(self: CallCache, key: str, entry: dict) -> None:
 # %% ../../nbs/03_backends.cache.ipynb #b3e21045
 @patch
 def get(self: CallCache, key: str) -> dict | None:
-    "The stored entry for `key`, or None."
+    "The stored entry for `key`, or None; a damaged entry (not a JSON object) is deleted with a warning: a miss."
     row = self._conn().execute('SELECT entry FROM calls WHERE key=?', (key,)).fetchone()
-    return json.loads(row[0]) if row else None
+    if row is None: return None
+    try: entry = json.loads(row[0])
+    except (TypeError, ValueError): entry = None
+    if isinstance(entry, dict): return entry
+    warn(f"{self.path}: damaged call-cache entry {key[:16]}… (not a JSON object): dropped, the call is made again")
+    self._conn().execute('DELETE FROM calls WHERE key=?', (key,))
+    return None
 
 # %% ../../nbs/03_backends.cache.ipynb #fb31acf4
 @patch
@@ -121,20 +136,35 @@ class CachedModel(ChatModel):
 
 # %% ../../nbs/03_backends.cache.ipynb #1c7fdb45
 @patch
-def key(self: CachedModel, messages, schema=None, max_tokens=512, temperature=0.0) -> str:
+def key(self: CachedModel, messages, schema=None, max_tokens=512, temperature=0.0, tools=None, tool_choice=None) -> str:
     "The cache key of a request to the inner model."
     return call_key(self.inner.backend_name, self.inner.model_id, as_messages(messages), schema, max_tokens,
-                    temperature, self.inner.sampling_params(), getattr(self.inner, 'base_url', '') or '')
+                    temperature, self.inner.sampling_params(), getattr(self.inner, 'base_url', '') or '', tools,
+                    tool_choice)
+
+# %% ../../nbs/03_backends.cache.ipynb #a7c1e0d4
+@patch
+def _lookup(self: CachedModel, key: str, fields: tuple = ('text',)) -> dict | None:
+    "The cache's entry for `key` when it has a record and `fields`; an unusable entry warns and is a miss."
+    entry = self.cache.get(key)
+    if entry is None or (isinstance(entry.get('record'), dict) and all(f in entry for f in fields)): return entry
+    warn(f"{self.cache.path}: call-cache entry {key[:16]}… lacks {'/'.join(('record',) + fields)}: the call is made again")
+    return None
 
 # %% ../../nbs/03_backends.cache.ipynb #9f8da47f
 @patch
-def _hit(self: CachedModel, entry: dict, role: str, t0: float) -> ChatResult:
-    "A stored entry as this call's result: cache_hit, this role, lookup latency, the original latency kept."
+def _hit_record(self: CachedModel, entry: dict, role: str, t0: float) -> CallRecord:
+    "A stored entry's record as this call's: cache_hit, this role, lookup latency, the original latency kept."
     self.stats['hits'] += 1
     rec = CallRecord(**{k: v for k, v in entry['record'].items() if k in CallRecord.__dataclass_fields__})
     rec.orig_latency_s = rec.orig_latency_s if rec.cache_hit else rec.latency_s
     rec.role, rec.cache_hit, rec.latency_s = role or rec.role, True, time.perf_counter() - t0
-    return ChatResult(entry['text'], entry.get('data'), rec)
+    return rec
+
+@patch
+def _hit(self: CachedModel, entry: dict, role: str, t0: float) -> ChatResult:
+    "A stored entry as this call's result."
+    return ChatResult(entry['text'], entry.get('data'), self._hit_record(entry, role, t0), entry.get('reasoning', ''))
 
 # %% ../../nbs/03_backends.cache.ipynb #45260ab8
 @patch
@@ -151,7 +181,9 @@ def _miss(self: CachedModel, key: str, role: str):
 def _store(self: CachedModel, key: str, res: ChatResult) -> None:
     "Store a successful result (failed calls are retried next time)."
     if not res.ok: return
-    self.cache.put(key, {'text': res.text, 'data': res.data, 'record': res.record.to_dict()})
+    entry = {'text': res.text, 'data': res.data, 'record': res.record.to_dict()}
+    if res.reasoning: entry['reasoning'] = res.reasoning
+    self.cache.put(key, entry)
     self.stats['stores'] += 1
 
 # %% ../../nbs/03_backends.cache.ipynb #ddbb6545
@@ -161,7 +193,7 @@ def chat(self: CachedModel, messages, *, schema=None, role='', max_tokens=512, t
     kw = dict(schema=schema, role=role, max_tokens=max_tokens, temperature=temperature)
     if self.mode == 'off': return self.inner.chat(messages, **kw)
     t0, key = time.perf_counter(), self.key(messages, schema, max_tokens, temperature)
-    if (entry := self.cache.get(key)) is not None: return self._hit(entry, role, t0)
+    if (entry := self._lookup(key)) is not None: return self._hit(entry, role, t0)
     self._miss(key, role)
     res = self.inner.chat(messages, **kw)
     self._store(key, res)
@@ -177,7 +209,7 @@ def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tok
     out, todo = [], []
     for i, c in enumerate(conversations):
         t0, key = time.perf_counter(), self.key(c, schema, max_tokens, temperature)
-        entry = self.cache.get(key)
+        entry = self._lookup(key)
         out.append(None if entry is None else self._hit(entry, role, t0))
         if entry is None:
             self._miss(key, role)
@@ -188,3 +220,22 @@ def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tok
         self._store(key, res)
         out[i] = res
     return out
+
+# %% ../../nbs/03_backends.cache.ipynb #e2a74b1e
+@patch
+def chat_tools(self: CachedModel, messages, tools, *, tool_choice='required', role='', max_tokens=512,
+               temperature=0.0) -> ToolResult:
+    "`inner.chat_tools`, answered from the cache when the same call (same tools and choice) was made before."
+    kw = dict(tool_choice=tool_choice, role=role, max_tokens=max_tokens, temperature=temperature)
+    if self.mode == 'off': return self.inner.chat_tools(messages, tools, **kw)
+    t0, key = time.perf_counter(), self.key(messages, None, max_tokens, temperature, tools, tool_choice)
+    if (e := self._lookup(key, ('text', 'calls'))) is not None:
+        return ToolResult([ToolCall(**c) for c in e['calls']], e['text'], e.get('reasoning', ''),
+                          self._hit_record(e, role, t0))
+    self._miss(key, role)
+    res = self.inner.chat_tools(messages, tools, **kw)
+    if res.record.ok:
+        self.cache.put(key, {'text': res.text, 'reasoning': res.reasoning, 'calls': [asdict(c) for c in res.calls],
+                             'record': res.record.to_dict()})
+        self.stats['stores'] += 1
+    return res

@@ -4,20 +4,21 @@
 
 # %% ../../nbs/02a_backends.chat.ipynb #28ab99cc
 from __future__ import annotations
-import copy, functools, json, re, sys, threading, time
+import json, sys, threading, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, asdict
 from typing import Any, Callable
 from fastcore.basics import patch
-from .messages import as_messages, assistant_message, make_messages, message_text, user_message
+from .messages import as_messages, assistant_message, make_messages, message_text, tool_turns_as_text
+from .replies import (Completion, ToolCall, as_completion, calls_from_json, estimate_tokens,
+                                         minimal_instance, parse_json, parse_tool_call, repair_messages,
+                                         tool_call_schema, validate_reply, with_schema_instruction, with_tools_prompt)
 
 # %% auto #0
 __all__ = ['JSON_STATS', 'BackendError', 'BackendUnavailable', 'RequestRejected', 'BadReply', 'CallsFailing', 'CallRecord',
-           'ChatResult', 'parse_json', 'schema_validator', 'validate_reply', 'bound_schema', 'minimal_instance',
-           'schema_instruction', 'with_schema_instruction', 'repair_messages', 'json_stats', 'estimate_tokens',
-           'ChatModel', 'ScriptedModel', 'is_meaningful', 'offline_role', 'models_record', 'record_dict', 'role_call',
-           'call_totals']
+           'ChatResult', 'ToolResult', 'json_stats', 'ChatModel', 'ScriptedModel', 'is_meaningful', 'offline_role',
+           'models_record', 'record_dict', 'role_call', 'call_totals']
 
 # %% ../../nbs/02a_backends.chat.ipynb #fbd2b09f
 class BackendError(RuntimeError):
@@ -49,6 +50,7 @@ class CallRecord:
     base_url: str = ''                    # the server's URL (HTTP backends), beside the model id
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0            # a thinking model's reasoning (part of completion_tokens)
     latency_s: float = 0.0
     cache_hit: bool = False
     ok: bool = True
@@ -60,107 +62,31 @@ class CallRecord:
 # %% ../../nbs/02a_backends.chat.ipynb #e687a9e2
 @dataclass
 class ChatResult:
-    "A model's reply: raw `text`, parsed and validated `data` (when a schema was given) and the call's `record`."
+    "A reply: its `text`, parsed and validated `data` (when a schema was given), the call's `record`, the `reasoning`."
     text: str
     data: Any = None
     record: CallRecord = field(default_factory=CallRecord)
+    reasoning: str = ''          # what a thinking model reasoned before the reply ('' for others)
     @property
     def ok(self) -> bool: return self.record.ok
 
-# %% ../../nbs/02a_backends.chat.ipynb #243fcba0
-_FENCE = re.compile(r'```(?:json)?\s*(.*?)```', re.S)
-
-def parse_json(text: str) -> Any:
-    "The JSON value in a model reply (code fences and surrounding prose tolerated); ValueError if there is none."
-    t = (text or '').strip()
-    if (m := _FENCE.search(t)): t = m.group(1).strip()
-    try: return json.loads(t, strict=False)     # control characters inside strings: small models emit them
-    except json.JSONDecodeError: pass
-    starts = [i for i in (t.find('{'), t.find('[')) if i >= 0]
-    if not starts: raise ValueError(f"no JSON value in reply {t[:80]!r}")
-    try: return json.JSONDecoder(strict=False).raw_decode(t[min(starts):])[0]
-    except json.JSONDecodeError as e: raise ValueError(f"broken JSON in reply: {e}") from None
-
-# %% ../../nbs/02a_backends.chat.ipynb #f3083b4c
-@functools.lru_cache(maxsize=512)
-def schema_validator(schema_json: str):
-    "A checked jsonschema validator for a schema given as sorted JSON, built once per schema (checking is slow)."
-    import jsonschema
-    schema = json.loads(schema_json)
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)
-
-# %% ../../nbs/02a_backends.chat.ipynb #299b9f7d
-def validate_reply(text: str, schema: dict) -> tuple[Any, str | None]:
-    "`(data, None)` when the reply holds JSON valid under `schema`, else `(None, what is wrong)`."
-    from jsonschema.exceptions import best_match
-    try: data = parse_json(text)
-    except ValueError as e: return None, f"not valid JSON: {e}"
-    e = best_match(schema_validator(json.dumps(schema, sort_keys=True)).iter_errors(data))
-    if e is None: return data, None
-    where = '/'.join(map(str, e.absolute_path)) or '(root)'
-    return None, f"JSON does not match the schema at {where}: {e.message}"
-
-# %% ../../nbs/02a_backends.chat.ipynb #f924e183
-_DATA_KEYS = {'enum', 'const', 'default', 'examples', 'required'}
-_STR_BOUNDED = {'maxLength', 'enum', 'const', 'pattern', 'format'}
-
-def _types(s: dict) -> list[str]:
-    "The `type` of a schema node as a list of names."
-    t = s.get('type')
-    if isinstance(t, str): return [t]
-    return t if isinstance(t, list) and all(isinstance(x, str) for x in t) else []
-
-# %% ../../nbs/02a_backends.chat.ipynb #32f6a670
-def bound_schema(schema: dict, max_str: int = 200, max_items: int = 8) -> dict:
-    "A copy of `schema` where every string has a `maxLength` and every array a `maxItems` (existing bounds kept)."
-    def walk(s):
-        if isinstance(s, list): return [walk(x) for x in s]
-        if not isinstance(s, dict): return s
-        out = {k: (v if k in _DATA_KEYS else walk(v)) for k, v in s.items()}
-        if 'string' in _types(s) and not (_STR_BOUNDED & set(s)): out['maxLength'] = max_str
-        if 'array' in _types(s) and 'maxItems' not in s: out['maxItems'] = max(max_items, s.get('minItems', 0))
-        return out
-    return walk(copy.deepcopy(schema))
-
-# %% ../../nbs/02a_backends.chat.ipynb #baf7ec2d
-def minimal_instance(schema: dict | None) -> Any:
-    "The smallest value valid under a simple schema (first enum value, minimum counts); the scripted model's default."
-    s = schema or {}
-    if 'const' in s: return s['const']
-    if 'enum' in s: return s['enum'][0]
-    for k in ('anyOf', 'oneOf', 'allOf'):
-        if k in s: return minimal_instance(s[k][0])
-    t = (_types(s) or ['object'])[0]
-    if t == 'object': return {k: minimal_instance(v) for k, v in s.get('properties', {}).items()}
-    if t == 'array': return [minimal_instance(s.get('items', {})) for _ in range(s.get('minItems', 0))]
-    if t == 'string': return 'x' * s.get('minLength', 0)
-    if t in ('integer', 'number'): return s.get('minimum', 0)
-    return False if t == 'boolean' else None
-
-# %% ../../nbs/02a_backends.chat.ipynb #1577bc97
-def schema_instruction(schema: dict) -> str:
-    "The sentence appended to the last user turn when a JSON reply is wanted."
-    return "Reply with only one JSON value that matches this JSON schema:\n" + json.dumps(schema, separators=(',', ':'))
-
-# %% ../../nbs/02a_backends.chat.ipynb #2db962f4
-def with_schema_instruction(messages: list[dict], schema: dict | None) -> list[dict]:
-    "Messages with the schema instruction added to the last user turn (unchanged when no schema)."
-    if schema is None: return messages
-    msgs = [dict(m) for m in messages]
-    i = max((j for j, m in enumerate(msgs) if m['role'] == 'user'), default=None)
-    if i is None: return msgs + [user_message(schema_instruction(schema))]
-    c = msgs[i]['content']
-    extra = schema_instruction(schema)
-    msgs[i]['content'] = f"{c}\n\n{extra}" if isinstance(c, str) else [*c, {'type': 'text', 'text': extra}]
-    return msgs
-
-# %% ../../nbs/02a_backends.chat.ipynb #635b16a2
-def repair_messages(messages: list[dict], bad_reply: str, error: str, schema: dict) -> list[dict]:
-    "The conversation that asks the model once more, showing its invalid reply and what was wrong with it."
-    return [*messages, assistant_message(bad_reply[:2000]),
-            user_message(f"Your reply was invalid ({error[:500]}). {schema_instruction(schema)}")]
+# %% ../../nbs/02a_backends.chat.ipynb #261e3213
+@dataclass
+class ToolResult:
+    "A function-calling reply: its tool `calls` (unusable ones kept with their error), `text`, `reasoning`, `record`."
+    calls: list[ToolCall] = field(default_factory=list)
+    text: str = ''
+    reasoning: str = ''
+    record: CallRecord = field(default_factory=CallRecord)
+    @property
+    def ok(self) -> bool:
+        "The call went through and every tool call in it can run."
+        return self.record.ok and all(c.ok for c in self.calls)
+    def message(self) -> dict:
+        "The assistant turn to append to the conversation, before one `tool` reply per call."
+        m = assistant_message(self.text)
+        if self.calls: m['tool_calls'] = [c.to_openai() for c in self.calls]
+        return m
 
 # %% ../../nbs/02a_backends.chat.ipynb #e01b3a0a
 JSON_STATS: Counter = Counter()   # this process: 'repairs' asked, 'repaired_ok', 'failures' (invalid after the repair)
@@ -169,11 +95,6 @@ _STATS_LOCK = threading.Lock()
 def json_stats() -> dict:
     "JSON repair and failure counts of every model in this process."
     with _STATS_LOCK: return dict(JSON_STATS)
-
-# %% ../../nbs/02a_backends.chat.ipynb #63c8b47f
-def estimate_tokens(text: str) -> int:
-    "A rough token count (whitespace words) for backends that report no usage."
-    return len(str(text).split())
 
 # %% ../../nbs/02a_backends.chat.ipynb #8a6568fb
 class ChatModel:
@@ -255,30 +176,33 @@ def _record(self: ChatModel, role, t0, pt, ct, **kw) -> CallRecord:
 
 # %% ../../nbs/02a_backends.chat.ipynb #e1e18d7c
 @patch
-def _repair(self: ChatModel, msgs, schema, text, err, max_tokens, temperature, role):
-    "Ask once more with the error: `(text, data, error, prompt_tokens, completion_tokens)` of the second reply."
+def _repair(self: ChatModel, msgs, schema, text, err, max_tokens, temperature, role) -> tuple[Completion, Any, Any]:
+    "Ask once more with the error: the second reply, its data, and what is still wrong with it (None: nothing)."
     try:
         again = repair_messages(with_schema_instruction(msgs, schema), text, err, schema)
         kw = dict(schema=schema, max_tokens=max_tokens, temperature=temperature, role=role)
-        text2, pt2, ct2 = self._complete(again, **kw)
-    except (RequestRejected, BadReply) as e: return text, None, str(e), 0, 0
-    data, err2 = validate_reply(text2, schema)
-    return text2, data, err2, pt2, ct2
+        c = as_completion(self._complete(again, **kw))
+    except (RequestRejected, BadReply) as e: return Completion(text), None, str(e)
+    data, err2 = validate_reply(c.text, schema)
+    return c, data, err2
 
 # %% ../../nbs/02a_backends.chat.ipynb #66251f7d
 @patch
-def _finish(self: ChatModel, msgs, schema, text, pt, ct, t0, role, max_tokens, temperature) -> ChatResult:
+def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens, temperature) -> ChatResult:
     "Validate a reply; on invalid JSON ask once more with the error, then record success or failure."
-    if schema is None: return ChatResult(text, None, self._record(role, t0, pt, ct))
-    data, err = validate_reply(text, schema)
-    if err is None: return ChatResult(text, data, self._record(role, t0, pt, ct))
+    rec = lambda *more, **kw: self._record(role, t0, sum(x.prompt_tokens for x in (c, *more)),
+                                           sum(x.completion_tokens for x in (c, *more)),
+                                           reasoning_tokens=sum(x.n_reasoning for x in (c, *more)), **kw)
+    if schema is None: return ChatResult(c.text, None, rec(), c.reasoning)
+    data, err = validate_reply(c.text, schema)
+    if err is None: return ChatResult(c.text, data, rec(), c.reasoning)
     self._count('repairs')
-    text, data, err2, pt2, ct2 = self._repair(msgs, schema, text, err, max_tokens, temperature, role)
-    rec = self._record(role, t0, pt + pt2, ct + ct2, repaired=True)
+    c2, data, err2 = self._repair(msgs, schema, c.text, err, max_tokens, temperature, role)
+    r = rec(c2, repaired=True)
     self._count('repaired_ok' if err2 is None else 'failures')
-    if err2 is None: return ChatResult(text, data, rec)
-    rec.ok, rec.error = False, f"invalid JSON after one repair: {err2} (reply from {self.where()} begins {text[:60]!r})"
-    return ChatResult(text, None, rec)
+    if err2 is None: return ChatResult(c2.text, data, r, c2.reasoning)
+    r.ok, r.error = False, f"invalid JSON after one repair: {err2} (reply from {self.where()} begins {c2.text[:60]!r})"
+    return ChatResult(c2.text, None, r, c2.reasoning)
 
 # %% ../../nbs/02a_backends.chat.ipynb #35be007f
 class _SlowCallNotice:
@@ -304,12 +228,12 @@ class _SlowCallNotice:
 
 # %% ../../nbs/02a_backends.chat.ipynb #3d4a3faa
 @patch
-def _check_failures(self: ChatModel, res: ChatResult) -> ChatResult:
-    "Count failed calls in a row; after `max_failures_in_row` of them raise `CallsFailing` naming where and why."
+def _check_failures(self: ChatModel, res):
+    "Count failed calls in a row (`res.record.ok` False); after `max_failures_in_row` raise `CallsFailing`."
     with _STATS_LOCK:
-        self._failed_in_row = 0 if res.ok else getattr(self, '_failed_in_row', 0) + 1
+        self._failed_in_row = 0 if res.record.ok else getattr(self, '_failed_in_row', 0) + 1
         n = self._failed_in_row
-    if res.ok or not self.max_failures_in_row or n < self.max_failures_in_row: return res
+    if res.record.ok or not self.max_failures_in_row or n < self.max_failures_in_row: return res
     last = ' '.join(str(res.record.error).split())[:300]
     raise CallsFailing(f"the last {n} calls to {self.where()} failed; the last one: {last}. "
                        "Check that the server runs a chat model (or choose another backend).")
@@ -323,10 +247,10 @@ def chat(self: ChatModel, messages, *, schema: dict | None = None, role: str = '
     with _STATS_LOCK: self.stats['calls'] += 1
     kw = dict(schema=schema, max_tokens=max_tokens, temperature=temperature, role=role)
     with _SlowCallNotice(self, role):
-        try: text, pt, ct = self._complete(with_schema_instruction(msgs, schema), **kw)
+        try: c = as_completion(self._complete(with_schema_instruction(msgs, schema), **kw))
         except (RequestRejected, BadReply) as e:
             res = ChatResult('', None, self._record(role, t0, 0, 0, ok=False, error=str(e)))
-        else: res = self._finish(msgs, schema, text, pt, ct, t0, role, max_tokens, temperature)
+        else: res = self._finish(msgs, schema, c, t0, role, max_tokens, temperature)
     return self._check_failures(res)
 
 # %% ../../nbs/02a_backends.chat.ipynb #f9699575
@@ -337,6 +261,58 @@ def chat_many(self: ChatModel, conversations: list, *, schema: dict | None = Non
     f = lambda c: self.chat(c, schema=schema, role=role, max_tokens=max_tokens, temperature=temperature)
     if max_workers <= 1 or len(conversations) <= 1: return [f(c) for c in conversations]
     with ThreadPoolExecutor(max_workers) as ex: return list(ex.map(f, conversations))
+
+# %% ../../nbs/02a_backends.chat.ipynb #094f1784
+@patch
+def _complete_tools(self: ChatModel, messages, tools, *, tool_choice, max_tokens, temperature, role) -> Completion:
+    "Function calling without native tools: the calls written as JSON under `tool_call_schema` (structured output)."
+    schema, msgs = tool_call_schema(tools, tool_choice), tool_turns_as_text(messages)
+    kw = dict(max_tokens=max_tokens, temperature=temperature, role=role)
+    if schema is None: return as_completion(self._complete(msgs, schema=None, **kw))
+    msgs = with_schema_instruction(with_tools_prompt(msgs, tools), schema)
+    return calls_from_json(as_completion(self._complete(msgs, schema=schema, **kw)))
+
+# %% ../../nbs/02a_backends.chat.ipynb #94e91900
+@patch
+def _complete_tools(self: ScriptedModel, messages, tools, *, tool_choice, max_tokens, temperature, role):
+    "`fn(messages, tool_call_schema(...), role)`: a string (no call), or `{'tool_calls', 'content', 'reasoning'}`."
+    self.calls.append({'role': role, 'messages': messages, 'tools': tools, 'tool_choice': tool_choice})
+    out = self.fn(messages, tool_call_schema(tools, tool_choice), role)
+    pt = sum(estimate_tokens(message_text(m)) for m in messages)
+    if isinstance(out, str): return Completion(out, pt, estimate_tokens(out), tool_calls=[])
+    calls, text = list(out.get('tool_calls') or []), str(out.get('content') or '')
+    ct = estimate_tokens(text) + sum(estimate_tokens(json.dumps(x)) for x in calls)
+    return Completion(text, pt, ct, str(out.get('reasoning') or ''), tool_calls=calls)
+
+# %% ../../nbs/02a_backends.chat.ipynb #e7c27b21
+@patch
+def _tool_result(self: ChatModel, msgs, tools, tool_choice, c: Completion, t0, role) -> ToolResult:
+    "The checked calls of a reply and its record (not ok when a call was required and none can run)."
+    turn = sum(m['role'] == 'assistant' for m in msgs)
+    calls = [parse_tool_call(x, tools, f'call_{turn}_{i}') for i, x in enumerate(c.tool_calls or [])]
+    rec = self._record(role, t0, c.prompt_tokens, c.completion_tokens, reasoning_tokens=c.n_reasoning)
+    with _STATS_LOCK: self.stats['invalid_tool_calls'] += sum(not x.ok for x in calls)
+    if tool_choice not in ('auto', 'none') and not any(x.ok for x in calls):
+        why = calls[0].error if calls else f"the reply has no tool call (it begins {c.text[:60]!r})"
+        cut = '; the reply was cut off at max_tokens' if c.finish_reason == 'length' else ''
+        rec.ok, rec.error = False, f"no valid tool call from {self.where()}: {why}{cut}"
+    return ToolResult(calls, c.text, c.reasoning, rec)
+
+# %% ../../nbs/02a_backends.chat.ipynb #b40e7b2f
+@patch
+def chat_tools(self: ChatModel, messages, tools: list[dict], *, tool_choice: str | dict = 'required', role: str = '',
+               max_tokens: int = 512, temperature: float = 0.0) -> ToolResult:
+    "OpenAI function calling: the reply's tool calls, each parsed and checked against `tools`, and the call's record."
+    msgs, t0 = as_messages(messages), time.perf_counter()
+    tool_call_schema(tools, tool_choice)          # a malformed tool list or choice: ValueError, before any call
+    with _STATS_LOCK: self.stats['calls'] += 1
+    kw = dict(tool_choice=tool_choice, max_tokens=max_tokens, temperature=temperature, role=role)
+    with _SlowCallNotice(self, role):
+        try: c = as_completion(self._complete_tools(msgs, tools, **kw))
+        except (RequestRejected, BadReply) as e:
+            res = ToolResult(record=self._record(role, t0, 0, 0, ok=False, error=str(e)))
+        else: res = self._tool_result(msgs, tools, tool_choice, c, t0, role)
+    return self._check_failures(res)
 
 # %% ../../nbs/02a_backends.chat.ipynb #a8521275
 def record_dict(rec: Any) -> dict:
@@ -358,13 +334,15 @@ def role_call(model: Any, role: str, system: str, user: str, schema: dict, max_t
 
 # %% ../../nbs/02a_backends.chat.ipynb #9a7e0010
 def call_totals(calls: list[dict]) -> dict:
-    "Call totals: count, cache hits, tokens, model seconds, per role, failed calls per role."
+    "Call totals: count, cache hits, tokens (reasoning tokens when there are any), model seconds, calls per role."
     by_role: dict[str, int] = {}
     for c in calls:
         by_role[c.get('role', '?')] = by_role.get(c.get('role', '?'), 0) + 1
     failed = Counter(c.get('role', '?') for c in calls if c.get('ok') is False)
-    return {'llm_calls': len(calls), 'cache_hits': sum(bool(c.get('cache_hit')) for c in calls),
-            'prompt_tokens': sum(int(c.get('prompt_tokens') or 0) for c in calls),
-            'completion_tokens': sum(int(c.get('completion_tokens') or 0) for c in calls),
-            'model_seconds': round(sum(float(c.get('wall_s') or 0.0) for c in calls), 6), 'calls_by_role': by_role,
-            'failed_calls': dict(sorted(failed.items()))}
+    out = {'llm_calls': len(calls), 'cache_hits': sum(bool(c.get('cache_hit')) for c in calls),
+           'prompt_tokens': sum(int(c.get('prompt_tokens') or 0) for c in calls),
+           'completion_tokens': sum(int(c.get('completion_tokens') or 0) for c in calls),
+           'model_seconds': round(sum(float(c.get('wall_s') or 0.0) for c in calls), 6), 'calls_by_role': by_role,
+           'failed_calls': dict(sorted(failed.items()))}
+    if (rt := sum(int(c.get('reasoning_tokens') or 0) for c in calls)): out['reasoning_tokens'] = rt
+    return out

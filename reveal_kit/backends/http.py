@@ -5,12 +5,12 @@
 # %% ../../nbs/02b_backends.http.ipynb #0addd5ff
 from __future__ import annotations
 import contextlib, logging, os, random, re, threading, time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 import httpx
 from fastcore.basics import patch
 from .chat import BackendError, BackendUnavailable, BadReply, ChatModel, RequestRejected
-from .chat import bound_schema, estimate_tokens
+from .replies import Completion, bound_schema, estimate_tokens, text_tool_calls
 from .messages import message_text, text_only
 
 # %% auto #0
@@ -104,14 +104,18 @@ class OpenAIHTTPModel(ChatModel):
                  api_key: str | None = None, json_mode: str = 'json_schema', json_fallback: bool = True,
                  max_concurrency: int | None = None, timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
                  bound: bool = True, extra_body: dict | None = None, meaningful: bool = True,
-                 supports_images: bool = True, cooldown_s: float = 5.0):
+                 supports_images: bool = True, cooldown_s: float = 5.0, tool_mode: str = 'auto',
+                 text_max_tokens: int | None = None):
         super().__init__()
         if json_mode not in ('json_schema', 'json_object'):
             raise ValueError(f"json_mode must be 'json_schema' or 'json_object', got {json_mode!r}")
+        if tool_mode not in ('auto', 'native', 'schema'):
+            raise ValueError(f"tool_mode must be 'auto', 'native' or 'schema', got {tool_mode!r}")
         self.base_urls, self._model = tuple(parse_base_urls(base_url)), model
         self.base_url, self.replicas = self.base_urls[0], ReplicaSet(self.base_urls, cooldown_s, max_concurrency)
-        self.json_mode, self.json_fallback, self.bound = json_mode, json_fallback, bound
+        self.json_mode, self.json_fallback, self.bound, self.tool_mode = json_mode, json_fallback, bound, tool_mode
         self.retries, self.backoff, self.extra_body = retries, backoff, dict(extra_body or {})
+        self.text_max_tokens = text_max_tokens     # the most tokens of a reply without a schema (None: as asked)
         self.meaningful, self.supports_images, self.timeout_s = meaningful, supports_images, float(timeout)
         n = len(self.base_urls)
         self.why = f"OpenAI-compatible server{f's ({n} replicas)' if n > 1 else ''} at {self.where()}"
@@ -121,7 +125,8 @@ class OpenAIHTTPModel(ChatModel):
                                     limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
         self._lock, self._served = threading.Lock(), threading.local()
 
-    def sampling_params(self) -> dict: return dict(self.extra_body)
+    def sampling_params(self) -> dict:
+        return {**self.extra_body, **({'text_max_tokens': self.text_max_tokens} if self.text_max_tokens else {})}
     def where(self) -> str: return ', '.join(self.base_urls)
 
 # %% ../../nbs/02b_backends.http.ipynb #ba03e451
@@ -226,12 +231,16 @@ def _post_chat(self: OpenAIHTTPModel, payload: dict, schema: dict | None, mode: 
     return r2
 
 # %% ../../nbs/02b_backends.http.ipynb #7cb3a734
-def _completion(d: dict, messages: list[dict]) -> tuple[str, int, int]:
-    "`(text, prompt_tokens, completion_tokens)` of a chat completion; counts are estimated when the server gives none."
-    text = (d.get('choices') or [{}])[0].get('message', {}).get('content') or ''
-    u = d.get('usage') or {}
+def _completion(d: dict, messages: list[dict]) -> Completion:
+    "A chat completion's text, tokens (estimated when the server gives none), reasoning and raw tool calls."
+    ch = (d.get('choices') or [{}])[0]
+    msg, u = ch.get('message') or {}, d.get('usage') or {}
+    text, calls = msg.get('content') or '', msg.get('tool_calls') or None
     pt = u.get('prompt_tokens') or sum(estimate_tokens(message_text(m)) for m in messages)
-    return text, pt, u.get('completion_tokens') or estimate_tokens(text)
+    ct = u.get('completion_tokens') or estimate_tokens(text) + sum(estimate_tokens(str(c)) for c in calls or [])
+    rt = (u.get('completion_tokens_details') or {}).get('reasoning_tokens')
+    reasoning = msg.get('reasoning') or msg.get('reasoning_content') or ''
+    return Completion(text, pt, ct, reasoning, rt, calls, ch.get('finish_reason') or '')
 
 def _completion_json(r: httpx.Response, url: str) -> dict:
     "The body of a chat-completion response; `BadReply` naming `url` and the first bytes when it is not one."
@@ -246,17 +255,50 @@ def _completion_json(r: httpx.Response, url: str) -> dict:
     return d
 
 # %% ../../nbs/02b_backends.http.ipynb #0e000e7e
+_TEXT_ONLY_HINT = " (a text-only model: set REVEAL_IMAGES=no, or supports_images=False, so roles send no images)"
+
+@patch
+def _reply(self: OpenAIHTTPModel, r: httpx.Response, messages: list[dict]) -> Completion:
+    "The reply in a response; rejected requests (HTTP 400/413/422) raise RequestRejected, other bad answers BadReply."
+    url = getattr(self._served, 'url', self.base_url)
+    if r.status_code in (400, 413, 422):
+        hint = _TEXT_ONLY_HINT if 'not a multimodal model' in r.text else ''
+        raise RequestRejected(f"{url} rejected the request (HTTP {r.status_code}): {r.text[:300]}{hint}")
+    if r.status_code >= 400: raise BadReply(f"{url} answered HTTP {r.status_code}: {r.text[:300]}")
+    return _completion(_completion_json(r, f"{url}/chat/completions"), messages)
+
 @patch
 def _complete(self: OpenAIHTTPModel, messages, *, schema, max_tokens, temperature, role):
-    "One chat completion: rejected requests (HTTP 400/413/422) become RequestRejected, other bad answers BadReply."
+    "One chat completion, JSON under the schema through the server's structured output."
     if not self.supports_images: messages = text_only(messages)
+    if schema is None and self.text_max_tokens: max_tokens = min(max_tokens, self.text_max_tokens)
     payload = {'model': self.model_id, 'messages': messages, 'max_tokens': max_tokens, 'temperature': temperature,
                **self.extra_body}
     mode = self.json_mode
     if schema is not None: payload['response_format'] = self._response_format(schema, mode)
-    r = self._post_chat(payload, schema, mode)
-    url = getattr(self._served, 'url', self.base_url)
-    if r.status_code in (400, 413, 422):
-        raise RequestRejected(f"{url} rejected the request (HTTP {r.status_code}): {r.text[:300]}")
-    if r.status_code >= 400: raise BadReply(f"{url} answered HTTP {r.status_code}: {r.text[:300]}")
-    return _completion(_completion_json(r, f"{url}/chat/completions"), messages)
+    return self._reply(self._post_chat(payload, schema, mode), messages)
+
+# %% ../../nbs/02b_backends.http.ipynb #abde075a
+def _calls_in_text(c: Completion) -> Completion:
+    "A reply whose calls the server's tool parser left in the text (cut off): the calls taken out of it."
+    if c.tool_calls or '<tool_call>' not in c.text: return c
+    text, calls = text_tool_calls(c.text)
+    return replace(c, text=text, tool_calls=calls)
+
+def _rejects_tools(r: httpx.Response) -> bool:
+    "The server refused function calling (vLLM without a tool parser: HTTP 400 naming `--tool-call-parser`)."
+    return r.status_code in (400, 422) and 'tool' in r.text.lower()
+
+@patch
+def _complete_tools(self: OpenAIHTTPModel, messages, tools, *, tool_choice, max_tokens, temperature, role):
+    "Native function calling (`tools`, `tool_choice` in the request); the calls as JSON under a schema for 'schema'."
+    kw = dict(tool_choice=tool_choice, max_tokens=max_tokens, temperature=temperature, role=role)
+    if self.tool_mode == 'schema': return ChatModel._complete_tools(self, messages, tools, **kw)
+    msgs = messages if self.supports_images else text_only(messages)
+    payload = {'model': self.model_id, 'messages': msgs, 'tools': tools, 'tool_choice': tool_choice,
+               'max_tokens': max_tokens, 'temperature': temperature, **self.extra_body}
+    r = self._request('POST', '/chat/completions', payload)
+    if self.tool_mode != 'auto' or not _rejects_tools(r): return _calls_in_text(self._reply(r, msgs))
+    with self._lock: self.tool_mode = 'schema'
+    _log.info("%s refused function calling; asking for the calls as JSON under a schema from now on", self.where())
+    return ChatModel._complete_tools(self, messages, tools, **kw)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import atexit, importlib.util, logging, os, sys, threading
 from pathlib import Path
 from fastcore.basics import patch
-from .chat import BackendUnavailable, ChatModel, RequestRejected, bound_schema, estimate_tokens
+from .chat import BackendUnavailable, ChatModel, RequestRejected
+from .replies import bound_schema, estimate_tokens
 from .messages import merge_system, text_only
 
 # %% auto #0

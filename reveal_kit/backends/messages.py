@@ -4,14 +4,14 @@
 
 # %% ../../nbs/02_backends.messages.ipynb #988650bc
 from __future__ import annotations
-import base64, io, mimetypes
+import base64, io, json, mimetypes
 from pathlib import Path
 from typing import Any
 import numpy as np
 
 # %% auto #0
 __all__ = ['image_to_data_url', 'user_message', 'system_message', 'assistant_message', 'message_text', 'message_images',
-           'make_messages', 'as_messages', 'text_only', 'merge_system']
+           'make_messages', 'as_messages', 'text_only', 'merge_system', 'tool_message', 'tool_turns_as_text']
 
 # %% ../../nbs/02_backends.messages.ipynb #eebbc224
 def _jpeg_data_url(img: Any, quality: int) -> str:
@@ -72,7 +72,7 @@ def make_messages(system: str, user: str, images: list | None = None) -> list[di
     return [system_message(system), user_message(user, images=images)]
 
 # %% ../../nbs/02_backends.messages.ipynb #481e3c43
-_ROLES = ('system', 'user', 'assistant')
+_ROLES = ('system', 'user', 'assistant', 'tool')
 
 def as_messages(messages: str | dict | list) -> list[dict]:
     "Normalize a prompt string, one message or a list of messages into a checked list of messages."
@@ -87,8 +87,8 @@ def as_messages(messages: str | dict | list) -> list[dict]:
 
 # %% ../../nbs/02_backends.messages.ipynb #fdd555de
 def text_only(messages: list[dict]) -> list[dict]:
-    "Messages with image parts dropped, for text-only models."
-    return [{'role': m['role'], 'content': message_text(m)} for m in messages]
+    "Messages with image parts dropped, for text-only models (other keys, e.g. `tool_calls`, kept)."
+    return [{**m, 'content': message_text(m)} for m in messages]
 
 # %% ../../nbs/02_backends.messages.ipynb #237a95e8
 def merge_system(messages: list[dict]) -> list[dict]:
@@ -99,3 +99,33 @@ def merge_system(messages: list[dict]) -> list[dict]:
     if rest and rest[0]['role'] == 'user': rest[0]['content'] = f"{sys_txt}\n\n{message_text(rest[0])}"
     else: rest.insert(0, user_message(sys_txt))
     return rest
+
+# %% ../../nbs/02_backends.messages.ipynb #9ea38333
+def tool_message(call_id: str, content: str, name: str | None = None) -> dict:
+    "The `tool` turn that answers the call `call_id` with a result (`name`: the function, for servers that want it)."
+    m = {'role': 'tool', 'tool_call_id': call_id, 'content': str(content)}
+    if name: m['name'] = name
+    return m
+
+# %% ../../nbs/02_backends.messages.ipynb #a5138666
+def _calls_text(m: dict) -> str:
+    "An assistant turn's tool calls as `{'tool_calls': [{'name', 'arguments'}], 'content'}` JSON."
+    def args(c):
+        a = c['function'].get('arguments')
+        try: return json.loads(a) if isinstance(a, str) else a
+        except json.JSONDecodeError: return a
+    d = {'tool_calls': [{'name': c['function']['name'], 'arguments': args(c)} for c in m['tool_calls']]}
+    if message_text(m): d['content'] = message_text(m)
+    return json.dumps(d, ensure_ascii=False)
+
+def tool_turns_as_text(messages: list[dict]) -> list[dict]:
+    "Tool calls written as assistant JSON and each run of `tool` results as one user turn, for backends without tools."
+    out = []
+    for m in messages:
+        if m['role'] == 'tool':
+            line = f"Result of tool call {m.get('tool_call_id', '?')}:\n{message_text(m)}"
+            if out and out[-1].get('_tool'): out[-1]['content'] += '\n\n' + line
+            else: out.append({'role': 'user', 'content': line, '_tool': True})
+        elif m['role'] == 'assistant' and m.get('tool_calls'): out.append(assistant_message(_calls_text(m)))
+        else: out.append(m)
+    return [{k: v for k, v in m.items() if k != '_tool'} for m in out]

@@ -10,16 +10,28 @@ from .chat import BackendError, ChatModel, ScriptedModel
 from .cache import MODES, CachedModel, CallCache, default_cache_path
 
 # %% auto #0
-__all__ = ['BACKENDS', 'make_backend', 'get_chat_model', 'describe_chat_model']
+__all__ = ['BACKENDS', 'env_supports_images', 'make_backend', 'get_chat_model', 'describe_chat_model']
+
+# %% ../../nbs/03a_backends.models.ipynb #72166ff6
+def env_supports_images(default: bool = True) -> bool:
+    "`$REVEAL_IMAGES` (yes/no, true/false, 1/0): whether the HTTP or in-process model takes images; unset: `default`."
+    v = os.environ.get('REVEAL_IMAGES', '').strip().lower()
+    if not v: return default
+    if v in ('yes', 'true', '1'): return True
+    if v in ('no', 'false', '0'): return False
+    raise ValueError(f"REVEAL_IMAGES must be yes or no, got {v!r}")
 
 # %% ../../nbs/03a_backends.models.ipynb #ccc80145
 BACKENDS = ('embedded', 'http', 'vllm', 'scripted')
 
 def make_backend(backend: str, model: str | None = None, base_url: str | list[str] | None = None, **kw) -> ChatModel:
-    "The uncached model for a backend name."
+    "The uncached model for a backend name (HTTP and in-process vLLM: `supports_images` from `$REVEAL_IMAGES`)."
     if backend == 'embedded':
         from reveal_kit.backends.llamacpp import LlamaCppModel
         return LlamaCppModel(model, **kw)
+    if backend in ('http', 'vllm'):
+        kw.setdefault('supports_images', env_supports_images())
+        kw.setdefault('text_max_tokens', int(os.environ.get('REVEAL_TEXT_MAX_TOKENS') or 0) or None)
     if backend == 'http':
         from reveal_kit.backends.http import OpenAIHTTPModel
         return OpenAIHTTPModel(base_url or os.environ.get('REVEAL_BASE_URL', 'http://127.0.0.1:8000/v1'), model, **kw)

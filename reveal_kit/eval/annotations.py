@@ -13,8 +13,9 @@ from ..core import normalize_options
 from ..text import hms_to_seconds
 
 # %% auto #0
-__all__ = ['AnnotationError', 'read_json', 'read_jsonl', 'read_parquet', 'read_csv', 'read_table', 'split_inline_options',
-           'extract_options', 'gold_letter', 'parse_time_spans']
+__all__ = ['OPTION_STYLES', 'AnnotationError', 'read_json', 'read_jsonl', 'read_parquet', 'read_csv', 'read_table',
+           'strip_option_prefix', 'styled_options', 'split_inline_options', 'extract_options', 'gold_letter',
+           'parse_time_spans']
 
 # %% ../../nbs/40_eval.annotations.ipynb #ee1b8195
 class AnnotationError(ValueError):
@@ -92,18 +93,44 @@ def read_table(path: str | Path) -> list[dict]:
     if not isinstance(data, list): raise AnnotationError(f"{p}: expected a list of records, got {type(data).__name__}")
     return data
 
+# %% ../../nbs/40_eval.annotations.ipynb #0b7105a1
+OPTION_STYLES = {'A.': re.compile(r'^\s*([A-Z])\.\s+'),        # Video-MME: 'A. text'
+                 '(A)': re.compile(r'^\s*\(([A-Z])\)\s*'),      # MMR-V, LVBench (inline): '(A) text'
+                 'plain': None}                                 # LongVideoBench, EgoSchema: the position is the letter
+
+# %% ../../nbs/40_eval.annotations.ipynb #0b7105a3
+def strip_option_prefix(text: str, style: str) -> tuple[str | None, str]:
+    "(the letter of the file's own prefix, the text after it), stripped once by `style`; (None, text) without one."
+    if style not in OPTION_STYLES: raise ValueError(f"option style must be one of {list(OPTION_STYLES)}, got {style!r}")
+    rx, text = OPTION_STYLES[style], str(text).strip()
+    m = rx.match(text) if rx else None
+    return (m.group(1), text[m.end():].strip()) if m else (None, text)
+
+# %% ../../nbs/40_eval.annotations.ipynb #0b7105a5
+def styled_options(options: list | tuple, style: str) -> dict[str, str]:
+    "A file's list of options as `{letter: text}`: each prefix (by `style`) names its letter, else the position does."
+    out = {}
+    for i, o in enumerate(options):
+        own, text = strip_option_prefix(o, style)
+        letter = own or string.ascii_uppercase[i]
+        if letter in out: raise ValueError(f"option letter {letter} given twice in {list(options)!r}"[:200])
+        out[letter] = text
+    return normalize_options(out)
+
 # %% ../../nbs/40_eval.annotations.ipynb #c7035b14
-def _marker(letter: str) -> re.Pattern:
-    "The pattern of an option marker for `letter`: `(A)`, `A.`, `A)`, `A:` at the start or after whitespace."
-    return re.compile(rf"(?:^|(?<=\s))(?:\({letter}\)|{letter}[\.\):：])\s*")
+def _marker(letter: str, style: str | None = None) -> re.Pattern:
+    "An option marker for `letter` at the start or after whitespace: `style`'s own (`(A)` or `A.`), else any of them."
+    forms = {'(A)': rf"\({letter}\)", 'A.': rf"{letter}\."}.get(style, rf"\({letter}\)|{letter}[\.\):：]")
+    return re.compile(rf"(?:^|(?<=\s))(?:{forms})\s*")
 
 # %% ../../nbs/40_eval.annotations.ipynb #79331c7a
-def split_inline_options(text: str) -> tuple[str, dict[str, str]]:
-    "Split `'stem\\n(A) x\\n(B) y'` (or `A. x B. y`) into the stem and `{letter: text}`."
+def split_inline_options(text: str, style: str | None = None) -> tuple[str, dict[str, str]]:
+    "Split `'stem\\n(A) x\\n(B) y'` (or `A. x B. y`; only `style`'s markers when given) into stem and `{letter: text}`."
     starts, pos, i = [], 0, 0
     while i < len(string.ascii_uppercase):
         tries = (i, i + 1) if len(starts) >= 2 else (i,)
-        hits = [(j, m) for j in tries if j < 26 for m in [_marker(string.ascii_uppercase[j]).search(text, pos)] if m]
+        hits = [(j, m) for j in tries if j < 26 for m in [_marker(string.ascii_uppercase[j], style).search(text, pos)]
+                if m]
         if not hits: break
         j, m = hits[0]
         starts.append((string.ascii_uppercase[j], m.start(), m.end()))
@@ -130,18 +157,24 @@ def _separate_fields(rec: dict) -> list[str] | dict[str, str] | None:
     return None
 
 # %% ../../nbs/40_eval.annotations.ipynb #ba9b7f7c
-def extract_options(rec: dict, question_key: str = 'question') -> tuple[str, dict[str, str]]:
-    "The question stem and `{letter: text}` from a record, whether options are a list, separate fields or inline."
+def _styled(v: Any, style: str | None) -> dict[str, str]:
+    "Options found in a field: a list or an inline string read by the file's `style` (guessed when None)."
+    if style is None: return normalize_options(v)
+    if isinstance(v, str): return split_inline_options(v, style)[1]
+    return styled_options(v, style) if isinstance(v, (list, tuple)) else normalize_options(v)
+
+def extract_options(rec: dict, question_key: str = 'question', style: str | None = None) -> tuple[str, dict[str, str]]:
+    "The question stem and `{letter: text}` from a record (a list, separate fields or inline), by the file's `style`."
     q = str(rec.get(question_key) or '').strip()
     for k in ('options', 'candidates', 'choices', 'option'):
         v = rec.get(k)
-        if isinstance(v, (list, tuple, dict)) and len(v): return q, normalize_options(v)
+        if isinstance(v, (list, tuple, dict)) and len(v): return q, _styled(v, style)
         if isinstance(v, str) and v.strip():
-            try: return q, normalize_options(json.loads(v))
-            except (json.JSONDecodeError, ValueError): return q, split_inline_options(v)[1]
+            try: return q, _styled(json.loads(v), style)
+            except (json.JSONDecodeError, ValueError): return q, split_inline_options(v, style)[1]
     sep = _separate_fields(rec)
-    if sep: return q, normalize_options(sep)
-    return split_inline_options(q)
+    if sep: return q, _styled(sep, 'plain' if style and isinstance(sep, list) else style)
+    return split_inline_options(q, style)
 
 # %% ../../nbs/40_eval.annotations.ipynb #eaca9f00
 def gold_letter(value: Any, options: dict[str, str]) -> str | None:

@@ -9,18 +9,23 @@ import math
 import re
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 import numpy as np
 from ..core import Config, Question, Evidence
-from ..backends.chat import is_meaningful, offline_role
+from ..text import fmt_time
+from ..backends.chat import is_meaningful, offline_role, role_call
 from ..backends.messages import user_message
 from ..retrieval.choice import get_text_embedder
+from ..video.subtitles import load_subtitles
 from ..reveal.offline_checks import EvidenceView
-from ..reveal.answerer import Answerer
+from ..reveal.verifier import EVIDENCE_TOKENS
+from ..reveal.answerer import answer_schema, offline_answer
 
 # %% auto #0
-__all__ = ['ANSWER_SCHEMA', 'parse_letter', 'text_encoder', 'make_result', 'blind_offline', 'blind_prompt', 'blind',
-           'uniform_timestamps', 'covering_items', 'evidence_view', 'direct']
+__all__ = ['ANSWER_SCHEMA', 'DIRECT_TEXT', 'DIRECT_SYSTEM', 'parse_letter', 'text_encoder', 'make_result', 'blind_offline',
+           'blind_prompt', 'blind', 'uniform_timestamps', 'covering_items', 'evidence_view', 'direct_text',
+           'direct_prompt', 'direct']
 
 # %% ../../nbs/41_eval.baselines.ipynb #999cd9ca
 def _letter_patterns(letters: str) -> list[str]:
@@ -119,11 +124,11 @@ def covering_items(items: list, times: list[float]) -> list:
 
 # %% ../../nbs/41_eval.baselines.ipynb #e82657b9
 def evidence_view(items: list, memory, duration: float | None = None) -> EvidenceView:
-    "The L1 items as a verifier `EvidenceView` (memory text vectors when it has them, else freshly embedded)."
-    ev = [Evidence.from_item(it, 0, 0.0, 'uniform') for it in items]
+    "Items (memory items or `Evidence`) as a verifier `EvidenceView` (memory text vectors when it has them)."
+    ev = [it if isinstance(it, Evidence) else Evidence.from_item(it, 0, 0.0, 'uniform') for it in items]
     emb = getattr(memory, 'text_embedder', None)
     enc = emb.encode if emb is not None else text_encoder()[0]
-    try: vecs = np.stack([np.asarray(memory.text_vector(it.item_id), np.float64) for it in items]) if items else None
+    try: vecs = np.stack([np.asarray(memory.text_vector(e.item_id), np.float64) for e in ev]) if ev else None
     except (AttributeError, KeyError): vecs = np.asarray(enc([e.text for e in ev]), np.float64) if ev else None
     return EvidenceView(ev, vecs, enc, 0, duration)
 
@@ -139,20 +144,77 @@ def _direct_images(memory, items: list, times: list[float]) -> list:
     per = Counter(covering_items(items, [t])[0].item_id for t in times)
     return [f for it in items for f in memory.frames(it, per.get(it.item_id, 1))]
 
+# %% ../../nbs/41_eval.baselines.ipynb #eaa62656
+DIRECT_TEXT = {'direct': None, 'direct-subs': 'subtitles', 'direct-captions': 'captions'}
+
+def _subtitle_evidence(path: str | Path | None, budget: int) -> list[Evidence]:
+    "The subtitle cues as evidence lines (source 'subtitle'), evenly thinned to at most `budget` words in all."
+    if not path: return []
+    cues = load_subtitles(path)
+    words = sum(len(c.text.split()) for c in cues)
+    step = max(1, math.ceil(words / budget))
+    ev = [Evidence(f'sub_{i:05d}', 1, c.start, c.end, c.text, 0, 0.0, 'subtitle') for i, c in enumerate(cues)]
+    return ev[::step]
+
+def direct_text(kind: str | None, items: list, subtitles: str | Path | None = None,
+                budget: int = EVIDENCE_TOKENS) -> list[Evidence]:
+    "What a direct variant reads besides frames: nothing, the subtitle cues, or the covering segments' captions."
+    if kind == 'subtitles': return _subtitle_evidence(subtitles, budget)
+    if kind == 'captions': return [Evidence.from_item(it, 0, 0.0, 'uniform') for it in items]
+    return []
+
+# %% ../../nbs/41_eval.baselines.ipynb #893c4eb1
+DIRECT_SYSTEM = (
+    "You answer a multiple-choice question about a video from frames sampled uniformly over the whole video, in time "
+    "order, and the video's subtitles or segment descriptions when they are given. Choose the single best option. "
+    "Answer with JSON only.")
+
+def direct_prompt(q: Question, n_images: int, text: list[Evidence]) -> str:
+    "The direct baseline's user message: question, options, the frames attached, the variant's text lines."
+    fr = f"{n_images} frames sampled uniformly over the video are attached, in time order." if n_images else \
+        "No frames are attached."
+    lines = '\n'.join(f"[{fmt_time(e.t_start)}-{fmt_time(e.t_end)}] {e.text}" for e in text)
+    label = 'Subtitles' if text and text[0].source == 'subtitle' else 'Segment descriptions'
+    return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n{fr}\n"
+            + (f"\n{label}:\n{lines}\n" if text else '')
+            + '\nReply as {"answer": "<letter>", "reasoning": "one sentence"}.')
+
+# %% ../../nbs/41_eval.baselines.ipynb #5f352d83
+def _direct_offline(q: Question, text: list[Evidence], memory, duration: float) -> tuple[str, str]:
+    "(letter, note): the offline answerer over the variant's text, or the blind prior when there is none."
+    if text:
+        return offline_answer(q, evidence_view(text, memory, duration)).answer, 'offline answerer over the text'
+    return blind_offline(q)[0], 'no role here can see frames: the blind prior answers'
+
+def _direct_answer(q: Question, model, images: list | None, text: list[Evidence], memory,
+                   duration: float) -> tuple[str | None, str, list[dict], str]:
+    "(letter, source, model calls, note) of the direct baseline's single answer."
+    if not is_meaningful(model):
+        letter, note = _direct_offline(q, text, memory, duration)
+        return letter, 'offline', [], note
+    data, rec = role_call(model, 'direct', DIRECT_SYSTEM, direct_prompt(q, len(images or []), text),
+                          answer_schema(list(q.options)), max_tokens=256, images=images or None)
+    note = '' if images else 'the model takes no images: frames not sent'
+    letter = str((data or {}).get('answer', '')).strip().upper()[:1]
+    if letter in q.options:
+        return letter, 'model', [rec], note
+    letter, why = _direct_offline(q, text, memory, duration)
+    return letter, 'fallback', [rec], f"reply unusable ({rec.get('error') or 'no valid letter'}); {why}"
+
 # %% ../../nbs/41_eval.baselines.ipynb #f650cacc
-def direct(q: Question, memory, model=None, config: Config | None = None) -> dict:
-    "The direct baseline: uniform frames (offline: the captions of the L1 segments covering them) → the answerer, once."
-    cfg, t0 = config or Config(), time.time()
+def direct(q: Question, memory, model=None, config: Config | None = None, variant: str = 'direct',
+           subtitles: str | Path | None = None) -> dict:
+    "The direct baseline (B.1): uniform frames (+ a variant's subtitles or captions) and the question → one answer."
+    cfg, t0, kind = config or Config(), time.time(), DIRECT_TEXT[variant]
     duration = float(getattr(memory, 'duration', None) or q.duration or 0.0)
     times = uniform_timestamps(duration, cfg.direct_fps, cfg.direct_max_frames)
     items = covering_items(memory.level(1), times)
-    meaningful = is_meaningful(model)
-    images = _direct_images(memory, items, times) if meaningful and getattr(model, 'supports_images', False) else None
-    answerer = Answerer(model=model if meaningful else None, config=cfg)
-    res = answerer.answer(q, evidence_view(items, memory, duration), images)
-    ev = [dict(item_id=it.item_id, level=1, t_start=it.t_start, t_end=it.t_end, text=it.narrative, round=0,
-               source='uniform') for it in items]
-    models = {'chat': getattr(model, 'model_id', None) if meaningful else None, 'answerer': res.source}
-    return make_result(q, res.answer if res.answer in q.options else None, 'direct', seconds=time.time() - t0,
-                       evidence=ev, n_frames=len(times), n_images=len(images or []), answer_source=res.source,
-                       reasoning=res.reasoning[:300], models=models, **_calls_usage(res.calls))
+    img = is_meaningful(model) and getattr(model, 'supports_images', False)
+    images = _direct_images(memory, items, times) if img else None
+    text = direct_text(kind, items, subtitles)
+    letter, source, calls, note = _direct_answer(q, model, images, text, memory, duration)
+    ev = [dict(e.to_dict(), level=1) for e in text if kind == 'captions']
+    models = {'chat': getattr(model, 'model_id', None) if is_meaningful(model) else None, 'answerer': source}
+    return make_result(q, letter, variant, seconds=time.time() - t0, evidence=ev, n_frames=len(times),
+                       n_images=len(images or []), text=kind, answer_source=source, note=note, models=models,
+                       **_calls_usage(calls))

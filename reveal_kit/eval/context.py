@@ -4,21 +4,23 @@
 
 # %% ../../nbs/42a_eval.context.ipynb #b8b15bc5
 from __future__ import annotations
+import sys
 import threading
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 from fastcore.basics import patch
-from ..core import Config, Question, sha256_file
+from ..core import Config, Question, sha256_file, warn
 from ..backends.models import get_chat_model, describe_chat_model
 from ..memory.build import get_or_build_memory
 from .loaders import lvb_subtitles_to_srt
-from ..reveal.rubrics import default_pool_path, load_rubric_pool
+from ..reveal.rubrics import default_pool_path, load_rubric_pool, pool_label, pool_origin, resolve_pool_path
+from ..reveal.presets import get_preset
 from ..reveal.induction import pool_eval_warning
 
 # %% auto #0
-__all__ = ['ROLES', 'RunContext', 'pool_meta']
+__all__ = ['ROLES', 'ROLE_MODEL_GROUPS', 'RunContext', 'role_models_of', 'uses_pool', 'seed_pool_warning', 'pool_meta']
 
 # %% ../../nbs/42a_eval.context.ipynb #55867a8a
 ROLES = ('auto', 'offline', 'model')
@@ -37,6 +39,7 @@ class RunContext:
     cache_mode: str | None = None         # call cache: readwrite | replay | off (None: readwrite)
     timeout_s: float | None = None        # longest wait for one model reply (None: config.timeout_s)
     roles: str = 'auto'                   # planner, verifier, answerer: auto | offline | model
+    role_models: dict = field(default_factory=dict)   # PACE role group → 'URL[,NAME[,text]]' (else the run's)
 
     def __post_init__(self):
         self._lock, self._vlocks, self._mems, self._pending = threading.Lock(), {}, {}, {}
@@ -75,6 +78,42 @@ def model_base_url(self: RunContext) -> dict:
     if self.model_obj is None: return {}
     d = describe_chat_model(self.model_obj)
     return {'model_base_url': d['base_url'], 'model_base_urls': d.get('base_urls')}
+
+# %% ../../nbs/42a_eval.context.ipynb #c1a7e0a2
+ROLE_MODEL_GROUPS = ('agent', 'vision')
+
+def role_models_of(pairs) -> dict[str, str]:
+    "`['agent=URL,NAME', …]` (or a dict) as `{group: 'URL,NAME[,text]'}`, checked (a wrong one fails in one line)."
+    items = pairs.items() if isinstance(pairs, dict) else [str(p).partition('=')[::2] for p in pairs or []]
+    out = {}
+    for g, v in items:
+        parts = [x.strip() for x in str(v).split(',')]
+        if g not in ROLE_MODEL_GROUPS or not parts[0] or len(parts) > 3 or (len(parts) == 3 and parts[2] != 'text'):
+            raise ValueError(f"role model {g}={v!r}: expected GROUP=URL[,NAME[,text]] with GROUP one of "
+                             f"{', '.join(ROLE_MODEL_GROUPS)}")
+        out[g] = ','.join(parts)
+    return out
+
+# %% ../../nbs/42a_eval.context.ipynb #c1a7e0a4
+@patch
+def model_for(self: RunContext, group: str):
+    "The chat model of a PACE role group: its own (`role_models`, made on first use, cached calls) or the run's."
+    spec = role_models_of(self.role_models).get(group)
+    if spec is None: return self.model
+    url, name, *text = spec.split(',') + ([] if ',' in spec else [''])
+    with self._lock:
+        made = self.__dict__.setdefault('_role_objs', {})
+        if group not in made:
+            kw = {'supports_images': False} if text else {}
+            made[group] = get_chat_model('http', model=name or None, base_url=url, cache_mode=self.cache_mode,
+                                         timeout_s=self.timeout_s or self.config.timeout_s, **kw)
+        return made[group]
+
+# %% ../../nbs/42a_eval.context.ipynb #c1a7e0a6
+@patch
+def role_models_meta(self: RunContext) -> dict | None:
+    "What `run.json` records of the per-role models (None: one model for every role); a wrong spec fails here."
+    return role_models_of(self.role_models) or None
 
 # %% ../../nbs/42a_eval.context.ipynb #18fd1682
 @patch
@@ -131,12 +170,40 @@ def rubric_pool(self: RunContext):
     return load_rubric_pool(self.config.rubric_pool or None)
 
 # %% ../../nbs/42a_eval.context.ipynb #b7cf772d
-def pool_meta(cfg: Config, benchmark: str, split: str | None, qs: list[Question]) -> dict:
-    "What `run.json` records about the rubric pool: path, SHA-256, and the warning of a pool induced on this split."
-    p = Path(cfg.rubric_pool) if cfg.rubric_pool else default_pool_path()
+def uses_pool(method: str | None) -> bool:
+    "Whether a runner method runs REVEAL's loop: any preset (its verifier, rerank and offline roles read the pool)."
+    if not method: return False
+    try: get_preset(method)
+    except KeyError: return False
+    return True
+
+# %% ../../nbs/42a_eval.context.ipynb #6b7171cd
+_WARNED: set[str] = set()
+
+def seed_pool_warning(origin: dict, benchmark: str, method: str | None) -> str | None:
+    "The line to warn with when REVEAL runs on a real benchmark with a pool that was not induced, else None."
+    if origin['kind'] == 'induced' or benchmark in ('synth', 'custom') or not uses_pool(method): return None
+    return (f"REVEAL on {benchmark} uses {pool_label(origin)}; the paper's REVEAL uses a pool induced on a "
+            "development split (`reveal rubrics induce`, then --set rubric_pool=PATH)")
+
+def _warn_once(line: str) -> None:
+    "Print `warning: line` on stderr, once per process."
+    if line in _WARNED: return
+    _WARNED.add(line)
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+# %% ../../nbs/42a_eval.context.ipynb #3547bb7b
+def pool_meta(cfg: Config, benchmark: str, split: str | None, qs: list[Question], method: str | None = None) -> dict:
+    "What `run.json` records about the rubric pool: path, SHA-256, kind, label, provenance, use, and its warnings."
+    p = resolve_pool_path(cfg.rubric_pool) if cfg.rubric_pool else default_pool_path()
     if not p.exists():
         if cfg.rubric_pool: raise FileNotFoundError(f"rubric pool {p} not found (Config.rubric_pool)")
         return dict(rubric_pool=str(p), rubric_pool_sha256=None, rubric_pool_warning=None)
-    w = pool_eval_warning(p, benchmark, split, qs)
-    if w: warnings.warn(w)
-    return dict(rubric_pool=str(p), rubric_pool_sha256=sha256_file(p), rubric_pool_warning=w)
+    origin, w = pool_origin(p), pool_eval_warning(p, benchmark, split, qs)
+    if w: warn(w)
+    seed_w = seed_pool_warning(origin, benchmark, method)
+    if seed_w: _warn_once(seed_w)
+    return dict(rubric_pool=str(p), rubric_pool_sha256=origin['sha256'], rubric_pool_warning=w,
+                rubric_pool_name=origin['name'], rubric_pool_kind=origin['kind'], rubric_pool_label=pool_label(origin),
+                rubric_pool_provenance=origin['provenance'], rubric_pool_used=uses_pool(method),
+                rubric_pool_seed_warning=seed_w)

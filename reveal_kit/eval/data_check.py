@@ -75,7 +75,8 @@ def _annotation_files(man: dict, root: Path) -> list[dict]:
 def expected_layout(man: dict) -> str:
     "What a benchmark's loader looks for: the annotation files (alternatives with '|') and the fields it reads."
     files = '; '.join(man.get('layout', {}).get('annotations', [])) or '?'
-    fields = ', '.join(str(k) for k in (man.get('fields') or {}))
+    f = man.get('fields') or {}
+    fields = f if isinstance(f, str) else ', '.join(str(k) for k in f)          # a mapping of fields, or a sentence
     return f"annotation file(s) {files}" + (f" with fields {fields}" if fields else '')
 
 # %% ../../nbs/40b_eval.data_check.ipynb #8515952b

@@ -11,17 +11,18 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
-from ..core import Question, duration_group
+from ..core import Question, duration_group, unique_qids, warn
 from .annotations import (AnnotationError, read_json, read_jsonl, read_table, extract_options, gold_letter,
                                          parse_time_spans)
 from ..text import hms_to_seconds
 from ..io import write_subtitles
 from ..synth.bench import load_questions
+from ..memory.clips import egolife_seconds
 
 # %% auto #0
-__all__ = ['VIDEOMME_ANN', 'VIDEOMME_SPLITS', 'LVBENCH_ANN', 'LVB_ANN', 'EGOSCHEMA_ANN', 'MMRV_ANN', 'EGOR1_ANN', 'LOADERS',
-           'LoadReport', 'check_split', 'probe_seconds', 'load_videomme', 'load_lvbench', 'load_longvideobench',
-           'lvb_subtitles_to_srt', 'load_egoschema', 'load_mmrv', 'egolife_seconds', 'load_egolifeqa', 'load_egor1',
+__all__ = ['VIDEOMME_ANN', 'VIDEOMME_SPLITS', 'LVBENCH_ANN', 'LVB_ANN', 'EGOSCHEMA_ANN', 'MMRV_ANN', 'EGOLIFE_IDENTITIES',
+           'EGOR1_ANN', 'LOADERS', 'LoadReport', 'check_split', 'probe_seconds', 'load_videomme', 'load_lvbench',
+           'load_longvideobench', 'lvb_subtitles_to_srt', 'load_egoschema', 'load_mmrv', 'load_egolifeqa', 'load_egor1',
            'load_synth', 'data_root', 'load_benchmark', 'load_split_questions']
 
 # %% ../../nbs/40a_eval.loaders.ipynb #c3ddb267
@@ -103,14 +104,13 @@ def _req(rec: dict, key: str) -> Any:
 def _collect(bench: str, source: Path, records: Iterable[tuple[str, Any]], build: Callable[[Any], Question | None],
              strict: bool = False) -> tuple[list[Question], LoadReport]:
     "Build questions from `(where, record)` pairs; bad records are skipped and counted (or raise when `strict`)."
-    rep, out, seen, probed = LoadReport(bench, str(source)), [], set(), {}
+    rep, out, wheres, probed = LoadReport(bench, str(source)), [], [], {}
     for where, rec in records:
         try:
             q = build(rec)
             if q is None: continue
-            if q.qid in seen: raise ValueError(f"duplicate qid {q.qid!r}")
-            seen.add(q.qid)
             out.append(q)
+            wheres.append(where)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             if strict: raise AnnotationError(f"{source}: bad {where}: {type(e).__name__}: {e}") from None
             rep.skip(where, f"{type(e).__name__}: {e}")
@@ -121,10 +121,11 @@ def _collect(bench: str, source: Path, records: Iterable[tuple[str, Any]], build
             if q.video_path not in probed: probed[q.video_path] = probe_seconds(q.video_path)
             q.duration = probed[q.video_path]
             q.duration_group = q.duration_group or duration_group(q.duration)
+    out = unique_qids(out, [f"{source}: {w}" for w in wheres])
     rep.loaded = len(out)
-    if rep.skipped: warnings.warn(f"{bench}: skipped {rep.skipped} bad record(s) in {source}; first: {rep.reasons[0]}")
-    if rep.notes: warnings.warn(f"{bench}: {len(rep.notes)} question(s) in {source} repeat an option text; "
-                                f"first: {rep.notes[0]}")
+    if rep.skipped: warn(f"{bench}: skipped {rep.skipped} bad record(s) in {source}; first: {rep.reasons[0]}")
+    if rep.notes: warn(f"{bench}: {len(rep.notes)} question(s) in {source} repeat an option text; "
+                       f"first: {rep.notes[0]}")
     return out, rep
 
 # %% ../../nbs/40a_eval.loaders.ipynb #4051aaf0
@@ -132,8 +133,8 @@ VIDEOMME_ANN = ['videomme/test-*.parquet', 'test-*.parquet', 'videomme/*.json', 
 _VIDEOMME_META = ('video_id', 'domain', 'sub_category', 'url', 'language')
 
 def _videomme_question(rec: dict, root: Path) -> Question:
-    "One Video-MME record as a Question."
-    q, opts = extract_options(rec)
+    "One Video-MME record as a Question (options `'A. text'`)."
+    q, opts = extract_options(rec, style='A.')
     vid = str(_req(rec, 'videoID'))
     return Question(qid=str(_req(rec, 'question_id')), video_id=vid, question=q, options=opts,
                     answer=gold_letter(rec.get('answer'), opts), qtype=str(rec.get('task_type') or 'unknown'),
@@ -165,7 +166,7 @@ def _lvbench_duration(info: dict) -> float | None:
 def _lvbench_question(video: dict, qa: dict, root: Path) -> Question:
     "One LVBench `qa` entry of a video record as a Question."
     key = str(_req(video, 'key'))
-    stem, opts = extract_options(qa)
+    stem, opts = extract_options(qa, style='(A)')
     dur = _lvbench_duration(video.get('video_info') or {})
     qt = qa.get('question_type') or ['unknown']
     qt = [qt] if isinstance(qt, str) else list(qt)
@@ -200,8 +201,8 @@ LVB_ANN = {'val': ['lvb_val.json', 'validation-*.parquet', 'data/validation-*.pa
 _LVB_META = ('topic_category', 'level', 'position', 'starting_timestamp_for_subtitles', 'question_wo_referring_query')
 
 def _lvb_question(rec: dict, root: Path) -> Question:
-    "One LongVideoBench record as a Question."
-    stem, opts = extract_options(rec)
+    "One LongVideoBench record as a Question (plain `candidates`: the position is the letter)."
+    stem, opts = extract_options(rec, style='plain')
     dur = float(rec['duration']) if rec.get('duration') is not None else None
     bound = rec.get('duration_group')
     dg = duration_group(dur if dur is not None else (float(bound) if bound is not None else None))
@@ -250,7 +251,7 @@ def _egoschema_uid(rec: dict) -> str:
 def _egoschema_question(rec: dict, answers: dict, root: Path) -> Question:
     "One EgoSchema record as a Question (gold from `subset_answers.json` where published, else the record's own)."
     uid = _egoschema_uid(rec)
-    stem, opts = extract_options(rec)
+    stem, opts = extract_options(rec, style='A.' if isinstance(rec.get('option'), (list, tuple)) else 'plain')
     gold = answers.get(uid, rec.get('answer'))
     return Question(qid=uid, video_id=uid, question=stem, options=opts,
                     answer=gold_letter(None if gold == '' else gold, opts), qtype='egoschema', duration=180.0,
@@ -285,7 +286,7 @@ MMRV_ANN = ['data/test-*.parquet', 'test-*.parquet', '*.parquet', '*.json', '*.j
 def _mmrv_question(rec: dict, i: int, root: Path) -> Question:
     "The `i`-th MMR-V record as a Question."
     video = str(_req(rec, 'video'))
-    stem, opts = extract_options(rec)
+    stem, opts = extract_options(rec, style='(A)')
     return Question(qid=f"mmrv_{i:05d}", video_id=Path(video).stem, question=stem, options=opts,
                     answer=gold_letter(rec.get('correctAnswer', rec.get('answer')), opts),
                     qtype=str(rec.get('abilityType_L2') or 'unknown'), video_path=str(root / 'videos' / video),
@@ -300,41 +301,46 @@ def load_mmrv(root: str | Path, strict: bool = False) -> tuple[list[Question], L
     recs = [(f"record {i}", (i, r)) for i, r in enumerate(read_table(src))]
     return _collect('mmrv', src, recs, lambda ir: _mmrv_question(ir[1], ir[0], base), strict)
 
-# %% ../../nbs/40a_eval.loaders.ipynb #b9cdaaa6
-def egolife_seconds(date: str, time: str) -> float:
-    "`('DAY2', '11210250')` → seconds since DAY1 00:00:00 (FF are frames at 20 fps)."
-    d, t = re.match(r'DAY(\d+)', str(date).upper()), str(time).strip()
-    if not d or not re.fullmatch(r'\d{6,8}', t): raise ValueError(f"bad EgoLife timestamp {date!r} {time!r}")
-    ff = int(t[6:8]) if len(t) == 8 else 0
-    return (int(d.group(1)) - 1) * 86400 + int(t[:2]) * 3600 + int(t[2:4]) * 60 + int(t[4:6]) + ff / 20
-
 # %% ../../nbs/40a_eval.loaders.ipynb #30150eab
-def _egolife_points(tt: Any) -> list[float]:
-    "Every time point in an EgoLife `target_time` (dict, list of dicts, or a 'time' holding several stamps and DAYs)."
+_STAMPS = re.compile(r'(?:(DAY\d+)[_\s]*)?(\d{6,8})(?:\s*-\s*(?:(DAY\d+)[_\s]*)?(\d{6,8}))?', re.I)
+
+def _egolife_text(tt: Any, day: str) -> tuple[str, str]:
+    "The day and the text of stamps of one `target_time` entry (a string, or a dict with time, time_list, start/end)."
+    if not isinstance(tt, dict): return day, str(tt)
+    parts = [str(tt.get('time', ''))] + [str(t) for t in tt.get('time_list') or []]
+    a, b = tt.get('start_time', tt.get('start')), tt.get('end_time', tt.get('end'))
+    return tt.get('date') or day, ' '.join(parts + ([f"{a}-{b}"] if a and b else []))
+
+def _egolife_spans(tt: Any, day: str = 'DAY1') -> list[tuple[float, float]]:
+    "Every target time of an EgoLife / Ego-R1 `target_time`: a range `A-B` as (a, b), a single time as (t, t)."
     if not tt: return []
-    if isinstance(tt, list): return [p for x in tt for p in _egolife_points(x)]
-    if isinstance(tt, str):
-        dated = tt.upper().startswith('DAY')
-        tt = dict(zip(('date', 'time'), tt.split('_', 1))) if dated else {'date': 'DAY1', 'time': tt}
-    day, out = tt.get('date'), []
-    for m in re.finditer(r'(DAY\d+)|(\d{6,8})', str(tt.get('time', ''))):
-        if m.group(1): day = m.group(1)
-        else: out.append(egolife_seconds(day, m.group(2)))
-    for t in tt.get('time_list', []) or []: out.append(egolife_seconds(day, t))
+    if isinstance(tt, list): return [s for x in tt for s in _egolife_spans(x, day)]
+    day, text = _egolife_text(tt, day)
+    out = []
+    for m in _STAMPS.finditer(text):
+        day = m.group(1) or day
+        a = egolife_seconds(day, m.group(2))
+        if m.group(4): day = m.group(3) or day
+        b = egolife_seconds(day, m.group(4)) if m.group(4) else a
+        out.append((min(a, b), max(a, b)))
     return out
 
 # %% ../../nbs/40a_eval.loaders.ipynb #7e183d5e
+EGOLIFE_IDENTITIES = {'A1': 'A1_JAKE', 'A2': 'A2_ALICE', 'A3': 'A3_TASHA', 'A4': 'A4_LUCIA', 'A5': 'A5_KATRINA',
+                      'A6': 'A6_SHURE'}       # the six EgoLife participants and their folders
+
 def _egolife_question(rec: dict, identity: str, root: Path, bench: str) -> Question:
-    "One EgoLife-shaped record as a Question on the identity's week of video."
+    "One EgoLife-shaped record as a Question on the identity's week of video (its folder of clips)."
     stem, opts = extract_options(rec)
     qt = rec.get('query_time') or {}
     qsec = egolife_seconds(qt['date'], qt['time']) if qt.get('date') and qt.get('time') else None
     who = str(rec.get('identity') or identity)
+    who = EGOLIFE_IDENTITIES.get(who.upper(), who)
     flags = {k: rec[k] for k in ('need_audio', 'need_name', 'last_time') if k in rec}
     return Question(qid=f"{bench}_{who}_{_req(rec, 'ID')}", video_id=who, question=stem, options=opts,
                     answer=gold_letter(rec.get('answer'), opts), qtype=str(rec.get('type') or 'unknown'),
                     duration=qsec, duration_group=duration_group(qsec), video_path=str(root / who),
-                    evidence_spans=[(p, p) for p in _egolife_points(rec.get('target_time'))],
+                    evidence_spans=_egolife_spans(rec.get('target_time')),
                     meta=dict(query_time=qt, query_seconds=qsec, target_time=rec.get('target_time'), **flags))
 
 # %% ../../nbs/40a_eval.loaders.ipynb #8c0b80df

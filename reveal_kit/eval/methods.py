@@ -6,19 +6,21 @@
 from __future__ import annotations
 import importlib
 import threading
+from dataclasses import asdict
 from typing import Any, Callable
 from ..core import Question
 from ..backends.chat import is_meaningful
-from .baselines import blind, direct
+from .baselines import DIRECT_TEXT, blind, direct
 from ..reveal.presets import PRESETS, ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX, get_preset
 from ..reveal.agent import answer_question
 from .context import RunContext
 from ..pace.index import EvidenceDB, get_pace_dbs
-from ..pace.agent import PACE_SPECS, PACE_ALIASES, answer_pace
+from ..pace.roles import PaceModels, pace_settings
+from ..pace.agent import PACE_SPECS, PACE_ALIASES, answer_pace, get_pace_spec
 
 # %% auto #0
-__all__ = ['METHODS', 'PLUGINS', 'register_method', 'load_plugins', 'available_methods', 'get_method', 'plain_index_model',
-           'shared_plain_db']
+__all__ = ['METHODS', 'PLUGINS', 'register_method', 'load_plugins', 'available_methods', 'get_method', 'method_spec',
+           'pace_models_for', 'plain_index_model', 'shared_plain_db']
 
 # %% ../../nbs/42b_eval.methods.ipynb #519d2b40
 METHODS: dict[str, Callable[[Question, RunContext], dict]] = {}
@@ -38,10 +40,15 @@ def _blind(q: Question, ctx: RunContext) -> dict:
     return blind(q, m, ctx.config)
 
 # %% ../../nbs/42b_eval.methods.ipynb #440bc543
-@register_method('direct')
-def _direct(q: Question, ctx: RunContext) -> dict:
-    "The direct baseline on the config's chunking (so it shares the memory with the presets)."
-    return direct(q, ctx.memory(q), ctx.model, ctx.config)
+def _direct_method(variant: str) -> Callable[[Question, RunContext], dict]:
+    "A runner method for one direct variant, on the config's chunking (it shares the memory with the presets)."
+    def run(q: Question, ctx: RunContext) -> dict:
+        subs = ctx.subtitles(q) if DIRECT_TEXT[variant] == 'subtitles' else None
+        return direct(q, ctx.memory(q), ctx.model, ctx.config, variant, subs)
+    run.__doc__ = f"The {variant!r} baseline (REVEAL B.1; `eval.baselines.direct`) through the runner."
+    return run
+
+for _v in DIRECT_TEXT: register_method(_v)(_direct_method(_v))
 
 # %% ../../nbs/42b_eval.methods.ipynb #80c2a077
 def _preset_method(name: str) -> Callable[[Question, RunContext], dict]:
@@ -93,11 +100,27 @@ def get_method(name: str) -> Callable[[Question, RunContext], dict]:
     raise KeyError(f"unknown method {name!r}; known: {', '.join(known)} (each preset also with the suffix "
                    f"{ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX}){why}")
 
+# %% ../../nbs/42b_eval.methods.ipynb #5bec0002
+def method_spec(name: str) -> dict | None:
+    "The switches a method runs with (a REVEAL preset's `MethodSpec`, a PACE variant's `PaceSpec`), or None."
+    if _is_preset(name): return get_preset(name).to_dict()
+    try: return asdict(get_pace_spec(name))
+    except KeyError: return None
+
+# %% ../../nbs/42b_eval.methods.ipynb #7a3c5e01
+def pace_models_for(ctx: RunContext) -> PaceModels:
+    "A run's PACE models: none under the offline roles, else each role group's model (`role_models`, else the run's)."
+    if ctx.roles == 'offline': return PaceModels()
+    if ctx.roles == 'model' and ctx.model_for('agent') is None: raise ValueError("roles='model' needs a chat model")
+    pick = lambda g: ctx.model_for(g) if ctx.roles == 'model' or is_meaningful(ctx.model_for(g)) else None
+    return PaceModels(pick('agent'), pick('vision'), pace_settings(ctx.config).vision_substitute)
+
 # %% ../../nbs/42b_eval.methods.ipynb #a379f7f7
 def plain_index_model(ctx: RunContext) -> Any:
-    "The model that captions a run's plain index: none under the offline roles (not even created) or if not meaningful."
+    "The model that captions a run's plain index: the vision group's; none offline (not even created) or not meaningful."
     if ctx.roles == 'offline': return None
-    return ctx.model if is_meaningful(ctx.model) else None
+    v = pace_models_for(ctx).vision
+    return v if is_meaningful(v) else None
 
 # %% ../../nbs/42b_eval.methods.ipynb #c0312afe
 def shared_plain_db(q: Question, ctx: RunContext) -> EvidenceDB:
@@ -109,8 +132,8 @@ def shared_plain_db(q: Question, ctx: RunContext) -> EvidenceDB:
 def _runner_method(name: str):
     "A runner method `fn(question, ctx) -> result` for one PACE variant."
     def run(q: Question, ctx: RunContext) -> dict:
-        return answer_pace(q, shared_plain_db(q, ctx), name, ctx.model, ctx.config, trace_dir=ctx.trace_dir,
-                           roles=ctx.roles)
+        return answer_pace(q, shared_plain_db(q, ctx), name, pace_models_for(ctx), ctx.config,
+                           trace_dir=ctx.trace_dir, roles=ctx.roles)
     run.__doc__ = f"The PACE variant {name!r} through the runner."
     return run
 

@@ -4,15 +4,20 @@
 
 # %% ../../nbs/43_eval.metrics.ipynb #b833621b
 from __future__ import annotations
+import json
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable
 import numpy as np
 from ..io import read_jsonl_rows
+from ..backends.models import get_chat_model
+from .loaders import load_benchmark
+from ..pace.needle import judged_needles, judge_run
 
 # %% auto #0
-__all__ = ['DEMO_GUIDE', 'load_results', 'report', 'format_report', 'mcnemar_exact', 'paired_bootstrap_ci', 'compare',
-           'format_compare', 'report_run', 'compare_runs', 'demo_table', 'demo_report']
+__all__ = ['DEMO_GUIDE', 'load_results', 'report', 'with_judged_needles', 'format_report', 'mcnemar_exact', 'paired_bootstrap_ci',
+           'compare', 'format_compare', 'run_pool', 'report_run', 'judge_report', 'compare_runs', 'demo_table',
+           'demo_report']
 
 # %% ../../nbs/43_eval.metrics.ipynb #1dd65cde
 def load_results(run_dir: str | Path) -> list[dict]:
@@ -69,17 +74,23 @@ def _degradation(rs: list[dict]) -> dict:
     for r in deg:
         fc = r.get('failed_calls')
         if isinstance(fc, dict): calls.update({str(k): int(v or 0) for k, v in fc.items()})
-    return dict(degraded=len(deg), failed_calls=dict(calls.most_common()),
+    fb = sum(bool(r.get('memory_fallbacks')) for r in deg)         # read a memory kept with fallback captions
+    return dict(degraded=len(deg), failed_calls=dict(calls.most_common()), **({'memory_fallbacks': fb} if fb else {}),
                 accuracy_not_degraded=_acc([r for r in rs if not r.get('degraded')])['accuracy'])
 
 # %% ../../nbs/43_eval.metrics.ipynb #eb62b188
+def _tok_mean(rows: list[dict], key: str) -> float | None:
+    "The mean of a token count over rows."
+    return _mean([int(r.get(key) or 0) for r in rows])
+
 def _pace_usage(rs: list[dict]) -> dict:
-    "Needle recall, tool calls and steps per episode, indexing tokens per clip and reasoning tokens per query."
+    "Needle recall and its judge, tool calls and steps per episode, tokens per clip (indexing) and per query."
     out, eps = {}, [r for r in rs if isinstance(r.get('tool_calls'), dict)]
     idx = [r for r in rs if isinstance(r.get('index'), dict)]
     if any('needle_recall' in r for r in rs):
+        judges = Counter(str(r.get('needle_judge', 'lexical')) for r in rs if r.get('needle_recall') is not None)
         out.update(needle_recall_mean=_mean([r.get('needle_recall') for r in rs]),
-                   needle_recall_n=sum(r.get('needle_recall') is not None for r in rs))
+                   needle_recall_n=sum(r.get('needle_recall') is not None for r in rs), needle_judge=dict(judges))
     if eps:
         tools = sorted({t for r in eps for t in r['tool_calls']})
         out.update(tool_calls_mean={t: sum(int(r['tool_calls'].get(t) or 0) for r in eps) / len(eps) for t in tools},
@@ -89,7 +100,10 @@ def _pace_usage(rs: list[dict]) -> dict:
         per_clip = lambda i: (i.get('prompt_tokens_per_clip') or 0) + (i.get('completion_tokens_per_clip') or 0)
         out.update(index_tokens_per_clip_mean=_mean([per_clip(r['index']) for r in idx]),
                    query_tokens_mean=_mean([int(r.get('prompt_tokens') or 0) + int(r.get('completion_tokens') or 0)
-                                            for r in idx]))
+                                            for r in idx]),
+                   index_reasoning_tokens_per_clip_mean=_mean([r['index'].get('reasoning_tokens_per_clip') or 0
+                                                               for r in idx]),
+                   query_reasoning_tokens_mean=_tok_mean(idx, 'reasoning_tokens'))
     return out
 
 # %% ../../nbs/43_eval.metrics.ipynb #20b7e1c0
@@ -123,23 +137,48 @@ def _num(x: float | None, f: str = '.1f') -> str:
 def _degraded_note(rep: dict) -> str:
     "What the degraded count means, with the failed calls per role and the accuracy without those questions."
     if not rep.get('degraded'): return ''
-    return (f" (answer not wholly from the configured model; failed calls {rep.get('failed_calls', {})}; "
+    fb = rep.get('memory_fallbacks')
+    fb = f"; {fb} read a memory with fallback captions" if fb else ''
+    return (f" (answer not wholly from the configured model; failed calls {rep.get('failed_calls', {})}{fb}; "
             f"accuracy of the others {_pct(rep.get('accuracy_not_degraded'))} %)")
 
 # %% ../../nbs/43_eval.metrics.ipynb #4d6e158a
+def _judge_note(judges: dict) -> str:
+    "Which judge produced the needle recall: '; judge lexical' (or several, with their counts)."
+    if not judges: return ''
+    return '; judge ' + ', '.join(j if len(judges) == 1 else f"{j} ({n})" for j, n in judges.items())
+
 def _pace_lines(rep: dict) -> list[str]:
-    "The lines of `format_report` about PACE's diagnostics, for the keys the report has."
+    "The lines of `format_report` about PACE's diagnostics (and the needle judge of each number), for its keys."
     L = []
     if 'needle_recall_mean' in rep:
-        L.append(f"-- needle recall {_pct(rep['needle_recall_mean'])} % ({rep['needle_recall_n']} questions with cues)")
+        L.append(f"-- needle recall {_pct(rep['needle_recall_mean'])} % ({rep['needle_recall_n']} questions with cues"
+                 f"{_judge_note(rep.get('needle_judge', {}))})")
+    L += [f"-- needle recall {_pct(v['mean'])} % ({v['n']} questions with cues; judge {j})"
+          for j, v in rep.get('needle_judged', {}).items()]
     if 'tool_calls_mean' in rep:
         calls = ', '.join(f"{t} {v:.2f}" for t, v in rep['tool_calls_mean'].items())
         L.append(f"-- per episode: steps {_num(rep['steps_mean'], '.2f')}, invalid calls "
                  f"{_num(rep['invalid_calls_mean'], '.2f')}; tool calls {calls}")
     if 'index_tokens_per_clip_mean' in rep:
         L.append(f"-- tokens per clip (indexing) {_num(rep['index_tokens_per_clip_mean'], '.0f')}, "
-                 f"per query (reasoning) {_num(rep['query_tokens_mean'], '.0f')}")
+                 f"per query (reasoning) {_num(rep['query_tokens_mean'], '.0f')}; of which thinking: "
+                 f"{_num(rep.get('index_reasoning_tokens_per_clip_mean'), '.0f')} per clip, "
+                 f"{_num(rep.get('query_reasoning_tokens_mean'), '.0f')} per query")
     return L
+
+# %% ../../nbs/43_eval.metrics.ipynb #5e1d9a01
+def with_judged_needles(rep: dict, run_dir: str | Path) -> dict:
+    "The report with each judge's needle recall from `<run_dir>/needles/` (`pace.needle.judge_run`), by judge."
+    got = judged_needles(run_dir)
+    if not got: return rep
+    by = {j: dict(mean=_mean(list(v.values())), n=sum(x is not None for x in v.values())) for j, v in got.items()}
+    return dict(rep, needle_judged=by)
+
+# %% ../../nbs/43_eval.metrics.ipynb #7e87bb94
+def _pool_lines(rep: dict) -> list[str]:
+    "The line of `format_report` naming the rubric pool the run used (REVEAL's methods), if the report has it."
+    return [f"-- {rep['rubric_pool']['label']}"] if rep.get('rubric_pool') else []
 
 # %% ../../nbs/43_eval.metrics.ipynb #44f3fdae
 def format_report(rep: dict, title: str = '') -> str:
@@ -159,7 +198,7 @@ def format_report(rep: dict, title: str = '') -> str:
              f"completion tokens {_num(rep['completion_tokens_mean'], '.0f')}, "
              f"wall {_num(rep['seconds_mean'], '.2f')} s")
     L.append(f"-- stop reasons {rep['stop_reasons']}")
-    return '\n'.join(L + _pace_lines(rep))
+    return '\n'.join(L + _pace_lines(rep) + _pool_lines(rep))
 
 # %% ../../nbs/43_eval.metrics.ipynb #b9322a89
 def mcnemar_exact(b: int, c: int) -> float:
@@ -239,9 +278,33 @@ def format_compare(c: dict) -> str:
     return '\n'.join(L)
 
 # %% ../../nbs/43_eval.metrics.ipynb #ca4bb6c1
+def run_pool(run_dir: str | Path) -> dict | None:
+    "The rubric pool a RUN_DIR's method used, from its `run.json` (None when it used none or the file is not there)."
+    p = Path(run_dir)
+    meta = p / 'run.json' if p.is_dir() else p.parent / 'run.json'
+    m = json.loads(meta.read_text()) if meta.exists() else {}
+    if not m.get('rubric_pool_used'): return None
+    keys = ('label', 'name', 'kind', 'sha256', 'provenance')
+    return {k: m.get(f'rubric_pool_{k}') for k in keys} | {'path': m['rubric_pool']}
+
+# %% ../../nbs/43_eval.metrics.ipynb #d15155e9
 def report_run(run_dir: str | Path) -> dict:
-    "The `report` of a RUN_DIR (or a results.jsonl)."
-    return report(load_results(run_dir))
+    "The `report` of a RUN_DIR (or a results.jsonl), with the rubric pool its method used."
+    rep, pool = report(load_results(run_dir)), run_pool(run_dir)
+    return dict(rep, rubric_pool=pool) if pool else rep
+
+# %% ../../nbs/43_eval.metrics.ipynb #5e1d9a03
+def judge_report(run_dir: str | Path, judge: str | None = None, cache_mode: str = 'readwrite') -> dict:
+    "A run's report with its needle recall by every judge; `judge` ('URL[,NAME]', a server) first judges its cues."
+    if judge:
+        meta = json.loads((Path(run_dir) / 'run.json').read_text())
+        if meta['benchmark'] == 'custom': raise ValueError(f"{run_dir} answered a question list, not a benchmark: "
+                                                           "judge it with reveal_kit.pace.needle.judge_run")
+        qs, _ = load_benchmark(meta['benchmark'], meta.get('root'), **({'split': meta['split']} if meta.get('split')
+                                                                         else {}))
+        url, _, name = judge.partition(',')
+        judge_run(run_dir, qs, get_chat_model('http', model=name or None, base_url=url, cache_mode=cache_mode))
+    return with_judged_needles(report_run(run_dir), run_dir)
 
 # %% ../../nbs/43_eval.metrics.ipynb #90754038
 def compare_runs(run_a: str | Path, run_b: str | Path, seed: int = 0, n_boot: int = 10000) -> dict:
@@ -264,9 +327,12 @@ def demo_table(run_dirs: dict[str, Path]) -> str:
 DEMO_GUIDE = """How to read this: with the embedded default the roles (planner, verifier, answerer, captioner) are the
 kit's deterministic offline implementations (the packaged base model's answers are not meaningful), so the numbers
 measure the mechanism on a generated benchmark, not a backbone: 'calls/q' is 0 and the accuracies are not comparable
-with the papers. 'rounds' is REVEAL's retrieve-verify rounds (at most 3); 'stop reasons' say whether the verifier found
-the evidence sufficient (rho >= tau), the budget ran out, or retrieval found nothing new. Each answer's trace (queries,
-retrieved segments with times, option x criterion scores, missing evidence) is a JSON file under the traces folder.
+with the papers. 'rounds' is REVEAL's retrieve-verify rounds (at most 3); 'stop reasons' say why a question
+stopped: 'sufficient' (the verifier's rho >= tau), 'relevant' (a row without a verifier judged the evidence relevant
+to the question), 'budget' (K rounds ran out), 'no_new_evidence' (retrieval found nothing new), 'oracle' (the oracle
+arm: the gold segments, no retrieval), 'blind' / 'direct' (the baselines answer in one step). Each answer's trace
+(queries, retrieved segments with times, option x criterion scores, missing evidence) is a JSON file under the traces
+folder.
 With a real model: reveal demo --backend http --base-url http://HOST:8000/v1 (e.g. a `vllm serve` server)."""
 
 # %% ../../nbs/43_eval.metrics.ipynb #e059b1ec

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -18,8 +19,9 @@ from .runner import (ABORT_ERRORS, check_run_options, load_run_questions, resolv
                                     run_eval)
 
 # %% auto #0
-__all__ = ['RayUnavailable', 'RayRunFailed', 'connect_ray', 'worker_spec', 'worker_context', 'memory_jobs', 'build_one',
-           'build_all', 'format_build_all_summary', 'Answerer', 'ray_answerer', 'run_eval_ray']
+__all__ = ['LOOPBACK_ENV', 'RayUnavailable', 'RayRunFailed', 'loopback_only', 'connect_ray', 'worker_spec', 'worker_context',
+           'memory_jobs', 'build_one', 'build_all', 'format_build_all_summary', 'Answerer', 'ray_answerer',
+           'run_eval_ray']
 
 # %% ../../nbs/46_eval.ray.ipynb #eed20820
 class RayUnavailable(ImportError):
@@ -29,13 +31,32 @@ class RayUnavailable(ImportError):
 class RayRunFailed(RuntimeError):
     "A Ray stage stopped (a worker lost beyond its retries); what finished is on disk and a rerun resumes."
 
+# %% ../../nbs/46_eval.ray.ipynb #1009bac0
+LOOPBACK_ENV = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0'}   # Ray's single-machine mode: node address 127.0.0.1
+
+def loopback_only() -> None:
+    "Make the Ray cluster this process starts next use 127.0.0.1 as its address (its servers bind there only)."
+    os.environ.update(LOOPBACK_ENV)
+    constants = sys.modules.get('ray._private.ray_constants')
+    if constants is not None: constants.ENABLE_RAY_CLUSTER = False   # read at import; later starts ask it again
+
+# %% ../../nbs/46_eval.ray.ipynb #1009bac2
+def _existing_local_cluster() -> bool:
+    "Whether 'local' names a cluster someone started: `$RAY_ADDRESS`, or one `ray start` recorded on this machine."
+    if os.environ.get('RAY_ADDRESS'): return True
+    from ray._private.services import find_gcs_addresses
+    return bool(find_gcs_addresses())
+
 # %% ../../nbs/46_eval.ray.ipynb #1ec2617d
 def connect_ray(address: str | None = 'local'):
-    "The `ray` module, joined to the cluster at `address` ('local' or None: Ray's default); one-line errors."
+    "The `ray` module, joined to the cluster at `address` ('local': this machine's, else a fresh loopback-only one)."
     try: import ray
     except ImportError: raise RayUnavailable("Ray is not installed: pip install 'reveal-kit[ray]'") from None
     if ray.is_initialized(): return ray
-    try: ray.init(address=None if address in (None, '', 'local') else address)
+    local = address in (None, '', 'local')
+    fresh = local and not _existing_local_cluster()
+    if local: loopback_only()          # whatever ray.init starts here binds to 127.0.0.1 (joining is unaffected)
+    try: ray.init(address='local' if fresh else (None if local else address), include_dashboard=False if fresh else None)
     except (ConnectionError, ValueError, RuntimeError) as e:
         raise RayUnavailable(f"could not join the Ray cluster at {address}: {str(e).splitlines()[0]}") from None
     return ray

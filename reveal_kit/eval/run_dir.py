@@ -40,6 +40,8 @@ def parse_shard(s: str | tuple[int, int] | None) -> tuple[int, int]:
 def select_questions(qs: list[Question], limit: int | None = None, shard: tuple[int, int] = (0, 1),
                      only_present: bool = False) -> list[Question]:
     "The first `limit` questions (benchmark order; only those whose video exists, if asked), then this shard's."
+    if limit is not None and not (isinstance(limit, int) and limit >= 0):
+        raise ValueError(f"limit must be a whole number of questions ≥ 0 (0 or none: all), got {limit!r}")
     if only_present:                                                # e.g. LVBench's subset
         have = [q for q in qs if q.video_path and Path(q.video_path).exists()]
         if qs and not have:

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 from tqdm.auto import tqdm
-from ..core import Config, Question, load_config, parse_overrides, kit_version, trace_path
+from ..core import Config, Question, load_config, parse_overrides, kit_version, trace_path, unique_qids
 from ..io import atomic_write_text
 from ..backends.chat import BackendUnavailable
 from ..backends.cache import CacheMiss, MODES
@@ -24,7 +24,8 @@ from ..reveal.induction import induce
 from .context import ROLES, RunContext, pool_meta
 from .run_dir import (ResultWriter, git_commit, json_or_str, locked_run_dir, parse_shard, repair_results,
                                      select_questions, write_run_json)
-from .methods import get_method
+from .methods import get_method, method_spec
+from ..retrieval.choice import get_text_embedder
 
 # %% auto #0
 __all__ = ['ABORT_ERRORS', 'finalize', 'run_one', 'resolve_config', 'load_run_questions', 'answer_in_process',
@@ -75,7 +76,7 @@ def resolve_config(config: Config | dict | str | Path | None, overrides: Iterabl
 # %% ../../nbs/42c_eval.runner.ipynb #3ec8f62b
 def load_run_questions(benchmark: str | list[Question], root, split) -> tuple[str, list[Question], dict]:
     "Questions of a benchmark name (via its loader) or a given list."
-    if not isinstance(benchmark, str): return 'custom', list(benchmark), {}
+    if not isinstance(benchmark, str): return 'custom', unique_qids(list(benchmark)), {}
     qs, rep = load_benchmark(benchmark, root, **({'split': split} if split else {}))
     return benchmark, qs, rep.to_dict()
 
@@ -111,9 +112,11 @@ def _record(rows: Iterable[dict], todo: list[Question], ctx: RunContext, writer:
 # %% ../../nbs/42c_eval.runner.ipynb #387fd906
 def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dict:
     "What `run.json` records about this run."
-    return dict(benchmark=name, method=method, config_hash=cfg.hash(), config=cfg.to_dict(), model=ctx.model_id(),
-                **ctx.model_base_url(), roles=ctx.roles, **kw, kit_version=kit_version(), git_commit=git_commit(),
-                python=sys.version.split()[0], platform=platform.platform(),
+    return dict(benchmark=name, method=method, method_spec=method_spec(method), config_hash=cfg.hash(),
+                config=cfg.to_dict(), model=ctx.model_id(), text_embedder=get_text_embedder().model_id,
+                **ctx.model_base_url(), roles=ctx.roles, role_models=ctx.role_models_meta(), **kw,
+                kit_version=kit_version(), git_commit=git_commit(), python=sys.version.split()[0],
+                platform=platform.platform(),
                 created=datetime.now(timezone.utc).isoformat(timespec='seconds'))
 
 # %% ../../nbs/42c_eval.runner.ipynb #847e38f9
@@ -158,7 +161,7 @@ def _summary(out: Path, sel: list[Question], todo: list[Question], stats: dict, 
 # %% ../../nbs/42c_eval.runner.ipynb #15d065f2
 def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, root: str | Path | None = None,
              limit: int | None = None, shard: str | tuple[int, int] = (0, 1), concurrency: int = 1,
-             backend: str = 'embedded', model: Any = None, base_url: str | None = None,
+             backend: str = 'embedded', model: Any = None, base_url: str | None = None, role_models: dict | None = None,
              config: Config | dict | str | Path | None = None, overrides: Iterable[str] | None = None,
              split: str | None = None, retry_failed: bool = False, only_present: bool = False,
              progress: bool = True, cache_mode: str | None = None, timeout_s: float | None = None,
@@ -173,9 +176,9 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
         sel = select_questions(qs, limit, (si, sn), only_present)
         named = isinstance(model, str)
         ctx = RunContext(name, method, out, cfg, backend, model if named else None, base_url, None if named else model,
-                         cache_mode, timeout_s, roles)
+                         cache_mode, timeout_s, roles, dict(role_models or {}))
         meta = write_run_json(out, _run_meta(name, method, cfg, ctx, backend=backend, base_url=base_url,
-                                             cache_mode=cache_mode, **pool_meta(cfg, name, split, qs),
+                                             cache_mode=cache_mode, **pool_meta(cfg, name, split, qs, method),
                                              root=str(root) if root else None, split=split, limit=limit,
                                              only_present=only_present, shards=[(si, sn)], load_report=load_rep))
         todo, prev, dropped = _todo(sel, out / 'results.jsonl', retry_failed)
@@ -205,6 +208,7 @@ def induce_benchmark(benchmark: str, root: str | Path | None = None, split: str 
 def format_induction_summary(rep: dict) -> str:
     "One line about an induction report: questions → pairs kept, the best iteration, its validation accuracy, the pool."
     prov, filt = rep['provenance'], rep['filter']
+    kept = ', the start pool kept' if rep['best_iteration'] == 0 else ''
     return (f"{filt['candidates']} questions -> {filt['kept']} pairs (removed by {filt['first']}); "
-            f"best iteration {rep['best_iteration']} (validation accuracy {prov['val_accuracy']:.3f}, "
+            f"best iteration {rep['best_iteration']}{kept} (validation accuracy {prov['val_accuracy']:.3f}, "
             f"start pool {prov['start_val_accuracy']:.3f}) -> {rep['pool']}")

@@ -9,17 +9,19 @@ import html
 import json
 from pathlib import Path
 from typing import Any
-from ..text import fmt_time
-from ..io import atomic_write_text
+from ..core import Question
+from ..text import fmt_time, hms_to_seconds
+from ..io import atomic_write_text, read_jsonl_rows
 from .metrics import load_results
 from ..reveal.ask import load_trace, format_trace
 from .loaders import load_benchmark
 from ..video.frames import read_frames_at
 
 # %% auto #0
-__all__ = ['esc', 'score_colour', 'html_table', 'item_rows', 'verifier_html', 'round_html', 'calls_html', 'header_html',
-           'trace_html', 'keyframe_thumbs', 'run_questions', 'filter_questions', 'run_trace', 'run_videos',
-           'show_trace', 'TraceViewer']
+__all__ = ['esc', 'score_colour', 'html_table', 'item_rows', 'verifier_html', 'round_html', 'calls_html', 'question_spans',
+           'trace_lanes', 'timeline_html', 'header_html', 'trace_html', 'keyframe_thumbs', 'run_questions',
+           'filter_questions', 'run_trace', 'run_question_index', 'run_videos', 'trace_page', 'show_trace',
+           'TraceViewer']
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7bc1e1a
 def esc(x: Any) -> str:
@@ -100,6 +102,84 @@ def calls_html(calls: list[dict]) -> str:
                  error=c.get('error')) for c in calls]
     return html_table(rows, ['role', 'prompt', 'completion', 'latency_s', 'cache_hit', 'error'], 'calls')
 
+# %% ../../nbs/45_eval.trace_view.ipynb #3957ef11
+def question_spans(q: Question | dict | None) -> dict:
+    "A question's duration, gold evidence spans, distractor spans and cues (empty where the benchmark has none)."
+    d = q.to_dict() if isinstance(q, Question) else dict(q or {})
+    pair = lambda s: (float(s[0]), float(s[1]))
+    return dict(duration=d.get('duration'), evidence=[pair(s) for s in d.get('evidence_spans') or []],
+                distractors=[pair(s) for s in d.get('distractor_spans') or []], cues=list(d.get('cues') or []))
+
+# %% ../../nbs/45_eval.trace_view.ipynb #08711252
+def _item_spans(items: list[dict] | None, what: str) -> list[tuple[float, float, str, int | None]]:
+    "(start, end, tooltip, level) of every item that has a time range."
+    span = lambda i: f"{fmt_time(i['t_start'])}–{fmt_time(i['t_end'])}"
+    tip = lambda i: f"{what} {i.get('item_id', '')} L{i.get('level', '')} {span(i)}"
+    return [(float(i['t_start']), float(i['t_end']), tip(i), i.get('level')) for i in items or [] if 't_start' in i]
+
+def _step_spans(step: dict) -> list[tuple[float, float, str, int | None]]:
+    "A tool call's ranges: the records it returned, and the HH:MM:SS ranges its arguments named."
+    out = _item_spans(step.get('records'), step.get('tool', 'step'))
+    for r in (step.get('arguments') or {}).get('time_ranges_hhmmss') or []:
+        try: a, b = hms_to_seconds(r[0]), hms_to_seconds(r[1])
+        except (ValueError, TypeError, IndexError): continue
+        out.append((a, b, f"{step.get('tool')} asked for {fmt_time(a)}–{fmt_time(b)}", None))
+    return out
+
+def _verdict(rd: dict) -> str:
+    "The round's verdict for its lane label: ρ and sufficient / insufficient, or ''."
+    v = rd.get('verifier')
+    if not v: return ''
+    return f" · ρ={float(v.get('rho') or 0):.2f} {'sufficient' if v.get('sufficient') else 'insufficient'}"
+
+def trace_lanes(trace: dict) -> list[tuple[str, str, list[tuple]]]:
+    "(label, kind, spans) per lane: each round's retrieved and admitted items, each tool call, the answer's frames."
+    lanes = []
+    for rd in trace.get('rounds') or []:
+        r = rd.get('round')
+        lanes.append((f"round {r} retrieved", 'retrieved', _item_spans(rd.get('retrieved'), 'retrieved')))
+        lanes.append((f"round {r} admitted{_verdict(rd)}", 'admitted', _item_spans(rd.get('admitted'), 'admitted')))
+    for s in trace.get('steps') or []:
+        lanes.append((f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', _step_spans(s)))
+    if (trace.get('oracle') or {}).get('items'):
+        lanes.append(('oracle evidence', 'admitted', _item_spans(trace['oracle']['items'], 'oracle')))
+    fr = [dict(i, item_id=f"{i.get('item_id', '')} ({i.get('frames')} frames)")
+          for i in (trace.get('answer_frames') or {}).get('items') or []]
+    if fr: lanes.append(('answer frames', 'frames', _item_spans(fr, 'frames of')))
+    return lanes
+
+# %% ../../nbs/45_eval.trace_view.ipynb #aed4af6c
+_LANE_COLOURS = dict(gold='#2e7d32', distractor='#ef6c00', retrieved='#90a4ae', admitted='#1565c0', frames='#8e24aa',
+                     tool='#00838f')
+_OPACITY = {2: 0.45, 3: 0.25}                   # an L2 event or the L3 narrative spans far more than it pins down
+
+def _lane_svg(i: int, label: str, kind: str, spans: list, dur: float, x0: int, w: int) -> str:
+    "One lane: its label, the video's bar, a rectangle with a tooltip per span (L2 and L3 items paler)."
+    y = 18 + 18 * i
+    rects = ''.join(f"<rect x='{x0 + w * max(a, 0) / dur:.1f}' y='{y + 2}' width='{max(w * (b - a) / dur, 1.5):.1f}' "
+                    f"height='12' fill='{_LANE_COLOURS[kind]}' opacity='{_OPACITY.get(lv, 0.85)}'>"
+                    f"<title>{esc(tip)}</title></rect>" for a, b, tip, lv in spans if b >= a)
+    return (f"<text x='0' y='{y + 12}' font-size='11'>{esc(label)}</text>"
+            f"<rect x='{x0}' y='{y + 2}' width='{w}' height='12' fill='#eceff1'/>{rects}")
+
+def _spans_lane(label: str, kind: str, spans: list[tuple[float, float]]) -> list[tuple]:
+    "A lane of the question's own spans (gold evidence, distractors), none when it has none."
+    return [(label, kind, [(a, b, f"{label} {fmt_time(a)}–{fmt_time(b)}", None) for a, b in spans])] if spans else []
+
+def timeline_html(trace: dict, question: Question | dict | None = None, width: int = 900) -> str:
+    "The video as a bar with gold/distractor spans, each round's retrieved and admitted items, tool calls, frames."
+    qs = question_spans(question)
+    lanes = _spans_lane('gold evidence', 'gold', qs['evidence']) + _spans_lane('distractor', 'distractor',
+                                                                               qs['distractors']) + trace_lanes(trace)
+    dur = float(qs['duration'] or max((s[1] for _, _, ss in lanes for s in ss), default=0.0) or 1.0)
+    x0, w = 210, width - 220
+    tick = lambda k: f"<text x='{x0 + w * k / 4:.0f}' y='12' font-size='10' text-anchor='middle'>"
+    ticks = ''.join(f"{tick(k)}{fmt_time(dur * k / 4)}</text>" for k in range(5))
+    body = ''.join(_lane_svg(i, *lane, dur, x0, w) for i, lane in enumerate(lanes))
+    cues = f"<p class='cues'>cues: {esc('; '.join(qs['cues']))}</p>" if qs['cues'] else ''
+    return (f"<div class='timeline'><svg xmlns='http://www.w3.org/2000/svg' width='{width}' "
+            f"height='{24 + 18 * len(lanes)}' font-family='sans-serif'>{ticks}{body}</svg>{cues}</div>")
+
 # %% ../../nbs/45_eval.trace_view.ipynb #a81ee107
 _STYLE = """<style>
 .reveal-trace {font-family: sans-serif; font-size: 13px; max-width: 1100px}
@@ -124,10 +204,10 @@ def header_html(t: dict) -> str:
             f"{float(tot.get('seconds') or 0):.2f} s</p>")
 
 # %% ../../nbs/45_eval.trace_view.ipynb #68b48ae9
-def trace_html(trace: dict, thumbs: dict[str, str] | None = None) -> str:
-    "A whole trace as one self-contained HTML fragment (styles inline): header, rounds, final answer, calls."
+def trace_html(trace: dict, thumbs: dict[str, str] | None = None, question: Question | dict | None = None) -> str:
+    "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds, answer, calls."
     t = trace
-    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t)]
+    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t), timeline_html(t, question)]
     parts += [round_html(rd, t.get('tau'), thumbs) for rd in t.get('rounds') or []]
     if t.get('missing_evidence'):
         parts.append('<p>final missing evidence: ' + esc('; '.join(t['missing_evidence'])) + '</p>')
@@ -175,23 +255,36 @@ def run_trace(run_dir: str | Path, qid: str) -> dict:
     if not p.is_file(): raise FileNotFoundError(f"trace of {qid} not found: {row['trace']}")
     return load_trace(p)
 
-# %% ../../nbs/45_eval.trace_view.ipynb #7d0ee095
-def run_videos(run_dir: str | Path) -> dict[str, str]:
-    "qid → video path for a run's benchmark (from its run.json); empty when the benchmark cannot be loaded."
-    meta = json.loads((Path(run_dir) / 'run.json').read_text())
+# %% ../../nbs/45_eval.trace_view.ipynb #cc0ea492
+def run_question_index(run_dir: str | Path) -> dict[str, Question]:
+    "qid → Question of a run: its questions.jsonl (a replay's), else its benchmark's (run.json); empty if neither."
+    d = Path(run_dir)
+    if (d / 'questions.jsonl').is_file():
+        return {q.qid: q for q in map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))}
+    meta = json.loads((d / 'run.json').read_text())
     kw = {'split': meta['split']} if meta.get('split') else {}
     try: qs, _ = load_benchmark(meta['benchmark'], meta.get('root'), **kw)
     except Exception: return {}
-    return {q.qid: q.video_path for q in qs if q.video_path}
+    return {q.qid: q for q in qs}
+
+# %% ../../nbs/45_eval.trace_view.ipynb #7d0ee095
+def run_videos(run_dir: str | Path) -> dict[str, str]:
+    "qid → video path for a run's questions (see `run_question_index`); empty when they cannot be loaded."
+    return {k: q.video_path for k, q in run_question_index(run_dir).items() if q.video_path}
 
 # %% ../../nbs/45_eval.trace_view.ipynb #0f61c167
+def trace_page(run_dir: str | Path, qid: str, thumbs: bool = True, questions: dict | None = None) -> str:
+    "One question's trace as a standalone HTML page: header, timeline (with the question's spans), rounds, calls."
+    t, qs = run_trace(run_dir, qid), questions if questions is not None else run_question_index(run_dir)
+    q = qs.get(qid)
+    th = keyframe_thumbs(t, q.video_path if q else None) if thumbs else {}
+    return f"<!doctype html><meta charset='utf-8'><title>{esc(qid)}</title>\n{trace_html(t, th, q)}\n"
+
+# %% ../../nbs/45_eval.trace_view.ipynb #87180048
 def show_trace(run_dir: str | Path, qid: str, html_out: str | Path | None = None, thumbs: bool = True) -> str:
     "The text summary of one question's trace; with `html_out`, also write its HTML page there (keyframes included)."
     t = run_trace(run_dir, qid)
-    if html_out is not None:
-        th = keyframe_thumbs(t, run_videos(run_dir).get(qid)) if thumbs else {}
-        page = f"<!doctype html><meta charset='utf-8'><title>{esc(qid)}</title>\n{trace_html(t, th)}\n"
-        atomic_write_text(Path(html_out), page)
+    if html_out is not None: atomic_write_text(Path(html_out), trace_page(run_dir, qid, thumbs))
     return format_trace(t)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #2f99202d
@@ -200,6 +293,7 @@ class TraceViewer:
     def __init__(self, run_dir: str | Path, thumbs: bool = False):
         import ipywidgets as W
         self.run_dir, self.rows, self._videos = Path(run_dir), run_questions(run_dir), None
+        self.questions = run_question_index(run_dir)
         opt = lambda k: [('all', None)] + [(str(v), v) for v in sorted({r[k] for r in self.rows if r[k] is not None})]
         self.outcome = W.Dropdown(options=[('all', None), ('correct', True), ('wrong', False)], description='outcome')
         self.qtype = W.Dropdown(options=opt('qtype'), description='type')
@@ -233,4 +327,4 @@ class TraceViewer:
         t = run_trace(self.run_dir, qid)
         if self.thumbs.value and self._videos is None: self._videos = run_videos(self.run_dir)
         th = keyframe_thumbs(t, self._videos.get(qid)) if self.thumbs.value else {}
-        self.page.value = trace_html(t, th)
+        self.page.value = trace_html(t, th, self.questions.get(qid))

@@ -4,15 +4,15 @@
 
 # %% ../../nbs/14a_memory.build.ipynb #66cfb794
 from __future__ import annotations
-import contextlib, json, math, shutil, sys, time, warnings
-from collections import deque
+import contextlib, json, math, os, shutil, sys, time, warnings
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
 from fastcore.basics import patch
 from tqdm import tqdm
-from ..core import Config, MemoryItem, MemoryBuildError, kit_version, build_stamp
-from ..video.frames import VideoError, QualityReport, probe_video, prefetch
+from ..core import Config, MemoryItem, MemoryBuildError, kit_version, build_stamp, warn
+from ..video.frames import VideoError, QualityReport, prefetch
 from ..video.frames import iter_frames, iter_frames_at, filter_frames
 from ..video.segmentation import L1Segment, make_segmenter
 from ..video.subtitles import Cue, load_subtitles, align_cues, cues_text
@@ -21,11 +21,12 @@ from ..io import atomic_write_json, atomic_save_npy, read_jsonl_rows, append_jso
 from ..text import fmt_time
 from .store import FORMAT_VERSION, MemoryMismatchError, OfflineMemory, memory_config, memory_key
 from .store import memory_models, memory_dir_for, video_sha256, memory_embedders, spread_times
-from .store import quality_line
+from .store import quality_line, caption_fallbacks
+from .clips import ClipFolder, is_clip_folder, open_clip_folder, probe_source
 
 # %% auto #0
-__all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'call_concurrency', 'produced_by', 'get_or_build_memory', 'build_memory',
-           'format_build_summary']
+__all__ = ['FALLBACK_NOTE', 'FALLBACK_POLICIES', 'frames_per_caption', 'call_concurrency', 'fallback_policy', 'fallback_rebuild',
+           'produced_by', 'subtitle_record', 'get_or_build_memory', 'build_memory', 'format_build_summary']
 
 # %% ../../nbs/14a_memory.build.ipynb #fbc24d3f
 def _pbar(total: int, desc: str, progress: bool):
@@ -34,8 +35,12 @@ def _pbar(total: int, desc: str, progress: bool):
                 file=sys.stderr)
 
 # %% ../../nbs/14a_memory.build.ipynb #5813b76c
-def _segment_pass(video: Path, info, config: Config, image_embedder, progress: bool, batch: int = 32):
-    "Decode → filter → embed → segment, streamed. Returns (segments, QualityReport)."
+def _sampled(video: Path | ClipFolder, info, config: Config):
+    "The frames stage 1 reads: a video file's at `config.fps`, or a span of clips' (on the span's own clock)."
+    return video.frames(config.fps) if isinstance(video, ClipFolder) else iter_frames(video, config.fps, info=info)
+
+def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder, progress: bool, batch: int = 32):
+    "Decode → filter → embed → segment, streamed (a video, or a span of clips). Returns (segments, QualityReport)."
     report, seg, segs = QualityReport(), make_segmenter(config), []
     n_total = int(math.floor(info.duration * config.fps - 1e-6)) + 1
     nd = 0
@@ -51,7 +56,7 @@ def _segment_pass(video: Path, info, config: Config, image_embedder, progress: b
             segs.extend(seg.push(f.t, e))
     with _pbar(n_total, 'frames', progress) as bar:
         buf = []
-        for f in filter_frames(prefetch(iter_frames(video, config.fps, info=info)), config, report):
+        for f in filter_frames(prefetch(_sampled(video, info, config)), config, report):
             buf.append(f)
             if len(buf) >= batch:
                 run(buf)
@@ -66,8 +71,8 @@ def _segment_pass(video: Path, info, config: Config, image_embedder, progress: b
     return segs, report
 
 # %% ../../nbs/14a_memory.build.ipynb #1020d1a0
-_NO_FILTER = dict(dark_max_mean=-1.0, bright_min_mean=256.0, uniform_max_std=-1.0, min_jpeg_bytes_per_kpx=-1.0,
-                  blur_min_laplacian_var=-1.0)
+_NO_FILTER = dict(dark_max_mean=0.0, bright_min_mean=256.0, uniform_max_std=0.0, min_jpeg_bytes_per_kpx=0.0,
+                  blur_min_laplacian_var=0.0)      # no frame is below 0 or above 255: the filter drops nothing
 FALLBACK_NOTE = 'all frames failed the quality filter; memory built from unfiltered frames'
 
 def _filtered_segments(video: Path, info, config: Config, image_embedder, progress: bool):
@@ -75,12 +80,37 @@ def _filtered_segments(video: Path, info, config: Config, image_embedder, progre
     segs, rep = _segment_pass(video, info, config, image_embedder, progress)
     quality = rep.to_dict()
     if rep.fallback:
-        warnings.warn(f"{video.name}: all {rep.n_frames} sampled frames failed the quality filter "
-                      f"({dict(rep.reasons)}); building from unfiltered frames")
+        warn(f"{video.name}: all {rep.n_frames} sampled frames failed the quality filter "
+             f"({dict(rep.reasons)}); building from unfiltered frames")
         segs, raw = _segment_pass(video, info, config.replace(**_NO_FILTER), image_embedder, progress)
         quality.update(fallback=FALLBACK_NOTE, n_kept=raw.n_kept)
-    elif rep.warning: warnings.warn(f"{video.name}: {rep.warning}")
+    elif rep.warning: warn(f"{video.name}: {rep.warning}")
     return segs, quality
+
+# %% ../../nbs/14a_memory.build.ipynb #ebe57c18
+def _shift(s: L1Segment, dt: float, idx: int) -> L1Segment:
+    "Segment `s` moved by `dt` seconds on the timeline and renumbered `idx`."
+    mv = lambda t: round(t + dt, 3)
+    return L1Segment(idx, mv(s.t_start), mv(s.t_end), [mv(t) for t in s.frame_times],
+                     None if s.keyframe_t is None else mv(s.keyframe_t), s.keyframe_emb, s.boundary_sim)
+
+def _merged_quality(qs: list[dict]) -> dict:
+    "The quality report of a folder: its spans' counts added up, with how many spans fell back."
+    rej = Counter()
+    for q in qs: rej.update(q['rejected'])
+    out = QualityReport(sum(q['n_frames'] for q in qs), sum(q['n_kept'] for q in qs), rej,
+                        any(bool(q['fallback']) for q in qs), qs[-1]['thresholds']).to_dict()
+    k = sum(isinstance(q['fallback'], str) for q in qs)
+    return dict(out, fallback=f"{FALLBACK_NOTE} ({k} of {len(qs)} spans)" if k else False, spans=len(qs))
+
+def _span_segments(folder: ClipFolder, config: Config, image_embedder, progress: bool):
+    "Stage 1 of a folder of clips: every span segmented on its own, its segments placed on the folder's timeline."
+    segs, qs = [], []
+    for span in folder.spans():
+        ss, q = _filtered_segments(span, span.info, config, image_embedder, progress)
+        segs += [_shift(s, span.origin - folder.origin, len(segs) + i) for i, s in enumerate(ss)]
+        qs.append(q)
+    return segs, _merged_quality(qs)
 
 # %% ../../nbs/14a_memory.build.ipynb #0e7225e3
 def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder, progress: bool):
@@ -90,7 +120,8 @@ def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder
         vv = np.load(out / 'visual.npy')
         return [L1Segment.from_dict(d, vv[i]) for i, d in enumerate(sj['segments'])], sj['quality']
     t = time.time()
-    segs, quality = _filtered_segments(video, info, config, image_embedder, progress)
+    if is_clip_folder(video): segs, quality = _span_segments(open_clip_folder(video), config, image_embedder, progress)
+    else: segs, quality = _filtered_segments(video, info, config, image_embedder, progress)
     dim = next((s.keyframe_emb.shape[0] for s in segs if s.keyframe_emb is not None), 1)
     vv = np.stack([s.keyframe_emb if s.keyframe_emb is not None else np.zeros(dim, np.float32) for s in segs])
     atomic_save_npy(out / 'visual.npy', vv.astype(np.float32))
@@ -113,10 +144,10 @@ def _caption_times(seg: L1Segment, n: int) -> list[float]:
     return [ft[int(i)] for i in np.unique(np.linspace(0, len(ft) - 1, min(n, len(ft))).round())]
 
 # %% ../../nbs/14a_memory.build.ipynb #9d97b1e4
-def _l1_item(s: L1Segment, c, subtitles: str) -> MemoryItem:
-    "The L1 memory item of segment `s` from its caption `c`."
+def _l1_item(s: L1Segment, c, subtitles: str, where=None) -> MemoryItem:
+    "The L1 memory item of segment `s` from its caption `c` (`where(t0, t1)`: its clip and offset, for a folder)."
     meta = dict(c.meta, captioner=c.captioner, keyframe_t=s.keyframe_t, n_frames=len(s.frame_times),
-                subtitles=subtitles)
+                subtitles=subtitles, **(where(s.t_start, s.t_end) if where else {}))
     return MemoryItem(f"L1_{s.idx:04d}", 1, s.t_start, s.t_end, c.text, [], meta)
 
 # %% ../../nbs/14a_memory.build.ipynb #406d143a
@@ -164,13 +195,17 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
     want = {j: sum(1 for _, jj in reqs if jj == j) for j in range(len(todo))}
     pending: dict[int, list] = {}
     nxt = 0
-    def one(s, frames, text): return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim), text)
+    where = open_clip_folder(video).source_meta if is_clip_folder(video) else None
+    def one(s, frames, text):
+        return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim), text, where)
     def write(it):
         append_jsonl(out / 'l1.jsonl', it.to_dict())
         done[it.item_id] = it
         bar.update(1)
     with _pbar(len(todo), 'L1 captions', progress) as bar, _InOrder(concurrency, write) as line:
-        for (t, j), fr in zip(reqs, iter_frames_at(video, [t for t, _ in reqs], max_width=640)):
+        times = [t for t, _ in reqs]
+        src = open_clip_folder(video).frames_at(times, 640) if where else iter_frames_at(video, times, max_width=640)
+        for (t, j), fr in zip(reqs, src):
             pending.setdefault(j, []).append(fr.rgb)
             while nxt < len(todo) and len(pending.get(nxt, [])) == want[nxt]:
                 line.submit(one, todo[nxt], pending.pop(nxt), cues_text(subs[nxt]))
@@ -228,9 +263,28 @@ def _differences(old: dict, new: dict) -> str:
         out.append(f"format {old.get('format_version')} → {new['format_version']}")
     return ', '.join(out) or 'unknown'
 
+# %% ../../nbs/14a_memory.build.ipynb #64beec6f
+FALLBACK_POLICIES = ('rebuild', 'keep')
+
+def fallback_policy() -> str:
+    "`$REVEAL_FALLBACK_MEMORY`: 'rebuild' (default) or 'keep' a finished memory that holds fallback narratives."
+    policy = os.environ.get('REVEAL_FALLBACK_MEMORY', 'rebuild')
+    if policy not in FALLBACK_POLICIES:
+        raise MemoryBuildError(f"REVEAL_FALLBACK_MEMORY must be one of {', '.join(FALLBACK_POLICIES)}, got {policy!r}")
+    return policy
+
+# %% ../../nbs/14a_memory.build.ipynb #a6cff709
+def fallback_rebuild(out: Path, manifest: dict) -> bool:
+    "Whether the finished memory at `out` is built again because it holds fallback narratives (warns once if so)."
+    n = caption_fallbacks(manifest)
+    if not n or fallback_policy() == 'keep': return False
+    warn(f"memory at {out} has {n} fallback narratives (its model failed while it was built): building it again "
+         "with the model (REVEAL_FALLBACK_MEMORY=keep reuses it; its answers are then marked degraded)")
+    return True
+
 # %% ../../nbs/14a_memory.build.ipynb #244009d3
 def _prepare_dir(out: Path, ident: dict, rebuild: bool) -> str:
-    "'complete' (reuse), 'resume' or 'new'; refuses a directory that holds another memory unless `rebuild`."
+    "'complete' (reuse), 'resume' or 'new' (also for fallback narratives); refuses another memory unless `rebuild`."
     man, bj = out / 'manifest.json', out / 'build.json'
     old = None
     for f in (man, bj):
@@ -245,7 +299,8 @@ def _prepare_dir(out: Path, ident: dict, rebuild: bool) -> str:
         out.mkdir(parents=True, exist_ok=True)
         return 'new'
     same = {k: old.get(k) for k in ident} == ident
-    if same and not rebuild: return 'complete' if man.exists() else 'resume'
+    if same and not rebuild and not (man.exists() and fallback_rebuild(out, old)):
+        return 'complete' if man.exists() else 'resume'
     if not same and not rebuild:
         raise MemoryMismatchError(f"memory at {out} was built differently ({_differences(old, ident)}); "
                                   "pass rebuild=True (CLI: --rebuild) to replace it, or use another output directory")
@@ -259,6 +314,7 @@ def _complete(out: Path, ident: dict) -> bool:
     try:
         man = json.loads((out / 'manifest.json').read_text())
         if {k: man.get(k) for k in ident} != ident: return False
+        if caption_fallbacks(man) and fallback_policy() == 'rebuild': return False      # built again
         OfflineMemory.load(out)
         return True
     except (OSError, ValueError): return False
@@ -274,8 +330,17 @@ def produced_by(items: list[MemoryItem]) -> dict:
         lv['fallbacks'] += 'fallback' in it.meta
     return out
 
+# %% ../../nbs/14a_memory.build.ipynb #6f9de069
+def subtitle_record(subtitles, cues: list[Cue], l1: list[MemoryItem], min_overlap: float = 0.05) -> dict:
+    "The manifest's subtitles: the file, its cues, how many reached an L1 segment (the rest are warned about)."
+    used = {id(c) for seg in align_cues(cues, [(it.t_start, it.t_end) for it in l1], min_overlap) for c in seg}
+    if (lost := len(cues) - len(used)):
+        warn(f"{Path(subtitles).name}: {lost} of {len(cues)} subtitle cues overlap no segment by more than "
+             f"{min_overlap} s (too short, or where no frame was kept): they are not in the memory")
+    return dict(path=str(subtitles) if subtitles else None, n_cues=len(cues), n_in_memory=len(used))
+
 # %% ../../nbs/14a_memory.build.ipynb #9a8beaf4
-def _manifest(out: Path, ident: dict, video: Path, info, config: Config, quality: dict, subtitles, n_cues: int,
+def _manifest(out: Path, ident: dict, video: Path, info, config: Config, quality: dict, subs: dict,
               l1: list[MemoryItem], higher: list[MemoryItem], timings: dict, t0: float) -> dict:
     "The manifest of a finished build (`higher`: its L2 and L3 items; `timings` of stages 2-4)."
     stage1 = json.loads((out / 'segments.json').read_text()).get('timings', {})
@@ -287,9 +352,10 @@ def _manifest(out: Path, ident: dict, video: Path, info, config: Config, quality
                 summarizer=sorted({it.meta.get('captioner', '') for it in higher}),
                 caption_fallbacks=sum('fallback' in it.meta for it in l1), produced_by=produced_by(l1 + higher),
                 quality=quality,
-                subtitles=dict(path=str(subtitles) if subtitles else None, n_cues=n_cues), counts=counts,
+                subtitles=subs, counts=counts,
                 mean_l1_seconds=round(float(np.mean([it.duration for it in l1])), 3), timings=dict(stage1, **timings),
-                build_seconds=round(time.time() - t0, 2), created=build_stamp())
+                build_seconds=round(time.time() - t0, 2), created=build_stamp(),
+                **({'clips': open_clip_folder(video).summary()} if is_clip_folder(video) else {}))
 
 # %% ../../nbs/14a_memory.build.ipynb #5440a113
 @contextlib.contextmanager
@@ -304,8 +370,8 @@ def _warn_late_cues(cues: list, info, subtitles) -> None:
     "Warn when subtitle cues run past the video's end: that part is not in the memory."
     if not cues or cues[-1].end <= info.duration + 0.5: return
     late = sum(c.end > info.duration + 0.5 for c in cues)
-    warnings.warn(f"{Path(subtitles).name}: {late} subtitle cue(s) run past the video's end "
-                  f"({fmt_time(info.duration)}); the part after the end is not in the memory")
+    warn(f"{Path(subtitles).name}: {late} subtitle cue(s) run past the video's end "
+         f"({fmt_time(info.duration)}); the part after the end is not in the memory")
 
 
 def _run_stages(out: Path, video: Path, info, cues: list, config: Config, chat_model, te, ie, progress: bool,
@@ -328,7 +394,7 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
           rebuild: bool = False, concurrency: int | None = None) -> OfflineMemory:
     "Build (or resume, or reuse) the memory of a video in `out_dir` (`concurrency`: model calls in flight); loaded."
     t0, video, out = time.time(), Path(video_path), Path(out_dir)
-    info = probe_video(video)                                            # one-line VideoError on bad input
+    info = probe_source(video)                                           # one-line VideoError on bad input
     cues = load_subtitles(subtitles) if subtitles else []               # one-line SubtitleError
     te, ie = memory_embedders(text_embedder, image_embedder)
     sub_sha = video_sha256(subtitles) if subtitles else None
@@ -340,12 +406,14 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
         state = _prepare_dir(out, ident, rebuild)
         if state == 'complete':
             try: return cls.load(out, config, text_embedder=te, image_embedder=ie)
-            except MemoryBuildError as e: warnings.warn(f"{e}; repairing it")           # resume, keeping valid lines
+            except MemoryBuildError as e: warn(f"{e}; repairing it")           # resume, keeping valid lines
         if state == 'new':
             atomic_write_json(out / 'build.json', dict(ident, started=build_stamp()))
+        if is_clip_folder(video): atomic_write_json(out / 'clips.json', open_clip_folder(video).records())
         quality, l1, l23, timings = _run_stages(out, video, info, cues, config, chat_model, te, ie, progress,
                                                 concurrency)
-        man = _manifest(out, ident, video, info, config, quality, subtitles, len(cues), l1, l23, timings, t0)
+        subs = subtitle_record(subtitles, cues, l1)
+        man = _manifest(out, ident, video, info, config, quality, subs, l1, l23, timings, t0)
         atomic_write_json(out / 'manifest.json', man)
     return cls.load(out, config, text_embedder=te, image_embedder=ie)
 
@@ -353,10 +421,12 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
 def get_or_build_memory(video_path: str | Path, config: Config = Config(), chat_model=None,
                         subtitles: str | Path | None = None, root: str | Path | None = None, progress: bool = False,
                         text_embedder=None, image_embedder=None, concurrency: int | None = None) -> OfflineMemory:
-    "The memory of this video for these settings: loaded when complete, resumed when partial, built otherwise."
+    "This video's memory for these settings: loaded when complete (see `fallback_rebuild`), resumed, or built."
     te, ie = memory_embedders(text_embedder, image_embedder)
     d = memory_dir_for(video_path, config, memory_models(chat_model, te, ie), subtitles, root)
-    if (d / 'manifest.json').exists(): return OfflineMemory.load(d, config, text_embedder=te, image_embedder=ie)
+    man = d / 'manifest.json'
+    if man.exists() and not caption_fallbacks(json.loads(man.read_text())):
+        return OfflineMemory.load(d, config, text_embedder=te, image_embedder=ie)
     return OfflineMemory.build(video_path, d, config, chat_model, subtitles, te, ie, progress=progress,
                                concurrency=concurrency)
 

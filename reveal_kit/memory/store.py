@@ -11,7 +11,8 @@ from typing import Any, Sequence
 import numpy as np
 from fastcore.basics import patch
 from ..core import Config, MemoryItem, MemoryBuildError, runs_dir, sha256_file, digest
-from ..video.frames import VideoError, read_frames_at
+from ..video.frames import VideoError
+from .clips import is_clip_folder, open_clip_folder, read_source_frames_at
 from ..retrieval.choice import get_text_embedder, get_image_embedder
 from ..retrieval.index import VectorIndex
 from ..io import read_jsonl_rows
@@ -21,7 +22,7 @@ from ..backends.chat import is_meaningful
 # %% auto #0
 __all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'memory_config', 'MemoryMismatchError', 'memory_key', 'captioner_kind',
            'memory_embedders', 'memory_models', 'video_sha256', 'memory_dir_for', 'Hit', 'OfflineMemory',
-           'spread_times', 'quality_line', 'describe']
+           'spread_times', 'quality_line', 'caption_fallbacks', 'produced_line', 'describe']
 
 # %% ../../nbs/14_memory.store.ipynb #a489f122
 FORMAT_VERSION = 3   # 3: transition-aware segmentation (boundaries moved)
@@ -63,21 +64,21 @@ def memory_models(chat_model=None, text_embedder=None, image_embedder=None) -> d
 _SHA_CACHE: dict = {}
 
 def video_sha256(path: str | Path) -> str:
-    "SHA-256 of a file, cached per (path, size, mtime) within the process (hashing an hour of video takes seconds)."
+    "SHA-256 of a file, or the digest of a folder of clips (`ClipFolder.sha256`), cached per (path, size, mtime)."
     p = Path(path).resolve()
     st = p.stat()
     k = (str(p), st.st_size, st.st_mtime_ns)
-    if k not in _SHA_CACHE: _SHA_CACHE[k] = sha256_file(p)
+    if k not in _SHA_CACHE: _SHA_CACHE[k] = open_clip_folder(p).sha256() if is_clip_folder(p) else sha256_file(p)
     return _SHA_CACHE[k]
 
 # %% ../../nbs/14_memory.store.ipynb #343249e7
 def memory_dir_for(video_path: str | Path, config: Config, models: dict | Any = None,
                    subtitles: str | Path | None = None, root: str | Path | None = None) -> Path:
-    "Where the memory of this video under this config/models lives: `<root>/<stem>-<sha8>-<key>` (root: runs/memories)."
+    "Where the memory of this video (or folder of clips) lives: `<root>/<stem>-<sha8>-<key>` (root: runs/memories)."
     if not isinstance(models, dict): models = memory_models(models)
     p = Path(video_path)
-    if p.is_dir(): raise VideoError(f"expected a video file, got a directory: {p}")
-    if not p.is_file(): raise VideoError(f"video not found: {p}")
+    if not p.exists(): raise VideoError(f"video not found: {p}")
+    if p.is_dir(): open_clip_folder(p)                   # a folder must hold time-stamped clips (else a one-line error)
     sub = video_sha256(subtitles) if subtitles else None
     root = Path(root) if root else runs_dir() / 'memories'
     return root / f"{p.stem}-{video_sha256(p)[:8]}-{memory_key(config, models, sub)}"
@@ -229,13 +230,15 @@ def spread_times(a: float, b: float, n: int) -> list[float]:
 @patch
 def frames(self: OfflineMemory, item: MemoryItem | str, n: int | None = None,
            max_width: int | None = 640) -> list[np.ndarray]:
-    "`n` frames (default Config.caption_frames) evenly spread over the item's time bounds, cut from the video now."
+    "`n` frames (default Config.caption_frames) evenly spread over the item's time bounds, cut from its video now."
     item = self.get(item) if isinstance(item, str) else item
     vp = self.manifest.get('video_path')
     if not vp or not Path(vp).exists():
         raise VideoError(f"cannot cut frames: the memory's video is not available ({vp})")
     n = n or self.config.caption_frames
-    return [f.rgb for f in read_frames_at(vp, spread_times(item.t_start, item.t_end, n), max_width)]
+    cj = self.path / 'clips.json' if self.path else None
+    recs = json.loads(cj.read_text()) if cj and cj.exists() else None      # a folder's clips, without probing them
+    return [f.rgb for f in read_source_frames_at(vp, spread_times(item.t_start, item.t_end, n), max_width, recs)]
 
 # %% ../../nbs/14_memory.store.ipynb #1fa39763
 def _read_json(f: Path):
@@ -290,6 +293,22 @@ def quality_line(quality: dict) -> str:
     elif q.get('warning'): s += f" — WARNING: {q['warning']}"
     return s
 
+# %% ../../nbs/14_memory.store.ipynb #e0b04c79
+def caption_fallbacks(manifest: dict) -> int:
+    "How many narratives of a memory are fallbacks (its model failed): all levels of `produced_by`, else L1's count."
+    by = manifest.get('produced_by')
+    if isinstance(by, dict) and by: return sum(int(lv.get('fallbacks', 0)) for lv in by.values())
+    return int(manifest.get('caption_fallbacks') or 0)
+
+# %% ../../nbs/14_memory.store.ipynb #6398d5b4
+def produced_line(manifest: dict) -> str:
+    "Who wrote the narratives, per level: 'L1 model:m 3, offline-perceptual 4 (4 fallbacks); L2 …' ('' if unknown)."
+    parts = []
+    for lv, d in sorted((manifest.get('produced_by') or {}).items()):
+        who = ', '.join(f"{k} {v}" for k, v in sorted(d.get('by', {}).items()))
+        parts.append(f"{lv} {who}" + (f" ({d['fallbacks']} fallbacks)" if d.get('fallbacks') else ''))
+    return '; '.join(parts)
+
 # %% ../../nbs/14_memory.store.ipynb #7f137f34
 def describe(mem: OfflineMemory, n: int = 3, width: int = 160) -> str:
     "A human-readable summary of a memory: identity, levels with time coverage, a few narratives."
@@ -302,6 +321,7 @@ def describe(mem: OfflineMemory, n: int = 3, width: int = 160) -> str:
              f"models   captioner={m.get('captioner')} image={models.get('image_embedder')} "
              f"text={models.get('text_embedder')}",
              f"frames   {quality_line(m.get('quality') or dict(m['counts']))}"]
+    if produced_line(m): lines.insert(4, f"captions {produced_line(m)}")
     for l in (1, 2, 3):
         its = mem.level(l)
         mean = np.mean([it.duration for it in its]) if its else 0

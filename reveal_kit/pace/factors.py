@@ -126,14 +126,14 @@ def _model_factors(data: Any, lo: int, hi: int) -> list[Factor] | None:
             out.append(Factor(f"f{len(out) + 1}", t, d.get('kind', 'entity')))
     return out[:hi] if len(out) >= lo else None
 
-def extract_factors(question: str, model: Any = None, config: Config = Config(),
-                    force: int = 0) -> tuple[list[Factor], str, list[dict]]:
+def extract_factors(question: str, model: Any = None, config: Config = Config(), force: int = 0,
+                    max_tokens: int = 256) -> tuple[list[Factor], str, list[dict]]:
     "F_Q from the question text: (factors, source, call records); the options are never an input."
     if not isinstance(question, str): raise TypeError("extract_factors takes the question text only (no options)")
     lo, hi = factor_budget(config, force)
     if offline_role(model): return offline_factors(question, lo, hi), 'offline', []
     data, rec = role_call(model, 'pace_factors', FACTOR_SYSTEM, factor_prompt(question, lo, hi),
-                          factor_schema(lo, hi), max_tokens=256)
+                          factor_schema(lo, hi), max_tokens=max_tokens)
     got = _model_factors(data, lo, hi)
     if got is None: return offline_factors(question, lo, hi), 'fallback', [rec]
     return got, 'model', [rec]

@@ -15,21 +15,21 @@ from fastcore.basics import patch
 from ..core import Config, MemoryBuildError, runs_dir, kit_version, digest, build_stamp
 from ..text import content_words, fmt_time
 from ..io import atomic_write_json, atomic_save_npy, append_jsonl, read_jsonl_rows, locked_dir
-from ..backends.chat import role_call, offline_role
+from ..backends.chat import offline_role
 from ..video.frames import probe_video, iter_frames
 from ..video.subtitles import load_subtitles, align_cues, cues_text
-from ..video.captioning import PerceptualCaptioner, caption_prompt
 from ..retrieval.choice import get_text_embedder
 from ..retrieval.index import VectorIndex
 from ..memory.store import video_sha256, captioner_kind
 from .factors import Factor
+from .roles import PaceSettings, pace_settings
+from types import SimpleNamespace
+from .captions import plain_caption, model_record, merge_registry
 
 # %% auto #0
-__all__ = ['CAPTION_SCHEMA', 'CAPTION_SYSTEM', 'TAG_MIN_COVER', 'FACTOR_RECORD_SYSTEM', 'PACE_FIELDS', 'clip_spans',
-           'clip_frames', 'time_label', 'ClipRecord', 'plain_caption', 'tag_factors', 'factor_text',
-           'factor_record_schema', 'factor_record_prompt', 'model_record', 'EvidenceDB', 'pace_models', 'pace_dir_for',
-           'factor_key', 'load_db', 'build_plain_db', 'offline_records', 'tagger_kind', 'build_factor_db',
-           'get_pace_dbs']
+__all__ = ['TAG_MIN_COVER', 'PACE_FIELDS', 'clip_spans', 'frame_width', 'clip_frames', 'time_label', 'ClipRecord', 'tag_factors',
+           'factor_text', 'EvidenceDB', 'index_config', 'pace_models', 'pace_dir_for', 'factor_key', 'load_db',
+           'build_plain_db', 'offline_records', 'tagger_kind', 'build_factor_db', 'get_pace_dbs']
 
 # %% ../../nbs/31_pace.index.ipynb #f3581a85
 def clip_spans(duration: float, clip_s: float = 10.0) -> list[tuple[float, float]]:
@@ -39,13 +39,19 @@ def clip_spans(duration: float, clip_s: float = 10.0) -> list[tuple[float, float
     return [(i * clip_s, min((i + 1) * clip_s, duration)) for i in range(n)]
 
 # %% ../../nbs/31_pace.index.ipynb #307128f6
+def frame_width(info, max_height: int = 720) -> int | None:
+    "The width that brings a video's frames to at most `max_height` pixels high (None: no resize needed)."
+    if not info.height or info.height <= max_height: return None
+    return int(round(info.width * max_height / info.height))
+
+# %% ../../nbs/31_pace.index.ipynb #cf535e58
 def clip_frames(video: str | Path, config: Config = Config(), info=None,
-                max_width: int = 640) -> Iterator[tuple[int, float, float, list[np.ndarray]]]:
-    "(clip index, t_start, t_end, RGB frames) for every clip, frames sampled at `pace_fps` by the kit's decoder."
+                max_height: int = 720) -> Iterator[tuple[int, float, float, list[np.ndarray]]]:
+    "(clip index, t_start, t_end, RGB frames) of every clip: `pace_fps` frames at most `max_height` pixels high."
     info = info or probe_video(video)
     spans = clip_spans(info.duration, config.pace_clip_s)
     cur, frames = 0, []
-    for fr in iter_frames(video, fps=config.pace_fps, max_width=max_width, info=info):
+    for fr in iter_frames(video, fps=config.pace_fps, max_width=frame_width(info, max_height), info=info):
         i = min(int(fr.t // config.pace_clip_s), len(spans) - 1)
         while i > cur:
             yield cur, *spans[cur], frames
@@ -83,30 +89,6 @@ class ClipRecord:
         "`[HH:MM:SS–HH:MM:SS]` time range of the record."
         return time_label(self.t_start, self.t_end)
 
-# %% ../../nbs/31_pace.index.ipynb #0b0427d3
-CAPTION_SCHEMA = {'type': 'object', 'required': ['description'], 'additionalProperties': False,
-                  'properties': {'description': {'type': 'string', 'maxLength': 1200}}}
-CAPTION_SYSTEM = "You describe short video clips for a searchable index. Answer with JSON only."
-
-def _perceptual(config: Config, clip_s: float) -> PerceptualCaptioner:
-    "The offline captioner with one OCR frame per `ocr_every_s` of a clip."
-    n = max(1, math.ceil(clip_s / config.ocr_every_s)) if config.ocr_every_s > 0 else None
-    return PerceptualCaptioner(ocr_frames=n, theta=config.theta)
-
-def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles: str = '', model: Any = None,
-                  config: Config = Config()) -> tuple[str, dict, list[dict]]:
-    "A clip's plain caption: (text, facts meta, call records); the perceptual caption when no model or a failed call."
-    cap = _perceptual(config, t1 - t0).caption(list(frames), t0, t1, subtitles) if frames else None
-    meta = dict(cap.meta) if cap else {}
-    if subtitles: meta['subtitles'] = subtitles
-    text = cap.text if cap else f"[{fmt_time(t0)}-{fmt_time(t1)}] (no decodable frames)"
-    if offline_role(model): return text, meta, []
-    imgs = list(frames) if getattr(model, 'supports_images', False) else None
-    user = caption_prompt(t0, t1, subtitles, '' if imgs else text)
-    data, rec = role_call(model, 'pace_caption', CAPTION_SYSTEM, user, CAPTION_SCHEMA, max_tokens=400, images=imgs)
-    if not data: return text, dict(meta, fallback='offline-perceptual'), [rec]
-    return f"[{fmt_time(t0)}-{fmt_time(t1)}] {data['description']}", meta, [rec]
-
 # %% ../../nbs/31_pace.index.ipynb #c9609fa2
 TAG_MIN_COVER = 0.5
 
@@ -136,41 +118,6 @@ def factor_text(text: str, factors: Sequence[Factor], tags: dict) -> str:
     "A record's text: the description plus how each observed factor is seen (no words of unobserved ones)."
     obs = [f"{f.fid} ({tags[f.fid]['how'] or 'observed'})" for f in factors if tags.get(f.fid, {}).get('observed')]
     return f"{text} Question factors observed: {'; '.join(obs)}." if obs else text
-
-# %% ../../nbs/31_pace.index.ipynb #9b50a828
-FACTOR_RECORD_SYSTEM = (
-    "You describe one short clip of a long video for a question-conditioned evidence index. You are given the "
-    "question's factors (not the question's answer options). Describe the clip factually and, for every factor, say "
-    "whether it is observed in the clip and how. Answer with JSON only.")
-
-def factor_record_schema(factors: Sequence[Factor]) -> dict:
-    "JSON schema of a factor-conditioned record: description + one {id, observed, how} per factor."
-    tag = {'type': 'object', 'required': ['id', 'observed', 'how'], 'additionalProperties': False,
-           'properties': {'id': {'type': 'string', 'enum': [f.fid for f in factors]}, 'observed': {'type': 'boolean'},
-                          'how': {'type': 'string', 'maxLength': 200}}}
-    return {'type': 'object', 'required': ['description', 'factors'], 'additionalProperties': False,
-            'properties': {'description': {'type': 'string', 'maxLength': 1200},
-                           'factors': {'type': 'array', 'items': tag, 'minItems': len(factors),
-                                       'maxItems': len(factors)}}}
-
-# %% ../../nbs/31_pace.index.ipynb #5490886b
-def factor_record_prompt(t0: float, t1: float, factors: Sequence[Factor], subtitles: str = '', facts: str = '') -> str:
-    "The user message of a factor-conditioned description."
-    fl = '\n'.join(f"- {f.fid} ({f.kind}): {f.text}" for f in factors)
-    return caption_prompt(t0, t1, subtitles, facts) + f"\n\nFactors:\n{fl}"
-
-# %% ../../nbs/31_pace.index.ipynb #b2479162
-def model_record(model: Any, frames: Sequence[np.ndarray], t0: float, t1: float, factors: Sequence[Factor],
-                 subtitles: str = '', facts: str = '') -> tuple[str, dict, list[dict]] | tuple[None, None, list[dict]]:
-    "A VLM's factor-conditioned (description, tags, calls); (None, None, calls) when the reply is unusable."
-    imgs = list(frames) if getattr(model, 'supports_images', False) and frames else None
-    data, rec = role_call(model, 'pace_index', FACTOR_RECORD_SYSTEM,
-                          factor_record_prompt(t0, t1, factors, subtitles, '' if imgs else facts),
-                          factor_record_schema(factors), max_tokens=600, images=imgs)
-    if not data: return None, None, [rec]
-    tags = {f.fid: dict(observed=False, how='', cover=None, score=None) for f in factors}
-    for d in data['factors']: tags[d['id']] = dict(observed=bool(d['observed']), how=d['how'], cover=None, score=None)
-    return f"[{fmt_time(t0)}-{fmt_time(t1)}] {data['description']}", tags, [rec]
 
 # %% ../../nbs/31_pace.index.ipynb #0cc5733d
 class EvidenceDB:
@@ -235,10 +182,16 @@ def from_records(cls: EvidenceDB, records: Sequence[ClipRecord], text_embedder=N
 # %% ../../nbs/31_pace.index.ipynb #de5cb737
 PACE_FIELDS = ('pace_clip_s', 'pace_fps', 'ocr_every_s', 'theta')
 
+def index_config(config: Config = Config()) -> dict:
+    "The settings a PACE index depends on: the `PACE_FIELDS` of the Config and the frame height."
+    return {**{k: getattr(config, k) for k in PACE_FIELDS}, 'pace_frame_height': pace_settings(config).frame_height}
+
+# %% ../../nbs/31_pace.index.ipynb #7f9d4f9a
 def pace_models(chat_model=None, text_embedder=None) -> dict:
-    "The model ids a PACE index depends on: captioner (offline-perceptual or model:<id>) and text embedder."
+    "The model ids a PACE index depends on: captioner (offline-perceptual, model:<id>, +ocr-facts) and text embedder."
     te = text_embedder or get_text_embedder()
-    return dict(captioner=captioner_kind(chat_model), text_embedder=te.model_id)
+    sub = '+ocr-facts' if not offline_role(chat_model) and not getattr(chat_model, 'supports_images', False) else ''
+    return dict(captioner=captioner_kind(chat_model) + sub, text_embedder=te.model_id)
 
 # %% ../../nbs/31_pace.index.ipynb #82d9b2e7
 def pace_dir_for(video: str | Path, config: Config = Config(), models: dict | None = None,
@@ -246,7 +199,7 @@ def pace_dir_for(video: str | Path, config: Config = Config(), models: dict | No
     "`<root>/<stem>-<sha8>-<key>` (root: runs/pace): the folder of a video's PACE databases under these settings."
     p = Path(video)
     if not p.is_file(): raise MemoryBuildError(f"video not found: {p}")
-    key = digest(dict(config={k: getattr(config, k) for k in PACE_FIELDS}, models=models or pace_models(),
+    key = digest(dict(config=index_config(config), models=models or pace_models(),
                        subtitles=video_sha256(subtitles) if subtitles else None))
     return (Path(root) if root else runs_dir() / 'pace') / f"{p.stem}-{video_sha256(p)[:8]}-{key}"
 
@@ -267,18 +220,20 @@ def _start(out: Path, ident: dict) -> dict[str, ClipRecord]:
     return {r['clip_id']: ClipRecord.from_dict(r) for r in read_jsonl_rows(out / 'clips.jsonl', repair=True)}
 
 # %% ../../nbs/31_pace.index.ipynb #7bea7dbe
-def _call_totals(recs: list[ClipRecord]) -> dict:
-    "Indexing calls and tokens summed over the records' `meta['calls']`."
-    cs = [c for r in recs for c in r.meta.get('calls', [])]
-    return dict(calls=len(cs), prompt_tokens=sum(int(c.get('prompt_tokens') or 0) for c in cs),
-                completion_tokens=sum(int(c.get('completion_tokens') or 0) for c in cs))
+def _call_totals(recs: list[ClipRecord], more: Sequence[dict] = ()) -> dict:
+    "Indexing calls and tokens summed over the records' `meta['calls']` and `more` calls (the registry merge)."
+    cs = [c for r in recs for c in r.meta.get('calls', [])] + list(more)
+    tok = lambda k: sum(int(c.get(k) or 0) for c in cs)
+    return dict(calls=len(cs), prompt_tokens=tok('prompt_tokens'), completion_tokens=tok('completion_tokens'),
+                reasoning_tokens=tok('reasoning_tokens'))
 
-def _finish(out: Path, ident: dict, recs: list[ClipRecord], te, factors, extra: dict, t0: float) -> EvidenceDB:
+def _finish(out: Path, ident: dict, recs: list[ClipRecord], te, factors, extra: dict, t0: float,
+            more_calls: Sequence[dict] = ()) -> EvidenceDB:
     "Embed the records, write vectors and the manifest (last, atomically), return the database."
     vecs = te.encode([r.text for r in recs]).astype(np.float32)
     atomic_save_npy(out / 'text_emb.npy', vecs)
-    man = dict(ident, **extra, n_clips=len(recs), index_calls=_call_totals(recs), kit_version=kit_version(),
-               build_seconds=round(time.time() - t0, 2), created=build_stamp())
+    man = dict(ident, **extra, n_clips=len(recs), index_calls=_call_totals(recs, more_calls),
+               kit_version=kit_version(), build_seconds=round(time.time() - t0, 2), created=build_stamp())
     atomic_write_json(out / 'manifest.json', man)
     return EvidenceDB(recs, vecs, te, factors, man, out)
 
@@ -303,27 +258,38 @@ def _subs_for(subtitles, spans) -> list[str]:
     if not subtitles: return ['' for _ in spans]
     return [cues_text(c) for c in align_cues(load_subtitles(subtitles), spans)]
 
+def _caption_clips(video, info, config, model, subtitles, done: dict, out: Path, st: PaceSettings) -> list:
+    "Every clip's plain caption in order, one flushed line per clip not already `done`."
+    spans = clip_spans(info.duration, config.pace_clip_s)
+    subs = _subs_for(subtitles, spans)
+    for i, a, b, frames in clip_frames(video, config, info, st.frame_height):
+        cid = f"C{i:04d}"
+        if cid in done: continue
+        text, meta, calls = plain_caption(frames, a, b, subs[i], model, config, st.caption_max_tokens)
+        done[cid] = ClipRecord(cid, a, b, text, {}, dict(meta, calls=calls, n_frames=len(frames)))
+        append_jsonl(out / 'clips.jsonl', done[cid].to_dict())
+    return [done[f"C{i:04d}"] for i in range(len(spans))]
+
+def _registry(recs: list[ClipRecord], model, st: PaceSettings) -> tuple[list | None, list[dict]]:
+    "The video's subject registry merged by the model from the clips' subjects (None offline), and its calls."
+    if offline_role(model): return None, []
+    return merge_registry(model, [r.meta.get('subjects', []) for r in recs], st.tool_max_tokens,
+                          4 * st.history_tokens)
+
 def build_plain_db(video: str | Path, out: str | Path, config: Config = Config(), model: Any = None,
                    subtitles: str | Path | None = None, text_embedder=None) -> EvidenceDB:
-    "Build (or resume, or reuse) the plain per-clip captions of a video in `out`."
+    "Build (or resume, or reuse) the plain per-clip captions of a video in `out`, and its subject registry."
     t0, video, out, te = time.time(), Path(video), Path(out), text_embedder or get_text_embedder()
-    info = probe_video(video)
-    ident = dict(kind='plain', video_sha256=video_sha256(video), config={k: getattr(config, k) for k in PACE_FIELDS},
+    info, st = probe_video(video), pace_settings(config)
+    ident = dict(kind='plain', video_sha256=video_sha256(video), config=index_config(config),
                  models=pace_models(model, te), subtitles_sha256=video_sha256(subtitles) if subtitles else None)
     with locked_dir(out):
         if (out / 'manifest.json').exists(): return load_db(out, te)
-        done = _start(out, ident)
-        spans = clip_spans(info.duration, config.pace_clip_s)
-        subs = _subs_for(subtitles, spans)
-        for i, a, b, frames in clip_frames(video, config, info):
-            cid = f"C{i:04d}"
-            if cid in done: continue
-            text, meta, calls = plain_caption(frames, a, b, subs[i], model, config)
-            done[cid] = ClipRecord(cid, a, b, text, {}, dict(meta, calls=calls, n_frames=len(frames)))
-            append_jsonl(out / 'clips.jsonl', done[cid].to_dict())
-        recs = [done[f"C{i:04d}"] for i in range(len(spans))]
-        return _finish(out, ident, recs, te, [], dict(video_id=video.stem, video_path=str(video.resolve()),
-                                                       duration=info.duration), t0)
+        recs = _caption_clips(video, info, config, model, subtitles, _start(out, ident), out, st)
+        reg, calls = _registry(recs, model, st)
+        extra = dict(video_id=video.stem, video_path=str(video.resolve()), duration=info.duration,
+                     subject_registry=reg, registry_calls=calls)
+        return _finish(out, ident, recs, te, [], extra, t0, calls)
 
 # %% ../../nbs/31_pace.index.ipynb #7df95f5d
 def offline_records(plain: EvidenceDB, factors: Sequence[Factor]) -> list[ClipRecord]:
@@ -338,16 +304,18 @@ def offline_records(plain: EvidenceDB, factors: Sequence[Factor]) -> list[ClipRe
 
 # %% ../../nbs/31_pace.index.ipynb #5ed2dc41
 def tagger_kind(model: Any = None) -> str:
-    "'offline-tagger' without a meaningful model, else the model's captioner kind."
-    return 'offline-tagger' if offline_role(model) else captioner_kind(model)
+    "'offline-tagger' without a meaningful model, else the model's captioner kind (`+ocr-facts`: no image input)."
+    return 'offline-tagger' if offline_role(model) else pace_models(model, SimpleNamespace(model_id=''))['captioner']
 
 # %% ../../nbs/31_pace.index.ipynb #8387a26a
 def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict, out: Path) -> None:
     "Factor-conditioned records by the VLM, one flushed line per clip (the perceptual caption and tagger on failure)."
-    for i, a, b, frames in clip_frames(video, config):
+    st = pace_settings(config)
+    for i, a, b, frames in clip_frames(video, config, max_height=st.frame_height):
         p = plain.records[i]
         if p.clip_id in done: continue
-        text, tags, calls = model_record(model, frames, a, b, factors, p.meta.get('subtitles', ''), p.text)
+        text, tags, calls = model_record(model, frames, a, b, factors, p.meta.get('subtitles', ''), p.text,
+                                         st.caption_max_tokens)
         if text is None:
             r = offline_records(EvidenceDB([p], plain.vectors[i:i + 1], plain.text_embedder), factors)[0]
             text, tags = r.text, dict(r.tags, fallback='offline tagger')
@@ -372,7 +340,7 @@ def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Pat
             recs = [done[r.clip_id] for r in plain.records]
         for r in recs:
             if r.clip_id not in done: append_jsonl(out / 'clips.jsonl', r.to_dict())
-        extra = {k: plain.manifest.get(k) for k in ('video_id', 'video_path', 'duration')}
+        extra = {k: plain.manifest.get(k) for k in ('video_id', 'video_path', 'duration', 'subject_registry')}
         return _finish(out, ident, recs, te, factors, extra, t0)
 
 # %% ../../nbs/31_pace.index.ipynb #65abb67b

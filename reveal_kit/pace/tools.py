@@ -5,53 +5,54 @@
 # %% ../../nbs/32_pace.tools.ipynb #f50b7a90
 from __future__ import annotations
 import json
-import math
 import re
 import time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Any, Sequence
-import numpy as np
 import jsonschema
 from fastcore.basics import patch
 from ..core import Config, Question
 from ..text import content_words, fmt_time, hms_to_seconds
-from ..io import append_jsonl, read_jsonl_rows
-from ..backends.chat import role_call, is_meaningful
-from ..video.frames import read_frames_at, VideoError
-from ..video.captioning import extractive_summary, ocr_text, PerceptualCaptioner
+from ..backends.chat import role_call
+from ..video.frames import probe_video, read_frames_at, VideoError
+from ..video.captioning import extractive_summary
 from ..reveal.planner import focus
 from ..reveal.offline_checks import option_common_words, option_number
 from ..reveal.rubrics import question_type
-from .index import EvidenceDB, ClipRecord, time_label
+from .roles import PaceModels, pace_settings
+from .captions import offline_registry
+from .index import EvidenceDB, ClipRecord, time_label, frame_width
+from .inspect import (inspect_times, INSPECT_SYSTEM, INSPECT_TASK, inspect_schema, look_text,
+                                     offline_reading, reading_key, ReadingMemo)
 
 # %% auto #0
-__all__ = ['TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'OFFLINE_READ_FRAMES', 'RETRIEVE_TOPK', 'TAG_BONUS',
-           'BROWSE_SYSTEM', 'BROWSE_SCHEMA', 'INSPECT_SYSTEM', 'INSPECT_SCHEMA', 'READING_VERSION', 'tool_schemas',
-           'ToolError', 'Observation', 'evidence_row', 'format_rows', 'parse_time', 'check_ranges', 'inspect_times',
-           'ContrastiveFactor', 'offline_contrastive_factors', 'contrastive_schema', 'ToolBox', 'subject_registry',
-           'offline_reading', 'reading_key', 'ReadingMemo', 'check_call']
+__all__ = ['TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'RETRIEVE_TOPK', 'TAG_BONUS', 'BROWSE_SYSTEM',
+           'BROWSE_TASK', 'tool_schemas', 'ToolError', 'Observation', 'evidence_row', 'format_rows', 'parse_time',
+           'check_ranges', 'ContrastiveFactor', 'offline_contrastive_factors', 'contrastive_schema', 'ToolBox',
+           'check_call']
 
 # %% ../../nbs/32_pace.tools.ipynb #30dd98cd
-_TIME = {'anyOf': [{'type': 'number', 'minimum': 0}, {'type': 'string', 'pattern': '^[0-9]{1,2}(:[0-9]{2}){1,2}$'}]}
-_RANGE = {'type': 'array', 'minItems': 2, 'maxItems': 2, 'items': _TIME}
+_HMS = {'type': 'string', 'pattern': '^[0-9]{1,2}(:[0-9]{2}){1,2}$'}
+_RANGE = {'type': 'array', 'minItems': 2, 'maxItems': 2, 'items': _HMS}
+_obj = lambda req, **props: {'type': 'object', 'required': list(req), 'additionalProperties': False,
+                             'properties': props}
 TOOL_SPECS = {
-    'GlobalBrowse': dict(description="A video-level overview: a summary of many clip records (top 300 by similarity "
-                         "to the query, in time order) and a registry of the subjects seen.",
-                         parameters={'type': 'object', 'required': ['query'], 'additionalProperties': False,
-                                     'properties': {'query': {'type': 'string', 'minLength': 1}}}),
-    'ClipSearch': dict(description="The top_k clip records most similar to a description, in time order, each with "
-                       "its [HH:MM:SS–HH:MM:SS] time range.",
-                       parameters={'type': 'object', 'required': ['description'], 'additionalProperties': False,
-                                   'properties': {'description': {'type': 'string', 'minLength': 1},
-                                                  'top_k': {'type': 'integer', 'minimum': 1, 'maximum': 64}}}),
-    'FrameInspect': dict(description="Look at the frames of one or more time ranges ([start, end], each in seconds "
-                         "or as 'HH:MM:SS') and answer a visual question about them.",
-                         parameters={'type': 'object', 'required': ['question', 'time_ranges'],
-                                     'additionalProperties': False,
-                                     'properties': {'question': {'type': 'string', 'minLength': 1},
-                                                    'time_ranges': {'type': 'array', 'minItems': 1, 'maxItems': 8,
-                                                                    'items': _RANGE}}}),
+    'GlobalBrowse': dict(description="The subjects of the whole video and the events related to a query, as JSON "
+                         "{subject_registry, query_related_event}, summarized from the clip descriptions most "
+                         "similar to the query.", parameters=_obj(['query'], query={'type': 'string', 'minLength': 1})),
+    'ClipSearch': dict(description="The full descriptions of the top_k clips most similar to an event description, "
+                       "each prefixed with its [HH:MM:SS–HH:MM:SS] time range, in time order (keep the default "
+                       "top_k).",
+                       parameters=_obj(['event_description'], event_description={'type': 'string', 'minLength': 1},
+                                       top_k={'type': 'integer', 'minimum': 1, 'maximum': 64})),
+    'FrameInspect': dict(description="Look at the frames of time ranges [[start, end], …] (HH:MM:SS; up to 50 frames "
+                         "over them, at most 2 per second) and answer a detailed question about what they show (the "
+                         "question without the times); it says so when nothing there answers it.",
+                         parameters=_obj(['question', 'time_ranges_hhmmss'],
+                                         question={'type': 'string', 'minLength': 1},
+                                         time_ranges_hhmmss={'type': 'array', 'minItems': 1, 'maxItems': 8,
+                                                             'items': _RANGE})),
     'QueryDecompose': dict(description="Once per question: contrastive factors that distinguish the options, each "
                            "with the options it rules in and out.",
                            parameters={'type': 'object', 'additionalProperties': False, 'properties': {}}),
@@ -66,9 +67,14 @@ TOOL_SPECS = {
 PACE_TOOLS = tuple(TOOL_SPECS)
 DVD_TOOLS = ('GlobalBrowse', 'ClipSearch', 'FrameInspect', 'Finish')
 
-def tool_schemas(names: Sequence[str] = PACE_TOOLS) -> list[dict]:
-    "The tools as OpenAI-style function specs `{type: 'function', function: {name, description, parameters}}`."
-    return [{'type': 'function', 'function': {'name': n, **TOOL_SPECS[n]}} for n in names]
+def _spec(n: str, letters: Sequence[str] | None) -> dict:
+    "One tool's spec; Finish's answer restricted to `letters` when given."
+    if n != 'Finish' or not letters: return TOOL_SPECS[n]
+    return dict(TOOL_SPECS[n], parameters=_obj(['answer'], answer={'type': 'string', 'enum': list(letters)}))
+
+def tool_schemas(names: Sequence[str] = PACE_TOOLS, letters: Sequence[str] | None = None) -> list[dict]:
+    "The tools as OpenAI function specs `{type: 'function', function: {name, description, parameters}}`."
+    return [{'type': 'function', 'function': {'name': n, **_spec(n, letters)}} for n in names]
 
 # %% ../../nbs/32_pace.tools.ipynb #3b207ca4
 class ToolError(ValueError):
@@ -98,11 +104,11 @@ def evidence_row(r: ClipRecord, score: float, tool: str) -> dict:
 # %% ../../nbs/32_pace.tools.ipynb #fb71265d
 _TIME_PREFIX = re.compile(r'^\[[0-9:]+\s*[-–]\s*[0-9:]+\]\s*')
 
-def format_rows(rows: Sequence[dict], max_words: int = 60) -> str:
-    "Evidence rows as `[HH:MM:SS–HH:MM:SS] text` lines in time order (a caption's own time prefix dropped)."
+def format_rows(rows: Sequence[dict]) -> str:
+    "Evidence rows, whole, as `[HH:MM:SS–HH:MM:SS] text` lines in time order (a caption's own time prefix dropped)."
     rows = sorted(rows, key=lambda d: d['t_start'])
-    return '\n'.join(f"{time_label(d['t_start'], d['t_end'])} "
-                     f"{' '.join(_TIME_PREFIX.sub('', d['text']).split()[:max_words])}" for d in rows)
+    return '\n'.join(f"{time_label(d['t_start'], d['t_end'])} {' '.join(_TIME_PREFIX.sub('', d['text']).split())}"
+                     for d in rows)
 
 # %% ../../nbs/32_pace.tools.ipynb #d33f8280
 def parse_time(x: float | int | str) -> float:
@@ -122,20 +128,6 @@ def check_ranges(ranges: Sequence[Sequence[float]], duration: float) -> list[tup
             raise ToolError(f"time range [{a:g}, {b:g}] is past the video's end ({duration:.1f} s)")
         out.append((a, min(b, duration)))
     return out
-
-# %% ../../nbs/32_pace.tools.ipynb #798fed54
-def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50, fps: float = 2.0) -> list[float]:
-    "Frame times spread over the ranges: per range ∝ its length (largest remainder), ≤ fps per second, ≤ max_frames."
-    total = sum(b - a for a, b in ranges)
-    n_all = min(max_frames, max(len(ranges), math.ceil(total * fps)))
-    raw = [n_all * (b - a) / total for a, b in ranges]
-    n = [max(1, int(x)) for x in raw]
-    for i in sorted(range(len(raw)), key=lambda i: int(raw[i]) - raw[i]):
-        if sum(n) >= n_all: break
-        n[i] += 1
-    times = sorted(a + (j + 0.5) * (b - a) / k for (a, b), k in zip(ranges, n) for j in range(k))
-    if len(times) <= max_frames: return times
-    return [times[int(j)] for j in np.unique(np.linspace(0, len(times) - 1, max_frames).round())]
 
 # %% ../../nbs/32_pace.tools.ipynb #22afa8f2
 @dataclass
@@ -183,7 +175,6 @@ def contrastive_schema(letters: list[str]) -> dict:
             'properties': {'factors': {'type': 'array', 'minItems': 1, 'maxItems': 5, 'items': item}}}
 
 # %% ../../nbs/32_pace.tools.ipynb #a1d47f31
-OFFLINE_READ_FRAMES = 4
 RETRIEVE_TOPK = 8
 TAG_BONUS = 0.25
 
@@ -192,9 +183,10 @@ class ToolBox:
     def __init__(self, q: Question, db: EvidenceDB, config: Config = Config(), model: Any = None,
                  video_path: str | None = None, tools: Sequence[str] = PACE_TOOLS, retrieve_topk: int = RETRIEVE_TOPK):
         self.q, self.db, self.config, self.tools = q, db, config, tuple(tools)
-        self.model = model if is_meaningful(model) else None
+        self.models = model if isinstance(model, PaceModels) else PaceModels.one(model)
+        self.settings = pace_settings(config)
         self.video_path = video_path or db.manifest.get('video_path')
-        self.retrieve_topk, self.factors, self.evidence = retrieve_topk, None, {}
+        self.retrieve_topk, self.factors, self.evidence, self.browsed = retrieve_topk, None, {}, []
         self.answer = None
         self._memo = None                      # the video's ReadingMemo, opened at the first FrameInspect
 
@@ -208,43 +200,57 @@ class ToolBox:
             if k not in self.evidence or d['score'] > self.evidence[k]['score']: self.evidence[k] = d
         return rows
 
-# %% ../../nbs/32_pace.tools.ipynb #4c938290
-def subject_registry(records: Sequence[ClipRecord], top: int = 8) -> list[dict]:
-    "Words read on screen across the records: the most frequent ones, with the number of clips and first time seen."
-    seen: dict[str, list[float]] = {}
-    for r in records:
-        for w in set(content_words(' '.join(r.meta.get('ocr', [])))): seen.setdefault(w, []).append(r.t_start)
-    rank = sorted(seen.items(), key=lambda kv: (-len(kv[1]), min(kv[1]), kv[0]))[:top]
-    return [dict(subject=w, clips=len(ts), first_seen=fmt_time(min(ts), hours=True)) for w, ts in rank]
+# %% ../../nbs/32_pace.tools.ipynb #17b6110b
+@patch
+def registry(self: ToolBox) -> tuple[list[dict], str]:
+    "The video's subject registry and where it comes from ('model' when merged by the vision model, else 'offline')."
+    reg = self.db.manifest.get('subject_registry')
+    return (reg, 'model') if reg is not None else (offline_registry(self.db.records), 'offline')
 
 # %% ../../nbs/32_pace.tools.ipynb #9c6f7f58
-BROWSE_SYSTEM = ("You summarize time-stamped clip records of a long video into one overview (events in order, main "
-                 "subjects). Answer with JSON only.")
-BROWSE_SCHEMA = {'type': 'object', 'required': ['summary'], 'additionalProperties': False,
-                 'properties': {'summary': {'type': 'string', 'maxLength': 3000}}}
+BROWSE_SYSTEM = ("You answer questions about a long video from time-stamped descriptions of its clips. "
+                 "Answer with JSON only.")
+BROWSE_TASK = (
+    "Below are descriptions of clips of the video, each with its time range, in time order. Read the order of events, "
+    "the details and movements of objects, and people's actions and poses closely, then answer the query thoroughly "
+    "and specifically, naming the key events and their times.\nQuery: {query}\n\n{captions}")
+
+def _browse_captions(hits: list, max_chars: int) -> str:
+    "The hits' rows in time order, the most similar kept first when they do not fit `max_chars`."
+    keep, n = [], 0
+    for r, s in hits:
+        n += len(r.text) + 30
+        if n > max_chars and keep: break
+        keep.append(evidence_row(r, s, 'GlobalBrowse'))
+    return format_rows(keep)
 
 @patch
 def global_browse(self: ToolBox, query: str) -> Observation:
-    "GlobalBrowse: an overview of the top `config.pace_browse_records` records (time order) and the subjects."
-    hits = sorted(self.db.search(query, self.config.pace_browse_records), key=lambda h: h[0].t_start)
-    recs = [r for r, _ in hits]
-    reg = subject_registry(recs)
-    calls, summ = [], extractive_summary([(r.t_start, r.t_end, r.text) for r in recs], 300) if recs else ''
-    if self.model is not None and recs:
-        user = f"Query: {query}\n\nRecords:\n" + format_rows([evidence_row(r, s, '') for r, s in hits], 40)
-        data, rec = role_call(self.model, 'pace_browse', BROWSE_SYSTEM, user, BROWSE_SCHEMA, max_tokens=800)
-        calls, summ = [rec], (data or {}).get('summary', summ)
-    regs = ', '.join(f"{d['subject']} ({d['clips']} clips, from {d['first_seen']})" for d in reg)
-    return Observation('GlobalBrowse', dict(query=query), summary=f"Subjects: {regs or 'none read'}.\n{summ}",
-                       data=dict(n_records=len(recs), subjects=reg), calls=calls)
+    "GlobalBrowse: the registry and the query's events from the top `pace_browse_records` captions, as JSON."
+    hits = self.db.search(query, self.config.pace_browse_records)
+    (reg, src), m, calls = self.registry(), self.models('pace_browse'), []
+    events = extractive_summary([(r.t_start, r.t_end, r.text) for r, _ in sorted(hits, key=lambda h: h[0].t_start)],
+                                300) if hits else ''
+    if m is not None and hits:
+        user = BROWSE_TASK.format(query=query, captions=_browse_captions(hits, 4 * self.settings.history_tokens))
+        schema = {'type': 'object', 'required': ['answer'], 'properties': {'answer': {'type': 'string'}}}
+        data, rec = role_call(m, 'pace_browse', BROWSE_SYSTEM, user, schema, self.settings.tool_max_tokens)
+        calls, events = [rec], (data or {}).get('answer', events)
+    text = json.dumps({'subject_registry': reg, 'query_related_event': events}, ensure_ascii=False)
+    self.browsed.append(dict(item_id=f"browse@{len(self.browsed)}", level=0, t_start=0.0, t_end=self.duration,
+                             text=text, score=0.0, source='GlobalBrowse', observed=[]))
+    return Observation('GlobalBrowse', dict(query=query), summary=text, calls=calls,
+                       data=dict(n_records=len(hits), registry=src, events='model' if calls and calls[0]['ok'] else
+                                 'offline'))
 
 # %% ../../nbs/32_pace.tools.ipynb #4ffa466b
 @patch
-def clip_search(self: ToolBox, description: str, top_k: int | None = None) -> Observation:
-    "ClipSearch: the top-k records by similarity, in time order with their time ranges."
+def clip_search(self: ToolBox, event_description: str, top_k: int | None = None) -> Observation:
+    "ClipSearch: the full captions of the top-k records by similarity, in time order with their time ranges."
     k = int(top_k or self.config.clipsearch_topk)
-    rows = self._keep([evidence_row(r, s, 'ClipSearch') for r, s in self.db.search(description, k)])
-    return Observation('ClipSearch', dict(description=description, top_k=k), summary=format_rows(rows),
+    rows = self._keep([evidence_row(r, s, 'ClipSearch') for r, s in self.db.search(event_description, k)])
+    return Observation('ClipSearch', dict(event_description=event_description, top_k=k),
+                       summary=f"The clip descriptions found:\n{format_rows(rows)}",
                        records=sorted(rows, key=lambda d: d['t_start']))
 
 # %% ../../nbs/32_pace.tools.ipynb #aad111f6
@@ -286,11 +292,11 @@ def evidence_retrieve(self: ToolBox, factor: str) -> Observation:
 def query_decompose(self: ToolBox) -> Observation:
     "QueryDecompose: the contrastive factors of question + options; a second call is a ToolError."
     if self.factors is not None: raise ToolError("QueryDecompose was already called for this question (at most once)")
-    calls, fs = [], None
-    if self.model is not None:
+    calls, fs, m = [], None, self.models('pace_decompose')
+    if m is not None:
         user = f"Question: {self.q.question}\nOptions:\n{self.q.options_text()}"
         schema = contrastive_schema(list(self.q.options))
-        data, rec = role_call(self.model, 'pace_decompose', DECOMPOSE_SYSTEM, user, schema, max_tokens=600)
+        data, rec = role_call(m, 'pace_decompose', DECOMPOSE_SYSTEM, user, schema, self.settings.decompose_max_tokens)
         calls = [rec]
         if data: fs = [ContrastiveFactor(f"d{i + 1}", d['criterion'], d['criterion'], d['rules_in'], d['rules_out'])
                        for i, d in enumerate(data['factors'])]
@@ -299,44 +305,6 @@ def query_decompose(self: ToolBox) -> Observation:
              for d in self.factors]
     return Observation('QueryDecompose', {}, summary='\n'.join(lines), calls=calls,
                        data=dict(factors=[d.to_dict() for d in self.factors], source='model' if fs else 'offline'))
-
-# %% ../../nbs/32_pace.tools.ipynb #df2db85c
-INSPECT_SYSTEM = ("You look at frames from given time ranges of a long video and answer a visual question about "
-                  "them. Answer with JSON only.")
-INSPECT_SCHEMA = {'type': 'object', 'required': ['answer'], 'additionalProperties': False,
-                  'properties': {'answer': {'type': 'string', 'maxLength': 1200}}}
-
-def offline_reading(frames: Sequence, a: float, b: float) -> str:
-    "The offline stand-in for a VLM's look at a range: colour facts and the on-screen text of a few frames."
-    idx = np.unique(np.linspace(0, len(frames) - 1, min(OFFLINE_READ_FRAMES, len(frames))).round())
-    pick = [frames[int(i)] for i in idx]
-    lines = list(dict.fromkeys(l for f in pick for l in ocr_text(f)))
-    facts = PerceptualCaptioner().facts(list(frames))[0]
-    txt = f" On-screen text: {'; '.join(chr(34) + l + chr(34) for l in lines)}." if lines else ''
-    return f"{time_label(a, b)} Inspected {len(frames)} frames. {facts}{txt}"
-
-# %% ../../nbs/32_pace.tools.ipynb #ab69b625
-READING_VERSION = 1
-
-def reading_key(a: float, b: float, times: Sequence[float], width: int = 640) -> str:
-    "The memo key of one offline reading: version, frames read per range, width, the range and its frame times."
-    r3 = lambda x: round(float(x), 3)
-    return json.dumps([READING_VERSION, OFFLINE_READ_FRAMES, width, r3(a), r3(b), [r3(t) for t in times]])
-
-# %% ../../nbs/32_pace.tools.ipynb #7737a619
-class ReadingMemo:
-    "The offline readings of one video: `{key: (text, n_frames)}`, appended to a JSON-lines file (`None`: in memory)."
-    def __init__(self, path: str | Path | None = None):
-        self.path = Path(path) if path else None
-        rows = read_jsonl_rows(self.path) if self.path and self.path.exists() else []
-        self.rows = {r['key']: (r['text'], r['n_frames']) for r in rows if {'key', 'text', 'n_frames'} <= set(r)}
-
-    def get(self, key: str) -> tuple[str, int] | None: return self.rows.get(key)
-
-    def put(self, key: str, text: str, n_frames: int) -> None:
-        "Remember one reading (and append it to the file)."
-        self.rows[key] = (text, n_frames)
-        if self.path: append_jsonl(self.path, dict(key=key, text=text, n_frames=n_frames))
 
 # %% ../../nbs/32_pace.tools.ipynb #b1d795b5
 @patch
@@ -349,14 +317,21 @@ def reading_memo(self: ToolBox) -> ReadingMemo:
 
 # %% ../../nbs/32_pace.tools.ipynb #85d1db90
 @patch
+def _width(self: ToolBox) -> int | None:
+    "The width that brings the video's frames to at most `frame_height` high; a ToolError when it cannot be read."
+    try: return frame_width(probe_video(self.video_path), self.settings.frame_height)
+    except (VideoError, OSError) as e: raise ToolError(f"could not read frames: {e}") from None
+
+@patch
 def _readings(self: ToolBox, ranges: list, times: list[float], vlm: bool) -> tuple[list, list, int]:
     "(reading, n_frames) per range, the frames decoded, and how many ranges the memo held (decoding only if needed)."
-    keys = [reading_key(a, b, [t for t in times if a <= t <= b]) for a, b in ranges]
+    width = self._width()
+    keys = [reading_key(a, b, [t for t in times if a <= t <= b], width) for a, b in ranges]
     memo = self.reading_memo()
     read, frames = [memo.get(k) for k in keys], []
     reused = sum(r is not None for r in read)
     if vlm or reused < len(keys):
-        try: frames = read_frames_at(self.video_path, times, 640)
+        try: frames = read_frames_at(self.video_path, times, width)
         except (VideoError, OSError) as e: raise ToolError(f"could not read frames: {e}") from None
         for i, ((a, b), k) in enumerate(zip(ranges, keys)):
             if read[i] is not None: continue
@@ -366,14 +341,15 @@ def _readings(self: ToolBox, ranges: list, times: list[float], vlm: bool) -> tup
     return read, frames, reused
 
 # %% ../../nbs/32_pace.tools.ipynb #07830bb4
-def _vlm_look(model: Any, question: str, ranges: list, frames: list, rows: list[dict]) -> tuple[str | None, list]:
-    "A VLM's answer about the frames (each row's text becomes it) and the call; None when the reply is unusable."
-    user = f"Question: {question}\nTime ranges: {', '.join(time_label(a, b) for a, b in ranges)}"
-    data, rec = role_call(model, 'pace_inspect', INSPECT_SYSTEM, user, INSPECT_SCHEMA, max_tokens=600,
+def _vlm_look(model: Any, question: str, ranges: list, frames: list, rows: list[dict],
+              max_tokens: int) -> tuple[str | None, list]:
+    "A VLM's look at the frames (each row's text becomes it) and the call; None when the reply is unusable."
+    user = INSPECT_TASK.format(ranges=', '.join(time_label(a, b) for a, b in ranges), question=question)
+    data, rec = role_call(model, 'pace_inspect', INSPECT_SYSTEM, user, inspect_schema(4 * max_tokens), max_tokens,
                           images=[f.rgb for f in frames])
     if not data: return None, [rec]
-    for r in rows: r['text'] = f"{time_label(r['t_start'], r['t_end'])} {data['answer']}"
-    return data['answer'], [rec]
+    for r in rows: r['text'] = f"{time_label(r['t_start'], r['t_end'])} {look_text(data)}"
+    return look_text(data), [rec]
 
 def _mark_inspected(factors: list | None, ranges: list) -> None:
     "Contrastive factors whose retrieved ranges overlap an inspected range are addressed by inspection."
@@ -381,25 +357,30 @@ def _mark_inspected(factors: list | None, ranges: list) -> None:
         if not d.addressed and any(a < y and x < b for x, y in d.ranges for a, b in ranges):
             d.addressed, d.by = True, 'inspected'
 
+def _hms_ranges(ranges: list) -> list[list[str]]:
+    "Checked ranges as `[HH:MM:SS, HH:MM:SS]` pairs, as the tool's arguments give them."
+    return [[fmt_time(a, hours=True), fmt_time(b, hours=True)] for a, b in ranges]
+
 @patch
-def frame_inspect(self: ToolBox, question: str, time_ranges: list) -> Observation:
+def frame_inspect(self: ToolBox, question: str, time_ranges_hhmmss: list) -> Observation:
     "FrameInspect: frames spread over the checked ranges, read by a VLM (or offline, memoised); errors: ToolErrors."
     if not self.video_path: raise ToolError("FrameInspect needs the video, and this evidence database has none")
-    ranges = check_ranges(time_ranges, self.duration)
+    ranges = check_ranges(time_ranges_hhmmss, self.duration)
     times = inspect_times(ranges, self.config.frameinspect_max_frames, self.config.pace_fps)
-    vlm = self.model is not None and getattr(self.model, 'supports_images', False)
+    m, vlm = self.models('pace_inspect'), self.models.sees_frames
     read, frames, reused = self._readings(ranges, times, vlm)
     rows = [dict(item_id=f"inspect@{a:g}-{b:g}", level=1, t_start=a, t_end=b, score=1.0, source='FrameInspect',
                  observed=[], text=txt) for (a, b), (txt, _) in zip(ranges, read)]
     ans, calls = ' '.join(r['text'] for r in rows), []
     if vlm:
-        looked, calls = _vlm_look(self.model, question, ranges, frames, rows)
+        looked, calls = _vlm_look(m, question, ranges, frames, rows, self.settings.tool_max_tokens)
         ans = ans if looked is None else looked
     self._keep(rows)
     _mark_inspected(self.factors, ranges)
-    return Observation('FrameInspect', dict(question=question, time_ranges=[list(r) for r in ranges]), summary=ans,
-                       records=rows, data=dict(n_frames=sum(n for _, n in read), readings_reused=reused),
-                       calls=calls)
+    sub = 'ocr-facts' if m is not None and not vlm else None
+    return Observation('FrameInspect', dict(question=question, time_ranges_hhmmss=_hms_ranges(ranges)), summary=ans,
+                       records=rows, calls=calls, data=dict(n_frames=sum(n for _, n in read), readings_reused=reused,
+                                                            **({'vision_substitute': sub} if sub else {})))
 
 # %% ../../nbs/32_pace.tools.ipynb #2204a17d
 @patch

@@ -9,14 +9,16 @@ from pathlib import Path
 from typing import Sequence
 import numpy as np
 from fastcore.basics import patch
-from ..io import atomic_write_json
+from ..io import atomic_write_json, atomic_write_text
 from .text_embedders import MINILM_ID, SentenceTransformerText, model_dim, packaged_minilm_path
 from .text_embedders import read_model_json
 from .embedders import TextEmbedder, check_texts, l2_normalize
+from ..core import warn
 
 # %% auto #0
 __all__ = ['onnx_cache_dir', 'weights_sha256', 'minilm_onnx_path', 'minilm_tokenizer', 'pad_batch', 'plan_batches',
-           'export_minilm_onnx', 'ensure_minilm_onnx', 'has_module', 'onnx_unavailable', 'OnnxMiniLM', 'minilm_text']
+           'import_onnxruntime', 'record_export', 'export_is_whole', 'export_minilm_onnx', 'ensure_minilm_onnx',
+           'has_module', 'onnx_unavailable', 'OnnxMiniLM', 'minilm_text']
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #c558a959
 def onnx_cache_dir() -> Path:
@@ -79,10 +81,18 @@ def plan_batches(lengths: Sequence[int], batch_size: int = 16, run_cost: int = 1
         i = cut[i]
     return groups[::-1]
 
+# %% ../../nbs/04b_retrieval.onnx.ipynb #0a7e1e02
+def import_onnxruntime():
+    "The `onnxruntime` module, imported with its telemetry off (it then writes nothing under `~/.cache/Microsoft`)."
+    os.environ.setdefault('ORT_DISABLE_TELEMETRY', '1')
+    import onnxruntime
+    return onnxruntime
+
 # %% ../../nbs/04b_retrieval.onnx.ipynb #9a5aec36
 def _check_export(torch_model, onnx_file: Path, model_dir: str | Path, min_cos: float = 0.9999):
     "Refuse an exported file whose outputs differ from torch's on a few texts (deletes it)."
-    import torch, onnxruntime as ort
+    import torch
+    ort = import_onnxruntime()
     enc = minilm_tokenizer(model_dir).encode_batch(['a', 'The man opens the red door.', ' '.join(['long'] * 300)])
     ids, mask = pad_batch([e.ids for e in enc])
     with torch.no_grad(): want = torch_model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
@@ -92,6 +102,21 @@ def _check_export(torch_model, onnx_file: Path, model_dir: str | Path, min_cos: 
     if cos.min() < min_cos:
         onnx_file.unlink()
         raise RuntimeError(f"the exported ONNX model differs from torch (cosine {cos.min():.6f} < {min_cos})")
+
+# %% ../../nbs/04b_retrieval.onnx.ipynb #5ea1ed02
+def record_export(out: str | Path) -> None:
+    "Record the SHA-256 of a finished export beside it (`<out>.sha256`)."
+    atomic_write_text(f'{out}.sha256', weights_sha256(out) + '\n')
+
+# %% ../../nbs/04b_retrieval.onnx.ipynb #5ea1ed03
+def export_is_whole(out: str | Path) -> bool:
+    "Whether an exported file matches the SHA-256 recorded at export (a file without a record is loaded once)."
+    rec = Path(f'{out}.sha256')
+    if rec.exists(): return rec.read_text().strip() == weights_sha256(out)
+    try: import_onnxruntime().InferenceSession(str(out), providers=['CPUExecutionProvider'])
+    except Exception: return False
+    record_export(out)
+    return True
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #92ac2c75
 def _mean_pooled(bert):
@@ -124,6 +149,7 @@ def export_minilm_onnx(model_dir: str | Path, out: str | Path, opset: int = 17) 
                           dynamic_axes={'input_ids': axes, 'attention_mask': axes, 'sentence_embedding': {0: 'batch'}})
     _check_export(model, tmp, model_dir)
     os.replace(tmp, out)
+    record_export(out)
     return out
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #86b2a2ca
@@ -139,13 +165,16 @@ def _export_in_child(model_dir: Path, out: Path):
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #d39efb77
 def ensure_minilm_onnx(model_dir: str | Path | None = None) -> Path:
-    "The cached ONNX file of the MiniLM, exported in a child process the first time."
+    "The cached ONNX file of the MiniLM, exported in a child process the first time (again if it is damaged)."
     model_dir = Path(model_dir or packaged_minilm_path())
     out = minilm_onnx_path(model_dir)
-    if out.exists(): return out
+    if out.exists() and export_is_whole(out): return out
     out.parent.mkdir(parents=True, exist_ok=True)
     from filelock import FileLock
     with FileLock(str(out) + '.lock'):
+        if out.exists() and not export_is_whole(out):
+            warn(f"damaged exported model {out} (it does not match its SHA-256 record): moved aside, exporting again")
+            os.replace(out, out.with_name(out.name + '.damaged'))
         if not out.exists(): _export_in_child(model_dir, out)
     return out
 
@@ -179,7 +208,7 @@ class OnnxMiniLM(TextEmbedder):
 @functools.lru_cache(maxsize=4)
 def _onnx_runtime(model_dir: str, onnx_file: str, threads: int):
     "(tokenizer, onnxruntime session) for one exported file: built once per process, shared by every OnnxMiniLM."
-    import onnxruntime as ort
+    ort = import_onnxruntime()
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.add_session_config_entry('session.intra_op.allow_spinning', '0')     # idle threads sleep: queries are tiny

@@ -11,21 +11,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 import numpy as np
-from ..core import Config, Question, Evidence, kit_version, trace_path
+from ..core import Config, Question, Evidence, MemoryItem, kit_version, trace_path
 from ..io import atomic_write_text
 from ..backends.chat import BackendUnavailable, offline_role, models_record, call_totals
 from ..backends.cache import CacheMiss
 from .online_memory import OnlineMemory
 from .rubrics import RubricPool, load_rubric_pool, question_type
-from .planner import Planner, screen_queries, uniform_sample, focus
-from .verifier import Verifier, VerifierReport
+from .planner import Planner, screen_queries, uniform_sample, focus, is_negation
+from .verifier import EVIDENCE_TOKENS, Verifier, VerifierReport
 from .offline_checks import EvidenceView
+from .relevance import RELEVANCE_COSINE, RELEVANCE_EMBEDDER, judge_relevance
 from .answerer import Answerer, AnswerResult
-from .rerank import Candidate, relevance_rank, rerank_targets, retrieve, rubric_rerank, topk_for
+from .answer_frames import FRAMES_NOTES, answer_frames
+from .rerank import (Candidate, model_rerank, relevance_rank, rerank_targets, retrieve, rubric_rerank,
+                                      topk_for)
 from .presets import MethodSpec, get_preset
+from ..memory.store import caption_fallbacks
 
 # %% auto #0
-__all__ = ['Roles', 'make_roles', 'MemoEmbed', 'inject_oracle', 'run_loop', 'answer_question']
+__all__ = ['PAPER_EMBEDDER', 'Roles', 'make_roles', 'MemoEmbed', 'oracle_evidence', 'run_loop', 'thresholds_record',
+           'answer_question']
 
 # %% ../../nbs/25b_reveal.agent.ipynb #1fcf976a
 def _item_row(c: Candidate) -> dict:
@@ -44,16 +49,17 @@ class Roles:
     offline: bool
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0030
-def make_roles(model: Any, config: Config, roles: str = 'auto', pool: RubricPool | None = None) -> Roles:
-    "Planner, verifier and answerer: 'auto' → offline iff no meaningful model; 'offline' / 'model' force."
+def make_roles(model: Any, config: Config, roles: str = 'auto', pool: RubricPool | None = None,
+               evidence_tokens: int = EVIDENCE_TOKENS) -> Roles:
+    "Planner, verifier and answerer over `pool` (else `config.rubric_pool`); 'auto': offline iff no meaningful model."
     if roles not in ('auto', 'offline', 'model'):
         raise ValueError(f"roles must be 'auto', 'offline' or 'model', got {roles!r}")
     if roles == 'model' and model is None:
         raise ValueError("roles='model' needs a chat model")
     offline = offline_role(model, roles)
-    pool = pool or load_rubric_pool()
-    return Roles(Planner(model, config, offline), Verifier(pool, model, config, offline),
-                 Answerer(pool, model, config, offline), offline)
+    pool = pool or load_rubric_pool(config.rubric_pool or None)        # the configured pool, else the default
+    return Roles(Planner(model, config, offline), Verifier(pool, model, config, offline, evidence_tokens),
+                 Answerer(pool, model, config, offline, evidence_tokens), offline)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #53ff91d0
 def _uniform_candidates(q: Question, memory: Any, om: OnlineMemory, config: Config, embed: Callable | None,
@@ -122,67 +128,41 @@ def _prime_texts(q: Question) -> list[str]:
     return [t for t in dict.fromkeys(texts) if t.strip()]
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e001c
-def _visual_frames(q: Question, memory: Any, spec: MethodSpec, roles: Roles) -> tuple[list, list]:
-    "Frames of visually retrieved L1 segments for an image-capable model answerer (else nothing)."
-    model = roles.answerer.model
-    if roles.answerer.offline or spec.visual_frames <= 0 or not getattr(model, 'supports_images', False):
-        return [], []
-    try:
-        hits = memory.search_visual(q.question, k=max(1, spec.visual_frames // 2))
-        per = max(1, spec.visual_frames // max(len(hits), 1))
-        frames, rows = [], []
-        for h in hits:
-            fr = memory.frames(h.item, per)[:spec.visual_frames - len(frames)]
-            frames += fr
-            rows.append({'item_id': h.item.item_id, 't_start': h.item.t_start, 't_end': h.item.t_end,
-                         'score': float(h.score), 'frames': len(fr)})
-        return frames, rows
-    except Exception as e:  # a memory without a visual text tower: answer from text only, and say so in the trace
-        return [], [{'error': f'{type(e).__name__}: {e}'}]
-
-# %% ../../nbs/25b_reveal.agent.ipynb #5ae74333
-def inject_oracle(q: Question, memory: Any, om: OnlineMemory) -> dict:
-    "Admit the L1 items overlapping `q.evidence_spans` to `om` as oracle evidence; the trace record of what was added."
+def oracle_evidence(q: Question, memory: Any, cap: int) -> tuple[list[MemoryItem], dict]:
+    "The L1 segments overlapping `q.evidence_spans` (most overlap first, at most `cap`, in time order) and a record."
     spans = [tuple(s) for s in q.evidence_spans]
-    hits = [it for it in memory.level(1) if any(it.t_start < b and it.t_end > a for a, b in spans)]
-    rows = []
-    for it in hits:
-        ok, why = om.admit(Evidence.from_item(it, round=0, score=1.0, source='oracle'), memory.text_vector(it.item_id))
-        rows.append({'item_id': it.item_id, 'level': 1, 't_start': it.t_start, 't_end': it.t_end, 'reason': why})
+    ov = lambda it: sum(max(0.0, min(it.t_end, b) - max(it.t_start, a)) for a, b in spans)
+    hits = [it for it in memory.level(1) if ov(it) > 0]
+    kept = sorted(sorted(hits, key=lambda it: (-ov(it), it.t_start))[:cap], key=lambda it: it.t_start)
+    rows = [{'item_id': it.item_id, 'level': 1, 't_start': it.t_start, 't_end': it.t_end, 'overlap_s': round(ov(it), 3)}
+            for it in kept]
     note = None if spans else 'the question has no evidence_spans: no oracle evidence'
-    return {'spans': [list(s) for s in spans], 'items': rows, 'note': note}
-
-# %% ../../nbs/25b_reveal.agent.ipynb #8edad644
-def _oracle_frames(q: Question, memory: Any, spec: MethodSpec, roles: Roles, oracle: dict) -> tuple[list, dict]:
-    "Frames of the oracle-injected L1 items for an image-capable model answerer; the images and their record."
-    model, items = roles.answerer.model, oracle['items']
-    if roles.answerer.offline or not getattr(model, 'supports_images', False):
-        return [], {'frames': 0, 'frame_items': [], 'frames_note': 'answerer cannot take images: captions only'}
-    if spec.visual_frames <= 0 or not items:
-        why = 'visual_frames is 0' if spec.visual_frames <= 0 else 'no oracle items'
-        return [], {'frames': 0, 'frame_items': [], 'frames_note': f'{why}: captions only'}
-    n, frames, rows = len(items), [], []
-    counts = [spec.visual_frames // n + (i < spec.visual_frames % n) for i in range(n)]
-    try:
-        for row, k in zip(items, counts):
-            if k == 0:
-                break
-            fr = memory.frames(memory.get(row['item_id']), k)[:k]
-            frames += fr
-            rows.append({**{k: row[k] for k in ('item_id', 't_start', 't_end')}, 'frames': len(fr)})
-    except Exception as e:  # no video to cut frames from: captions only, and say so
-        why = f'no frames ({type(e).__name__}: {e}): captions only'
-        return [], {'frames': 0, 'frame_items': rows, 'frames_note': why}
-    return frames, {'frames': len(frames), 'frame_items': rows, 'frames_note': None}
+    return kept, {'spans': [list(s) for s in spans], 'cap': cap, 'items': rows,
+                  'left_out': [it.item_id for it in hits if it not in kept], 'note': note}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e001f
-def _rank_round(cands: list[Candidate], q: Question, memory: Any, spec: MethodSpec, roles: Roles, names: list[str],
-                om: OnlineMemory, embed: Callable | None) -> list[Candidate]:
-    "Rubric rerank (with the memory's text vectors) or relevance order."
+def _rerank_kind(spec: MethodSpec, roles: Roles) -> str:
+    "The round's ranking: 'relevance', or the rubric rerank by model ('rubric-model') or formula ('rubric-offline')."
     if not spec.rerank:
-        return relevance_rank(cands)
-    vecs = np.stack([memory.text_vector(c.item.item_id) for c in cands]) if cands else None
-    return rubric_rerank(cands, q, roles.verifier.pool, names, om.missing, vecs, embed)
+        return 'relevance'
+    if spec.rerank_by == 'model' and roles.offline:
+        raise ValueError("rerank_by='model' needs the roles to run on a model (roles='model' or a meaningful model)")
+    by_model = spec.rerank_by == 'model' or (spec.rerank_by == 'auto' and not roles.offline)
+    return 'rubric-model' if by_model else 'rubric-offline'
+
+def _rank_round(cands: list[Candidate], q: Question, memory: Any, spec: MethodSpec, roles: Roles, names: list[str],
+                om: OnlineMemory, embed: Callable | None) -> tuple[list[Candidate], str, list[dict]]:
+    "Rank a round's candidates; (ranked, which ranking ran, model calls). An unusable model reply → the formula."
+    kind, calls, pool = _rerank_kind(spec, roles), [], roles.verifier.pool
+    if kind == 'relevance' or not cands:
+        return relevance_rank(cands), kind, calls
+    if kind == 'rubric-model':
+        ranked, rec = model_rerank(cands, q, pool, names, om.missing, roles.verifier.model, spec.evidence_tokens)
+        if ranked is not None:
+            return ranked, kind, [rec]
+        kind, calls = 'rubric-fallback', [rec]
+    vecs = np.stack([memory.text_vector(c.item.item_id) for c in cands])
+    return rubric_rerank(cands, q, pool, names, om.missing, vecs, embed), kind, calls
 
 def _verify_round(q: Question, memory: Any, om: OnlineMemory, roles: Roles, names: list[str], r: int,
                   embed: Callable | None) -> VerifierReport:
@@ -203,14 +183,13 @@ def _run_round(q: Question, memory: Any, om: OnlineMemory, r: int, spec: MethodS
                names: list[str], embed: Callable | None, qvec_cache: dict) -> tuple[dict, VerifierReport | None, list]:
     "Round r: plan, retrieve, rank, admit, record the attempts, verify; returns (round record, report or None, calls)."
     action = roles.planner.decompose(q) if r == 0 else roles.planner.repair(q, om.planner_view())
-    calls = list(action.calls)
     cands, rec, per_query = _candidates(q, memory, om, action, r, spec, config, embed, qvec_cache)
     rec = {'round': r, 'plan_source': action.source, 'reasoning': action.reasoning, 'plan_notes': action.notes,
            **rec}
-    ranked = _rank_round(cands, q, memory, spec, roles, names, om, embed)
+    ranked, ranking, rank_calls = _rank_round(cands, q, memory, spec, roles, names, om, embed)
+    calls = list(action.calls) + rank_calls
     admitted, not_admitted = _admit(om, ranked, spec.fixed_segments or config.rerank_to, r, memory)
-    rec.update(ranking='rubric' if spec.rerank else 'relevance', admitted=admitted, not_admitted=not_admitted,
-               new_evidence=len(admitted))
+    rec.update(ranking=ranking, admitted=admitted, not_admitted=not_admitted, new_evidence=len(admitted))
     _record_attempts(om, r, per_query, admitted)
     if not spec.verify:
         return rec, None, calls
@@ -218,13 +197,21 @@ def _run_round(q: Question, memory: Any, om: OnlineMemory, r: int, spec: MethodS
     rec['verifier'] = {k: v for k, v in report.to_dict().items() if k != 'calls'}
     return rec, report, calls + report.calls
 
+def _relevance_round(q: Question, memory: Any, om: OnlineMemory, roles: Roles, spec: MethodSpec,
+                     embed: Callable | None, r: int) -> tuple[dict, list]:
+    "The relevance judge on the evidence admitted so far (record for the round, model calls)."
+    view = EvidenceView(om.evidence, om._vecs, embed, r, getattr(memory, 'duration', None))
+    return judge_relevance(q, view, roles.answerer.model, roles.offline, RELEVANCE_COSINE, spec.evidence_tokens)
+
 # %% ../../nbs/25b_reveal.agent.ipynb #4a052b53
 def _stop_reason(spec: MethodSpec, report: VerifierReport | None, rec: dict, om: OnlineMemory) -> str | None:
-    "Why the loop stops after a round (`sufficient`, `no_new_evidence`), or None; fixed rounds never stop early."
+    "Why the loop stops after a round (`sufficient`, `relevant`, `no_new_evidence`), or None; fixed rounds never stop."
     if spec.fixed_rounds:
         return None
     if report is not None and report.sufficient:
         return 'sufficient'
+    if (rec.get('relevance') or {}).get('relevant'):
+        return 'relevant'
     if not rec['admitted'] and (not om.enabled or rec['strategy_executed'] == 'Uniform Sampling'):
         return 'no_new_evidence'
     return None
@@ -247,47 +234,65 @@ def _select_criteria(q: Question, spec: MethodSpec, roles: Roles) -> tuple[list[
     return names, src, list(calls)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #872caf09
-def _answer_step(q: Question, memory: Any, spec: MethodSpec, roles: Roles, om: OnlineMemory, embed: Callable | None,
-                 n_rounds: int, oracle: dict | None) -> tuple[AnswerResult, list, dict | None]:
-    "The answer from the accumulated evidence and the method's frames; also the visual and the oracle records."
-    view = EvidenceView(om.evidence, om._vecs, embed, n_rounds - 1, getattr(memory, 'duration', None))
-    if spec.oracle_frames:
-        images, frames_rec = _oracle_frames(q, memory, spec, roles, oracle)
-        oracle, visual = {**oracle, **frames_rec}, []
-    else:
-        images, visual = _visual_frames(q, memory, spec, roles)
-    return roles.answerer.answer(q, view, images), visual, oracle
+def _answer_step(q: Question, memory: Any, spec: MethodSpec, config: Config, roles: Roles, om: OnlineMemory,
+                 embed: Callable | None, n_rounds: int,
+                 oracle_items: list | None = None) -> tuple[AnswerResult, dict]:
+    "The answer from the accumulated evidence and the frames routed to the answerer; also the frames record."
+    view = EvidenceView(om.evidence, om._vecs, embed, max(n_rounds - 1, 0), getattr(memory, 'duration', None))
+    images, frames = answer_frames(q, memory, om.evidence, spec, config, roles.answerer.model, roles.answerer.offline,
+                                   oracle_items)
+    return roles.answerer.answer(q, view, images, FRAMES_NOTES.get(frames['route'], '') if images else ''), frames
 
 def _loop_trace(criteria: dict, rounds: list, calls: list, stop: str, ans: AnswerResult, report: VerifierReport | None,
-                visual: list, om: OnlineMemory, oracle: dict | None) -> dict:
+                frames: dict, om: OnlineMemory, oracle: dict | None) -> dict:
     "The loop's trace dict (without totals): criteria, rounds, calls, stop reason, answer, last verdict, evidence, O_t."
     last = report is not None
     return {'criteria': criteria, 'rounds': rounds, 'calls': calls, 'stop_reason': stop,
             'answer': ans.answer, 'answer_source': ans.source, 'answer_reasoning': ans.reasoning,
             'answer_notes': ans.notes, 'sufficient': report.sufficient if last else None,
-            'rho': report.rho if last else None, 'missing_evidence': report.missing if last else [], 'visual': visual,
+            'rho': report.rho if last else None, 'missing_evidence': report.missing if last else [],
+            'answer_frames': frames, 'rerank': sorted({rd['ranking'] for rd in rounds}),
             'evidence': [e.to_dict() for e in om.evidence], 'oracle': oracle,
             'online_memory': {k: v for k, v in om.to_dict().items() if k != 'evidence'}}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9e8f3dda
+def _oracle_run(q: Question, memory: Any, spec: MethodSpec, config: Config, roles: Roles,
+                embed: Callable | None) -> dict:
+    "The calibration arm: no retrieval; the answerer judges the capped oracle segments (`oracle_frames`: and frames)."
+    items, oracle = oracle_evidence(q, memory, spec.fixed_segments or config.rerank_to)
+    om = OnlineMemory(config.admit_dedup_cosine, enabled=spec.online_memory)
+    for it, row in zip(items, oracle['items']):
+        row['reason'] = om.admit(Evidence.from_item(it, round=0, score=1.0, source='oracle'),
+                                 memory.text_vector(it.item_id))[1]
+    if spec.oracle_frames:
+        ans, frames = _answer_step(q, memory, spec, config, roles, om, embed, 0, items)
+    else:
+        ans = roles.answerer.answer(q, EvidenceView(om.evidence, om._vecs, embed, 0, getattr(memory, 'duration', None)))
+        frames = {'route': 'none', 'frames': 0, 'items': [], 'note': 'captions-only oracle arm: no frames'}
+    return _loop_trace({'names': [], 'source': None}, [], list(ans.calls), 'oracle', ans, None, frames, om, oracle)
+
 def run_loop(q: Question, memory: Any, spec: MethodSpec, config: Config, roles: Roles) -> dict:
     "The retrieve–verify–answer loop for one question; returns the trace dict (without totals)."
     embed = _question_embed(q, memory)
+    if spec.oracle_evidence:
+        return _oracle_run(q, memory, spec, config, roles, embed)
     om = OnlineMemory(config.admit_dedup_cosine, enabled=spec.online_memory)
-    oracle = inject_oracle(q, memory, om) if spec.oracle_evidence else None
     names, crit_src, calls = _select_criteria(q, spec, roles)
     rounds, report, stop, qvec_cache = [], None, 'budget', {}
-    for r in range(spec.fixed_rounds or (config.max_rounds if spec.iterative else 1)):
+    n = spec.fixed_rounds or (config.max_rounds if spec.iterative else 1)
+    for r in range(n):
         rec, report, round_calls = _run_round(q, memory, om, r, spec, config, roles, names, embed, qvec_cache)
+        if spec.relevance_stop and not spec.verify and not spec.fixed_rounds and r < n - 1:
+            rec['relevance'], rel_calls = _relevance_round(q, memory, om, roles, spec, embed, r)
+            round_calls = round_calls + rel_calls
         calls += round_calls
         rounds.append(rec)
-        why = _stop_reason(spec, report, rec, om)
-        if why:
+        if (why := _stop_reason(spec, report, rec, om)):
             stop = why
             break
-    ans, visual, oracle = _answer_step(q, memory, spec, roles, om, embed, len(rounds), oracle)
+    ans, frames = _answer_step(q, memory, spec, config, roles, om, embed, len(rounds))
     calls += ans.calls
-    return _loop_trace({'names': names, 'source': crit_src}, rounds, calls, stop, ans, report, visual, om, oracle)
+    return _loop_trace({'names': names, 'source': crit_src}, rounds, calls, stop, ans, report, frames, om, None)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #316fcf7a
 _RAISE = (BackendUnavailable, CacheMiss)
@@ -311,6 +316,7 @@ def _result(q: Question, spec: MethodSpec, tr: dict, tot: dict, seconds: float, 
     "The result dict of one question (see above)."
     ans, failed = tr.get('answer'), error is not None
     return {'qid': q.qid, 'video_id': q.video_id, 'preset': spec.name, 'qtype': question_type(q),
+            'negation': is_negation(q), 'rerank': '+'.join(tr.get('rerank') or []) or None,
             'answer': ans, 'gold': q.answer, 'correct': (ans == q.answer) if (q.answer and not failed) else None,
             'sufficient': tr.get('sufficient'), 'rho': tr.get('rho'), 'rounds': len(tr.get('rounds', [])),
             'llm_calls': tot['llm_calls'], 'cache_hits': tot['cache_hits'], 'calls_by_role': tot['calls_by_role'],
@@ -323,19 +329,36 @@ def _result(q: Question, spec: MethodSpec, tr: dict, tot: dict, seconds: float, 
             'degraded': bool(tot['failed_calls']), 'failed_calls': tot['failed_calls']}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0024
-_TRACE_KEYS = ('qid', 'video_id', 'preset', 'qtype', 'gold', 'answer', 'correct', 'sufficient', 'rho', 'stop_reason',
-               'config_hash', 'models', 'failed', 'error', 'degraded', 'failed_calls')
+_TRACE_KEYS = ('qid', 'video_id', 'preset', 'qtype', 'negation', 'rerank', 'gold', 'answer', 'correct', 'sufficient',
+               'rho', 'stop_reason', 'config_hash', 'models', 'failed', 'error', 'degraded', 'failed_calls')
+PAPER_EMBEDDER = 'BGE-M3'
+
+def thresholds_record(config: Config, spec: MethodSpec, embedder: str | None) -> tuple[dict, list[str]]:
+    "The cosine thresholds a run used and the embedder they met, with a warning for each that was set for another."
+    rec = {'admit_dedup_cosine': config.admit_dedup_cosine, 'query_cosine_reject': config.query_cosine_reject,
+           'paper_embedder': PAPER_EMBEDDER, 'text_embedder': embedder}
+    warn = []
+    if embedder and PAPER_EMBEDDER.lower().replace('-', '') not in embedder.lower().replace('-', ''):
+        warn.append(f"the {config.admit_dedup_cosine} / {config.query_cosine_reject} cosine thresholds are the paper's "
+                    f"for {PAPER_EMBEDDER}; this run embeds with {embedder}")
+    if spec.relevance_stop and not spec.verify:
+        rec.update(relevance_cosine=RELEVANCE_COSINE, relevance_embedder=RELEVANCE_EMBEDDER)
+        if embedder and embedder != RELEVANCE_EMBEDDER:
+            warn.append(f"the relevance threshold {RELEVANCE_COSINE} was chosen on dev with {RELEVANCE_EMBEDDER}; "
+                        f"this run embeds with {embedder}")
+    return rec, warn
 
 def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dict, tot: dict, memory: Any) -> dict:
-    "The trace document of one question: the result's identity, the loop's record, warnings and totals."
+    "The trace document of one question: the result's identity, the loop's record, thresholds, warnings and totals."
     man = getattr(memory, 'manifest', None)
     chunk_mem = (man.get('memory_config') or {}).get('chunking') if isinstance(man, dict) else None
     mismatch = chunk_mem and chunk_mem != spec.chunking
-    warn = [f"method needs a {spec.chunking} memory, got {chunk_mem}"] if mismatch else []
+    thr, warn = thresholds_record(config, spec, res['models'].get('text_embedder'))
+    warn = ([f"method needs a {spec.chunking} memory, got {chunk_mem}"] if mismatch else []) + warn
     return {**{k: res[k] for k in _TRACE_KEYS},
             'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'kit_version': kit_version(),
-            'tau': config.tau, 'memory_chunking': chunk_mem, 'warnings': warn,
-            **{k: v for k, v in tr.items() if k not in ('answer', 'sufficient', 'rho', 'stop_reason')},
+            'tau': config.tau, 'thresholds': thr, 'memory_chunking': chunk_mem, 'warnings': warn,
+            **{k: v for k, v in tr.items() if k not in ('answer', 'sufficient', 'rho', 'stop_reason', 'rerank')},
             'totals': {'rounds': res['rounds'], **tot, 'seconds': res['seconds'], 'loop_seconds': res['loop_seconds']}}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0025
@@ -345,14 +368,18 @@ def answer_question(question: Question, memory: Any, model: Any = None, config: 
     "Answer one question with one method; writes the trace JSON to `trace_dir` (if given) and returns the result dict."
     config = config or Config()
     spec = get_preset(preset)
-    rl = make_roles(model, config, roles, pool)
+    rl = make_roles(model, config, roles, pool, spec.evidence_tokens)
     t0 = time.perf_counter()
     tr, error = _run_safely(question, memory, spec, config, rl)
     seconds = time.perf_counter() - t0
     tot = call_totals(tr.get('calls', []))
     models = models_record(model, rl.offline, getattr(memory, 'text_embedder', None))
     res = _result(question, spec, tr, tot, seconds, config, models, error)
+    if (n := caption_fallbacks(getattr(memory, 'manifest', None) or {})):    # a memory kept with fallback captions
+        res.update(degraded=True, memory_fallbacks=n)
     trace = _trace_doc(question, spec, config, res, tr, tot, memory)
+    read = rl.verifier.pool                                                # the pool the roles read
+    trace['rubric_pool'] = {'name': read.name, 'file': Path(read.path or '').name}
     if trace_dir is not None:
         p = trace_path(trace_dir, question.qid, spec.name)
         try: res['trace'] = str(atomic_write_text(p, json.dumps(trace, indent=1, default=str)))

@@ -6,12 +6,15 @@
 from __future__ import annotations
 from dataclasses import dataclass, field, asdict
 from typing import Any
+import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, Evidence
 from ..backends.chat import role_call, offline_role
-from .rubrics import RubricPool, question_type, load_rubric_pool
-from .offline_checks import EvidenceView, offline_scores
-from .verifier import sufficiency_score, evidence_block
+from .rubrics import RubricPool, load_rubric_pool
+from .planner import focus, option_events, question_anchor, role_type
+from .offline_checks import (EvidenceView, SUPPORT_LO, count_instances, option_common_words,
+                                              option_number, temporal_events)
+from .verifier import EVIDENCE_TOKENS, evidence_block
 
 # %% auto #0
 __all__ = ['ANSWER_SYSTEM', 'AnswerResult', 'offline_answer', 'answer_schema', 'answer_prompt', 'Answerer']
@@ -32,19 +35,73 @@ class AnswerResult:
         return asdict(self)
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d0002
-def offline_answer(q: Question, view: EvidenceView, pool: RubricPool) -> AnswerResult:
-    "The best-supported option by the offline rules (see above)."
-    crits = pool.for_type(question_type(q))
-    sc = offline_scores(q, crits, view)
-    rho_o, _ = sufficiency_score(sc.table, pool.weights([c.name for c in crits]))
-    cands = ([o for o in q.options if sc.directions.get(o) == 'supported']
-             or [o for o in q.options if sc.directions.get(o) != 'ruled_out'] or list(q.options))
-    sign = -1.0 if question_type(q) == 'negation' else 1.0
-    best = max(cands, key=lambda o: (round(rho_o[o], 9), round(sign * sc.support[o], 9), -ord(o)))
-    why = (f"{'no evidence; ' if not view.evidence else ''}option {best}: rho_o={rho_o[best]:.2f}, "
-           f"support={sc.support[best]:.2f}, direction={sc.directions.get(best)}")
-    scores = {'rho_o': rho_o, 'support': sc.support, 'directions': sc.directions}
-    return AnswerResult(best, why, 'offline', scores=scores)
+def _option_support(q: Question, view: EvidenceView) -> dict[str, float]:
+    "Each option's best support over the evidence (a causal option read together with the question's focus)."
+    foc = focus(q.question)
+    texts = [f'{foc} {t}' if role_type(q) == 'causal' and foc else t for t in q.options.values()]
+    S = view.support(texts, option_common_words(texts))
+    return {o: float(S[i].max()) if S.shape[1] else 0.0 for i, o in enumerate(q.options)}
+
+def _when(view: EvidenceView, text: str) -> tuple[float, str] | None:
+    "(midpoint, item id) of the L1 evidence item that best supports `text` (≥ LO), else None."
+    s = view.support([text])[0] if view.evidence else np.zeros(0)
+    l1 = [(v, e) for v, e in zip(s, view.evidence) if e.level == 1 and v >= SUPPORT_LO]
+    if not l1:
+        return None
+    e = max(l1, key=lambda x: x[0])[1]
+    return (e.t_start + e.t_end) / 2, e.item_id
+
+# %% ../../nbs/24_reveal.answerer.ipynb #d33020d9
+def _nearest_to_anchor(q: Question, view: EvidenceView, support: dict) -> str | None:
+    "'right after / before X': the located option nearest the anchor on the asked side; its own segment comes last."
+    rel, x = question_anchor(q)
+    at = _when(view, x)
+    if at is None:
+        return None
+    sign = 1.0 if rel == 'after' else -1.0
+    where = {o: w for o, t in q.options.items() if (w := _when(view, t)) is not None}
+    ok = {o: (w[1] == at[1], sign * (w[0] - at[0])) for o, w in where.items() if sign * (w[0] - at[0]) >= 0}
+    return min(ok, key=lambda o: (*ok[o], -support[o], o)) if ok else None
+
+def _consistent_order(q: Question, view: EvidenceView, support: dict) -> str | None:
+    "Order options: the best supported among those whose located events do not contradict their stated order."
+    ok = []
+    for o, t in q.options.items():
+        times = [w[0] for e in temporal_events(q, t) if (w := _when(view, e)) is not None]
+        if len(times) >= 2 and all(a <= b for a, b in zip(times, times[1:])):
+            ok.append(o)
+    return max(ok, key=lambda o: (support[o], -ord(o))) if ok else None
+
+# %% ../../nbs/24_reveal.answerer.ipynb #75348c4b
+def _count_nearest(q: Question, view: EvidenceView, support: dict) -> str | None:
+    "Counting: the option whose number is nearest the distinct instances of the question's focus."
+    n = len(count_instances(view, focus(q.question) or q.question)[0])
+    nums = {o: k for o, t in q.options.items() if (k := option_number(t)) is not None}
+    return min(nums, key=lambda o: (abs(nums[o] - n), -support[o], o)) if nums else None
+
+def _pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, str]:
+    "The option a type's rule picks (None: it found nothing located), and the rule's name."
+    qt = role_type(q)
+    if qt == 'negation':
+        return min(q.options, key=lambda o: (support[o], o)), 'least supported (negation)'
+    if qt == 'counting':
+        return _count_nearest(q, view, support), 'count nearest'
+    one_event = all(len(option_events(t)) == 1 for t in q.options.values())
+    if question_anchor(q) and one_event:
+        return _nearest_to_anchor(q, view, support), 'nearest to the anchor'
+    if not one_event:
+        return _consistent_order(q, view, support), 'consistent order'
+    return None, 'best supported'
+
+# %% ../../nbs/24_reveal.answerer.ipynb #1f54921d
+def offline_answer(q: Question, view: EvidenceView, pool: RubricPool | None = None) -> AnswerResult:
+    "The option the evidence supports best, by the rules above (`pool` is not read: no rubric, no verifier scores)."
+    support = _option_support(q, view)
+    best, rule = _pick(q, view, support)
+    if best is None:
+        best, rule = max(q.options, key=lambda o: (round(support[o], 9), -ord(o))), 'best supported'
+    why = f"{'no evidence; ' if not view.evidence else ''}option {best} ({rule}): support={support[best]:.2f}"
+    return AnswerResult(best, why, 'offline', scores={'support': support, 'rule': rule})
 
 # %% ../../nbs/24_reveal.answerer.ipynb #dccdee94
 ANSWER_SYSTEM = (
@@ -58,31 +115,37 @@ def answer_schema(letters: list[str]) -> dict:
         'answer': {'type': 'string', 'enum': letters}, 'reasoning': {'type': 'string', 'maxLength': 400}}}
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d0005
-def answer_prompt(q: Question, evidence: list[Evidence], n_frames: int = 0) -> str:
-    "The answerer's user message."
-    fr = f"\n\n{n_frames} frames from visually retrieved segments are attached." if n_frames else ''
-    return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nEvidence:\n{evidence_block(evidence)}{fr}\n\n"
+def answer_prompt(q: Question, evidence: list[Evidence], n_frames: int = 0,
+                  token_budget: int | None = EVIDENCE_TOKENS, frames_note: str = '') -> str:
+    "The answerer's user message: question, options, the evidence (and how many frames are attached, from where)."
+    where = f" ({frames_note})" if frames_note else ''
+    fr = f"\n\n{n_frames} video frames are attached{where}." if n_frames else ''
+    return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
+            f"Evidence:\n{evidence_block(evidence, token_budget=token_budget)}{fr}\n\n"
             'Reply as {"answer": "<letter>", "reasoning": "one sentence"}.')
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d0008
 class Answerer:
     "REVEAL's answerer, by a chat model or the offline rule; sees only question, options, evidence (and frames)."
     def __init__(self, pool: RubricPool | None = None, model: Any = None, config: Config = Config(),
-                 offline: bool | None = None):
-        self.pool, self.model, self.config = pool or load_rubric_pool(), model, config
+                 offline: bool | None = None, evidence_tokens: int = EVIDENCE_TOKENS):
+        self.pool, self.model, self.config = pool, model, config      # pool: accepted, not read by the answer
         self.offline = offline if offline is not None else offline_role(model)
+        self.evidence_tokens = evidence_tokens
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d000b
 @patch
-def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None = None) -> AnswerResult:
-    "Answer from the final evidence."
+def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None = None,
+           frames_note: str = '') -> AnswerResult:
+    "Answer from the final evidence (and frames, with a note on where they come from)."
     if self.offline:
-        return offline_answer(q, view, self.pool)
-    data, rec = role_call(self.model, 'answerer', ANSWER_SYSTEM, answer_prompt(q, view.evidence, len(images or [])),
-                          answer_schema(list(q.options)), max_tokens=256, images=images or None)
+        return offline_answer(q, view)
+    prompt = answer_prompt(q, view.evidence, len(images or []), self.evidence_tokens, frames_note)
+    data, rec = role_call(self.model, 'answerer', ANSWER_SYSTEM, prompt, answer_schema(list(q.options)),
+                          max_tokens=256, images=images or None)
     letter = str((data or {}).get('answer', '')).strip().upper()[:1]
     if letter not in q.options:
-        a = offline_answer(q, view, self.pool)
+        a = offline_answer(q, view)
         a.source, a.calls = 'fallback', [rec]
         a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); offline answer")
         return a

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 from tqdm.auto import tqdm
-from ..core import Config, Question, RunMismatch, kit_version, runs_dir
+from ..core import Config, Question, RunMismatch, kit_version, project_root, runs_dir
 from ..io import atomic_write_text, atomic_write_json, append_jsonl, read_jsonl_rows
 from ..backends.chat import offline_role
 from ..retrieval.choice import get_text_embedder
@@ -22,14 +22,16 @@ from ..memory.build import get_or_build_memory
 from .rubrics import RubricPool, Criterion, question_type, load_rubric_pool
 from .answerer import Answerer
 from .agent import MemoEmbed
-from .proposers import ModelProposer, OfflineProposer, pool_diff
+from .proposers import (ModelProposer, OfflineProposer, own_pairs, pool_diff, proposed_criteria,
+                                         reject_unseparating)
 from .pairs import (ModelTeacher, OracleTeacher, Pair, candidates, filter_counts, make_pair,
                                      pair_views, separation, separation_accuracy)
 
 # %% auto #0
-__all__ = ['criterion_text', 'merge_criteria', 'normalize_weights', 'merge_pool', 'SplitRefused', 'refuse_test_split',
-           'pool_provenance', 'write_pool', 'read_provenance', 'show_pool', 'pool_eval_warning', 'split_pairs',
-           'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir', 'induce']
+__all__ = ['NEXT_FROM', 'criterion_text', 'merge_criteria', 'normalize_weights', 'merge_pool', 'SplitRefused',
+           'refuse_test_split', 'pool_provenance', 'write_pool', 'read_provenance', 'show_pool', 'pool_eval_warning',
+           'split_pairs', 'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir', 'best_iteration',
+           'induce']
 
 # %% ../../nbs/26b_reveal.induction.ipynb #b854fcd8
 def criterion_text(c: Criterion) -> str:
@@ -176,14 +178,17 @@ def collect_pairs(questions: list[Question], teacher: Any, answerer: Answerer, m
     return [done[q.qid] for q in questions]
 
 # %% ../../nbs/26b_reveal.induction.ipynb #6d78dce0
+NEXT_FROM = ('held_out', 'train')
+
 def iteration_row(i: int, pool: RubricPool, prev: RubricPool | None, val: list[dict], train: list[dict],
-                  clusters: list, working: list[str]) -> dict:
-    "One line of iterations.jsonl."
+                  clusters: list, working: list[str], next_from: str = 'held_out') -> dict:
+    "One line of iterations.jsonl; `next_working`: the misjudged held-out pairs (B.4), or training pairs."
     d = pool_diff(prev, pool) if prev is not None else {k: [] for k in ('added', 'deleted', 'reweighted', 'rewritten')}
+    nxt = val if next_from == 'held_out' else train
     return {'iteration': i, 'val_accuracy': separation_accuracy(val), 'train_accuracy': separation_accuracy(train),
             'n_val': len(val), 'n_train': len(train), 'n_working': len(working), 'n_criteria': len(pool),
-            **{k: len(v) for k, v in d.items()}, 'edits': d, 'merged_clusters': clusters,
-            'next_working': [r['qid'] for r in train if not r['correct']], 'stale': 0, 'stop': None}
+            **{k: len(v) for k, v in d.items()}, 'edits': d, 'merged_clusters': clusters, 'rejected': [],
+            'next_working': [r['qid'] for r in nxt if not r['correct']], 'stale': 0, 'stop': None}
 
 # %% ../../nbs/26b_reveal.induction.ipynb #709faab8
 def write_report(report: dict, path_json: Path, path_csv: Path) -> None:
@@ -241,32 +246,42 @@ def _checkpoint(work: Path, pool: RubricPool, row: dict) -> dict:
     return row
 
 def _mark_stop(row: dict, rows: list[dict], max_iters: int, patience: int) -> dict:
-    "A new row's `stale` count (iterations without a better validation accuracy) and why the loop stops there."
-    i, best = row['iteration'], max([r['val_accuracy'] or 0.0 for r in rows[1:]] or [-1.0])
-    stale = 0 if (row['val_accuracy'] or 0.0) > best else rows[-1].get('stale', 0) + 1
-    row['stale'] = stale if i > 1 else 0
+    "A new row's `stale` count (iterations not beating the best so far, iteration 0 too) and why the loop stops."
+    i, best = row['iteration'], max(r['val_accuracy'] or 0.0 for r in rows)          # the start pool included
+    row['stale'] = 0 if (row['val_accuracy'] or 0.0) > best else rows[-1].get('stale', 0) + 1
     row['stop'] = ('patience' if row['stale'] >= patience else 'max_iters' if i >= max_iters
                    else 'separated' if not row['next_working'] else None)
     return row
 
 # %% ../../nbs/26b_reveal.induction.ipynb #3f7e588b
-def _iterate(pool, train, val, views, proposer, embed, config, model, work, rows, max_iters, patience, merge_threshold,
-             progress) -> list[dict]:
-    "Propose → merge → validate until patience or max_iters; every finished iteration is written before the next."
-    sep = lambda pl, ps: separation(pl, ps, views, None if offline_role(model) else model, config)
-    if not rows:
-        rows.append(_checkpoint(work, pool, iteration_row(0, pool, None, sep(pool, val), sep(pool, train), [], [])))
-    by = {p.qid: p for p in train}
-    done = min(rows[-1]['iteration'], max_iters)
-    with tqdm(total=max_iters, initial=done, desc='induce', disable=not progress) as bar:
-        while rows[-1]['iteration'] < max_iters and not rows[-1].get('stop'):
+def _propose(pool, working, train, views, proposer, embed, loop, model, config) -> tuple[RubricPool, dict]:
+    "One iteration's new pool: propose, reject the proposals that separate none of their own pairs, merge."
+    new, info = proposer.propose(pool, working, train, views)
+    rejected, calls = [], list(info.get('calls', []))
+    if loop['reject']:
+        own = own_pairs(proposed_criteria(pool, new), new, working, info.get('own_pairs'))
+        new, rejected, rc = reject_unseparating(pool, new, own, views, model, config)
+        calls += rc
+    new, clusters = merge_pool(new, embed, loop['merge_threshold'])
+    return new, dict(rejected=rejected, clusters=clusters, calls=len(calls))
+
+def _iterate(pool, train, val, views, proposer, embed, config, model, work, rows, loop, progress) -> list[dict]:
+    "Propose → reject → merge → validate until a stop; every finished iteration is written before the next."
+    vm = None if offline_role(model) else model
+    sep = lambda pl, ps: separation(pl, ps, views, vm, config)
+    row_of = lambda i, new, old, info, w: iteration_row(i, new, old, sep(new, val), sep(new, train), info, w,
+                                                        loop['next_from'])
+    if not rows: rows.append(_checkpoint(work, pool, row_of(0, pool, None, [], [])))
+    by = {p.qid: p for p in train + val}
+    with tqdm(total=loop['max_iters'], initial=min(rows[-1]['iteration'], loop['max_iters']), desc='induce',
+              disable=not progress) as bar:
+        while rows[-1]['iteration'] < loop['max_iters'] and not rows[-1].get('stop'):
             i = rows[-1]['iteration'] + 1
             working = [by[q] for q in (rows[-1]['next_working'] if i > 1 else [p.qid for p in train]) if q in by]
-            new, info = proposer.propose(pool, working, train, views)
-            new, clusters = merge_pool(new, embed, merge_threshold)
-            row = iteration_row(i, new, pool, sep(new, val), sep(new, train), clusters, [p.qid for p in working])
-            row['calls'] = len(info.get('calls', []))
-            rows.append(_checkpoint(work, new, _mark_stop(row, rows, max_iters, patience)))
+            new, info = _propose(pool, working, train, views, proposer, embed, loop, vm, config)
+            row = dict(row_of(i, new, pool, info['clusters'], [p.qid for p in working]), rejected=info['rejected'],
+                       calls=info['calls'])
+            rows.append(_checkpoint(work, new, _mark_stop(row, rows, loop['max_iters'], loop['patience'])))
             pool = new
             bar.update(1)
     return rows
@@ -294,15 +309,26 @@ def _kept_pairs(pairs: list[Pair]) -> list[Pair]:
     return kept
 
 # %% ../../nbs/26b_reveal.induction.ipynb #f90096e6
+def best_iteration(rows: list[dict]) -> dict:
+    "The iteration whose pool is written: the best validation accuracy, the first of equals (iteration 0 included)."
+    return max(rows, key=lambda r: (r['val_accuracy'] or 0.0, -r['iteration']))
+
+def _where(root: str | Path | None) -> str | None:
+    "The development data root as the provenance records it: relative to the checkout when inside it."
+    if not root: return None
+    p = Path(root).resolve()
+    return str(p.relative_to(project_root())) if p.is_relative_to(project_root()) else str(root)
+
 def _finish(out: Path, work: Path, rows: list[dict], ident: tuple, start: RubricPool, pairs: list[Pair],
-            kept: list[Pair], train: list[Pair], val: list[Pair], root: str | Path | None) -> dict:
-    "Write the best iteration's pool (the first of equals, iterations ≥ 1) with its provenance, and the report."
-    best = max(rows[1:], key=lambda r: (r['val_accuracy'] or 0.0, -r['iteration'])) if len(rows) > 1 else rows[0]
+            kept: list[Pair], train: list[Pair], val: list[Pair], root: str | Path | None, **loop) -> dict:
+    "Write the best iteration's pool (the start pool when nothing beats it) with its provenance, and the report."
+    best = best_iteration(rows)
     pool = RubricPool.load(work / f"pool_iter{best['iteration']}.yaml")
     pool.name = out.stem
     prov = pool_provenance(*ident, start_pool=start.name, iteration=best['iteration'],
                            val_accuracy=best['val_accuracy'], start_val_accuracy=rows[0]['val_accuracy'],
-                           n_pairs=len(kept), n_train=len(train), n_val=len(val), root=str(root) if root else None)
+                           n_pairs=len(kept), n_train=len(train), n_val=len(val), root=_where(root),
+                           **loop)
     write_pool(pool, out, prov)
     report = {'pool': str(out), 'provenance': prov, 'filter': filter_counts(pairs), 'iterations': rows,
               'best_iteration': best['iteration'], 'work_dir': str(work)}
@@ -315,24 +341,26 @@ def induce(questions: list[Question], split: str | None = 'dev', out: str | Path
            root: str | Path | None = None, model: Any = None, max_iters: int = 5, patience: int = 2,
            allow_unknown_split: bool = False, config: Config | None = None, start_pool: RubricPool | None = None,
            memories: Callable | None = None, text_embedder: Any = None, val_frac: float = 0.5, seed: int = 0,
-           merge_threshold: float = 0.9, work_dir: str | Path | None = None, progress: bool = True) -> dict:
-    "`reveal rubrics induce`: pairs → filter → propose / merge / validate → the pool YAML and its report (resumable)."
+           merge_threshold: float = 0.9, work_dir: str | Path | None = None, progress: bool = True,
+           next_from: str = 'held_out', reject: bool = True) -> dict:
+    "`reveal rubrics induce`: pairs → filter → propose / reject / merge / validate → the pool YAML and report."
     config, out, qs = config or Config(), Path(out), list(questions)
+    if next_from not in NEXT_FROM: raise ValueError(f"next_from must be one of {NEXT_FROM}, got {next_from!r}")
     split_used = refuse_test_split(split, qs, allow_unknown_split)
     teacher, proposer = _roles(teacher, proposer, model, config)
     start, te = start_pool or load_rubric_pool(), text_embedder or get_text_embedder()
     embed = MemoEmbed(te.encode)
-    models = {'chat': getattr(model, 'model_id', None), 'text_embedder': te.model_id}
-    ident = (benchmark, split_used, qs, _name(teacher), _name(proposer), models, config)
-    work = _claim(work_dir, out, ident, start, val_frac=val_frac, seed=seed, merge_threshold=merge_threshold,
-                  max_iters=max_iters, patience=patience)
+    ident = (benchmark, split_used, qs, _name(teacher), _name(proposer),
+             {'chat': getattr(model, 'model_id', None), 'text_embedder': te.model_id}, config)
+    loop = dict(max_iters=max_iters, patience=patience, merge_threshold=merge_threshold, next_from=next_from,
+                reject=reject)
+    work = _claim(work_dir, out, ident, start, val_frac=val_frac, seed=seed, **loop)
     mems = memories or (lambda q: get_or_build_memory(q.video_path, config, chat_model=model,
                                                       subtitles=q.subtitle_path, text_embedder=te))
     pairs = collect_pairs(qs, teacher, Answerer(start, model, config), mems, embed, work / 'pairs.jsonl', progress)
     kept = _kept_pairs(pairs)
     train, val = split_pairs(kept, val_frac, seed)
-    views = pair_views(kept, embed)
     rows, last_pool = _resume(work)
-    rows = _iterate(last_pool or start, train, val, views, proposer, embed, config, model, work, rows, max_iters,
-                    patience, merge_threshold, progress)
-    return _finish(out, work, rows, ident, start, pairs, kept, train, val, root)
+    rows = _iterate(last_pool or start, train, val, pair_views(kept, embed), proposer, embed, config, model, work,
+                    rows, loop, progress)
+    return _finish(out, work, rows, ident, start, pairs, kept, train, val, root, next_from=next_from, reject=reject)

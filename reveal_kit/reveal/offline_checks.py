@@ -11,8 +11,8 @@ import numpy as np
 from fastcore.basics import patch
 from ..core import Question, Evidence
 from ..text import content_words, tokens
-from .rubrics import Criterion, question_type, OFFLINE_CHECKS
-from .planner import focus, option_events
+from .rubrics import Criterion, OFFLINE_CHECKS
+from .planner import focus, option_events, question_anchor, role_type
 
 # %% auto #0
 __all__ = ['SUPPORT_HI', 'SUPPORT_LO', 'MARGIN', 'EvidenceView', 'option_common_words', 'option_number', 'count_instances',
@@ -93,15 +93,12 @@ def count_instances(view: EvidenceView, event: str, hi: float = SUPPORT_HI,
     return [tuple(x) for x in spans], [h[2] for h in hits]
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c000d
-_ANCHOR = re.compile(r'\b(after|before)\b\s+(.*?)\s*\??$', re.I)
-
 def temporal_events(q: Question, option: str) -> list[str]:
     "Events an option asserts in order; a single-event option is ordered against the question's after/before anchor."
-    evs = option_events(option)
-    m = _ANCHOR.search(q.question)
-    if len(evs) == 1 and m:
-        anchor = m.group(2).strip()
-        return [anchor, evs[0]] if m.group(1).lower() == 'after' else [evs[0], anchor]
+    evs, anchor = option_events(option), question_anchor(q)
+    if len(evs) == 1 and anchor:
+        rel, x = anchor
+        return [x, evs[0]] if rel == 'after' else [evs[0], x]
     return evs
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #ce06148c
@@ -126,6 +123,25 @@ def _located(view: EvidenceView, events: list[str]) -> list[tuple[str, float | N
     return out
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c0011
+def _order_direction(loc: list[tuple[str, float | None, str]]) -> tuple[float, str, float | None]:
+    "(order_consistent z, direction, gap of a two-event option) of an option whose events are all located in L1 items."
+    times, ids = [t for _, t, _ in loc], [i for _, _, i in loc]
+    if any(a == b for a, b in zip(ids, ids[1:])):          # two events in one segment: their order is not shown
+        return 0.5, 'unknown', None
+    ok = len(times) < 2 or all(a < b for a, b in zip(times, times[1:]))
+    gap = times[1] - times[0] if ok and len(times) == 2 else None
+    return 1.0, 'supported' if ok else 'ruled_out', gap
+
+def _settle_anchored(opts: dict, zo: dict, dirs: dict, gaps: dict) -> None:
+    "'right after X': settled only when every option is located (an unlocated one might be nearer); nearest wins."
+    if len(gaps) + sum(d == 'ruled_out' for d in dirs.values()) == len(opts) and gaps:
+        near = min(gaps, key=lambda o: gaps[o])
+        for o in gaps:
+            dirs[o] = 'supported' if o == near else 'ruled_out'
+    else:
+        for o in gaps:
+            dirs[o], zo[o] = 'unknown', 0.5
+
 def _temporal(q: Question, view: EvidenceView, opts: dict[str, str]) -> tuple[dict, dict, dict, list[str]]:
     "events_located z, order_consistent z, directions and unlocated events, per option."
     zl, zo, dirs, missing, gaps = {}, {}, {}, [], {}
@@ -136,23 +152,13 @@ def _temporal(q: Question, view: EvidenceView, opts: dict[str, str]) -> tuple[di
         zl[o] = _z(frac, 1.0, 0.5)
         missing += [e for e, (s, _, _) in zip(evs, loc) if s != 'l1' and e not in missing]
         if loc and all(s == 'l1' for s, _, _ in loc):
-            times = [t for _, t, _ in loc]
-            zo[o] = 1.0
-            ok = len(times) < 2 or all(a < b for a, b in zip(times, times[1:]))
-            dirs[o] = 'supported' if ok else 'ruled_out'
-            if ok and len(times) == 2:
-                gaps[o] = times[1] - times[0]
+            zo[o], dirs[o], gap = _order_direction(loc)
+            if gap is not None:
+                gaps[o] = gap
         else:
             zo[o], dirs[o] = (0.5 if any(s == 'l1' for s, _, _ in loc) else 0.0), 'unknown'
-    anchored = bool(_ANCHOR.search(q.question)) and all(len(option_events(t)) == 1 for t in opts.values())
-    if anchored:   # "right after X": settled only when every option is located (an unlocated one might be nearer)
-        if len(gaps) + sum(d == 'ruled_out' for d in dirs.values()) == len(opts) and gaps:
-            near = min(gaps, key=lambda o: gaps[o])
-            for o in gaps:
-                dirs[o] = 'supported' if o == near else 'ruled_out'
-        else:
-            for o in gaps:
-                dirs[o], zo[o] = 'unknown', 0.5
+    if question_anchor(q) and all(len(option_events(t)) == 1 for t in opts.values()):
+        _settle_anchored(opts, zo, dirs, gaps)
     return zl, zo, dirs, [f'when {e} happens' for e in missing]
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #c69cff93
@@ -275,7 +281,7 @@ def _check_name(c: Criterion) -> str:
 
 def _option_support(q: Question, view: EvidenceView) -> tuple[np.ndarray, dict, dict, np.ndarray]:
     "The options' support matrix, each option's best support and best item, and the question focus's support per item."
-    qt, foc = question_type(q), focus(q.question)
+    qt, foc = role_type(q), focus(q.question)
     texts = [f'{foc} {t}' if qt == 'causal' and foc else t for t in q.options.values()]
     S = view.support(texts, option_common_words(texts))
     best = {o: float(S[i].max()) if S.shape[1] else 0.0 for i, o in enumerate(q.options)}
@@ -286,7 +292,7 @@ def _option_support(q: Question, view: EvidenceView) -> tuple[np.ndarray, dict, 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #1186045b
 def _typed_checks(q: Question, criteria: list[Criterion], view: EvidenceView, checks: dict, details: dict) -> dict:
     "Temporal and counting checks (into `checks`) when the type or a criterion needs them; their directions + missing."
-    qt, typed = question_type(q), {}
+    qt, typed = role_type(q), {}
     if qt == 'temporal_order' or any(c.check in _TEMPORAL_CHECKS for c in criteria):
         zl, zo, *typed['temporal_order'] = _temporal(q, view, q.options)
         checks.update(events_located=zl, order_consistent=zo)
@@ -299,7 +305,7 @@ def _typed_checks(q: Question, criteria: list[Criterion], view: EvidenceView, ch
 def _directions(q: Question, S: np.ndarray, best: dict, view: EvidenceView, typed: dict,
                 details: dict) -> tuple[dict, list[str]]:
     "Directions and missing evidence by question type (the rules above); a 'most' question records its frequencies."
-    qt, opts, foc = question_type(q), q.options, focus(q.question)
+    qt, opts, foc = role_type(q), q.options, focus(q.question)
     if qt == 'negation':
         return _negation_dirs(opts, best)
     if qt == 'global' and _MOST.search(q.question):
@@ -313,7 +319,7 @@ def _directions(q: Question, S: np.ndarray, best: dict, view: EvidenceView, type
 def offline_scores(q: Question, criteria: list[Criterion], view: EvidenceView) -> OfflineScores:
     "Deterministic option × criterion scores in {0, 0.5, 1} from evidence support (rules above)."
     S, best, arg, fS = _option_support(q, view)
-    checks, details = {}, {'qtype': question_type(q), 'support': best}
+    checks, details = {}, {'qtype': role_type(q), 'support': best}
     typed = _typed_checks(q, criteria, view, checks, details)
     for c in criteria:
         if _check_name(c) not in checks:

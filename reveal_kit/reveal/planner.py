@@ -16,9 +16,9 @@ from .online_memory import OnlineMemory
 from .rubrics import question_type
 
 # %% auto #0
-__all__ = ['DECOMPOSE_SYSTEM', 'STRATEGIES', 'REPAIR_SYSTEM', 'focus', 'clip_words', 'join_query', 'option_events',
-           'offline_decompose', 'decompose_schema', 'decompose_prompt', 'PlanAction', 'repair_schema', 'repair_prompt',
-           'offline_repair', 'Planner', 'screen_queries', 'uniform_sample']
+__all__ = ['DECOMPOSE_SYSTEM', 'STRATEGIES', 'REPAIR_SYSTEM', 'focus', 'clip_words', 'join_query', 'option_events', 'is_negation',
+           'role_type', 'question_anchor', 'offline_decompose', 'decompose_schema', 'decompose_prompt', 'PlanAction',
+           'repair_schema', 'repair_prompt', 'offline_repair', 'Planner', 'screen_queries', 'uniform_sample']
 
 # %% ../../nbs/22_reveal.planner.ipynb #88db52f4
 _WH = ('which', 'what', 'how', 'why', 'when', 'where', 'who', 'whom', 'whose', 'many', 'much', 'times', 'often',
@@ -47,6 +47,27 @@ def option_events(option: str) -> list[str]:
     "The events an option names, in the order it states them (split on then / before / after / commas / arrows)."
     return [p.strip(' .') for p in _SPLIT.split(option) if p and p.strip(' .')]
 
+# %% ../../nbs/22_reveal.planner.ipynb #752282d5
+def is_negation(q: Question | str) -> bool:
+    "Whether the question's text negates (`not`, `except`, `never`, `n't`, …), whatever category it is filed under."
+    return question_type(q.question if isinstance(q, Question) else q) == 'negation'
+
+
+# %% ../../nbs/22_reveal.planner.ipynb #e7c823a7
+def role_type(q: Question) -> str:
+    "The type the roles work with: 'negation' when the text negates, else `question_type(q)` (the reporting type)."
+    return 'negation' if is_negation(q) else question_type(q)
+
+
+# %% ../../nbs/22_reveal.planner.ipynb #2234a1ed
+_ANCHOR = re.compile(r'\b(after|before)\b\s+(.*?)\s*\??$', re.I)
+
+def question_anchor(question: Question | str) -> tuple[str, str] | None:
+    "`('after' | 'before', X)` of a question anchored on an event ('… right after X?'), else None."
+    m = _ANCHOR.search(question.question if isinstance(question, Question) else question)
+    return (m.group(1).lower(), m.group(2).strip()) if m and m.group(2).strip() else None
+
+
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c07
 def _dedup_queries(qs: list[str], thr: float) -> list[str]:
     "Queries in order, dropping empty ones and any at Jaccard ≥ `thr` to one kept before."
@@ -59,8 +80,8 @@ def _dedup_queries(qs: list[str], thr: float) -> list[str]:
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c09
 def _order_events(q: Question, opts: list[str]) -> list[str]:
     "A temporal question's events to probe: the anchor of `right after X` first, then the options' events."
-    m = re.search(r'\b(?:after|before)\b\s+(.*?)\s*\??$', q.question, re.I)
-    evs = [m.group(1)] if m else []
+    anchor = question_anchor(q)
+    evs = [anchor[1]] if anchor else []
     for o in opts:
         evs += [e for e in option_events(o) if e.lower() not in [x.lower() for x in evs]]
     return evs
@@ -68,7 +89,7 @@ def _order_events(q: Question, opts: list[str]) -> list[str]:
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c0b
 def offline_decompose(q: Question, config: Config = Config()) -> list[str]:
     "Rule-based round-0 sub-queries (see the rules above)."
-    n, qt, foc = config.subquery_max_words, question_type(q), focus(q.question)
+    n, qt, foc = config.subquery_max_words, role_type(q), focus(q.question)
     opts = list(q.options.values())
     if qt == 'negation':
         return [join_query(o, foc, n) for o in opts]
@@ -104,7 +125,7 @@ def decompose_schema(n_options: int, config: Config = Config()) -> dict:
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c0d
 def decompose_prompt(q: Question) -> str:
     "The decomposer's user message."
-    neg = question_type(q) == 'negation'
+    neg = is_negation(q)
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
             + ("This is a negation question: write exactly one query per option.\n" if neg else '')
             + 'Reply as {"queries": ["..."], "reasoning": "one sentence"}.')
@@ -129,7 +150,7 @@ def _clean_decomposition(q: Question, raw: list, config: Config) -> tuple[list[s
     "Enforce the round-0 contract on a model's sub-queries; returns (queries, notes on what was changed)."
     notes, n, thr = [], config.subquery_max_words, config.query_jaccard_reject
     qs = _dedup_queries([clip_words(str(x), n) for x in raw if tokens(str(x))], thr)   # '...' is no query
-    if question_type(q) == 'negation':
+    if is_negation(q):
         if len(qs) != len(q.options):
             notes.append(f'negation: {len(qs)} queries for {len(q.options)} options; used one per option')
             return offline_decompose(q, config), notes
@@ -179,7 +200,7 @@ def repair_prompt(q: Question, view: dict) -> str:
 def offline_repair(q: Question, view: dict, config: Config = Config()) -> PlanAction:
     "Rule-based repair decision (see the rules above)."
     flags, n = view.get('new_evidence', []), config.subquery_max_words
-    if question_type(q) == 'global':
+    if role_type(q) == 'global':
         return PlanAction('Uniform Sampling', [], 'Global question: sample the whole timeline.')
     if len(flags) >= 2 and not any(flags[-2:]):
         return PlanAction('Uniform Sampling', [], 'The last two attempts added no new evidence.')

@@ -7,11 +7,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, asdict
 from typing import Optional
+from .verifier import EVIDENCE_TOKENS
 
 # %% auto #0
 __all__ = ['PRESETS', 'ORACLE_SUFFIX', 'ORACLE_FRAMES_SUFFIX', 'MethodSpec', 'get_preset']
 
 # %% ../../nbs/25_reveal.presets.ipynb #0ca3134a
+_CHOICES = {'chunking': ('adaptive', 'fixed'), 'rerank_by': ('auto', 'model', 'offline'),
+            'answer_frames': ('routed', 'visual', 'none')}
+
 @dataclass(frozen=True)
 class MethodSpec:
     "Independent switches of the retrieve–verify–answer loop (one per ablation axis)."
@@ -20,23 +24,31 @@ class MethodSpec:
     chunking: str = 'adaptive'           # 'adaptive' | 'fixed'
     online_memory: bool = True
     verify: bool = True
+    relevance_stop: bool = False
     rerank: bool = True
+    rerank_by: str = 'auto'              # 'auto' | 'model' | 'offline'
     fixed_rounds: Optional[int] = None
     fixed_segments: Optional[int] = None
     levels: Optional[tuple] = None
+    answer_frames: str = 'routed'        # 'routed' | 'visual' | 'none'
+    answer_max_frames: Optional[int] = None
     visual_frames: int = 4
+    evidence_tokens: int = EVIDENCE_TOKENS
     oracle_evidence: bool = False
     oracle_frames: bool = False
 
     def __post_init__(self):
-        if self.chunking not in ('adaptive', 'fixed'):
-            raise ValueError(f"chunking must be 'adaptive' or 'fixed', got {self.chunking!r}")
-        if self.fixed_rounds is not None and self.fixed_rounds < 1:
-            raise ValueError("fixed_rounds must be >= 1")
-        if self.fixed_segments is not None and self.fixed_segments < 1:
-            raise ValueError("fixed_segments must be >= 1")
+        for k, ok in _CHOICES.items():
+            if getattr(self, k) not in ok:
+                raise ValueError(f"{k} must be one of {', '.join(map(repr, ok))}, got {getattr(self, k)!r}")
+        for k in ('fixed_rounds', 'fixed_segments', 'answer_max_frames'):
+            if getattr(self, k) is not None and getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1")
         if self.oracle_frames and not self.oracle_evidence:
-            raise ValueError("oracle_frames needs oracle_evidence (frames of the injected segments)")
+            raise ValueError("oracle_frames needs oracle_evidence (frames of the oracle segments)")
+        if self.verify and self.relevance_stop:
+            raise ValueError("relevance_stop is the stop of a method without a verifier; "
+                             "a verifier stops on sufficiency")
 
     @property
     def search_levels(self) -> tuple:
@@ -52,13 +64,14 @@ class MethodSpec:
         return asdict(self)
 
 # %% ../../nbs/25_reveal.presets.ipynb #9a7e0003
-_base = MethodSpec('base', iterative=False, chunking='fixed', online_memory=False, verify=False, rerank=False)
+_base = MethodSpec('base', iterative=False, chunking='fixed', online_memory=False, verify=False, relevance_stop=True,
+                   rerank=False)
 PRESETS: dict[str, MethodSpec] = {'base': _base}
 PRESETS['+iter'] = PRESETS['base'].replace(name='+iter', iterative=True)
 PRESETS['+offmem'] = PRESETS['+iter'].replace(name='+offmem', chunking='adaptive')
 PRESETS['+onmem'] = PRESETS['+offmem'].replace(name='+onmem', online_memory=True)
-PRESETS['reveal'] = PRESETS['+onmem'].replace(name='reveal', verify=True, rerank=True)
-PRESETS['rerank_only'] = PRESETS['reveal'].replace(name='rerank_only', verify=False)
+PRESETS['reveal'] = PRESETS['+onmem'].replace(name='reveal', verify=True, relevance_stop=False, rerank=True)
+PRESETS['rerank_only'] = PRESETS['reveal'].replace(name='rerank_only', verify=False, relevance_stop=True)
 PRESETS['verify_only'] = PRESETS['reveal'].replace(name='verify_only', rerank=False)
 
 # %% ../../nbs/25_reveal.presets.ipynb #84b238c1

@@ -12,13 +12,14 @@ from ..core import Config, Question
 from ..backends.chat import role_call
 from .rubrics import RubricPool, Criterion, OFFLINE_CHECKS, QUESTION_TYPES, question_type
 from .offline_checks import EvidenceView, offline_scores
-from .verifier import evidence_block
+from .verifier import Verifier, evidence_block
 from .pairs import Pair
 
 # %% auto #0
 __all__ = ['WEIGHT_GRID', 'PROPOSER_SYSTEM', 'pool_diff', 'check_table', 'pair_tables', 'table_rho', 'table_scores',
            'weight_candidates', 'search_type', 'reconcile_weights', 'check_templates', 'type_weights',
-           'OfflineProposer', 'proposer_schema', 'apply_edits', 'proposer_prompt', 'ModelProposer']
+           'OfflineProposer', 'proposer_schema', 'apply_edits', 'proposer_prompt', 'proposed_criteria', 'criterion_rho',
+           'own_pairs', 'reject_unseparating', 'ModelProposer']
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #baa55dcb
 def pool_diff(old: RubricPool, new: RubricPool) -> dict[str, list[str]]:
@@ -244,26 +245,78 @@ def proposer_prompt(pool: RubricPool, pairs: list[Pair]) -> str:
             '\n\nReply as {"edits": [{"op": "add", "name": "...", "description": "...", "weight": 1.0, '
             '"boundaries": {"1": "...", "0.5": "...", "0": "..."}, "question_types": ["..."]}]}.')
 
+# %% ../../nbs/26a_reveal.proposers.ipynb #3bc66f5f
+def proposed_criteria(old: RubricPool, new: RubricPool) -> list[str]:
+    "Names of `new`'s proposals: criteria added, or rewritten (description, boundaries or check changed)."
+    def text(c: Criterion): return (c.description, c.boundaries, c.check)
+    return [c.name for c in new.criteria if c.name not in old or text(old[c.name]) != text(c)]
+
+# %% ../../nbs/26a_reveal.proposers.ipynb #0abd9485
+def criterion_rho(c: Criterion, pair: Pair, views: dict, model: Any = None,
+                  config: Config | None = None) -> tuple[float, float, list[dict]]:
+    "ρ⁺ and ρ⁻ of the criterion alone on a pair's E⁺ and E⁻ (the max over options of its score), and the calls made."
+    v = Verifier(RubricPool([c], 'one'), model, config or Config(), offline=None if model is not None else True)
+    rp, rn = (v.verify(pair.question, view, names=[c.name]) for view in views[pair.qid])
+    return rp.rho, rn.rho, rp.calls + rn.calls
+
+# %% ../../nbs/26a_reveal.proposers.ipynb #1860f0cb
+def own_pairs(names: list[str], pool: RubricPool, working: list[Pair],
+              declared: dict[str, list[str]] | None = None) -> dict[str, list[Pair]]:
+    "The pairs each proposed criterion answers for: those the proposer declared, else the working pairs of its types."
+    by, declared = {p.qid: p for p in working}, declared or {}
+    out = {}
+    for n in names:
+        if n in declared: out[n] = [by[q] for q in declared[n] if q in by]
+        else: out[n] = [p for p in working if pool[n].applies_to(question_type(p.question))]
+    return out
+
+# %% ../../nbs/26a_reveal.proposers.ipynb #9356109e
+def _restore(old: RubricPool, new: RubricPool, drop: set[str]) -> RubricPool:
+    "`new` with the criteria in `drop` undone: a rewrite back to its old version, an addition removed."
+    crits = [old[c.name] if c.name in drop else c for c in new.criteria if c.name not in drop or c.name in old]
+    return RubricPool(crits, new.name, new.version, new.seed, new.description, new.question_types)
+
+def reject_unseparating(old: RubricPool, new: RubricPool, own: dict[str, list[Pair]], views: dict, model: Any = None,
+                        config: Config | None = None) -> tuple[RubricPool, list[dict], list[dict]]:
+    "Reject the proposed criteria that separate none of their own pairs alone: (pool, rejected, calls made)."
+    rejected, calls = [], []
+    for name in proposed_criteria(old, new):
+        rhos = []
+        for p in own.get(name) or []:
+            a, b, cs = criterion_rho(new[name], p, views, model, config)
+            rhos.append((round(a, 4), round(b, 4)))
+            calls += cs
+        if rhos and not any(a > b for a, b in rhos):
+            rejected.append({'name': name, 'pairs': [p.qid for p in own[name]], 'rho': rhos})
+    if not rejected: return new, [], calls
+    pool = _restore(old, new, {r['name'] for r in rejected})
+    return (pool if len(pool) else old), rejected, calls
+
 # %% ../../nbs/26a_reveal.proposers.ipynb #39e9c1e4
 class ModelProposer:
-    "A chat-model proposer (JSON schema output), a few working-set pairs per call."
+    "A chat-model proposer (JSON schema output): one call per working-set pair (B.4), or `pairs_per_call` pairs."
     name = 'model'
-    def __init__(self, model: Any, pairs_per_call: int = 3, max_calls: int = 4):
+    def __init__(self, model: Any, pairs_per_call: int = 1, max_calls: int | None = None):
         self.model, self.per, self.max_calls = model, pairs_per_call, max_calls
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #a3b32140
 @patch
 def propose(self: ModelProposer, pool: RubricPool, working: list[Pair], context: list[Pair],
             views: dict) -> tuple[RubricPool, dict]:
-    "Edits from the model on batches of working-set pairs, applied in order."
-    calls, notes = [], []
-    for i in range(0, min(len(working), self.per * self.max_calls), self.per):
-        data, rec = role_call(self.model, 'proposer', PROPOSER_SYSTEM, proposer_prompt(pool, working[i:i + self.per]),
+    "Edits from the model on each working-set pair (or batch), applied in order; `own_pairs`: what each answers for."
+    calls, notes, own = [], [], {}
+    n = len(working) if self.max_calls is None else min(len(working), self.per * self.max_calls)
+    for i in range(0, n, self.per):
+        batch = working[i:i + self.per]
+        data, rec = role_call(self.model, 'proposer', PROPOSER_SYSTEM, proposer_prompt(pool, batch),
                               proposer_schema(), max_tokens=1024)
         calls.append(rec)
         if data is None:
             notes.append(f"proposer reply unusable ({rec.get('error') or 'invalid'})")
             continue
-        pool, n = apply_edits(pool, data.get('edits') or [])
-        notes += n
-    return pool, {'calls': calls, 'notes': notes}
+        before = pool
+        pool, m = apply_edits(pool, data.get('edits') or [])
+        notes += m
+        for name in proposed_criteria(before, pool):
+            own.setdefault(name, []).extend(p.qid for p in batch)
+    return pool, {'calls': calls, 'notes': notes, 'own_pairs': own}

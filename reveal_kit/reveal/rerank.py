@@ -9,13 +9,16 @@ from typing import Any, Callable
 import numpy as np
 from ..core import Config, Question, MemoryItem, Evidence
 from ..text import tokens
-from .rubrics import RubricPool, question_type
-from .planner import focus, option_events
+from ..backends.chat import role_call
+from .rubrics import RubricPool
+from .planner import focus, option_events, question_anchor, role_type
 from .offline_checks import EvidenceView
+from .verifier import EVIDENCE_TOKENS, evidence_block
 from .presets import MethodSpec
 
 # %% auto #0
-__all__ = ['RERANK_WEIGHTS', 'Candidate', 'topk_for', 'retrieve', 'rerank_targets', 'rubric_rerank', 'relevance_rank']
+__all__ = ['RERANK_WEIGHTS', 'RERANK_SYSTEM', 'Candidate', 'topk_for', 'retrieve', 'rerank_targets', 'rubric_rerank',
+           'relevance_rank', 'rerank_schema', 'rerank_prompt', 'model_rerank']
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #e55e5d2b
 @dataclass
@@ -52,15 +55,15 @@ def retrieve(memory: Any, queries: list[str], k: dict[int, int],
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #c14f96fa
 def rerank_targets(q: Question, missing: list[str]) -> list[str]:
-    "What the rubric asks the evidence to show: option texts / option events / the counted focus, plus A_t."
-    qt = question_type(q)
+    "What the rubric asks the evidence to show: option texts / events / the counted focus, the anchor, plus A_t."
+    qt, anchor = role_type(q), question_anchor(q)
     if qt == 'counting':
         base = [focus(q.question) or q.question]
     elif qt == 'temporal_order':
         base = list(dict.fromkeys(e for o in q.options.values() for e in option_events(o)))
     else:
         base = list(q.options.values())
-    return [t for t in dict.fromkeys(base + list(missing)) if t.strip()]
+    return [t for t in dict.fromkeys(base + ([anchor[1]] if anchor else []) + list(missing)) if t.strip()]
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #9a7e0009
 RERANK_WEIGHTS = (0.4, 0.4, 0.2)
@@ -87,3 +90,43 @@ def relevance_rank(cands: list[Candidate]) -> list[Candidate]:
     for c in cands:
         c.rank_score = c.score
     return sorted(cands, key=lambda c: -c.score)
+
+# %% ../../nbs/25a_reveal.rerank.ipynb #01cff3b4
+RERANK_SYSTEM = (
+    "You rerank evidence retrieved from a long video's memory for a multiple-choice question. Score every numbered "
+    "candidate against the selected sufficiency criteria: 1 if it is decisive for at least one criterion (evidence "
+    "that rules out an option counts as much as evidence that confirms one), 0.5 if it is relevant but only partial, "
+    "0 if it does not help decide among the options. Do not answer the question. Answer with JSON only.")
+
+def rerank_schema(n: int) -> dict:
+    "JSON schema of the rerank reply: a score in {0, 0.5, 1} for each candidate number 0…n−1."
+    ids = [str(i) for i in range(n)]
+    scores = {'type': 'object', 'required': ids, 'additionalProperties': False,
+              'properties': {i: {'type': 'number', 'enum': [0, 0.5, 1]} for i in ids}}
+    return {'type': 'object', 'required': ['scores'], 'additionalProperties': False, 'properties': {'scores': scores}}
+
+# %% ../../nbs/25a_reveal.rerank.ipynb #ad94039f
+def rerank_prompt(q: Question, pool: RubricPool, names: list[str], missing: list[str], cands: list[Candidate],
+                  token_budget: int | None = EVIDENCE_TOKENS) -> str:
+    "The rerank call's user message: question, options, the selected rubric, A_t, the numbered candidates."
+    miss = ''.join(f"\n- {m}" for m in missing)
+    block = evidence_block([Evidence.from_item(c.item) for c in cands], token_budget=token_budget)
+    return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
+            f"Rubric:\n{pool.catalog(names, boundaries=True)}\n\n"
+            + (f"Still missing:{miss}\n\n" if miss else '')
+            + f"Candidates:\n{block}\n\n"
+            'Reply as {"scores": {"0": 1, "1": 0.5, "2": 0, ...}} with one score per candidate number.')
+
+# %% ../../nbs/25a_reveal.rerank.ipynb #0334238f
+def model_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: list[str], missing: list[str],
+                 model: Any, token_budget: int | None = EVIDENCE_TOKENS) -> tuple[list[Candidate] | None, dict]:
+    "One call scoring every candidate against the selected rubric: (candidates best first, or None if unusable; call)."
+    data, rec = role_call(model, 'reranker', RERANK_SYSTEM, rerank_prompt(q, pool, names, missing, cands, token_budget),
+                          rerank_schema(len(cands)), max_tokens=768)
+    scores = (data or {}).get('scores')
+    if not isinstance(scores, dict):
+        return None, rec
+    for i, c in enumerate(cands):
+        try: c.rank_score = float(scores.get(str(i), 0.0))
+        except (TypeError, ValueError): c.rank_score = 0.0
+    return sorted(cands, key=lambda c: (-c.rank_score, -c.score)), rec

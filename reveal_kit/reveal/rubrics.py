@@ -12,11 +12,11 @@ from typing import Any
 import yaml
 from fastcore.basics import patch
 import reveal_kit
-from ..core import Question, project_root
+from ..core import Question, project_root, sha256_file
 
 # %% auto #0
-__all__ = ['QUESTION_TYPES', 'SCORE_LEVELS', 'OFFLINE_CHECKS', 'POOL_SCHEMA', 'question_type', 'Criterion', 'RubricPool',
-           'default_pool_path', 'load_rubric_pool']
+__all__ = ['QUESTION_TYPES', 'SCORE_LEVELS', 'OFFLINE_CHECKS', 'POOL_SCHEMA', 'POOL_KINDS', 'question_type', 'Criterion',
+           'RubricPool', 'default_pool_path', 'resolve_pool_path', 'load_rubric_pool', 'pool_origin', 'pool_label']
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #1d7ae322
 QUESTION_TYPES = ('temporal_order', 'counting', 'action', 'negation', 'causal', 'global', 'attribute', 'other')
@@ -209,15 +209,52 @@ def default_pool_path() -> Path:
             return p
     return project_root() / 'rubrics' / 'seed.yaml'
 
+# %% ../../nbs/21_reveal.rubrics.ipynb #7745e9e6
+def resolve_pool_path(path: str | Path) -> Path:
+    "A pool path as given when absolute or found from the working folder, else under the checkout's root."
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.exists(): return p
+    for root in (project_root(), Path(reveal_kit.__file__).resolve().parent.parent):
+        if (root / p).exists(): return root / p
+    return p
+
 # %% ../../nbs/21_reveal.rubrics.ipynb #1f0a2c20
 _POOLS: dict[str, RubricPool] = {}
 
 def load_rubric_pool(path: str | Path | None = None) -> RubricPool:
-    "Load (once per process) the pool at `path`, default `default_pool_path()`."
-    p = str(Path(path or default_pool_path()).resolve())
+    "Load (once per process) the pool at `path` (see `resolve_pool_path`), default `default_pool_path()`."
+    p = str(resolve_pool_path(path or default_pool_path()).resolve())
     if p not in _POOLS:
         _POOLS[p] = RubricPool.load(p)
     return _POOLS[p]
+
+# %% ../../nbs/21_reveal.rubrics.ipynb #3768407c
+POOL_KINDS = ('seed', 'induced', 'custom')
+_ORIGIN_KEYS = ('benchmark', 'split', 'n_questions', 'teacher', 'proposer', 'iteration', 'val_accuracy',
+                'start_val_accuracy', 'next_from', 'models')
+
+def pool_origin(path: str | Path) -> dict:
+    "Which pool a file is: path, name, kind (seed | induced | custom), SHA-256 and the induced pool's provenance."
+    p = resolve_pool_path(path)
+    d = yaml.safe_load(p.read_text()) or {}
+    prov = d.get('provenance') or {}
+    kind = 'seed' if d.get('seed') else 'induced' if prov else 'custom'
+    return dict(path=str(p), name=d.get('name'), kind=kind, sha256=sha256_file(p),
+                provenance={k: prov[k] for k in _ORIGIN_KEYS if k in prov})
+
+# %% ../../nbs/21_reveal.rubrics.ipynb #f8dbd70f
+def pool_label(origin: dict, short: bool = False) -> str:
+    "One line naming a pool, for `run.json` and reports (`short`: for figure subtitles)."
+    kind, p = origin['kind'], origin.get('provenance') or {}
+    if kind != 'induced':
+        what = 'hand-written' if short else ('hand-written seed, not induced' if kind == 'seed'
+                                              else 'hand-written, no induction provenance')
+        return f"{'pool' if short else 'rubric pool'} {origin['name']} ({what})"
+    it = p.get('iteration')
+    chosen = ('start pool kept' if short else 'start pool kept: no iteration beat it') if it == 0 else f"iteration {it}"
+    if short: return f"pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, {chosen})"
+    return (f"rubric pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, teacher "
+            f"{p.get('teacher')}, proposer {p.get('proposer')}, {chosen})")
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #e6c50c2e
 @patch

@@ -9,13 +9,14 @@ from typing import Any
 from fastcore.basics import patch
 from ..core import Config, Question, Evidence
 from ..text import fmt_time
-from ..backends.chat import role_call, offline_role
-from .rubrics import RubricPool, question_type, load_rubric_pool
+from ..backends.chat import role_call, offline_role, estimate_tokens
+from .rubrics import RubricPool, load_rubric_pool
+from .planner import role_type
 from .offline_checks import EvidenceView, offline_scores
 
 # %% auto #0
-__all__ = ['SELECT_SYSTEM', 'SCORE_SYSTEM', 'snap_score', 'sufficiency_score', 'is_sufficient', 'select_schema', 'score_schema',
-           'evidence_block', 'score_prompt', 'VerifierReport', 'Verifier']
+__all__ = ['SELECT_SYSTEM', 'SCORE_SYSTEM', 'EVIDENCE_TOKENS', 'snap_score', 'sufficiency_score', 'is_sufficient',
+           'select_schema', 'score_schema', 'token_cap', 'evidence_block', 'score_prompt', 'VerifierReport', 'Verifier']
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #1f28b32c
 def snap_score(x: Any) -> float:
@@ -77,19 +78,39 @@ def score_schema(letters: list[str], names: list[str]) -> dict:
                 'missing_evidence_analysis': {'type': 'array', 'maxItems': 4,
                                               'items': {'type': 'string', 'maxLength': 200}}}}
 
+# %% ../../nbs/23a_reveal.verifier.ipynb #9bbc3317
+EVIDENCE_TOKENS = 6000
+
+def token_cap(lengths: list[int], budget: int) -> int | None:
+    "The largest per-item length c with Σ min(n, c) ≤ budget (None: everything fits)."
+    if sum(lengths) <= budget:
+        return None
+    rest = sorted(lengths)
+    for i, n in enumerate(rest):
+        share = (budget - sum(rest[:i])) // (len(rest) - i)
+        if share < n:
+            return max(share, 1)
+    return rest[-1]
+
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0020
-def evidence_block(evidence: list[Evidence], max_words: int = 200) -> str:
-    "Evidence as numbered lines `[i] (L1 1:02-1:12) text` for prompts."
-    lines = [f"[{i}] (L{e.level} {fmt_time(e.t_start)}-{fmt_time(e.t_end)}) {' '.join(e.text.split()[:max_words])}"
-             for i, e in enumerate(evidence)]
+def evidence_block(evidence: list[Evidence], max_words: int | None = None,
+                   token_budget: int | None = EVIDENCE_TOKENS) -> str:
+    "Evidence as numbered lines `[i] (L1 1:02-1:12) text` for prompts, within a token budget for the whole block."
+    texts = [' '.join(e.text.split()[:max_words]) if max_words else e.text.strip() for e in evidence]
+    cap = token_cap([estimate_tokens(t) for t in texts], token_budget) if token_budget else None
+    if cap is not None:
+        texts = [t if estimate_tokens(t) <= cap else ' '.join(t.split()[:cap]) + ' …' for t in texts]
+    lines = [f"[{i}] (L{e.level} {fmt_time(e.t_start)}-{fmt_time(e.t_end)}) {t}"
+             for i, (e, t) in enumerate(zip(evidence, texts))]
     return '\n'.join(lines) or '(no evidence)'
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0022
-def score_prompt(q: Question, pool: RubricPool, names: list[str], evidence: list[Evidence]) -> str:
+def score_prompt(q: Question, pool: RubricPool, names: list[str], evidence: list[Evidence],
+                 token_budget: int | None = EVIDENCE_TOKENS) -> str:
     "Call 2's user message: question, options, the selected rubric with boundaries, the evidence."
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
             f"Rubric:\n{pool.catalog(names, boundaries=True)}\n\n"
-            f"Evidence:\n{evidence_block(evidence)}\n\n"
+            f"Evidence:\n{evidence_block(evidence, token_budget=token_budget)}\n\n"
             'Reply as {"rubric_criteria_scores": {"A": {"criterion_name": 0.0}, ...}, '
             '"unknown_options": ["A"], "missing_evidence_analysis": ["specific fact to retrieve"]}.')
 
@@ -118,9 +139,10 @@ class VerifierReport:
 class Verifier:
     "REVEAL's rubric verifier over a `RubricPool`, by a chat model or the offline rules."
     def __init__(self, pool: RubricPool | None = None, model: Any = None, config: Config = Config(),
-                 offline: bool | None = None):
+                 offline: bool | None = None, evidence_tokens: int = EVIDENCE_TOKENS):
         self.pool, self.model, self.config = pool or load_rubric_pool(), model, config
         self.offline = offline if offline is not None else offline_role(model)
+        self.evidence_tokens = evidence_tokens
         self._selected: dict[tuple, tuple[list[str], str]] = {}
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #9016213c
@@ -131,7 +153,7 @@ def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
     if key in self._selected:
         names, src = self._selected[key]
         return names, src + '+cached', []
-    offline_names = [c.name for c in self.pool.for_type(question_type(q))]
+    offline_names = [c.name for c in self.pool.for_type(role_type(q))]
     if self.offline:
         self._selected[key] = (offline_names, 'offline')
         return offline_names, 'offline', []
@@ -170,7 +192,8 @@ def verify(self: Verifier, q: Question, view: EvidenceView, names: list[str] | N
     off = offline_scores(q, crits, view)
     table, unknown, missing, src = off.table, off.unknown_options, off.missing, 'offline'
     if not self.offline:
-        data, rec = role_call(self.model, 'verifier', SCORE_SYSTEM, score_prompt(q, self.pool, names, view.evidence),
+        prompt = score_prompt(q, self.pool, names, view.evidence, self.evidence_tokens)
+        data, rec = role_call(self.model, 'verifier', SCORE_SYSTEM, prompt,
                               score_schema(list(q.options), names), max_tokens=768)
         calls.append(rec)
         if data is None:

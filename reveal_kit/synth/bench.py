@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
-from ..core import Question, sha256_file, kit_version
+from ..core import Question, sha256_file, kit_version, unique_qids
 from ..video.frames import pick_codec
 from ..io import atomic_write_json, atomic_write_text, read_jsonl_rows, write_subtitles
 from .script import QTYPES, Timeline, script_video
@@ -169,18 +169,19 @@ def _strict_rows(f: Path) -> list[dict]:
         except UserWarning as w: raise ValueError(f"malformed question file: {w}") from None
 
 def load_questions(root: str | Path) -> list[Question]:
-    "Questions of a generated benchmark (a folder or its questions.jsonl), with video/subtitle paths made absolute."
+    "Questions of a generated benchmark (a folder or its questions.jsonl), paths made absolute, one per qid."
     root = Path(root)
     f = root / 'questions.jsonl' if root.is_dir() else root
     if not f.exists(): raise FileNotFoundError(f"no questions.jsonl at {f} — run `reveal synth {root}` first")
-    out = []
+    out, wheres = [], []
     for n, row in enumerate(_strict_rows(f), 1):
         try: q = Question.from_dict(row)
         except (ValueError, TypeError) as e: raise ValueError(f"{f}:{n}: malformed question: {e}") from e
         for k in ('video_path', 'subtitle_path'):
             if getattr(q, k): setattr(q, k, str((f.parent / getattr(q, k)).resolve()))
         out.append(q)
-    return out
+        wheres.append(f"{f}:{n}")
+    return unique_qids(out, wheres)
 
 # %% ../../nbs/09c_synth.bench.ipynb #2f1efe01
 def shortfall_lines(man: dict) -> list[str]:

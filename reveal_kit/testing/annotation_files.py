@@ -25,7 +25,8 @@ def _fixture_videomme(root: Path, videos: bool) -> None:
     rows = [dict(video_id=f'{i:03d}', duration=d, domain='Knowledge', sub_category='Humanity & History',
                  url=f'https://www.youtube.com/watch?v=V{i}', videoID=f'V{i}', question_id=f'{i:03d}-{j}',
                  task_type=t, question=f'What happens {j}?',
-                 options=[f'A. one {j}', f'B. two {j}', f'C. three {j}', f'D. four {j}'], answer='ABCD'[j % 4])
+                 options=[f'A. L. Pasteur and R. Koch {j}.', f'B. two {j}', f'C. (c)(a)(d)(e)(b) {j}.', f'D. four {j}'],
+                 answer='ABCD'[j % 4])
             for i, d in ((1, 'long'), (2, 'short')) for j, t in ((1, 'Counting Problem'), (2, 'Temporal Reasoning'))]
     (root / 'videomme').mkdir(exist_ok=True)
     pd.DataFrame(rows).to_parquet(root / 'videomme' / 'test-00000-of-00001.parquet')
@@ -37,7 +38,7 @@ def _fixture_lvbench(root: Path, videos: bool) -> None:
     "LVBench: a JSONL of videos, each with its `qa` list and options inline in the question."
     qa = [dict(uid='101', question='What appears first?\n(A) a boat\n(B) a car\n(C) a plane\n(D) a bike', answer='C',
                question_type=['key information retrieval'], time_reference='00:15-00:19'),
-          dict(uid='102', question='Why does he leave?\n(A) rain\n(B) work\n(C) hunger\n(D) fear', answer='B',
+          dict(uid='102', question='Why does he leave?\n(A) rain\n(B) B. B. King calls\n(C) (c)(a)(b)\n(D) fear', answer='B',
                question_type=['reasoning', 'event understanding'], time_reference='1:02:03-1:02:09')]
     info = dict(duration_minutes=70.5, fps=30.0, resolution=dict(width=640, height=360))
     recs = [dict(key='vidA', type='documentary', video_info=info, qa=qa)]
@@ -49,7 +50,7 @@ def _fixture_longvideobench(root: Path, videos: bool) -> None:
     "LongVideoBench: `lvb_val.json`, a list of questions with `candidates` and a `correct_choice` index."
     recs = [dict(video_id='86CxyhFV9MI', id=f'86CxyhFV9MI_{k}', video_path='86CxyhFV9MI.mp4',
                  subtitle_path='86CxyhFV9MI_en.json', question=f'Which subtitle appears with the red cup {k}?',
-                 candidates=['hello', 'goodbye', 'thanks', 'sorry'], correct_choice=k, duration=512.3,
+                 candidates=['hello', 'B. B. King sings', 'thanks', 'sorry'], correct_choice=k, duration=512.3,
                  duration_group=600, question_category='T3O', topic_category='NP-News-Programs', level='L2-Relation',
                  starting_timestamp_for_subtitles=0.0, position=[100, 200]) for k in (0, 2)]
     (root / 'lvb_val.json').write_text(json.dumps(recs))
@@ -59,7 +60,7 @@ def _fixture_longvideobench(root: Path, videos: bool) -> None:
 def _fixture_egoschema(root: Path, videos: bool) -> None:
     "EgoSchema: `questions.json` with `option 0..4` fields and `subset_answers.json` for the answered subset."
     qs = [{'q_uid': u, 'google_drive_id': 'gd' + u, 'question': f'What is C doing overall in {u}?',
-           **{f'option {i}': f'activity {i} {u}' for i in range(5)}} for u in ('uid-a', 'uid-b', 'uid-c')]
+           **{f'option {i}': f'activity {i} {u}' for i in range(5)}, 'option 2': f'C. walks to the door {u}'} for u in ('uid-a', 'uid-b', 'uid-c')]
     (root / 'questions.json').write_text(json.dumps(qs))
     (root / 'subset_answers.json').write_text(json.dumps({'uid-a': 3, 'uid-b': 0}))
     _touch(root / 'videos' / 'uid-a.mp4', videos)
@@ -73,7 +74,7 @@ def _fixture_mmrv(root: Path, videos: bool) -> None:
                  correctAnswer='(D)', abilityType_L2='Counterintuitive Reasoning',
                  abilityType_L3='Magic Deconstruction', question_idx=20),
             dict(video='Magic Tricks.mp4', videoType='TV', question='What is in the box?',
-                 options=['(A) a coin', '(B) a card', '(C) nothing'], correctAnswer='(B)',
+                 options=['(A) a coin', '(B) B. a card', '(C) (c)(a)(b) nothing'], correctAnswer='(B)',
                  abilityType_L2='Causal Reasoning', abilityType_L3='x', question_idx=21)]
     (root / 'data').mkdir(exist_ok=True)
     pd.DataFrame(recs).to_parquet(root / 'data' / 'test-00000-of-00001.parquet')

@@ -15,8 +15,20 @@ from ..text import content_words, fmt_time
 __all__ = ['FakeChatServer', 'HashEmbedder', 'synthetic_items', 'TinyHit', 'TinyMemory']
 
 # %% ../../nbs/01a_testing.fakes.ipynb #f20d9cda
+def _completion_body(out: str | dict) -> dict:
+    "The chat completion for a handler's reply: a text, or a message dict (`tool_calls` as `{'name', 'arguments'}`)."
+    m = {'content': out} if isinstance(out, str) else dict(out)
+    usage = {'prompt_tokens': 11, 'completion_tokens': len(str(m.get('content') or '').split()), **m.pop('usage', {})}
+    args = lambda a: a if isinstance(a, str) else json.dumps(a)
+    calls = [c if 'function' in c else {'id': f'chatcmpl-tool-{i}', 'type': 'function',
+                                        'function': {'name': c['name'], 'arguments': args(c['arguments'])}}
+             for i, c in enumerate(m.pop('tool_calls', None) or [])]
+    finish = m.pop('finish_reason', 'tool_calls' if calls else 'stop')
+    msg = {'role': 'assistant', 'content': None, **m, **({'tool_calls': calls} if calls else {})}
+    return {'choices': [{'index': 0, 'message': msg, 'finish_reason': finish}], 'usage': usage}
+
 class FakeChatServer:
-    "A tiny OpenAI-style chat server in a thread; `handler(payload) -> str | (status, body)`. Use as a context manager."
+    "A tiny OpenAI-style chat server in a thread; `handler(payload) -> str | dict | (status, body)`; a context manager."
     def __init__(self, handler: Callable[[dict], Any], model: str = 'fake-model'):
         self.handler, self.model, self.requests = handler, model, []
 
@@ -45,9 +57,7 @@ class FakeChatServer:
                 out = srv.handler(payload)
                 if isinstance(out, tuple):
                     return self._send(*out)
-                msg = {'role': 'assistant', 'content': out}
-                self._send(200, {'choices': [{'index': 0, 'message': msg, 'finish_reason': 'stop'}],
-                                 'usage': {'prompt_tokens': 11, 'completion_tokens': len(str(out).split())}})
+                self._send(200, _completion_body(out))
 
         self._httpd = ThreadingHTTPServer(('127.0.0.1', 0), H)
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"

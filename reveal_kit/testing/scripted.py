@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+import numpy as np
 from ..core import Question, MemoryItem
 from .fakes import HashEmbedder, TinyMemory, synthetic_items
 
 # %% auto #0
-__all__ = ['DOOR_EVENTS', 'door_memory', 'count_question', 'event_narrative', 'script_memory', 'ScriptedMemories']
+__all__ = ['DOOR_EVENTS', 'door_memory', 'count_question', 'StampedFrames', 'event_narrative', 'script_memory',
+           'ScriptedMemories']
 
 # %% ../../nbs/01d_testing.scripted.ipynb #63b86ead
 DOOR_EVENTS = {5: 'the man opens the red door and carries a box inside',
@@ -26,6 +28,19 @@ def door_memory(chunking: str = 'adaptive') -> TinyMemory:
 def count_question() -> Question:
     "The counting question about `door_memory`: how many times the man opens the red door (gold `C`, three)."
     return Question('c1', 'tiny', 'How many times does the man open the red door?', ['1', '2', '3', '4'], answer='C')
+
+# %% ../../nbs/01d_testing.scripted.ipynb #691941f0
+class StampedFrames:
+    "A memory whose frames are 8×8 arrays filled with their segment's start time (mod 256): no video needed."
+    def __init__(self, memory: Any):
+        self.memory = memory
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.memory, name)
+
+    def frames(self, item: MemoryItem | str, n: int | None = None) -> list[np.ndarray]:
+        item = self.memory.get(item) if isinstance(item, str) else item
+        return [np.full((8, 8, 3), int(item.t_start) % 256, np.uint8)] * (n or 1)
 
 # %% ../../nbs/01d_testing.scripted.ipynb #6b3d9327
 def event_narrative(e: dict) -> str:

@@ -14,6 +14,7 @@ from ..core import Config
 from ..text import STOPWORDS, fmt_time
 from ..backends.chat import is_meaningful
 from ..backends.messages import user_message
+from ..retrieval.onnx import import_onnxruntime
 
 # %% auto #0
 __all__ = ['CAPTION_PROMPT', 'SUMMARY_PROMPTS', 'OCR_OPTIONS', 'caption_prompt', 'summary_prompt', 'colour_names', 'motion_level',
@@ -93,6 +94,7 @@ OCR_OPTIONS = dict(det_limit_type='max', det_limit_side_len=640, use_cls=False)
 @lru_cache(maxsize=1)
 def get_ocr():
     "The process-wide RapidOCR engine (ONNX models shipped in the wheel), configured by `OCR_OPTIONS`."
+    import_onnxruntime()                                  # telemetry off before RapidOCR loads it
     from rapidocr_onnxruntime import RapidOCR
     return RapidOCR(**OCR_OPTIONS)
 

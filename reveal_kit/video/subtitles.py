@@ -9,7 +9,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-from ..core import MemoryBuildError
+from ..core import MemoryBuildError, warn
 
 # %% auto #0
 __all__ = ['SubtitleError', 'Cue', 'load_subtitles', 'align_cues', 'cues_text']
@@ -30,8 +30,9 @@ class Cue:
 _TAG = re.compile(r'<[^>]+>|\{[^}]*\}')
 
 def _plain(ev) -> str:
-    "A pysubs2 event's text without markup, on one line."
-    return re.sub(r'\s+', ' ', _TAG.sub('', ev.plaintext)).strip()
+    "A pysubs2 event's text without markup, on one line (without an unreadable next block pysubs2 glued onto it)."
+    text = ev.plaintext.split('\n\n')[0] if '-->' in ev.plaintext else ev.plaintext
+    return re.sub(r'\s+', ' ', _TAG.sub('', text)).strip()
 
 def _load_latin1(p: Path):
     import pysubs2
@@ -41,7 +42,7 @@ def _load_latin1(p: Path):
 def _first_line(e: Exception) -> str: return str(e).splitlines()[0][:120] if str(e) else ''
 
 def load_subtitles(path: str | Path) -> list[Cue]:
-    "Parse an SRT/WebVTT (or any pysubs2 format) file into time-sorted cues; raises a one-line `SubtitleError`."
+    "Time-sorted cues of an SRT/WebVTT (any pysubs2 format) file, warning how many were dropped; one-line errors."
     import pysubs2
     p = Path(path)
     if not p.exists(): raise SubtitleError(f"subtitle file not found: {p}")
@@ -51,9 +52,14 @@ def load_subtitles(path: str | Path) -> list[Cue]:
     except Exception as e:
         raise SubtitleError(f"malformed subtitle file {p.name}: {type(e).__name__}: {_first_line(e)}") from None
     cues = [Cue(ev.start / 1000, ev.end / 1000, _plain(ev)) for ev in subs if not ev.is_comment]
-    cues = [c for c in cues if c.text and c.end > c.start]
-    if not cues: raise SubtitleError(f"malformed subtitle file {p.name}: no timed cues found (expected SRT or WebVTT)")
-    return sorted(cues, key=lambda c: (c.start, c.end))
+    kept = [c for c in cues if c.text and c.end > c.start]
+    if not kept: raise SubtitleError(f"malformed subtitle file {p.name}: no timed cues found (expected SRT or WebVTT)")
+    arrows = sum('-->' in l for l in p.read_text(encoding='utf-8', errors='replace').splitlines())
+    unreadable, timeless = max(arrows - len(cues), 0), sum(bool(c.text) and c.end <= c.start for c in cues)
+    if (dropped := unreadable + len(cues) - len(kept)):
+        warn(f"{p.name}: {dropped} of {max(arrows, len(cues))} subtitle cues dropped ({unreadable} with unreadable "
+             f"timestamps, {timeless} zero-length or reversed, {len(cues) - len(kept) - timeless} empty)")
+    return sorted(kept, key=lambda c: (c.start, c.end))
 
 # %% ../../nbs/12_video.subtitles.ipynb #67ef0eb3
 def align_cues(cues: Sequence[Cue], spans: Sequence[tuple[float, float]],

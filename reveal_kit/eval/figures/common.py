@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -16,21 +17,25 @@ import pandas as pd
 import matplotlib.pyplot as plt
 import seaborn as sns
 from scipy.stats import binomtest
-from ...core import Question, kit_version, load_config, project_root, safe_name
+from ...core import Question, digest, kit_version, load_config, project_root, runs_dir, safe_name
 from ...io import atomic_write_text, atomic_write_json
 from ...backends.cache import MODES
 from ...backends.models import get_chat_model
 from ..loaders import load_benchmark
-from ..runner import run_eval
+from ..runner import induce_benchmark, run_eval
+from ..context import uses_pool
 from ..run_dir import select_questions
-from ..metrics import load_results
+from ..metrics import load_results, run_pool
+from ..replay import open_pack, pack_chat, replayed_run
+from ...reveal.rubrics import pool_label, pool_origin, resolve_pool_path
 from ...synth.bench import generate_benchmark
 from ...backends.chat import is_meaningful
 
 # %% auto #0
-__all__ = ['resolve', 'ensure_synth', 'bench_root', 'chat_model', 'run_slug', 'loader_split', 'benchmark_questions',
-           'run_methods', 'load_runs', 'wilson_ci', 'accuracy_row', 'accuracy_table', 'write_csv', 'provenance',
-           'new_figure', 'bar_labels', 'plot_accuracy', 'plot_grouped', 'Experiment']
+__all__ = ['POOL_RECIPE_KEYS', 'SYNTH_POOL', 'resolve', 'ensure_synth', 'bench_root', 'chat_model', 'run_slug', 'loader_split',
+           'benchmark_questions', 'run_methods', 'load_runs', 'pool_recipe', 'ensure_pool', 'pool_override',
+           'wilson_ci', 'accuracy_row', 'accuracy_table', 'write_csv', 'provenance', 'new_figure', 'bar_labels',
+           'plot_accuracy', 'plot_grouped', 'Experiment', 'packed_run_name']
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #4b6ad2c1
 def resolve(path: str | Path) -> Path:
@@ -91,18 +96,26 @@ def benchmark_questions(benchmark: str, root: str | Path, split: str | None = No
     return select_questions(qs, limit, only_present=only_present)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #fdecd64a
+def _run_key(m: str, ov: list[str]) -> str:
+    "A run folder's Config key: its hash, and for REVEAL's methods the pool's content (a re-induced pool: new runs)."
+    cfg = load_config(None, ov)
+    if not (uses_pool(m) and cfg.rubric_pool): return cfg.hash()
+    return f"{cfg.hash()}-pool-{pool_origin(cfg.rubric_pool)['sha256'][:8]}"
+
 def run_methods(methods: Sequence[str], benchmark: str, root: str | Path, out_dir: str | Path, chat: Any,
                 split: str | None = None, limit: int | None = None, overrides: Sequence[str] | None = None,
-                tag: str = '', progress: bool = True, roles: str = 'auto',
-                only_present: bool = False) -> dict[str, Path]:
+                tag: str = '', progress: bool = True, roles: str = 'auto', only_present: bool = False,
+                pool: str | None = None, role_models: dict | None = None) -> dict[str, Path]:
     "Run each method into the shared folder (resumable: finished questions are kept); the run folder of each."
     base, dirs = resolve(out_dir) / run_slug(benchmark, split, chat, roles), {}
-    cfg = load_config(None, list(overrides or [])).hash()
     for i, m in enumerate(methods, 1):
-        d = base / safe_name(f"{m}-{tag}-{cfg}" if tag else f"{m}-{cfg}")
+        ov = ([f'rubric_pool={pool}'] if pool and uses_pool(m) else []) + list(overrides or [])   # REVEAL's methods
+        key = _run_key(m, ov)
+        key += f"-roles-{digest(role_models)[:8]}" if role_models else ''          # PACE's per-role models
+        d = base / safe_name(f"{m}-{tag}-{key}" if tag else f"{m}-{key}")
         print(f"[{i}/{len(methods)}] {m}{f' ({tag})' if tag else ''} → {d}", flush=True)
         run_eval(benchmark, m, d, root=resolve(root), limit=limit, model=chat, split=loader_split(benchmark, split),
-                 overrides=list(overrides or []), progress=progress, roles=roles, only_present=only_present)
+                 overrides=ov, progress=progress, roles=roles, only_present=only_present, role_models=role_models)
         dirs[m] = d
     return dirs
 
@@ -112,6 +125,56 @@ def load_runs(dirs: dict[str, Path], qids: Iterable[str]) -> dict[str, list[dict
     keep = set(qids)
     got = lambda d: load_results(d) if (Path(d) / 'results.jsonl').exists() else []
     return {m: sorted((r for r in got(d) if r['qid'] in keep), key=lambda r: r['qid']) for m, d in dirs.items()}
+
+# %% ../../../nbs/44_eval.figures.common.ipynb #721502a2
+POOL_RECIPE_KEYS = ('path', 'benchmark', 'root', 'split', 'synth', 'seed', 'teacher', 'proposer', 'max_iters', 'limit')
+SYNTH_POOL = dict(path='rubrics/induced-synth.yaml', benchmark='synth', root='runs/experiments/synth-dev-pool',
+                  split='dev', synth=dict(minutes=2.0, videos=13, questions_per_video=11), seed=1,
+                  teacher='oracle', proposer='offline', max_iters=6)
+
+def pool_recipe(spec: dict) -> dict:
+    "A recipe with its defaults (split dev, seed 0, oracle teacher, offline proposer, 5 iterations); unknown keys fail."
+    bad = sorted(set(spec) - set(POOL_RECIPE_KEYS))
+    if bad: raise ValueError(f"unknown rubric_pool recipe key(s) {bad}; a recipe takes {', '.join(POOL_RECIPE_KEYS)}")
+    if not spec.get('path') or not spec.get('benchmark'):
+        raise ValueError("a rubric_pool recipe needs path and benchmark")
+    return dict(dict(split='dev', seed=0, teacher='oracle', proposer='offline', max_iters=5, root=None, synth=None,
+                     limit=None), **spec)
+
+# %% ../../../nbs/44_eval.figures.common.ipynb #a0aa81d3
+def _check_induced(path: Path, r: dict) -> Path:
+    "The existing pool at a recipe's path, if it was induced as the recipe says (else a one-line error)."
+    o = pool_origin(path)
+    want = {k: r[k] for k in ('benchmark', 'split', 'teacher', 'proposer')}
+    have = {k: o['provenance'].get(k) for k in want}
+    if o['kind'] != 'induced' or have != want:
+        raise ValueError(f"rubric pool {path} is {pool_label(o)}, not the recipe's {want}: delete it to induce it "
+                         "again, or give the recipe another path")
+    return path
+
+def ensure_pool(spec: str | dict | None, chat: Any = None, progress: bool = False,
+                induce: Any = induce_benchmark) -> Path | None:
+    "The pool a spec names: a YAML (it must exist), or a recipe's file, induced first when absent; None: the default."
+    if not spec: return None
+    if not isinstance(spec, dict):
+        p = resolve_pool_path(spec)
+        if not p.exists(): raise FileNotFoundError(f"rubric pool {spec} not found")
+        return p
+    r, p = pool_recipe(spec), resolve(spec['path'])
+    if p.exists(): return _check_induced(p, r)
+    root = bench_root(r['benchmark'], r['root'], r['split'], r['seed'], r['synth'])
+    model = chat if 'model' in (r['teacher'], r['proposer']) else None
+    induce(r['benchmark'], root, r['split'], limit=r['limit'], out=p, teacher=r['teacher'], proposer=r['proposer'],
+           model=model, max_iters=r['max_iters'], seed=r['seed'], progress=progress,
+           work_dir=runs_dir() / 'induction' / f"{p.stem}-{digest(r, 8)}")
+    return _check_induced(p, r)
+
+# %% ../../../nbs/44_eval.figures.common.ipynb #bef21516
+def pool_override(path: Path | None) -> str | None:
+    "How `Config.rubric_pool` names a pool: relative to the project root inside it (the same hash on every machine)."
+    if path is None: return None
+    p = Path(path).resolve()
+    return str(p.relative_to(project_root())) if p.is_relative_to(project_root()) else str(p)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #40f01de3
 def wilson_ci(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -231,13 +294,19 @@ class Experiment:
                                                      questions_per_video=12))
     progress: bool = True                       # progress lines per method
     only_present: bool = False                  # only questions whose video exists (LVBench's subset)
+    rubric_pool: str | dict | None = None       # REVEAL's pool: a YAML or a recipe (induced when absent); None:
+                                                # the generated benchmark's SYNTH_POOL, on a real one the seed
+    role_models: dict = field(default_factory=dict)   # PACE's per-role models {'agent'|'vision': 'URL[,NAME[,text]]'}
+    pack: str | None = None                     # a run pack (`reveal pack`): its runs are replayed, no model
 
     def __post_init__(self):
+        if self.pack: return self.open_pack()
         self.root_path = bench_root(self.benchmark, self.root, self.split, self.seed, self.synth)
         self.chat = chat_model(self.backend, self.model, self.base_url, self.cache_mode, self.cache, self.roles)
         self.questions = benchmark_questions(self.benchmark, self.root_path, self.split, self.limit,
                                              self.only_present)
         self.qids = [q.qid for q in self.questions]
+        self._pool, self.pools = None, {}
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #e224788a
 @patch(cls_method=True)
@@ -252,6 +321,15 @@ def from_setup(cls: Experiment, setup: dict, **params) -> Experiment:
         if k in params: raise ValueError(f"setup key {k!r} is also a parameter of the notebook: give it once")
     return cls(**params, **setup)
 
+# %% ../../../nbs/44_eval.figures.common.ipynb #277b88ca
+@patch
+def pool_path(self: Experiment) -> Path | None:
+    "The rubric pool this experiment's REVEAL methods use (induced first when a recipe's file is absent)."
+    if self._pool is None:
+        spec = self.rubric_pool if self.rubric_pool is not None else (SYNTH_POOL if self.benchmark == 'synth' else None)
+        self._pool = ensure_pool(spec, self.chat, self.progress) or False
+    return self._pool or None
+
 # %% ../../../nbs/44_eval.figures.common.ipynb #89ab7d74
 @patch
 def __str__(self: Experiment) -> str:
@@ -263,17 +341,56 @@ def __str__(self: Experiment) -> str:
 @patch
 def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | None = None,
         tag: str = '') -> dict[str, list[dict]]:
-    "Run the methods (resumable, shared) and return their results on this experiment's questions."
+    "Run the methods (resumable, shared; REVEAL's with the experiment's pool) and return their results."
+    if self.pack: return self.run_packed(methods, tag)
+    pool = pool_override(self.pool_path()) if any(uses_pool(m) for m in methods) else None
     dirs = run_methods(methods, self.benchmark, self.root_path, self.out_dir, self.chat, self.split, self.limit,
-                       overrides, tag, self.progress, self.roles, self.only_present)
+                       overrides, tag, self.progress, self.roles, self.only_present, pool, self.role_models)
+    self.pools.update({str(d): run_pool(d) for d in dirs.values()})
+    return load_runs(dirs, self.qids)
+
+# %% ../../../nbs/44_eval.figures.common.ipynb #a6aa0aa2
+@patch
+def open_pack(self: Experiment) -> None:
+    "Take questions, chat model and runs from the pack (opened and checked under out_dir/packs/)."
+    self.pack_dir, self.pack_manifest = open_pack(resolve(self.pack), resolve(self.out_dir) / 'packs')
+    rows = self.pack_manifest['runs']
+    if {r['benchmark'] for r in rows} != {self.benchmark}:
+        raise ValueError(f"the pack {self.pack} holds runs on {sorted({r['benchmark'] for r in rows})}, "
+                         f"not {self.benchmark!r}")
+    qs = [Question.from_dict(d) for d in map(json.loads, (self.pack_dir / 'pack' / 'runs' / rows[0]['name'] /
+                                                          'questions.jsonl').read_text().splitlines())]
+    self.root_path, self.chat, self.questions = None, pack_chat(self.pack_dir, rows[0]), qs[:self.limit or None]
+    self.qids, self._pool, self.pools = [q.qid for q in self.questions], None, {}
+
+# %% ../../../nbs/44_eval.figures.common.ipynb #b28945ed
+def packed_run_name(names: Iterable[str], method: str, tag: str = '') -> str:
+    "The one run folder name of `method` (and `tag`) among a pack's: `<method>-[<tag>-]<12-hex key>[-…]`."
+    head = re.escape(safe_name(f"{method}-{tag}" if tag else method))
+    got = [n for n in names if re.fullmatch(head + r'-[0-9a-f]{12}(-.*)?', n)]
+    if len(got) != 1:
+        raise KeyError(f"the pack holds {len(got)} runs of {method!r}{f' tagged {tag!r}' if tag else ''} "
+                       f"({', '.join(got) or 'none'}); it holds {', '.join(names)}")
+    return got[0]
+
+# %% ../../../nbs/44_eval.figures.common.ipynb #389ba762
+@patch
+def run_packed(self: Experiment, methods: Sequence[str], tag: str = '') -> dict[str, list[dict]]:
+    "Each method's packed run, replayed (once) and checked, and its results on the experiment's questions."
+    names = [r['name'] for r in self.pack_manifest['runs']]
+    dirs = {m: replayed_run(self.pack_dir, self.pack_manifest, packed_run_name(names, m, tag), self.progress)
+            for m in methods}
+    self.pools.update({str(d): run_pool(d) for d in dirs.values()})
     return load_runs(dirs, self.qids)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #7ad32183
 @patch
 def title(self: Experiment, headline: str, runs: dict[str, list[dict]]) -> str:
-    "A figure title: the headline, then what produced it."
+    "A figure title: the headline, then what produced it, and the rubric pool(s) REVEAL's methods used."
     chat = f"{self.chat.backend_name}:{self.chat.model_id}"
-    return f"{headline}\n{provenance(runs, self.benchmark, self.split, chat)}"
+    pools = list(dict.fromkeys(pool_label(p, short=True) for p in self.pools.values() if p))
+    head = f"{headline}\n{provenance(runs, self.benchmark, self.split, chat)}"
+    return head + (f"\n{' | '.join(pools)}" if pools else '')
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #d5d9bb03
 @patch
@@ -289,7 +406,8 @@ def save(self: Experiment, fig_id: str, fig, tables: dict[str, pd.DataFrame], **
         paths[name] = str(write_csv(df, fd / (f"{fig_id}.csv" if i == 0 else f"{fig_id}_{name}.csv")))
     meta = dict(figure=fig_id, benchmark=self.benchmark, split=self.split, questions=len(self.qids),
                 chat=f"{self.chat.backend_name}:{self.chat.model_id}", cache_mode=self.cache_mode,
-                kit_version=kit_version(),
+                kit_version=kit_version(), rubric_pools=list(dict.fromkeys(p['label'] for p in self.pools.values()
+                                                                             if p)),
                 files=paths, tables={k: json.loads(v.to_json(orient='records')) for k, v in tables.items()}, **extra)
     atomic_write_json(resolve(self.out_dir) / f"{fig_id}.metrics.json", meta)
     return meta

@@ -4,19 +4,16 @@
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #5f533306
 from __future__ import annotations
-import hashlib
+import json
 from pathlib import Path
-from typing import Sequence
 import numpy as np
 import pandas as pd
-from ...core import Question
 from ...reveal.pairs import FILTER_CONDITIONS
-from .common import bar_labels, new_figure, resolve
+from .common import bar_labels, new_figure
 from .reveal import fmt_p
 
 # %% auto #0
-__all__ = ['CURVE_COLUMNS', 'FILTER_MEANING', 'induction_curve', 'filter_table', 'pool_tag', 'induction_work_dir',
-           'plot_induction']
+__all__ = ['CURVE_COLUMNS', 'FILTER_MEANING', 'induction_curve', 'filter_table', 'pool_report', 'plot_induction']
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #daab5e8d
 CURVE_COLUMNS = ('iteration', 'val_accuracy', 'train_accuracy', 'n_val', 'n_train', 'n_working', 'n_criteria',
@@ -44,15 +41,14 @@ def filter_table(report: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #c73c4a68
-def pool_tag(path: str | Path) -> str:
-    "A run tag naming a rubric pool by its content ('pool-' + 8 hex digits): a re-induced pool gets fresh runs."
-    return 'pool-' + hashlib.sha256(resolve(path).read_bytes()).hexdigest()[:8]
-
-# %% ../../../nbs/44c_eval.figures.induction.ipynb #fbd7d11b
-def induction_work_dir(out_dir: str | Path, fig_id: str, questions: Sequence[Question]) -> Path:
-    "The working folder of one induction: `<out_dir>/<fig_id>-work-<8 hex digits of the development qids>`."
-    key = hashlib.sha256(' '.join(sorted(q.qid for q in questions)).encode()).hexdigest()[:8]
-    return resolve(out_dir) / f"{fig_id}-work-{key}"
+def pool_report(path: str | Path) -> dict:
+    "The induction report written beside an induced pool (`<pool>.report.json`); a one-line error for other pools."
+    p = Path(path)
+    rp = p.with_suffix('.report.json')
+    if not rp.exists():
+        raise FileNotFoundError(f"{p} has no induction report ({rp.name}): the induction figure needs a pool made by "
+                                "`reveal rubrics induce` (give the experiment's rubric_pool a recipe)")
+    return json.loads(rp.read_text())
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #db7e6664
 def _plot_curve(ax, curve: pd.DataFrame):

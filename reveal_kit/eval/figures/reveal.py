@@ -17,9 +17,10 @@ from ..metrics import compare, report
 from .common import accuracy_row, new_figure
 
 # %% auto #0
-__all__ = ['LADDER', 'SEPARATING', 'table2_pairs', 'paired_table', 'two_by_two', 'sweep_overrides', 'mean_admitted',
-           'sweep_table', 'split_available', 'calibration_table', 'answerer_frames', 'per_type_table', 'cost_table',
-           'timing_table', 'count_table', 'fmt_p', 'plot_steps', 'plot_sweep', 'per_type_long', 'plot_costs']
+__all__ = ['LADDER', 'SEPARATING', 'table2_pairs', 'paired_table', 'two_by_two', 'rerank_used', 'two_by_two_csv',
+           'sweep_overrides', 'mean_admitted', 'sweep_table', 'split_available', 'calibration_table', 'answerer_frames',
+           'per_type_table', 'cost_table', 'timing_table', 'count_table', 'fmt_p', 'plot_steps', 'plot_sweep',
+           'per_type_long', 'plot_costs']
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #61351ebd
 LADDER = ('base', '+iter', '+offmem', '+onmem', 'reveal')
@@ -52,6 +53,21 @@ def two_by_two(acc: pd.DataFrame) -> pd.DataFrame:
     a = dict(zip(acc.method, acc.accuracy))
     grid = {v: {r: a.get(_CELLS[(r, v)], math.nan) for r in ('no', 'yes')} for v in ('no', 'yes')}
     return pd.DataFrame(grid).rename_axis(index='rubric rerank', columns='verifier')
+
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #bbc2f25e
+def rerank_used(runs: dict[str, list[dict]]) -> dict[str, str]:
+    "Per 2×2 row ('no' / 'yes' rubric rerank): the ranking its runs' results say they used ('unknown' if unrecorded)."
+    out = {}
+    for row, methods in (('no', ('+onmem', 'verify_only')), ('yes', ('rerank_only', 'reveal'))):
+        kinds = {k for m in methods for r in runs.get(m, []) for k in (r.get('rerank') or 'unknown').split('+')}
+        out[row] = ' / '.join(sorted(kinds)) if kinds else 'not run'
+    return out
+
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #2b2c0001
+def two_by_two_csv(grid: pd.DataFrame, rerank: dict[str, str]) -> pd.DataFrame:
+    "The 2×2 grid as the rows its CSV holds: one per rubric-rerank row, with the ranking that row's runs used."
+    out = grid.reset_index()
+    return out.assign(ranking=out['rubric rerank'].map(rerank))
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #1c1dba61
 def sweep_overrides(n: int, config: Config | None = None) -> list[str]:
@@ -89,12 +105,20 @@ def calibration_table(arms: dict[str, list[dict]], verdicts: list[dict]) -> pd.D
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #39dd47ce
+def _frames_of(t: dict) -> tuple[int, str]:
+    "(frames the answerer got, the note when none) of one trace, old records (`oracle`, `visual`) included."
+    fr = t.get('answer_frames')
+    if fr is not None:
+        return int(fr.get('frames') or 0), fr.get('note') or ''
+    o = t.get('oracle') or {}
+    if (t.get('spec') or {}).get('oracle_frames'):
+        return int(o.get('frames') or 0), o.get('frames_note') or ''
+    return sum(v.get('frames', 0) for v in t.get('visual') or []), ''
+
 def answerer_frames(rs: list[dict]) -> str:
-    "Frames the answerer got over an arm's questions, or '0 (why)' from the traces' oracle records when none."
-    ts = [load_trace(r['trace']) for r in rs if r.get('trace') and str(r['trace']).endswith('.json')]
-    n = sum((t.get('oracle') or {}).get('frames', 0) if (t.get('spec') or {}).get('oracle_frames')
-            else sum(v.get('frames', 0) for v in t.get('visual') or []) for t in ts)
-    notes = sorted({(t.get('oracle') or {}).get('frames_note') or '' for t in ts} - {''})
+    "Frames the answerer got over an arm's questions, or '0 (why)' from the traces when none."
+    got = [_frames_of(load_trace(r['trace'])) for r in rs if r.get('trace') and str(r['trace']).endswith('.json')]
+    n, notes = sum(k for k, _ in got), sorted({w for _, w in got} - {''})
     return f"{n}" if n or not notes else f"0 ({'; '.join(notes)})"
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #5e7de842
@@ -146,8 +170,8 @@ def fmt_p(p: float) -> str:
     return 'p<0.001' if p < 0.001 else f"p={p:.2g}"
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #bcf2bf1f
-def plot_steps(acc: pd.DataFrame, pairs: pd.DataFrame, title: str):
-    "Table 2: the ladder's accuracies, each step's change and McNemar p between its bars; the 2×2 as a heat map."
+def plot_steps(acc: pd.DataFrame, pairs: pd.DataFrame, title: str, rerank: dict[str, str] | None = None):
+    "Table 2: the ladder's accuracies, each step's change and McNemar p; the 2×2 as a heat map, saying which rerank."
     fig, (ax, ax2) = new_figure(title, ncols=2, width=6.2)
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
     err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low, acc.ci_high - acc.accuracy]).astype(float))
@@ -159,8 +183,10 @@ def plot_steps(acc: pd.DataFrame, pairs: pd.DataFrame, title: str):
                         ha='center', va='top', fontsize=7.5)
     ax.set(xticks=x, ylim=(0, 112), xlabel='method', ylabel='accuracy (%) with 95 % CI')
     ax.set_xticklabels(acc.method, rotation=30, ha='right')
-    sns.heatmap(100 * two_by_two(acc), annot=True, fmt='.1f', vmin=0, vmax=100, cmap='crest', ax=ax2,
-                cbar_kws={'label': 'accuracy (%)'})
+    grid = 100 * two_by_two(acc)
+    if rerank: grid.index = [f"{r} ({rerank.get(r, '?')})" if r == 'yes' else r for r in grid.index]
+    sns.heatmap(grid, annot=True, fmt='.1f', vmin=0, vmax=100, cmap='crest', ax=ax2, cbar_kws={'label': 'accuracy (%)'})
+    ax2.set(ylabel='rubric rerank')
     ax2.set_title('review 2×2 on top of +onmem', fontsize=9.5)
     fig.tight_layout()
     return fig
