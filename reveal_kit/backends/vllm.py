@@ -4,7 +4,7 @@
 
 # %% ../../nbs/02d_backends.vllm.ipynb #9b2ab4b0
 from __future__ import annotations
-import json, os, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+import contextlib, json, os, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 from typing import Sequence
 import httpx
@@ -224,27 +224,14 @@ def log_tail(self: VLLMServer, n: int = 3000) -> str:
     "The last `n` characters of the server's log."
     return self.log.read_text(errors='replace')[-n:] if self.log.is_file() else ''
 
-# %% ../../nbs/02d_backends.vllm.ipynb #71032d05
-@patch
-def wait_ready(self: VLLMServer) -> float:
-    "Wait until `/v1/models` answers (seconds since start); BackendUnavailable with the log if it exits or is late."
-    while True:
-        if self.proc.poll() is not None:
-            raise BackendUnavailable(f"vllm serve exited with {self.proc.returncode}; its log ends:\n{self.log_tail()}")
-        try:
-            if httpx.get(f"{self.url}/models", timeout=2).status_code == 200: return time.monotonic() - self.t_start
-        except httpx.TransportError: pass
-        if time.monotonic() - self.t_start > self.ready_s:
-            self.stop()
-            raise BackendUnavailable(f"vllm serve at {self.url} not ready after {self.ready_s:g} s; its log ends:\n"
-                                     f"{self.log_tail()}")
-        time.sleep(0.5)
-
 # %% ../../nbs/02d_backends.vllm.ipynb #b0192484
 @patch
 def stop(self: VLLMServer, grace_s: float = 20) -> None:
-    "Stop the server and its engine processes (SIGTERM to the group, SIGKILL after `grace_s`)."
-    if self.proc is None or self.proc.poll() is not None: return
+    "Stop the server and its engine processes (SIGTERM to the group, then SIGKILL; a leaderless group: SIGKILL)."
+    if self.proc is None: return
+    if self.proc.poll() is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError): os.killpg(self.proc.pid, signal.SIGKILL)
+        return
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
         try: os.killpg(self.proc.pid, sig)
         except ProcessLookupError: return
@@ -264,3 +251,20 @@ def __enter__(self: VLLMServer) -> VLLMServer:
 
 @patch
 def __exit__(self: VLLMServer, *exc): self.stop()
+
+# %% ../../nbs/02d_backends.vllm.ipynb #71032d05
+@patch
+def wait_ready(self: VLLMServer) -> float:
+    "Wait until `/v1/models` answers (seconds since start); BackendUnavailable with the log if it exits or is late."
+    while True:
+        if self.proc.poll() is not None:
+            self.stop()                                           # its engine processes may outlive it
+            raise BackendUnavailable(f"vllm serve exited with {self.proc.returncode}; its log ends:\n{self.log_tail()}")
+        try:
+            if httpx.get(f"{self.url}/models", timeout=2).status_code == 200: return time.monotonic() - self.t_start
+        except httpx.TransportError: pass
+        if time.monotonic() - self.t_start > self.ready_s:
+            self.stop()
+            raise BackendUnavailable(f"vllm serve at {self.url} not ready after {self.ready_s:g} s; its log ends:\n"
+                                     f"{self.log_tail()}")
+        time.sleep(0.5)
