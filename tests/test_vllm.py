@@ -115,13 +115,13 @@ def test_fleet_of_two_replicas_one_stopped_mid_run(servers):
         r = m.chat([user_message(f'Write the number {i} in words.')], max_tokens=12, role='caption')
         with lock:
             by[r.record.base_url] += 1
-            if by[b.url] == 3: threading.Thread(target=b.stop).start()    # replica b goes away mid-run
+            if sum(by.values()) == 6: threading.Thread(target=b.stop).start()   # replica b goes away mid-run
         return r
 
     with ThreadPoolExecutor(4) as ex: outs = list(ex.map(call, range(16)))
     assert all(o.ok and o.text for o in outs), [o.record.error for o in outs if not o.ok]
     diag = (by, m.replicas.status(), b.log_tail(1500))
-    assert by[a.url] > by[b.url] >= 3 and sum(by.values()) == 16, diag
+    assert by[a.url] > by[b.url] >= 1 and sum(by.values()) == 16, diag          # b answered some, then a the rest
     assert served_requests(a) - before == by[a.url], diag     # a answered exactly the calls recorded as a's
     assert b.proc.poll() is not None
     st = {s['url']: s for s in m.replicas.status()}
