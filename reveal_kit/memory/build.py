@@ -4,7 +4,7 @@
 
 # %% ../../nbs/14a_memory.build.ipynb #66cfb794
 from __future__ import annotations
-import contextlib, json, math, os, shutil, sys, time, warnings
+import contextlib, json, math, shutil, sys, time, warnings
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,12 +21,12 @@ from ..io import atomic_write_json, atomic_save_npy, read_jsonl_rows, append_jso
 from ..text import fmt_time
 from .store import FORMAT_VERSION, MemoryMismatchError, OfflineMemory, memory_config, memory_key
 from .store import memory_models, memory_dir_for, video_sha256, memory_embedders, spread_times
-from .store import quality_line, caption_fallbacks
+from .store import quality_line, caption_fallbacks, fallback_policy, fallback_rebuild
 from .clips import ClipFolder, is_clip_folder, open_clip_folder, probe_source
 
 # %% auto #0
-__all__ = ['FALLBACK_NOTE', 'FALLBACK_POLICIES', 'frames_per_caption', 'call_concurrency', 'fallback_policy', 'fallback_rebuild',
-           'produced_by', 'subtitle_record', 'get_or_build_memory', 'build_memory', 'format_build_summary']
+__all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'call_concurrency', 'produced_by', 'subtitle_record', 'get_or_build_memory',
+           'build_memory', 'format_build_summary']
 
 # %% ../../nbs/14a_memory.build.ipynb #fbc24d3f
 def _pbar(total: int, desc: str, progress: bool):
@@ -262,25 +262,6 @@ def _differences(old: dict, new: dict) -> str:
     if old.get('format_version') != new.get('format_version'):
         out.append(f"format {old.get('format_version')} → {new['format_version']}")
     return ', '.join(out) or 'unknown'
-
-# %% ../../nbs/14a_memory.build.ipynb #64beec6f
-FALLBACK_POLICIES = ('rebuild', 'keep')
-
-def fallback_policy() -> str:
-    "`$REVEAL_FALLBACK_MEMORY`: 'rebuild' (default) or 'keep' a finished memory that holds fallback narratives."
-    policy = os.environ.get('REVEAL_FALLBACK_MEMORY', 'rebuild')
-    if policy not in FALLBACK_POLICIES:
-        raise MemoryBuildError(f"REVEAL_FALLBACK_MEMORY must be one of {', '.join(FALLBACK_POLICIES)}, got {policy!r}")
-    return policy
-
-# %% ../../nbs/14a_memory.build.ipynb #a6cff709
-def fallback_rebuild(out: Path, manifest: dict) -> bool:
-    "Whether the finished memory at `out` is built again because it holds fallback narratives (warns once if so)."
-    n = caption_fallbacks(manifest)
-    if not n or fallback_policy() == 'keep': return False
-    warn(f"memory at {out} has {n} fallback narratives (its model failed while it was built): building it again "
-         "with the model (REVEAL_FALLBACK_MEMORY=keep reuses it; its answers are then marked degraded)")
-    return True
 
 # %% ../../nbs/14a_memory.build.ipynb #244009d3
 def _prepare_dir(out: Path, ident: dict, rebuild: bool) -> str:

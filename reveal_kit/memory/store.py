@@ -4,13 +4,13 @@
 
 # %% ../../nbs/14_memory.store.ipynb #f59bfbb5
 from __future__ import annotations
-import json
+import json, os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 import numpy as np
 from fastcore.basics import patch
-from ..core import Config, MemoryItem, MemoryBuildError, runs_dir, sha256_file, digest
+from ..core import Config, MemoryItem, MemoryBuildError, runs_dir, sha256_file, digest, warn
 from ..video.frames import VideoError
 from .clips import is_clip_folder, open_clip_folder, read_source_frames_at
 from ..retrieval.choice import get_text_embedder, get_image_embedder
@@ -20,9 +20,10 @@ from ..text import fmt_time
 from ..backends.chat import is_meaningful
 
 # %% auto #0
-__all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'memory_config', 'MemoryMismatchError', 'memory_key', 'captioner_kind',
-           'memory_embedders', 'memory_models', 'video_sha256', 'memory_dir_for', 'Hit', 'OfflineMemory',
-           'spread_times', 'quality_line', 'caption_fallbacks', 'produced_line', 'describe']
+__all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'FALLBACK_POLICIES', 'memory_config', 'MemoryMismatchError', 'memory_key',
+           'captioner_kind', 'memory_embedders', 'memory_models', 'video_sha256', 'memory_dir_for', 'Hit',
+           'OfflineMemory', 'spread_times', 'quality_line', 'caption_fallbacks', 'produced_line', 'fallback_policy',
+           'fallback_rebuild', 'describe']
 
 # %% ../../nbs/14_memory.store.ipynb #a489f122
 FORMAT_VERSION = 3   # 3: transition-aware segmentation (boundaries moved)
@@ -308,6 +309,25 @@ def produced_line(manifest: dict) -> str:
         who = ', '.join(f"{k} {v}" for k, v in sorted(d.get('by', {}).items()))
         parts.append(f"{lv} {who}" + (f" ({d['fallbacks']} fallbacks)" if d.get('fallbacks') else ''))
     return '; '.join(parts)
+
+# %% ../../nbs/14_memory.store.ipynb #64beec6f
+FALLBACK_POLICIES = ('rebuild', 'keep')
+
+def fallback_policy() -> str:
+    "`$REVEAL_FALLBACK_MEMORY`: 'rebuild' (default) or 'keep' a finished memory that holds fallback narratives."
+    policy = os.environ.get('REVEAL_FALLBACK_MEMORY', 'rebuild')
+    if policy not in FALLBACK_POLICIES:
+        raise MemoryBuildError(f"REVEAL_FALLBACK_MEMORY must be one of {', '.join(FALLBACK_POLICIES)}, got {policy!r}")
+    return policy
+
+# %% ../../nbs/14_memory.store.ipynb #a6cff709
+def fallback_rebuild(out: Path, manifest: dict) -> bool:
+    "Whether the finished memory at `out` is built again because it holds fallback narratives (warns once if so)."
+    n = caption_fallbacks(manifest)
+    if not n or fallback_policy() == 'keep': return False
+    warn(f"memory at {out} has {n} fallback narratives (its model failed while it was built): building it again "
+         "with the model (REVEAL_FALLBACK_MEMORY=keep reuses it; its answers are then marked degraded)")
+    return True
 
 # %% ../../nbs/14_memory.store.ipynb #7f137f34
 def describe(mem: OfflineMemory, n: int = 3, width: int = 160) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 import numpy as np
 from fastcore.basics import patch
-from ..io import atomic_write_json, atomic_write_text
+from ..io import atomic_write_json, atomic_write_text, move_aside
 from .text_embedders import MINILM_ID, SentenceTransformerText, model_dim, packaged_minilm_path
 from .text_embedders import read_model_json
 from .embedders import TextEmbedder, check_texts, l2_normalize
@@ -173,8 +173,7 @@ def ensure_minilm_onnx(model_dir: str | Path | None = None) -> Path:
     from filelock import FileLock
     with FileLock(str(out) + '.lock'):
         if out.exists() and not export_is_whole(out):
-            warn(f"damaged exported model {out} (it does not match its SHA-256 record): moved aside, exporting again")
-            os.replace(out, out.with_name(out.name + '.damaged'))
+            move_aside(out, 'it does not match its SHA-256 record')
         if not out.exists(): _export_in_child(model_dir, out)
     return out
 
