@@ -359,7 +359,7 @@ def ask_pace(video: str | Path, question: str, options: list[str], method: str =
     get_pace_spec(method)
     cfg = load_config(config, overrides or [])
     q = Question('ask', Path(video).stem, question, list(options))
-    chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache,
+    chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache, **cfg.thinking_settings(),
                           timeout_s=timeout_s or getattr(cfg, 'timeout_s', None)) if isinstance(backend, str) else backend
     ms = pace_models_of(chat, roles, pace_settings(cfg).vision_substitute)
     plain = get_pace_dbs(video, (), cfg, _meaningful(ms.vision), subtitles, root, text_embedder)[0]
