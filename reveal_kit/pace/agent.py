@@ -344,6 +344,7 @@ def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace', m
     models = {**models_record(ms.agent or model, offline, plain.text_embedder), 'pace': ms.record()}
     res = _pace_result(q, spec, tr, tot, time.perf_counter() - t0, config, models, None, rows,
                        _index_cost(db, plain, fcalls), fq, fsrc)
+    res.update(protocol=policy.protocol, refused_calls=tr['refused_calls'])     # as used; calls over the budget
     trace = _pace_trace(res, q, spec, policy, fq, tr, rows, fcalls, tot)
     if trace_dir is not None: res['trace'] = _write_trace(trace, trace_dir, q.qid, spec.name)
     if return_trace: res['trace_data'] = trace
