@@ -14,8 +14,9 @@ import yaml
 # %% auto #0
 __all__ = ['LETTERS', 'Span', 'DUPLICATE_QIDS', 'REPLY_TOKENS', 'THINKING', 'normalize_options', 'Question', 'unique_qids',
            'duration_group', 'MemoryItem', 'Evidence', 'MemoryBuildError', 'RunMismatch', 'KitWarning', 'warn',
-           'check_config', 'Config', 'parse_overrides', 'load_config', 'project_root', 'runs_dir', 'safe_name',
-           'sha256_file', 'seed_everything', 'kit_version', 'trace_path', 'digest', 'build_stamp', 'ask_trace_dir']
+           'check_config', 'Config', 'parse_overrides', 'load_config', 'reply_tokens', 'project_root', 'runs_dir',
+           'safe_name', 'sha256_file', 'seed_everything', 'kit_version', 'trace_path', 'digest', 'build_stamp',
+           'ask_trace_dir']
 
 # %% ../nbs/00_core.ipynb #6cf813b8
 LETTERS = string.ascii_uppercase
@@ -373,7 +374,8 @@ class Config:
 
     def reply_tokens(self, role: str) -> int:
         "The reply budget of `role` in REPLY_TOKENS (a name there is a Config field's, e.g. PACE's budgets)."
-        if role not in REPLY_TOKENS: raise KeyError(f"no reply budget for role {role!r}; known: {sorted(REPLY_TOKENS)}")
+        if role not in REPLY_TOKENS:
+            raise KeyError(f"no reply budget for role {role!r}; known: {sorted(REPLY_TOKENS)}")
         v = REPLY_TOKENS[role]
         return int(getattr(self, v) if isinstance(v, str) else v)
 
@@ -410,6 +412,11 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] | dict 
         cfg = cfg.replace(**d)
     ov = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     return cfg.replace(**ov) if ov else cfg
+
+# %% ../nbs/00_core.ipynb #e61db85c
+def reply_tokens(role: str, config: Config | None = None) -> int:
+    "The reply budget of `role` (`REPLY_TOKENS`), read through `config` (default: the paper's values)."
+    return (config or Config()).reply_tokens(role)
 
 # %% ../nbs/00_core.ipynb #427c18bc
 def project_root() -> Path:

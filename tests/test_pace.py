@@ -592,9 +592,9 @@ def test_dvd_function_calling_against_a_real_llama_cpp_server(llama_server):
     error (a grammar does not bound numbers), the conversation growing turn by turn with the `tool` replies."""
     m = OpenAIHTTPModel(llama_server, model='gemma', tool_mode='schema', timeout=300, retries=1)
     res, steps = _dvd_over(m)
-    assert res['answer'] in Q.options and res['trace_data']['protocol'] == 'tools'
+    assert res['answer'] in Q.options and res['trace_data']['protocol'] == res['protocol'] == 'tools_as_json'
     assert [s['tool'] for s in steps][-1] == 'Finish' and {s['tool'] for s in steps} <= set(DVD_TOOLS)
-    assert all(s['error'] for s in steps if s['invalid']) and res['rounds'] == 3
+    assert all(s['error'] for s in steps if s['invalid']) and len(steps) == 3 and res['rounds'] <= 3
     first = [s['prompt_tokens'] for s in steps if s['calls']]
     assert first == sorted(first) and first[0] < first[-1]        # each turn sends the earlier turns and results
 

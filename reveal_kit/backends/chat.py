@@ -141,7 +141,7 @@ def _default_reply(messages, schema, role):
     return minimal_instance(schema) if schema is not None else 'ok'
 
 class ScriptedModel(ChatModel):
-    "A deterministic model: `fn(messages, schema, role) -> str | dict | list | Completion`; calls logged in `.calls`."
+    "A deterministic model: `fn(messages, schema, role) -> str | dict | list | Completion`, calls in `.calls`."
     backend_name = 'scripted'
     def __init__(self, fn: Callable | None = None, *, model_id: str = 'scripted', meaningful: bool = True,
                  supports_images: bool = True):
@@ -342,9 +342,10 @@ def _tools_uncut(self: ChatModel, msgs, tools, kw: dict, t0) -> ToolResult:
     res = self._tool_result(msgs, tools, kw['tool_choice'], c, t0, kw['role'])
     if res.record.ok or c.finish_reason != 'length': return res
     c2 = as_completion(self._complete_tools(msgs, tools, **{**kw, 'max_tokens': 2 * kw['max_tokens']}))
-    res, r = self._tool_result(msgs, tools, kw['tool_choice'], c2, t0, kw['role']), None
+    res = self._tool_result(msgs, tools, kw['tool_choice'], c2, t0, kw['role'])
     r = res.record
-    r.prompt_tokens, r.completion_tokens = r.prompt_tokens + c.prompt_tokens, r.completion_tokens + c.completion_tokens
+    r.prompt_tokens += c.prompt_tokens
+    r.completion_tokens += c.completion_tokens
     r.reasoning_tokens, r.cut_retry = r.reasoning_tokens + c.n_reasoning, True
     return res
 
@@ -356,7 +357,8 @@ def chat_tools(self: ChatModel, messages, tools: list[dict], *, tool_choice: str
     msgs, t0 = as_messages(messages), time.perf_counter()
     tool_call_schema(tools, tool_choice)          # a malformed tool list or choice: ValueError, before any call
     with _STATS_LOCK: self.stats['calls'] += 1
-    kw = dict(tool_choice=tool_choice, max_tokens=self.reply_budget(max_tokens), temperature=temperature, role=role)
+    kw = dict(tool_choice=tool_choice, max_tokens=self.reply_budget(max_tokens), temperature=temperature,
+              role=role)
     with _SlowCallNotice(self, role):
         try: res = self._tools_uncut(msgs, tools, kw, t0)
         except (RequestRejected, BadReply) as e:

@@ -306,8 +306,9 @@ def _complete_tools(self: OpenAIHTTPModel, messages, tools, *, tool_choice, max_
     kw = dict(tool_choice=tool_choice, max_tokens=max_tokens, temperature=temperature, role=role)
     if self.tool_mode == 'schema': return ChatModel._complete_tools(self, messages, tools, **kw)
     msgs = messages if self.supports_images else text_only(messages)
-    payload = self._with_thinking({'model': self.model_id, 'messages': msgs, 'tools': tools, 'tool_choice': tool_choice,
-                                   'max_tokens': max_tokens, 'temperature': temperature, **self.extra_body})
+    payload = self._with_thinking({'model': self.model_id, 'messages': msgs, 'tools': tools,
+                                   'tool_choice': tool_choice, 'max_tokens': max_tokens, 'temperature': temperature,
+                                   **self.extra_body})
     r = self._request('POST', '/chat/completions', payload)
     if self.tool_mode != 'auto' or not _rejects_tools(r): return _calls_in_text(self._reply(r, msgs))
     with self._lock: self.tool_mode = 'schema'

@@ -72,7 +72,8 @@ def _generate(self: VLLMModel, conversations, schema, max_tokens, temperature) -
     sp = vllm_sampling_params(s, max_tokens, temperature, self.seed)
     if not self.supports_images: conversations = [text_only(c) for c in conversations]
     sw = self.thinking_switch()
-    with self._lock: outs = llm.chat(conversations, sp, use_tqdm=False, **({'chat_template_kwargs': sw} if sw else {}))
+    kw = {'chat_template_kwargs': sw} if sw else {}
+    with self._lock: outs = llm.chat(conversations, sp, use_tqdm=False, **kw)
     return [Completion(o.outputs[0].text, len(o.prompt_token_ids or []), len(o.outputs[0].token_ids),
                        finish_reason=getattr(o.outputs[0], 'finish_reason', None) or '') for o in outs]
 
