@@ -53,12 +53,12 @@ class ToolCallPolicy:
     def __init__(self, model: Any, messages: list[dict], names: Sequence[str] = DVD_TOOLS,
                  letters: Sequence[str] = (), max_tokens: int = 400, max_chars: int | None = None):
         self.model, self.messages, self.names, self.letters = model, list(messages), tuple(names), list(letters)
-        self.max_tokens, self.max_chars, self._pending, self.used = max_tokens, max_chars, {}, []
+        self.max_tokens, self.max_chars, self._pending, self.protocols = max_tokens, max_chars, {}, []
 
     @property
     def protocol(self) -> str:
         "The protocol the turns actually used: 'tools', 'tools_as_json' (a server without function calling), both."
-        return '+'.join(dict.fromkeys(p for p in self.used if p)) or 'tools'
+        return '+'.join(dict.fromkeys(p for p in self.protocols if p)) or 'tools'
 
 # %% ../../nbs/32b_pace.dvd.ipynb #d16de987
 @patch
@@ -80,7 +80,7 @@ def next_turn(self: ToolCallPolicy, st: AgentState, last: bool) -> Turn:
     res = self.model.chat_tools(self._send(), tools, tool_choice='required', role='pace_agent',
                                 max_tokens=self.max_tokens, temperature=0.0)
     rec = {**record_dict(res.record), 'role': 'pace_agent', 'wall_s': round(time.perf_counter() - t0, 6)}
-    self.used.append(rec.get('protocol'))
+    self.protocols.append(rec.get('protocol'))
     self.messages.append(res.message())
     self._pending = {c.id: c for c in res.calls}
     if not res.calls: self.messages.append(user_message(CALL_A_TOOL))
