@@ -52,7 +52,7 @@ class RunContext:
         with self._lock:
             if self.model_obj is None and self.backend not in (None, 'none'):
                 self.model_obj = get_chat_model(self.backend, model=self.model_name, base_url=self.base_url,
-                                                cache_mode=self.cache_mode,
+                                                cache_mode=self.cache_mode, **self.config.thinking_settings(),
                                                 timeout_s=self.timeout_s or self.config.timeout_s)
             return self.model_obj
 
@@ -104,7 +104,7 @@ def model_for(self: RunContext, group: str):
     with self._lock:
         made = self.__dict__.setdefault('_role_objs', {})
         if group not in made:
-            kw = {'supports_images': False} if text else {}
+            kw = {**self.config.thinking_settings(), **({'supports_images': False} if text else {})}
             made[group] = get_chat_model('http', model=name or None, base_url=url, cache_mode=self.cache_mode,
                                          timeout_s=self.timeout_s or self.config.timeout_s, **kw)
         return made[group]

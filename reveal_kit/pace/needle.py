@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 from typing import Any, Sequence
-from ..core import Question, safe_name
+from ..core import Question, safe_name, REPLY_TOKENS
 from ..text import content_words, fmt_time, hms_to_seconds
 from ..io import append_jsonl, read_jsonl_rows
 from ..backends.chat import role_call, is_meaningful
@@ -89,7 +89,7 @@ def judge_prompt(q: Question, cue: str, rows: Sequence[dict], max_chars: int = 6
     return f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCue: {cue}\n\nEvidence:\n{ev}"
 
 # %% ../../nbs/32c_pace.needle.ipynb #ba0841ec
-def model_judge(model: Any, q: Question, rows: Sequence[dict], max_tokens: int = 512,
+def model_judge(model: Any, q: Question, rows: Sequence[dict], max_tokens: int = REPLY_TOKENS['needle_judge'],
                 max_chars: int = 64000) -> tuple[float | None, list, list[dict]]:
     "The judge model's needle recall of the rows, its verdict per cue (None: unusable reply) and its calls."
     if not q.cues: return None, [], []
@@ -108,7 +108,8 @@ def judge_name(model: Any = None) -> str:
     return f"model:{getattr(model, 'model_id', '?')}" if is_meaningful(model) else 'lexical'
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0002
-def judge_result(q: Question, result: dict, model: Any = None, spans: bool = True, max_tokens: int = 512) -> dict:
+def judge_result(q: Question, result: dict, model: Any = None, spans: bool = True,
+                 max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict:
     "A result's needle recall by a judge model (else the lexical judge), with the judge's name, verdicts and calls."
     rows = judge_rows(result)
     if not is_meaningful(model):
@@ -124,7 +125,7 @@ def needles_path(run_dir: str | Path, judge: str) -> Path:
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0004
 def judge_run(run_dir: str | Path, questions: Sequence[Question], model: Any = None, spans: bool = True,
-              max_tokens: int = 512) -> dict[str, dict]:
+              max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict[str, dict]:
     "Judge every result of a run with cues (resumable: judged questions are kept); `{qid: judged row}`."
     p, qs = needles_path(run_dir, judge_name(model)), {q.qid: q for q in questions if q.cues}
     done = {r['qid']: r for r in read_jsonl_rows(p)} if p.exists() else {}
