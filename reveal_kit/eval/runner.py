@@ -179,7 +179,7 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
                          cache_mode, timeout_s, roles, dict(role_models or {}))
         meta = write_run_json(out, _run_meta(name, method, cfg, ctx, backend=backend, base_url=base_url,
                                              cache_mode=cache_mode, **pool_meta(cfg, name, split, qs, method),
-                                             root=str(root) if root else None, split=split, limit=limit,
+                                             root=str(Path(root).resolve()) if root else None, split=split, limit=limit,
                                              only_present=only_present, shards=[(si, sn)], load_report=load_rep))
         todo, prev, dropped = _todo(sel, out / 'results.jsonl', retry_failed)
         ctx.hold(todo)
