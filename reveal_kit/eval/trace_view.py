@@ -19,9 +19,9 @@ from .loaders import load_benchmark
 from ..video.frames import read_frames_at
 
 # %% auto #0
-__all__ = ['esc', 'score_colour', 'html_table', 'trace_rounds', 'item_rows', 'verifier_html', 'round_html', 'calls_html',
-           'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'step_ranges', 'step_row', 'steps_html',
-           'evidence_html', 'header_html', 'notes_html', 'trace_html', 'keyframe_thumbs', 'run_questions',
+__all__ = ['esc', 'score_colour', 'html_table', 'trace_rounds', 'item_rows', 'verifier_html', 'round_html', 'trace_calls',
+           'calls_html', 'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'step_ranges', 'step_row',
+           'steps_html', 'evidence_html', 'header_html', 'notes_html', 'trace_html', 'keyframe_thumbs', 'run_questions',
            'filter_questions', 'run_trace', 'benchmark_root', 'run_question_source', 'run_question_index', 'run_videos',
            'page_notes', 'trace_fragment', 'html_page', 'trace_page', 'step_lines', 'trace_text', 'show_trace',
            'TraceViewer']
@@ -103,6 +103,11 @@ def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None
     return '\n'.join(parts)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #abfb3418
+def trace_calls(t: dict) -> list[dict]:
+    "A trace's model calls: REVEAL's `calls`; for PACE and DVD the factor calls, then each tool call's."
+    if t.get('calls'): return list(t['calls'])
+    return list(t.get('factor_calls') or []) + [c for s in t.get('steps') or [] for c in s.get('calls') or []]
+
 def calls_html(calls: list[dict]) -> str:
     "The model calls of a question: role, prompt and completion tokens, latency, cache hit, errors."
     if not calls: return '<p>no model calls (offline roles)</p>'
@@ -221,8 +226,8 @@ def _step_outcome(s: dict) -> str:
 def step_row(s: dict) -> Any:
     "One tool call as a table row: step, tool, arguments, time ranges, outcome, result (folded), tokens, seconds."
     res = _plain(s.get('summary') or '')
-    thought = _plain(s.get('thought') or s.get('reasoning') or '')
-    body = Details(Summary(_plain(res, 90) or '—'), Pre(res), P('thought: ' + thought) if thought else '')
+    said = [P(f"{k}: {_plain(s[k])}") for k in ('thought', 'reasoning') if s.get(k)]
+    body = Details(Summary(_plain(res, 90) or '—'), Pre(res), *said)
     toks = int(s.get('prompt_tokens') or 0) + int(s.get('completion_tokens') or 0)
     return Tr(Td(int(s.get('step') or 0) + 1), Td(_plain(s.get('tool'))), Td(Pre(_plain(s.get('arguments') or {}))),
               Td(step_ranges(s)), Td(_step_outcome(s), cls='ok' if s.get('ok') else 'bad'), Td(body), Td(toks),
@@ -300,7 +305,7 @@ def trace_html(trace: dict, thumbs: dict[str, str] | None = None, question: Ques
         parts.append('<p>final missing evidence: ' + esc('; '.join(map(str, t['missing_evidence']))) + '</p>')
     if t.get('answer_reasoning'):
         parts.append(f"<p>answerer ({esc(t.get('answer_source'))}): {esc(t['answer_reasoning'])}</p>")
-    parts += ['<h4>Model calls</h4>', calls_html(t.get('calls') or []), '</div>']
+    parts += ['<h4>Model calls</h4>', calls_html(trace_calls(t)), '</div>']
     return '\n'.join(p for p in parts if p)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #8018fdac
