@@ -65,3 +65,58 @@ def test_memory_of_a_fifo_is_refused_in_one_line(bench, tmp_path):
     r = reveal('memory', 'build', tmp_path / 'v.mp4', timeout=60)
     assert r.returncode == 2 and r.stderr.strip().startswith('error:') and 'is a FIFO' in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- settings that fail loudly, before anything is written
+def _cli():
+    from reveal_kit.cli.main import app
+    from reveal_kit.testing.commands import cli_for
+    return cli_for(app)
+
+
+def test_a_bogus_backend_is_refused_and_leaves_the_folder_usable(bench, tmp_path):
+    "`--backend bogus` exits 2 in one line with no folder made; the right command then runs in that folder."
+    from reveal_kit.cli.runs import eval_run
+    cli, out = _cli(), tmp_path / 'run'
+    r = cli(eval_run, 'synth', '--root', bench, '-m', 'base', '-o', out, '--quiet', '--backend', 'bogus')
+    assert r.exit_code == 2 and r.output.strip() == ("error: unknown backend 'bogus': choose one of none, embedded, "
+                                                     "http, vllm, scripted"), r.output
+    assert not out.exists()
+    r = cli(eval_run, 'synth', '--root', bench, '-m', 'base', '-o', out, '--quiet', '--backend', 'none')
+    assert r.exit_code == 0 and '2 run, 0 already done, 0 failed' in r.output, r.output
+
+
+@pytest.mark.parametrize('args,why', [
+    (['synth', '{tmp}/s', '--minutes', 'inf'], '--minutes must be a finite number of minutes > 0'),
+    (['synth', '{tmp}/s', '--width', '321'], '--width must be an even number of pixels ≥ 16'),
+    (['synth', '{tmp}/s', '--height', '181'], '--height must be an even number of pixels ≥ 16'),
+    (['synth', '{tmp}/s', '--fps', '0'], '--fps must be a finite number of frames per second > 0'),
+    (['eval', 'run', 'synth', '--root', '{bench}', '-m', 'base', '-o', '{tmp}/s', '--shard', 'a/b'],
+     "shard must be i/n with 0 <= i < n, got 'a/b'"),
+    (['eval', 'run', 'synth', '--root', '{bench}', '-m', 'base', '-o', '{tmp}/s', '-c', '0'],
+     'concurrency must be a whole number of questions in flight ≥ 1, got 0'),
+    (['eval', 'compare', '{tmp}', '{tmp}', '--n-boot', '0'], 'n_boot must be a whole number of bootstrap resamples ≥ 1'),
+])
+def test_out_of_range_options_are_one_line(bench, tmp_path, args, why):
+    from typer.testing import CliRunner
+    from reveal_kit.cli.main import app
+    if args[:2] == ['eval', 'compare']:                         # two real (tiny) runs to compare
+        from reveal_kit.eval.runner import run_eval
+        run_eval('synth', 'blind', tmp_path / 'a', root=bench, progress=False)
+        args = ['eval', 'compare', str(tmp_path / 'a'), str(tmp_path / 'a'), '--n-boot', '0']
+    r = CliRunner().invoke(app, [a.format(tmp=tmp_path, bench=bench) for a in args])
+    assert r.exit_code == 2 and r.output.strip() == f"error: {r.output.strip()[7:]}" and why in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / 's').exists()
+
+
+def test_a_rubric_pool_with_a_nan_weight_is_refused(bench, tmp_path):
+    "A pool whose weight is .nan is refused where it is loaded (it used to make every ρ NaN)."
+    import yaml
+    from reveal_kit.reveal.rubrics import default_pool_path
+    d = yaml.safe_load(Path(default_pool_path()).read_text())
+    d['criteria'][0]['weight'] = float('nan')
+    (tmp_path / 'pool.yaml').write_text(yaml.safe_dump(d))
+    from reveal_kit.cli.runs import eval_run
+    r = _cli()(eval_run, 'synth', '--root', bench, '-m', 'reveal', '-o', tmp_path / 'run', '--quiet', '--backend',
+               'none', '--set', f"rubric_pool={tmp_path / 'pool.yaml'}")
+    assert r.exit_code == 2 and 'weight must be a finite number > 0, got nan' in r.output, r.output

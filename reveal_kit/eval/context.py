@@ -202,6 +202,7 @@ def pool_meta(cfg: Config, benchmark: str, split: str | None, qs: list[Question]
     if not p.exists():
         if cfg.rubric_pool: raise FileNotFoundError(f"rubric pool {p} not found (Config.rubric_pool)")
         return dict(rubric_pool=str(p), rubric_pool_sha256=None, rubric_pool_warning=None)
+    if uses_pool(method): load_rubric_pool(p)              # a bad pool (a NaN weight) fails before any question
     origin, w = pool_origin(p), pool_eval_warning(p, benchmark, split, qs)
     if w: warn(w)
     seed_w = seed_pool_warning(origin, benchmark, method)
