@@ -120,3 +120,18 @@ def test_a_rubric_pool_with_a_nan_weight_is_refused(bench, tmp_path):
     r = _cli()(eval_run, 'synth', '--root', bench, '-m', 'reveal', '-o', tmp_path / 'run', '--quiet', '--backend',
                'none', '--set', f"rubric_pool={tmp_path / 'pool.yaml'}")
     assert r.exit_code == 2 and 'weight must be a finite number > 0, got nan' in r.output, r.output
+
+
+def test_a_clip_inside_another_builds_one_timeline(tmp_path):
+    "11:00:00 for 20 s and 11:00:05 for 5 s (inside it): the memory covers 20 s (it used to fail after decoding)."
+    from reveal_kit.eval.loaders import egolife_seconds
+    from reveal_kit.memory.build import OfflineMemory
+    from reveal_kit.testing.videos import make_test_video
+    folder = tmp_path / 'A1_JAKE'
+    make_test_video(folder / 'DAY1' / 'DAY1_A1_JAKE_11000000.mp4', [(10, 1), (10, 2)], fps=4)
+    make_test_video(folder / 'DAY1' / 'DAY1_A1_JAKE_11000500.mp4', [(5, 3)], fps=4)
+    r = reveal('memory', 'build', folder, '--out', tmp_path / 'mem', '--json', timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    l1 = OfflineMemory.load(tmp_path / 'mem').level(1)
+    t0 = egolife_seconds('DAY1', '11000000')
+    assert l1[0].t_start == t0 and abs(l1[-1].t_end - (t0 + 20)) < 0.6, [(x.t_start, x.t_end) for x in l1]
