@@ -9,22 +9,22 @@ import html
 import json
 from pathlib import Path
 from typing import Any
-from fastcore.xml import Details, Div, H4, Img, P, Pre, Span, Summary, Table, Td, Th, Tr, to_xml
+from fastcore.xml import Div, Span, to_xml
 from ..core import Question
-from ..text import fmt_time, hms_to_seconds, printable
+from ..text import fmt_time, printable
 from ..io import atomic_write_text, read_jsonl_rows
 from .metrics import load_results
 from ..reveal.ask import load_trace, format_trace
 from .loaders import load_benchmark
 from ..video.frames import read_frames_at
+from .trace_steps import evidence_html, item_spans, step_lines, step_spans, steps_html
 
 # %% auto #0
 __all__ = ['esc', 'score_colour', 'html_table', 'trace_rounds', 'item_rows', 'verifier_html', 'round_html', 'trace_calls',
-           'calls_html', 'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'step_ranges', 'step_row',
-           'steps_html', 'evidence_html', 'header_html', 'notes_html', 'trace_html', 'keyframe_thumbs', 'run_questions',
-           'filter_questions', 'run_trace', 'benchmark_root', 'run_question_source', 'run_question_index', 'run_videos',
-           'page_notes', 'trace_fragment', 'html_page', 'trace_page', 'step_lines', 'trace_text', 'show_trace',
-           'TraceViewer']
+           'calls_html', 'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'header_html', 'notes_html',
+           'trace_html', 'keyframe_thumbs', 'run_questions', 'filter_questions', 'run_trace', 'benchmark_root',
+           'run_question_source', 'run_question_index', 'run_videos', 'page_notes', 'trace_fragment', 'html_page',
+           'trace_page', 'trace_text', 'show_trace', 'TraceViewer']
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7bc1e1a
 def esc(x: Any) -> str:
@@ -125,21 +125,6 @@ def question_spans(q: Question | dict | None) -> dict:
                 distractors=[pair(s) for s in d.get('distractor_spans') or []], cues=list(d.get('cues') or []))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #08711252
-def _item_spans(items: list[dict] | None, what: str) -> list[tuple[float, float, str, int | None]]:
-    "(start, end, tooltip, level) of every item that has a time range."
-    span = lambda i: f"{fmt_time(i['t_start'])}–{fmt_time(i['t_end'])}"
-    tip = lambda i: f"{what} {i.get('item_id', '')} L{i.get('level', '')} {span(i)}"
-    return [(float(i['t_start']), float(i['t_end']), tip(i), i.get('level')) for i in items or [] if 't_start' in i]
-
-def _step_spans(step: dict) -> list[tuple[float, float, str, int | None]]:
-    "A tool call's ranges: the records it returned, and the HH:MM:SS ranges its arguments named."
-    out = _item_spans(step.get('records'), step.get('tool', 'step'))
-    for r in (step.get('arguments') or {}).get('time_ranges_hhmmss') or []:
-        try: a, b = hms_to_seconds(r[0]), hms_to_seconds(r[1])
-        except (ValueError, TypeError, IndexError): continue
-        out.append((a, b, f"{step.get('tool')} asked for {fmt_time(a)}–{fmt_time(b)}", None))
-    return out
-
 def _verdict(rd: dict) -> str:
     "The round's verdict for its lane label: ρ and sufficient / insufficient, or ''."
     v = rd.get('verifier')
@@ -151,17 +136,17 @@ def trace_lanes(trace: dict) -> list[tuple[str, str, list[tuple]]]:
     lanes = []
     for rd in trace_rounds(trace):
         r = rd.get('round')
-        lanes.append((f"round {r} retrieved", 'retrieved', _item_spans(rd.get('retrieved'), 'retrieved')))
-        lanes.append((f"round {r} admitted{_verdict(rd)}", 'admitted', _item_spans(rd.get('admitted'), 'admitted')))
+        lanes.append((f"round {r} retrieved", 'retrieved', item_spans(rd.get('retrieved'), 'retrieved')))
+        lanes.append((f"round {r} admitted{_verdict(rd)}", 'admitted', item_spans(rd.get('admitted'), 'admitted')))
     for s in trace.get('steps') or []:
-        lanes.append((f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', _step_spans(s)))
+        lanes.append((f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', step_spans(s)))
     if trace.get('steps') and trace.get('evidence'):
-        lanes.append(('evidence', 'admitted', _item_spans(trace['evidence'], 'evidence')))
+        lanes.append(('evidence', 'admitted', item_spans(trace['evidence'], 'evidence')))
     if (trace.get('oracle') or {}).get('items'):
-        lanes.append(('oracle evidence', 'admitted', _item_spans(trace['oracle']['items'], 'oracle')))
+        lanes.append(('oracle evidence', 'admitted', item_spans(trace['oracle']['items'], 'oracle')))
     fr = [dict(i, item_id=f"{i.get('item_id', '')} ({i.get('frames')} frames)")
           for i in (trace.get('answer_frames') or {}).get('items') or []]
-    if fr: lanes.append(('answer frames', 'frames', _item_spans(fr, 'frames of')))
+    if fr: lanes.append(('answer frames', 'frames', item_spans(fr, 'frames of')))
     return lanes
 
 # %% ../../nbs/45_eval.trace_view.ipynb #aed4af6c
@@ -205,57 +190,6 @@ def timeline_html(trace: dict, question: Question | dict | None = None, width: i
     return (f"<div class='timeline'><svg xmlns='http://www.w3.org/2000/svg' width='{width}' "
             f"height='{24 + 18 * len(lanes)}' font-family='sans-serif'>{ticks}{body}</svg>"
             f"{legend_html([k for _, k, _ in lanes])}{cues}</div>")
-
-# %% ../../nbs/45_eval.trace_view.ipynb #5149d587
-def _plain(x: Any, n: int | None = None) -> str:
-    "Printable text of a value (JSON for a structure), cut to `n` characters with an ellipsis."
-    s = printable(x if isinstance(x, str) else json.dumps(x, ensure_ascii=False, default=str))
-    return s if n is None or len(s) <= n else s[:n] + '…'
-
-def step_ranges(step: dict) -> str:
-    "A tool call's time ranges (asked for and returned) as `m:ss–m:ss`, in order, or '—'."
-    rs = sorted({(a, b) for a, b, _, _ in _step_spans(step)})
-    return ', '.join(f"{fmt_time(a)}–{fmt_time(b)}" for a, b in rs) or '—'
-
-def _step_outcome(s: dict) -> str:
-    "'ok', or the error (and whether the call itself was invalid)."
-    if s.get('ok'): return 'ok'
-    return f"{'invalid call: ' if s.get('invalid') else 'error: '}{_plain(s.get('error') or '?')}"
-
-# %% ../../nbs/45_eval.trace_view.ipynb #5b92a43c
-def step_row(s: dict) -> Any:
-    "One tool call as a table row: step, tool, arguments, time ranges, outcome, result (folded), tokens, seconds."
-    res = _plain(s.get('summary') or '')
-    said = [P(f"{k}: {_plain(s[k])}") for k in ('thought', 'reasoning') if s.get(k)]
-    body = Details(Summary(_plain(res, 90) or '—'), Pre(res), *said)
-    toks = int(s.get('prompt_tokens') or 0) + int(s.get('completion_tokens') or 0)
-    return Tr(Td(int(s.get('step') or 0) + 1), Td(_plain(s.get('tool'))), Td(Pre(_plain(s.get('arguments') or {}))),
-              Td(step_ranges(s)), Td(_step_outcome(s), cls='ok' if s.get('ok') else 'bad'), Td(body), Td(toks),
-              Td(f"{float(s.get('latency_s') or 0):.2f}"))
-
-def steps_html(steps: list[dict]) -> str:
-    "Every tool call of a PACE or DVD trace as a table ('' when the trace has none)."
-    if not steps: return ''
-    cols = ('step', 'tool', 'arguments', 'time ranges', 'outcome', 'result', 'tokens', 'seconds')
-    head = Tr(*[Th(c) for c in cols])
-    return to_xml(Div(H4(f"Tool calls ({len(steps)})"), Table(head, *map(step_row, steps), cls='steps')), indent=False)
-
-# %% ../../nbs/45_eval.trace_view.ipynb #3961313b
-def _evidence_row(e: dict, thumbs: dict[str, str]) -> Any:
-    "One evidence item: id, level, time range, where it came from, score, its text, its keyframe."
-    span = f"{fmt_time(e['t_start'])}–{fmt_time(e['t_end'])}" if 't_start' in e else '—'
-    src = _plain(e.get('source') or '') + (f" (round {e['round']})" if e.get('round') is not None else '')
-    img = Img(src=thumbs[e['item_id']], width='120') if e.get('item_id') in thumbs else ''
-    return Tr(Td(_plain(e.get('item_id'))), Td(f"L{_plain(e.get('level'))}"), Td(span), Td(src),
-              Td(_plain(e.get('score'))), Td(_plain(e.get('text') or '—'), cls='text'), Td(img))
-
-def evidence_html(trace: dict, thumbs: dict[str, str] | None = None) -> str:
-    "The evidence the answer rested on, with the caption and subtitle text each item contributed ('' if none)."
-    ev = [e for e in trace.get('evidence') or [] if isinstance(e, dict)]
-    if not ev: return ''
-    head = Tr(*[Th(c) for c in ('item', 'level', 'time', 'from', 'score', 'text (what was read)', 'frame')])
-    rows = [_evidence_row(e, thumbs or {}) for e in ev]
-    return to_xml(Div(H4(f"Evidence ({len(ev)})"), Table(head, *rows, cls='evidence')), indent=False)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #a81ee107
 _STYLE = """<style>
@@ -411,12 +345,6 @@ def trace_page(run_dir: str | Path, qid: Any, thumbs: bool = True, source: tuple
     return html_page(qid, trace_fragment(run_dir, qid, thumbs, source, row))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #87180048
-def step_lines(steps: list[dict]) -> list[str]:
-    "One line per tool call: step, tool, arguments, time ranges, outcome and the start of its result."
-    return [f"  step {int(s.get('step') or 0) + 1} {_plain(s.get('tool'))} {_plain(s.get('arguments') or {}, 160)}"
-            f" ranges={step_ranges(s)} {_step_outcome(s)} → {_plain(s.get('summary') or '', 100)}".replace('\n', ' ')
-            for s in steps]
-
 def trace_text(t: dict) -> str:
     "The text summary of a trace (`format_trace`) with a PACE or DVD trace's tool calls after its first line."
     lines = printable(format_trace(t)).splitlines()
