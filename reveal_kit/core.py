@@ -14,8 +14,8 @@ import yaml
 # %% auto #0
 __all__ = ['LETTERS', 'Span', 'DUPLICATE_QIDS', 'normalize_options', 'Question', 'unique_qids', 'duration_group', 'MemoryItem',
            'Evidence', 'MemoryBuildError', 'RunMismatch', 'KitWarning', 'warn', 'check_config', 'Config',
-           'parse_overrides', 'load_config', 'project_root', 'runs_dir', 'safe_name', 'sha256_file', 'seed_everything',
-           'kit_version', 'trace_path', 'digest', 'build_stamp', 'ask_trace_dir']
+           'run_subtitles', 'parse_overrides', 'load_config', 'project_root', 'runs_dir', 'safe_name', 'sha256_file',
+           'seed_everything', 'kit_version', 'trace_path', 'digest', 'build_stamp', 'ask_trace_dir']
 
 # %% ../nbs/00_core.ipynb #6cf813b8
 LETTERS = string.ascii_uppercase
@@ -276,6 +276,8 @@ def check_config(cfg: Any) -> Any:
 
 # %% ../nbs/00_core.ipynb #0aebac7a
 _UNHASHED = ('timeout_s',)                # Config fields that cannot change a result
+_HASHED_WHEN_OFF = ('subtitles', 'before_query')   # switches added later: hashed only when turned off, so run
+                                                   # folders made before them keep their key
 
 @dataclass(frozen=True)
 class Config:
@@ -339,6 +341,10 @@ class Config:
     # baselines (§5)
     direct_fps: float = 1.0
     direct_max_frames: int = 768
+    # benchmark input: a run's switches, recorded in run.json
+    subtitles: bool = True                # the benchmark's subtitles reach every memory, index and method
+                                          # (False: PACE Table 2's Video-MME 'Long (w/o sub)')
+    before_query: bool = True             # EgoLifeQA / Ego-R1: only footage recorded before the query time
     seed: int = 0
     # model servers: how long to wait, not what is computed (kept out of `hash()`)
     timeout_s: float = 120.0              # longest wait in seconds for one reply of an HTTP model server
@@ -348,7 +354,8 @@ class Config:
 
     def hash(self) -> str:
         "Stable 12-hex digest of every value that can change a result; recorded by every output made under it."
-        d = {k: v for k, v in self.to_dict().items() if k not in _UNHASHED}
+        d = {k: v for k, v in self.to_dict().items()
+             if k not in _UNHASHED and not (k in _HASHED_WHEN_OFF and v is True)}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     def replace(self, **kw) -> Config:
@@ -357,6 +364,11 @@ class Config:
         if bad:
             raise KeyError(f"unknown Config keys: {sorted(bad)}")
         return check_config(dataclasses.replace(self, **{k: _coerce(getattr(self, k), v) for k, v in kw.items()}))
+
+# %% ../nbs/00_core.ipynb #5b7e1a01
+def run_subtitles(path: str | Path | None, config: Config) -> str | Path | None:
+    "The subtitle file a memory, index or method reads: `path`, or None when `config.subtitles` is off."
+    return path if config.subtitles else None
 
 # %% ../nbs/00_core.ipynb #bb86f7e4
 def parse_overrides(pairs: Iterable[str] | None) -> dict[str, str]:

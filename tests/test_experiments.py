@@ -324,3 +324,11 @@ def test_reveal_figures_run_with_the_induced_pool(work):
     run = next((work / 'out-pool').glob('*/base-*/run.json'))
     assert json.loads(run.read_text())['config']['rubric_pool'] == 'rubrics/induced-synth.yaml'
     assert json.loads(next((work / 'out-pool').glob('*/blind-*/run.json')).read_text())['config']['rubric_pool'] == ''
+
+
+def test_paper_params_input_switches():
+    "PACE's Video-MME runs read no subtitles (Table 2: 'Long (w/o sub)'); the egocentric ones cut at the query time."
+    load = lambda n: yaml.safe_load((NB / 'params' / n).read_text())['setup']
+    assert load('pace_table4/paper-videomme.yaml')['subtitles'] is False
+    assert load('reveal_table1/paper.yaml')['subtitles'] is True
+    assert all(load(f'reveal_table1/paper-{b}.yaml')['before_query'] is True for b in ('egolifeqa', 'egor1'))

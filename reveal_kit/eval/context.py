@@ -118,8 +118,9 @@ def role_models_meta(self: RunContext) -> dict | None:
 # %% ../../nbs/42a_eval.context.ipynb #18fd1682
 @patch
 def subtitles(self: RunContext, q: Question) -> str | None:
-    "The question's subtitle file as SRT/VTT (LongVideoBench JSON converted once into the run folder), or None."
-    p = Path(q.subtitle_path) if q.subtitle_path else None
+    "The question's subtitle file as SRT/VTT (LongVideoBench JSON converted once into the run folder), or None"
+    " (also when the run's `subtitles` switch is off)."
+    p = Path(q.subtitle_path) if q.subtitle_path and self.config.subtitles else None
     if not p or not p.exists(): return None
     if p.suffix.lower() != '.json': return str(p)
     out = Path(self.out_dir) / 'subtitles' / (p.stem + '.srt')

@@ -114,7 +114,8 @@ def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dic
     "What `run.json` records about this run."
     return dict(benchmark=name, method=method, method_spec=method_spec(method), config_hash=cfg.hash(),
                 config=cfg.to_dict(), model=ctx.model_id(), text_embedder=get_text_embedder().model_id,
-                **ctx.model_base_url(), roles=ctx.roles, role_models=ctx.role_models_meta(), **kw,
+                **ctx.model_base_url(), roles=ctx.roles, role_models=ctx.role_models_meta(),
+                input=dict(subtitles=cfg.subtitles, before_query=cfg.before_query), **kw,
                 kit_version=kit_version(), git_commit=git_commit(), python=sys.version.split()[0],
                 platform=platform.platform(),
                 created=datetime.now(timezone.utc).isoformat(timespec='seconds'))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 import numpy as np
 from fastcore.basics import patch
-from ..core import Config, MemoryBuildError, runs_dir, kit_version, digest, build_stamp
+from ..core import Config, run_subtitles, MemoryBuildError, runs_dir, kit_version, digest, build_stamp
 from ..text import content_words, fmt_time
 from ..io import atomic_write_json, atomic_save_npy, append_jsonl, read_jsonl_rows, locked_dir
 from ..backends.chat import offline_role
@@ -348,7 +348,7 @@ def get_pace_dbs(video: str | Path, factors: Sequence[Factor] = (), config: Conf
                  subtitles: str | Path | None = None, root: str | Path | None = None,
                  text_embedder=None) -> tuple[EvidenceDB, EvidenceDB | None]:
     "The video's plain database and, when factors are given, its factor-conditioned one: loaded, resumed or built."
-    te = text_embedder or get_text_embedder()
+    te, subtitles = text_embedder or get_text_embedder(), run_subtitles(subtitles, config)
     d = pace_dir_for(video, config, pace_models(model, te), subtitles, root)
     plain = build_plain_db(video, d / 'plain', config, model, subtitles, te)
     if not factors: return plain, None

@@ -298,6 +298,8 @@ class Experiment:
                                                 # the generated benchmark's SYNTH_POOL, on a real one the seed
     role_models: dict = field(default_factory=dict)   # PACE's per-role models {'agent'|'vision': 'URL[,NAME[,text]]'}
     pack: str | None = None                     # a run pack (`reveal pack`): its runs are replayed, no model
+    subtitles: bool = True                      # the benchmark's subtitles (False: PACE's Video-MME "w/o sub")
+    before_query: bool = True                   # EgoLifeQA / Ego-R1: only footage before the query time
 
     def __post_init__(self):
         if self.pack: return self.open_pack()
@@ -343,6 +345,8 @@ def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | Non
         tag: str = '') -> dict[str, list[dict]]:
     "Run the methods (resumable, shared; REVEAL's with the experiment's pool) and return their results."
     if self.pack: return self.run_packed(methods, tag)
+    off = [f'{k}=false' for k in ('subtitles', 'before_query') if not getattr(self, k)]   # the run's input switches
+    overrides = [*(overrides or []), *off]
     pool = pool_override(self.pool_path()) if any(uses_pool(m) for m in methods) else None
     dirs = run_methods(methods, self.benchmark, self.root_path, self.out_dir, self.chat, self.split, self.limit,
                        overrides, tag, self.progress, self.roles, self.only_present, pool, self.role_models)
