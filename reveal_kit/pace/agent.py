@@ -299,8 +299,10 @@ def _factor_db(plain: EvidenceDB, fq: Sequence[Factor], config: Config, model: A
     "The database a question reads: the plain one without F_Q, else the factor-conditioned one (on disk or in memory)."
     if not fq: return plain
     if plain.path is None: return _in_memory_factor_db(plain, fq)
-    out = plain.path.parent / f"factors-{factor_key(fq, tagger_kind(model))}"
-    return build_factor_db(plain, fq, out, config, model)
+    whole = getattr(plain, 'whole', plain)              # a view cut at the query time: index the whole, cut the same
+    out = whole.path.parent / f"factors-{factor_key(fq, tagger_kind(model))}"
+    db = build_factor_db(whole, fq, out, config, model)
+    return db.before(plain.manifest['before']) if whole is not plain else db
 
 def _step_totals(tr: dict, factor_calls: list[dict]) -> dict:
     "Call totals of the loop's model calls (reasoning tokens too); failed calls counted over the factor calls too."

@@ -148,6 +148,17 @@ def get(self: EvidenceDB, clip_id: str) -> ClipRecord:
     if clip_id not in self._by_id: raise KeyError(f"no clip {clip_id!r} in this evidence database")
     return self.records[self._by_id[clip_id]]
 
+# %% ../../nbs/31_pace.index.ipynb #b7c0e201
+@patch
+def before(self: EvidenceDB, t: float) -> EvidenceDB:
+    "A view holding the clips that end by time `t` (a question asked at `t`); `whole` is the database it cuts."
+    keep = [i for i, r in enumerate(self.records) if r.t_end <= t]
+    man = dict(self.manifest, duration=min(self.duration, float(t)), before=float(t))
+    view = EvidenceDB([self.records[i] for i in keep], self.vectors[keep], self.text_embedder, self.factors, man,
+                      self.path)
+    view.whole = getattr(self, 'whole', self)
+    return view
+
 # %% ../../nbs/31_pace.index.ipynb #b3f24916
 @patch
 def embed(self: EvidenceDB, texts: Sequence[str]) -> np.ndarray:
