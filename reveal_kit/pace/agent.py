@@ -106,11 +106,12 @@ class OfflinePolicy:
 
 # %% ../../nbs/33_pace.agent.ipynb #2058773b
 TOOL_GUIDE = {
-    'QueryDecompose': "Call QueryDecompose first, once: it returns contrastive factors — checkable criteria that "
+    'QueryDecompose': "Then call QueryDecompose, once: it returns contrastive factors — checkable criteria that "
                       "separate the options — each with the options it rules in and out.",
     'EvidenceRetrieve': "Test a contrastive factor with EvidenceRetrieve: the records whose factor tags or text "
                         "match it.",
-    'GlobalBrowse': "GlobalBrowse gives the video's subjects and the events related to a query across the video.",
+    'GlobalBrowse': "Start with GlobalBrowse: it gives the video's subjects and the events related to a query "
+                    "across the video.",
     'ClipSearch': "ClipSearch finds the clips whose descriptions match an event.",
     'FrameInspect': "FrameInspect looks at the frames of short time ranges; use it when the text records leave a "
                     "point unresolved."}
