@@ -25,7 +25,7 @@ from ..loaders import load_benchmark
 from ..runner import induce_benchmark, run_eval
 from ..context import uses_pool
 from ..run_dir import select_questions
-from ..metrics import load_results, run_pool
+from ..metrics import load_results, run_pool, embedders_line
 from ..replay import open_pack, pack_chat, replayed_run
 from ...reveal.rubrics import pool_label, pool_origin, resolve_pool_path
 from ...synth.bench import generate_benchmark
@@ -390,11 +390,13 @@ def run_packed(self: Experiment, methods: Sequence[str], tag: str = '') -> dict[
 # %% ../../../nbs/44_eval.figures.common.ipynb #7ad32183
 @patch
 def title(self: Experiment, headline: str, runs: dict[str, list[dict]]) -> str:
-    "A figure title: the headline, then what produced it, and the rubric pool(s) REVEAL's methods used."
+    "A figure title: the headline, what produced it, the rubric pool(s) REVEAL's methods used, the embedders that ran."
     chat = f"{self.chat.backend_name}:{self.chat.model_id}"
     pools = list(dict.fromkeys(pool_label(p, short=True) for p in self.pools.values() if p))
+    metas = [Path(d) / 'run.json' for d in self.pools]
+    embs = list(dict.fromkeys(e for m in metas if m.exists() and (e := embedders_line(json.loads(m.read_text())))))
     head = f"{headline}\n{provenance(runs, self.benchmark, self.split, chat)}"
-    return head + (f"\n{' | '.join(pools)}" if pools else '')
+    return head + (f"\n{' | '.join(pools)}" if pools else '') + (f"\n{' | '.join(embs)}" if embs else '')
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #d5d9bb03
 @patch
