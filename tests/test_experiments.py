@@ -144,6 +144,7 @@ def test_tables34(work):
     assert [r['method'] for r in cost] == ['base', 'reveal']
     assert all(float(r['rounds_mean']) >= 1 for r in cost)
     assert not any('seconds' in k for k in cost[0])         # wall times change per run: they have their own CSV
+    assert all(float(r['llm_calls_no_rerank_mean']) <= float(r['llm_calls_mean']) for r in cost)   # Table 4: 2R+2
     timing = rows(figs / 'reveal_tables34_timing.csv')
     assert [r['method'] for r in timing] == ['base', 'reveal']
     assert all(float(r['seconds_total']) > 0 and int(r['n']) == 2 for r in timing)

@@ -135,14 +135,21 @@ def per_type_table(before: list[dict], after: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #b837fa6c
+def _calls_without(r: dict, role: str = 'reranker') -> int:
+    "A result's model calls less those of one role (REVEAL's model rerank: one per round)."
+    by = r.get('calls_by_role') if isinstance(r.get('calls_by_role'), dict) else {}
+    return int(r.get('llm_calls') or 0) - int(by.get(role) or 0)
+
 def cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method: questions, mean rounds, model calls and prompt/completion tokens per question, and totals."
+    "Per method: questions, mean rounds, calls per question (also without the rerank call), tokens, and totals."
     rows = []
     for m, rs in runs.items():
-        r = report(rs)
+        r, ok = report(rs), [x for x in rs if not x.get('failed')]
+        no_rr = float(np.mean([_calls_without(x) for x in ok])) if ok else math.nan
         rows.append(dict(method=m, n=len(rs), rounds_mean=r['rounds_mean'], llm_calls_mean=r['llm_calls_mean'],
-                         prompt_tokens_mean=r['prompt_tokens_mean'], completion_tokens_mean=r['completion_tokens_mean'],
-                         llm_calls_total=r['llm_calls_total'], tokens_total=r['tokens_total']))
+                         llm_calls_no_rerank_mean=no_rr, prompt_tokens_mean=r['prompt_tokens_mean'],
+                         completion_tokens_mean=r['completion_tokens_mean'], llm_calls_total=r['llm_calls_total'],
+                         tokens_total=r['tokens_total']))
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #46f1abb1
