@@ -104,6 +104,10 @@ def _pace_usage(rs: list[dict]) -> dict:
                    index_reasoning_tokens_per_clip_mean=_mean([r['index'].get('reasoning_tokens_per_clip') or 0
                                                                for r in idx]),
                    query_reasoning_tokens_mean=_tok_mean(idx, 'reasoning_tokens'))
+        split = [r['index'] for r in idx if 'shared_prompt_tokens_per_clip' in r['index']]
+        one = lambda i, k: i[f'{k}_prompt_tokens_per_clip'] + i[f'{k}_completion_tokens_per_clip']
+        if split: out.update({f'index_{k}_tokens_per_clip_mean': _mean([one(i, k) for i in split])
+                              for k in ('shared', 'question')})             # Table 6's two passes apart
     return out
 
 # %% ../../nbs/43_eval.metrics.ipynb #20b7e1c0
@@ -165,6 +169,10 @@ def _pace_lines(rep: dict) -> list[str]:
                  f"per query (reasoning) {_num(rep['query_tokens_mean'], '.0f')}; of which thinking: "
                  f"{_num(rep.get('index_reasoning_tokens_per_clip_mean'), '.0f')} per clip, "
                  f"{_num(rep.get('query_reasoning_tokens_mean'), '.0f')} per query")
+    if 'index_shared_tokens_per_clip_mean' in rep:
+        L.append(f"-- tokens per clip by indexing pass: shared plain captions "
+                 f"{_num(rep['index_shared_tokens_per_clip_mean'], '.0f')}, this question's F_Q and records "
+                 f"{_num(rep['index_question_tokens_per_clip_mean'], '.0f')}")
     return L
 
 # %% ../../nbs/43_eval.metrics.ipynb #5e1d9a01

@@ -242,8 +242,14 @@ def make_policy(spec: PaceSpec, tb: ToolBox, fq: Sequence[Factor], agent: Any, s
     return ModelPolicy(agent, settings.agent_max_tokens, clip_s=clip_s, history_chars=chars)
 
 # %% ../../nbs/33_pace.agent.ipynb #bfe8e1be
+def _per_clip(cs: list[dict], n: int, name: str) -> dict:
+    "Prompt and completion tokens per clip of one indexing pass's calls, named `<name>_…_per_clip`."
+    tot = lambda k: sum(int(c.get(k) or 0) for c in cs)
+    return {f'{name}_prompt_tokens_per_clip': tot('prompt_tokens') / n,
+            f'{name}_completion_tokens_per_clip': tot('completion_tokens') / n}
+
 def _index_cost(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> dict:
-    "Indexing cost of a question: every call its indexes made (captions, registry, records, F_Q), also per clip."
+    "Indexing cost of a question: every call its indexes made, per clip, and its shared and per-question passes apart."
     dbs = [plain] + ([db] if db is not plain else [])
     cs = [d.manifest.get('index_calls', {}) for d in dbs] + [dict(calls=1, **c) for c in factor_calls]
     tot = lambda k: sum(int(c.get(k) or 0) for c in cs)
@@ -251,8 +257,9 @@ def _index_cost(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> 
     pt, ct, rt = tot('prompt_tokens'), tot('completion_tokens'), tot('reasoning_tokens')
     return dict(kind=db.kind, n_clips=len(db), calls=tot('calls'), prompt_tokens=pt, completion_tokens=ct,
                 reasoning_tokens=rt, prompt_tokens_per_clip=pt / n, completion_tokens_per_clip=ct / n,
-                reasoning_tokens_per_clip=rt / n, path=str(db.path) if db.path else None,
-                plain_path=str(plain.path) if plain.path else None)
+                reasoning_tokens_per_clip=rt / n, **_per_clip(cs[:1], n, 'shared'),   # the plain pass, every question's
+                **_per_clip(cs[1:], n, 'question'),                                     # F_Q and its records
+                path=str(db.path) if db.path else None, plain_path=str(plain.path) if plain.path else None)
 
 # %% ../../nbs/33_pace.agent.ipynb #43522ad6
 def _pace_result(q, spec, tr, tot, seconds, config, models, error, rows, index, fq, fsrc) -> dict:
