@@ -24,7 +24,7 @@ from ..memory.store import video_sha256, captioner_kind
 from .factors import Factor
 from .roles import PaceSettings, pace_settings
 from types import SimpleNamespace
-from .captions import plain_caption, model_record, merge_registry
+from .captions import plain_caption, model_record, merge_registry, union_subjects
 
 # %% auto #0
 __all__ = ['TAG_MIN_COVER', 'PACE_FIELDS', 'clip_spans', 'frame_width', 'clip_frames', 'time_label', 'ClipRecord', 'tag_factors',
@@ -154,6 +154,8 @@ def before(self: EvidenceDB, t: float) -> EvidenceDB:
     "A view holding the clips that end by time `t` (a question asked at `t`); `whole` is the database it cuts."
     keep = [i for i, r in enumerate(self.records) if r.t_end <= t]
     man = dict(self.manifest, duration=min(self.duration, float(t)), before=float(t))
+    if man.get('subject_registry') is not None and len(keep) < len(self.records):   # the week's registry: the future
+        man['subject_registry'] = union_subjects([self.records[i].meta.get('subjects', []) for i in keep])
     view = EvidenceDB([self.records[i] for i in keep], self.vectors[keep], self.text_embedder, self.factors, man,
                       self.path)
     view.whole = getattr(self, 'whole', self)
