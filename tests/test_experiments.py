@@ -117,6 +117,7 @@ def test_fig4a(work):
     assert [(r['arm'], r['cap']) for r in t] == [('fixed', '1'), ('fixed', '4'), ('reveal', '')]
     assert float(t[0]['segments']) <= float(t[1]['segments'])          # a larger cap admits at least as much
     assert all(in_unit(r['accuracy']) for r in t)
+    assert all(in_unit(r['cut_share']) and in_unit(r['rerank_fallback']) for r in t)   # what bent each point
 
 
 def test_fig4b(work):
