@@ -276,8 +276,7 @@ def check_config(cfg: Any) -> Any:
 
 # %% ../nbs/00_core.ipynb #0aebac7a
 _UNHASHED = ('timeout_s',)                # Config fields that cannot change a result
-_HASHED_WHEN_OFF = ('subtitles', 'before_query')   # switches added later: hashed only when turned off, so run
-                                                   # folders made before them keep their key
+_HASHED_WHEN_OFF = ('subtitles', 'before_query')   # hashed only when off: older run folders keep their key
 
 @dataclass(frozen=True)
 class Config:
@@ -342,9 +341,8 @@ class Config:
     direct_fps: float = 1.0
     direct_max_frames: int = 768
     # benchmark input: a run's switches, recorded in run.json
-    subtitles: bool = True                # the benchmark's subtitles reach every memory, index and method
-                                          # (False: PACE Table 2's Video-MME 'Long (w/o sub)')
-    before_query: bool = True             # EgoLifeQA / Ego-R1: only footage recorded before the query time
+    subtitles: bool = True                # subtitles to every memory, index, method (PACE Table 2: off)
+    before_query: bool = True             # EgoLifeQA / Ego-R1: only footage before the query time
     seed: int = 0
     # model servers: how long to wait, not what is computed (kept out of `hash()`)
     timeout_s: float = 120.0              # longest wait in seconds for one reply of an HTTP model server
@@ -367,7 +365,7 @@ class Config:
 
 # %% ../nbs/00_core.ipynb #5b7e1a01
 def run_subtitles(path: str | Path | None, config: Config) -> str | Path | None:
-    "The subtitle file a memory, index or method reads: `path`, or None when `config.subtitles` is off."
+    "The subtitle file a run reads: `path`, or None when `config.subtitles` is off."
     return path if config.subtitles else None
 
 # %% ../nbs/00_core.ipynb #bb86f7e4

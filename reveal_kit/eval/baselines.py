@@ -119,14 +119,15 @@ def _on_footage(spans: list[tuple[float, float]], p: float) -> float:
     return spans[-1][1]
 
 def footage_timestamps(spans: list, fps: float, max_frames: int) -> list[float]:
-    "Uniform timestamps over recorded footage only: `uniform_timestamps` of the spans laid end to end, on the clock."
+    "Uniform timestamps over recorded footage only: the spans laid end to end, sampled, put back on the clock."
     spans = [(float(a), float(b)) for a, b in spans if b > a]
     if not spans: return [0.0]
-    return [_on_footage(spans, p) for p in uniform_timestamps(sum(b - a for a, b in spans), fps, max_frames)]
+    total = sum(b - a for a, b in spans)
+    return [_on_footage(spans, p) for p in uniform_timestamps(total, fps, max_frames)]
 
 # %% ../../nbs/41_eval.baselines.ipynb #a2f00d04
 def recorded_spans(memory, duration: float) -> list[tuple[float, float]]:
-    "Where a memory has footage up to `duration`: its folder's spans of clips, else the whole `[0, duration]`."
+    "Where a memory has footage up to `duration`: its folder's spans of clips, else `[0, duration]`."
     spans = ((getattr(memory, 'manifest', None) or {}).get('clips') or {}).get('spans')
     return [(a, min(b, duration)) for a, b in spans if a < duration] if spans else [(0.0, duration)]
 
@@ -227,7 +228,8 @@ def direct(q: Question, memory, model=None, config: Config | None = None, varian
     "The direct baseline (B.1): uniform frames (+ a variant's subtitles or captions) and the question → one answer."
     cfg, t0, kind = config or Config(), time.time(), DIRECT_TEXT[variant]
     duration = float(getattr(memory, 'duration', None) or q.duration or 0.0)
-    times = footage_timestamps(recorded_spans(memory, duration), cfg.direct_fps, cfg.direct_max_frames)
+    spans = recorded_spans(memory, duration)
+    times = footage_timestamps(spans, cfg.direct_fps, cfg.direct_max_frames)
     items = covering_items(memory.level(1), times)
     img = is_meaningful(model) and getattr(model, 'supports_images', False)
     images = _direct_images(memory, items, times) if img else None

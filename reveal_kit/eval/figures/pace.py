@@ -152,7 +152,7 @@ def plot_factors(ft: pd.DataFrame, title: str):
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #87e0272d
 def _pass_rows(m: str, rs: list[dict]) -> list[dict]:
-    "Table 6's indexing split in two passes, per clip: the shared plain captions (once per video), each question's own."
+    "Table 6's indexing in two passes, per clip: the shared plain captions (once per video), each question's own."
     idx = [r['index'] for r in rs if isinstance(r.get('index'), dict) and 'shared_prompt_tokens_per_clip' in r['index']]
     shared = list({i.get('plain_path'): i for i in idx}.values())
     mean = lambda xs, k: float(np.mean([x[k] for x in xs]))
