@@ -14,9 +14,9 @@ import yaml
 # %% auto #0
 __all__ = ['LETTERS', 'Span', 'DUPLICATE_QIDS', 'REPLY_TOKENS', 'THINKING', 'normalize_options', 'Question', 'unique_qids',
            'duration_group', 'MemoryItem', 'Evidence', 'MemoryBuildError', 'RunMismatch', 'KitWarning', 'warn',
-           'check_config', 'Config', 'parse_overrides', 'load_config', 'reply_tokens', 'project_root', 'runs_dir',
-           'safe_name', 'sha256_file', 'seed_everything', 'kit_version', 'trace_path', 'digest', 'build_stamp',
-           'ask_trace_dir']
+           'check_config', 'Config', 'run_subtitles', 'parse_overrides', 'load_config', 'reply_tokens', 'project_root',
+           'runs_dir', 'safe_name', 'sha256_file', 'seed_everything', 'kit_version', 'trace_path', 'digest',
+           'build_stamp', 'ask_trace_dir']
 
 # %% ../nbs/00_core.ipynb #6cf813b8
 LETTERS = string.ascii_uppercase
@@ -291,7 +291,8 @@ def check_config(cfg: Any) -> Any:
 
 # %% ../nbs/00_core.ipynb #0aebac7a
 _UNHASHED = ('timeout_s',)                # Config fields that cannot change a result
-_HASHED_WHEN_SET = ('thinking', 'reasoning_allowance')   # added later: at their defaults, hash() is as it was
+# added later: hashed only when set away from their defaults, so older run folders keep their key
+_HASHED_WHEN_SET = ('thinking', 'reasoning_allowance', 'subtitles', 'before_query')
 
 @dataclass(frozen=True)
 class Config:
@@ -355,6 +356,9 @@ class Config:
     # baselines (§5)
     direct_fps: float = 1.0
     direct_max_frames: int = 768
+    # benchmark input: a run's switches, recorded in run.json
+    subtitles: bool = True                # subtitles to every memory, index, method (PACE Table 2: off)
+    before_query: bool = True             # EgoLifeQA / Ego-R1: only footage before the query time
     seed: int = 0
     # model replies: each role's budget is REPLY_TOKENS (above); a thinking model reasons first, within an allowance
     thinking: str = 'auto'                # auto: send nothing | on / off: chat_template_kwargs.enable_thinking
@@ -389,6 +393,11 @@ class Config:
         if bad:
             raise KeyError(f"unknown Config keys: {sorted(bad)}")
         return check_config(dataclasses.replace(self, **{k: _coerce(getattr(self, k), v) for k, v in kw.items()}))
+
+# %% ../nbs/00_core.ipynb #5b7e1a01
+def run_subtitles(path: str | Path | None, config: Config) -> str | Path | None:
+    "The subtitle file a run reads: `path`, or None when `config.subtitles` is off."
+    return path if config.subtitles else None
 
 # %% ../nbs/00_core.ipynb #bb86f7e4
 def parse_overrides(pairs: Iterable[str] | None) -> dict[str, str]:

@@ -117,6 +117,7 @@ def test_fig4a(work):
     assert [(r['arm'], r['cap']) for r in t] == [('fixed', '1'), ('fixed', '4'), ('reveal', '')]
     assert float(t[0]['segments']) <= float(t[1]['segments'])          # a larger cap admits at least as much
     assert all(in_unit(r['accuracy']) for r in t)
+    assert all(in_unit(r['cut_share']) and in_unit(r['rerank_fallback']) for r in t)   # what bent each point
 
 
 def test_fig4b(work):
@@ -144,6 +145,7 @@ def test_tables34(work):
     assert [r['method'] for r in cost] == ['base', 'reveal']
     assert all(float(r['rounds_mean']) >= 1 for r in cost)
     assert not any('seconds' in k for k in cost[0])         # wall times change per run: they have their own CSV
+    assert all(float(r['llm_calls_no_rerank_mean']) <= float(r['llm_calls_mean']) for r in cost)   # Table 4: 2R+2
     timing = rows(figs / 'reveal_tables34_timing.csv')
     assert [r['method'] for r in timing] == ['base', 'reveal']
     assert all(float(r['seconds_total']) > 0 and int(r['n']) == 2 for r in timing)
@@ -224,8 +226,9 @@ def test_pace_needle(work):
 def test_pace_table6(work):
     figs = run_nb('pace_table6', work)
     tok = rows(figs / 'pace_table6.csv')
-    assert [(r['method'], r['stage']) for r in tok] == [(m, s) for m in ('dvd', 'pace')
-                                                        for s in ('indexing (per clip)', 'reasoning (per query)')]
+    stages = ('indexing (per clip)', 'indexing: shared plain pass (per clip)', 'indexing: per-question pass (per clip)',
+              'reasoning (per query)')                      # Table 6 with the two indexing passes apart
+    assert [(r['method'], r['stage']) for r in tok] == [(m, s) for m in ('dvd', 'pace') for s in stages]
     assert all(float(r['prompt_tokens']) >= 0 for r in tok) and int(tok[0]['n']) > 0      # clips indexed
     tools = rows(figs / 'pace_table6_tools.csv')
     pace = {r['tool']: r for r in tools if r['method'] == 'pace'}
@@ -324,3 +327,11 @@ def test_reveal_figures_run_with_the_induced_pool(work):
     run = next((work / 'out-pool').glob('*/base-*/run.json'))
     assert json.loads(run.read_text())['config']['rubric_pool'] == 'rubrics/induced-synth.yaml'
     assert json.loads(next((work / 'out-pool').glob('*/blind-*/run.json')).read_text())['config']['rubric_pool'] == ''
+
+
+def test_paper_params_input_switches():
+    "PACE's Video-MME runs read no subtitles (Table 2: 'Long (w/o sub)'); the egocentric ones cut at the query time."
+    load = lambda n: yaml.safe_load((NB / 'params' / n).read_text())['setup']
+    assert load('pace_table4/paper-videomme.yaml')['subtitles'] is False
+    assert load('reveal_table1/paper.yaml')['subtitles'] is True
+    assert all(load(f'reveal_table1/paper-{b}.yaml')['before_query'] is True for b in ('egolifeqa', 'egor1'))

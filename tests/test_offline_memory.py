@@ -450,3 +450,29 @@ def test_egolife_and_ego_r1_questions_get_the_folder_memory_and_range_targets(tm
     hit = [it for it in m1.level(1) if it.t_start < b and it.t_end > a]
     assert {s[0] for it in hit for s in it.meta['sources']} == {'DAY1/DAY1_A1_JAKE_11150000.mp4',
                                                               'DAY1/DAY1_A1_JAKE_11150600.mp4'}   # the range's clips
+
+
+def test_egolife_question_reads_only_the_footage_before_its_query_time(tmp_path):
+    "Item 7: memory, retrieval and `direct` see nothing recorded after the question (unless before_query is off)."
+    import dataclasses
+    from reveal_kit.eval.baselines import direct
+    from reveal_kit.eval.context import RunContext
+    from reveal_kit.eval.loaders import egolife_seconds, load_egolifeqa
+    from reveal_kit.testing.annotation_files import write_fixture
+    write_fixture('egolifeqa', tmp_path / 'el', videos=False)
+    _egolife_clips(tmp_path / 'el')
+    (q, *_), _ = load_egolifeqa(tmp_path / 'el')
+    t = egolife_seconds('DAY1', '11151000')                            # asked during day 1: day 2 is the future
+    q = dataclasses.replace(q, meta=dict(q.meta, query_seconds=t))
+    mem = get_or_build_memory(q.video_path, CFG, root=tmp_path / 'mems')
+    for before, future in ((True, False), (False, True)):
+        ctx = RunContext('egolifeqa', 'direct', tmp_path / f'run-{before}', CFG.replace(before_query=before),
+                         backend='none')
+        ctx._mems[(q.video_id, CFG.chunking)] = mem
+        seen = ctx.memory(q)
+        assert any(it.t_end > t for it in seen.items) == future
+        hits = seen.search_text('a scene', k={1: 50, 2: 50, 3: 50})
+        assert any(h.item.t_end > t for h in hits) == future
+    cut = RunContext('egolifeqa', 'direct', tmp_path / 'run', CFG, backend='none')
+    cut._mems[(q.video_id, CFG.chunking)] = mem
+    assert cut.memory(q).duration == t and direct(q, cut.memory(q), None, CFG)['n_frames'] <= t - mem.level(1)[0].t_start

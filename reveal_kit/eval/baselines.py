@@ -24,8 +24,8 @@ from ..reveal.answerer import answer_schema, offline_answer
 
 # %% auto #0
 __all__ = ['ANSWER_SCHEMA', 'DIRECT_TEXT', 'DIRECT_SYSTEM', 'parse_letter', 'text_encoder', 'make_result', 'blind_offline',
-           'blind_prompt', 'blind', 'uniform_timestamps', 'covering_items', 'evidence_view', 'direct_text',
-           'direct_prompt', 'direct']
+           'blind_prompt', 'blind', 'uniform_timestamps', 'footage_timestamps', 'recorded_spans', 'covering_items',
+           'evidence_view', 'direct_text', 'direct_prompt', 'direct']
 
 # %% ../../nbs/41_eval.baselines.ipynb #999cd9ca
 def _letter_patterns(letters: str) -> list[str]:
@@ -110,6 +110,27 @@ def uniform_timestamps(duration: float, fps: float, max_frames: int) -> list[flo
     "Centres of `min(max_frames, floor(duration*fps))` equal slices of `[0, duration]` (at least one)."
     n = max(1, min(int(max_frames), int(math.floor(duration * fps))))
     return [duration * (i + 0.5) / n for i in range(n)]
+
+# %% ../../nbs/41_eval.baselines.ipynb #a2f00d01
+def _on_footage(spans: list[tuple[float, float]], p: float) -> float:
+    "The clock time `p` seconds into the recorded footage laid end to end."
+    for a, b in spans:
+        if p <= b - a: return a + p
+        p -= b - a
+    return spans[-1][1]
+
+def footage_timestamps(spans: list, fps: float, max_frames: int) -> list[float]:
+    "Uniform timestamps over recorded footage only: the spans laid end to end, sampled, put back on the clock."
+    spans = [(float(a), float(b)) for a, b in spans if b > a]
+    if not spans: return [0.0]
+    total = sum(b - a for a, b in spans)
+    return [_on_footage(spans, p) for p in uniform_timestamps(total, fps, max_frames)]
+
+# %% ../../nbs/41_eval.baselines.ipynb #a2f00d04
+def recorded_spans(memory, duration: float) -> list[tuple[float, float]]:
+    "Where a memory has footage up to `duration`: its folder's spans of clips, else `[0, duration]`."
+    spans = ((getattr(memory, 'manifest', None) or {}).get('clips') or {}).get('spans')
+    return [(a, min(b, duration)) for a, b in spans if a < duration] if spans else [(0.0, duration)]
 
 # %% ../../nbs/41_eval.baselines.ipynb #74682662
 def covering_items(items: list, times: list[float]) -> list:
@@ -208,7 +229,8 @@ def direct(q: Question, memory, model=None, config: Config | None = None, varian
     "The direct baseline (B.1): uniform frames (+ a variant's subtitles or captions) and the question → one answer."
     cfg, t0, kind = config or Config(), time.time(), DIRECT_TEXT[variant]
     duration = float(getattr(memory, 'duration', None) or q.duration or 0.0)
-    times = uniform_timestamps(duration, cfg.direct_fps, cfg.direct_max_frames)
+    spans = recorded_spans(memory, duration)
+    times = footage_timestamps(spans, cfg.direct_fps, cfg.direct_max_frames)
     items = covering_items(memory.level(1), times)
     img = is_meaningful(model) and getattr(model, 'supports_images', False)
     images = _direct_images(memory, items, times) if img else None

@@ -119,8 +119,8 @@ def role_models_meta(self: RunContext) -> dict | None:
 # %% ../../nbs/42a_eval.context.ipynb #18fd1682
 @patch
 def subtitles(self: RunContext, q: Question) -> str | None:
-    "The question's subtitle file as SRT/VTT (LongVideoBench JSON converted once into the run folder), or None."
-    p = Path(q.subtitle_path) if q.subtitle_path else None
+    "The question's subtitles as SRT/VTT (LongVideoBench JSON converted once), or None (also when switched off)."
+    p = Path(q.subtitle_path) if q.subtitle_path and self.config.subtitles else None
     if not p or not p.exists(): return None
     if p.suffix.lower() != '.json': return str(p)
     out = Path(self.out_dir) / 'subtitles' / (p.stem + '.srt')
@@ -142,14 +142,21 @@ def shared(self: RunContext, q: Question, kind: str, build: Callable[[], Any]) -
             self._mems[key] = build()
         return self._mems[key]
 
+# %% ../../nbs/42a_eval.context.ipynb #b7c0e302
+@patch
+def cut(self: RunContext, q: Question, store: Any) -> Any:
+    "The memory or PACE database as a question asked at its query time may read it (unless `before_query` off)."
+    t = q.meta.get('query_seconds')
+    return store.before(t) if self.config.before_query and t is not None else store
+
 # %% ../../nbs/42a_eval.context.ipynb #73c0cf5d
 @patch
 def memory(self: RunContext, q: Question, chunking: str | None = None):
-    "The offline memory of the question's video, built once per (video, chunking) and shared."
+    "The offline memory of the question's video, built once per (video, chunking), shared; cut at its query time."
     chunking = chunking or self.config.chunking
     cfg = self.config.replace(chunking=chunking) if chunking != self.config.chunking else self.config
     build = lambda: get_or_build_memory(q.video_path, cfg, chat_model=self.model, subtitles=self.subtitles(q))
-    return self.shared(q, chunking, build)
+    return self.cut(q, self.shared(q, chunking, build))
 
 # %% ../../nbs/42a_eval.context.ipynb #fd84be37
 @patch

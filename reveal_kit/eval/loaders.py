@@ -20,10 +20,10 @@ from ..synth.bench import load_questions
 from ..memory.clips import egolife_seconds
 
 # %% auto #0
-__all__ = ['VIDEOMME_ANN', 'VIDEOMME_SPLITS', 'LVBENCH_ANN', 'LVB_ANN', 'EGOSCHEMA_ANN', 'MMRV_ANN', 'EGOLIFE_IDENTITIES',
-           'EGOR1_ANN', 'LOADERS', 'LoadReport', 'check_split', 'probe_seconds', 'load_videomme', 'load_lvbench',
-           'load_longvideobench', 'lvb_subtitles_to_srt', 'load_egoschema', 'load_mmrv', 'load_egolifeqa', 'load_egor1',
-           'load_synth', 'data_root', 'load_benchmark', 'load_split_questions']
+__all__ = ['VIDEOMME_ANN', 'VIDEOMME_SPLITS', 'LVBENCH_ANN', 'LVB_ANN', 'LVB_GROUPS', 'EGOSCHEMA_ANN', 'MMRV_ANN',
+           'EGOLIFE_IDENTITIES', 'EGOR1_ANN', 'LOADERS', 'LoadReport', 'check_split', 'probe_seconds', 'load_videomme',
+           'load_lvbench', 'load_longvideobench', 'lvb_subtitles_to_srt', 'load_egoschema', 'load_mmrv',
+           'load_egolifeqa', 'load_egor1', 'load_synth', 'data_root', 'load_benchmark', 'load_split_questions']
 
 # %% ../../nbs/40a_eval.loaders.ipynb #c3ddb267
 @dataclass
@@ -216,14 +216,25 @@ def _lvb_question(rec: dict, root: Path) -> Question:
                     subtitle_path=str(root / 'subtitles' / sub) if sub else None, meta=meta)
 
 # %% ../../nbs/40a_eval.loaders.ipynb #47daf1e7
+LVB_GROUPS = ('15', '60', '600', '3600')   # LongVideoBench's duration groups (upper bounds in seconds)
+
+def _lvb_split(split: str) -> tuple[str, str | None]:
+    "`'val'` → ('val', None); `'val/3600'` → ('val', '3600'): a split, then one duration group of it."
+    base, _, group = str(split).partition('/')
+    check_split('longvideobench', base, LVB_ANN)
+    if group and group not in LVB_GROUPS:
+        raise ValueError(f"longvideobench has no duration group {group!r}; groups: {', '.join(LVB_GROUPS)}")
+    return base, group or None
+
 def load_longvideobench(root: str | Path, split: str = 'val',
                         strict: bool = False) -> tuple[list[Question], LoadReport]:
-    "LongVideoBench questions (val has gold answers; test has none)."
-    check_split('longvideobench', split, LVB_ANN)
+    "LongVideoBench questions (val has gold answers; test has none); `'val/3600'`: the longest duration group only."
+    split, group = _lvb_split(split)
     src = _find(root, LVB_ANN[split], f'longvideobench/{split}')
     base = src.parent.parent if src.parent.name == 'data' else src.parent
     recs = [(f"record {i} ({r.get('id', '?') if isinstance(r, dict) else '?'})", r)
-            for i, r in enumerate(read_table(src))]
+            for i, r in enumerate(read_table(src))
+            if group is None or (isinstance(r, dict) and str(r.get('duration_group')) == group)]
     return _collect('longvideobench', src, recs, lambda r: _lvb_question(r, base), strict)
 
 # %% ../../nbs/40a_eval.loaders.ipynb #e08a8935

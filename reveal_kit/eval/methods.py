@@ -124,9 +124,9 @@ def plain_index_model(ctx: RunContext) -> Any:
 
 # %% ../../nbs/42b_eval.methods.ipynb #c0312afe
 def shared_plain_db(q: Question, ctx: RunContext) -> EvidenceDB:
-    "The plain PACE database of the question's video in this run: built or loaded once, shared."
+    "The plain PACE database of the question's video in this run: built or loaded once, shared; cut at its query time."
     build = lambda: get_pace_dbs(q.video_path, (), ctx.config, plain_index_model(ctx), ctx.subtitles(q))[0]
-    return ctx.shared(q, 'pace-plain', build)
+    return ctx.cut(q, ctx.shared(q, 'pace-plain', build))
 
 # %% ../../nbs/42b_eval.methods.ipynb #664adbef
 def _runner_method(name: str):

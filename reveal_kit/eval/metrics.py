@@ -15,9 +15,9 @@ from .loaders import load_benchmark
 from ..pace.needle import judge_failed, judge_name, judged_needles, judge_run
 
 # %% auto #0
-__all__ = ['DEMO_GUIDE', 'load_results', 'report', 'with_judged_needles', 'format_report', 'mcnemar_exact', 'paired_bootstrap_ci',
-           'compare', 'format_compare', 'run_pool', 'report_run', 'judge_report', 'compare_runs', 'demo_table',
-           'demo_report']
+__all__ = ['PAPER_EMBEDDERS', 'DEMO_GUIDE', 'load_results', 'report', 'with_judged_needles', 'embedders_line', 'format_report',
+           'mcnemar_exact', 'paired_bootstrap_ci', 'compare', 'format_compare', 'run_pool', 'report_run',
+           'judge_report', 'compare_runs', 'demo_table', 'demo_report']
 
 # %% ../../nbs/43_eval.metrics.ipynb #1dd65cde
 def load_results(run_dir: str | Path) -> list[dict]:
@@ -104,6 +104,10 @@ def _pace_usage(rs: list[dict]) -> dict:
                    index_reasoning_tokens_per_clip_mean=_mean([r['index'].get('reasoning_tokens_per_clip') or 0
                                                                for r in idx]),
                    query_reasoning_tokens_mean=_tok_mean(idx, 'reasoning_tokens'))
+        split = [r['index'] for r in idx if 'shared_prompt_tokens_per_clip' in r['index']]
+        one = lambda i, k: i[f'{k}_prompt_tokens_per_clip'] + i[f'{k}_completion_tokens_per_clip']
+        if split: out.update({f'index_{k}_tokens_per_clip_mean': _mean([one(i, k) for i in split])
+                              for k in ('shared', 'question')})             # Table 6's two passes apart
     return out
 
 # %% ../../nbs/43_eval.metrics.ipynb #20b7e1c0
@@ -169,6 +173,10 @@ def _pace_lines(rep: dict) -> list[str]:
                  f"per query (reasoning) {_num(rep['query_tokens_mean'], '.0f')}; of which thinking: "
                  f"{_num(rep.get('index_reasoning_tokens_per_clip_mean'), '.0f')} per clip, "
                  f"{_num(rep.get('query_reasoning_tokens_mean'), '.0f')} per query")
+    if 'index_shared_tokens_per_clip_mean' in rep:
+        L.append(f"-- tokens per clip by indexing pass: shared plain captions "
+                 f"{_num(rep['index_shared_tokens_per_clip_mean'], '.0f')}, this question's F_Q and records "
+                 f"{_num(rep['index_question_tokens_per_clip_mean'], '.0f')}")
     return L
 
 # %% ../../nbs/43_eval.metrics.ipynb #5e1d9a01
@@ -183,6 +191,20 @@ def with_judged_needles(rep: dict, run_dir: str | Path) -> dict:
 def _pool_lines(rep: dict) -> list[str]:
     "The line of `format_report` naming the rubric pool the run used (REVEAL's methods), if the report has it."
     return [f"-- {rep['rubric_pool']['label']}"] if rep.get('rubric_pool') else []
+
+# %% ../../nbs/43_eval.metrics.ipynb #e8b0a001
+PAPER_EMBEDDERS = {'text': 'BGE-M3', 'frames': 'SigLIP'}     # REVEAL §3.1, B.6
+
+def _plain(s: str) -> str: return str(s).lower().replace('-', '').replace('_', '')
+
+def embedders_line(meta: dict) -> str | None:
+    "Which embedders a run used (its run.json), each not the paper's named as such; None when run.json has none."
+    got = {'text': meta.get('text_embedder'), 'frames': meta.get('image_embedder')}
+    if not any(got.values()): return None
+    def one(k, v):
+        paper = PAPER_EMBEDDERS[k]
+        return f"{k} {v}" + ('' if _plain(paper) in _plain(v) else f" (not the paper's {paper})")
+    return 'embedders: ' + ', '.join(one(k, v) for k, v in got.items() if v)
 
 # %% ../../nbs/43_eval.metrics.ipynb #44f3fdae
 def format_report(rep: dict, title: str = '') -> str:
@@ -202,7 +224,8 @@ def format_report(rep: dict, title: str = '') -> str:
              f"completion tokens {_num(rep['completion_tokens_mean'], '.0f')}, "
              f"wall {_num(rep['seconds_mean'], '.2f')} s")
     L.append(f"-- stop reasons {rep['stop_reasons']}")
-    return '\n'.join(L + _pace_lines(rep) + _pool_lines(rep))
+    emb = [f"-- {rep['embedders']}"] if rep.get('embedders') else []
+    return '\n'.join(L + _pace_lines(rep) + _pool_lines(rep) + emb)
 
 # %% ../../nbs/43_eval.metrics.ipynb #b9322a89
 def mcnemar_exact(b: int, c: int) -> float:
@@ -295,9 +318,11 @@ def run_pool(run_dir: str | Path) -> dict | None:
 
 # %% ../../nbs/43_eval.metrics.ipynb #d15155e9
 def report_run(run_dir: str | Path) -> dict:
-    "The `report` of a RUN_DIR (or a results.jsonl), with the rubric pool its method used."
-    rep, pool = report(load_results(run_dir)), run_pool(run_dir)
-    return dict(rep, rubric_pool=pool) if pool else rep
+    "The `report` of a RUN_DIR (or a results.jsonl), with the rubric pool its method used and the embedders that ran."
+    rep, pool, p = report(load_results(run_dir)), run_pool(run_dir), Path(run_dir)
+    meta = p / 'run.json' if p.is_dir() else p.parent / 'run.json'
+    emb = embedders_line(json.loads(meta.read_text())) if meta.exists() else None
+    return dict(rep, **({'rubric_pool': pool} if pool else {}), **({'embedders': emb} if emb else {}))
 
 # %% ../../nbs/43_eval.metrics.ipynb #5e1d9a03
 def judge_report(run_dir: str | Path, judge: str | None = None, cache_mode: str = 'readwrite') -> dict:

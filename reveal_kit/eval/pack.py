@@ -228,6 +228,7 @@ def canonical_report(run_dir: str | Path) -> bytes:
     "`report_run` in canonical form: volatile keys dropped, and the rubric pool without the path it lay at here."
     rep = strip_volatile(report_run(run_dir))
     if isinstance(rep.get('rubric_pool'), dict): rep['rubric_pool'].pop('path', None)
+    rep.pop('embedders', None)        # what run.json says of the machine's embedders, not what the results are
     return _line(rep).encode()
 
 # %% ../../nbs/48_eval.pack.ipynb #5405e06b

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from fastcore.basics import patch
 from tqdm import tqdm
-from ..core import Config, MemoryItem, MemoryBuildError, kit_version, build_stamp, warn
+from ..core import Config, run_subtitles, MemoryItem, MemoryBuildError, kit_version, build_stamp, warn
 from ..video.frames import VideoError, QualityReport, prefetch
 from ..video.frames import iter_frames, iter_frames_at, filter_frames
 from ..video.segmentation import L1Segment, make_segmenter
@@ -375,6 +375,7 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
           rebuild: bool = False, concurrency: int | None = None) -> OfflineMemory:
     "Build (or resume, or reuse) the memory of a video in `out_dir` (`concurrency`: model calls in flight); loaded."
     t0, video, out = time.time(), Path(video_path), Path(out_dir)
+    subtitles = run_subtitles(subtitles, config)                         # off: the run reads none
     info = probe_source(video)                                           # one-line VideoError on bad input
     cues = load_subtitles(subtitles) if subtitles else []               # one-line SubtitleError
     te, ie = memory_embedders(text_embedder, image_embedder)
@@ -404,6 +405,7 @@ def get_or_build_memory(video_path: str | Path, config: Config = Config(), chat_
                         text_embedder=None, image_embedder=None, concurrency: int | None = None) -> OfflineMemory:
     "This video's memory for these settings: loaded when complete (see `fallback_rebuild`), resumed, or built."
     te, ie = memory_embedders(text_embedder, image_embedder)
+    subtitles = run_subtitles(subtitles, config)
     d = memory_dir_for(video_path, config, memory_models(chat_model, te, ie), subtitles, root)
     man = d / 'manifest.json'
     if man.exists() and not caption_fallbacks(json.loads(man.read_text())):

@@ -221,6 +221,17 @@ def search_visual(self: OfflineMemory, query: str | np.ndarray, k: int | None = 
     order = [i for i in np.argsort(-sims, kind='stable') if valid[i]][:k]
     return [Hit(self.level(1)[i], float(sims[i]), 'visual') for i in order]
 
+# %% ../../nbs/14_memory.store.ipynb #b7c0e102
+@patch
+def before(self: OfflineMemory, t: float) -> OfflineMemory:
+    "A view of the memory holding only the items that end by time `t` (a question asked at `t`)."
+    keep = [i for i, it in enumerate(self.items) if it.t_end <= t]
+    l1 = [it.t_end <= t for it in self.level(1)]
+    vv = self._vv[np.asarray(l1, bool)] if self._vv is not None and len(self._vv) else self._vv
+    man = dict(self.manifest, duration=min(self.duration, float(t)), before=float(t))
+    return OfflineMemory([self.items[i] for i in keep], self._tv[keep], vv, man, self.config, self._te, self._ie,
+                         self.path)
+
 # %% ../../nbs/14_memory.store.ipynb #0a41a11f
 def spread_times(a: float, b: float, n: int) -> list[float]:
     "n times evenly inside [a, b): the centres of n equal parts."

@@ -106,11 +106,12 @@ class OfflinePolicy:
 
 # %% ../../nbs/33_pace.agent.ipynb #2058773b
 TOOL_GUIDE = {
-    'QueryDecompose': "Call QueryDecompose first, once: it returns contrastive factors — checkable criteria that "
+    'QueryDecompose': "Then call QueryDecompose, once: it returns contrastive factors — checkable criteria that "
                       "separate the options — each with the options it rules in and out.",
     'EvidenceRetrieve': "Test a contrastive factor with EvidenceRetrieve: the records whose factor tags or text "
                         "match it.",
-    'GlobalBrowse': "GlobalBrowse gives the video's subjects and the events related to a query across the video.",
+    'GlobalBrowse': "Start with GlobalBrowse: it gives the video's subjects and the events related to a query "
+                    "across the video.",
     'ClipSearch': "ClipSearch finds the clips whose descriptions match an event.",
     'FrameInspect': "FrameInspect looks at the frames of short time ranges; use it when the text records leave a "
                     "point unresolved."}
@@ -241,8 +242,14 @@ def make_policy(spec: PaceSpec, tb: ToolBox, fq: Sequence[Factor], agent: Any, s
     return ModelPolicy(agent, settings.agent_max_tokens, clip_s=clip_s, history_chars=chars)
 
 # %% ../../nbs/33_pace.agent.ipynb #bfe8e1be
+def _per_clip(cs: list[dict], n: int, name: str) -> dict:
+    "Prompt and completion tokens per clip of one indexing pass's calls, named `<name>_…_per_clip`."
+    tot = lambda k: sum(int(c.get(k) or 0) for c in cs)
+    return {f'{name}_prompt_tokens_per_clip': tot('prompt_tokens') / n,
+            f'{name}_completion_tokens_per_clip': tot('completion_tokens') / n}
+
 def _index_cost(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> dict:
-    "Indexing cost of a question: every call its indexes made (captions, registry, records, F_Q), also per clip."
+    "Indexing cost of a question: every call its indexes made, per clip, and its shared and per-question passes apart."
     dbs = [plain] + ([db] if db is not plain else [])
     cs = [d.manifest.get('index_calls', {}) for d in dbs] + [dict(calls=1, **c) for c in factor_calls]
     tot = lambda k: sum(int(c.get(k) or 0) for c in cs)
@@ -250,8 +257,9 @@ def _index_cost(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> 
     pt, ct, rt = tot('prompt_tokens'), tot('completion_tokens'), tot('reasoning_tokens')
     return dict(kind=db.kind, n_clips=len(db), calls=tot('calls'), prompt_tokens=pt, completion_tokens=ct,
                 reasoning_tokens=rt, prompt_tokens_per_clip=pt / n, completion_tokens_per_clip=ct / n,
-                reasoning_tokens_per_clip=rt / n, path=str(db.path) if db.path else None,
-                plain_path=str(plain.path) if plain.path else None)
+                reasoning_tokens_per_clip=rt / n, **_per_clip(cs[:1], n, 'shared'),   # the plain pass, every question's
+                **_per_clip(cs[1:], n, 'question'),                                     # F_Q and its records
+                path=str(db.path) if db.path else None, plain_path=str(plain.path) if plain.path else None)
 
 # %% ../../nbs/33_pace.agent.ipynb #43522ad6
 def _pace_result(q, spec, tr, tot, seconds, config, models, error, rows, index, fq, fsrc) -> dict:
@@ -299,8 +307,10 @@ def _factor_db(plain: EvidenceDB, fq: Sequence[Factor], config: Config, model: A
     "The database a question reads: the plain one without F_Q, else the factor-conditioned one (on disk or in memory)."
     if not fq: return plain
     if plain.path is None: return _in_memory_factor_db(plain, fq)
-    out = plain.path.parent / f"factors-{factor_key(fq, tagger_kind(model))}"
-    return build_factor_db(plain, fq, out, config, model)
+    whole = getattr(plain, 'whole', plain)              # a view cut at the query time: index the whole, cut the same
+    out = whole.path.parent / f"factors-{factor_key(fq, tagger_kind(model))}"
+    db = build_factor_db(whole, fq, out, config, model)
+    return db.before(plain.manifest['before']) if whole is not plain else db
 
 def _step_totals(tr: dict, factor_calls: list[dict]) -> dict:
     "Call totals of the loop's model calls (reasoning tokens too); failed calls counted over the factor calls too."

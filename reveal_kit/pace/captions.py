@@ -73,6 +73,7 @@ def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles:
     "A clip's plain caption: (text, meta with the subjects, call records); the perceptual one offline or on failure."
     text, meta = _offline_caption(frames, t0, t1, subtitles, config)
     if offline_role(model): return text, meta, []
+    if not frames: return text, dict(meta, no_frames=True), []          # a sliver clip: nothing for the VLM to see
     imgs = list(frames) if getattr(model, 'supports_images', False) and frames else None
     if imgs is None: meta['vision_substitute'] = 'ocr-facts'
     user = f"{clip_header(t0, t1, subtitles, '' if imgs else text, len(frames))}\n\n{CAPTION_TASK}"
@@ -167,6 +168,7 @@ def model_record(model: Any, frames: Sequence[np.ndarray], t0: float, t1: float,
                  subtitles: str = '', facts: str = '',
                  max_tokens: int = 600) -> tuple[str, dict, list[dict]] | tuple[None, None, list[dict]]:
     "A VLM's factor-conditioned (text, tags, calls), transcript appended; (None, None, calls) when unusable."
+    if not frames: return None, None, []                               # a sliver clip: not sent to the VLM
     imgs = list(frames) if getattr(model, 'supports_images', False) and frames else None
     user = factor_record_prompt(t0, t1, factors, subtitles, '' if imgs else facts, len(frames))
     data, rec = role_call(model, 'pace_index', CLIP_SYSTEM, user, factor_record_schema(factors, 4 * max_tokens),

@@ -20,10 +20,12 @@ __all__ = ['DVD_SYSTEM', 'DVD_TASK', 'FINISH_NOW', 'CALL_A_TOOL', 'dvd_messages'
 # %% ../../nbs/32b_pace.dvd.ipynb #b332b7f0
 DVD_SYSTEM = (
     "You answer questions about a long video by calling functions, in a loop of thought, action and observation: "
-    "before each call, think step by step about which function brings you closer to the answer; call it; then reflect "
-    "on what it returned. Plan before every call and weigh every result; do not call functions blindly. Pass only "
-    "arguments taken from the question or from earlier results, never invented ones. When you are unsure about what "
-    "the video shows, look with the tools instead of guessing. Times are written HH:MM:SS (or MM:SS).")
+    "before each call, think step by step about which function brings you closer to the answer; then call exactly "
+    "one function, the one that moves you closer to the final answer; then summarize what it returned. Plan before "
+    "every call and reflect on every result; do not call functions blindly. Pass only arguments taken from the "
+    "question or from earlier results, never invented ones. Keep going until the question is fully resolved, then "
+    "end with the final answer. When you are unsure about what the video shows, look with the tools instead of "
+    "guessing. Times are written HH:MM:SS (or MM:SS).")
 DVD_TASK = (
     "Read the time-stamped clip descriptions the tools return closely: the causal order of events, objects and how "
     "they move, people's actions and poses.\n\nTools:\n"

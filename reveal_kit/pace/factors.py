@@ -126,6 +126,16 @@ def _model_factors(data: Any, lo: int, hi: int) -> list[Factor] | None:
             out.append(Factor(f"f{len(out) + 1}", t, d.get('kind', 'entity')))
     return out[:hi] if len(out) >= lo else None
 
+def _repaired(data: Any, question: str, lo: int, hi: int) -> list[Factor] | None:
+    "A reply of `lo`+ factors that repeats one: its distinct factors topped up with distinct offline ones."
+    given = (data or {}).get('factors') or []
+    got = _model_factors(data, 1, hi)
+    if not got or len(given) < lo: return None
+    seen = {f.text.lower() for f in got}
+    extra = [f for f in offline_factors(question, lo, hi + lo) if f.text.lower() not in seen][:lo - len(got)]
+    out = [Factor(f"f{i + 1}", f.text, f.kind) for i, f in enumerate(got + extra)]
+    return out if len(out) >= lo else None
+
 def extract_factors(question: str, model: Any = None, config: Config = Config(), force: int = 0,
                     max_tokens: int = 256) -> tuple[list[Factor], str, list[dict]]:
     "F_Q from the question text: (factors, source, call records); the options are never an input."
@@ -135,5 +145,6 @@ def extract_factors(question: str, model: Any = None, config: Config = Config(),
     data, rec = role_call(model, 'pace_factors', FACTOR_SYSTEM, factor_prompt(question, lo, hi),
                           factor_schema(lo, hi), max_tokens=max_tokens)
     got = _model_factors(data, lo, hi)
-    if got is None: return offline_factors(question, lo, hi), 'fallback', [rec]
-    return got, 'model', [rec]
+    if got is not None: return got, 'model', [rec]
+    fixed = _repaired(data, question, lo, hi)
+    return (fixed, 'model+offline', [rec]) if fixed else (offline_factors(question, lo, hi), 'fallback', [rec])

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 import numpy as np
 from fastcore.basics import patch
-from ..core import Config, MemoryBuildError, runs_dir, kit_version, digest, build_stamp
+from ..core import Config, run_subtitles, MemoryBuildError, runs_dir, kit_version, digest, build_stamp
 from ..text import content_words, fmt_time
 from ..io import atomic_write_json, atomic_save_npy, append_jsonl, read_jsonl_rows, locked_dir
 from ..backends.chat import offline_role
@@ -24,7 +24,7 @@ from ..memory.store import video_sha256, captioner_kind
 from .factors import Factor
 from .roles import PaceSettings, pace_settings
 from types import SimpleNamespace
-from .captions import plain_caption, model_record, merge_registry
+from .captions import plain_caption, model_record, merge_registry, union_subjects
 
 # %% auto #0
 __all__ = ['TAG_MIN_COVER', 'PACE_FIELDS', 'clip_spans', 'frame_width', 'clip_frames', 'time_label', 'ClipRecord', 'tag_factors',
@@ -147,6 +147,19 @@ def get(self: EvidenceDB, clip_id: str) -> ClipRecord:
     "The record of a clip id (KeyError naming it otherwise)."
     if clip_id not in self._by_id: raise KeyError(f"no clip {clip_id!r} in this evidence database")
     return self.records[self._by_id[clip_id]]
+
+# %% ../../nbs/31_pace.index.ipynb #b7c0e201
+@patch
+def before(self: EvidenceDB, t: float) -> EvidenceDB:
+    "A view holding the clips that end by time `t` (a question asked at `t`); `whole` is the database it cuts."
+    keep = [i for i, r in enumerate(self.records) if r.t_end <= t]
+    man = dict(self.manifest, duration=min(self.duration, float(t)), before=float(t))
+    if man.get('subject_registry') is not None and len(keep) < len(self.records):   # the week's registry: the future
+        man['subject_registry'] = union_subjects([self.records[i].meta.get('subjects', []) for i in keep])
+    view = EvidenceDB([self.records[i] for i in keep], self.vectors[keep], self.text_embedder, self.factors, man,
+                      self.path)
+    view.whole = getattr(self, 'whole', self)
+    return view
 
 # %% ../../nbs/31_pace.index.ipynb #b3f24916
 @patch
@@ -348,7 +361,7 @@ def get_pace_dbs(video: str | Path, factors: Sequence[Factor] = (), config: Conf
                  subtitles: str | Path | None = None, root: str | Path | None = None,
                  text_embedder=None) -> tuple[EvidenceDB, EvidenceDB | None]:
     "The video's plain database and, when factors are given, its factor-conditioned one: loaded, resumed or built."
-    te = text_embedder or get_text_embedder()
+    te, subtitles = text_embedder or get_text_embedder(), run_subtitles(subtitles, config)
     d = pace_dir_for(video, config, pace_models(model, te), subtitles, root)
     plain = build_plain_db(video, d / 'plain', config, model, subtitles, te)
     if not factors: return plain, None

@@ -84,10 +84,10 @@ def _row_line(d: dict) -> str:
     return f"[{fmt_time(d['t_start'], hours=True)}–{fmt_time(d['t_end'], hours=True)}] {text}"
 
 def judge_prompt(q: Question, cue: str, rows: Sequence[dict], max_chars: int = 64000) -> str:
-    "The judge's user message: the question, the cue, and the evidence (cut at `max_chars`, saying so)."
+    "The judge's user message: the question, the cue and the evidence (cut at `max_chars`, saying so); no options."
     ev = '\n'.join(_row_line(d) for d in rows) or '(no evidence)'
     if len(ev) > max_chars: ev = ev[:max_chars] + f"… [cut: {max_chars} of {len(ev)} characters shown]"
-    return f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCue: {cue}\n\nEvidence:\n{ev}"
+    return f"Question: {q.question}\n\nCue: {cue}\n\nEvidence:\n{ev}"            # PACE §4.3: no options
 
 # %% ../../nbs/32c_pace.needle.ipynb #ba0841ec
 def model_judge(model: Any, q: Question, rows: Sequence[dict], max_tokens: int = REPLY_TOKENS['needle_judge'],

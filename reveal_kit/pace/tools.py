@@ -45,7 +45,8 @@ TOOL_SPECS = {
                        "each prefixed with its [HH:MM:SS–HH:MM:SS] time range, in time order (keep the default "
                        "top_k).",
                        parameters=_obj(['event_description'], event_description={'type': 'string', 'minLength': 1},
-                                       top_k={'type': 'integer', 'minimum': 1, 'maximum': 64})),
+                                       top_k={'type': 'integer', 'minimum': 1, 'maximum': 64,
+                                              'default': 16})),        # DVD's clip_search_tool: top_k = 16
     'FrameInspect': dict(description="Look at the frames of time ranges [[start, end], …] (HH:MM:SS; up to 50 frames "
                          "over them, at most 2 per second) and answer a detailed question about what they show (the "
                          "question without the times); it says so when nothing there answers it.",

@@ -27,10 +27,12 @@ def candidate_queries(q: Question) -> list[str]:
 
 # %% ../../nbs/26_reveal.pairs.ipynb #32839d02
 def candidates(q: Question, memory: Any, k_l1: int = 16, k_l2: int = 16) -> list[Evidence]:
-    "L1@16, L2@16 and all L3 items of q's memory (the loop's `retrieve`), by level and time."
+    "L1@16, L2@16 and all L3 items per question (B.4): the best over its queries (`retrieve`), by level and time."
     k = {1: k_l1, 2: k_l2, 3: max(len(memory.level(3)), 1)}
     merged, _ = retrieve(memory, candidate_queries(q), k)
-    cs = sorted(merged.values(), key=lambda c: (c.item.level, c.item.t_start, c.item.item_id))
+    best = sorted(merged.values(), key=lambda c: (-c.score, c.item.item_id))
+    top = [c for lv in (1, 2, 3) for c in [c for c in best if c.item.level == lv][:k[lv]]]
+    cs = sorted(top, key=lambda c: (c.item.level, c.item.t_start, c.item.item_id))
     return [Evidence.from_item(c.item, score=round(c.score, 4), source='candidate') for c in cs]
 
 # %% ../../nbs/26_reveal.pairs.ipynb #be736237

@@ -109,11 +109,14 @@ def rerank_schema(n: int) -> dict:
 def rerank_prompt(q: Question, pool: RubricPool, names: list[str], missing: list[str], cands: list[Candidate],
                   token_budget: int | None = EVIDENCE_TOKENS) -> str:
     "The rerank call's user message: question, options, the selected rubric, A_t, the numbered candidates."
-    miss = ''.join(f"\n- {m}" for m in missing)
+    miss, anchor = ''.join(f"\n- {m}" for m in missing), question_anchor(q)
     block = evidence_block([Evidence.from_item(c.item) for c in cands], token_budget=token_budget)
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
             f"Rubric:\n{pool.catalog(names, boundaries=True)}\n\n"
             + (f"Still missing:{miss}\n\n" if miss else '')
+            + (f"The question is anchored on: {anchor[1]}. A candidate that shows this anchor event is a "
+               "target too (it places the options in time): score it as one that shows an option.\n\n"
+               if anchor else '')
             + f"Candidates:\n{block}\n\n"
             'Reply as {"scores": {"0": 1, "1": 0.5, "2": 0, ...}} with one score per candidate number.')
 

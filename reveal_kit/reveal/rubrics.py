@@ -22,8 +22,9 @@ __all__ = ['QUESTION_TYPES', 'SCORE_LEVELS', 'OFFLINE_CHECKS', 'POOL_SCHEMA', 'P
 # %% ../../nbs/21_reveal.rubrics.ipynb #1d7ae322
 QUESTION_TYPES = ('temporal_order', 'counting', 'action', 'negation', 'causal', 'global', 'attribute', 'other')
 
-_NEG = re.compile(r"\b(not|except|never|isn't|wasn't|doesn't|didn't|aren't|weren't|none of|no longer|absent|missing)\b"
-                  r"|n't\b", re.I)
+_VERB = r'(?:is|are|was|were|does|do|did|has|have|had|can|could|will|would|should)'
+_NEG = re.compile(r"\bexcept\b|\bnone of\b|(?:^|[,.:;]\s*)(?:which|what)(?:\s+\w+){0,4}?\s+" + _VERB +
+                  r"(?:\s+\w+){0,2}?(?:n['’]t|['’]t|\s*not|\s+never)\b", re.I)   # "which … is NOT shown" only
 _TYPE_RULES = [  # (type, regex on the question text), first match wins after negation
     ('counting', re.compile(r'\bhow many\b|\bhow often\b|\bnumber of\b|\bcount\b|\bhow much\b', re.I)),
     ('temporal_order', re.compile(r'\b(before|after|first|last|order|sequence|earlier|later|then|followed|next|'

@@ -25,7 +25,7 @@ from ..loaders import load_benchmark
 from ..runner import induce_benchmark, run_eval
 from ..context import uses_pool
 from ..run_dir import select_questions
-from ..metrics import load_results, run_pool
+from ..metrics import load_results, run_pool, embedders_line
 from ..replay import open_pack, pack_chat, replayed_run
 from ...reveal.rubrics import pool_label, pool_origin, resolve_pool_path
 from ...synth.bench import generate_benchmark
@@ -298,6 +298,8 @@ class Experiment:
                                                 # the generated benchmark's SYNTH_POOL, on a real one the seed
     role_models: dict = field(default_factory=dict)   # PACE's per-role models {'agent'|'vision': 'URL[,NAME[,text]]'}
     pack: str | None = None                     # a run pack (`reveal pack`): its runs are replayed, no model
+    subtitles: bool = True                      # benchmark subtitles (False: PACE's Video-MME "w/o sub")
+    before_query: bool = True                   # EgoLifeQA / Ego-R1: footage before the query time only
 
     def __post_init__(self):
         if self.pack: return self.open_pack()
@@ -343,6 +345,8 @@ def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | Non
         tag: str = '') -> dict[str, list[dict]]:
     "Run the methods (resumable, shared; REVEAL's with the experiment's pool) and return their results."
     if self.pack: return self.run_packed(methods, tag)
+    off = [f'{k}=false' for k in ('subtitles', 'before_query') if not getattr(self, k)]   # input switches
+    overrides = [*(overrides or []), *off]
     pool = pool_override(self.pool_path()) if any(uses_pool(m) for m in methods) else None
     dirs = run_methods(methods, self.benchmark, self.root_path, self.out_dir, self.chat, self.split, self.limit,
                        overrides, tag, self.progress, self.roles, self.only_present, pool, self.role_models)
@@ -386,11 +390,14 @@ def run_packed(self: Experiment, methods: Sequence[str], tag: str = '') -> dict[
 # %% ../../../nbs/44_eval.figures.common.ipynb #7ad32183
 @patch
 def title(self: Experiment, headline: str, runs: dict[str, list[dict]]) -> str:
-    "A figure title: the headline, then what produced it, and the rubric pool(s) REVEAL's methods used."
+    "A figure title: headline, what produced it, the rubric pool(s) REVEAL's methods used, the embedders that ran."
     chat = f"{self.chat.backend_name}:{self.chat.model_id}"
     pools = list(dict.fromkeys(pool_label(p, short=True) for p in self.pools.values() if p))
+    metas = [Path(d) / 'run.json' for d in self.pools]
+    lines = (embedders_line(json.loads(m.read_text())) for m in metas if m.exists())
+    embs = list(dict.fromkeys(e for e in lines if e))
     head = f"{headline}\n{provenance(runs, self.benchmark, self.split, chat)}"
-    return head + (f"\n{' | '.join(pools)}" if pools else '')
+    return head + ''.join(f"\n{' | '.join(x)}" for x in (pools, embs) if x)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #d5d9bb03
 @patch

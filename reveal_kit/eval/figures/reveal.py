@@ -11,6 +11,7 @@ import pandas as pd
 import matplotlib.pyplot as plt
 import seaborn as sns
 from ...core import Config
+from ...reveal.verifier import EVIDENCE_TOKENS
 from ...reveal.ask import load_trace
 from ..methods import available_methods
 from ..metrics import compare, report
@@ -18,9 +19,9 @@ from .common import accuracy_row, new_figure
 
 # %% auto #0
 __all__ = ['LADDER', 'SEPARATING', 'table2_pairs', 'paired_table', 'two_by_two', 'rerank_used', 'two_by_two_csv',
-           'sweep_overrides', 'mean_admitted', 'sweep_table', 'split_available', 'calibration_table', 'answerer_frames',
-           'per_type_table', 'cost_table', 'timing_table', 'count_table', 'fmt_p', 'plot_steps', 'plot_sweep',
-           'per_type_long', 'plot_costs']
+           'sweep_overrides', 'mean_admitted', 'cut_share', 'rerank_fallback', 'sweep_table', 'split_available',
+           'calibration_table', 'answerer_frames', 'per_type_table', 'cost_table', 'timing_table', 'count_table',
+           'fmt_p', 'plot_steps', 'plot_sweep', 'per_type_long', 'plot_costs']
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #61351ebd
 LADDER = ('base', '+iter', '+offmem', '+onmem', 'reveal')
@@ -81,11 +82,24 @@ def mean_admitted(rs: list[dict]) -> float:
     return float(np.mean([len(r.get('evidence') or []) for r in rs])) if rs else math.nan
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #620d2178
+def cut_share(rs: list[dict], budget: int = EVIDENCE_TOKENS) -> float:
+    "Mean share of the admitted evidence's words the roles' one evidence budget cuts away (0: everything read whole)."
+    words = [sum(len(str(e.get('text', '')).split()) for e in r.get('evidence') or []) for r in rs]
+    return float(np.mean([max(0.0, 1 - budget / w) if w else 0.0 for w in words])) if rs else math.nan
+
+def rerank_fallback(rs: list[dict]) -> float:
+    "Share of questions where the model rerank fell back to the offline formula in some round (its reply unusable)."
+    return float(np.mean(['fallback' in str(r.get('rerank') or '') for r in rs])) if rs else math.nan
+
+def _sweep_row(arm: str, cap, rs: list[dict]) -> dict:
+    "One point of Fig. 4a: admitted items, accuracy, and what bent it (evidence cut, rerank fallbacks)."
+    return dict(arm=arm, cap=cap, segments=mean_admitted(rs), **accuracy_row(rs), cut_share=cut_share(rs),
+                rerank_fallback=rerank_fallback(rs))
+
 def sweep_table(sweep: dict[int, list[dict]], adaptive: list[dict] | None = None) -> pd.DataFrame:
     "Accuracy against mean admitted segments: one row per fixed cap (no verification), then REVEAL's adaptive row."
-    rows = [dict(arm='fixed', cap=n, segments=mean_admitted(rs), **accuracy_row(rs)) for n, rs in sorted(sweep.items())]
-    if adaptive is not None: rows.append(dict(arm='reveal', cap=None, segments=mean_admitted(adaptive),
-                                              **accuracy_row(adaptive)))
+    rows = [_sweep_row('fixed', n, rs) for n, rs in sorted(sweep.items())]
+    if adaptive is not None: rows.append(_sweep_row('reveal', None, adaptive))
     df = pd.DataFrame(rows)
     df['cap'] = df['cap'].astype('Int64')
     return df
@@ -135,14 +149,21 @@ def per_type_table(before: list[dict], after: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #b837fa6c
+def _calls_without(r: dict, role: str = 'reranker') -> int:
+    "A result's model calls less those of one role (REVEAL's model rerank: one per round)."
+    by = r.get('calls_by_role') if isinstance(r.get('calls_by_role'), dict) else {}
+    return int(r.get('llm_calls') or 0) - int(by.get(role) or 0)
+
 def cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method: questions, mean rounds, model calls and prompt/completion tokens per question, and totals."
+    "Per method: questions, mean rounds, calls per question (also without the rerank call), tokens, and totals."
     rows = []
     for m, rs in runs.items():
-        r = report(rs)
+        r, ok = report(rs), [x for x in rs if not x.get('failed')]
+        no_rr = float(np.mean([_calls_without(x) for x in ok])) if ok else math.nan
         rows.append(dict(method=m, n=len(rs), rounds_mean=r['rounds_mean'], llm_calls_mean=r['llm_calls_mean'],
-                         prompt_tokens_mean=r['prompt_tokens_mean'], completion_tokens_mean=r['completion_tokens_mean'],
-                         llm_calls_total=r['llm_calls_total'], tokens_total=r['tokens_total']))
+                         llm_calls_no_rerank_mean=no_rr, prompt_tokens_mean=r['prompt_tokens_mean'],
+                         completion_tokens_mean=r['completion_tokens_mean'], llm_calls_total=r['llm_calls_total'],
+                         tokens_total=r['tokens_total']))
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #46f1abb1
@@ -194,6 +215,11 @@ def plot_steps(acc: pd.DataFrame, pairs: pd.DataFrame, title: str, rerank: dict[
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #fa50893a
 _STAGGER = ((5, -14), (5, 9), (5, -27), (5, 22))     # label offsets (points), cycled so neighbouring caps stay legible
 
+def _bent(row) -> str:
+    "A point's label suffix: how much of its evidence the budget cut, how often the model rerank fell back."
+    cut, fb = getattr(row, 'cut_share', 0) or 0, getattr(row, 'rerank_fallback', 0) or 0
+    return (f", {100 * cut:.0f}% cut" if cut > 0 else '') + (f", rerank fell back {100 * fb:.0f}%" if fb > 0 else '')
+
 def plot_sweep(sw: pd.DataFrame, title: str):
     "Fig. 4a: accuracy vs mean admitted segments without verification (one point per cap), and REVEAL's point."
     fig, (ax,) = new_figure(title)
@@ -202,7 +228,8 @@ def plot_sweep(sw: pd.DataFrame, title: str):
     ax.errorbar(f.segments, 100 * f.accuracy, yerr=err, marker='o', capsize=3,
                 label='no verification (fixed cap per round)')
     for i, row in enumerate(f.itertuples()):
-        ax.annotate(f"cap {row.cap}", (row.segments, 100 * row.accuracy), xytext=_STAGGER[i % len(_STAGGER)],
+        bent = _bent(row)
+        ax.annotate(f"cap {row.cap}{bent}", (row.segments, 100 * row.accuracy), xytext=_STAGGER[i % len(_STAGGER)],
                     textcoords='offset points', fontsize=8)
     if len(r): ax.scatter(r.segments, 100 * r.accuracy, marker='*', s=220, color='C3', zorder=3,
                           label='REVEAL (adaptive, verified)')
