@@ -18,7 +18,8 @@ from reveal_kit.backends.replies import minimal_instance
 from reveal_kit.eval.metrics import load_results
 from reveal_kit.eval.pack import (PackError, canonical_results, canonical_traces, file_sums, run_differences, unpack,
                                   write_pack)
-from reveal_kit.eval.replay import pack_runs, replay_pack
+from reveal_kit.eval.pack_replay import replay_pack
+from reveal_kit.eval.replay import pack_runs
 from reveal_kit.eval.runner import run_eval
 from reveal_kit.synth.bench import generate_benchmark
 

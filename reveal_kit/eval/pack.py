@@ -4,11 +4,13 @@
 
 # %% ../../nbs/48_eval.pack.ipynb #05271e9d
 from __future__ import annotations
+import fcntl
 import gzip
 import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 import zlib
 from contextlib import contextmanager
@@ -21,8 +23,9 @@ from .metrics import load_results, report_run
 # %% auto #0
 __all__ = ['PACK_FORMAT', 'SUFFIXES', 'MAGIC', 'ROW_LABELS', 'VOLATILE', 'PackError', 'pack_compression', 'zstd_module',
            'file_sums', 'check_member_name', 'write_pack', 'check_magic', 'read_manifest', 'damaged_errors', 'unpack',
-           'verify_unpacked', 'pack_id', 'check_runs', 'row_differences', 'entry_contradiction', 'strip_volatile',
-           'canonical_results', 'canonical_traces', 'canonical_report', 'run_differences']
+           'verify_unpacked', 'pack_id', 'check_runs', 'row_differences', 'entry_contradiction', 'pid_alive',
+           'remove_stale', 'run_in_progress', 'strip_volatile', 'canonical_results', 'canonical_traces',
+           'canonical_report', 'run_differences']
 
 # %% ../../nbs/48_eval.pack.ipynb #184baf98
 PACK_FORMAT = 'reveal-kit-pack/1'
@@ -250,11 +253,11 @@ def _check_row(man: dict, row: Any) -> str:
     if not isinstance(name, str) or '/' in name or name in ('', '.', '..') or '\\' in name:
         raise PackError(f"pack.json names a run {name!r}: a run is named by one plain folder name")
     _named(man, f"runs/{name}/run.json", f"run {name}'s run.json")
-    index, videos = row.get('memory_index') or {}, row.get('videos') or {}
-    if not isinstance(index, dict) or not isinstance(videos, dict):
-        raise PackError(f"pack.json: run {name}'s memory_index and videos are not maps")
-    for v in index.values(): _named(man, v, f"run {name}'s memory", folder=True)
-    for v in videos.values(): _named(man, v, f"run {name}'s video")
+    maps = {k: row.get(k) or {} for k in ('memory_index', 'videos', 'subtitles')}
+    if not all(isinstance(m, dict) for m in maps.values()):
+        raise PackError(f"pack.json: run {name}'s memory_index, videos and subtitles are not maps")
+    for v in maps['memory_index'].values(): _named(man, v, f"run {name}'s memory", folder=True)
+    for v in [*maps['videos'].values(), *maps['subtitles'].values()]: _named(man, v, f"run {name}'s file")
     if row.get('pool'): _named(man, row['pool'], f"run {name}'s rubric pool")
     return name
 
@@ -286,6 +289,35 @@ def entry_contradiction(entry: Any) -> str | None:
     try: said = parse_json(entry.get('text') or '')
     except ValueError: return "its data has no JSON in its raw text"
     return None if said == entry['data'] else "its data is not what its raw text says"
+
+# %% ../../nbs/48_eval.pack.ipynb #fb5b584c
+def pid_alive(pid: int) -> bool:
+    "Whether a process `pid` exists on this machine."
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True
+    return True
+
+def remove_stale(root: str | Path, prefix: str) -> list[Path]:
+    "Remove the folders `root/<prefix><pid>-…` whose process is gone (a killed pack or open left them); those removed."
+    out = []
+    for d in sorted(Path(root).glob(f"{prefix}*")):
+        pid = d.name[len(prefix):].split('-')[0]
+        if d.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            out.append(d)
+    return out
+
+# %% ../../nbs/48_eval.pack.ipynb #bca8b041
+def run_in_progress(run_dir: str | Path) -> bool:
+    "Whether a run is being written now: its lock file is held by a live run (probed without writing anything)."
+    lock = Path(run_dir) / '.lock'
+    if not lock.is_file(): return False
+    fd = os.open(lock, os.O_RDONLY)
+    try: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError: return True
+    finally: os.close(fd)
+    return False
 
 # %% ../../nbs/48_eval.pack.ipynb #2ac498d4
 VOLATILE = frozenset({'seconds', 'wall_seconds', 'model_seconds', 'loop_seconds', 'latency_s', 'orig_latency_s',
