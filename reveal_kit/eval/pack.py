@@ -21,11 +21,11 @@ from ..backends.replies import parse_json
 from .metrics import load_results, report_run
 
 # %% auto #0
-__all__ = ['PACK_FORMAT', 'SUFFIXES', 'MAGIC', 'ROW_LABELS', 'VOLATILE', 'PackError', 'pack_compression', 'zstd_module',
-           'file_sums', 'check_member_name', 'write_pack', 'check_magic', 'read_manifest', 'damaged_errors', 'unpack',
-           'verify_unpacked', 'pack_id', 'check_runs', 'row_differences', 'entry_contradiction', 'pid_alive',
-           'remove_stale', 'run_in_progress', 'strip_volatile', 'canonical_results', 'canonical_traces',
-           'canonical_report', 'run_differences']
+__all__ = ['PACK_FORMAT', 'SUFFIXES', 'MAGIC', 'ROW_LABELS', 'VOLATILE', 'INDEX_PATHS', 'PackError', 'pack_compression',
+           'zstd_module', 'file_sums', 'check_member_name', 'write_pack', 'check_magic', 'read_manifest',
+           'damaged_errors', 'unpack', 'verify_unpacked', 'pack_id', 'check_runs', 'row_differences',
+           'entry_contradiction', 'pid_alive', 'remove_stale', 'run_in_progress', 'strip_volatile', 'portable',
+           'canonical_results', 'canonical_traces', 'canonical_report', 'run_differences']
 
 # %% ../../nbs/48_eval.pack.ipynb #184baf98
 PACK_FORMAT = 'reveal-kit-pack/1'
@@ -321,13 +321,26 @@ def run_in_progress(run_dir: str | Path) -> bool:
 
 # %% ../../nbs/48_eval.pack.ipynb #2ac498d4
 VOLATILE = frozenset({'seconds', 'wall_seconds', 'model_seconds', 'loop_seconds', 'latency_s', 'orig_latency_s',
-                      'wall_s', 'policy_s', 'seconds_mean', 'cache_hit', 'cache_hits', 'kit_version'})
+                      'wall_s', 'policy_s', 'seconds_mean', 'cache_hit', 'cache_hits', 'readings_reused',
+                      'kit_version'})
 
 def strip_volatile(obj: Any) -> Any:
     "`obj` without the `VOLATILE` keys at any depth (timings, cache hits, the kit version)."
     if isinstance(obj, dict): return {k: strip_volatile(v) for k, v in obj.items() if k not in VOLATILE}
     if isinstance(obj, list): return [strip_volatile(v) for v in obj]
     return obj
+
+# %% ../../nbs/48_eval.pack.ipynb #b87bb0e6
+INDEX_PATHS = ('path', 'plain_path')
+
+def portable(obj: Any) -> Any:
+    "`strip_volatile(obj)`, with where a PACE database lay on this machine cut to its own folder (`<video key>/<db>`)."
+    out = strip_volatile(obj)
+    idx = out.get('index') if isinstance(out, dict) else None
+    if isinstance(idx, dict):
+        out['index'] = {k: '/'.join(Path(v).parts[-2:]) if k in INDEX_PATHS and isinstance(v, str) else v
+                        for k, v in idx.items()}
+    return out
 
 # %% ../../nbs/48_eval.pack.ipynb #d82fd009
 def _line(obj: Any) -> str:
@@ -339,7 +352,7 @@ def canonical_results(run_dir: str | Path) -> bytes:
     rows = sorted(load_results(run_dir), key=lambda r: str(r['qid']))
     out = []
     for r in rows:
-        r = strip_volatile(r)
+        r = portable(r)
         if r.get('trace'): r['trace'] = Path(r['trace']).name
         out.append(_line(r))
     return ''.join(out).encode()
@@ -349,7 +362,7 @@ def canonical_traces(run_dir: str | Path) -> dict[str, bytes]:
     "Every trace of a run (JSON files under traces/) in canonical form, by file name; error traces as they are."
     out = {}
     for f in sorted((Path(run_dir) / 'traces').glob('*')):
-        if f.suffix == '.json': out[f.name] = _line(strip_volatile(json.loads(f.read_text()))).encode()
+        if f.suffix == '.json': out[f.name] = _line(portable(json.loads(f.read_text()))).encode()
         elif f.is_file(): out[f.name] = f.read_bytes()
     return out
 

@@ -74,10 +74,11 @@ def replay_run(row: dict, src: Path, out: Path, cache: CallCache, progress: bool
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #f081d349
 def memory_build_seconds(src: Path, rows: list[dict]) -> float:
-    "Seconds the packed memories took to build, from their manifests."
-    mems = {m for r in rows for m in r['memory_index'].values()}
-    return round(sum(float(json.loads((src / m / 'manifest.json').read_text()).get('build_seconds') or 0)
-                     for m in mems), 2)
+    "Seconds the packed memories and PACE databases took to build, from their manifests."
+    folders = {src / m for r in rows for m in r['memory_index'].values()}
+    mans = [f for d in folders for f in ([d / 'manifest.json'] if (d / 'manifest.json').is_file()
+                                         else sorted(d.glob('*/manifest.json')))]
+    return round(sum(float(json.loads(f.read_text()).get('build_seconds') or 0) for f in mans), 2)
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #f2e42267
 def replay_pack(pack: str | Path, out: str | Path | None = None, progress: bool = False) -> dict:
