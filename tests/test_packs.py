@@ -308,3 +308,22 @@ def test_eval_cost_refuses_settings_out_of_range(work, tmp_path):
         assert r.returncode == 2 and r.stderr.count('\n') == 1 and extra[0] in r.stderr, (extra, r.stderr)
     r = subprocess.run(base + ['--profile', str(inf)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and 'positive, finite' in r.stderr, r.stderr
+
+
+def test_model_pace_run_replays_without_model_or_video(work, tmp_path):
+    "PACE whose roles and captioner call a (scripted, image-capable) model: databases and calls packed, replayed."
+    def reply(messages, schema, role):
+        out = minimal_instance(schema) if schema is not None else 'a caption'
+        if isinstance(out, dict) and 'answer' in out: out['answer'] = 'A'
+        return out
+    model = CachedModel(ScriptedModel(reply, model_id='toy-vl', supports_images=True), CallCache(tmp_path / 'c.sqlite'))
+    run_eval('synth', 'pace', tmp_path / 'pace-model', root=work / 'bench', model=model, roles='model', limit=2,
+             progress=False)
+    assert all(r['llm_calls'] > 0 for r in load_results(tmp_path / 'pace-model'))
+    s = pack_runs([tmp_path / 'pace-model'], tmp_path / 'pm.tar.gz', cache=tmp_path / 'c.sqlite', model=model)
+    assert s['calls'] > 0
+    hidden = work / 'bench-hidden'
+    (work / 'bench').rename(hidden)
+    try: r = replay_elsewhere(tmp_path / 'pm.tar.gz', tmp_path / 'replayed', tmp_path)
+    finally: hidden.rename(work / 'bench')
+    assert r.returncode == 0 and 'identical to the packed run' in r.stdout, r.stdout + r.stderr
