@@ -299,7 +299,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 def remove_stale(root: str | Path, prefix: str) -> list[Path]:
-    "Remove the folders `root/<prefix><pid>-…` whose process is gone (a killed pack or open left them); those removed."
+    "Remove the folders `root/<prefix><pid>-…` whose process is gone (left by a kill); those removed."
     out = []
     for d in sorted(Path(root).glob(f"{prefix}*")):
         pid = d.name[len(prefix):].split('-')[0]

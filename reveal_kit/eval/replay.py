@@ -380,7 +380,7 @@ def _pack_summary(out: Path, man: dict, rows: list[dict], seconds: float) -> dic
 def pack_runs(run_dirs: Iterable[str | Path], out: str | Path, cache: str | Path | None = None,
               memories: str | Path | None = None, model: Any = None, videos: bool = False,
               progress: bool = False, partial: bool = False) -> dict:
-    "Check each run replays, then write one pack of them (`cache`: the calls' cache, read only; `memories`: their folder)."
+    "Check each run replays, then write one pack of them (`cache`: the calls' cache, only read; `memories`)."
     t0, out = time.time(), Path(out)
     pack_compression(out)
     remove_stale(tempfile.gettempdir(), 'reveal-pack-')
