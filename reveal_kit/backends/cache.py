@@ -49,27 +49,49 @@ _SCHEMA = ('CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, role TEXT, b
            'created REAL, entry TEXT NOT NULL)')
 
 class CallCache:
-    "A persistent key → call-result store in SQLite (WAL), safe across threads and processes."
-    def __init__(self, path: str | Path, timeout: float = 60.0):
+    "A persistent key → call-result store in SQLite (WAL), safe across threads and processes; or read-only."
+    def __init__(self, path: str | Path, timeout: float = 60.0, read_only: bool = False):
         p = Path(path)
         if p.suffix not in ('.sqlite', '.sqlite3', '.db'): p = p / 'calls.sqlite'
+        self.path, self.timeout, self.read_only, self._local = p, timeout, read_only, threading.local()
+        if read_only: return self._check_readable()
         p.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self.timeout, self._local = p, timeout, threading.local()
         try: self._conn().execute(_SCHEMA)
         except sqlite3.DatabaseError as e:             # not an SQLite file (overwritten, truncated): start a new one
             self._local.conn = None
             move_aside(p, str(e), ['-wal', '-shm'])
             self._conn().execute(_SCHEMA)
 
+    def _connect(self) -> sqlite3.Connection:
+        "A new connection: WAL for writing; read-only without touching the file (immutable when no WAL is pending)."
+        if not self.read_only:
+            c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+            c.execute('PRAGMA journal_mode=WAL')
+            c.execute('PRAGMA synchronous=NORMAL')
+            return c
+        wal = self.path.with_name(self.path.name + '-wal').exists()
+        uri = self.path.resolve().as_uri() + ('?mode=ro' if wal else '?immutable=1')
+        return sqlite3.connect(uri, uri=True, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+
     def _conn(self) -> sqlite3.Connection:
         "This thread's connection in this process (opened on first use, and again after a fork)."
         c = getattr(self._local, 'conn', None)
         if c is None or self._local.pid != os.getpid():
-            c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
-            c.execute('PRAGMA journal_mode=WAL')
-            c.execute('PRAGMA synchronous=NORMAL')
+            c = self._connect()
             self._local.conn, self._local.pid = c, os.getpid()
         return c
+
+    def _check_readable(self) -> None:
+        "A read-only cache must be a call cache already: a missing or damaged one is an error, left as it is."
+        if not self.path.is_file(): raise FileNotFoundError(f"no call cache at {self.path}")
+        try: self._conn().execute('SELECT key, entry FROM calls LIMIT 1').fetchall()
+        except sqlite3.DatabaseError as e:
+            raise ValueError(f"{self.path} is not a readable call cache ({e}); it was left as it is") from None
+
+    def close(self) -> None:
+        "Close this thread's connection (a WAL cache is then checkpointed into its one file)."
+        c, self._local.conn = getattr(self._local, 'conn', None), None
+        if c is not None: c.close()
 
 # %% ../../nbs/03_backends.cache.ipynb #2af7ad4f
 @patch
@@ -82,14 +104,15 @@ def put(self: CallCache, key: str, entry: dict) -> None:
 # %% ../../nbs/03_backends.cache.ipynb #b3e21045
 @patch
 def get(self: CallCache, key: str) -> dict | None:
-    "The stored entry for `key`, or None; a damaged entry (not a JSON object) is deleted with a warning: a miss."
+    "The stored entry for `key`, or None; a damaged entry (not a JSON object) is a miss (and deleted unless read-only)."
     row = self._conn().execute('SELECT entry FROM calls WHERE key=?', (key,)).fetchone()
     if row is None: return None
     try: entry = json.loads(row[0])
     except (TypeError, ValueError): entry = None
     if isinstance(entry, dict): return entry
-    warn(f"{self.path}: damaged call-cache entry {key[:16]}… (not a JSON object): dropped, the call is made again")
-    self._conn().execute('DELETE FROM calls WHERE key=?', (key,))
+    warn(f"{self.path}: damaged call-cache entry {key[:16]}… (not a JSON object): "
+         + ("ignored" if self.read_only else "dropped, the call is made again"))
+    if not self.read_only: self._conn().execute('DELETE FROM calls WHERE key=?', (key,))
     return None
 
 # %% ../../nbs/03_backends.cache.ipynb #fb31acf4

@@ -36,20 +36,25 @@ app.add_typer(trace_app, name='trace')
 @app.command('pack')
 def pack(run_dirs: Annotated[List[Path], typer.Argument(help="the RUN_DIRs to pack")],
          out: Annotated[Path, typer.Option('--out', '-o', help="NAME.tar.gz, or NAME.tar.zst (needs zstandard)")],
-         cache: Annotated[Optional[Path], typer.Option(help="the runs' call cache (default runs/cache/calls)")] = None,
+         cache: Annotated[Optional[Path], typer.Option(help="the runs' call cache, only read (default "
+                                                     "runs/cache/calls)")] = None,
          memories: Annotated[Optional[Path], typer.Option(help="the runs' memories (default runs/memories)")] = None,
-         videos: Annotated[bool, typer.Option(help="pack the videos too (an answerer that saw frames)")] = False):
-    "Pack runs with the memories and cached calls they used, once a rerun shows that they replay."
+         videos: Annotated[bool, typer.Option(help="pack the videos too (packed anyway when a rerun needs "
+                                                   "them)")] = False,
+         partial: Annotated[bool, typer.Option(help="pack a run that is still running as it is now, marked "
+                                                    "partial")] = False):
+    "Pack runs with the memories, PACE databases and cached calls they used, once a rerun shows that they replay."
     from reveal_kit.eval.replay import pack_runs, format_pack_summary
     with cli_errors():
-        say(format_pack_summary(pack_runs(run_dirs, out, cache=cache, memories=memories, videos=videos)))
+        say(format_pack_summary(pack_runs(run_dirs, out, cache=cache, memories=memories, videos=videos,
+                                          partial=partial)))
 
 # %% ../../nbs/90c_cli.share.ipynb #ba24806b
 @app.command('replay')
 def replay(pack_file: Annotated[Path, typer.Argument(help="a pack (NAME.tar.gz or NAME.tar.zst)")],
            out: Annotated[Optional[Path], typer.Option('--out', '-o', help="a new folder (default NAME-replay)")] = None):
     "Replay a pack's runs without a model (cache in replay mode) and compare them with it; exit 1 if one differs."
-    from reveal_kit.eval.replay import replay_pack, format_replay_summary
+    from reveal_kit.eval.pack_replay import replay_pack, format_replay_summary
     with cli_errors():
         s = replay_pack(pack_file, out)
     say(format_replay_summary(s))

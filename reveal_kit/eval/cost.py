@@ -12,8 +12,8 @@ from .metrics import load_results
 
 # %% auto #0
 __all__ = ['PROFILE_POINT_KEYS', 'PAPER_COSTS', 'trace_calls', 'sequential_depth', 'question_cost', 'row_cost', 'run_costs',
-           'cost_summary', 'load_profile', 'rate_at', 'best_concurrency', 'project', 'cost_report', 'format_cost',
-           'projection_table']
+           'cost_summary', 'load_profile', 'rate_at', 'best_concurrency', 'check_projection', 'project', 'cost_report',
+           'format_cost', 'projection_table']
 
 # %% ../../nbs/49_eval.cost.ipynb #0341e9d3
 def trace_calls(trace: dict) -> list[dict]:
@@ -84,15 +84,19 @@ def cost_summary(costs: list[dict]) -> dict:
 # %% ../../nbs/49_eval.cost.ipynb #b7db75f0
 PROFILE_POINT_KEYS = ('concurrency', 'prompt_tokens_per_s', 'completion_tokens_per_s')
 
+def _positive(x) -> bool:
+    "Whether `x` is a finite number above 0 (not NaN, not Infinity, not a string)."
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
 def load_profile(path: str | Path) -> dict:
     "A throughput profile JSON (model, gpu, points of tokens/s by concurrency), checked; points by concurrency."
     p = Path(path)
     if not p.is_file(): raise FileNotFoundError(f"no throughput profile at {p}")
-    d = json.loads(p.read_text())
+    try: d = json.loads(p.read_text())
+    except ValueError as e: raise ValueError(f"{p} is not JSON: {e}") from None
     pts = d.get('points') if isinstance(d, dict) else None
-    if not pts or not all(isinstance(x, dict) and all(float(x.get(k) or 0) > 0 for k in PROFILE_POINT_KEYS)
-                          for x in pts):
-        raise ValueError(f"{p}: a profile needs points with positive {', '.join(PROFILE_POINT_KEYS)}")
+    if not pts or not all(isinstance(x, dict) and all(_positive(x.get(k)) for k in PROFILE_POINT_KEYS) for x in pts):
+        raise ValueError(f"{p}: a profile needs points with positive, finite {', '.join(PROFILE_POINT_KEYS)}")
     return dict(d, points=sorted(pts, key=lambda x: float(x['concurrency'])))
 
 # %% ../../nbs/49_eval.cost.ipynb #18ab8647
@@ -112,15 +116,27 @@ def best_concurrency(profile: dict) -> float:
     return float(max(profile['points'], key=lambda p: float(p['completion_tokens_per_s']))['concurrency'])
 
 # %% ../../nbs/49_eval.cost.ipynb #0fd25109
+def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
+    "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
+    whole = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1
+    if questions is not None and not whole(questions):
+        raise ValueError(f"--questions must be a whole number ≥ 1 (or left out: the run's), got {questions}")
+    if not whole(gpus): raise ValueError(f"--gpus must be a whole number ≥ 1, got {gpus}")
+    if concurrency is not None and not _positive(concurrency):
+        raise ValueError(f"--concurrency must be a finite number > 0 (or left out: the profile's fastest), "
+                         f"got {concurrency}")
+
 def project(summary: dict, profile: dict, questions: int | None = None, gpus: int = 1,
             concurrency: float | None = None) -> dict:
     "Projected wall hours and GPU-hours of `questions` (default: the run's) on `gpus` engines at `concurrency`."
-    n, c = int(questions or summary['questions']), float(concurrency or best_concurrency(profile))
+    check_projection(questions, gpus, concurrency)
+    n = int(summary['questions'] if questions is None else questions)
+    c = float(best_concurrency(profile) if concurrency is None else concurrency)
     P, D = rate_at(profile, c, 'prompt_tokens_per_s'), rate_at(profile, c, 'completion_tokens_per_s')
     per_q = summary['prompt_per_q'] / P + summary['completion_per_q'] / D          # engine-seconds per question
     calls = max(summary['calls_per_q'], 1e-9)
     chain = summary['depth_max'] * c * per_q / calls                                # the last question's chain
-    wall = n * per_q / max(gpus, 1) + (chain if summary['calls_per_q'] else 0.0)
+    wall = n * per_q / gpus + (chain if summary['calls_per_q'] else 0.0)
     return dict(questions=n, gpus=int(gpus), concurrency=c, model=profile.get('model'), gpu=profile.get('gpu'),
                 tokens_m=n * (summary['prompt_per_q'] + summary['completion_per_q']) / 1e6,
                 calls=n * summary['calls_per_q'], wall_hours=wall / 3600, gpu_hours=wall * gpus / 3600)
@@ -128,7 +144,8 @@ def project(summary: dict, profile: dict, questions: int | None = None, gpus: in
 # %% ../../nbs/49_eval.cost.ipynb #860ce37e
 def cost_report(run_dir: str | Path, profile: str | Path | dict | None = None, questions: int | None = None,
                 gpus: int = 1, concurrency: float | None = None) -> dict:
-    "A run's cost summary, with the projection when a profile is given."
+    "A run's cost summary, with the projection when a profile is given (the settings checked either way)."
+    check_projection(questions, gpus, concurrency)
     s = cost_summary(run_costs(run_dir))
     if profile is None: return dict(s, run=str(run_dir), projection=None)
     prof = profile if isinstance(profile, dict) else load_profile(profile)

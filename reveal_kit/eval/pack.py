@@ -4,21 +4,27 @@
 
 # %% ../../nbs/48_eval.pack.ipynb #05271e9d
 from __future__ import annotations
+import fcntl
 import gzip
 import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
+import zlib
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
-from ..io import atomic_write_text
+from ..io import atomic_write_text, read_jsonl_rows
+from ..backends.replies import parse_json
 from .metrics import load_results, report_run
 
 # %% auto #0
-__all__ = ['PACK_FORMAT', 'SUFFIXES', 'VOLATILE', 'PackError', 'pack_compression', 'zstd_module', 'file_sums',
-           'check_member_name', 'write_pack', 'read_manifest', 'unpack', 'verify_unpacked', 'pack_id', 'strip_volatile',
+__all__ = ['PACK_FORMAT', 'SUFFIXES', 'MAGIC', 'ROW_LABELS', 'VOLATILE', 'INDEX_PATHS', 'PackError', 'pack_compression',
+           'zstd_module', 'file_sums', 'check_member_name', 'write_pack', 'check_magic', 'read_manifest',
+           'damaged_errors', 'unpack', 'verify_unpacked', 'pack_id', 'check_runs', 'row_differences',
+           'entry_contradiction', 'pid_alive', 'remove_stale', 'run_in_progress', 'strip_volatile', 'portable',
            'canonical_results', 'canonical_traces', 'canonical_report', 'run_differences']
 
 # %% ../../nbs/48_eval.pack.ipynb #184baf98
@@ -100,17 +106,34 @@ def write_pack(path: str | Path, files: dict[str, bytes | Path], manifest: dict)
     return man
 
 # %% ../../nbs/48_eval.pack.ipynb #11297ab9
+MAGIC = {'gz': b'\x1f\x8b', 'zst': b'\x28\xb5\x2f\xfd'}
+
+def check_magic(path: Path) -> str:
+    "The compression a pack's name says, checked against its first bytes; a PackError for empty or mislabelled."
+    kind = pack_compression(path)
+    with open(path, 'rb') as f: head = f.read(4)
+    if not head: raise PackError(f"{path} is empty: not a pack")
+    if not head.startswith(MAGIC[kind]):
+        raise PackError(f"{path} is not {kind}-compressed as its name says: damaged, or not a pack")
+    return kind
+
 @contextmanager
 def _tar_in(path: Path) -> Iterator[tarfile.TarFile]:
-    "The pack's tar stream, read in order (gzip or zstd)."
+    "The pack's tar stream, read in order (gzip or zstd, as its first bytes confirm)."
     with open(path, 'rb') as f:
-        if pack_compression(path) == 'gz':
+        if check_magic(path) == 'gz':
             with tarfile.open(fileobj=f, mode='r|gz') as tar: yield tar
         else:
             with zstd_module().ZstdDecompressor().stream_reader(f) as z, \
                  tarfile.open(fileobj=z, mode='r|') as tar: yield tar
 
 # %% ../../nbs/48_eval.pack.ipynb #2a6a0144
+def _entry_ok(want: Any) -> bool:
+    "Whether a manifest entry is `{'sha256': 64 hex digits, 'size': a count}`."
+    sha, size = (want.get('sha256'), want.get('size')) if isinstance(want, dict) else (None, None)
+    return (isinstance(sha, str) and len(sha) == 64 and all(c in '0123456789abcdef' for c in sha)
+            and type(size) is int and size >= 0)
+
 def read_manifest(tar: tarfile.TarFile, where: Path) -> tuple[dict, Any]:
     "The pack.json of a tar stream (its first member) and the iterator positioned after it."
     members = iter(tar)
@@ -122,6 +145,8 @@ def read_manifest(tar: tarfile.TarFile, where: Path) -> tuple[dict, Any]:
     if not isinstance(man, dict) or man.get('format') != PACK_FORMAT or not isinstance(man.get('files'), dict):
         got = man.get('format') if isinstance(man, dict) else None
         raise PackError(f"{where}: not a {PACK_FORMAT} pack (format {got!r})")
+    bad = next((n for n, w in man['files'].items() if not _entry_ok(w)), None)
+    if bad is not None: raise PackError(f"{where}: pack.json lists {bad!r} without a SHA-256 and a size")
     return man, members
 
 # %% ../../nbs/48_eval.pack.ipynb #0670ec6a
@@ -133,12 +158,21 @@ def _inside(dest: Path, name: str) -> Path:
         raise PackError(f"refusing the pack member {name!r}: its folder resolves outside {dest}")
     return target
 
+def _filtered(m: tarfile.TarInfo, want: dict, dest: Path) -> None:
+    "Refuse a member the standard library's tar data filter refuses, or whose header size is not the listed one."
+    try: tarfile.data_filter(m, str(dest))
+    except tarfile.FilterError as e: raise PackError(f"refusing the pack member {m.name!r}: {e}") from None
+    if m.size != want['size']:
+        raise PackError(f"refusing the pack member {m.name!r}: its header says {m.size} bytes, pack.json "
+                        f"{want['size']}")
+
 def _write_checked(tar: tarfile.TarFile, m: tarfile.TarInfo, want: dict, dest: Path) -> None:
     "Write one member under `dest` while hashing it; keep it only when its SHA-256 and size match the manifest."
+    _filtered(m, want, dest)
     target, h, n = _inside(dest, m.name), hashlib.sha256(), 0
     tmp = target.with_name(target.name + '.part')
     with tar.extractfile(m) as src, open(tmp, 'wb') as out:
-        while chunk := src.read(1 << 20):
+        while n <= want['size'] and (chunk := src.read(1 << 20)):
             h.update(chunk)
             n += len(chunk)
             out.write(chunk)
@@ -148,12 +182,15 @@ def _write_checked(tar: tarfile.TarFile, m: tarfile.TarInfo, want: dict, dest: P
     os.replace(tmp, target)
 
 # %% ../../nbs/48_eval.pack.ipynb #fa4bd13d
-def unpack(path: str | Path, dest: str | Path) -> dict:
-    "Extract a pack into `dest` (empty or new), refusing unsafe or unlisted members and checking every sum; manifest."
-    path, dest = Path(path), Path(dest)
-    if not path.is_file(): raise FileNotFoundError(f"no pack at {path}")
-    if dest.exists() and any(dest.iterdir()): raise PackError(f"{dest} is not empty: unpack into a new folder")
-    dest.mkdir(parents=True, exist_ok=True)
+def damaged_errors() -> tuple[type[BaseException], ...]:
+    "What reading a damaged or truncated archive raises: tar, gzip, zlib and zstd errors, an early end."
+    errs: list = [tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile]
+    try: errs.append(zstd_module().ZstdError)
+    except PackError: pass
+    return tuple(errs)
+
+def _extract(path: Path, dest: Path) -> tuple[dict, set]:
+    "Extract the members of a pack's stream under `dest`, each checked; the manifest and the members written."
     with _tar_in(path) as tar:
         man, members = read_manifest(tar, path)
         got = set()
@@ -164,6 +201,17 @@ def unpack(path: str | Path, dest: str | Path) -> dict:
                 raise PackError(f"refusing the pack member {name!r}: not listed in pack.json (or twice)")
             _write_checked(tar, m, man['files'][name], dest)
             got.add(name)
+    return man, got
+
+def unpack(path: str | Path, dest: str | Path) -> dict:
+    "Extract a pack into `dest` (empty or new), refusing unsafe or unlisted members and checking every sum; manifest."
+    path, dest = Path(path), Path(dest)
+    if not path.is_file(): raise FileNotFoundError(f"no pack at {path}")
+    if dest.exists() and any(dest.iterdir()): raise PackError(f"{dest} is not empty: unpack into a new folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    try: man, got = _extract(path, dest)
+    except damaged_errors() as e:
+        raise PackError(f"{path} is damaged or truncated ({type(e).__name__}: {str(e)[:120]})") from None
     missing = sorted(set(man['files']) - got)
     if missing: raise PackError(f"{path} is incomplete: {len(missing)} listed files missing, e.g. {missing[0]}")
     atomic_write_text(dest / 'pack.json', json.dumps(man, indent=1, sort_keys=True))
@@ -189,15 +237,110 @@ def pack_id(path: str | Path) -> str:
         while chunk := f.read(1 << 20): h.update(chunk)
     return h.hexdigest()
 
+# %% ../../nbs/48_eval.pack.ipynb #7842dd46
+def _named(man: dict, ref: Any, what: str, folder: bool = False) -> str:
+    "A path pack.json names (`what`), checked: a safe member name the pack holds (a folder: some member under it)."
+    try: check_member_name(ref if isinstance(ref, str) else '')
+    except PackError: raise PackError(f"pack.json names {what} {ref!r}, outside the pack") from None
+    held = any(f.startswith(ref + '/') for f in man['files']) if folder else ref in man['files']
+    if not held: raise PackError(f"pack.json names {what} {ref!r}, which the pack does not hold")
+    return ref
+
+# %% ../../nbs/48_eval.pack.ipynb #6314682d
+def _check_row(man: dict, row: Any) -> str:
+    "One run row's name and the paths it names, checked; its name."
+    name = row.get('name') if isinstance(row, dict) else None
+    if not isinstance(name, str) or '/' in name or name in ('', '.', '..') or '\\' in name:
+        raise PackError(f"pack.json names a run {name!r}: a run is named by one plain folder name")
+    _named(man, f"runs/{name}/run.json", f"run {name}'s run.json")
+    maps = {k: row.get(k) or {} for k in ('memory_index', 'videos', 'subtitles')}
+    if not all(isinstance(m, dict) for m in maps.values()):
+        raise PackError(f"pack.json: run {name}'s memory_index, videos and subtitles are not maps")
+    for v in maps['memory_index'].values(): _named(man, v, f"run {name}'s memory", folder=True)
+    for v in [*maps['videos'].values(), *maps['subtitles'].values()]: _named(man, v, f"run {name}'s file")
+    if row.get('pool'): _named(man, row['pool'], f"run {name}'s rubric pool")
+    return name
+
+def check_runs(man: dict) -> list[dict]:
+    "pack.json's run rows, checked: at least one, names plain and unique, every path they name held by the pack."
+    rows = man.get('runs')
+    if not isinstance(rows, list) or not rows: raise PackError("pack.json lists no runs: there is nothing to replay")
+    names = [_check_row(man, r) for r in rows]
+    if len(set(names)) != len(names): raise PackError("pack.json names one run twice")
+    return rows
+
+# %% ../../nbs/48_eval.pack.ipynb #fb33a54b
+ROW_LABELS = ('method', 'benchmark', 'split', 'config_hash')
+
+def row_differences(row: dict, run: str | Path) -> list[str]:
+    "Where a pack.json run row disagrees with the packed run's `run.json` and its number of questions."
+    run = Path(run)
+    meta = json.loads((run / 'run.json').read_text())
+    out = [f"pack.json says {k} {row.get(k)!r}, its run.json {meta.get(k)!r}" for k in ROW_LABELS
+           if row.get(k) != meta.get(k)]
+    n = len(read_jsonl_rows(run / 'questions.jsonl')) if (run / 'questions.jsonl').is_file() else None
+    if row.get('questions') != n: out.append(f"pack.json says {row.get('questions')} questions, the run has {n}")
+    return out
+
+# %% ../../nbs/48_eval.pack.ipynb #15030391
+def entry_contradiction(entry: Any) -> str | None:
+    "Why a cached call's parsed `data` is not what its raw `text` says, or None when they agree (or there is no data)."
+    if not isinstance(entry, dict) or entry.get('data') is None: return None
+    try: said = parse_json(entry.get('text') or '')
+    except ValueError: return "its data has no JSON in its raw text"
+    return None if said == entry['data'] else "its data is not what its raw text says"
+
+# %% ../../nbs/48_eval.pack.ipynb #fb5b584c
+def pid_alive(pid: int) -> bool:
+    "Whether a process `pid` exists on this machine."
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True
+    return True
+
+def remove_stale(root: str | Path, prefix: str) -> list[Path]:
+    "Remove the folders `root/<prefix><pid>-…` whose process is gone (left by a kill); those removed."
+    out = []
+    for d in sorted(Path(root).glob(f"{prefix}*")):
+        pid = d.name[len(prefix):].split('-')[0]
+        if d.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            out.append(d)
+    return out
+
+# %% ../../nbs/48_eval.pack.ipynb #bca8b041
+def run_in_progress(run_dir: str | Path) -> bool:
+    "Whether a run is being written now: its lock file is held by a live run (probed without writing anything)."
+    lock = Path(run_dir) / '.lock'
+    if not lock.is_file(): return False
+    fd = os.open(lock, os.O_RDONLY)
+    try: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError: return True
+    finally: os.close(fd)
+    return False
+
 # %% ../../nbs/48_eval.pack.ipynb #2ac498d4
 VOLATILE = frozenset({'seconds', 'wall_seconds', 'model_seconds', 'loop_seconds', 'latency_s', 'orig_latency_s',
-                      'wall_s', 'policy_s', 'seconds_mean', 'cache_hit', 'cache_hits', 'kit_version'})
+                      'wall_s', 'policy_s', 'seconds_mean', 'cache_hit', 'cache_hits', 'readings_reused',
+                      'kit_version'})
 
 def strip_volatile(obj: Any) -> Any:
     "`obj` without the `VOLATILE` keys at any depth (timings, cache hits, the kit version)."
     if isinstance(obj, dict): return {k: strip_volatile(v) for k, v in obj.items() if k not in VOLATILE}
     if isinstance(obj, list): return [strip_volatile(v) for v in obj]
     return obj
+
+# %% ../../nbs/48_eval.pack.ipynb #b87bb0e6
+INDEX_PATHS = ('path', 'plain_path')
+
+def portable(obj: Any) -> Any:
+    "`strip_volatile(obj)`, with where a PACE database lay on this machine cut to its own folder (`<video key>/<db>`)."
+    out = strip_volatile(obj)
+    idx = out.get('index') if isinstance(out, dict) else None
+    if isinstance(idx, dict):
+        out['index'] = {k: '/'.join(Path(v).parts[-2:]) if k in INDEX_PATHS and isinstance(v, str) else v
+                        for k, v in idx.items()}
+    return out
 
 # %% ../../nbs/48_eval.pack.ipynb #d82fd009
 def _line(obj: Any) -> str:
@@ -209,7 +352,7 @@ def canonical_results(run_dir: str | Path) -> bytes:
     rows = sorted(load_results(run_dir), key=lambda r: str(r['qid']))
     out = []
     for r in rows:
-        r = strip_volatile(r)
+        r = portable(r)
         if r.get('trace'): r['trace'] = Path(r['trace']).name
         out.append(_line(r))
     return ''.join(out).encode()
@@ -219,7 +362,7 @@ def canonical_traces(run_dir: str | Path) -> dict[str, bytes]:
     "Every trace of a run (JSON files under traces/) in canonical form, by file name; error traces as they are."
     out = {}
     for f in sorted((Path(run_dir) / 'traces').glob('*')):
-        if f.suffix == '.json': out[f.name] = _line(strip_volatile(json.loads(f.read_text()))).encode()
+        if f.suffix == '.json': out[f.name] = _line(portable(json.loads(f.read_text()))).encode()
         elif f.is_file(): out[f.name] = f.read_bytes()
     return out
 

@@ -26,7 +26,7 @@ from ..runner import induce_benchmark, run_eval
 from ..context import uses_pool
 from ..run_dir import select_questions
 from ..metrics import load_results, run_pool, embedders_line
-from ..replay import open_pack, pack_chat, replayed_run
+from ..pack_replay import open_pack, pack_chat, replayed_run
 from ...reveal.rubrics import pool_label, pool_origin, resolve_pool_path
 from ...synth.bench import generate_benchmark
 from ...backends.chat import is_meaningful
