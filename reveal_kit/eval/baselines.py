@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from ..core import Config, Question, Evidence
 from ..text import fmt_time
+from ..record import as_row
 from ..backends.chat import is_meaningful, offline_role, role_call
 from ..backends.messages import user_message
 from ..retrieval.choice import get_text_embedder
@@ -61,11 +62,11 @@ def text_encoder():
 
 # %% ../../nbs/41_eval.baselines.ipynb #4febdcf9
 def make_result(q: Question, answer: str | None, method: str, **kw) -> dict:
-    "A result dict in the shape the runner and metrics expect."
-    r = dict(qid=q.qid, answer=answer, correct=(answer == q.answer) if q.answer else None, sufficient=None, rho=None,
-             rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0, seconds=0.0, stop_reason=method, evidence=[],
-             trace=None, preset=method, failed=False, error=None, models={})
-    return r | kw
+    "A baseline's result row, built through the record (keys the record does not name go to the baseline's part)."
+    r = dict(qid=q.qid, answer=answer, gold=q.answer, rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0,
+             seconds=0.0, stop_reason=method, evidence=[], trace=None, preset=method, failed=False, error=None,
+             models={}, answer_source='offline' if not (kw.get('models') or {}).get('chat') else 'model')
+    return as_row(r | kw)
 
 # %% ../../nbs/41_eval.baselines.ipynb #f9a9e012
 def _usage(res: Any) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterable
 from ..core import Question, runs_dir
 from ..io import read_jsonl_rows
+from ..record import as_record
 from .annotations import extract_options, split_inline_options, gold_letter
 from .baselines import parse_letter
 from .runner import run_eval
@@ -59,8 +60,8 @@ def answer_questions(qs: list[Question], out_dir: str | Path, method: str = 'rev
     if len(set(qids)) != len(qids):
         raise ValueError(f"duplicate question ids in one batch: {sorted({i for i in qids if qids.count(i) > 1})[:5]}")
     run_eval(qs, method, out_dir, progress=False, **run_kw)
-    rows = {r['qid']: r for r in read_jsonl_rows(Path(out_dir) / 'results.jsonl')}
-    return [rows[i].get('answer') or '' for i in qids]
+    rows = {r.qid: r for r in map(as_record, read_jsonl_rows(Path(out_dir) / 'results.jsonl'))}
+    return [rows[i].answer or '' for i in qids]
 
 # %% ../../nbs/47_eval.lmms.ipynb #a526de7a
 LMMS_IGNORED = ('batch_size', 'max_batch_size', 'device')

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterable
 import numpy as np
 from ..io import read_jsonl_rows
+from ..record import read_row
 from ..backends.models import get_chat_model
 from .loaders import load_benchmark
 from ..pace.needle import judged_needles, judge_run
@@ -21,13 +22,13 @@ __all__ = ['DEMO_GUIDE', 'load_results', 'report', 'with_judged_needles', 'forma
 
 # %% ../../nbs/43_eval.metrics.ipynb #1dd65cde
 def load_results(run_dir: str | Path) -> list[dict]:
-    "The results of a run (a RUN_DIR or a results.jsonl): the last record per qid; a truncated last line is ignored."
+    "A run's rows (a RUN_DIR or a results.jsonl) read through the record: the last per qid; a cut last line is ignored."
     p = Path(run_dir)
     p = p / 'results.jsonl' if p.is_dir() else p
     if not p.exists(): raise FileNotFoundError(f"no results at {p}")
     last = {}
     for d in read_jsonl_rows(p):
-        if isinstance(d, dict) and 'qid' in d: last[d['qid']] = d
+        if isinstance(d, dict) and 'qid' in d: last[d['qid']] = read_row(d)
     return list(last.values())
 
 # %% ../../nbs/43_eval.metrics.ipynb #f39be006

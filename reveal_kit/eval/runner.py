@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 from tqdm.auto import tqdm
 from ..core import Config, Question, load_config, parse_overrides, kit_version, trace_path, unique_qids
 from ..io import atomic_write_text
+from ..record import as_row
 from ..backends.chat import BackendUnavailable
 from ..backends.cache import CacheMiss, MODES
 from .loaders import load_benchmark, load_split_questions
@@ -33,18 +34,14 @@ __all__ = ['ABORT_ERRORS', 'finalize', 'run_one', 'resolve_config', 'load_run_qu
 
 # %% ../../nbs/42c_eval.runner.ipynb #d0f2ead8
 def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
-    "A method's result completed with the question's fields, the gold letter and correctness."
-    r, ans = dict(raw), raw.get('answer')
+    "A method's result completed with the question's fields and the gold letter, scored by the record."
+    r, ans = {k: v for k, v in raw.items() if k != 'correct'}, raw.get('answer')
     if ans is not None and ans not in q.options: r['raw_answer'], ans = ans, None
+    r = dict(rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0, stop_reason=None, error=None,
+             seconds=seconds) | r
     r.update(qid=q.qid, video_id=q.video_id, qtype=q.qtype, duration_group=q.duration_group, gold=q.answer, answer=ans,
-             method=method, failed=bool(r.get('failed', False)))
-    r['correct'] = (ans == q.answer) if q.answer else None
-    r.setdefault('seconds', seconds)
-    r['wall_seconds'] = seconds
-    for k in ('rounds', 'llm_calls', 'prompt_tokens', 'completion_tokens'): r.setdefault(k, 0)
-    r.setdefault('stop_reason', None)
-    r.setdefault('error', None)
-    return r
+             method=method, failed=bool(r.get('failed', False)), wall_seconds=seconds)
+    return as_row(r)
 
 # %% ../../nbs/42c_eval.runner.ipynb #dc58ac20
 ABORT_ERRORS = (BackendUnavailable, CacheMiss)

@@ -4,6 +4,7 @@
 
 # %% ../../nbs/33_pace.agent.ipynb #406280de
 from __future__ import annotations
+from collections import Counter
 import json
 import time
 from dataclasses import dataclass, asdict, replace
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 from ..core import Config, Question, load_config, ask_trace_dir, trace_path
 from ..text import fmt_time
+from ..record import PacePart, Result, usage_fields
 from ..backends.chat import parse_json, record_dict, is_meaningful, models_record, call_totals
 from ..backends.messages import make_messages, system_message, user_message
 from ..backends.models import get_chat_model
@@ -254,28 +256,27 @@ def _index_cost(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> 
                 plain_path=str(plain.path) if plain.path else None)
 
 # %% ../../nbs/33_pace.agent.ipynb #43522ad6
-def _pace_result(q, spec, tr, tot, seconds, config, models, error, rows, index, fq, fsrc) -> dict:
-    "The result dict of one question: REVEAL's result keys plus steps, tool calls, needle recall and index cost."
-    ans, failed = tr.get('answer'), error is not None
+def _pace_part(q, tr, tot, rows, index, fq, fsrc) -> PacePart:
+    "PACE's part of the result: steps and tool calls, needle recall (the lexical judge), index cost, F_Q."
     steps = tr.get('steps', [])
-    tools = {}
-    for s in steps: tools[s['tool']] = tools.get(s['tool'], 0) + 1
-    needle = needle_recall(q, judge_rows(dict(evidence=rows)))          # the lexical judge
-    return {'qid': q.qid, 'video_id': q.video_id, 'preset': spec.name, 'qtype': question_type(q), 'answer': ans,
-            'gold': q.answer, 'correct': (ans == q.answer) if (q.answer and not failed) else None,
-            'sufficient': None, 'rho': None, 'rounds': tr.get('turns', len(steps)), 'steps': len(steps),
-            'tool_calls': tools, 'invalid_calls': tr.get('invalid_calls', 0), 'tool_errors': tr.get('tool_errors', 0),
-            'llm_calls': tot['llm_calls'], 'cache_hits': tot['cache_hits'], 'calls_by_role': tot['calls_by_role'],
-            'prompt_tokens': tot['prompt_tokens'], 'completion_tokens': tot['completion_tokens'],
-            'reasoning_tokens': tot['reasoning_tokens'], 'tokens': tot['prompt_tokens'] + tot['completion_tokens'],
-            'seconds': round(seconds, 6), 'model_seconds': tot['model_seconds'],
-            'loop_seconds': round(max(seconds - tot['model_seconds'], 0.0), 6), 'stop_reason': tr.get('stop_reason'),
-            'missing_evidence': [d['criterion'] for d in tr.get('contrastive_factors') or [] if not d['addressed']],
-            'evidence': [{k: d[k] for k in ('item_id', 'level', 't_start', 't_end', 'score', 'source', 'text')}
-                         for d in rows], 'needle_recall': needle, 'needle_judge': 'lexical',
-            'index': index, 'factors': [f.text for f in fq], 'factor_source': fsrc, 'trace': None,
-            'config_hash': config.hash(), 'models': models, 'failed': failed, 'error': error,
-            'degraded': bool(tot['failed_calls'] or tr.get('notes')), 'failed_calls': tot['failed_calls']}
+    return PacePart(steps=len(steps), tool_calls=dict(Counter(s['tool'] for s in steps)),
+                    invalid_calls=tr.get('invalid_calls', 0), tool_errors=tr.get('tool_errors', 0),
+                    reasoning_tokens=tot['reasoning_tokens'], needle_judge='lexical',
+                    needle_recall=needle_recall(q, judge_rows(dict(evidence=rows))), index=index,
+                    factors=[f.text for f in fq], factor_source=fsrc)
+
+_PACE_EVIDENCE_KEYS = ('item_id', 'level', 't_start', 't_end', 'score', 'source', 'text')
+
+def _pace_result(q, spec, tr, tot, seconds, config, models, error, rows, index, fq, fsrc) -> dict:
+    "The result row of one question, built through the record: the common fields and PACE's part."
+    return Result(qid=q.qid, video_id=q.video_id, preset=spec.name, qtype=question_type(q), answer=tr.get('answer'),
+                  gold=q.answer, rounds=tr.get('turns', len(tr.get('steps', []))), **usage_fields(tot, seconds),
+                  stop_reason=tr.get('stop_reason'), evidence=[{k: d[k] for k in _PACE_EVIDENCE_KEYS} for d in rows],
+                  missing_evidence=[d['criterion'] for d in tr.get('contrastive_factors') or [] if not d['addressed']],
+                  trace=None, config_hash=config.hash(), models=models, failed=error is not None, error=error,
+                  degraded=bool(tr.get('notes')), failed_calls=tot['failed_calls'],
+                  answer_source='offline' if models.get('roles') == 'offline' else 'model',
+                  part=_pace_part(q, tr, tot, rows, index, fq, fsrc)).to_row()
 
 # %% ../../nbs/33_pace.agent.ipynb #57ee3e69
 def pace_models_of(model: Any, roles: str = 'auto', substitute: str = '') -> PaceModels:
