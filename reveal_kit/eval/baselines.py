@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from ..core import Config, Question, Evidence
 from ..text import fmt_time
-from ..record import as_row
+from ..record import as_row, call_marks, mark
 from ..backends.chat import is_meaningful, offline_role, role_call
 from ..backends.messages import user_message
 from ..retrieval.choice import get_text_embedder
@@ -200,6 +200,7 @@ def _direct_answer(q: Question, model, images: list | None, text: list[Evidence]
     if letter in q.options:
         return letter, 'model', [rec], note
     letter, why = _direct_offline(q, text, memory, duration)
+    mark(rec, 'offline answerer over the text' if text else 'blind prior')
     return letter, 'fallback', [rec], f"reply unusable ({rec.get('error') or 'no valid letter'}); {why}"
 
 # %% ../../nbs/41_eval.baselines.ipynb #f650cacc
@@ -218,4 +219,4 @@ def direct(q: Question, memory, model=None, config: Config | None = None, varian
     models = {'chat': getattr(model, 'model_id', None) if is_meaningful(model) else None, 'answerer': source}
     return make_result(q, letter, variant, seconds=time.time() - t0, evidence=ev, n_frames=len(times),
                        n_images=len(images or []), text=kind, answer_source=source, note=note, models=models,
-                       **_calls_usage(calls))
+                       substitutions=call_marks(calls), **_calls_usage(calls))

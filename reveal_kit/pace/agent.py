@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 from ..core import Config, Question, load_config, ask_trace_dir, trace_path
 from ..text import fmt_time
-from ..record import PacePart, Result, usage_fields
+from ..record import PacePart, Result, call_marks, call_substitution, merge_marks, usage_fields
 from ..backends.chat import parse_json, record_dict, is_meaningful, models_record, call_totals
 from ..backends.messages import make_messages, system_message, user_message
 from ..backends.models import get_chat_model
@@ -29,7 +29,7 @@ from .needle import needle_recall, judge_rows
 # %% auto #0
 __all__ = ['WITHOUT_TOOLS', 'PACE_SPECS', 'PACE_ALIASES', 'TOOL_GUIDE', 'JSON_REPLY', 'PaceSpec', 'get_pace_spec',
            'OfflinePolicy', 'tool_lines', 'agent_system', 'state_text', 'agent_prompt', 'call_schema', 'ModelPolicy',
-           'make_policy', 'pace_models_of', 'answer_pace', 'ask_pace', 'format_pace_summary']
+           'make_policy', 'pace_models_of', 'pace_marks', 'answer_pace', 'ask_pace', 'format_pace_summary']
 
 # %% ../../nbs/33_pace.agent.ipynb #66edf77b
 @dataclass(frozen=True)
@@ -275,6 +275,7 @@ def _pace_result(q, spec, tr, tot, seconds, config, models, error, rows, index, 
                   missing_evidence=[d['criterion'] for d in tr.get('contrastive_factors') or [] if not d['addressed']],
                   trace=None, config_hash=config.hash(), models=models, failed=error is not None, error=error,
                   degraded=bool(tr.get('notes')), failed_calls=tot['failed_calls'],
+                  substitutions=tr.get('substitutions', []),
                   answer_source='offline' if models.get('roles') == 'offline' else 'model',
                   part=_pace_part(q, tr, tot, rows, index, fq, fsrc)).to_row()
 
@@ -309,6 +310,14 @@ def _step_totals(tr: dict, factor_calls: list[dict]) -> dict:
     return {**call_totals(calls), 'reasoning_tokens': sum(int(c.get('reasoning_tokens') or 0) for c in calls),
             'failed_calls': call_totals(calls + factor_calls)['failed_calls']}
 
+def pace_marks(db: EvidenceDB, plain: EvidenceDB, fcalls: list[dict], fsrc: str | None) -> list[dict]:
+    "The marks of what stand-ins wrote for a question: its indexes' clips and registry, and a fallback F_Q."
+    dbs = [plain] + ([db] if db is not plain else [])
+    calls = [c for d in dbs for r in d.records for c in r.meta.get('calls', [])]
+    calls += [c for d in dbs for c in d.manifest.get('registry_calls') or []]
+    fac = [call_substitution(fcalls[-1], 'offline factors')] if fsrc == 'fallback' and fcalls else []
+    return merge_marks(call_marks(calls)) + fac
+
 def _pace_trace(res, q, spec, policy, fq, tr, rows, factor_calls, tot) -> dict:
     "The trace of one question: the result, question and options, spec, policy and protocol, F_Q, the loop, evidence."
     return {**res, 'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'policy': policy.kind,
@@ -340,6 +349,7 @@ def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace', m
                  tools=spec.tools, retrieve_topk=config.pace_retrieve_topk)
     policy = make_policy(spec, tb, fq, ms.agent, st, config.pace_clip_s)
     tr = run_agent(tb, policy, fq, config.pace_max_steps)
+    tr['substitutions'] = pace_marks(db, plain, fcalls, fsrc) + tr.get('substitutions', [])
     rows, tot = trace_evidence(tb) + tb.browsed, _step_totals(tr, fcalls)
     offline = ms.agent is None and ms.vision is None
     models = {**models_record(ms.agent or model, offline, plain.text_embedder), 'pace': ms.record()}

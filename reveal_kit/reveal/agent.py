@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 from ..core import Config, Question, Evidence, MemoryItem, kit_version, trace_path
 from ..io import atomic_write_text
-from ..record import Result, RevealPart, usage_fields
+from ..record import Result, RevealPart, call_marks, mark, substitution, usage_fields
 from ..backends.chat import BackendUnavailable, offline_role, models_record, call_totals
 from ..backends.cache import CacheMiss
 from .online_memory import OnlineMemory
@@ -161,7 +161,7 @@ def _rank_round(cands: list[Candidate], q: Question, memory: Any, spec: MethodSp
         ranked, rec = model_rerank(cands, q, pool, names, om.missing, roles.verifier.model, spec.evidence_tokens)
         if ranked is not None:
             return ranked, kind, [rec]
-        kind, calls = 'rubric-fallback', [rec]
+        kind, calls = 'rubric-fallback', [mark(rec, 'formula rerank')]
     vecs = np.stack([memory.text_vector(c.item.item_id) for c in cands])
     return rubric_rerank(cands, q, pool, names, om.missing, vecs, embed), kind, calls
 
@@ -317,6 +317,11 @@ def _reveal_part(q: Question, tr: dict) -> RevealPart:
     return RevealPart(negation=is_negation(q), rerank='+'.join(tr.get('rerank') or []) or None,
                       sufficient=tr.get('sufficient'), rho=tr.get('rho'))
 
+def _caption_marks(fallbacks: int | None) -> list[dict]:
+    "The mark of a memory whose model captions failed for some segments (kept with the offline caption)."
+    if not fallbacks: return []
+    return [substitution('captioner', 'failed_call', 'offline caption', f"{fallbacks} narratives of the memory")]
+
 def _result(q: Question, spec: MethodSpec, tr: dict, tot: dict, seconds: float, config: Config, models: dict,
             error: str | None, fallbacks: int | None = None) -> dict:
     "The result row of one question (see above), built through the record."
@@ -325,7 +330,8 @@ def _result(q: Question, spec: MethodSpec, tr: dict, tot: dict, seconds: float, 
                   stop_reason=tr.get('stop_reason'), missing_evidence=tr.get('missing_evidence', []),
                   evidence=[{k: e[k] for k in _EVIDENCE_KEYS} for e in tr.get('evidence', [])],
                   trace=None, config_hash=config.hash(), models=models, failed=error is not None, error=error,
-                  failed_calls=tot['failed_calls'], memory_fallbacks=fallbacks or None,
+                  failed_calls=tot['failed_calls'], **({'memory_fallbacks': fallbacks} if fallbacks else {}),
+                  substitutions=call_marks(tr.get('calls', [])) + _caption_marks(fallbacks),
                   answer_source='offline' if models.get('roles') == 'offline' else 'model',
                   part=_reveal_part(q, tr)).to_row()
 
@@ -356,7 +362,8 @@ def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dic
     mismatch = chunk_mem and chunk_mem != spec.chunking
     thr, warn = thresholds_record(config, spec, res['models'].get('text_embedder'))
     warn = ([f"method needs a {spec.chunking} memory, got {chunk_mem}"] if mismatch else []) + warn
-    return {**{k: res[k] for k in _TRACE_KEYS},
+    subs = {'substitutions': res['substitutions']} if res['substitutions'] else {}
+    return {**{k: res[k] for k in _TRACE_KEYS}, **subs,
             'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'kit_version': kit_version(),
             'tau': config.tau, 'thresholds': thr, 'memory_chunking': chunk_mem, 'warnings': warn,
             **{k: v for k, v in tr.items() if k not in ('answer', 'sufficient', 'rho', 'stop_reason', 'rerank')},
