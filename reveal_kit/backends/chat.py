@@ -238,6 +238,7 @@ def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens, 
     self._count('repaired_ok' if err2 is None else 'failures')
     if err2 is None: return ChatResult(c2.text, data, r, c2.reasoning)
     r.ok, r.error = False, f"invalid JSON after one repair: {err2} (reply from {self.where()} begins {c2.text[:60]!r})"
+    if getattr(c2, 'finish_reason', None) == 'length': r.error += '; the reply was cut off at max_tokens'   # reason_of
     return ChatResult(c2.text, None, r, c2.reasoning)
 
 # %% ../../nbs/02a_backends.chat.ipynb #35be007f

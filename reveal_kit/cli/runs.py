@@ -12,8 +12,8 @@ from typer.core import TyperGroup
 from .app import BaseUrlOpt, BenchmarkArg, CacheOpt, JsonOpt, LimitOpt, ModelOpt, OnlyPresentOpt, QuietOpt, RayOpt, RetriesOpt, RolesOpt, RootOpt, RunDirArg, SetOpt, ShardOpt, SplitOpt, TimeoutOpt, WorkerCpusOpt, app, chat_model_from_options, cli_errors, say
 
 # %% auto #0
-__all__ = ['eval_app', 'rubrics_app', 'ask_pace_method', 'ask', 'DefaultToRun', 'eval_run', 'eval_report', 'eval_compare',
-           'eval_cost', 'rubrics_induce', 'rubrics_show']
+__all__ = ['eval_app', 'SubstitutedOpt', 'rubrics_app', 'ask_pace_method', 'ask', 'DefaultToRun', 'eval_run', 'eval_report',
+           'eval_compare', 'eval_cost', 'rubrics_induce', 'rubrics_show']
 
 # %% ../../nbs/90b_cli.runs.ipynb #508fce74
 def ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles, trace_dir, config,
@@ -73,6 +73,10 @@ eval_app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
                             "then `report` / `compare` runs.")
 app.add_typer(eval_app, name='eval')
 
+# %% ../../nbs/90b_cli.runs.ipynb #9aa82e2f
+SubstitutedOpt = Annotated[str, typer.Option(help="how accuracy counts an answer a stand-in gave: 'wrong' (scored 0, "
+                                                  "the default) or 'exclude' (the question left out)")]
+
 # %% ../../nbs/90b_cli.runs.ipynb #1642a723
 @eval_app.command('run')
 def eval_run(benchmark: BenchmarkArg,
@@ -92,7 +96,9 @@ def eval_run(benchmark: BenchmarkArg,
              only_present: OnlyPresentOpt = False, roles: RolesOpt = 'auto',
              cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None,
              ray: RayOpt = None, worker_cpus: WorkerCpusOpt = 1.0, retries: RetriesOpt = None,
-             quiet: QuietOpt = False):
+             quiet: QuietOpt = False,
+             max_substituted: Annotated[Optional[float], typer.Option(
+                 help="fail (exit 2) when more than this fraction of the answers came from stand-ins")] = None):
     "Run a method over a benchmark; rerunning the same command resumes. With `--ray`, `-c` is the number of workers."
     from reveal_kit.eval.runner import format_run_summary
     from reveal_kit.eval.ray import run_eval_ray
@@ -102,18 +108,20 @@ def eval_run(benchmark: BenchmarkArg,
                          root=root, limit=limit, shard=shard, concurrency=concurrency,
                          backend=backend, model=model, base_url=base_url, config=config, overrides=set_, split=split,
                          retry_failed=retry_failed, only_present=only_present, progress=not quiet, roles=roles,
-                         cache_mode=cache, timeout_s=timeout, role_models=role_models_of(role_model or []))
+                         cache_mode=cache, timeout_s=timeout, role_models=role_models_of(role_model or []),
+                         max_substituted=max_substituted)
     say(format_run_summary(s))
 
 # %% ../../nbs/90b_cli.runs.ipynb #ecce2e63
 @eval_app.command('report')
 def eval_report(run_dir: RunDirArg, as_json: JsonOpt = False, cache: CacheOpt = 'readwrite',
                 judge: Annotated[Optional[str], typer.Option(help="needle judge model URL[,NAME]: judge the "
-                                                             "run's cues first (cached; RUN_DIR/needles)")] = None):
+                                                             "run's cues first (cached; RUN_DIR/needles)")] = None,
+                substituted: SubstitutedOpt = 'wrong'):
     "Accuracy (overall, by type, by duration group), failures, rounds, calls, tokens, time, stop reasons."
     from reveal_kit.eval.metrics import judge_report, format_report
     with cli_errors():
-        rep = judge_report(run_dir, judge, cache)
+        rep = judge_report(run_dir, judge, cache, substituted)
     say(json.dumps(rep, indent=1) if as_json else format_report(rep, title=str(run_dir)))
 
 # %% ../../nbs/90b_cli.runs.ipynb #0a88195e
@@ -122,11 +130,12 @@ def eval_compare(run_a: Annotated[Path, typer.Argument(help="the first RUN_DIR")
                  run_b: Annotated[Path, typer.Argument(help="the second RUN_DIR")],
                  as_json: JsonOpt = False,
                  seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
-                 n_boot: Annotated[int, typer.Option(help="bootstrap resamples")] = 10000):
+                 n_boot: Annotated[int, typer.Option(help="bootstrap resamples")] = 10000,
+                 substituted: SubstitutedOpt = 'wrong'):
     "Two runs side by side on the questions both answered, with McNemar's exact test and a paired bootstrap CI."
     from reveal_kit.eval.metrics import compare_runs, format_compare
     with cli_errors():
-        c = compare_runs(run_a, run_b, seed=seed, n_boot=n_boot)
+        c = compare_runs(run_a, run_b, seed=seed, n_boot=n_boot, substituted=substituted)
     say(json.dumps(c, indent=1) if as_json else format_compare(c))
 
 # %% ../../nbs/90b_cli.runs.ipynb #afa72c3b

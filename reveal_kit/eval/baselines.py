@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from ..core import Config, Question, Evidence, reply_tokens
 from ..text import fmt_time
+from ..record import as_row, call_marks, mark
 from ..backends.chat import is_meaningful, offline_role, role_call
 from ..backends.messages import user_message
 from ..retrieval.choice import get_text_embedder
@@ -61,11 +62,11 @@ def text_encoder():
 
 # %% ../../nbs/41_eval.baselines.ipynb #4febdcf9
 def make_result(q: Question, answer: str | None, method: str, **kw) -> dict:
-    "A result dict in the shape the runner and metrics expect."
-    r = dict(qid=q.qid, answer=answer, correct=(answer == q.answer) if q.answer else None, sufficient=None, rho=None,
-             rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0, seconds=0.0, stop_reason=method, evidence=[],
-             trace=None, preset=method, failed=False, error=None, models={})
-    return r | kw
+    "A baseline's result row, built through the record (keys the record does not name go to the baseline's part)."
+    r = dict(qid=q.qid, answer=answer, gold=q.answer, rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0,
+             seconds=0.0, stop_reason=method, evidence=[], trace=None, preset=method, failed=False, error=None,
+             models={}, answer_source='offline' if not (kw.get('models') or {}).get('chat') else 'model')
+    return as_row(r | kw)
 
 # %% ../../nbs/41_eval.baselines.ipynb #f9a9e012
 def _usage(res: Any) -> dict:
@@ -221,6 +222,7 @@ def _direct_answer(q: Question, model, images: list | None, text: list[Evidence]
     if letter in q.options:
         return letter, 'model', [rec], note
     letter, why = _direct_offline(q, text, memory, duration)
+    mark(rec, 'offline answerer over the text' if text else 'blind prior')
     return letter, 'fallback', [rec], f"reply unusable ({rec.get('error') or 'no valid letter'}); {why}"
 
 # %% ../../nbs/41_eval.baselines.ipynb #f650cacc
@@ -240,4 +242,4 @@ def direct(q: Question, memory, model=None, config: Config | None = None, varian
     models = {'chat': getattr(model, 'model_id', None) if is_meaningful(model) else None, 'answerer': source}
     return make_result(q, letter, variant, seconds=time.time() - t0, evidence=ev, n_frames=len(times),
                        n_images=len(images or []), text=kind, answer_source=source, note=note, models=models,
-                       **_calls_usage(calls))
+                       substitutions=call_marks(calls), **_calls_usage(calls))

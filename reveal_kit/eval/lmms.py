@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterable
 from ..core import Question, runs_dir
 from ..io import read_jsonl_rows
+from ..record import as_record
 from .annotations import extract_options, split_inline_options, gold_letter
 from .baselines import parse_letter
 from .runner import run_eval
@@ -53,19 +54,24 @@ def request_question(args: tuple, task_dict: dict) -> Question:
     return doc_to_question(doc, video, context, qid=f"{task}-{doc_id}")
 
 # %% ../../nbs/47_eval.lmms.ipynb #65ad6c0e
+def _letter(r) -> str:
+    "The letter lmms-eval scores: '' (no answer, scored 0) when a stand-in gave it; the run warned with the counts."
+    return '' if r.answer_source == 'substituted' else r.answer or ''
+
 def answer_questions(qs: list[Question], out_dir: str | Path, method: str = 'reveal', **run_kw) -> list[str]:
     "The answered letter of each question (in order, '' where none) from `run_eval` of `method` into `out_dir`."
     qids = [q.qid for q in qs]
     if len(set(qids)) != len(qids):
         raise ValueError(f"duplicate question ids in one batch: {sorted({i for i in qids if qids.count(i) > 1})[:5]}")
     run_eval(qs, method, out_dir, progress=False, **run_kw)
-    rows = {r['qid']: r for r in read_jsonl_rows(Path(out_dir) / 'results.jsonl')}
-    return [rows[i].get('answer') or '' for i in qids]
+    rows = {r.qid: r for r in map(as_record, read_jsonl_rows(Path(out_dir) / 'results.jsonl'))}
+    return [_letter(rows[i]) for i in qids]
 
 # %% ../../nbs/47_eval.lmms.ipynb #a526de7a
 LMMS_IGNORED = ('batch_size', 'max_batch_size', 'device')
 RUN_KEYS = {'backend': 'backend', 'model': 'model', 'base_url': 'base_url', 'roles': 'roles', 'config': 'config',
-            'concurrency': 'concurrency', 'cache': 'cache_mode', 'timeout_s': 'timeout_s'}
+            'concurrency': 'concurrency', 'cache': 'cache_mode', 'timeout_s': 'timeout_s',
+            'max_substituted': 'max_substituted'}
 
 def run_options(method: str = 'reveal', out_dir: str | Path | None = None, overrides: str | None = None,
                 **model_args) -> dict:
@@ -76,6 +82,7 @@ def run_options(method: str = 'reveal', out_dir: str | Path | None = None, overr
         raise TypeError(f"unknown reveal model_args {unknown}; known: {known}")
     kw = {RUN_KEYS[k]: v for k, v in model_args.items() if k in RUN_KEYS and v is not None}
     if 'model' in kw: kw['model'] = str(kw['model'])
+    if 'max_substituted' in kw: kw['max_substituted'] = float(kw['max_substituted'])
     if overrides: kw['overrides'] = [o.strip() for o in str(overrides).split(';') if o.strip()]
     name = re.sub(r'[^\w.+-]', '_', f"{method}-{kw.get('backend', 'embedded')}")
     return dict(kw, method=method, out_dir=Path(out_dir) if out_dir else runs_dir() / 'lmms' / name)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterable
 import numpy as np
 from ..io import read_jsonl_rows
+from ..record import format_substituted, read_row, scored_rows, substitution_counts
 from ..backends.models import get_chat_model
 from .loaders import load_benchmark
 from ..pace.needle import judge_failed, judge_name, judged_needles, judge_run
@@ -21,13 +22,13 @@ __all__ = ['PAPER_EMBEDDERS', 'DEMO_GUIDE', 'load_results', 'report', 'with_judg
 
 # %% ../../nbs/43_eval.metrics.ipynb #1dd65cde
 def load_results(run_dir: str | Path) -> list[dict]:
-    "The results of a run (a RUN_DIR or a results.jsonl): the last record per qid; a truncated last line is ignored."
+    "A run's rows (a RUN_DIR or a results.jsonl) read through the record: the last per qid; a cut last line is ignored."
     p = Path(run_dir)
     p = p / 'results.jsonl' if p.is_dir() else p
     if not p.exists(): raise FileNotFoundError(f"no results at {p}")
     last = {}
     for d in read_jsonl_rows(p):
-        if isinstance(d, dict) and 'qid' in d: last[d['qid']] = d
+        if isinstance(d, dict) and 'qid' in d: last[d['qid']] = read_row(d)
     return list(last.values())
 
 # %% ../../nbs/43_eval.metrics.ipynb #f39be006
@@ -111,9 +112,11 @@ def _pace_usage(rs: list[dict]) -> dict:
     return out
 
 # %% ../../nbs/43_eval.metrics.ipynb #20b7e1c0
-def report(results: Iterable[dict]) -> dict:
-    "Accuracy by type and duration; failures, degraded answers, rounds, calls, tokens, time, stops; PACE's diagnostics."
-    rs = list(results)
+def report(results: Iterable[dict], substituted: str = 'wrong') -> dict:
+    "Accuracy by type and duration; failures, substituted and degraded answers, rounds, calls, tokens, time, stops."
+    every = list(results)
+    subs = substitution_counts(every)
+    rs = scored_rows(every, substituted)
     by = lambda key: {k: _acc(v) for k, v in sorted(_group(rs, key).items())}
     status, acc = Counter(_status(r) for r in rs), _acc(rs)
     rounds = [int(r['rounds']) for r in rs if r.get('rounds') and not r.get('failed')]
@@ -125,7 +128,7 @@ def report(results: Iterable[dict]) -> dict:
                 rounds_hist={str(k): v for k, v in sorted(Counter(rounds).items())}, rounds_mean=_mean(rounds),
                 **_degradation(rs), **_usage(rs), **_pace_usage(rs),
                 stop_reasons=dict(Counter(str(r.get('stop_reason')) for r in rs).most_common()),
-                errors=dict(errors.most_common()))
+                errors=dict(errors.most_common()), substitutions=subs, substituted_policy=substituted)
 
 # %% ../../nbs/43_eval.metrics.ipynb #ef33e34a
 def _pct(x: float | None) -> str:
@@ -147,6 +150,13 @@ def _degraded_note(rep: dict) -> str:
             f"accuracy of the others {_pct(rep.get('accuracy_not_degraded'))} %)")
 
 # %% ../../nbs/43_eval.metrics.ipynb #4d6e158a
+def _substituted_lines(rep: dict) -> list[str]:
+    "The report's line on stand-ins: 'k of n answers substituted (…)' and how accuracy counted them (or 'offline')."
+    c = rep.get('substitutions')
+    if not c: return []
+    how = {'wrong': 'counted as wrong', 'exclude': 'left out of accuracy'}[rep.get('substituted_policy', 'wrong')]
+    return [f"-- {format_substituted(c)}" + (f"; {how}" if c['substituted'] else '')]
+
 def _judge_note(judges: dict) -> str:
     "Which judge produced the needle recall: '; judge lexical' (or several, with their counts)."
     if not judges: return ''
@@ -215,6 +225,7 @@ def format_report(rep: dict, title: str = '') -> str:
          f"answered-only {_pct(rep['accuracy_answered'])} %",
          f"questions {rep['n']}: answered {rep['answered']}, unparseable {rep['unparseable']}, "
          f"failed {rep['failed']}{errs}, degraded {rep.get('degraded', 0)}" + _degraded_note(rep)]
+    L += _substituted_lines(rep)
     for name, key in (('by question type', 'by_qtype'), ('by duration group', 'by_duration_group')):
         L.append(f"-- {name}")
         L += [f"   {k:<28} {_pct(v['accuracy']):>6} %  ({v['correct']}/{v['n']})" for k, v in rep[key].items()]
@@ -263,12 +274,17 @@ def _paired_counts(a: list[bool], b: list[bool]) -> dict:
     return dict(both_correct=n11, only_a_correct=n10, only_b_correct=n01, both_wrong=len(a) - n11 - n10 - n01)
 
 # %% ../../nbs/43_eval.metrics.ipynb #cd90e8db
+def _excluded(A: dict, B: dict, q, substituted: str) -> bool:
+    "Whether question q is left out of a comparison: failed in either run, or substituted in either (when excluded)."
+    if A[q].get('failed') or B[q].get('failed'): return True
+    return substituted == 'exclude' and 'substituted' in (A[q].get('answer_source'), B[q].get('answer_source'))
+
 def compare(results_a: Iterable[dict], results_b: Iterable[dict], seed: int = 0, n_boot: int = 10000,
-            names: tuple[str, str] = ('A', 'B')) -> dict:
+            names: tuple[str, str] = ('A', 'B'), substituted: str = 'wrong') -> dict:
     "Two runs on the questions both answered (present in both, with gold, failed in neither): side by side and paired."
     A, B = {r['qid']: r for r in results_a}, {r['qid']: r for r in results_b}
     both = sorted(q for q in set(A) & set(B) if A[q].get('gold') is not None or A[q].get('correct') is not None)
-    failed = [q for q in both if A[q].get('failed') or B[q].get('failed')]
+    failed = [q for q in both if _excluded(A, B, q, substituted)]
     common = [q for q in both if q not in failed]
     a, b = [bool(A[q].get('correct')) for q in common], [bool(B[q].get('correct')) for q in common]
     t = _paired_counts(a, b)
@@ -278,12 +294,20 @@ def compare(results_a: Iterable[dict], results_b: Iterable[dict], seed: int = 0,
                 a=report([A[q] for q in common]), b=report([B[q] for q in common]), **t,
                 accuracy_diff=(sum(a) - sum(b)) / len(common) if common else None,
                 mcnemar_p=mcnemar_exact(t['only_a_correct'], t['only_b_correct']), bootstrap_ci95=[lo, hi],
-                bootstrap_seed=seed, n_boot=n_boot)
+                bootstrap_seed=seed, n_boot=n_boot, substituted_policy=substituted,
+                substitutions=[substitution_counts(A.values()), substitution_counts(B.values())])
 
 # %% ../../nbs/43_eval.metrics.ipynb #9273fc4e
 _COST_ROWS = (('rounds mean', 'rounds_mean'), ('llm calls / q', 'llm_calls_mean'),
               ('prompt tokens / q', 'prompt_tokens_mean'), ('completion tokens / q', 'completion_tokens_mean'),
               ('wall s / q', 'seconds_mean'))
+
+def _compare_substituted(c: dict) -> list[str]:
+    "The comparison's line on stand-ins: each run's 'k of n answers substituted (…)' and how accuracy counted them."
+    if 'substitutions' not in c: return []
+    a, b = (format_substituted(s) for s in c['substitutions'])
+    how = {'wrong': 'counted as wrong', 'exclude': 'questions left out'}[c.get('substituted_policy', 'wrong')]
+    return [f"substituted: A {a}; B {b}" + (f" ({how})" if any(s['substituted'] for s in c['substitutions']) else '')]
 
 def format_compare(c: dict) -> str:
     "A comparison as a readable side-by-side table."
@@ -299,6 +323,7 @@ def format_compare(c: dict) -> str:
         d = _pct(x - y) if x is not None and y is not None else '—'
         L.append(f"  {k[:26]:<28}{_pct(x):>10}{_pct(y):>10}{d:>10}")
     L += [f"{lab:<30}{_num(ra[key], '.2f'):>10}{_num(rb[key], '.2f'):>10}" for lab, key in _COST_ROWS]
+    L += _compare_substituted(c)
     L.append(f"paired: both right {c['both_correct']}, only A {c['only_a_correct']}, only B {c['only_b_correct']}, "
              f"both wrong {c['both_wrong']}")
     lo, hi = c['bootstrap_ci95']
@@ -317,15 +342,17 @@ def run_pool(run_dir: str | Path) -> dict | None:
     return {k: m.get(f'rubric_pool_{k}') for k in keys} | {'path': m['rubric_pool']}
 
 # %% ../../nbs/43_eval.metrics.ipynb #d15155e9
-def report_run(run_dir: str | Path) -> dict:
+def report_run(run_dir: str | Path, substituted: str = 'wrong') -> dict:
     "The `report` of a RUN_DIR (or a results.jsonl), with the rubric pool its method used and the embedders that ran."
-    rep, pool, p = report(load_results(run_dir)), run_pool(run_dir), Path(run_dir)
+    rep, pool, p = report(load_results(run_dir), substituted), run_pool(run_dir), Path(run_dir)
     meta = p / 'run.json' if p.is_dir() else p.parent / 'run.json'
     emb = embedders_line(json.loads(meta.read_text())) if meta.exists() else None
     return dict(rep, **({'rubric_pool': pool} if pool else {}), **({'embedders': emb} if emb else {}))
 
+
 # %% ../../nbs/43_eval.metrics.ipynb #5e1d9a03
-def judge_report(run_dir: str | Path, judge: str | None = None, cache_mode: str = 'readwrite') -> dict:
+def judge_report(run_dir: str | Path, judge: str | None = None, cache_mode: str = 'readwrite',
+                 substituted: str = 'wrong') -> dict:
     "A run's report with its needle recall by every judge; `judge` ('URL[,NAME]', a server) first judges its cues."
     if judge:
         meta = json.loads((Path(run_dir) / 'run.json').read_text())
@@ -337,14 +364,17 @@ def judge_report(run_dir: str | Path, judge: str | None = None, cache_mode: str 
         m = get_chat_model('http', model=name or None, base_url=url, cache_mode=cache_mode)
         got = judge_run(run_dir, qs, m)
         bad = sum(judge_failed(r) for r in got.values())
-        if bad: return dict(with_judged_needles(report_run(run_dir), run_dir),
+        if bad: return dict(with_judged_needles(report_run(run_dir, substituted), run_dir),
                             judge_failed=dict(judge=judge_name(m), failed=bad, of=len(got)))
-    return with_judged_needles(report_run(run_dir), run_dir)
+    return with_judged_needles(report_run(run_dir, substituted), run_dir)
+
 
 # %% ../../nbs/43_eval.metrics.ipynb #90754038
-def compare_runs(run_a: str | Path, run_b: str | Path, seed: int = 0, n_boot: int = 10000) -> dict:
+def compare_runs(run_a: str | Path, run_b: str | Path, seed: int = 0, n_boot: int = 10000,
+                 substituted: str = 'wrong') -> dict:
     "`compare` of two RUN_DIRs, named by their paths."
-    return compare(load_results(run_a), load_results(run_b), seed=seed, n_boot=n_boot, names=(str(run_a), str(run_b)))
+    return compare(load_results(run_a), load_results(run_b), seed=seed, n_boot=n_boot, names=(str(run_a), str(run_b)),
+                   substituted=substituted)
 
 # %% ../../nbs/43_eval.metrics.ipynb #34b54520
 def demo_table(run_dirs: dict[str, Path]) -> str:

@@ -15,8 +15,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 from tqdm.auto import tqdm
-from ..core import Config, Question, load_config, parse_overrides, kit_version, trace_path, unique_qids
+from ..core import (Config, Question, load_config, parse_overrides, kit_version, trace_path, unique_qids,
+                             warn)
 from ..io import atomic_write_text
+from ..record import as_row, check_substituted, format_substituted
+from .metrics import load_results
 from ..backends.chat import BackendUnavailable
 from ..backends.cache import CacheMiss, MODES
 from ..backends.models import BACKENDS
@@ -30,23 +33,19 @@ from ..retrieval.choice import get_text_embedder, get_image_embedder
 
 # %% auto #0
 __all__ = ['ABORT_ERRORS', 'finalize', 'run_one', 'resolve_config', 'load_run_questions', 'answer_in_process',
-           'check_run_options', 'check_concurrency', 'run_eval', 'format_run_summary', 'induce_benchmark',
-           'format_induction_summary']
+           'check_run_options', 'check_concurrency', 'substituted_end', 'run_eval', 'format_run_summary',
+           'induce_benchmark', 'format_induction_summary']
 
 # %% ../../nbs/42c_eval.runner.ipynb #d0f2ead8
 def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
-    "A method's result completed with the question's fields, the gold letter and correctness."
-    r, ans = dict(raw), raw.get('answer')
+    "A method's result completed with the question's fields and the gold letter, scored by the record."
+    r, ans = {k: v for k, v in raw.items() if k != 'correct'}, raw.get('answer')
     if ans is not None and ans not in q.options: r['raw_answer'], ans = ans, None
+    r = dict(rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0, stop_reason=None, error=None,
+             seconds=seconds) | r
     r.update(qid=q.qid, video_id=q.video_id, qtype=q.qtype, duration_group=q.duration_group, gold=q.answer, answer=ans,
-             method=method, failed=bool(r.get('failed', False)))
-    r['correct'] = (ans == q.answer) if q.answer else None
-    r.setdefault('seconds', seconds)
-    r['wall_seconds'] = seconds
-    for k in ('rounds', 'llm_calls', 'prompt_tokens', 'completion_tokens'): r.setdefault(k, 0)
-    r.setdefault('stop_reason', None)
-    r.setdefault('error', None)
-    return r
+             method=method, failed=bool(r.get('failed', False)), wall_seconds=seconds)
+    return as_row(r)
 
 # %% ../../nbs/42c_eval.runner.ipynb #dc58ac20
 ABORT_ERRORS = (BackendUnavailable, CacheMiss)
@@ -171,6 +170,16 @@ def _summary(out: Path, sel: list[Question], todo: list[Question], stats: dict, 
                 failed=stats['failed'], degraded=stats['degraded'], accuracy=stats['correct'] / max(stats['n'], 1),
                 repaired_lines=dropped, seconds=time.time() - t0)
 
+# %% ../../nbs/42c_eval.runner.ipynb #eff5b9e2
+def substituted_end(out: Path, max_substituted: float | None = None) -> int:
+    "How many of the run's answers a stand-in gave: one warning line of counts if any; above the limit, an error."
+    rows = load_results(out) if (Path(out) / 'results.jsonl').exists() else []
+    c = check_substituted(rows, None)
+    if c['substituted']: warn(f"{format_substituted(c)}: scored as wrong (`eval report --substituted exclude` "
+                              "leaves them out)")
+    check_substituted(rows, max_substituted, str(out))
+    return c['substituted']
+
 # %% ../../nbs/42c_eval.runner.ipynb #15d065f2
 def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, root: str | Path | None = None,
              limit: int | None = None, shard: str | tuple[int, int] = (0, 1), concurrency: int = 1,
@@ -178,12 +187,15 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
              config: Config | dict | str | Path | None = None, overrides: Iterable[str] | None = None,
              split: str | None = None, retry_failed: bool = False, only_present: bool = False,
              progress: bool = True, cache_mode: str | None = None, timeout_s: float | None = None,
-             roles: str = 'auto', answer: Callable[..., Iterable[dict]] | None = None) -> dict:
+             roles: str = 'auto', answer: Callable[..., Iterable[dict]] | None = None,
+             max_substituted: float | None = None) -> dict:
     "Run `method` over a benchmark into `out_dir` (resumable; `answer`: who answers); a summary of this invocation."
     check_run_options(cache_mode, timeout_s, roles, backend, model)
     check_concurrency(concurrency)
     role_models_of(role_models or {})
     get_method(method)                                      # an unknown name fails before anything is written
+    if max_substituted is not None and not 0 <= max_substituted <= 1:
+        raise ValueError(f"--max-substituted is a fraction between 0 and 1, got {max_substituted!r}")
     out, (si, sn) = Path(out_dir), parse_shard(shard)
     with locked_run_dir(out):
         cfg = resolve_config(config, overrides)
@@ -203,7 +215,7 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
         summary = _summary(out, sel, todo, stats, dropped, t0)
         updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
         write_run_json(out, dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
-        return summary
+    return dict(summary, substituted=substituted_end(out, max_substituted))
 
 # %% ../../nbs/42c_eval.runner.ipynb #3401cf8a
 def format_run_summary(s: dict) -> str:

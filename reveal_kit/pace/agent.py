@@ -4,6 +4,7 @@
 
 # %% ../../nbs/33_pace.agent.ipynb #406280de
 from __future__ import annotations
+from collections import Counter
 import json
 import time
 from dataclasses import dataclass, asdict, replace
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 from ..core import Config, Question, load_config, ask_trace_dir, trace_path
 from ..text import fmt_time
+from ..record import PacePart, Result, call_marks, call_substitution, merge_marks, usage_fields
 from ..backends.chat import parse_json, record_dict, is_meaningful, models_record, call_totals
 from ..backends.messages import make_messages, system_message, user_message
 from ..backends.models import get_chat_model
@@ -27,7 +29,7 @@ from .needle import needle_recall, judge_rows
 # %% auto #0
 __all__ = ['WITHOUT_TOOLS', 'PACE_SPECS', 'PACE_ALIASES', 'TOOL_GUIDE', 'JSON_REPLY', 'PaceSpec', 'get_pace_spec',
            'OfflinePolicy', 'tool_lines', 'agent_system', 'state_text', 'agent_prompt', 'call_schema', 'ModelPolicy',
-           'make_policy', 'pace_models_of', 'answer_pace', 'ask_pace', 'format_pace_summary']
+           'make_policy', 'pace_models_of', 'pace_marks', 'answer_pace', 'ask_pace', 'format_pace_summary']
 
 # %% ../../nbs/33_pace.agent.ipynb #66edf77b
 @dataclass(frozen=True)
@@ -262,28 +264,28 @@ def _index_cost(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> 
                 path=str(db.path) if db.path else None, plain_path=str(plain.path) if plain.path else None)
 
 # %% ../../nbs/33_pace.agent.ipynb #43522ad6
-def _pace_result(q, spec, tr, tot, seconds, config, models, error, rows, index, fq, fsrc) -> dict:
-    "The result dict of one question: REVEAL's result keys plus steps, tool calls, needle recall and index cost."
-    ans, failed = tr.get('answer'), error is not None
+def _pace_part(q, tr, tot, rows, index, fq, fsrc) -> PacePart:
+    "PACE's part of the result: steps and tool calls, needle recall (the lexical judge), index cost, F_Q."
     steps = tr.get('steps', [])
-    tools = {}
-    for s in steps: tools[s['tool']] = tools.get(s['tool'], 0) + 1
-    needle = needle_recall(q, judge_rows(dict(evidence=rows)))          # the lexical judge
-    return {'qid': q.qid, 'video_id': q.video_id, 'preset': spec.name, 'qtype': question_type(q), 'answer': ans,
-            'gold': q.answer, 'correct': (ans == q.answer) if (q.answer and not failed) else None,
-            'sufficient': None, 'rho': None, 'rounds': tr.get('turns', len(steps)), 'steps': len(steps),
-            'tool_calls': tools, 'invalid_calls': tr.get('invalid_calls', 0), 'tool_errors': tr.get('tool_errors', 0),
-            'llm_calls': tot['llm_calls'], 'cache_hits': tot['cache_hits'], 'calls_by_role': tot['calls_by_role'],
-            'prompt_tokens': tot['prompt_tokens'], 'completion_tokens': tot['completion_tokens'],
-            'reasoning_tokens': tot['reasoning_tokens'], 'tokens': tot['prompt_tokens'] + tot['completion_tokens'],
-            'seconds': round(seconds, 6), 'model_seconds': tot['model_seconds'],
-            'loop_seconds': round(max(seconds - tot['model_seconds'], 0.0), 6), 'stop_reason': tr.get('stop_reason'),
-            'missing_evidence': [d['criterion'] for d in tr.get('contrastive_factors') or [] if not d['addressed']],
-            'evidence': [{k: d[k] for k in ('item_id', 'level', 't_start', 't_end', 'score', 'source', 'text')}
-                         for d in rows], 'needle_recall': needle, 'needle_judge': 'lexical',
-            'index': index, 'factors': [f.text for f in fq], 'factor_source': fsrc, 'trace': None,
-            'config_hash': config.hash(), 'models': models, 'failed': failed, 'error': error,
-            'degraded': bool(tot['failed_calls'] or tr.get('notes')), 'failed_calls': tot['failed_calls']}
+    return PacePart(steps=len(steps), tool_calls=dict(Counter(s['tool'] for s in steps)),
+                    invalid_calls=tr.get('invalid_calls', 0), tool_errors=tr.get('tool_errors', 0),
+                    reasoning_tokens=tot['reasoning_tokens'], needle_judge='lexical',
+                    needle_recall=needle_recall(q, judge_rows(dict(evidence=rows))), index=index,
+                    factors=[f.text for f in fq], factor_source=fsrc)
+
+_PACE_EVIDENCE_KEYS = ('item_id', 'level', 't_start', 't_end', 'score', 'source', 'text')
+
+def _pace_result(q, spec, tr, tot, seconds, config, models, error, rows, index, fq, fsrc) -> dict:
+    "The result row of one question, built through the record: the common fields and PACE's part."
+    return Result(qid=q.qid, video_id=q.video_id, preset=spec.name, qtype=question_type(q), answer=tr.get('answer'),
+                  gold=q.answer, rounds=tr.get('turns', len(tr.get('steps', []))), **usage_fields(tot, seconds),
+                  stop_reason=tr.get('stop_reason'), evidence=[{k: d[k] for k in _PACE_EVIDENCE_KEYS} for d in rows],
+                  missing_evidence=[d['criterion'] for d in tr.get('contrastive_factors') or [] if not d['addressed']],
+                  trace=None, config_hash=config.hash(), models=models, failed=error is not None, error=error,
+                  degraded=bool(tr.get('notes')), failed_calls=tot['failed_calls'],
+                  substitutions=tr.get('substitutions', []),
+                  answer_source='offline' if models.get('roles') == 'offline' else 'model',
+                  part=_pace_part(q, tr, tot, rows, index, fq, fsrc)).to_row()
 
 # %% ../../nbs/33_pace.agent.ipynb #57ee3e69
 def pace_models_of(model: Any, roles: str = 'auto', substitute: str = '') -> PaceModels:
@@ -318,6 +320,14 @@ def _step_totals(tr: dict, factor_calls: list[dict]) -> dict:
     return {**call_totals(calls), 'reasoning_tokens': sum(int(c.get('reasoning_tokens') or 0) for c in calls),
             'failed_calls': call_totals(calls + factor_calls)['failed_calls']}
 
+def pace_marks(db: EvidenceDB, plain: EvidenceDB, fcalls: list[dict], fsrc: str | None) -> list[dict]:
+    "The marks of what stand-ins wrote for a question: its indexes' clips and registry, and a fallback F_Q."
+    dbs = [plain] + ([db] if db is not plain else [])
+    calls = [c for d in dbs for r in d.records for c in r.meta.get('calls', [])]
+    calls += [c for d in dbs for c in d.manifest.get('registry_calls') or []]
+    fac = [call_substitution(fcalls[-1], 'offline factors')] if fsrc == 'fallback' and fcalls else []
+    return merge_marks(call_marks(calls)) + fac
+
 def _pace_trace(res, q, spec, policy, fq, tr, rows, factor_calls, tot) -> dict:
     "The trace of one question: the result, question and options, spec, policy and protocol, F_Q, the loop, evidence."
     return {**res, 'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'policy': policy.kind,
@@ -349,6 +359,7 @@ def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace', m
                  tools=spec.tools, retrieve_topk=config.pace_retrieve_topk)
     policy = make_policy(spec, tb, fq, ms.agent, st, config.pace_clip_s)
     tr = run_agent(tb, policy, fq, config.pace_max_steps)
+    tr['substitutions'] = pace_marks(db, plain, fcalls, fsrc) + tr.get('substitutions', [])
     rows, tot = trace_evidence(tb) + tb.browsed, _step_totals(tr, fcalls)
     offline = ms.agent is None and ms.vision is None
     models = {**models_record(ms.agent or model, offline, plain.text_embedder), 'pace': ms.record()}

@@ -9,6 +9,7 @@ import math
 from typing import Any, Sequence
 import numpy as np
 from ..core import Config
+from ..record import mark
 from ..text import content_words, fmt_time
 from ..backends.chat import role_call, offline_role
 from ..video.captioning import PerceptualCaptioner
@@ -79,7 +80,7 @@ def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles:
     user = f"{clip_header(t0, t1, subtitles, '' if imgs else text, len(frames))}\n\n{CAPTION_TASK}"
     data, rec = role_call(model, 'pace_caption', CLIP_SYSTEM, user, caption_schema(4 * max_tokens), max_tokens,
                           images=imgs)
-    if not data: return text, dict(meta, fallback='offline-perceptual'), [rec]
+    if not data: return text, dict(meta, fallback='offline-perceptual'), [mark(rec, 'offline caption')]
     meta['subjects'] = data['subjects']
     return with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {data['description']}", subtitles), meta, [rec]
 
@@ -126,6 +127,7 @@ def merge_registry(model: Any, lists: Sequence[Sequence[dict]], max_tokens: int 
             data, rec = role_call(model, 'pace_registry', REGISTRY_SYSTEM, user, registry_schema(), max_tokens)
             calls.append(rec)
             merged.append(data['subjects'] if data else union_subjects(b))
+            if not data: mark(rec, 'name union')
         parts = merged
     return (parts[0] if parts else []), calls
 
@@ -173,7 +175,7 @@ def model_record(model: Any, frames: Sequence[np.ndarray], t0: float, t1: float,
     user = factor_record_prompt(t0, t1, factors, subtitles, '' if imgs else facts, len(frames))
     data, rec = role_call(model, 'pace_index', CLIP_SYSTEM, user, factor_record_schema(factors, 4 * max_tokens),
                           max_tokens, images=imgs)
-    if not data: return None, None, [rec]
+    if not data: return None, None, [mark(rec, 'lexical tagger')]
     tags = {f.fid: dict(observed=False, how='', cover=None, score=None) for f in factors}
     for d in data['factors']: tags[d['id']] = dict(observed=bool(d['observed']), how=d['how'], cover=None, score=None)
     text = with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {data['description']}", subtitles)

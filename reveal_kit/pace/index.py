@@ -329,11 +329,12 @@ def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict,
         if p.clip_id in done: continue
         text, tags, calls = model_record(model, frames, a, b, factors, p.meta.get('subtitles', ''), p.text,
                                          st.caption_max_tokens)
+        fb = {} if text is not None else {'fallback': 'offline tagger'}     # in meta: tags hold factors only
         if text is None:
             r = offline_records(EvidenceDB([p], plain.vectors[i:i + 1], plain.text_embedder), factors)[0]
-            text, tags = r.text, dict(r.tags, fallback='offline tagger')
+            text, tags = r.text, r.tags
         else: text = factor_text(text, factors, tags)
-        done[p.clip_id] = ClipRecord(p.clip_id, a, b, text, tags, dict(p.meta, calls=calls))
+        done[p.clip_id] = ClipRecord(p.clip_id, a, b, text, tags, dict(p.meta, calls=calls, **fb))
         append_jsonl(out / 'clips.jsonl', done[p.clip_id].to_dict())
 
 def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Path, config: Config = Config(),

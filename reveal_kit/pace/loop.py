@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 from ..core import Evidence
+from ..record import substitution
 from ..reveal.rubrics import load_rubric_pool
 from ..reveal.offline_checks import EvidenceView
 from ..reveal.answerer import offline_answer
@@ -152,11 +153,13 @@ def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 1
         _play(st, policy, turn, last, time.perf_counter() - t0)
         st.turn += 1
         if tb.answer is not None: stop = turn.reason or ('budget' if last else 'finish')
-    notes = []
+    notes, subs = [], []
     if tb.answer is None:
         tb.answer = best_supported(tb)
         notes.append('no valid Finish within the budget; the offline best-supported answer was used')
-    return dict(steps=st.steps, turns=st.turn, stop_reason=stop, answer=tb.answer, notes=notes,
+        if getattr(policy, 'kind', None) != 'offline':     # a model that did not finish is replaced (offline: never)
+            subs.append(substitution('agent', 'missing_finish', 'offline best-supported answer', notes[-1]))
+    return dict(steps=st.steps, turns=st.turn, stop_reason=stop, answer=tb.answer, notes=notes, substitutions=subs,
                 contrastive_factors=[d.to_dict() for d in tb.factors] if tb.factors is not None else None,
                 invalid_calls=sum(s['invalid'] for s in st.steps),
                 tool_errors=sum(not s['ok'] and not s['invalid'] for s in st.steps),

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 from ..core import Config, Question, Evidence, MemoryItem, kit_version, trace_path
 from ..io import atomic_write_text
+from ..record import Result, RevealPart, call_marks, mark, substitution, usage_fields
 from ..backends.chat import BackendUnavailable, offline_role, models_record, call_totals
 from ..backends.cache import CacheMiss
 from .online_memory import OnlineMemory
@@ -160,7 +161,7 @@ def _rank_round(cands: list[Candidate], q: Question, memory: Any, spec: MethodSp
         ranked, rec = model_rerank(cands, q, pool, names, om.missing, roles.verifier.model, spec.evidence_tokens)
         if ranked is not None:
             return ranked, kind, [rec]
-        kind, calls = 'rubric-fallback', [rec]
+        kind, calls = 'rubric-fallback', [mark(rec, 'formula rerank')]
     vecs = np.stack([memory.text_vector(c.item.item_id) for c in cands])
     return rubric_rerank(cands, q, pool, names, om.missing, vecs, embed), kind, calls
 
@@ -311,22 +312,28 @@ def _run_safely(q: Question, memory: Any, spec: MethodSpec, config: Config, role
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0023
 _EVIDENCE_KEYS = ('item_id', 'level', 't_start', 't_end', 'round', 'score', 'source', 'text')
 
+def _reveal_part(q: Question, tr: dict) -> RevealPart:
+    "REVEAL's part of the result: negation, the rerank kinds, the verifier's verdict."
+    return RevealPart(negation=is_negation(q), rerank='+'.join(tr.get('rerank') or []) or None,
+                      sufficient=tr.get('sufficient'), rho=tr.get('rho'))
+
+def _caption_marks(fallbacks: int | None) -> list[dict]:
+    "The mark of a memory whose model captions failed for some segments (kept with the offline caption)."
+    if not fallbacks: return []
+    return [substitution('captioner', 'failed_call', 'offline caption', f"{fallbacks} narratives of the memory")]
+
 def _result(q: Question, spec: MethodSpec, tr: dict, tot: dict, seconds: float, config: Config, models: dict,
-            error: str | None) -> dict:
-    "The result dict of one question (see above)."
-    ans, failed = tr.get('answer'), error is not None
-    return {'qid': q.qid, 'video_id': q.video_id, 'preset': spec.name, 'qtype': question_type(q),
-            'negation': is_negation(q), 'rerank': '+'.join(tr.get('rerank') or []) or None,
-            'answer': ans, 'gold': q.answer, 'correct': (ans == q.answer) if (q.answer and not failed) else None,
-            'sufficient': tr.get('sufficient'), 'rho': tr.get('rho'), 'rounds': len(tr.get('rounds', [])),
-            'llm_calls': tot['llm_calls'], 'cache_hits': tot['cache_hits'], 'calls_by_role': tot['calls_by_role'],
-            'prompt_tokens': tot['prompt_tokens'], 'completion_tokens': tot['completion_tokens'],
-            'tokens': tot['prompt_tokens'] + tot['completion_tokens'], 'seconds': round(seconds, 6),
-            'model_seconds': tot['model_seconds'], 'loop_seconds': round(max(seconds - tot['model_seconds'], 0.0), 6),
-            'stop_reason': tr.get('stop_reason'), 'missing_evidence': tr.get('missing_evidence', []),
-            'evidence': [{k: e[k] for k in _EVIDENCE_KEYS} for e in tr.get('evidence', [])],
-            'trace': None, 'config_hash': config.hash(), 'models': models, 'failed': failed, 'error': error,
-            'degraded': bool(tot['failed_calls']), 'failed_calls': tot['failed_calls']}
+            error: str | None, fallbacks: int | None = None) -> dict:
+    "The result row of one question (see above), built through the record."
+    return Result(qid=q.qid, video_id=q.video_id, preset=spec.name, qtype=question_type(q), answer=tr.get('answer'),
+                  gold=q.answer, rounds=len(tr.get('rounds', [])), **usage_fields(tot, seconds),
+                  stop_reason=tr.get('stop_reason'), missing_evidence=tr.get('missing_evidence', []),
+                  evidence=[{k: e[k] for k in _EVIDENCE_KEYS} for e in tr.get('evidence', [])],
+                  trace=None, config_hash=config.hash(), models=models, failed=error is not None, error=error,
+                  failed_calls=tot['failed_calls'], **({'memory_fallbacks': fallbacks} if fallbacks else {}),
+                  substitutions=call_marks(tr.get('calls', [])) + _caption_marks(fallbacks),
+                  answer_source='offline' if models.get('roles') == 'offline' else 'model',
+                  part=_reveal_part(q, tr)).to_row()
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0024
 _TRACE_KEYS = ('qid', 'video_id', 'preset', 'qtype', 'negation', 'rerank', 'gold', 'answer', 'correct', 'sufficient',
@@ -355,7 +362,8 @@ def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dic
     mismatch = chunk_mem and chunk_mem != spec.chunking
     thr, warn = thresholds_record(config, spec, res['models'].get('text_embedder'))
     warn = ([f"method needs a {spec.chunking} memory, got {chunk_mem}"] if mismatch else []) + warn
-    return {**{k: res[k] for k in _TRACE_KEYS},
+    subs = {'substitutions': res['substitutions']} if res['substitutions'] else {}
+    return {**{k: res[k] for k in _TRACE_KEYS}, **subs,
             'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'kit_version': kit_version(),
             'tau': config.tau, 'thresholds': thr, 'memory_chunking': chunk_mem, 'warnings': warn,
             **{k: v for k, v in tr.items() if k not in ('answer', 'sufficient', 'rho', 'stop_reason', 'rerank')},
@@ -374,9 +382,8 @@ def answer_question(question: Question, memory: Any, model: Any = None, config: 
     seconds = time.perf_counter() - t0
     tot = call_totals(tr.get('calls', []))
     models = models_record(model, rl.offline, getattr(memory, 'text_embedder', None))
-    res = _result(question, spec, tr, tot, seconds, config, models, error)
-    if (n := caption_fallbacks(getattr(memory, 'manifest', None) or {})):    # a memory kept with fallback captions
-        res.update(degraded=True, memory_fallbacks=n)
+    n = caption_fallbacks(getattr(memory, 'manifest', None) or {})     # a memory kept with fallback captions
+    res = _result(question, spec, tr, tot, seconds, config, models, error, n)
     trace = _trace_doc(question, spec, config, res, tr, tot, memory)
     read = rl.verifier.pool                                                # the pool the roles read
     trace['rubric_pool'] = {'name': read.name, 'file': Path(read.path or '').name}

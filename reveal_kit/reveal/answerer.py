@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, Evidence, reply_tokens
+from ..record import mark
 from ..backends.chat import role_call, offline_role
 from .rubrics import RubricPool, load_rubric_pool
 from .planner import focus, option_events, question_anchor, role_type
@@ -146,7 +147,7 @@ def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None 
     letter = str((data or {}).get('answer', '')).strip().upper()[:1]
     if letter not in q.options:
         a = offline_answer(q, view)
-        a.source, a.calls = 'fallback', [rec]
+        a.source, a.calls = 'fallback', [mark(rec, 'offline answer')]
         a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); offline answer")
         return a
     return AnswerResult(letter, str(data.get('reasoning', ''))[:400], 'model', [rec])

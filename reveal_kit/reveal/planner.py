@@ -10,6 +10,7 @@ from typing import Any, Callable
 import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, MemoryItem, reply_tokens
+from ..record import mark
 from ..text import tokens, jaccard, STOPWORDS, fmt_time
 from ..backends.chat import role_call, offline_role
 from .online_memory import OnlineMemory
@@ -246,7 +247,8 @@ def decompose(self: Planner, q: Question) -> PlanAction:
                           reply_tokens('planner_decompose'))
     if data is None:
         return PlanAction('Text Retrieval', offline_decompose(q, self.config),
-                          'Model reply unusable; rule-based decomposition.', 'fallback', [rec])
+                          'Model reply unusable; rule-based decomposition.', 'fallback',
+                          [mark(rec, 'rule decomposition')])
     qs, notes = _clean_decomposition(q, data.get('queries') or [], self.config)
     return PlanAction('Text Retrieval', qs, str(data.get('reasoning', ''))[:300], 'model', [rec], notes)
 
@@ -260,7 +262,7 @@ def repair(self: Planner, q: Question, view: dict) -> PlanAction:
                           reply_tokens('planner'))
     if data is None:
         a = offline_repair(q, view, self.config)
-        a.source, a.calls = 'fallback', [rec]
+        a.source, a.calls = 'fallback', [mark(rec, 'rule repair')]
         a.notes.append('model reply unusable')
         return a
     strat, qs, notes = _clean_repair(data, self.config)

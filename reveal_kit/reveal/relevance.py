@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable
 import numpy as np
 from ..core import Question, Evidence, reply_tokens
+from ..record import mark
 from ..backends.chat import role_call
 from .planner import focus
 from .offline_checks import EvidenceView
@@ -63,7 +64,7 @@ def judge_relevance(q: Question, view: EvidenceView, model: Any = None, offline:
     data, call = role_call(model, 'relevance', RELEVANCE_SYSTEM, relevance_prompt(q, view.evidence, token_budget),
                            relevance_schema(), reply_tokens('relevance'))
     if data is None or not isinstance(data.get('relevant'), bool):
-        return {**rec, 'source': 'fallback'}, [call]
+        return {**rec, 'source': 'fallback'}, [mark(call, 'cosine relevance')]
     return {**rec, 'relevant': data['relevant'], 'source': 'model',
             'reasoning': str(data.get('reasoning', ''))[:300]}, [call]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Any
 from fastcore.basics import patch
 from ..core import Config, Question, Evidence, reply_tokens
+from ..record import mark
 from ..text import fmt_time
 from ..backends.chat import role_call, offline_role, estimate_tokens
 from .rubrics import RubricPool, load_rubric_pool
@@ -163,6 +164,7 @@ def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
                           reply_tokens('verifier_select'))
     names = list(dict.fromkeys(n for n in (data or {}).get('criteria', []) if n in self.pool))
     src = 'model' if names else 'fallback'
+    if not names: mark(rec, 'offline criteria')
     names = names or offline_names
     self._selected[key] = (names, src)
     return names, src, [rec]
@@ -199,6 +201,7 @@ def verify(self: Verifier, q: Question, view: EvidenceView, names: list[str] | N
         calls.append(rec)
         if data is None:
             src = 'fallback'
+            mark(rec, 'offline scores')
             notes.append(f"verifier reply unusable ({rec.get('error') or 'invalid'}); offline scores used")
         else:
             table, unknown, missing, notes = _model_table(data, list(q.options), names)

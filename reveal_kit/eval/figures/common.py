@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 from scipy.stats import binomtest
 from ...core import Question, digest, kit_version, load_config, project_root, runs_dir, safe_name
+from ...record import check_substituted, format_substituted, scored_rows, substitution_counts
 from ...io import atomic_write_text, atomic_write_json
 from ...backends.cache import MODES
 from ...backends.models import get_chat_model
@@ -300,6 +301,8 @@ class Experiment:
     pack: str | None = None                     # a run pack (`reveal pack`): its runs are replayed, no model
     subtitles: bool = True                      # benchmark subtitles (False: PACE's Video-MME "w/o sub")
     before_query: bool = True                   # EgoLifeQA / Ego-R1: footage before the query time only
+    max_substituted: float | None = None        # fail when more of a method's answers came from stand-ins
+    substituted: str = 'wrong'                  # a stand-in's answer: 'wrong' (scored 0) or 'exclude' (left out)
 
     def __post_init__(self):
         if self.pack: return self.open_pack()
@@ -351,7 +354,14 @@ def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | Non
     dirs = run_methods(methods, self.benchmark, self.root_path, self.out_dir, self.chat, self.split, self.limit,
                        overrides, tag, self.progress, self.roles, self.only_present, pool, self.role_models)
     self.pools.update({str(d): run_pool(d) for d in dirs.values()})
-    return load_runs(dirs, self.qids)
+    return self.scored(load_runs(dirs, self.qids))
+
+@patch
+def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    "The runs checked against `max_substituted`, and without substituted answers when they are to be left out."
+    for m, rs in runs.items(): check_substituted(rs, self.max_substituted, m)
+    self.substitutions = substitution_counts(r for rs in runs.values() for r in rs)     # before any is left out
+    return {m: scored_rows(rs, self.substituted) for m, rs in runs.items()}
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #a6aa0aa2
 @patch
@@ -385,7 +395,7 @@ def run_packed(self: Experiment, methods: Sequence[str], tag: str = '') -> dict[
     dirs = {m: replayed_run(self.pack_dir, self.pack_manifest, packed_run_name(names, m, tag), self.progress)
             for m in methods}
     self.pools.update({str(d): run_pool(d) for d in dirs.values()})
-    return load_runs(dirs, self.qids)
+    return self.scored(load_runs(dirs, self.qids))
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #7ad32183
 @patch
@@ -397,7 +407,12 @@ def title(self: Experiment, headline: str, runs: dict[str, list[dict]]) -> str:
     lines = (embedders_line(json.loads(m.read_text())) for m in metas if m.exists())
     embs = list(dict.fromkeys(e for e in lines if e))
     head = f"{headline}\n{provenance(runs, self.benchmark, self.split, chat)}"
+    left_out = self.substituted == 'exclude' and hasattr(self, 'substitutions')     # the runs no longer hold them
+    subs = self.substitutions if left_out else substitution_counts(r for v in runs.values() for r in v)
+    how = ' (left out)' if left_out and subs['substituted'] else ''
+    head += '' if subs['offline'] else f"; {format_substituted(subs)}{how}"
     return head + ''.join(f"\n{' | '.join(x)}" for x in (pools, embs) if x)
+
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #d5d9bb03
 @patch
