@@ -5,11 +5,14 @@
 # %% ../../nbs/24_reveal.answerer.ipynb #cf909450
 from __future__ import annotations
 from dataclasses import dataclass, field, asdict
-from typing import Any
+from typing import Annotated, Any
+import functools
+from pydantic import Field, create_model
 import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, Evidence
 from ..backends.chat import role_call, offline_role
+from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from .rubrics import RubricPool, load_rubric_pool
 from .planner import focus, option_events, question_anchor, role_type
 from .offline_checks import (EvidenceView, SUPPORT_LO, count_instances, option_common_words,
@@ -17,7 +20,7 @@ from .offline_checks import (EvidenceView, SUPPORT_LO, count_instances, option_c
 from .verifier import EVIDENCE_TOKENS, evidence_block
 
 # %% auto #0
-__all__ = ['ANSWER_SYSTEM', 'AnswerResult', 'offline_answer', 'answer_schema', 'answer_prompt', 'Answerer']
+__all__ = ['ANSWER_SYSTEM', 'AnswerResult', 'offline_answer', 'answer_reply', 'answer_schema', 'answer_prompt', 'Answerer']
 
 # %% ../../nbs/24_reveal.answerer.ipynb #f869ac5d
 @dataclass
@@ -109,10 +112,15 @@ ANSWER_SYSTEM = (
     "descriptions of video segments (L1 local segments, L2 event timelines, L3 global narratives) and, when present, "
     "frames. Choose the single best option. Answer with JSON only.")
 
+@functools.lru_cache(maxsize=64)
+def answer_reply(letters: tuple[str, ...]) -> type[ReplyModel]:
+    "The answerer's reply model: one of the option `letters`, and optional reasoning."
+    return create_model('AnswerReply', __base__=ReplyModel, answer=(choice(letters), ...),
+                        reasoning=(Annotated[str, Field(max_length=400)], ''))
+
 def answer_schema(letters: list[str]) -> dict:
     "JSON schema of the answerer's reply."
-    return {'type': 'object', 'required': ['answer'], 'additionalProperties': False, 'properties': {
-        'answer': {'type': 'string', 'enum': letters}, 'reasoning': {'type': 'string', 'maxLength': 400}}}
+    return reply_schema(answer_reply(tuple(letters)))
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d0005
 def answer_prompt(q: Question, evidence: list[Evidence], n_frames: int = 0,
@@ -143,10 +151,10 @@ def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None 
     prompt = answer_prompt(q, view.evidence, len(images or []), self.evidence_tokens, frames_note)
     data, rec = role_call(self.model, 'answerer', ANSWER_SYSTEM, prompt, answer_schema(list(q.options)),
                           max_tokens=256, images=images or None)
-    letter = str((data or {}).get('answer', '')).strip().upper()[:1]
-    if letter not in q.options:
+    r = parse_reply(answer_reply(tuple(q.options)), data)
+    if r is None:
         a = offline_answer(q, view)
         a.source, a.calls = 'fallback', [rec]
         a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); offline answer")
         return a
-    return AnswerResult(letter, str(data.get('reasoning', ''))[:400], 'model', [rec])
+    return AnswerResult(r.answer, r.reasoning, 'model', [rec])
