@@ -7,7 +7,8 @@ from __future__ import annotations
 import copy, functools, json, re
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema,
+                      create_model)
 from .messages import assistant_message, message_text, system_message, tool_message, user_message
 
 # %% auto #0
@@ -166,8 +167,8 @@ def parse_reply(model: type[BaseModel], data: Any) -> BaseModel | None:
 
 # %% ../../nbs/02_backends.replies.ipynb #a1b2c3dc
 def choice(values) -> Any:
-    "The type of a string that is one of `values` (a JSON schema `enum`)."
-    return Literal[tuple(values)]
+    "The type of a string that is one of `values` (a JSON schema `enum`, also of one value)."
+    return Annotated[Literal[tuple(values)], WithJsonSchema({'type': 'string', 'enum': list(values)})]
 
 def _score(x: float) -> float:
     "A score in {0, 0.5, 1}, else ValueError."

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
+import functools
+from pydantic import Field, create_model
 import numpy as np
 from ..io import append_jsonl, read_jsonl_rows
+from ..backends.replies import ReplyModel, reply_schema
 from ..video.captioning import ocr_text, PerceptualCaptioner
 from .index import time_label
 
 # %% auto #0
 __all__ = ['INSPECT_SYSTEM', 'INSPECT_TASK', 'NOT_FOUND', 'OFFLINE_READ_FRAMES', 'READING_VERSION', 'inspect_times',
-           'inspect_schema', 'look_text', 'offline_reading', 'reading_key', 'ReadingMemo']
+           'inspect_reply', 'inspect_schema', 'look_text', 'offline_reading', 'reading_key', 'ReadingMemo']
 
 # %% ../../nbs/31a_pace.inspect.ipynb #7196f6e9
 def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50, fps: float = 2.0) -> list[float]:
@@ -39,10 +42,15 @@ INSPECT_TASK = (
     'from what the frames show. If nothing in these ranges answers it, set "found" to false and say briefly what the '
     "frames show instead.\nQuestion: {question}")
 
+@functools.lru_cache(maxsize=16)
+def inspect_reply(max_chars: int = 3200) -> type[ReplyModel]:
+    "The reply model of a look: whether the frames answer the question, and the answer (or what they show)."
+    return create_model('InspectReply', __base__=ReplyModel, found=(bool, ...),
+                        answer=(Annotated[str, Field(max_length=int(max_chars))], ...))
+
 def inspect_schema(max_chars: int = 3200) -> dict:
     "JSON schema of a look: whether the frames answer the question, and the answer (or what they show)."
-    return {'type': 'object', 'required': ['found', 'answer'], 'additionalProperties': False,
-            'properties': {'found': {'type': 'boolean'}, 'answer': {'type': 'string', 'maxLength': int(max_chars)}}}
+    return reply_schema(inspect_reply(int(max_chars)))
 
 # %% ../../nbs/31a_pace.inspect.ipynb #7cbbc3c0
 NOT_FOUND = "Nothing in the given time range(s) answers the question."
