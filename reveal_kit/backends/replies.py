@@ -119,8 +119,8 @@ def repair_messages(messages: list[dict], bad_reply: str, error: str, schema: di
             user_message(f"Your reply was invalid ({error[:500]}). {schema_instruction(schema)}")]
 
 # %% ../../nbs/02_backends.replies.ipynb #a1b2c3d1
-_ORDER = ('type', 'required', 'additionalProperties', 'properties', 'minItems', 'maxItems', 'items', 'minLength',
-          'pattern', 'maxLength', 'enum', 'minimum', 'maximum', 'exclusiveMinimum', 'anyOf')
+_ORDER = ('type', 'required', 'additionalProperties', 'properties', 'minItems', 'maxItems', 'items',
+          'minLength', 'pattern', 'maxLength', 'enum', 'minimum', 'maximum', 'exclusiveMinimum', 'anyOf')
 _DROP = {'title', 'default', 'description', '$defs'}
 
 def _ordered(s: dict) -> dict:
@@ -131,10 +131,11 @@ def _ordered(s: dict) -> dict:
 
 # %% ../../nbs/02_backends.replies.ipynb #a1b2c3d3
 def _tidy(s: Any, defs: dict) -> Any:
-    "A pydantic schema node as the kit writes it: `$ref` inlined, no titles, defaults, descriptions or `$defs`."
+    "A pydantic schema node as the kit writes it: `$ref` inlined, no titles, defaults or descriptions."
     if isinstance(s, list): return [_tidy(x, defs) for x in s]
     if not isinstance(s, dict): return s
-    if '$ref' in s: s = {**defs[s['$ref'].rsplit('/', 1)[-1]], **{k: v for k, v in s.items() if k != '$ref'}}
+    if '$ref' in s:
+        s = {**defs[s['$ref'].rsplit('/', 1)[-1]], **{k: v for k, v in s.items() if k != '$ref'}}
     out = {}
     for k, v in s.items():
         if k in _DROP or (k == 'additionalProperties' and v is True): continue
@@ -160,7 +161,7 @@ class ReplyModel(BaseModel):
 
 # %% ../../nbs/02_backends.replies.ipynb #a1b2c3d9
 def parse_reply(model: type[BaseModel], data: Any) -> BaseModel | None:
-    "`data` (a parsed JSON reply) as `model`, or None when there is none or it does not fit the model."
+    "`data` (a parsed JSON reply) as `model`; None when there is none or it does not fit."
     if data is None: return None
     try: return model.model_validate(data)
     except ValidationError: return None
@@ -168,7 +169,8 @@ def parse_reply(model: type[BaseModel], data: Any) -> BaseModel | None:
 # %% ../../nbs/02_backends.replies.ipynb #a1b2c3dc
 def choice(values) -> Any:
     "The type of a string that is one of `values` (a JSON schema `enum`, also of one value)."
-    return Annotated[Literal[tuple(values)], WithJsonSchema({'type': 'string', 'enum': list(values)})]
+    schema = WithJsonSchema({'type': 'string', 'enum': list(values)})
+    return Annotated[Literal[tuple(values)], schema]
 
 def _score(x: float) -> float:
     "A score in {0, 0.5, 1}, else ValueError."
@@ -185,6 +187,7 @@ def keyed_model(name: str, keys: tuple[str, ...], value: Any) -> type[BaseModel]
     cfg = ConfigDict(extra='forbid', json_schema_extra=None if keys else {'required': []})
     return create_model(name, __config__=cfg, **fields)
 
+# %% ../../nbs/02_backends.replies.ipynb #ab14c0d1
 def keyed_values(reply: BaseModel) -> dict:
     "A `keyed_model` reply as a dict by its keys."
     return reply.model_dump(by_alias=True)

@@ -90,7 +90,7 @@ def blind_prompt(q: Question) -> str:
     return (f"Answer this multiple-choice question about a video you cannot see, from the question and options alone.\n"
             f"Question: {q.question}\nOptions:\n{q.options_text()}\nReply as JSON: {{\"answer\": \"<letter>\"}}")
 
-# %% ../../nbs/41_eval.baselines.ipynb #7922d302
+# %% ../../nbs/41_eval.baselines.ipynb #ab12c0d1
 class BlindReply(BaseModel):
     "The blind baseline's reply: any text naming the answer (read by `parse_letter`)."
     model_config = ConfigDict(json_schema_extra={'x-order': ['type', 'properties', 'required']})
@@ -98,6 +98,7 @@ class BlindReply(BaseModel):
 
 ANSWER_SCHEMA = reply_schema(BlindReply)
 
+# %% ../../nbs/41_eval.baselines.ipynb #7922d302
 def blind(q: Question, model=None, config: Config | None = None) -> dict:
     "The blind baseline: question and options only (a meaningful model, else the offline embedding prior)."
     t0 = time.time()

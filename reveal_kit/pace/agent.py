@@ -22,7 +22,8 @@ from ..reveal.rubrics import question_type
 from .roles import PaceModels, PaceSettings, pace_settings
 from .factors import Factor, extract_factors
 from .index import EvidenceDB, get_pace_dbs, build_factor_db, factor_key, tagger_kind, offline_records
-from .tools import ToolBox, PACE_TOOLS, DVD_TOOLS, TOOL_SPECS, tool_args
+from .tools import ToolBox, PACE_TOOLS, DVD_TOOLS, TOOL_SPECS
+from .tool_args import tool_args
 from .loop import AgentState, Turn, run_agent, trace_evidence, best_supported, fit_results
 from .dvd import ToolCallPolicy, dvd_messages
 from .needle import needle_recall, judge_rows
@@ -174,22 +175,23 @@ def agent_prompt(st: AgentState, last: bool = False, max_chars: int | None = Non
                                      if last else '')
     return '\n\n'.join([head] + (["Steps so far:\n\n" + '\n\n'.join(steps)] if steps else []) + [tail])
 
-# %% ../../nbs/33_pace.agent.ipynb #db3b37e4
+# %% ../../nbs/33_pace.agent.ipynb #ab13c0d1
 THOUGHT = Annotated[str, Field(max_length=2000)]
 
 def _object_union(s: dict) -> None:
-    "A call schema as an object and a union, also of one tool (pydantic writes a one-member union as that member)."
+    "The call schema as an object and a union, also of one tool (pydantic writes that as the member)."
     if 'anyOf' not in s: s.update(anyOf=[{k: s.pop(k) for k in list(s) if k != '$defs'}])
     s['type'] = 'object'
 
 @functools.lru_cache(maxsize=64)
 def call_reply(names: tuple[str, ...], letters: tuple[str, ...] | None = None) -> type[RootModel]:
-    "The model of one tool call `{thought?, tool, arguments}`: a union over the tools `names` (Finish: `letters`)."
-    one = lambda n: create_model(f"{n}Call", __base__=ReplyModel, thought=(THOUGHT, ''), tool=(choice([n]), ...),
-                                 arguments=(tool_args(n, letters), ...))
+    "The model of one call `{thought?, tool, arguments}`: a union over the tools `names` (Finish: `letters`)."
+    one = lambda n: create_model(f"{n}Call", __base__=ReplyModel, thought=(THOUGHT, ''),
+                                 tool=(choice([n]), ...), arguments=(tool_args(n, letters), ...))
     root = RootModel[Union[tuple(one(n) for n in names)]]
     return type('CallReply', (root,), {'model_config': ConfigDict(json_schema_extra=_object_union)})
 
+# %% ../../nbs/33_pace.agent.ipynb #db3b37e4
 def call_schema(names: Sequence[str], letters: Sequence[str] | None = None) -> dict:
     "JSON schema of one tool call `{thought?, tool, arguments}`: a union over the tools `names` (Finish: `letters`)."
     return reply_schema(call_reply(tuple(names), tuple(letters) if letters else None))

@@ -39,32 +39,35 @@ def with_transcript(text: str, subtitles: str = '') -> str:
     "A model's clip description with the clip's transcript appended (unchanged without one)."
     return f'{text} Transcript during this clip: "{subtitles}".' if subtitles else text
 
-# %% ../../nbs/30b_pace.captions.ipynb #b5576cb6
+# %% ../../nbs/30b_pace.captions.ipynb #ab09c0d1
 _TEXTS = Annotated[list[Annotated[str, Field(max_length=160)]], Field(max_length=6)]
 
 class Subject(ReplyModel):
-    "One subject of a clip: a short name, how it looks, who or what it is, when it first appears (HH:MM:SS)."
+    "A subject of a clip: a short name, how it looks, who or what it is, when first seen (HH:MM:SS)."
     name: Annotated[str, Field(min_length=1, max_length=80)]
     appearance: _TEXTS
     identity: _TEXTS
     first_seen: Annotated[str, Field(pattern='^[0-9]{1,2}:[0-9]{2}:[0-9]{2}$')]
-CAPTION_TASK = (
-    'Return JSON with "subjects": every person, animal or notable object seen in the clip, each with a short "name" '
-    '(a short identity when the name is unknown), "appearance" (a list of how it looks), "identity" (a list of who or '
-    'what it is: role, relation to others) and "first_seen" (HH:MM:SS, when it first appears); and "description": '
-    "a fluent, detailed narration of the clip — the events in order and what causes them, objects and how they move, "
-    "people's actions and poses, any text on screen.")
 
+# %% ../../nbs/30b_pace.captions.ipynb #ab09c0d2
 def _narration(max_chars: int) -> Any:
     "A clip narration of 1…`max_chars` characters."
     return Annotated[str, Field(min_length=1, max_length=int(max_chars))]
 
 @functools.lru_cache(maxsize=16)
 def caption_reply(max_chars: int = 2400) -> type[ReplyModel]:
-    "The reply model of a plain caption: up to 12 subjects and a narration of at most `max_chars` characters."
+    "The reply model of a plain caption: up to 12 subjects and a narration of ≤ `max_chars` characters."
     subjects = Annotated[list[Subject], Field(max_length=12)]
     return create_model('CaptionReply', __base__=ReplyModel, subjects=(subjects, ...),
                         description=(_narration(max_chars), ...))
+
+# %% ../../nbs/30b_pace.captions.ipynb #b5576cb6
+CAPTION_TASK = (
+    'Return JSON with "subjects": every person, animal or notable object seen in the clip, each with a short "name" '
+    '(a short identity when the name is unknown), "appearance" (a list of how it looks), "identity" (a list of who or '
+    'what it is: role, relation to others) and "first_seen" (HH:MM:SS, when it first appears); and "description": '
+    "a fluent, detailed narration of the clip — the events in order and what causes them, objects and how they move, "
+    "people's actions and poses, any text on screen.")
 
 def caption_schema(max_chars: int = 2400) -> dict:
     "JSON schema of a plain caption: the clip's subjects and a narration of at most `max_chars` characters."
@@ -93,20 +96,22 @@ def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles:
     user = f"{clip_header(t0, t1, subtitles, '' if imgs else text, len(frames))}\n\n{CAPTION_TASK}"
     data, rec = role_call(model, 'pace_caption', CLIP_SYSTEM, user, caption_schema(4 * max_tokens), max_tokens,
                           images=imgs)
-    if parse_reply(caption_reply(4 * max_tokens), data) is None:
-        return text, dict(meta, fallback='offline-perceptual'), [rec]
-    meta['subjects'] = data['subjects']
-    return with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {data['description']}", subtitles), meta, [rec]
+    r = parse_reply(caption_reply(4 * max_tokens), data)
+    if r is None: return text, dict(meta, fallback='offline-perceptual'), [rec]
+    meta['subjects'] = data['subjects']          # as the model wrote them (their key order kept)
+    text = with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {r.description}", subtitles)
+    return text, meta, [rec]
+
+# %% ../../nbs/30b_pace.captions.ipynb #ab09c0d3
+class RegistryReply(ReplyModel):
+    "A merged registry: up to 40 subjects in the clips' subject format."
+    subjects: Annotated[list[Subject], Field(max_length=40)]
 
 # %% ../../nbs/30b_pace.captions.ipynb #c1c796a6
 REGISTRY_SYSTEM = (
     "You are given the subject lists recorded for the clips of one video, in time order. Merge them into one registry "
     "of the video's subjects: keep every distinct subject; when two entries clearly name the same subject, make them "
     "one entry with the earliest first_seen and all their appearance and identity descriptions. Answer with JSON only.")
-
-class RegistryReply(ReplyModel):
-    "A merged registry: up to 40 subjects in the clips' subject format."
-    subjects: Annotated[list[Subject], Field(max_length=40)]
 
 def registry_schema() -> dict:
     "JSON schema of a merged registry `{subjects: [...]}` (the clips' subject format)."
@@ -158,22 +163,25 @@ def offline_registry(records: Sequence, top: int = 8) -> list[dict]:
     return [dict(name=w, first_seen=fmt_time(min(ts), hours=True), clips=len(ts), source='on-screen text')
             for w, ts in rank]
 
+# %% ../../nbs/30b_pace.captions.ipynb #ab09c0d4
+@functools.lru_cache(maxsize=64)
+def factor_record_reply(fids: tuple[str, ...], max_chars: int = 2400) -> type[ReplyModel]:
+    "The reply model of a factor-conditioned record: the narration, one {id, observed, how} per factor."
+    how = Annotated[str, Field(max_length=200)]
+    tag = create_model('FactorTag', __base__=ReplyModel, id=(choice(fids), ...), observed=(bool, ...),
+                       how=(how, ...))
+    order = {'x-order': ['type', 'items', 'minItems', 'maxItems']}
+    n = len(fids)
+    tags = Annotated[list[tag], Field(min_length=n, max_length=n, json_schema_extra=order)]
+    return create_model('RecordReply', __base__=ReplyModel, description=(_narration(max_chars), ...),
+                        factors=(tags, ...))
+
 # %% ../../nbs/30b_pace.captions.ipynb #e9abd423
 RECORD_TASK = (
     "The question this index is built for asks about the factors below (its answer options are not given):\n"
     '{factors}\nReturn JSON with "description": a fluent, detailed narration of the clip (the events in order, objects '
     "and how they move, people's actions and poses, text on screen); and \"factors\": for every factor, its id, "
     'whether it is observed in this clip, and how.')
-
-@functools.lru_cache(maxsize=64)
-def factor_record_reply(fids: tuple[str, ...], max_chars: int = 2400) -> type[ReplyModel]:
-    "The reply model of a factor-conditioned record: the narration and one {id, observed, how} per factor id."
-    tag = create_model('FactorTag', __base__=ReplyModel, id=(choice(fids), ...), observed=(bool, ...),
-                       how=(Annotated[str, Field(max_length=200)], ...))
-    order = {'x-order': ['type', 'items', 'minItems', 'maxItems']}
-    tags = Annotated[list[tag], Field(min_length=len(fids), max_length=len(fids), json_schema_extra=order)]
-    return create_model('RecordReply', __base__=ReplyModel, description=(_narration(max_chars), ...),
-                        factors=(tags, ...))
 
 def factor_record_schema(factors: Sequence[Factor], max_chars: int = 2400) -> dict:
     "JSON schema of a factor-conditioned record: the narration and one {id, observed, how} per factor."

@@ -55,18 +55,20 @@ def factor_prompt(question: str, lo: int, hi: int) -> str:
     return (f"Question: {question.strip()}\n\nReturn {n} factors, most important first, as "
             '{"factors": [{"text": "...", "kind": "entity|action|relation|attribute|temporal"}]}.')
 
-# %% ../../nbs/30_pace.factors.ipynb #1c87b37a
+# %% ../../nbs/30_pace.factors.ipynb #ab08c0d1
 class FactorItem(ReplyModel):
     "One factor as the model writes it: a short text and its kind."
     text: Annotated[str, Field(min_length=1, max_length=80)]
     kind: choice(FACTOR_KINDS)
 
+# %% ../../nbs/30_pace.factors.ipynb #ab08c0d2
 @functools.lru_cache(maxsize=16)
 def factor_reply(lo: int, hi: int) -> type[ReplyModel]:
     "The factor reply model: `lo`…`hi` factors."
     items = Annotated[list[FactorItem], Field(min_length=lo, max_length=hi)]
     return create_model('FactorReply', __base__=ReplyModel, factors=(items, ...))
 
+# %% ../../nbs/30_pace.factors.ipynb #1c87b37a
 def factor_schema(lo: int, hi: int) -> dict:
     "JSON schema of the factor reply: `lo`…`hi` factors, each a short text and a kind."
     return reply_schema(factor_reply(lo, hi))

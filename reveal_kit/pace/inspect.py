@@ -34,6 +34,13 @@ def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50, f
     if len(times) <= max_frames: return times
     return [times[int(j)] for j in np.unique(np.linspace(0, len(times) - 1, max_frames).round())]
 
+# %% ../../nbs/31a_pace.inspect.ipynb #ab10c0d1
+@functools.lru_cache(maxsize=16)
+def inspect_reply(max_chars: int = 3200) -> type[ReplyModel]:
+    "The reply model of a look: whether the frames answer the question, the answer (or what they show)."
+    return create_model('InspectReply', __base__=ReplyModel, found=(bool, ...),
+                        answer=(Annotated[str, Field(max_length=int(max_chars))], ...))
+
 # %% ../../nbs/31a_pace.inspect.ipynb #a2d6cadc
 INSPECT_SYSTEM = "You look at frames of a long video and answer questions about what they show. Answer with JSON only."
 INSPECT_TASK = (
@@ -41,12 +48,6 @@ INSPECT_TASK = (
     "order and causes of events, at objects and how they move, and at people's actions and poses. Answer the question "
     'from what the frames show. If nothing in these ranges answers it, set "found" to false and say briefly what the '
     "frames show instead.\nQuestion: {question}")
-
-@functools.lru_cache(maxsize=16)
-def inspect_reply(max_chars: int = 3200) -> type[ReplyModel]:
-    "The reply model of a look: whether the frames answer the question, and the answer (or what they show)."
-    return create_model('InspectReply', __base__=ReplyModel, found=(bool, ...),
-                        answer=(Annotated[str, Field(max_length=int(max_chars))], ...))
 
 def inspect_schema(max_chars: int = 3200) -> dict:
     "JSON schema of a look: whether the frames answer the question, and the answer (or what they show)."

@@ -16,7 +16,7 @@ from ..backends.chat import role_call, is_meaningful
 from ..backends.replies import ReplyModel, parse_reply, reply_schema
 
 # %% auto #0
-__all__ = ['NEEDLE_MIN_COVER', 'JUDGE_SYSTEM', 'JUDGE_SCHEMA', 'cue_recovered', 'needle_recall', 'browse_rows', 'judge_rows',
+__all__ = ['NEEDLE_MIN_COVER', 'JUDGE_SCHEMA', 'JUDGE_SYSTEM', 'cue_recovered', 'needle_recall', 'browse_rows', 'judge_rows',
            'JudgeReply', 'judge_prompt', 'model_judge', 'judge_name', 'judge_result', 'needles_path', 'judge_run',
            'judged_needles']
 
@@ -71,11 +71,7 @@ def judge_rows(result: dict) -> list[dict]:
     rows = [e for e in result.get('evidence') or [] if 'text' in e]
     return [x for e in rows for x in (browse_rows(e) if e.get('source') == 'GlobalBrowse' else [e])]
 
-# %% ../../nbs/32c_pace.needle.ipynb #b47b532a
-JUDGE_SYSTEM = (
-    "You check whether the evidence a video question-answering system collected contains a given visual cue. The cue "
-    "counts as found when some evidence describes what the cue describes (the same event, object or detail, in any "
-    "words), whether or not the system answered correctly. Answer with JSON only.")
+# %% ../../nbs/32c_pace.needle.ipynb #ab11c0d1
 class JudgeReply(ReplyModel):
     "The needle judge's reply: whether the cue is in the evidence, and why."
     found: bool
@@ -83,6 +79,11 @@ class JudgeReply(ReplyModel):
 
 JUDGE_SCHEMA = reply_schema(JudgeReply)
 
+# %% ../../nbs/32c_pace.needle.ipynb #b47b532a
+JUDGE_SYSTEM = (
+    "You check whether the evidence a video question-answering system collected contains a given visual cue. The cue "
+    "counts as found when some evidence describes what the cue describes (the same event, object or detail, in any "
+    "words), whether or not the system answered correctly. Answer with JSON only.")
 def _row_line(d: dict) -> str:
     "One evidence row for the judge, with its time range when it has one."
     text = ' '.join(str(d.get('text', '')).split())

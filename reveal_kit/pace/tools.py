@@ -9,15 +9,13 @@ import re
 import time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
-from typing import Annotated, Any, Sequence
-import functools
-from pydantic import BaseModel, Field, create_model
+from typing import Any, Sequence
 import jsonschema
 from fastcore.basics import patch
 from ..core import Config, Question
 from ..text import content_words, fmt_time, hms_to_seconds
 from ..backends.chat import role_call
-from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
+from ..backends.replies import parse_reply, reply_schema
 from ..video.frames import probe_video, read_frames_at, VideoError
 from ..video.captioning import extractive_summary
 from ..reveal.planner import focus
@@ -26,56 +24,19 @@ from ..reveal.rubrics import question_type
 from .roles import PaceModels, pace_settings
 from .captions import offline_registry
 from .index import EvidenceDB, ClipRecord, time_label, frame_width
-from .inspect import (inspect_times, INSPECT_SYSTEM, INSPECT_TASK, inspect_reply, inspect_schema, look_text,
-                                     offline_reading, reading_key, ReadingMemo)
+from .tool_args import (BROWSE_SCHEMA, BrowseReply, ClipSearchArgs, EvidenceRetrieveArgs,
+                                       FinishArgs, FrameInspectArgs, GlobalBrowseArgs, QueryDecomposeArgs,
+                                       contrastive_reply, tool_args)
+from .inspect import (inspect_times, INSPECT_SYSTEM, INSPECT_TASK, inspect_reply, inspect_schema,
+                                     look_text, offline_reading, reading_key, ReadingMemo)
 
 # %% auto #0
-__all__ = ['TOOL_ARGS', 'TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'RETRIEVE_TOPK', 'TAG_BONUS',
-           'BROWSE_SYSTEM', 'BROWSE_SCHEMA', 'BROWSE_TASK', 'GlobalBrowseArgs', 'ClipSearchArgs', 'FrameInspectArgs',
-           'QueryDecomposeArgs', 'EvidenceRetrieveArgs', 'FinishArgs', 'tool_args', 'tool_schemas', 'ToolError',
-           'Observation', 'evidence_row', 'format_rows', 'parse_time', 'check_ranges', 'ContrastiveFactor',
-           'offline_contrastive_factors', 'contrastive_reply', 'contrastive_schema', 'ToolBox', 'BrowseReply',
+__all__ = ['TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'RETRIEVE_TOPK', 'TAG_BONUS', 'BROWSE_SYSTEM',
+           'BROWSE_TASK', 'tool_schemas', 'ToolError', 'Observation', 'evidence_row', 'format_rows', 'parse_time',
+           'check_ranges', 'ContrastiveFactor', 'offline_contrastive_factors', 'contrastive_schema', 'ToolBox',
            'check_call']
 
 # %% ../../nbs/32_pace.tools.ipynb #30dd98cd
-_TEXT = Annotated[str, Field(min_length=1)]
-_HMS = Annotated[str, Field(pattern='^[0-9]{1,2}(:[0-9]{2}){1,2}$')]
-
-class GlobalBrowseArgs(ReplyModel):
-    "GlobalBrowse's arguments."
-    query: _TEXT
-
-class ClipSearchArgs(ReplyModel):
-    "ClipSearch's arguments (top_k optional)."
-    event_description: _TEXT
-    top_k: Annotated[int, Field(ge=1, le=64)] = None
-
-class FrameInspectArgs(ReplyModel):
-    "FrameInspect's arguments: a question and 1…8 [start, end] ranges in HH:MM:SS."
-    question: _TEXT
-    time_ranges_hhmmss: Annotated[list[Annotated[list[_HMS], Field(min_length=2, max_length=2)]],
-                                  Field(min_length=1, max_length=8)]
-
-class QueryDecomposeArgs(ReplyModel):
-    "QueryDecompose takes no arguments."
-
-class EvidenceRetrieveArgs(ReplyModel):
-    "EvidenceRetrieve's argument: a factor id or a criterion text."
-    factor: _TEXT
-
-class FinishArgs(ReplyModel):
-    "Finish's argument: one option letter (any short text when the letters are not given)."
-    answer: Annotated[str, Field(min_length=1, max_length=3)]
-
-TOOL_ARGS = dict(GlobalBrowse=GlobalBrowseArgs, ClipSearch=ClipSearchArgs, FrameInspect=FrameInspectArgs,
-                 QueryDecompose=QueryDecomposeArgs, EvidenceRetrieve=EvidenceRetrieveArgs, Finish=FinishArgs)
-
-@functools.lru_cache(maxsize=64)
-def tool_args(name: str, letters: tuple[str, ...] | None = None) -> type[BaseModel]:
-    "The arguments model of tool `name`; Finish's answer one of `letters` when given."
-    if name != 'Finish' or not letters: return TOOL_ARGS[name]
-    return create_model('FinishArgs', __base__=ReplyModel, answer=(choice(letters), ...))
-
 TOOL_SPECS = {
     'GlobalBrowse': dict(description="The subjects of the whole video and the events related to a query, as JSON "
                          "{subject_registry, query_related_event}, summarized from the clip descriptions most "
@@ -198,16 +159,6 @@ DECOMPOSE_SYSTEM = (
     "criteria that distinguish the options; for each, the option letters it would rule in and rule out. "
     "Answer with JSON only.")
 
-@functools.lru_cache(maxsize=64)
-def contrastive_reply(letters: tuple[str, ...]) -> type[ReplyModel]:
-    "The QueryDecompose reply model: 1…5 criteria, each with the option letters it rules in and out."
-    order = {'x-order': ['type', 'items', 'maxItems']}
-    L = Annotated[list[choice(letters)], Field(max_length=len(letters), json_schema_extra=order)]
-    item = create_model('ContrastiveItem', __base__=ReplyModel, criterion=(Annotated[str, Field(min_length=1, max_length=160)], ...),
-                        rules_in=(L, ...), rules_out=(L, ...))
-    items = Annotated[list[item], Field(min_length=1, max_length=5)]
-    return create_model('ContrastiveReply', __base__=ReplyModel, factors=(items, ...))
-
 def contrastive_schema(letters: list[str]) -> dict:
     "JSON schema of the QueryDecompose reply."
     return reply_schema(contrastive_reply(tuple(letters)))
@@ -248,11 +199,6 @@ def registry(self: ToolBox) -> tuple[list[dict], str]:
 # %% ../../nbs/32_pace.tools.ipynb #9c6f7f58
 BROWSE_SYSTEM = ("You answer questions about a long video from time-stamped descriptions of its clips. "
                  "Answer with JSON only.")
-class BrowseReply(BaseModel):
-    "GlobalBrowse's summary call: the answer to the query from the clip descriptions."
-    answer: str
-
-BROWSE_SCHEMA = reply_schema(BrowseReply)
 BROWSE_TASK = (
     "Below are descriptions of clips of the video, each with its time range, in time order. Read the order of events, "
     "the details and movements of objects, and people's actions and poses closely, then answer the query thoroughly "
@@ -276,7 +222,8 @@ def global_browse(self: ToolBox, query: str) -> Observation:
                                 300) if hits else ''
     if m is not None and hits:
         user = BROWSE_TASK.format(query=query, captions=_browse_captions(hits, 4 * self.settings.history_tokens))
-        data, rec = role_call(m, 'pace_browse', BROWSE_SYSTEM, user, BROWSE_SCHEMA, self.settings.tool_max_tokens)
+        data, rec = role_call(m, 'pace_browse', BROWSE_SYSTEM, user, BROWSE_SCHEMA,
+                              self.settings.tool_max_tokens)
         r = parse_reply(BrowseReply, data)
         calls, events = [rec], (r.answer if r else events)
     text = json.dumps({'subject_registry': reg, 'query_related_event': events}, ensure_ascii=False)
@@ -342,8 +289,8 @@ def query_decompose(self: ToolBox) -> Observation:
         data, rec = role_call(m, 'pace_decompose', DECOMPOSE_SYSTEM, user, schema, self.settings.decompose_max_tokens)
         calls = [rec]
         r = parse_reply(contrastive_reply(tuple(self.q.options)), data)
-        if r: fs = [ContrastiveFactor(f"d{i + 1}", d.criterion, d.criterion, d.rules_in, d.rules_out)
-                    for i, d in enumerate(r.factors)]
+        if r: fs = [ContrastiveFactor(f"d{i + 1}", c.criterion, c.criterion, c.rules_in, c.rules_out)
+                    for i, c in enumerate(r.factors)]
     self.factors = fs or offline_contrastive_factors(self.q)
     lines = [f"{d.did}: {d.criterion} (rules in {','.join(d.rules_in) or '-'}; out {','.join(d.rules_out) or '-'})"
              for d in self.factors]
@@ -393,8 +340,9 @@ def _vlm_look(model: Any, question: str, ranges: list, frames: list, rows: list[
                           images=[f.rgb for f in frames])
     look = parse_reply(inspect_reply(4 * max_tokens), data)
     if look is None: return None, [rec]
-    for r in rows: r['text'] = f"{time_label(r['t_start'], r['t_end'])} {look_text(look.model_dump())}"
-    return look_text(look.model_dump()), [rec]
+    text = look_text(look.model_dump())
+    for r in rows: r['text'] = f"{time_label(r['t_start'], r['t_end'])} {text}"
+    return text, [rec]
 
 def _mark_inspected(factors: list | None, ranges: list) -> None:
     "Contrastive factors whose retrieved ranges overlap an inspected range are addressed by inspection."

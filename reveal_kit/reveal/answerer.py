@@ -106,17 +106,18 @@ def offline_answer(q: Question, view: EvidenceView, pool: RubricPool | None = No
     why = f"{'no evidence; ' if not view.evidence else ''}option {best} ({rule}): support={support[best]:.2f}"
     return AnswerResult(best, why, 'offline', scores={'support': support, 'rule': rule})
 
-# %% ../../nbs/24_reveal.answerer.ipynb #dccdee94
-ANSWER_SYSTEM = (
-    "You answer a multiple-choice question about a long video using only the evidence given: time-stamped "
-    "descriptions of video segments (L1 local segments, L2 event timelines, L3 global narratives) and, when present, "
-    "frames. Choose the single best option. Answer with JSON only.")
-
+# %% ../../nbs/24_reveal.answerer.ipynb #ab04c0d1
 @functools.lru_cache(maxsize=64)
 def answer_reply(letters: tuple[str, ...]) -> type[ReplyModel]:
     "The answerer's reply model: one of the option `letters`, and optional reasoning."
     return create_model('AnswerReply', __base__=ReplyModel, answer=(choice(letters), ...),
                         reasoning=(Annotated[str, Field(max_length=400)], ''))
+
+# %% ../../nbs/24_reveal.answerer.ipynb #dccdee94
+ANSWER_SYSTEM = (
+    "You answer a multiple-choice question about a long video using only the evidence given: time-stamped "
+    "descriptions of video segments (L1 local segments, L2 event timelines, L3 global narratives) and, when present, "
+    "frames. Choose the single best option. Answer with JSON only.")
 
 def answer_schema(letters: list[str]) -> dict:
     "JSON schema of the answerer's reply."

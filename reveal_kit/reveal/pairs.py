@@ -67,6 +67,15 @@ class OracleTeacher:
         neg = [c.item_id for c in l1 if c.item_id not in pos and span_overlap(c.t_start, c.t_end, q.distractor_spans)]
         return Labels(pos, neg, 'oracle')
 
+# %% ../../nbs/26_reveal.pairs.ipynb #ab06c0d1
+@functools.lru_cache(maxsize=64)
+def teacher_reply(n: int) -> type[ReplyModel]:
+    "The teacher's reply model over n candidates: decisive and misleading numbers (≤ 16 each), why."
+    item = Annotated[int, Field(ge=0, le=max(n - 1, 0))]
+    idx = Annotated[list[item], Field(max_length=min(16, n))]
+    return create_model('TeacherReply', __base__=ReplyModel, decisive=(idx, ...),
+                        misleading=(idx, ...), reasoning=(REASONING, ''))
+
 # %% ../../nbs/26_reveal.pairs.ipynb #06568153
 TEACHER_SYSTEM = (
     "You label video evidence for building evidence-sufficiency rubrics. You get a multiple-choice question, its "
@@ -74,13 +83,6 @@ TEACHER_SYSTEM = (
     "that settles the correct answer, and under `misleading` the numbers of evidence that is topically relevant but "
     "omits the critical action, transition, relation, causal clue or exclusion. An item is in at most one list. "
     "Answer with JSON only.")
-
-@functools.lru_cache(maxsize=64)
-def teacher_reply(n: int) -> type[ReplyModel]:
-    "The teacher's reply model over n candidates: decisive and misleading numbers (≤ 16 each), optional reasoning."
-    idx = Annotated[list[Annotated[int, Field(ge=0, le=max(n - 1, 0))]], Field(max_length=min(16, n))]
-    return create_model('TeacherReply', __base__=ReplyModel, decisive=(idx, ...), misleading=(idx, ...),
-                        reasoning=(REASONING, ''))
 
 def teacher_schema(n: int) -> dict:
     "JSON schema of the teacher's reply over n candidates."

@@ -19,9 +19,9 @@ from .online_memory import OnlineMemory
 from .rubrics import question_type
 
 # %% auto #0
-__all__ = ['DECOMPOSE_SYSTEM', 'QUERY', 'REASONING', 'STRATEGIES', 'REPAIR_SYSTEM', 'focus', 'clip_words', 'join_query',
+__all__ = ['QUERY', 'REASONING', 'DECOMPOSE_SYSTEM', 'STRATEGIES', 'REPAIR_SYSTEM', 'focus', 'clip_words', 'join_query',
            'option_events', 'is_negation', 'role_type', 'question_anchor', 'offline_decompose', 'decompose_reply',
-           'decompose_schema', 'decompose_prompt', 'PlanAction', 'repair_reply', 'repair_schema', 'repair_prompt',
+           'decompose_schema', 'decompose_prompt', 'PlanAction', 'repair_schema', 'repair_reply', 'repair_prompt',
            'offline_repair', 'Planner', 'screen_queries', 'uniform_sample']
 
 # %% ../../nbs/22_reveal.planner.ipynb #88db52f4
@@ -112,13 +112,7 @@ def offline_decompose(q: Question, config: Config = Config()) -> list[str]:
             qs.append(extra)
     return qs[:config.max_subqueries]
 
-# %% ../../nbs/22_reveal.planner.ipynb #1a16f659
-DECOMPOSE_SYSTEM = (
-    "You decompose a multiple-choice question about a long video into short search queries for a video "
-    "memory of time-stamped segment descriptions. Return 2-4 self-contained sub-queries of at most 15 words each, each "
-    "naming concrete entities, actions or events to look for. If the question asks which option is NOT shown / did NOT "
-    "happen, return exactly one query per option describing that option. Answer with JSON only.")
-
+# %% ../../nbs/22_reveal.planner.ipynb #ab01c0d1
 QUERY = Annotated[str, Field(min_length=1, max_length=150)]
 REASONING = Annotated[str, Field(max_length=300)]
 
@@ -126,7 +120,15 @@ REASONING = Annotated[str, Field(max_length=300)]
 def decompose_reply(max_queries: int) -> type[ReplyModel]:
     "The decomposer's reply model: 1…`max_queries` sub-queries and one sentence of reasoning."
     queries = Annotated[list[QUERY], Field(min_length=1, max_length=max_queries)]
-    return create_model('DecomposeReply', __base__=ReplyModel, queries=(queries, ...), reasoning=(REASONING, ...))
+    return create_model('DecomposeReply', __base__=ReplyModel, queries=(queries, ...),
+                        reasoning=(REASONING, ...))
+
+# %% ../../nbs/22_reveal.planner.ipynb #1a16f659
+DECOMPOSE_SYSTEM = (
+    "You decompose a multiple-choice question about a long video into short search queries for a video "
+    "memory of time-stamped segment descriptions. Return 2-4 self-contained sub-queries of at most 15 words each, each "
+    "naming concrete entities, actions or events to look for. If the question asks which option is NOT shown / did NOT "
+    "happen, return exactly one query per option describing that option. Answer with JSON only.")
 
 def decompose_schema(n_options: int, config: Config = Config()) -> dict:
     "JSON schema of the decomposer's reply (bounded strings and arrays)."
@@ -186,16 +188,17 @@ REPAIR_SYSTEM = (
     "distributed across the video, chronological questions, or when targeted retrieval has repeatedly failed. Do not "
     "repeat queries listed under 'Already tried'. Answer with JSON only.")
 
-@functools.lru_cache(maxsize=None)
-def repair_reply(max_queries: int) -> type[ReplyModel]:
-    "The repair planner's reply model: one of the `STRATEGIES`, up to `max_queries` queries, one sentence."
-    queries = Annotated[list[QUERY], Field(max_length=max_queries)]
-    return create_model('RepairReply', __base__=ReplyModel, strategy=(choice(STRATEGIES), ...),
-                        queries=(queries, ...), reasoning=(REASONING, ...))
-
 def repair_schema(config: Config = Config()) -> dict:
     "JSON schema of the repair planner's reply."
     return reply_schema(repair_reply(config.max_repair_queries))
+
+# %% ../../nbs/22_reveal.planner.ipynb #ab01c0d2
+@functools.lru_cache(maxsize=None)
+def repair_reply(max_queries: int) -> type[ReplyModel]:
+    "The repair planner's reply model: a strategy, up to `max_queries` queries, one sentence."
+    queries = Annotated[list[QUERY], Field(max_length=max_queries)]
+    return create_model('RepairReply', __base__=ReplyModel, strategy=(choice(STRATEGIES), ...),
+                        queries=(queries, ...), reasoning=(REASONING, ...))
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c16
 def repair_prompt(q: Question, view: dict) -> str:

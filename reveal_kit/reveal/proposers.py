@@ -176,16 +176,8 @@ def propose(self: OfflineProposer, pool: RubricPool, working: list[Pair], contex
     new = RubricPool(crits, pool.name, pool.version, False, pool.description, pool.question_types)
     return new, {'types': sorted(choices), 'calls': []}
 
-# %% ../../nbs/26a_reveal.proposers.ipynb #1f7a61d3
-PROPOSER_SYSTEM = (
-    "You refine a rubric pool that decides whether video evidence is sufficient to answer a multiple-choice question. "
-    "You get the pool and contrastive pairs: sufficient evidence E+ that leads to the correct answer and misleading "
-    "evidence E- that is topically relevant but lacks the decisive detail. Propose edits (add, rewrite, decompose, "
-    "delete, reweight) so that every criterion scores E+ higher than E-. A criterion has a snake_case name, a "
-    "description, a positive weight, boundaries for the scores 1, 0.5 and 0, and the question types it applies to. "
-    "Answer with JSON only.")
-
-_LOOSE = ConfigDict(extra='allow', populate_by_name=True)     # the proposer may add keys (cues, …): kept
+# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d1
+_LOOSE = ConfigDict(extra='allow', populate_by_name=True)     # keys the proposer adds (cues…): kept
 _BOUND = Annotated[str, Field(max_length=200)]
 
 class Boundaries(BaseModel):
@@ -195,8 +187,9 @@ class Boundaries(BaseModel):
     s05: _BOUND = Field(alias='0.5')
     s0: _BOUND = Field(alias='0')
 
+# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d2
 class CriterionDraft(BaseModel):
-    "One criterion as a proposer writes it: a snake_case name, the rest taken from the old criterion when absent."
+    "A criterion as a proposer writes it: a snake_case name; what it leaves out comes from the old one."
     model_config = _LOOSE
     name: Annotated[str, Field(pattern=r'^[a-z][a-z0-9_]*$', max_length=64)]
     description: Annotated[str, Field(max_length=300)] = None
@@ -205,22 +198,34 @@ class CriterionDraft(BaseModel):
     question_types: list[choice(QUESTION_TYPES)] = None
     check: choice(OFFLINE_CHECKS) = None
 
+# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d3
 class Edit(CriterionDraft):
-    "One edit of the pool: the operation, the criterion it makes or changes, and the parts of a decomposition."
+    "An edit of the pool: the operation, the criterion it makes or changes, a decomposition's parts."
     model_config = ConfigDict(**_LOOSE, json_schema_extra={'required': ['op', 'name']})
     op: Literal['add', 'rewrite', 'decompose', 'delete', 'reweight']
     parts: Annotated[list[CriterionDraft], Field(max_length=3)] = None
 
+# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d4
 class ProposerReply(BaseModel):
     "The proposer's reply: up to 8 edits, and optional reasoning."
     model_config = _LOOSE
     edits: Annotated[list[Edit], Field(max_length=8)]
     reasoning: REASONING = None
 
+# %% ../../nbs/26a_reveal.proposers.ipynb #1f7a61d3
+PROPOSER_SYSTEM = (
+    "You refine a rubric pool that decides whether video evidence is sufficient to answer a multiple-choice question. "
+    "You get the pool and contrastive pairs: sufficient evidence E+ that leads to the correct answer and misleading "
+    "evidence E- that is topically relevant but lacks the decisive detail. Propose edits (add, rewrite, decompose, "
+    "delete, reweight) so that every criterion scores E+ higher than E-. A criterion has a snake_case name, a "
+    "description, a positive weight, boundaries for the scores 1, 0.5 and 0, and the question types it applies to. "
+    "Answer with JSON only.")
+
 def proposer_schema() -> dict:
     "JSON schema of the proposer's reply: a list of edits."
     return reply_schema(ProposerReply)
 
+# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d5
 def reply_edits(r: ProposerReply) -> list[dict]:
     "The edits of a reply as the proposer wrote them (keys it left out stay out)."
     return [e.model_dump(by_alias=True, exclude_unset=True) for e in r.edits]

@@ -31,16 +31,17 @@ def relevance_score(q: Question, view: EvidenceView) -> float:
         return 0.0
     return float(np.max(tv @ np.asarray(view.vecs, np.float64).T))
 
+# %% ../../nbs/23b_reveal.relevance.ipynb #ab03c0d1
+class RelevanceReply(ReplyModel):
+    "The relevance judge's reply: relevant or not, and an optional sentence why."
+    relevant: bool
+    reasoning: REASONING = ''
+
 # %% ../../nbs/23b_reveal.relevance.ipynb #fda223de
 RELEVANCE_SYSTEM = (
     "You judge whether evidence retrieved from a long video's memory is relevant to a multiple-choice question: "
     "whether it concerns the people, objects, actions or events the question and its options ask about. It need not "
     "be enough to answer. Answer with JSON only.")
-
-class RelevanceReply(ReplyModel):
-    "The relevance judge's reply: relevant or not, and an optional sentence why."
-    relevant: bool
-    reasoning: REASONING = ''
 
 def relevance_schema() -> dict:
     "JSON schema of the relevance judge's reply."

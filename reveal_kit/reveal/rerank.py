@@ -12,7 +12,8 @@ import numpy as np
 from ..core import Config, Question, MemoryItem, Evidence
 from ..text import tokens
 from ..backends.chat import role_call
-from ..backends.replies import SCORE, ReplyModel, keyed_model, keyed_values, parse_reply, reply_schema
+from ..backends.replies import (SCORE, ReplyModel, keyed_model, keyed_values, parse_reply,
+                                         reply_schema)
 from .rubrics import RubricPool
 from .planner import focus, option_events, question_anchor, role_type
 from .offline_checks import EvidenceView
@@ -94,18 +95,19 @@ def relevance_rank(cands: list[Candidate]) -> list[Candidate]:
         c.rank_score = c.score
     return sorted(cands, key=lambda c: -c.score)
 
+# %% ../../nbs/25a_reveal.rerank.ipynb #ab05c0d1
+@functools.lru_cache(maxsize=64)
+def rerank_reply(n: int) -> type[ReplyModel]:
+    "The rerank reply model: `scores`, a score in {0, 0.5, 1} for each candidate number 0…n−1."
+    scores = keyed_model('CandidateScores', tuple(str(i) for i in range(n)), SCORE)
+    return create_model('RerankReply', __base__=ReplyModel, scores=(scores, ...))
+
 # %% ../../nbs/25a_reveal.rerank.ipynb #01cff3b4
 RERANK_SYSTEM = (
     "You rerank evidence retrieved from a long video's memory for a multiple-choice question. Score every numbered "
     "candidate against the selected sufficiency criteria: 1 if it is decisive for at least one criterion (evidence "
     "that rules out an option counts as much as evidence that confirms one), 0.5 if it is relevant but only partial, "
     "0 if it does not help decide among the options. Do not answer the question. Answer with JSON only.")
-
-@functools.lru_cache(maxsize=64)
-def rerank_reply(n: int) -> type[ReplyModel]:
-    "The rerank reply model: `scores`, a score in {0, 0.5, 1} for each candidate number 0…n−1."
-    scores = keyed_model('CandidateScores', tuple(str(i) for i in range(n)), SCORE)
-    return create_model('RerankReply', __base__=ReplyModel, scores=(scores, ...))
 
 def rerank_schema(n: int) -> dict:
     "JSON schema of the rerank reply: a score in {0, 0.5, 1} for each candidate number 0…n−1."

@@ -12,13 +12,14 @@ from fastcore.basics import patch
 from ..core import Config, Question, Evidence
 from ..text import fmt_time
 from ..backends.chat import role_call, offline_role, estimate_tokens
-from ..backends.replies import SCORE, ReplyModel, choice, keyed_model, parse_reply, reply_schema
+from ..backends.replies import (SCORE, ReplyModel, choice, keyed_model, parse_reply,
+                                         reply_schema)
 from .rubrics import RubricPool, load_rubric_pool
 from .planner import REASONING, role_type
 from .offline_checks import EvidenceView, offline_scores
 
 # %% auto #0
-__all__ = ['SELECT_SYSTEM', 'SCORE_SYSTEM', 'MISSING', 'EVIDENCE_TOKENS', 'snap_score', 'sufficiency_score', 'is_sufficient',
+__all__ = ['SELECT_SYSTEM', 'MISSING', 'SCORE_SYSTEM', 'EVIDENCE_TOKENS', 'snap_score', 'sufficiency_score', 'is_sufficient',
            'select_reply', 'select_schema', 'score_reply', 'score_schema', 'token_cap', 'evidence_block',
            'score_prompt', 'VerifierReport', 'Verifier']
 
@@ -47,21 +48,34 @@ def is_sufficient(rho: float, tau: float = 0.7) -> bool:
     "The verdict: sufficient iff ρ ≥ τ."
     return bool(rho >= tau - 1e-12)
 
+# %% ../../nbs/23a_reveal.verifier.ipynb #ab02c0d1
+@functools.lru_cache(maxsize=64)
+def select_reply(names: tuple[str, ...]) -> type[ReplyModel]:
+    "Call 1's reply model: 1…8 criterion names of the pool (fewer in a smaller pool), a sentence."
+    crits = Annotated[list[choice(names)], Field(min_length=1, max_length=min(8, len(names)))]
+    return create_model('SelectReply', __base__=ReplyModel, criteria=(crits, ...),
+                        reasoning=(REASONING, ''))
+
 # %% ../../nbs/23a_reveal.verifier.ipynb #84774595
 SELECT_SYSTEM = (
     "You select evidence-sufficiency criteria for a multiple-choice question about a long video. From the "
     "criterion catalog, return the names of the criteria that the evidence must satisfy to decide among the options "
     "(usually 2-5). Answer with JSON only.")
 
-@functools.lru_cache(maxsize=64)
-def select_reply(names: tuple[str, ...]) -> type[ReplyModel]:
-    "Call 1's reply model: 1…8 criterion names of the pool (its size when smaller), an optional sentence."
-    crits = Annotated[list[choice(names)], Field(min_length=1, max_length=min(8, len(names)))]
-    return create_model('SelectReply', __base__=ReplyModel, criteria=(crits, ...), reasoning=(REASONING, ''))
-
 def select_schema(pool: RubricPool) -> dict:
     "JSON schema of call 1: criterion names from the pool."
     return reply_schema(select_reply(tuple(pool.names)))
+
+# %% ../../nbs/23a_reveal.verifier.ipynb #ab02c0d2
+MISSING = Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=4)]
+
+@functools.lru_cache(maxsize=256)
+def score_reply(letters: tuple[str, ...], names: tuple[str, ...]) -> type[ReplyModel]:
+    "Call 2's reply model: a score per option and criterion, unknown options, ≤ 4 missing facts."
+    table = keyed_model('OptionScores', letters, keyed_model('CriterionScores', names, SCORE))
+    unknown = Annotated[list[choice(letters)], Field(max_length=len(letters))]
+    return create_model('ScoreReply', __base__=ReplyModel, rubric_criteria_scores=(table, ...),
+                        unknown_options=(unknown, ...), missing_evidence_analysis=(MISSING, ...))
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c001f
 SCORE_SYSTEM = (
@@ -70,16 +84,6 @@ SCORE_SYSTEM = (
     "clearly rules out an option is as sufficient as evidence that confirms it. List the options the evidence neither "
     "confirms nor rules out under unknown_options, and name the specific facts still to retrieve under "
     "missing_evidence_analysis. Do not answer the question. Answer with JSON only.")
-
-MISSING = Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=4)]
-
-@functools.lru_cache(maxsize=256)
-def score_reply(letters: tuple[str, ...], names: tuple[str, ...]) -> type[ReplyModel]:
-    "Call 2's reply model: a score per option and criterion, unknown options, up to 4 missing-evidence lines."
-    table = keyed_model('OptionScores', letters, keyed_model('CriterionScores', names, SCORE))
-    unknown = Annotated[list[choice(letters)], Field(max_length=len(letters))]
-    return create_model('ScoreReply', __base__=ReplyModel, rubric_criteria_scores=(table, ...),
-                        unknown_options=(unknown, ...), missing_evidence_analysis=(MISSING, ...))
 
 def score_schema(letters: list[str], names: list[str]) -> dict:
     "JSON schema of call 2 (the paper's strict output: option × criterion scores, unknown options, missing evidence)."
@@ -178,7 +182,8 @@ def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
 def _model_table(r: BaseModel) -> tuple[dict, list[str], list[str]]:
     "(table, unknown options, missing evidence) from a call-2 reply model."
     d = r.model_dump(by_alias=True)
-    table = {o: {n: snap_score(s) for n, s in row.items()} for o, row in d['rubric_criteria_scores'].items()}
+    rows = d['rubric_criteria_scores'].items()
+    table = {o: {n: snap_score(s) for n, s in row.items()} for o, row in rows}
     missing = [m.strip() for m in d['missing_evidence_analysis'] if m.strip()]
     return table, list(dict.fromkeys(d['unknown_options'])), missing
 
