@@ -21,7 +21,7 @@ from .rubrics import question_type
 # %% auto #0
 __all__ = ['QUERY', 'REASONING', 'DECOMPOSE_SYSTEM', 'STRATEGIES', 'REPAIR_SYSTEM', 'focus', 'clip_words', 'join_query',
            'option_events', 'is_negation', 'role_type', 'question_anchor', 'offline_decompose', 'decompose_reply',
-           'decompose_schema', 'decompose_prompt', 'PlanAction', 'repair_schema', 'repair_reply', 'repair_prompt',
+           'decompose_schema', 'decompose_prompt', 'PlanAction', 'repair_reply', 'repair_schema', 'repair_prompt',
            'offline_repair', 'Planner', 'screen_queries', 'uniform_sample']
 
 # %% ../../nbs/22_reveal.planner.ipynb #88db52f4
@@ -178,8 +178,17 @@ def _clean_decomposition(q: Question, raw: list, config: Config) -> tuple[list[s
             notes.append('topped up from offline decomposition')
     return qs, notes
 
-# %% ../../nbs/22_reveal.planner.ipynb #ea19af12
+# %% ../../nbs/22_reveal.planner.ipynb #ab01c0d2
 STRATEGIES = ('Text Retrieval', 'Uniform Sampling')
+
+@functools.lru_cache(maxsize=None)
+def repair_reply(max_queries: int) -> type[ReplyModel]:
+    "The repair planner's reply model: a strategy, up to `max_queries` queries, one sentence."
+    queries = Annotated[list[QUERY], Field(max_length=max_queries)]
+    return create_model('RepairReply', __base__=ReplyModel, strategy=(choice(STRATEGIES), ...),
+                        queries=(queries, ...), reasoning=(REASONING, ...))
+
+# %% ../../nbs/22_reveal.planner.ipynb #ea19af12
 REPAIR_SYSTEM = (
     "You plan the next retrieval step for answering a multiple-choice question about a long video from a memory "
     "of time-stamped segment descriptions. Exactly two actions exist: 'Text Retrieval' with 1-4 focused queries "
@@ -191,14 +200,6 @@ REPAIR_SYSTEM = (
 def repair_schema(config: Config = Config()) -> dict:
     "JSON schema of the repair planner's reply."
     return reply_schema(repair_reply(config.max_repair_queries))
-
-# %% ../../nbs/22_reveal.planner.ipynb #ab01c0d2
-@functools.lru_cache(maxsize=None)
-def repair_reply(max_queries: int) -> type[ReplyModel]:
-    "The repair planner's reply model: a strategy, up to `max_queries` queries, one sentence."
-    queries = Annotated[list[QUERY], Field(max_length=max_queries)]
-    return create_model('RepairReply', __base__=ReplyModel, strategy=(choice(STRATEGIES), ...),
-                        queries=(queries, ...), reasoning=(REASONING, ...))
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c16
 def repair_prompt(q: Question, view: dict) -> str:
