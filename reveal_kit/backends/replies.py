@@ -120,7 +120,8 @@ def repair_messages(messages: list[dict], bad_reply: str, error: str, schema: di
 
 # %% ../../nbs/02_backends.replies.ipynb #a1b2c3d1
 _ORDER = ('type', 'required', 'additionalProperties', 'properties', 'minItems', 'maxItems', 'items',
-          'minLength', 'pattern', 'maxLength', 'enum', 'minimum', 'maximum', 'exclusiveMinimum', 'anyOf')
+          'minLength', 'pattern', 'maxLength', 'enum', 'minimum', 'maximum', 'exclusiveMinimum',
+          'anyOf')
 _DROP = {'title', 'default', 'description', '$defs'}
 
 def _ordered(s: dict) -> dict:
@@ -131,7 +132,7 @@ def _ordered(s: dict) -> dict:
 
 # %% ../../nbs/02_backends.replies.ipynb #a1b2c3d3
 def _tidy(s: Any, defs: dict) -> Any:
-    "A pydantic schema node as the kit writes it: `$ref` inlined, no titles, defaults or descriptions."
+    "A pydantic schema node as the kit writes it: `$ref` inlined; no titles, defaults, descriptions."
     if isinstance(s, list): return [_tidy(x, defs) for x in s]
     if not isinstance(s, dict): return s
     if '$ref' in s:

@@ -179,13 +179,13 @@ def agent_prompt(st: AgentState, last: bool = False, max_chars: int | None = Non
 THOUGHT = Annotated[str, Field(max_length=2000)]
 
 def _object_union(s: dict) -> None:
-    "The call schema as an object and a union, also of one tool (pydantic writes that as the member)."
+    "The call schema as an object and a union, also of one tool (pydantic writes the member)."
     if 'anyOf' not in s: s.update(anyOf=[{k: s.pop(k) for k in list(s) if k != '$defs'}])
     s['type'] = 'object'
 
 @functools.lru_cache(maxsize=64)
 def call_reply(names: tuple[str, ...], letters: tuple[str, ...] | None = None) -> type[RootModel]:
-    "The model of one call `{thought?, tool, arguments}`: a union over the tools `names` (Finish: `letters`)."
+    "The model of one call `{thought?, tool, arguments}`: a union over `names` (Finish: `letters`)."
     one = lambda n: create_model(f"{n}Call", __base__=ReplyModel, thought=(THOUGHT, ''),
                                  tool=(choice([n]), ...), arguments=(tool_args(n, letters), ...))
     root = RootModel[Union[tuple(one(n) for n in names)]]

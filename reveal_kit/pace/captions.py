@@ -43,7 +43,7 @@ def with_transcript(text: str, subtitles: str = '') -> str:
 _TEXTS = Annotated[list[Annotated[str, Field(max_length=160)]], Field(max_length=6)]
 
 class Subject(ReplyModel):
-    "A subject of a clip: a short name, how it looks, who or what it is, when first seen (HH:MM:SS)."
+    "A subject of a clip: a short name, how it looks, who or what it is, first seen (HH:MM:SS)."
     name: Annotated[str, Field(min_length=1, max_length=80)]
     appearance: _TEXTS
     identity: _TEXTS
@@ -56,7 +56,7 @@ def _narration(max_chars: int) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def caption_reply(max_chars: int = 2400) -> type[ReplyModel]:
-    "The reply model of a plain caption: up to 12 subjects and a narration of ≤ `max_chars` characters."
+    "A plain caption's reply model: up to 12 subjects and a narration of ≤ `max_chars` characters."
     subjects = Annotated[list[Subject], Field(max_length=12)]
     return create_model('CaptionReply', __base__=ReplyModel, subjects=(subjects, ...),
                         description=(_narration(max_chars), ...))
@@ -166,14 +166,15 @@ def offline_registry(records: Sequence, top: int = 8) -> list[dict]:
 # %% ../../nbs/30b_pace.captions.ipynb #ab09c0d4
 @functools.lru_cache(maxsize=64)
 def factor_record_reply(fids: tuple[str, ...], max_chars: int = 2400) -> type[ReplyModel]:
-    "The reply model of a factor-conditioned record: the narration, one {id, observed, how} per factor."
+    "A factor-conditioned record's reply model: the narration, one {id, observed, how} per factor."
     how = Annotated[str, Field(max_length=200)]
-    tag = create_model('FactorTag', __base__=ReplyModel, id=(choice(fids), ...), observed=(bool, ...),
-                       how=(how, ...))
+    tag = create_model('FactorTag', __base__=ReplyModel, id=(choice(fids), ...),
+                       observed=(bool, ...), how=(how, ...))
     order = {'x-order': ['type', 'items', 'minItems', 'maxItems']}
     n = len(fids)
     tags = Annotated[list[tag], Field(min_length=n, max_length=n, json_schema_extra=order)]
-    return create_model('RecordReply', __base__=ReplyModel, description=(_narration(max_chars), ...),
+    text = _narration(max_chars)
+    return create_model('RecordReply', __base__=ReplyModel, description=(text, ...),
                         factors=(tags, ...))
 
 # %% ../../nbs/30b_pace.captions.ipynb #e9abd423

@@ -37,7 +37,7 @@ def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50, f
 # %% ../../nbs/31a_pace.inspect.ipynb #ab10c0d1
 @functools.lru_cache(maxsize=16)
 def inspect_reply(max_chars: int = 3200) -> type[ReplyModel]:
-    "The reply model of a look: whether the frames answer the question, the answer (or what they show)."
+    "A look's reply model: whether the frames answer the question, the answer (or what they show)."
     return create_model('InspectReply', __base__=ReplyModel, found=(bool, ...),
                         answer=(Annotated[str, Field(max_length=int(max_chars))], ...))
 

@@ -289,8 +289,8 @@ def query_decompose(self: ToolBox) -> Observation:
         data, rec = role_call(m, 'pace_decompose', DECOMPOSE_SYSTEM, user, schema, self.settings.decompose_max_tokens)
         calls = [rec]
         r = parse_reply(contrastive_reply(tuple(self.q.options)), data)
-        if r: fs = [ContrastiveFactor(f"d{i + 1}", c.criterion, c.criterion, c.rules_in, c.rules_out)
-                    for i, c in enumerate(r.factors)]
+        if r: fs = [ContrastiveFactor(f"d{i + 1}", c.criterion, c.criterion, c.rules_in,
+                                      c.rules_out) for i, c in enumerate(r.factors)]
     self.factors = fs or offline_contrastive_factors(self.q)
     lines = [f"{d.did}: {d.criterion} (rules in {','.join(d.rules_in) or '-'}; out {','.join(d.rules_out) or '-'})"
              for d in self.factors]

@@ -70,7 +70,7 @@ class OracleTeacher:
 # %% ../../nbs/26_reveal.pairs.ipynb #ab06c0d1
 @functools.lru_cache(maxsize=64)
 def teacher_reply(n: int) -> type[ReplyModel]:
-    "The teacher's reply model over n candidates: decisive and misleading numbers (≤ 16 each), why."
+    "The teacher's reply model over n candidates: decisive and misleading numbers (≤ 16 each)."
     item = Annotated[int, Field(ge=0, le=max(n - 1, 0))]
     idx = Annotated[list[item], Field(max_length=min(16, n))]
     return create_model('TeacherReply', __base__=ReplyModel, decisive=(idx, ...),

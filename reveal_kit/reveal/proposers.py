@@ -177,7 +177,7 @@ def propose(self: OfflineProposer, pool: RubricPool, working: list[Pair], contex
     return new, {'types': sorted(choices), 'calls': []}
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d1
-_LOOSE = ConfigDict(extra='allow', populate_by_name=True)     # keys the proposer adds (cues…): kept
+_LOOSE = ConfigDict(extra='allow', populate_by_name=True)   # keys the proposer adds (cues…): kept
 _BOUND = Annotated[str, Field(max_length=200)]
 
 class Boundaries(BaseModel):
@@ -189,7 +189,7 @@ class Boundaries(BaseModel):
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d2
 class CriterionDraft(BaseModel):
-    "A criterion as a proposer writes it: a snake_case name; what it leaves out comes from the old one."
+    "A criterion as a proposer writes it: a snake_case name; what it omits comes from the old one."
     model_config = _LOOSE
     name: Annotated[str, Field(pattern=r'^[a-z][a-z0-9_]*$', max_length=64)]
     description: Annotated[str, Field(max_length=300)] = None
@@ -200,7 +200,7 @@ class CriterionDraft(BaseModel):
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d3
 class Edit(CriterionDraft):
-    "An edit of the pool: the operation, the criterion it makes or changes, a decomposition's parts."
+    "An edit of the pool: the operation, the criterion it makes or changes, the parts."
     model_config = ConfigDict(**_LOOSE, json_schema_extra={'required': ['op', 'name']})
     op: Literal['add', 'rewrite', 'decompose', 'delete', 'reweight']
     parts: Annotated[list[CriterionDraft], Field(max_length=3)] = None
