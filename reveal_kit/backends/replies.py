@@ -6,14 +6,17 @@
 from __future__ import annotations
 import copy, functools, json, re
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any, Literal
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema,
+                      create_model)
 from .messages import assistant_message, message_text, system_message, tool_message, user_message
 
 # %% auto #0
-__all__ = ['parse_json', 'schema_validator', 'schema_error', 'validate_reply', 'bound_schema', 'minimal_instance',
-           'schema_instruction', 'with_schema_instruction', 'repair_messages', 'estimate_tokens', 'split_reasoning',
-           'Completion', 'as_completion', 'ToolCall', 'tool_call_schema', 'parse_tool_call', 'with_tools_prompt',
-           'calls_from_json', 'text_tool_calls']
+__all__ = ['SCORE', 'parse_json', 'schema_validator', 'schema_error', 'validate_reply', 'bound_schema', 'minimal_instance',
+           'schema_instruction', 'with_schema_instruction', 'repair_messages', 'reply_schema', 'ReplyModel',
+           'parse_reply', 'choice', 'keyed_model', 'keyed_values', 'estimate_tokens', 'split_reasoning', 'Completion',
+           'as_completion', 'ToolCall', 'tool_call_schema', 'parse_tool_call', 'with_tools_prompt', 'calls_from_json',
+           'text_tool_calls']
 
 # %% ../../nbs/02_backends.replies.ipynb #243fcba0
 _FENCE = re.compile(r'```(?:json)?\s*(.*?)```', re.S)
@@ -114,6 +117,81 @@ def repair_messages(messages: list[dict], bad_reply: str, error: str, schema: di
     "The conversation that asks the model once more, showing its invalid reply and what was wrong with it."
     return [*messages, assistant_message(bad_reply[:2000]),
             user_message(f"Your reply was invalid ({error[:500]}). {schema_instruction(schema)}")]
+
+# %% ../../nbs/02_backends.replies.ipynb #a1b2c3d1
+_ORDER = ('type', 'required', 'additionalProperties', 'properties', 'minItems', 'maxItems', 'items',
+          'minLength', 'pattern', 'maxLength', 'enum', 'minimum', 'maximum', 'exclusiveMinimum',
+          'anyOf')
+_DROP = {'title', 'default', 'description', '$defs'}
+
+def _ordered(s: dict) -> dict:
+    "A schema node's keys in the kit's order (`x-order` first when the node names one)."
+    first = s.pop('x-order', _ORDER)
+    keys = [k for k in first if k in s] + [k for k in _ORDER if k in s and k not in first]
+    return {k: s[k] for k in keys + [k for k in s if k not in keys]}
+
+# %% ../../nbs/02_backends.replies.ipynb #a1b2c3d3
+def _tidy(s: Any, defs: dict) -> Any:
+    "A pydantic schema node as the kit writes it: `$ref` inlined; no titles, defaults, descriptions."
+    if isinstance(s, list): return [_tidy(x, defs) for x in s]
+    if not isinstance(s, dict): return s
+    if '$ref' in s:
+        s = {**defs[s['$ref'].rsplit('/', 1)[-1]], **{k: v for k, v in s.items() if k != '$ref'}}
+    out = {}
+    for k, v in s.items():
+        if k in _DROP or (k == 'additionalProperties' and v is True): continue
+        if k == 'properties': out[k] = {n: _tidy(x, defs) for n, x in v.items()}
+        else: out[k] = v if k in ('enum', 'required', 'x-order') else _tidy(v, defs)
+    return _ordered(out)
+
+# %% ../../nbs/02_backends.replies.ipynb #a1b2c3d4
+@functools.lru_cache(maxsize=1024)
+def _schema_json(model: type[BaseModel]) -> str:
+    "`reply_schema`'s text, built once per model."
+    s = model.model_json_schema()
+    return json.dumps(_tidy(s, s.get('$defs', {})))
+
+def reply_schema(model: type[BaseModel]) -> dict:
+    "The JSON schema of a reply model as servers get it (a fresh dict each call)."
+    return json.loads(_schema_json(model))
+
+# %% ../../nbs/02_backends.replies.ipynb #a1b2c3d6
+class ReplyModel(BaseModel):
+    "A reply that names every key it may have (`additionalProperties: false`)."
+    model_config = ConfigDict(extra='forbid')
+
+# %% ../../nbs/02_backends.replies.ipynb #a1b2c3d9
+def parse_reply(model: type[BaseModel], data: Any) -> BaseModel | None:
+    "`data` (a parsed JSON reply) as `model`; None when there is none or it does not fit."
+    if data is None: return None
+    try: return model.model_validate(data)
+    except ValidationError: return None
+
+# %% ../../nbs/02_backends.replies.ipynb #a1b2c3dc
+def choice(values) -> Any:
+    "The type of a string that is one of `values` (a JSON schema `enum`, also of one value)."
+    schema = WithJsonSchema({'type': 'string', 'enum': list(values)})
+    return Annotated[Literal[tuple(values)], schema]
+
+def _score(x: float) -> float:
+    "A score in {0, 0.5, 1}, else ValueError."
+    if x not in (0, 0.5, 1): raise ValueError(f"score {x} is not 0, 0.5 or 1")
+    return float(x)
+
+SCORE = Annotated[float, AfterValidator(_score), Field(json_schema_extra={'enum': [0, 0.5, 1]})]
+
+# %% ../../nbs/02_backends.replies.ipynb #a1b2c3de
+@functools.lru_cache(maxsize=256)
+def keyed_model(name: str, keys: tuple[str, ...], value: Any) -> type[BaseModel]:
+    "A reply model whose keys are `keys` (all required, no others), each holding a `value`."
+    fields = {f"k{i}": (value, Field(alias=k)) for i, k in enumerate(keys)}
+    cfg = ConfigDict(extra='forbid', json_schema_extra=None if keys else {'required': []})
+    return create_model(name, __config__=cfg, **fields)
+
+# %% ../../nbs/02_backends.replies.ipynb #ab14c0d1
+def keyed_values(reply: BaseModel) -> dict:
+    "A `keyed_model` reply as a dict by its keys."
+    return reply.model_dump(by_alias=True)
 
 # %% ../../nbs/02_backends.replies.ipynb #63c8b47f
 def estimate_tokens(text: str) -> int:

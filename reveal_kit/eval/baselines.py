@@ -11,22 +11,24 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from pydantic import BaseModel, ConfigDict
 import numpy as np
 from ..core import Config, Question, Evidence, reply_tokens
 from ..text import fmt_time
 from ..record import as_row, call_marks, mark
 from ..backends.chat import is_meaningful, offline_role, role_call
 from ..backends.messages import user_message
+from ..backends.replies import parse_reply, reply_schema
 from ..retrieval.choice import get_text_embedder
 from ..video.subtitles import load_subtitles
 from ..reveal.offline_checks import EvidenceView
 from ..reveal.verifier import EVIDENCE_TOKENS
-from ..reveal.answerer import answer_schema, offline_answer
+from ..reveal.answerer import answer_reply, answer_schema, offline_answer
 
 # %% auto #0
 __all__ = ['ANSWER_SCHEMA', 'DIRECT_TEXT', 'DIRECT_SYSTEM', 'parse_letter', 'text_encoder', 'make_result', 'blind_offline',
-           'blind_prompt', 'blind', 'uniform_timestamps', 'footage_timestamps', 'recorded_spans', 'covering_items',
-           'evidence_view', 'direct_text', 'direct_prompt', 'direct']
+           'blind_prompt', 'BlindReply', 'blind', 'uniform_timestamps', 'footage_timestamps', 'recorded_spans',
+           'covering_items', 'evidence_view', 'direct_text', 'direct_prompt', 'direct']
 
 # %% ../../nbs/41_eval.baselines.ipynb #999cd9ca
 def _letter_patterns(letters: str) -> list[str]:
@@ -89,9 +91,15 @@ def blind_prompt(q: Question) -> str:
     return (f"Answer this multiple-choice question about a video you cannot see, from the question and options alone.\n"
             f"Question: {q.question}\nOptions:\n{q.options_text()}\nReply as JSON: {{\"answer\": \"<letter>\"}}")
 
-# %% ../../nbs/41_eval.baselines.ipynb #7922d302
-ANSWER_SCHEMA = {'type': 'object', 'properties': {'answer': {'type': 'string'}}, 'required': ['answer']}
+# %% ../../nbs/41_eval.baselines.ipynb #ab12c0d1
+class BlindReply(BaseModel):
+    "The blind baseline's reply: any text naming the answer (read by `parse_letter`)."
+    model_config = ConfigDict(json_schema_extra={'x-order': ['type', 'properties', 'required']})
+    answer: str
 
+ANSWER_SCHEMA = reply_schema(BlindReply)
+
+# %% ../../nbs/41_eval.baselines.ipynb #7922d302
 def blind(q: Question, model=None, config: Config | None = None) -> dict:
     "The blind baseline: question and options only (a meaningful model, else the offline embedding prior)."
     t0 = time.time()
@@ -102,7 +110,8 @@ def blind(q: Question, model=None, config: Config | None = None) -> dict:
                            option_scores=scores)
     res = model.chat([user_message(blind_prompt(q))], schema=ANSWER_SCHEMA, role='blind',
                      max_tokens=reply_tokens('blind'))
-    letter = parse_letter(res.data if res.data else res.text, q.options)
+    r = parse_reply(BlindReply, res.data)
+    letter = parse_letter(r.answer if r else res.text, q.options)
     return make_result(q, letter, 'blind', seconds=time.time() - t0, raw=res.text[:500],
                        models={'chat': getattr(model, 'model_id', '?')}, **_usage(res))
 
@@ -218,9 +227,9 @@ def _direct_answer(q: Question, model, images: list | None, text: list[Evidence]
     data, rec = role_call(model, 'direct', DIRECT_SYSTEM, direct_prompt(q, len(images or []), text),
                           answer_schema(list(q.options)), max_tokens=reply_tokens('direct'), images=images or None)
     note = '' if images else 'the model takes no images: frames not sent'
-    letter = str((data or {}).get('answer', '')).strip().upper()[:1]
-    if letter in q.options:
-        return letter, 'model', [rec], note
+    r = parse_reply(answer_reply(tuple(q.options)), data)
+    if r is not None:
+        return r.answer, 'model', [rec], note
     letter, why = _direct_offline(q, text, memory, duration)
     mark(rec, 'offline answerer over the text' if text else 'blind prior')
     return letter, 'fallback', [rec], f"reply unusable ({rec.get('error') or 'no valid letter'}); {why}"

@@ -9,12 +9,15 @@ import json
 import time
 from dataclasses import dataclass, asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence, Union
+import functools
+from pydantic import ConfigDict, Field, RootModel, create_model
 from ..core import Config, Question, load_config, ask_trace_dir, trace_path
 from ..text import fmt_time
 from ..record import PacePart, Result, call_marks, call_substitution, merge_marks, usage_fields
 from ..backends.chat import parse_json, record_dict, is_meaningful, models_record, call_totals
 from ..backends.messages import make_messages, system_message, user_message
+from ..backends.replies import ReplyModel, choice, reply_schema
 from ..backends.models import get_chat_model
 from ..reveal.planner import focus
 from ..reveal.rubrics import question_type
@@ -22,14 +25,16 @@ from .roles import PaceModels, PaceSettings, pace_settings
 from .factors import Factor, extract_factors
 from .index import EvidenceDB, get_pace_dbs, build_factor_db, factor_key, tagger_kind, offline_records
 from .tools import ToolBox, PACE_TOOLS, DVD_TOOLS, TOOL_SPECS
+from .tool_args import tool_args
 from .loop import AgentState, Turn, run_agent, trace_evidence, best_supported, fit_results
 from .dvd import ToolCallPolicy, dvd_messages
 from .needle import needle_recall, judge_rows
 
 # %% auto #0
-__all__ = ['WITHOUT_TOOLS', 'PACE_SPECS', 'PACE_ALIASES', 'TOOL_GUIDE', 'JSON_REPLY', 'PaceSpec', 'get_pace_spec',
-           'OfflinePolicy', 'tool_lines', 'agent_system', 'state_text', 'agent_prompt', 'call_schema', 'ModelPolicy',
-           'make_policy', 'pace_models_of', 'pace_marks', 'answer_pace', 'ask_pace', 'format_pace_summary']
+__all__ = ['WITHOUT_TOOLS', 'PACE_SPECS', 'PACE_ALIASES', 'TOOL_GUIDE', 'JSON_REPLY', 'THOUGHT', 'PaceSpec', 'get_pace_spec',
+           'OfflinePolicy', 'tool_lines', 'agent_system', 'state_text', 'agent_prompt', 'call_reply', 'call_schema',
+           'ModelPolicy', 'make_policy', 'pace_models_of', 'pace_marks', 'answer_pace', 'ask_pace',
+           'format_pace_summary']
 
 # %% ../../nbs/33_pace.agent.ipynb #66edf77b
 @dataclass(frozen=True)
@@ -174,17 +179,26 @@ def agent_prompt(st: AgentState, last: bool = False, max_chars: int | None = Non
                                      if last else '')
     return '\n\n'.join([head] + (["Steps so far:\n\n" + '\n\n'.join(steps)] if steps else []) + [tail])
 
+# %% ../../nbs/33_pace.agent.ipynb #ab13c0d1
+THOUGHT = Annotated[str, Field(max_length=2000)]
+
+def _object_union(s: dict) -> None:
+    "The call schema as an object and a union, also of one tool (pydantic writes the member)."
+    if 'anyOf' not in s: s.update(anyOf=[{k: s.pop(k) for k in list(s) if k != '$defs'}])
+    s['type'] = 'object'
+
+@functools.lru_cache(maxsize=64)
+def call_reply(names: tuple[str, ...], letters: tuple[str, ...] | None = None) -> type[RootModel]:
+    "The model of one call `{thought?, tool, arguments}`: a union over `names` (Finish: `letters`)."
+    one = lambda n: create_model(f"{n}Call", __base__=ReplyModel, thought=(THOUGHT, ''),
+                                 tool=(choice([n]), ...), arguments=(tool_args(n, letters), ...))
+    root = RootModel[Union[tuple(one(n) for n in names)]]
+    return type('CallReply', (root,), {'model_config': ConfigDict(json_schema_extra=_object_union)})
+
 # %% ../../nbs/33_pace.agent.ipynb #db3b37e4
 def call_schema(names: Sequence[str], letters: Sequence[str] | None = None) -> dict:
     "JSON schema of one tool call `{thought?, tool, arguments}`: a union over the tools `names` (Finish: `letters`)."
-    def one(n):
-        params = TOOL_SPECS[n]['parameters']
-        if n == 'Finish' and letters:
-            params = dict(params, properties={'answer': {'type': 'string', 'enum': list(letters)}})
-        return {'type': 'object', 'required': ['tool', 'arguments'], 'additionalProperties': False,
-                'properties': {'thought': {'type': 'string', 'maxLength': 2000},
-                               'tool': {'type': 'string', 'enum': [n]}, 'arguments': params}}
-    return {'type': 'object', 'anyOf': [one(n) for n in names]}
+    return reply_schema(call_reply(tuple(names), tuple(letters) if letters else None))
 
 # %% ../../nbs/33_pace.agent.ipynb #bab53e76
 def _loose_call(text: str, error: str | None) -> tuple[Any, Any, str | None]:

@@ -6,19 +6,23 @@
 from __future__ import annotations
 import json
 import math
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence
+import functools
+from pydantic import Field, create_model
 import numpy as np
 from ..core import Config
 from ..record import mark
 from ..text import content_words, fmt_time
 from ..backends.chat import role_call, offline_role
+from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from ..video.captioning import PerceptualCaptioner
 from .factors import Factor
 
 # %% auto #0
-__all__ = ['CLIP_SYSTEM', 'CAPTION_TASK', 'REGISTRY_SYSTEM', 'RECORD_TASK', 'clip_header', 'with_transcript', 'caption_schema',
-           'plain_caption', 'registry_schema', 'union_subjects', 'merge_registry', 'offline_registry',
-           'factor_record_schema', 'factor_record_prompt', 'model_record']
+__all__ = ['CLIP_SYSTEM', 'CAPTION_TASK', 'REGISTRY_SYSTEM', 'RECORD_TASK', 'clip_header', 'with_transcript', 'Subject',
+           'caption_reply', 'caption_schema', 'plain_caption', 'RegistryReply', 'registry_schema', 'union_subjects',
+           'merge_registry', 'offline_registry', 'factor_record_reply', 'factor_record_schema', 'factor_record_prompt',
+           'model_record']
 
 # %% ../../nbs/30b_pace.captions.ipynb #2f08bc2e
 CLIP_SYSTEM = "You describe one short clip of a long video for a searchable index. Answer with JSON only."
@@ -36,13 +40,29 @@ def with_transcript(text: str, subtitles: str = '') -> str:
     "A model's clip description with the clip's transcript appended (unchanged without one)."
     return f'{text} Transcript during this clip: "{subtitles}".' if subtitles else text
 
+# %% ../../nbs/30b_pace.captions.ipynb #ab09c0d1
+_TEXTS = Annotated[list[Annotated[str, Field(max_length=160)]], Field(max_length=6)]
+
+class Subject(ReplyModel):
+    "A subject of a clip: a short name, how it looks, who or what it is, first seen (HH:MM:SS)."
+    name: Annotated[str, Field(min_length=1, max_length=80)]
+    appearance: _TEXTS
+    identity: _TEXTS
+    first_seen: Annotated[str, Field(pattern='^[0-9]{1,2}:[0-9]{2}:[0-9]{2}$')]
+
+# %% ../../nbs/30b_pace.captions.ipynb #ab09c0d2
+def _narration(max_chars: int) -> Any:
+    "A clip narration of 1…`max_chars` characters."
+    return Annotated[str, Field(min_length=1, max_length=int(max_chars))]
+
+@functools.lru_cache(maxsize=16)
+def caption_reply(max_chars: int = 2400) -> type[ReplyModel]:
+    "A plain caption's reply model: up to 12 subjects and a narration of ≤ `max_chars` characters."
+    subjects = Annotated[list[Subject], Field(max_length=12)]
+    return create_model('CaptionReply', __base__=ReplyModel, subjects=(subjects, ...),
+                        description=(_narration(max_chars), ...))
+
 # %% ../../nbs/30b_pace.captions.ipynb #b5576cb6
-_TEXTS = {'type': 'array', 'maxItems': 6, 'items': {'type': 'string', 'maxLength': 160}}
-_SUBJECT = {'type': 'object', 'required': ['name', 'appearance', 'identity', 'first_seen'],
-            'additionalProperties': False,
-            'properties': {'name': {'type': 'string', 'minLength': 1, 'maxLength': 80},
-                           'appearance': _TEXTS, 'identity': _TEXTS,
-                           'first_seen': {'type': 'string', 'pattern': '^[0-9]{1,2}:[0-9]{2}:[0-9]{2}$'}}}
 CAPTION_TASK = (
     'Return JSON with "subjects": every person, animal or notable object seen in the clip, each with a short "name" '
     '(a short identity when the name is unknown), "appearance" (a list of how it looks), "identity" (a list of who or '
@@ -52,9 +72,7 @@ CAPTION_TASK = (
 
 def caption_schema(max_chars: int = 2400) -> dict:
     "JSON schema of a plain caption: the clip's subjects and a narration of at most `max_chars` characters."
-    return {'type': 'object', 'required': ['subjects', 'description'], 'additionalProperties': False,
-            'properties': {'subjects': {'type': 'array', 'maxItems': 12, 'items': _SUBJECT},
-                           'description': {'type': 'string', 'minLength': 1, 'maxLength': int(max_chars)}}}
+    return reply_schema(caption_reply(int(max_chars)))
 
 # %% ../../nbs/30b_pace.captions.ipynb #7fc97a4e
 def _perceptual(config: Config, clip_s: float) -> PerceptualCaptioner:
@@ -80,9 +98,17 @@ def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles:
     user = f"{clip_header(t0, t1, subtitles, '' if imgs else text, len(frames))}\n\n{CAPTION_TASK}"
     data, rec = role_call(model, 'pace_caption', CLIP_SYSTEM, user, caption_schema(4 * max_tokens), max_tokens,
                           images=imgs)
-    if not data: return text, dict(meta, fallback='offline-perceptual'), [mark(rec, 'offline caption')]
-    meta['subjects'] = data['subjects']
-    return with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {data['description']}", subtitles), meta, [rec]
+    r = parse_reply(caption_reply(4 * max_tokens), data)
+    if r is None: return text, dict(meta, fallback='offline-perceptual'), [mark(rec, 'offline caption')]
+    meta['subjects'] = data['subjects']          # as the model wrote them (their key order kept)
+    text = with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {r.description}", subtitles)
+    return text, meta, [rec]
+
+
+# %% ../../nbs/30b_pace.captions.ipynb #ab09c0d3
+class RegistryReply(ReplyModel):
+    "A merged registry: up to 40 subjects in the clips' subject format."
+    subjects: Annotated[list[Subject], Field(max_length=40)]
 
 # %% ../../nbs/30b_pace.captions.ipynb #c1c796a6
 REGISTRY_SYSTEM = (
@@ -92,8 +118,7 @@ REGISTRY_SYSTEM = (
 
 def registry_schema() -> dict:
     "JSON schema of a merged registry `{subjects: [...]}` (the clips' subject format)."
-    return {'type': 'object', 'required': ['subjects'], 'additionalProperties': False,
-            'properties': {'subjects': {'type': 'array', 'maxItems': 40, 'items': _SUBJECT}}}
+    return reply_schema(RegistryReply)
 
 # %% ../../nbs/30b_pace.captions.ipynb #f03febf7
 def union_subjects(lists: Sequence[Sequence[dict]]) -> list[dict]:
@@ -126,8 +151,9 @@ def merge_registry(model: Any, lists: Sequence[Sequence[dict]], max_tokens: int 
             user = "Subject lists of the clips, in time order:\n" + json.dumps(b, ensure_ascii=False)
             data, rec = role_call(model, 'pace_registry', REGISTRY_SYSTEM, user, registry_schema(), max_tokens)
             calls.append(rec)
-            merged.append(data['subjects'] if data else union_subjects(b))
-            if not data: mark(rec, 'name union')
+            ok = parse_reply(RegistryReply, data) is not None
+            merged.append(data['subjects'] if ok else union_subjects(b))
+            if not ok: mark(rec, 'name union')
         parts = merged
     return (parts[0] if parts else []), calls
 
@@ -141,6 +167,20 @@ def offline_registry(records: Sequence, top: int = 8) -> list[dict]:
     return [dict(name=w, first_seen=fmt_time(min(ts), hours=True), clips=len(ts), source='on-screen text')
             for w, ts in rank]
 
+# %% ../../nbs/30b_pace.captions.ipynb #ab09c0d4
+@functools.lru_cache(maxsize=64)
+def factor_record_reply(fids: tuple[str, ...], max_chars: int = 2400) -> type[ReplyModel]:
+    "A factor-conditioned record's reply model: the narration, one {id, observed, how} per factor."
+    how = Annotated[str, Field(max_length=200)]
+    tag = create_model('FactorTag', __base__=ReplyModel, id=(choice(fids), ...),
+                       observed=(bool, ...), how=(how, ...))
+    order = {'x-order': ['type', 'items', 'minItems', 'maxItems']}
+    n = len(fids)
+    tags = Annotated[list[tag], Field(min_length=n, max_length=n, json_schema_extra=order)]
+    text = _narration(max_chars)
+    return create_model('RecordReply', __base__=ReplyModel, description=(text, ...),
+                        factors=(tags, ...))
+
 # %% ../../nbs/30b_pace.captions.ipynb #e9abd423
 RECORD_TASK = (
     "The question this index is built for asks about the factors below (its answer options are not given):\n"
@@ -150,13 +190,7 @@ RECORD_TASK = (
 
 def factor_record_schema(factors: Sequence[Factor], max_chars: int = 2400) -> dict:
     "JSON schema of a factor-conditioned record: the narration and one {id, observed, how} per factor."
-    tag = {'type': 'object', 'required': ['id', 'observed', 'how'], 'additionalProperties': False,
-           'properties': {'id': {'type': 'string', 'enum': [f.fid for f in factors]}, 'observed': {'type': 'boolean'},
-                          'how': {'type': 'string', 'maxLength': 200}}}
-    return {'type': 'object', 'required': ['description', 'factors'], 'additionalProperties': False,
-            'properties': {'description': {'type': 'string', 'minLength': 1, 'maxLength': int(max_chars)},
-                           'factors': {'type': 'array', 'items': tag, 'minItems': len(factors),
-                                       'maxItems': len(factors)}}}
+    return reply_schema(factor_record_reply(tuple(f.fid for f in factors), int(max_chars)))
 
 # %% ../../nbs/30b_pace.captions.ipynb #c74063ae
 def factor_record_prompt(t0: float, t1: float, factors: Sequence[Factor], subtitles: str = '', facts: str = '',
@@ -175,8 +209,9 @@ def model_record(model: Any, frames: Sequence[np.ndarray], t0: float, t1: float,
     user = factor_record_prompt(t0, t1, factors, subtitles, '' if imgs else facts, len(frames))
     data, rec = role_call(model, 'pace_index', CLIP_SYSTEM, user, factor_record_schema(factors, 4 * max_tokens),
                           max_tokens, images=imgs)
-    if not data: return None, None, [mark(rec, 'lexical tagger')]
+    r = parse_reply(factor_record_reply(tuple(f.fid for f in factors), 4 * max_tokens), data)
+    if r is None: return None, None, [mark(rec, 'lexical tagger')]
     tags = {f.fid: dict(observed=False, how='', cover=None, score=None) for f in factors}
-    for d in data['factors']: tags[d['id']] = dict(observed=bool(d['observed']), how=d['how'], cover=None, score=None)
-    text = with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {data['description']}", subtitles)
+    for d in r.factors: tags[d.id] = dict(observed=d.observed, how=d.how, cover=None, score=None)
+    text = with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {r.description}", subtitles)
     return text, tags, [rec]

@@ -6,15 +6,18 @@
 from __future__ import annotations
 import re
 from dataclasses import dataclass, asdict
-from typing import Any
+from typing import Annotated, Any
+import functools
+from pydantic import Field, create_model
 from ..core import Config
 from ..text import STOPWORDS, tokens
 from ..backends.chat import role_call, offline_role
+from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from ..reveal.planner import focus
 
 # %% auto #0
-__all__ = ['FACTOR_KINDS', 'FACTOR_SYSTEM', 'Factor', 'factor_budget', 'factor_prompt', 'factor_schema', 'question_phrases',
-           'fit_phrases', 'offline_factors', 'extract_factors']
+__all__ = ['FACTOR_KINDS', 'FACTOR_SYSTEM', 'Factor', 'factor_budget', 'factor_prompt', 'FactorItem', 'factor_reply',
+           'factor_schema', 'question_phrases', 'fit_phrases', 'offline_factors', 'extract_factors']
 
 # %% ../../nbs/30_pace.factors.ipynb #5af12dfb
 FACTOR_KINDS = ('entity', 'action', 'relation', 'attribute', 'temporal')
@@ -52,14 +55,23 @@ def factor_prompt(question: str, lo: int, hi: int) -> str:
     return (f"Question: {question.strip()}\n\nReturn {n} factors, most important first, as "
             '{"factors": [{"text": "...", "kind": "entity|action|relation|attribute|temporal"}]}.')
 
+# %% ../../nbs/30_pace.factors.ipynb #ab08c0d1
+class FactorItem(ReplyModel):
+    "One factor as the model writes it: a short text and its kind."
+    text: Annotated[str, Field(min_length=1, max_length=80)]
+    kind: choice(FACTOR_KINDS)
+
+# %% ../../nbs/30_pace.factors.ipynb #ab08c0d2
+@functools.lru_cache(maxsize=16)
+def factor_reply(lo: int, hi: int) -> type[ReplyModel]:
+    "The factor reply model: `lo`…`hi` factors."
+    items = Annotated[list[FactorItem], Field(min_length=lo, max_length=hi)]
+    return create_model('FactorReply', __base__=ReplyModel, factors=(items, ...))
+
 # %% ../../nbs/30_pace.factors.ipynb #1c87b37a
 def factor_schema(lo: int, hi: int) -> dict:
     "JSON schema of the factor reply: `lo`…`hi` factors, each a short text and a kind."
-    item = {'type': 'object', 'required': ['text', 'kind'], 'additionalProperties': False,
-            'properties': {'text': {'type': 'string', 'minLength': 1, 'maxLength': 80},
-                           'kind': {'type': 'string', 'enum': list(FACTOR_KINDS)}}}
-    return {'type': 'object', 'required': ['factors'], 'additionalProperties': False,
-            'properties': {'factors': {'type': 'array', 'minItems': lo, 'maxItems': hi, 'items': item}}}
+    return reply_schema(factor_reply(lo, hi))
 
 # %% ../../nbs/30_pace.factors.ipynb #f4382326
 _CONNECT = ('after', 'before', 'then', 'while', 'during', 'when', 'until', 'because')
@@ -144,7 +156,9 @@ def extract_factors(question: str, model: Any = None, config: Config = Config(),
     if offline_role(model): return offline_factors(question, lo, hi), 'offline', []
     data, rec = role_call(model, 'pace_factors', FACTOR_SYSTEM, factor_prompt(question, lo, hi),
                           factor_schema(lo, hi), max_tokens=max_tokens)
-    got = _model_factors(data, lo, hi)
+    r = parse_reply(factor_reply(lo, hi), data)
+    got = _model_factors(r and r.model_dump(), lo, hi)
     if got is not None: return got, 'model', [rec]
     fixed = _repaired(data, question, lo, hi)
     return (fixed, 'model+offline', [rec]) if fixed else (offline_factors(question, lo, hi), 'fallback', [rec])
+

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
+import functools
+from pydantic import Field, create_model
 import numpy as np
 from ..io import append_jsonl, read_jsonl_rows
+from ..backends.replies import ReplyModel, reply_schema
 from ..video.captioning import ocr_text, PerceptualCaptioner
 from .index import time_label
 
 # %% auto #0
 __all__ = ['INSPECT_SYSTEM', 'INSPECT_TASK', 'NOT_FOUND', 'OFFLINE_READ_FRAMES', 'READING_VERSION', 'inspect_times',
-           'inspect_schema', 'look_text', 'offline_reading', 'reading_key', 'ReadingMemo']
+           'inspect_reply', 'inspect_schema', 'look_text', 'offline_reading', 'reading_key', 'ReadingMemo']
 
 # %% ../../nbs/31a_pace.inspect.ipynb #7196f6e9
 def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50, fps: float = 2.0) -> list[float]:
@@ -31,6 +34,13 @@ def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50, f
     if len(times) <= max_frames: return times
     return [times[int(j)] for j in np.unique(np.linspace(0, len(times) - 1, max_frames).round())]
 
+# %% ../../nbs/31a_pace.inspect.ipynb #ab10c0d1
+@functools.lru_cache(maxsize=16)
+def inspect_reply(max_chars: int = 3200) -> type[ReplyModel]:
+    "A look's reply model: whether the frames answer the question, the answer (or what they show)."
+    return create_model('InspectReply', __base__=ReplyModel, found=(bool, ...),
+                        answer=(Annotated[str, Field(max_length=int(max_chars))], ...))
+
 # %% ../../nbs/31a_pace.inspect.ipynb #a2d6cadc
 INSPECT_SYSTEM = "You look at frames of a long video and answer questions about what they show. Answer with JSON only."
 INSPECT_TASK = (
@@ -41,8 +51,7 @@ INSPECT_TASK = (
 
 def inspect_schema(max_chars: int = 3200) -> dict:
     "JSON schema of a look: whether the frames answer the question, and the answer (or what they show)."
-    return {'type': 'object', 'required': ['found', 'answer'], 'additionalProperties': False,
-            'properties': {'found': {'type': 'boolean'}, 'answer': {'type': 'string', 'maxLength': int(max_chars)}}}
+    return reply_schema(inspect_reply(int(max_chars)))
 
 # %% ../../nbs/31a_pace.inspect.ipynb #7cbbc3c0
 NOT_FOUND = "Nothing in the given time range(s) answers the question."

@@ -7,16 +7,18 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence
+from pydantic import Field
 from ..core import Question, safe_name, REPLY_TOKENS
 from ..text import content_words, fmt_time, hms_to_seconds
 from ..io import append_jsonl, read_jsonl_rows
 from ..backends.chat import role_call, is_meaningful
+from ..backends.replies import ReplyModel, parse_reply, reply_schema
 
 # %% auto #0
-__all__ = ['NEEDLE_MIN_COVER', 'JUDGE_SYSTEM', 'JUDGE_SCHEMA', 'cue_recovered', 'needle_recall', 'browse_rows', 'judge_rows',
-           'judge_prompt', 'model_judge', 'judge_name', 'judge_result', 'needles_path', 'judge_failed', 'judge_run',
-           'judged_needles']
+__all__ = ['NEEDLE_MIN_COVER', 'JUDGE_SCHEMA', 'JUDGE_SYSTEM', 'cue_recovered', 'needle_recall', 'browse_rows', 'judge_rows',
+           'JudgeReply', 'judge_prompt', 'model_judge', 'judge_name', 'judge_result', 'needles_path', 'judge_failed',
+           'judge_run', 'judged_needles']
 
 # %% ../../nbs/32c_pace.needle.ipynb #d04c5e05
 NEEDLE_MIN_COVER = 0.8
@@ -69,14 +71,19 @@ def judge_rows(result: dict) -> list[dict]:
     rows = [e for e in result.get('evidence') or [] if 'text' in e]
     return [x for e in rows for x in (browse_rows(e) if e.get('source') == 'GlobalBrowse' else [e])]
 
+# %% ../../nbs/32c_pace.needle.ipynb #ab11c0d1
+class JudgeReply(ReplyModel):
+    "The needle judge's reply: whether the cue is in the evidence, and why."
+    found: bool
+    why: Annotated[str, Field(max_length=400)]
+
+JUDGE_SCHEMA = reply_schema(JudgeReply)
+
 # %% ../../nbs/32c_pace.needle.ipynb #b47b532a
 JUDGE_SYSTEM = (
     "You check whether the evidence a video question-answering system collected contains a given visual cue. The cue "
     "counts as found when some evidence describes what the cue describes (the same event, object or detail, in any "
     "words), whether or not the system answered correctly. Answer with JSON only.")
-JUDGE_SCHEMA = {'type': 'object', 'required': ['found', 'why'], 'additionalProperties': False,
-                'properties': {'found': {'type': 'boolean'}, 'why': {'type': 'string', 'maxLength': 400}}}
-
 def _row_line(d: dict) -> str:
     "One evidence row for the judge, with its time range when it has one."
     text = ' '.join(str(d.get('text', '')).split())
@@ -99,7 +106,8 @@ def model_judge(model: Any, q: Question, rows: Sequence[dict], max_tokens: int =
         data, rec = role_call(model, 'needle_judge', JUDGE_SYSTEM, judge_prompt(q, cue, rows, max_chars), JUDGE_SCHEMA,
                               max_tokens)
         calls.append(rec)
-        verdicts.append(None if data is None else dict(cue=cue, found=bool(data['found']), why=data['why']))
+        r = parse_reply(JudgeReply, data)
+        verdicts.append(None if r is None else dict(cue=cue, found=r.found, why=r.why))
     found = [v['found'] for v in verdicts if v is not None]
     return (sum(found) / len(q.cues) if len(found) == len(q.cues) else None), verdicts, calls
 

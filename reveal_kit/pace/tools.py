@@ -15,6 +15,7 @@ from fastcore.basics import patch
 from ..core import Config, Question
 from ..text import content_words, fmt_time, hms_to_seconds
 from ..backends.chat import role_call
+from ..backends.replies import parse_reply, reply_schema
 from ..video.frames import probe_video, read_frames_at, VideoError
 from ..video.captioning import extractive_summary
 from ..reveal.planner import focus
@@ -23,8 +24,11 @@ from ..reveal.rubrics import question_type
 from .roles import PaceModels, pace_settings
 from .captions import offline_registry
 from .index import EvidenceDB, ClipRecord, time_label, frame_width
-from .inspect import (inspect_times, INSPECT_SYSTEM, INSPECT_TASK, inspect_schema, look_text,
-                                     offline_reading, reading_key, ReadingMemo)
+from .tool_args import (BROWSE_SCHEMA, BrowseReply, ClipSearchArgs, EvidenceRetrieveArgs,
+                                       FinishArgs, FrameInspectArgs, GlobalBrowseArgs, QueryDecomposeArgs,
+                                       contrastive_reply, tool_args)
+from .inspect import (inspect_times, INSPECT_SYSTEM, INSPECT_TASK, inspect_reply, inspect_schema,
+                                     look_text, offline_reading, reading_key, ReadingMemo)
 
 # %% auto #0
 __all__ = ['TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'RETRIEVE_TOPK', 'TAG_BONUS', 'BROWSE_SYSTEM',
@@ -33,37 +37,27 @@ __all__ = ['TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'RETRIEV
            'check_call']
 
 # %% ../../nbs/32_pace.tools.ipynb #30dd98cd
-_HMS = {'type': 'string', 'pattern': '^[0-9]{1,2}(:[0-9]{2}){1,2}$'}
-_RANGE = {'type': 'array', 'minItems': 2, 'maxItems': 2, 'items': _HMS}
-_obj = lambda req, **props: {'type': 'object', 'required': list(req), 'additionalProperties': False,
-                             'properties': props}
 TOOL_SPECS = {
     'GlobalBrowse': dict(description="The subjects of the whole video and the events related to a query, as JSON "
                          "{subject_registry, query_related_event}, summarized from the clip descriptions most "
-                         "similar to the query.", parameters=_obj(['query'], query={'type': 'string', 'minLength': 1})),
+                         "similar to the query.", parameters=reply_schema(GlobalBrowseArgs)),
     'ClipSearch': dict(description="The full descriptions of the top_k clips most similar to an event description, "
                        "each prefixed with its [HH:MM:SS–HH:MM:SS] time range, in time order (keep the default "
                        "top_k).",
-                       parameters=_obj(['event_description'], event_description={'type': 'string', 'minLength': 1},
-                                       top_k={'type': 'integer', 'minimum': 1, 'maximum': 64,
-                                              'default': 16})),        # DVD's clip_search_tool: top_k = 16
+                       parameters=(s := reply_schema(ClipSearchArgs))       # DVD's clip_search_tool: top_k = 16
+                       | {'properties': s['properties'] | {'top_k': s['properties']['top_k'] | {'default': 16}}}),
     'FrameInspect': dict(description="Look at the frames of time ranges [[start, end], …] (HH:MM:SS; up to 50 frames "
                          "over them, at most 2 per second) and answer a detailed question about what they show (the "
                          "question without the times); it says so when nothing there answers it.",
-                         parameters=_obj(['question', 'time_ranges_hhmmss'],
-                                         question={'type': 'string', 'minLength': 1},
-                                         time_ranges_hhmmss={'type': 'array', 'minItems': 1, 'maxItems': 8,
-                                                             'items': _RANGE})),
+                         parameters=reply_schema(FrameInspectArgs)),
     'QueryDecompose': dict(description="Once per question: contrastive factors that distinguish the options, each "
                            "with the options it rules in and out.",
-                           parameters={'type': 'object', 'additionalProperties': False, 'properties': {}}),
+                           parameters=reply_schema(QueryDecomposeArgs)),
     'EvidenceRetrieve': dict(description="The top-k records whose factor tags or text match one contrastive factor "
                              "(its id, e.g. 'd1', or a criterion text).",
-                             parameters={'type': 'object', 'required': ['factor'], 'additionalProperties': False,
-                                         'properties': {'factor': {'type': 'string', 'minLength': 1}}}),
+                             parameters=reply_schema(EvidenceRetrieveArgs)),
     'Finish': dict(description="Commit to the final answer: one option letter.",
-                   parameters={'type': 'object', 'required': ['answer'], 'additionalProperties': False,
-                               'properties': {'answer': {'type': 'string', 'minLength': 1, 'maxLength': 3}}}),
+                   parameters=reply_schema(FinishArgs)),
 }
 PACE_TOOLS = tuple(TOOL_SPECS)
 DVD_TOOLS = ('GlobalBrowse', 'ClipSearch', 'FrameInspect', 'Finish')
@@ -71,7 +65,7 @@ DVD_TOOLS = ('GlobalBrowse', 'ClipSearch', 'FrameInspect', 'Finish')
 def _spec(n: str, letters: Sequence[str] | None) -> dict:
     "One tool's spec; Finish's answer restricted to `letters` when given."
     if n != 'Finish' or not letters: return TOOL_SPECS[n]
-    return dict(TOOL_SPECS[n], parameters=_obj(['answer'], answer={'type': 'string', 'enum': list(letters)}))
+    return dict(TOOL_SPECS[n], parameters=reply_schema(tool_args(n, tuple(letters))))
 
 def tool_schemas(names: Sequence[str] = PACE_TOOLS, letters: Sequence[str] | None = None) -> list[dict]:
     "The tools as OpenAI function specs `{type: 'function', function: {name, description, parameters}}`."
@@ -168,12 +162,7 @@ DECOMPOSE_SYSTEM = (
 
 def contrastive_schema(letters: list[str]) -> dict:
     "JSON schema of the QueryDecompose reply."
-    L = {'type': 'array', 'items': {'type': 'string', 'enum': letters}, 'maxItems': len(letters)}
-    item = {'type': 'object', 'required': ['criterion', 'rules_in', 'rules_out'], 'additionalProperties': False,
-            'properties': {'criterion': {'type': 'string', 'minLength': 1, 'maxLength': 160}, 'rules_in': L,
-                           'rules_out': L}}
-    return {'type': 'object', 'required': ['factors'], 'additionalProperties': False,
-            'properties': {'factors': {'type': 'array', 'minItems': 1, 'maxItems': 5, 'items': item}}}
+    return reply_schema(contrastive_reply(tuple(letters)))
 
 # %% ../../nbs/32_pace.tools.ipynb #a1d47f31
 RETRIEVE_TOPK = 8
@@ -234,9 +223,10 @@ def global_browse(self: ToolBox, query: str) -> Observation:
                                 300) if hits else ''
     if m is not None and hits:
         user = BROWSE_TASK.format(query=query, captions=_browse_captions(hits, 4 * self.settings.history_tokens))
-        schema = {'type': 'object', 'required': ['answer'], 'properties': {'answer': {'type': 'string'}}}
-        data, rec = role_call(m, 'pace_browse', BROWSE_SYSTEM, user, schema, self.settings.tool_max_tokens)
-        calls, events = [rec], (data or {}).get('answer', events)
+        data, rec = role_call(m, 'pace_browse', BROWSE_SYSTEM, user, BROWSE_SCHEMA,
+                              self.settings.tool_max_tokens)
+        r = parse_reply(BrowseReply, data)
+        calls, events = [rec], (r.answer if r else events)
     text = json.dumps({'subject_registry': reg, 'query_related_event': events}, ensure_ascii=False)
     self.browsed.append(dict(item_id=f"browse@{len(self.browsed)}", level=0, t_start=0.0, t_end=self.duration,
                              text=text, score=0.0, source='GlobalBrowse', observed=[]))
@@ -299,8 +289,9 @@ def query_decompose(self: ToolBox) -> Observation:
         schema = contrastive_schema(list(self.q.options))
         data, rec = role_call(m, 'pace_decompose', DECOMPOSE_SYSTEM, user, schema, self.settings.decompose_max_tokens)
         calls = [rec]
-        if data: fs = [ContrastiveFactor(f"d{i + 1}", d['criterion'], d['criterion'], d['rules_in'], d['rules_out'])
-                       for i, d in enumerate(data['factors'])]
+        r = parse_reply(contrastive_reply(tuple(self.q.options)), data)
+        if r: fs = [ContrastiveFactor(f"d{i + 1}", c.criterion, c.criterion, c.rules_in,
+                                      c.rules_out) for i, c in enumerate(r.factors)]
     self.factors = fs or offline_contrastive_factors(self.q)
     lines = [f"{d.did}: {d.criterion} (rules in {','.join(d.rules_in) or '-'}; out {','.join(d.rules_out) or '-'})"
              for d in self.factors]
@@ -348,9 +339,11 @@ def _vlm_look(model: Any, question: str, ranges: list, frames: list, rows: list[
     user = INSPECT_TASK.format(ranges=', '.join(time_label(a, b) for a, b in ranges), question=question)
     data, rec = role_call(model, 'pace_inspect', INSPECT_SYSTEM, user, inspect_schema(4 * max_tokens), max_tokens,
                           images=[f.rgb for f in frames])
-    if not data: return None, [rec]
-    for r in rows: r['text'] = f"{time_label(r['t_start'], r['t_end'])} {look_text(data)}"
-    return look_text(data), [rec]
+    look = parse_reply(inspect_reply(4 * max_tokens), data)
+    if look is None: return None, [rec]
+    text = look_text(look.model_dump())
+    for r in rows: r['text'] = f"{time_label(r['t_start'], r['t_end'])} {text}"
+    return text, [rec]
 
 def _mark_inspected(factors: list | None, ranges: list) -> None:
     "Contrastive factors whose retrieved ranges overlap an inspected range are addressed by inspection."

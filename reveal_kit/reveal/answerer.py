@@ -5,12 +5,15 @@
 # %% ../../nbs/24_reveal.answerer.ipynb #cf909450
 from __future__ import annotations
 from dataclasses import dataclass, field, asdict
-from typing import Any
+from typing import Annotated, Any
+import functools
+from pydantic import Field, create_model
 import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, Evidence, reply_tokens
 from ..record import mark
 from ..backends.chat import role_call, offline_role
+from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from .rubrics import RubricPool, load_rubric_pool
 from .planner import focus, option_events, question_anchor, role_type
 from .offline_checks import (EvidenceView, SUPPORT_LO, count_instances, option_common_words,
@@ -18,7 +21,7 @@ from .offline_checks import (EvidenceView, SUPPORT_LO, count_instances, option_c
 from .verifier import EVIDENCE_TOKENS, evidence_block
 
 # %% auto #0
-__all__ = ['ANSWER_SYSTEM', 'AnswerResult', 'offline_answer', 'answer_schema', 'answer_prompt', 'Answerer']
+__all__ = ['ANSWER_SYSTEM', 'AnswerResult', 'offline_answer', 'answer_reply', 'answer_schema', 'answer_prompt', 'Answerer']
 
 # %% ../../nbs/24_reveal.answerer.ipynb #f869ac5d
 @dataclass
@@ -104,6 +107,13 @@ def offline_answer(q: Question, view: EvidenceView, pool: RubricPool | None = No
     why = f"{'no evidence; ' if not view.evidence else ''}option {best} ({rule}): support={support[best]:.2f}"
     return AnswerResult(best, why, 'offline', scores={'support': support, 'rule': rule})
 
+# %% ../../nbs/24_reveal.answerer.ipynb #ab04c0d1
+@functools.lru_cache(maxsize=64)
+def answer_reply(letters: tuple[str, ...]) -> type[ReplyModel]:
+    "The answerer's reply model: one of the option `letters`, and optional reasoning."
+    return create_model('AnswerReply', __base__=ReplyModel, answer=(choice(letters), ...),
+                        reasoning=(Annotated[str, Field(max_length=400)], ''))
+
 # %% ../../nbs/24_reveal.answerer.ipynb #dccdee94
 ANSWER_SYSTEM = (
     "You answer a multiple-choice question about a long video using only the evidence given: time-stamped "
@@ -112,8 +122,7 @@ ANSWER_SYSTEM = (
 
 def answer_schema(letters: list[str]) -> dict:
     "JSON schema of the answerer's reply."
-    return {'type': 'object', 'required': ['answer'], 'additionalProperties': False, 'properties': {
-        'answer': {'type': 'string', 'enum': letters}, 'reasoning': {'type': 'string', 'maxLength': 400}}}
+    return reply_schema(answer_reply(tuple(letters)))
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d0005
 def answer_prompt(q: Question, evidence: list[Evidence], n_frames: int = 0,
@@ -144,10 +153,10 @@ def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None 
     prompt = answer_prompt(q, view.evidence, len(images or []), self.evidence_tokens, frames_note)
     data, rec = role_call(self.model, 'answerer', ANSWER_SYSTEM, prompt, answer_schema(list(q.options)),
                           max_tokens=reply_tokens('answerer'), images=images or None)
-    letter = str((data or {}).get('answer', '')).strip().upper()[:1]
-    if letter not in q.options:
+    r = parse_reply(answer_reply(tuple(q.options)), data)
+    if r is None:
         a = offline_answer(q, view)
         a.source, a.calls = 'fallback', [mark(rec, 'offline answer')]
         a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); offline answer")
         return a
-    return AnswerResult(letter, str(data.get('reasoning', ''))[:400], 'model', [rec])
+    return AnswerResult(r.answer, r.reasoning, 'model', [rec])

@@ -5,20 +5,25 @@
 # %% ../../nbs/26_reveal.pairs.ipynb #28400012
 from __future__ import annotations
 from dataclasses import dataclass, field, asdict
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
+import functools
+from pydantic import Field, create_model
 import numpy as np
 from ..core import Config, Question, Evidence, reply_tokens
 from ..backends.chat import role_call
+from ..backends.replies import ReplyModel, parse_reply, reply_schema
 from .rubrics import RubricPool, question_type
 from .verifier import Verifier, evidence_block
+from .planner import REASONING
 from .offline_checks import EvidenceView
 from .answerer import Answerer
 from .rerank import retrieve
 
 # %% auto #0
 __all__ = ['TEACHER_SYSTEM', 'FILTER_CONDITIONS', 'candidate_queries', 'candidates', 'Labels', 'span_overlap', 'OracleTeacher',
-           'teacher_schema', 'teacher_prompt', 'ModelTeacher', 'teacher_agreement', 'evidence_view', 'answer_outcome',
-           'filter_conditions', 'Pair', 'make_pair', 'filter_counts', 'pair_views', 'separation', 'separation_accuracy']
+           'teacher_reply', 'teacher_schema', 'teacher_prompt', 'ModelTeacher', 'teacher_agreement', 'evidence_view',
+           'answer_outcome', 'filter_conditions', 'Pair', 'make_pair', 'filter_counts', 'pair_views', 'separation',
+           'separation_accuracy']
 
 # %% ../../nbs/26_reveal.pairs.ipynb #348da345
 def candidate_queries(q: Question) -> list[str]:
@@ -64,6 +69,15 @@ class OracleTeacher:
         neg = [c.item_id for c in l1 if c.item_id not in pos and span_overlap(c.t_start, c.t_end, q.distractor_spans)]
         return Labels(pos, neg, 'oracle')
 
+# %% ../../nbs/26_reveal.pairs.ipynb #ab06c0d1
+@functools.lru_cache(maxsize=64)
+def teacher_reply(n: int) -> type[ReplyModel]:
+    "The teacher's reply model over n candidates: decisive and misleading numbers (≤ 16 each)."
+    item = Annotated[int, Field(ge=0, le=max(n - 1, 0))]
+    idx = Annotated[list[item], Field(max_length=min(16, n))]
+    return create_model('TeacherReply', __base__=ReplyModel, decisive=(idx, ...),
+                        misleading=(idx, ...), reasoning=(REASONING, ''))
+
 # %% ../../nbs/26_reveal.pairs.ipynb #06568153
 TEACHER_SYSTEM = (
     "You label video evidence for building evidence-sufficiency rubrics. You get a multiple-choice question, its "
@@ -74,10 +88,7 @@ TEACHER_SYSTEM = (
 
 def teacher_schema(n: int) -> dict:
     "JSON schema of the teacher's reply over n candidates."
-    item = {'type': 'integer', 'minimum': 0, 'maximum': max(n - 1, 0)}
-    idx = {'type': 'array', 'maxItems': min(16, n), 'items': item}
-    return {'type': 'object', 'required': ['decisive', 'misleading'], 'additionalProperties': False,
-            'properties': {'decisive': idx, 'misleading': idx, 'reasoning': {'type': 'string', 'maxLength': 300}}}
+    return reply_schema(teacher_reply(n))
 
 # %% ../../nbs/26_reveal.pairs.ipynb #584a6c29
 def teacher_prompt(q: Question, cands: list[Evidence]) -> str:
@@ -98,13 +109,12 @@ class ModelTeacher:
             return Labels([], [], 'model', notes=['no candidates'])
         data, rec = role_call(self.model, 'teacher', TEACHER_SYSTEM, teacher_prompt(q, cands),
                               teacher_schema(len(cands)), reply_tokens('teacher'))
-        if data is None:
+        r = parse_reply(teacher_reply(len(cands)), data)
+        if r is None:
             return Labels([], [], 'fallback', [rec], [f"teacher reply unusable ({rec.get('error') or 'invalid'})"])
-        def ids(key):
-            return list(dict.fromkeys(cands[i].item_id for i in data.get(key, [])
-                                      if isinstance(i, int) and 0 <= i < len(cands)))
-        pos = ids('decisive')
-        return Labels(pos, [i for i in ids('misleading') if i not in pos], 'model', [rec])
+        ids = lambda xs: list(dict.fromkeys(cands[i].item_id for i in xs))
+        pos = ids(r.decisive)
+        return Labels(pos, [i for i in ids(r.misleading) if i not in pos], 'model', [rec])
 
 # %% ../../nbs/26_reveal.pairs.ipynb #208babd6
 def teacher_agreement(pred: dict[str, list[str]], gold: dict[str, list[str]]) -> dict:

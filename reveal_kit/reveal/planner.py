@@ -6,20 +6,24 @@
 from __future__ import annotations
 import re
 from dataclasses import dataclass, field, asdict
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
+import functools
+from pydantic import Field, create_model
 import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, MemoryItem, reply_tokens
 from ..record import mark
 from ..text import tokens, jaccard, STOPWORDS, fmt_time
 from ..backends.chat import role_call, offline_role
+from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from .online_memory import OnlineMemory
 from .rubrics import question_type
 
 # %% auto #0
-__all__ = ['DECOMPOSE_SYSTEM', 'STRATEGIES', 'REPAIR_SYSTEM', 'focus', 'clip_words', 'join_query', 'option_events', 'is_negation',
-           'role_type', 'question_anchor', 'offline_decompose', 'decompose_schema', 'decompose_prompt', 'PlanAction',
-           'repair_schema', 'repair_prompt', 'offline_repair', 'Planner', 'screen_queries', 'uniform_sample']
+__all__ = ['QUERY', 'REASONING', 'DECOMPOSE_SYSTEM', 'STRATEGIES', 'REPAIR_SYSTEM', 'focus', 'clip_words', 'join_query',
+           'option_events', 'is_negation', 'role_type', 'question_anchor', 'offline_decompose', 'decompose_reply',
+           'decompose_schema', 'decompose_prompt', 'PlanAction', 'repair_reply', 'repair_schema', 'repair_prompt',
+           'offline_repair', 'Planner', 'screen_queries', 'uniform_sample']
 
 # %% ../../nbs/22_reveal.planner.ipynb #88db52f4
 _WH = ('which', 'what', 'how', 'why', 'when', 'where', 'who', 'whom', 'whose', 'many', 'much', 'times', 'often',
@@ -109,6 +113,17 @@ def offline_decompose(q: Question, config: Config = Config()) -> list[str]:
             qs.append(extra)
     return qs[:config.max_subqueries]
 
+# %% ../../nbs/22_reveal.planner.ipynb #ab01c0d1
+QUERY = Annotated[str, Field(min_length=1, max_length=150)]
+REASONING = Annotated[str, Field(max_length=300)]
+
+@functools.lru_cache(maxsize=None)
+def decompose_reply(max_queries: int) -> type[ReplyModel]:
+    "The decomposer's reply model: 1…`max_queries` sub-queries and one sentence of reasoning."
+    queries = Annotated[list[QUERY], Field(min_length=1, max_length=max_queries)]
+    return create_model('DecomposeReply', __base__=ReplyModel, queries=(queries, ...),
+                        reasoning=(REASONING, ...))
+
 # %% ../../nbs/22_reveal.planner.ipynb #1a16f659
 DECOMPOSE_SYSTEM = (
     "You decompose a multiple-choice question about a long video into short search queries for a video "
@@ -118,10 +133,7 @@ DECOMPOSE_SYSTEM = (
 
 def decompose_schema(n_options: int, config: Config = Config()) -> dict:
     "JSON schema of the decomposer's reply (bounded strings and arrays)."
-    queries = {'type': 'array', 'minItems': 1, 'maxItems': max(config.max_subqueries, n_options),
-               'items': {'type': 'string', 'minLength': 1, 'maxLength': 150}}
-    return {'type': 'object', 'required': ['queries', 'reasoning'], 'additionalProperties': False,
-            'properties': {'queries': queries, 'reasoning': {'type': 'string', 'maxLength': 300}}}
+    return reply_schema(decompose_reply(max(config.max_subqueries, n_options)))
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c0d
 def decompose_prompt(q: Question) -> str:
@@ -167,8 +179,17 @@ def _clean_decomposition(q: Question, raw: list, config: Config) -> tuple[list[s
             notes.append('topped up from offline decomposition')
     return qs, notes
 
-# %% ../../nbs/22_reveal.planner.ipynb #ea19af12
+# %% ../../nbs/22_reveal.planner.ipynb #ab01c0d2
 STRATEGIES = ('Text Retrieval', 'Uniform Sampling')
+
+@functools.lru_cache(maxsize=None)
+def repair_reply(max_queries: int) -> type[ReplyModel]:
+    "The repair planner's reply model: a strategy, up to `max_queries` queries, one sentence."
+    queries = Annotated[list[QUERY], Field(max_length=max_queries)]
+    return create_model('RepairReply', __base__=ReplyModel, strategy=(choice(STRATEGIES), ...),
+                        queries=(queries, ...), reasoning=(REASONING, ...))
+
+# %% ../../nbs/22_reveal.planner.ipynb #ea19af12
 REPAIR_SYSTEM = (
     "You plan the next retrieval step for answering a multiple-choice question about a long video from a memory "
     "of time-stamped segment descriptions. Exactly two actions exist: 'Text Retrieval' with 1-4 focused queries "
@@ -179,11 +200,7 @@ REPAIR_SYSTEM = (
 
 def repair_schema(config: Config = Config()) -> dict:
     "JSON schema of the repair planner's reply."
-    queries = {'type': 'array', 'maxItems': config.max_repair_queries,
-               'items': {'type': 'string', 'minLength': 1, 'maxLength': 150}}
-    return {'type': 'object', 'required': ['strategy', 'queries', 'reasoning'], 'additionalProperties': False,
-            'properties': {'strategy': {'type': 'string', 'enum': list(STRATEGIES)}, 'queries': queries,
-                           'reasoning': {'type': 'string', 'maxLength': 300}}}
+    return reply_schema(repair_reply(config.max_repair_queries))
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c16
 def repair_prompt(q: Question, view: dict) -> str:
@@ -245,12 +262,14 @@ def decompose(self: Planner, q: Question) -> PlanAction:
     data, rec = role_call(self.model, 'planner_decompose', DECOMPOSE_SYSTEM, decompose_prompt(q),
                           decompose_schema(len(q.options), self.config),
                           reply_tokens('planner_decompose'))
-    if data is None:
+    r = parse_reply(decompose_reply(max(self.config.max_subqueries, len(q.options))), data)
+    if r is None:
         return PlanAction('Text Retrieval', offline_decompose(q, self.config),
                           'Model reply unusable; rule-based decomposition.', 'fallback',
                           [mark(rec, 'rule decomposition')])
-    qs, notes = _clean_decomposition(q, data.get('queries') or [], self.config)
-    return PlanAction('Text Retrieval', qs, str(data.get('reasoning', ''))[:300], 'model', [rec], notes)
+    qs, notes = _clean_decomposition(q, r.queries, self.config)
+    return PlanAction('Text Retrieval', qs, r.reasoning, 'model', [rec], notes)
+
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c1e
 @patch
@@ -260,13 +279,14 @@ def repair(self: Planner, q: Question, view: dict) -> PlanAction:
         return offline_repair(q, view, self.config)
     data, rec = role_call(self.model, 'planner', REPAIR_SYSTEM, repair_prompt(q, view), repair_schema(self.config),
                           reply_tokens('planner'))
-    if data is None:
+    r = parse_reply(repair_reply(self.config.max_repair_queries), data)
+    if r is None:
         a = offline_repair(q, view, self.config)
         a.source, a.calls = 'fallback', [mark(rec, 'rule repair')]
         a.notes.append('model reply unusable')
         return a
-    strat, qs, notes = _clean_repair(data, self.config)
-    return PlanAction(strat, qs, str(data.get('reasoning', ''))[:300], 'model', [rec], notes)
+    strat, qs, notes = _clean_repair(r.model_dump(), self.config)
+    return PlanAction(strat, qs, r.reasoning, 'model', [rec], notes)
 
 # %% ../../nbs/22_reveal.planner.ipynb #63d03e3f
 def screen_queries(queries: list[str], om: OnlineMemory, embed: Callable[[list[str]], np.ndarray] | None,

@@ -5,21 +5,25 @@
 # %% ../../nbs/26a_reveal.proposers.ipynb #008e0787
 from __future__ import annotations
 from itertools import combinations, product
-from typing import Any
+from typing import Annotated, Any, Literal
+from pydantic import BaseModel, ConfigDict, Field
 import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, reply_tokens
 from ..backends.chat import role_call
+from ..backends.replies import choice, parse_reply, reply_schema
 from .rubrics import RubricPool, Criterion, OFFLINE_CHECKS, QUESTION_TYPES, question_type
 from .offline_checks import EvidenceView, offline_scores
 from .verifier import Verifier, evidence_block
 from .pairs import Pair
+from .planner import REASONING
 
 # %% auto #0
 __all__ = ['WEIGHT_GRID', 'PROPOSER_SYSTEM', 'pool_diff', 'check_table', 'pair_tables', 'table_rho', 'table_scores',
            'weight_candidates', 'search_type', 'reconcile_weights', 'check_templates', 'type_weights',
-           'OfflineProposer', 'proposer_schema', 'apply_edits', 'proposer_prompt', 'proposed_criteria', 'criterion_rho',
-           'own_pairs', 'reject_unseparating', 'ModelProposer']
+           'OfflineProposer', 'Boundaries', 'CriterionDraft', 'Edit', 'ProposerReply', 'proposer_schema', 'reply_edits',
+           'apply_edits', 'proposer_prompt', 'proposed_criteria', 'criterion_rho', 'own_pairs', 'reject_unseparating',
+           'ModelProposer']
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #baa55dcb
 def pool_diff(old: RubricPool, new: RubricPool) -> dict[str, list[str]]:
@@ -172,6 +176,42 @@ def propose(self: OfflineProposer, pool: RubricPool, working: list[Pair], contex
     new = RubricPool(crits, pool.name, pool.version, False, pool.description, pool.question_types)
     return new, {'types': sorted(choices), 'calls': []}
 
+# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d1
+_LOOSE = ConfigDict(extra='allow', populate_by_name=True)   # keys the proposer adds (cues…): kept
+_BOUND = Annotated[str, Field(max_length=200)]
+
+class Boundaries(BaseModel):
+    "A proposed criterion's boundary text for the scores 1, 0.5 and 0."
+    model_config = _LOOSE
+    s1: _BOUND = Field(alias='1')
+    s05: _BOUND = Field(alias='0.5')
+    s0: _BOUND = Field(alias='0')
+
+# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d2
+class CriterionDraft(BaseModel):
+    "A criterion as a proposer writes it: a snake_case name; what it omits comes from the old one."
+    model_config = _LOOSE
+    name: Annotated[str, Field(pattern=r'^[a-z][a-z0-9_]*$', max_length=64)]
+    description: Annotated[str, Field(max_length=300)] = None
+    weight: Annotated[float, Field(ge=0.1)] = None
+    boundaries: Boundaries = None
+    question_types: list[choice(QUESTION_TYPES)] = None
+    check: choice(OFFLINE_CHECKS) = None
+
+# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d3
+class Edit(CriterionDraft):
+    "An edit of the pool: the operation, the criterion it makes or changes, the parts."
+    model_config = ConfigDict(**_LOOSE, json_schema_extra={'required': ['op', 'name']})
+    op: Literal['add', 'rewrite', 'decompose', 'delete', 'reweight']
+    parts: Annotated[list[CriterionDraft], Field(max_length=3)] = None
+
+# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d4
+class ProposerReply(BaseModel):
+    "The proposer's reply: up to 8 edits, and optional reasoning."
+    model_config = _LOOSE
+    edits: Annotated[list[Edit], Field(max_length=8)]
+    reasoning: REASONING = None
+
 # %% ../../nbs/26a_reveal.proposers.ipynb #1f7a61d3
 PROPOSER_SYSTEM = (
     "You refine a rubric pool that decides whether video evidence is sufficient to answer a multiple-choice question. "
@@ -181,25 +221,14 @@ PROPOSER_SYSTEM = (
     "description, a positive weight, boundaries for the scores 1, 0.5 and 0, and the question types it applies to. "
     "Answer with JSON only.")
 
-def _crit_schema() -> dict:
-    "JSON schema of one criterion in a proposer edit."
-    b = {'type': 'object', 'required': ['1', '0.5', '0'],
-         'properties': {k: {'type': 'string', 'maxLength': 200} for k in ('1', '0.5', '0')}}
-    return {'type': 'object', 'required': ['name'], 'properties': {
-        'name': {'type': 'string', 'pattern': r'^[a-z][a-z0-9_]*$', 'maxLength': 64},
-        'description': {'type': 'string', 'maxLength': 300}, 'weight': {'type': 'number', 'minimum': 0.1},
-        'boundaries': b, 'question_types': {'type': 'array', 'items': {'type': 'string', 'enum': list(QUESTION_TYPES)}},
-        'check': {'type': 'string', 'enum': list(OFFLINE_CHECKS)}}}
-
 def proposer_schema() -> dict:
     "JSON schema of the proposer's reply: a list of edits."
-    edit = _crit_schema()
-    edit['required'] = ['op', 'name']
-    edit['properties'] = {**edit['properties'],
-                          'op': {'type': 'string', 'enum': ['add', 'rewrite', 'decompose', 'delete', 'reweight']},
-                          'parts': {'type': 'array', 'maxItems': 3, 'items': _crit_schema()}}
-    return {'type': 'object', 'required': ['edits'], 'properties': {
-        'edits': {'type': 'array', 'maxItems': 8, 'items': edit}, 'reasoning': {'type': 'string', 'maxLength': 300}}}
+    return reply_schema(ProposerReply)
+
+# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d5
+def reply_edits(r: ProposerReply) -> list[dict]:
+    "The edits of a reply as the proposer wrote them (keys it left out stay out)."
+    return [e.model_dump(by_alias=True, exclude_unset=True) for e in r.edits]
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #769696d0
 def _new_criterion(e: dict, old: Criterion | None = None) -> Criterion:
@@ -311,11 +340,12 @@ def propose(self: ModelProposer, pool: RubricPool, working: list[Pair], context:
         data, rec = role_call(self.model, 'proposer', PROPOSER_SYSTEM, proposer_prompt(pool, batch),
                               proposer_schema(), max_tokens=reply_tokens('proposer'))
         calls.append(rec)
-        if data is None:
+        r = parse_reply(ProposerReply, data)
+        if r is None:
             notes.append(f"proposer reply unusable ({rec.get('error') or 'invalid'})")
             continue
         before = pool
-        pool, m = apply_edits(pool, data.get('edits') or [])
+        pool, m = apply_edits(pool, reply_edits(r))
         notes += m
         for name in proposed_criteria(before, pool):
             own.setdefault(name, []).extend(p.qid for p in batch)

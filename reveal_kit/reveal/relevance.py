@@ -9,14 +9,15 @@ import numpy as np
 from ..core import Question, Evidence, reply_tokens
 from ..record import mark
 from ..backends.chat import role_call
-from .planner import focus
+from ..backends.replies import ReplyModel, parse_reply, reply_schema
+from .planner import REASONING, focus
 from .offline_checks import EvidenceView
 from .verifier import EVIDENCE_TOKENS, evidence_block
 
 # %% auto #0
-__all__ = ['RELEVANCE_SYSTEM', 'RELEVANCE_COSINE', 'RELEVANCE_EMBEDDER', 'relevance_texts', 'relevance_score', 'relevance_schema',
-           'relevance_prompt', 'judge_relevance', 'span_relevant', 'relevance_rows', 'partner_question',
-           'choose_threshold']
+__all__ = ['RELEVANCE_SYSTEM', 'RELEVANCE_COSINE', 'RELEVANCE_EMBEDDER', 'relevance_texts', 'relevance_score', 'RelevanceReply',
+           'relevance_schema', 'relevance_prompt', 'judge_relevance', 'span_relevant', 'relevance_rows',
+           'partner_question', 'choose_threshold']
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #11a3b720
 def relevance_texts(q: Question) -> list[str]:
@@ -31,6 +32,12 @@ def relevance_score(q: Question, view: EvidenceView) -> float:
         return 0.0
     return float(np.max(tv @ np.asarray(view.vecs, np.float64).T))
 
+# %% ../../nbs/23b_reveal.relevance.ipynb #ab03c0d1
+class RelevanceReply(ReplyModel):
+    "The relevance judge's reply: relevant or not, and an optional sentence why."
+    relevant: bool
+    reasoning: REASONING = ''
+
 # %% ../../nbs/23b_reveal.relevance.ipynb #fda223de
 RELEVANCE_SYSTEM = (
     "You judge whether evidence retrieved from a long video's memory is relevant to a multiple-choice question: "
@@ -39,8 +46,7 @@ RELEVANCE_SYSTEM = (
 
 def relevance_schema() -> dict:
     "JSON schema of the relevance judge's reply."
-    return {'type': 'object', 'required': ['relevant'], 'additionalProperties': False,
-            'properties': {'relevant': {'type': 'boolean'}, 'reasoning': {'type': 'string', 'maxLength': 300}}}
+    return reply_schema(RelevanceReply)
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #f2631336
 def relevance_prompt(q: Question, evidence: list[Evidence], token_budget: int | None = EVIDENCE_TOKENS) -> str:
@@ -63,10 +69,11 @@ def judge_relevance(q: Question, view: EvidenceView, model: Any = None, offline:
         return rec, []
     data, call = role_call(model, 'relevance', RELEVANCE_SYSTEM, relevance_prompt(q, view.evidence, token_budget),
                            relevance_schema(), reply_tokens('relevance'))
-    if data is None or not isinstance(data.get('relevant'), bool):
+    r = parse_reply(RelevanceReply, data)
+    if r is None:
         return {**rec, 'source': 'fallback'}, [mark(call, 'cosine relevance')]
-    return {**rec, 'relevant': data['relevant'], 'source': 'model',
-            'reasoning': str(data.get('reasoning', ''))[:300]}, [call]
+    return {**rec, 'relevant': r.relevant, 'source': 'model', 'reasoning': r.reasoning}, [call]
+
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #8c8bed67
 def span_relevant(q: Question, evidence: list[dict | Evidence]) -> bool:

@@ -6,10 +6,14 @@
 from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
+import functools
+from pydantic import Field, create_model
 import numpy as np
 from ..core import Config, Question, MemoryItem, Evidence, reply_tokens
 from ..text import tokens
 from ..backends.chat import role_call
+from ..backends.replies import (SCORE, ReplyModel, keyed_model, keyed_values, parse_reply,
+                                         reply_schema)
 from .rubrics import RubricPool
 from .planner import focus, option_events, question_anchor, role_type
 from .offline_checks import EvidenceView
@@ -18,7 +22,7 @@ from .presets import MethodSpec
 
 # %% auto #0
 __all__ = ['RERANK_WEIGHTS', 'RERANK_SYSTEM', 'Candidate', 'topk_for', 'retrieve', 'rerank_targets', 'rubric_rerank',
-           'relevance_rank', 'rerank_schema', 'rerank_prompt', 'model_rerank']
+           'relevance_rank', 'rerank_reply', 'rerank_schema', 'rerank_prompt', 'model_rerank']
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #e55e5d2b
 @dataclass
@@ -91,6 +95,13 @@ def relevance_rank(cands: list[Candidate]) -> list[Candidate]:
         c.rank_score = c.score
     return sorted(cands, key=lambda c: -c.score)
 
+# %% ../../nbs/25a_reveal.rerank.ipynb #ab05c0d1
+@functools.lru_cache(maxsize=64)
+def rerank_reply(n: int) -> type[ReplyModel]:
+    "The rerank reply model: `scores`, a score in {0, 0.5, 1} for each candidate number 0…n−1."
+    scores = keyed_model('CandidateScores', tuple(str(i) for i in range(n)), SCORE)
+    return create_model('RerankReply', __base__=ReplyModel, scores=(scores, ...))
+
 # %% ../../nbs/25a_reveal.rerank.ipynb #01cff3b4
 RERANK_SYSTEM = (
     "You rerank evidence retrieved from a long video's memory for a multiple-choice question. Score every numbered "
@@ -100,10 +111,7 @@ RERANK_SYSTEM = (
 
 def rerank_schema(n: int) -> dict:
     "JSON schema of the rerank reply: a score in {0, 0.5, 1} for each candidate number 0…n−1."
-    ids = [str(i) for i in range(n)]
-    scores = {'type': 'object', 'required': ids, 'additionalProperties': False,
-              'properties': {i: {'type': 'number', 'enum': [0, 0.5, 1]} for i in ids}}
-    return {'type': 'object', 'required': ['scores'], 'additionalProperties': False, 'properties': {'scores': scores}}
+    return reply_schema(rerank_reply(n))
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #ad94039f
 def rerank_prompt(q: Question, pool: RubricPool, names: list[str], missing: list[str], cands: list[Candidate],
@@ -126,10 +134,10 @@ def model_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: l
     "One call scoring every candidate against the selected rubric: (candidates best first, or None if unusable; call)."
     data, rec = role_call(model, 'reranker', RERANK_SYSTEM, rerank_prompt(q, pool, names, missing, cands, token_budget),
                           rerank_schema(len(cands)), reply_tokens('reranker'))
-    scores = (data or {}).get('scores')
-    if not isinstance(scores, dict):
+    r = parse_reply(rerank_reply(len(cands)), data)
+    if r is None:
         return None, rec
+    scores = keyed_values(r.scores)
     for i, c in enumerate(cands):
-        try: c.rank_score = float(scores.get(str(i), 0.0))
-        except (TypeError, ValueError): c.rank_score = 0.0
+        c.rank_score = scores[str(i)]
     return sorted(cands, key=lambda c: (-c.rank_score, -c.score)), rec

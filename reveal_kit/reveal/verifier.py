@@ -5,19 +5,24 @@
 # %% ../../nbs/23a_reveal.verifier.ipynb #db7ba59a
 from __future__ import annotations
 from dataclasses import dataclass, field, asdict
-from typing import Any
+from typing import Annotated, Any
+import functools
+from pydantic import BaseModel, Field, create_model
 from fastcore.basics import patch
 from ..core import Config, Question, Evidence, reply_tokens
 from ..record import mark
 from ..text import fmt_time
 from ..backends.chat import role_call, offline_role, estimate_tokens
+from ..backends.replies import (SCORE, ReplyModel, choice, keyed_model, parse_reply,
+                                         reply_schema)
 from .rubrics import RubricPool, load_rubric_pool
-from .planner import role_type
+from .planner import REASONING, role_type
 from .offline_checks import EvidenceView, offline_scores
 
 # %% auto #0
-__all__ = ['SELECT_SYSTEM', 'SCORE_SYSTEM', 'EVIDENCE_TOKENS', 'snap_score', 'sufficiency_score', 'is_sufficient',
-           'select_schema', 'score_schema', 'token_cap', 'evidence_block', 'score_prompt', 'VerifierReport', 'Verifier']
+__all__ = ['SELECT_SYSTEM', 'MISSING', 'SCORE_SYSTEM', 'EVIDENCE_TOKENS', 'snap_score', 'sufficiency_score', 'is_sufficient',
+           'select_reply', 'select_schema', 'score_reply', 'score_schema', 'token_cap', 'evidence_block',
+           'score_prompt', 'VerifierReport', 'Verifier']
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #1f28b32c
 def snap_score(x: Any) -> float:
@@ -44,6 +49,14 @@ def is_sufficient(rho: float, tau: float = 0.7) -> bool:
     "The verdict: sufficient iff ρ ≥ τ."
     return bool(rho >= tau - 1e-12)
 
+# %% ../../nbs/23a_reveal.verifier.ipynb #ab02c0d1
+@functools.lru_cache(maxsize=64)
+def select_reply(names: tuple[str, ...]) -> type[ReplyModel]:
+    "Call 1's reply model: 1…8 criterion names of the pool (fewer in a smaller pool), a sentence."
+    crits = Annotated[list[choice(names)], Field(min_length=1, max_length=min(8, len(names)))]
+    return create_model('SelectReply', __base__=ReplyModel, criteria=(crits, ...),
+                        reasoning=(REASONING, ''))
+
 # %% ../../nbs/23a_reveal.verifier.ipynb #84774595
 SELECT_SYSTEM = (
     "You select evidence-sufficiency criteria for a multiple-choice question about a long video. From the "
@@ -52,10 +65,18 @@ SELECT_SYSTEM = (
 
 def select_schema(pool: RubricPool) -> dict:
     "JSON schema of call 1: criterion names from the pool."
-    crits = {'type': 'array', 'minItems': 1, 'maxItems': min(8, len(pool)),
-             'items': {'type': 'string', 'enum': pool.names}}
-    return {'type': 'object', 'required': ['criteria'], 'additionalProperties': False,
-            'properties': {'criteria': crits, 'reasoning': {'type': 'string', 'maxLength': 300}}}
+    return reply_schema(select_reply(tuple(pool.names)))
+
+# %% ../../nbs/23a_reveal.verifier.ipynb #ab02c0d2
+MISSING = Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=4)]
+
+@functools.lru_cache(maxsize=256)
+def score_reply(letters: tuple[str, ...], names: tuple[str, ...]) -> type[ReplyModel]:
+    "Call 2's reply model: a score per option and criterion, unknown options, ≤ 4 missing facts."
+    table = keyed_model('OptionScores', letters, keyed_model('CriterionScores', names, SCORE))
+    unknown = Annotated[list[choice(letters)], Field(max_length=len(letters))]
+    return create_model('ScoreReply', __base__=ReplyModel, rubric_criteria_scores=(table, ...),
+                        unknown_options=(unknown, ...), missing_evidence_analysis=(MISSING, ...))
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c001f
 SCORE_SYSTEM = (
@@ -67,17 +88,7 @@ SCORE_SYSTEM = (
 
 def score_schema(letters: list[str], names: list[str]) -> dict:
     "JSON schema of call 2 (the paper's strict output: option × criterion scores, unknown options, missing evidence)."
-    row = {'type': 'object', 'required': names, 'additionalProperties': False,
-           'properties': {n: {'type': 'number', 'enum': [0, 0.5, 1]} for n in names}}
-    scores = {'type': 'object', 'required': letters, 'additionalProperties': False,
-              'properties': {l: row for l in letters}}
-    return {'type': 'object', 'required': ['rubric_criteria_scores', 'unknown_options', 'missing_evidence_analysis'],
-            'additionalProperties': False, 'properties': {
-                'rubric_criteria_scores': scores,
-                'unknown_options': {'type': 'array', 'maxItems': len(letters),
-                                    'items': {'type': 'string', 'enum': letters}},
-                'missing_evidence_analysis': {'type': 'array', 'maxItems': 4,
-                                              'items': {'type': 'string', 'maxLength': 200}}}}
+    return reply_schema(score_reply(tuple(letters), tuple(names)))
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #9bbc3317
 EVIDENCE_TOKENS = 6000
@@ -162,7 +173,8 @@ def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
             'Reply as {"criteria": ["name", ...]}.')
     data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, user, select_schema(self.pool),
                           reply_tokens('verifier_select'))
-    names = list(dict.fromkeys(n for n in (data or {}).get('criteria', []) if n in self.pool))
+    r = parse_reply(select_reply(tuple(self.pool.names)), data)
+    names = list(dict.fromkeys(r.criteria)) if r else []
     src = 'model' if names else 'fallback'
     if not names: mark(rec, 'offline criteria')
     names = names or offline_names
@@ -170,19 +182,13 @@ def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
     return names, src, [rec]
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0028
-def _model_table(data: dict, letters: list[str], names: list[str]) -> tuple[dict, list[str], list[str], list[str]]:
-    "(table, unknown options, missing evidence, notes) from a usable call-2 reply."
-    raw, table, notes = data.get('rubric_criteria_scores') or {}, {}, []
-    for o in letters:
-        row = raw.get(o) if isinstance(raw.get(o), dict) else {}
-        gaps = [n for n in names if n not in row]
-        if gaps:
-            notes.append(f'option {o}: no score for {gaps}, counted 0')
-        table[o] = {n: snap_score(row.get(n, 0.0)) for n in names}
-    unknown = [o for o in dict.fromkeys(data.get('unknown_options') or []) if o in letters]
-    ma = data.get('missing_evidence_analysis') or []
-    missing = [str(m).strip() for m in ([ma] if isinstance(ma, str) else ma) if str(m).strip()][:4]
-    return table, unknown, missing, notes
+def _model_table(r: BaseModel) -> tuple[dict, list[str], list[str]]:
+    "(table, unknown options, missing evidence) from a call-2 reply model."
+    d = r.model_dump(by_alias=True)
+    rows = d['rubric_criteria_scores'].items()
+    table = {o: {n: snap_score(s) for n, s in row.items()} for o, row in rows}
+    missing = [m.strip() for m in d['missing_evidence_analysis'] if m.strip()]
+    return table, list(dict.fromkeys(d['unknown_options'])), missing
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c002a
 @patch
@@ -199,13 +205,13 @@ def verify(self: Verifier, q: Question, view: EvidenceView, names: list[str] | N
         data, rec = role_call(self.model, 'verifier', SCORE_SYSTEM, prompt,
                               score_schema(list(q.options), names), reply_tokens('verifier'))
         calls.append(rec)
-        if data is None:
+        r = parse_reply(score_reply(tuple(q.options), tuple(names)), data)
+        if r is None:
             src = 'fallback'
             mark(rec, 'offline scores')
             notes.append(f"verifier reply unusable ({rec.get('error') or 'invalid'}); offline scores used")
         else:
-            table, unknown, missing, notes = _model_table(data, list(q.options), names)
-            src = 'model'
+            (table, unknown, missing), src = _model_table(r), 'model'
     rho_o, rho = sufficiency_score(table, weights)
     return VerifierReport(names, weights, table, rho_o, rho, is_sufficient(rho, self.config.tau), unknown, missing, src,
                           calls, notes, off.directions if src != 'model' else {})
