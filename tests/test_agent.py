@@ -163,7 +163,7 @@ def test_ask(minilm_memory, monkeypatch, tmp_path):
     json.dumps({k: res[k] for k in ASK_JSON_KEYS}, default=str)
     assert seen[-1] == ('v.mp4', tmp_path / 'mem', 'adaptive', 0.8, None)
     out = agent.format_ask_summary(res)
-    assert out.startswith(f"Answer: {res['answer']}.") and out.endswith(f"Trace: {res['trace']}")
+    assert out.startswith(f"Answer: {res['answer']}.") and out.endswith(f"Trace: reveal trace show {res['trace']}")
     base = agent.ask(video, Q_COUNT.question, ['1', '2'], method='base', trace_dir=tmp_path / 'tr')
     assert base['rounds'] == 1 and seen[-1][2] == 'fixed' and seen[-1][1] is None   # the method's memory kind
     def bad_memory(*a, **k):
