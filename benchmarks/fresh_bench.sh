@@ -56,7 +56,7 @@ import re, sys
 rows = [(float(l[:8]), l[9:].rstrip()) for l in open(sys.argv[1]) if re.match(r'^ *\d+\.\d\d ', l)]
 marks = [('venv', r'-m venv|uv venv'), ('torch', r'install .*torch=='), ('deps', r'install .*-e \.'),
          ('synth', r'\[1/\d\]'), ('memories', r'\[2/\d\].*memor'), ('questions', r'\[\d/\d\] (method|answering)'),
-         ('report', r'\[\d/\d\] (report|comparing)|^\| method'), ('(generate ask video)', r'### demo exit'),
+         ('report', r'\[\d/\d\] (report|comparing|results)'), ('(generate ask video)', r'### demo exit'),
          ('first ask', r'### ask start'), ('end', r'### ask end')]
 starts = {}
 for name, rx in marks:
