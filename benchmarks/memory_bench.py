@@ -151,12 +151,15 @@ def full_build(video: Path, out: Path) -> dict:
     shutil.rmtree(mem, ignore_errors=True)
     exe = Path(sys.executable).parent / 'reveal'
     cmd = [str(exe)] if exe.exists() else [sys.executable, '-c', 'from reveal_kit.cli.main import main; main()']
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     load0, t = os.getloadavg()[0], time.time()
     p = subprocess.run(cmd + ['memory', 'build', str(video), '--out', str(mem), '--json'], capture_output=True, text=True)
     if p.returncode: raise SystemExit(f"memory build failed:\n{p.stderr[-2000:]}")
     wall, man = time.time() - t, json.loads((mem / 'manifest.json').read_text())
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
     n = man['counts']['n_l1']
-    return dict(full_build_s=round(wall, 1), full_s_per_l1=round(wall / n, 3), full_n_l1=n,
+    return dict(full_build_s=round(wall, 1), full_cpu_s=round(cpu, 1), full_s_per_l1=round(wall / n, 3), full_n_l1=n,
                 full_timings=man['timings'], load_before=round(load0, 1), load_after=round(os.getloadavg()[0], 1))
 
 
@@ -208,7 +211,7 @@ def main():
         if 'full_build_s' in r:
             t = r['full_timings']
             print(f"\ncomplete memory of {r['minutes']} min ({r['full_n_l1']} L1, L2/L3, both channels, start-up "
-                  f"included): {r['full_build_s']} s = {r['full_s_per_l1']} s per L1 (segments {t.get('segment_s')} s, "
+                  f"included): {r['full_build_s']} s = {r['full_s_per_l1']} s per L1, {r['full_cpu_s']} CPU s (segments {t.get('segment_s')} s, "
                   f"captions {t.get('caption_s')} s, summaries {t.get('summary_s')} s, text vectors "
                   f"{t.get('text_embed_s')} s); load average {r['load_before']} before, {r['load_after']} after")
     for r in rows:
