@@ -17,12 +17,30 @@ export PYTHONUNBUFFERED := 1
 .PHONY: install install-dev demo figures test test-lmms test-vllm test-vllm-nb sync nbtest pytest clean-nbs bench \
         vllm-bench
 
-## what the demo needs: the kit and its CPU dependencies (no llama.cpp: the demo's roles are the offline ones)
+## what the demo needs: the kit and its CPU dependencies (no llama.cpp: the demo's roles are the offline ones).
+## INSTALLER=uv (default) installs with uv, which downloads in parallel: about 30 s instead of pip's 2-8 min on a fresh
+## machine (benchmarks/fresh_bench.sh); INSTALLER=pip is the old way. Both install the same pins (settings.ini), and
+## `make install-dev` adds the dev tools with pip into the same venv. uv reads no pip configuration, so the folders of
+## local wheels pip is configured with (`find-links`: this machine's CPU torch) are passed on; where there is no local
+## CPU torch wheel, uv takes torch from PyTorch's CPU index (--torch-backend cpu), as a CPU-only machine should.
+INSTALLER  ?= uv
+UV_VERSION := 0.9.0
+UV         := $(VENV)/bin/uv
+FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
+UV_LINKS   := $(foreach d,$(FIND_LINKS),--find-links $(d))
+TORCH_SRC  := $(if $(wildcard $(addsuffix /torch-2.13.0+cpu-*.whl,$(FIND_LINKS))),$(UV_LINKS),--torch-backend cpu)
 $(STAMP): setup.py settings.ini
 	test -x $(PY) || python3 -m venv $(VENV)
+ifeq ($(INSTALLER),uv)
+	$(PIP) install -q uv==$(UV_VERSION)
+	# CPU torch first (a local CPU wheel, else PyTorch's CPU build); the kit's dependencies then find it satisfied.
+	$(UV) pip install -q --python $(PY) $(TORCH_SRC) torch==2.13.0
+	$(UV) pip install -q --python $(PY) $(UV_LINKS) -e .
+else
 	# CPU torch first (a local CPU wheel); anything that pulls torch later then finds it satisfied.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e .
+endif
 	touch $(STAMP)
 
 ## what the tests need besides: the embedded llama.cpp model (portable build) and the dev tools

@@ -8,10 +8,13 @@ offline embedders), L1 count and mean length, peak RSS of the process, and the o
 per segment (frame cutting + OCR + visual facts) on a sample of segments. Bare decode is the best of two runs of the
 strategy the pipeline uses. With --strategies it also times OpenCV grab/retrieve and pure per-sample seeking on the
 first video (the choice `reveal_kit.video.frames.choose_strategy` makes, explained in nbs/10_video.frames.ipynb).
+With --full it also times a complete `reveal memory build` of each video in a fresh process (start-up included: every
+L1 caption, L2/L3, both channels; target <= 60 s for 60 minutes on 2 quiet cores) with its stage timings, and prints
+the machine's load average beside it (other work on the machine slows every figure).
 
 Each video is measured in a fresh subprocess so peak RSS is per video.
 Usage:  python benchmarks/memory_bench.py [--minutes 10 60] [--strategies] [--transitions] [--caption-sample 30]
-        [--out runs/bench]
+        [--full] [--out runs/bench]
 """
 import argparse, json, math, os, resource, subprocess, sys, time
 from pathlib import Path
@@ -141,12 +144,32 @@ def measure_one(video: Path, caption_sample: int, strategies: bool) -> dict:
     return res
 
 
+def full_build(video: Path, out: Path) -> dict:
+    "A complete `reveal memory build` of `video` in a fresh process: wall seconds, L1 count, stage timings, load."
+    import shutil
+    mem = out / f'full_{video.stem}'
+    shutil.rmtree(mem, ignore_errors=True)
+    exe = Path(sys.executable).parent / 'reveal'
+    cmd = [str(exe)] if exe.exists() else [sys.executable, '-c', 'from reveal_kit.cli.main import main; main()']
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load0, t = os.getloadavg()[0], time.time()
+    p = subprocess.run(cmd + ['memory', 'build', str(video), '--out', str(mem), '--json'], capture_output=True, text=True)
+    if p.returncode: raise SystemExit(f"memory build failed:\n{p.stderr[-2000:]}")
+    wall, man = time.time() - t, json.loads((mem / 'manifest.json').read_text())
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
+    n = man['counts']['n_l1']
+    return dict(full_build_s=round(wall, 1), full_cpu_s=round(cpu, 1), full_s_per_l1=round(wall / n, 3), full_n_l1=n,
+                full_timings=man['timings'], load_before=round(load0, 1), load_after=round(os.getloadavg()[0], 1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--minutes', type=float, nargs='+', default=[10, 60])
     ap.add_argument('--out', default='runs/bench')
     ap.add_argument('--caption-sample', type=int, default=30)
     ap.add_argument('--strategies', action='store_true')
+    ap.add_argument('--full', action='store_true', help='also time a complete memory build of each video')
     ap.add_argument('--transitions', action='store_true',
                     help='also measure boundary recall/precision per transition kind (cuts, black gaps, fades, dissolves)')
     ap.add_argument('--one', help=argparse.SUPPRESS)
@@ -175,6 +198,7 @@ def main():
             print(p.stdout, p.stderr, file=sys.stderr)
             raise SystemExit(f'measurement failed for {v}')
         rows.append(json.loads(line[0][7:]))
+        if a.full: rows[-1].update(full_build(v, out))
         print(json.dumps(rows[-1]), file=sys.stderr)
     (out / 'memory_bench.json').write_text(json.dumps(rows, indent=1))
     print('| video | bare decode 1 fps (s) | decode+filter+embed+segment (s) | ratio | L1 | mean L1 (s) '
@@ -183,6 +207,13 @@ def main():
     for r in rows:
         print(f"| {r['minutes']} min 360p | {r['decode_s']} | {r['pipeline_s']} | {r['ratio']}x | {r['n_l1']} "
               f"| {r['mean_l1_s']} | {r['peak_rss_mb']} | {r['caption_s_per_segment']} |")
+    for r in rows:
+        if 'full_build_s' in r:
+            t = r['full_timings']
+            print(f"\ncomplete memory of {r['minutes']} min ({r['full_n_l1']} L1, L2/L3, both channels, start-up "
+                  f"included): {r['full_build_s']} s = {r['full_s_per_l1']} s per L1, {r['full_cpu_s']} CPU s (segments {t.get('segment_s')} s, "
+                  f"captions {t.get('caption_s')} s, summaries {t.get('summary_s')} s, text vectors "
+                  f"{t.get('text_embed_s')} s); load average {r['load_before']} before, {r['load_after']} after")
     for r in rows:
         if 'seek_each_s' in r:
             print(f"\nDecode strategies, {r['minutes']} min ({r['n_samples']} samples at 1 fps): "

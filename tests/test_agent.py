@@ -151,7 +151,7 @@ def test_ask(minilm_memory, monkeypatch, tmp_path):
     seen = []
     def fake_memory(video, memory_dir, config, chat, subtitles):
         seen.append((video.name, memory_dir, config.chunking, config.tau, subtitles))
-        return minilm_memory
+        return minilm_memory, None
     monkeypatch.setattr(agent, '_get_memory', fake_memory)
     monkeypatch.setattr(agent, 'get_chat_model', lambda *a, **k: None)
     video = tmp_path / 'v.mp4'
@@ -163,9 +163,13 @@ def test_ask(minilm_memory, monkeypatch, tmp_path):
     json.dumps({k: res[k] for k in ASK_JSON_KEYS}, default=str)
     assert seen[-1] == ('v.mp4', tmp_path / 'mem', 'adaptive', 0.8, None)
     out = agent.format_ask_summary(res)
-    assert out.startswith(f"Answer: {res['answer']}.") and out.endswith(f"Trace: {res['trace']}")
+    assert out.startswith(f"Answer: {res['answer']}.") and out.endswith(f"Trace: reveal trace show {res['trace']}")
     base = agent.ask(video, Q_COUNT.question, ['1', '2'], method='base', trace_dir=tmp_path / 'tr')
     assert base['rounds'] == 1 and seen[-1][2] == 'fixed' and seen[-1][1] is None   # the method's memory kind
+    video.write_bytes(b'x')
+    (tmp_path / 'v.srt').write_text('1\n00:00:01,000 --> 00:00:02,000\nhello\n')
+    res = agent.ask(video, Q_COUNT.question, ['1', '2'], trace_dir=tmp_path / 'tr')
+    assert seen[-1][4] == tmp_path / 'v.srt' and res['subtitles'] == str(tmp_path / 'v.srt')   # the file beside it
     def bad_memory(*a, **k):
         raise ValueError('video not found: nowhere.mp4')
     monkeypatch.setattr(agent, '_get_memory', bad_memory)
@@ -261,7 +265,7 @@ def test_trace_names_are_injective(hash_memory, tmp_path):
 
 
 def test_ask_trace_dirs_unique_and_trace_failure_keeps_answer(minilm_memory, monkeypatch, tmp_path):
-    monkeypatch.setattr(agent, '_get_memory', lambda *a: minilm_memory)
+    monkeypatch.setattr(agent, '_get_memory', lambda *a: (minilm_memory, None))
     monkeypatch.setattr(agent, 'get_chat_model', lambda *a, **k: None)
     monkeypatch.setenv('REVEAL_RUNS', str(tmp_path / 'runs'))
     a, b = (agent.ask(tmp_path / 'v.mp4', Q_COUNT.question, ['1', '2', '3', '4']) for _ in range(2))
@@ -286,7 +290,7 @@ def test_ask_refuses_bad_input_before_work(monkeypatch, options, question, why):
 
 def test_ask_passes_cache_and_timeout(minilm_memory, monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr(agent, '_get_memory', lambda *a: minilm_memory)
+    monkeypatch.setattr(agent, '_get_memory', lambda *a: (minilm_memory, None))
     monkeypatch.setattr(agent, 'get_chat_model', lambda *a, **k: seen.update(k))
     agent.ask(tmp_path / 'v.mp4', 'x?', ['a', 'b'], trace_dir=tmp_path, cache='replay', timeout_s=7)
     assert (seen['cache_mode'], seen['timeout_s']) == ('replay', 7)
@@ -302,15 +306,15 @@ def test_memory_option_is_a_root_of_memories(tmp_path, monkeypatch):
     monkeypatch.setattr(agent.OfflineMemory, 'build', classmethod(lambda cls, v, d, *a, **k: built.append(d) or d))
     root = tmp_path / 'mems'
     for chunking in ('adaptive', 'fixed', 'adaptive'):
-        agent._get_memory(video, root, Config(chunking=chunking), None, None)
+        agent._get_memory(video, root, Config(chunking=chunking), None, None)[0]
     assert built[0] == built[2] != built[1] and all(p.parent == root for p in built)
     key = built[1].name.rsplit('-', 1)[-1]
     legacy = tmp_path / 'legacy'                         # a memory written straight into DIR (fixed chunking)
     legacy.mkdir()
     (legacy / 'manifest.json').write_text(json.dumps({'memory_key': key, 'video_sha256':
                                                       agent.video_sha256(video)}))
-    assert agent._get_memory(video, legacy, Config(chunking='fixed'), None, None) == legacy
-    assert agent._get_memory(video, legacy, Config(chunking='adaptive'), None, None).parent == legacy
+    assert agent._get_memory(video, legacy, Config(chunking='fixed'), None, None)[0] == legacy
+    assert agent._get_memory(video, legacy, Config(chunking='adaptive'), None, None)[0].parent == legacy
 
 
 def test_oracle_evidence(hash_memory, tmp_path):

@@ -8,19 +8,20 @@ import contextlib, errno
 from pathlib import Path
 from typing import Annotated, Iterator, List, Optional
 import typer
-import yaml
-from ..core import MemoryBuildError, RunMismatch
 from ..text import printable
 
 # %% auto #0
 __all__ = ['CacheOpt', 'TimeoutOpt', 'BaseUrlOpt', 'RayOpt', 'WorkerCpusOpt', 'RetriesOpt', 'BenchmarkArg', 'RootOpt', 'SplitOpt',
-           'LimitOpt', 'ShardOpt', 'OnlyPresentOpt', 'ConfigOpt', 'SetOpt', 'ModelOpt', 'RolesOpt', 'RunDirArg',
-           'JsonOpt', 'JsonSummaryOpt', 'QuietOpt', 'app', 'backends_app', 'memory_app', 'data_app', 'expected_errors',
-           'say', 'one_line', 'disk_error', 'cli_errors', 'chat_model_from_options']
+           'LimitOpt', 'ShardOpt', 'OnlyPresentOpt', 'ConfigOpt', 'SetOpt', 'ModelOpt', 'RolesOpt', 'PRESET_NAMES',
+           'PACE_NAMES', 'BASELINE_NAMES', 'RunDirArg', 'JsonOpt', 'JsonSummaryOpt', 'QuietOpt', 'PLAIN_HELP', 'app',
+           'backends_app', 'memory_app', 'data_app', 'expected_errors', 'say', 'one_line', 'disk_error', 'cli_errors',
+           'chat_model_from_options']
 
 # %% ../../nbs/90_cli.app.ipynb #35adc4a9
 def expected_errors() -> tuple[type[BaseException], ...]:
     "The exception classes a command reports as one line with exit 2 (bad input, unavailable service)."
+    import yaml
+    from reveal_kit.core import MemoryBuildError, RunMismatch
     from reveal_kit.backends.chat import BackendError
     from reveal_kit.backends.cache import CacheMiss
     from reveal_kit.eval.run_dir import RunLocked
@@ -96,15 +97,24 @@ OnlyPresentOpt = Annotated[bool, typer.Option(help="only questions whose video f
 ConfigOpt = Annotated[Optional[Path], typer.Option(help="Config YAML")]
 SetOpt = Annotated[Optional[List[str]], typer.Option('--set', help="Config override key=value (repeatable)")]
 ModelOpt = Annotated[Optional[str], typer.Option(help="model id for the backend")]
-RolesOpt = Annotated[str, typer.Option(help="auto | offline | model")]
+RolesOpt = Annotated[str, typer.Option(help="who plays planner, verifier and answerer: auto (the chat model where "
+                                        "its replies are meaningful, else the offline implementations) | offline "
+                                        "(the offline implementations, no model calls) | model (the chat model, even "
+                                        "the packaged base model)")]
+PRESET_NAMES = 'reveal, base, +iter, +offmem, +onmem, rerank_only, verify_only'
+PACE_NAMES = ('pace, pace-no-qcindex, pace-no-verify, pace-factors-1, pace-factors-2, pace-factors-3, pace-factors-4, '
+              'pace-factors-5, pace-without-clipsearch, pace-without-evidenceretrieve, pace-without-frameinspect, '
+              'pace-without-globalbrowse, dvd')
+BASELINE_NAMES = 'blind, direct, direct-subs, direct-captions'
 RunDirArg = Annotated[Path, typer.Argument(help="a RUN_DIR")]
 JsonOpt = Annotated[bool, typer.Option('--json', help="print JSON")]
 JsonSummaryOpt = Annotated[bool, typer.Option('--json', help="print a JSON summary")]
 QuietOpt = Annotated[bool, typer.Option(help="no progress bar")]
 
 # %% ../../nbs/90_cli.app.ipynb #862fbb62
+PLAIN_HELP = dict(no_args_is_help=True, rich_markup_mode=None)     # plain help: Rich's import alone is slower than the rest
 app = typer.Typer(help="reveal-kit: long-video QA with REVEAL — memories, questions, evaluation.",
-                  no_args_is_help=True, add_completion=False)
-backends_app = typer.Typer(help="Which models the kit would use here, and why.", no_args_is_help=True)
-memory_app = typer.Typer(help="Build and inspect offline video memories (REVEAL §3.1).", no_args_is_help=True)
-data_app = typer.Typer(help="Benchmark data: what is present under a data root.", no_args_is_help=True)
+                  add_completion=False, **PLAIN_HELP)
+backends_app = typer.Typer(help="Which models the kit would use here, and why.", **PLAIN_HELP)
+memory_app = typer.Typer(help="Build and inspect offline video memories (REVEAL §3.1).", **PLAIN_HELP)
+data_app = typer.Typer(help="Benchmark data: what is present under a data root.", **PLAIN_HELP)

@@ -4,6 +4,7 @@
 
 # %% ../../nbs/90d_cli.main.ipynb #6a69b67c
 from __future__ import annotations
+import sys
 from .app import app
 from . import data, runs, share     # each registers its commands on `app`, in this order
 
@@ -13,4 +14,5 @@ __all__ = ['main']
 # %% ../../nbs/90d_cli.main.ipynb #4f21074b
 def main():
     "Console entry point `reveal`."
+    sys.modules.setdefault('rfc3987_syntax', None)     # jsonschema's optional IRI checker: ~1 s to import, never used
     app()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, List, Optional
 import typer
 from typer.core import TyperGroup
-from .app import BaseUrlOpt, BenchmarkArg, CacheOpt, JsonOpt, LimitOpt, ModelOpt, OnlyPresentOpt, QuietOpt, RayOpt, RetriesOpt, RolesOpt, RootOpt, RunDirArg, SetOpt, ShardOpt, SplitOpt, TimeoutOpt, WorkerCpusOpt, app, chat_model_from_options, cli_errors, say
+from .app import PLAIN_HELP, PRESET_NAMES, PACE_NAMES, BASELINE_NAMES, BaseUrlOpt, BenchmarkArg, CacheOpt, JsonOpt, LimitOpt, ModelOpt, OnlyPresentOpt, QuietOpt, RayOpt, RetriesOpt, RolesOpt, RootOpt, RunDirArg, SetOpt, ShardOpt, SplitOpt, TimeoutOpt, WorkerCpusOpt, app, chat_model_from_options, cli_errors, say
 
 # %% auto #0
 __all__ = ['eval_app', 'SubstitutedOpt', 'rubrics_app', 'ask_pace_method', 'ask', 'DefaultToRun', 'eval_run', 'eval_report',
@@ -33,13 +33,14 @@ def ask_pace_method(video, question, option, method, subtitles, backend, model, 
 def ask(video: Annotated[Path, typer.Argument(help="video file")],
         question: Annotated[str, typer.Option('--question', '-q', help="the question")],
         option: Annotated[List[str], typer.Option('--option', '-o', help="an option, e.g. 'A. a red car' (repeat)")],
-        method: Annotated[str, typer.Option(help="a REVEAL preset (reveal_kit.reveal.presets.PRESETS, '+oracle' or "
-            "'+oracle-frames' suffix allowed) or a PACE method (pace, dvd, …)")] = 'reveal',
+        method: Annotated[str, typer.Option(help=f"a REVEAL preset: {PRESET_NAMES} (each also with the suffix "
+            f"+oracle or +oracle-frames); or a PACE method: {PACE_NAMES}")] = 'reveal',
         memory: Annotated[Optional[Path], typer.Option(help="folder of memories, one per memory-config key (or one "
                                                        "memory of this video); built there if missing")] = None,
-        subtitles: Annotated[Optional[Path], typer.Option(help="SRT/WebVTT subtitles aligned to the video")] = None,
+        subtitles: Annotated[Optional[Path], typer.Option(help="SRT/WebVTT subtitles aligned to the video (default: "
+                                                  "VIDEO's .srt or .vtt beside it, as benchmark runs use)")] = None,
         as_json: Annotated[bool, typer.Option('--json', help="print one JSON object")] = False,
-        backend: Annotated[str, typer.Option(help="embedded | http | vllm")] = 'embedded',
+        backend: Annotated[str, typer.Option(help="embedded | http | vllm | scripted")] = 'embedded',
         model: Annotated[Optional[str], typer.Option(help="model name / path")] = None, base_url: BaseUrlOpt = None,
         roles: RolesOpt = 'auto',
         trace_dir: Annotated[Optional[Path], typer.Option(help="where to write the trace")] = None,
@@ -48,6 +49,8 @@ def ask(video: Annotated[Path, typer.Argument(help="video file")],
         cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None):
     "Answer one question about one video with a REVEAL or PACE method and show the evidence."
     from reveal_kit.pace.agent import PACE_SPECS, PACE_ALIASES
+    from reveal_kit.reveal.ask import subtitles_beside
+    subtitles = subtitles or subtitles_beside(video)              # VIDEO's .srt/.vtt, as benchmark runs use
     if method in PACE_SPECS or method in PACE_ALIASES:
         res, text, keys = ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles,
                                           trace_dir, config, set_, cache, timeout)
@@ -68,7 +71,7 @@ class DefaultToRun(TyperGroup):
         if args and args[0] not in self.commands and not args[0].startswith('-'): args = ['run', *args]
         return super().parse_args(ctx, args)
 
-eval_app = typer.Typer(cls=DefaultToRun, no_args_is_help=True,
+eval_app = typer.Typer(cls=DefaultToRun, **PLAIN_HELP,
                        help="Evaluate a method on a benchmark (`reveal eval BENCHMARK --method M --out RUN_DIR`), "
                             "then `report` / `compare` runs.")
 app.add_typer(eval_app, name='eval')
@@ -80,9 +83,9 @@ SubstitutedOpt = Annotated[str, typer.Option(help="how accuracy counts an answer
 # %% ../../nbs/90b_cli.runs.ipynb #1642a723
 @eval_app.command('run')
 def eval_run(benchmark: BenchmarkArg,
-             method: Annotated[str, typer.Option('--method', '-m', help="blind, direct, a REVEAL preset ('+oracle' / "
-                                                 "'+oracle-frames' allowed), or a PACE method (pace, pace-no-qcindex, "
-                                                 "pace-no-verify, pace-factors-1..5, dvd)")],
+             method: Annotated[str, typer.Option('--method', '-m', help=f"a baseline: {BASELINE_NAMES}; a REVEAL "
+                                                 f"preset: {PRESET_NAMES} (each also with +oracle or +oracle-frames); "
+                                                 f"or a PACE method: {PACE_NAMES}")],
              out: Annotated[Path, typer.Option('--out', '-o', help="RUN_DIR (results.jsonl, run.json, traces/)")],
              root: RootOpt = None, limit: LimitOpt = None, shard: ShardOpt = '0/1',
              concurrency: Annotated[int, typer.Option('--concurrency', '-c', help="questions in flight")] = 1,
@@ -155,7 +158,7 @@ def eval_cost(run_dir: RunDirArg,
     say(json.dumps(rep, indent=1) if as_json else format_cost(rep))
 
 # %% ../../nbs/90b_cli.runs.ipynb #3908478b
-rubrics_app = typer.Typer(help="Rubric pools: induce one from a development split, show one.", no_args_is_help=True)
+rubrics_app = typer.Typer(help="Rubric pools: induce one from a development split, show one.", **PLAIN_HELP)
 
 @rubrics_app.command('induce')
 def rubrics_induce(

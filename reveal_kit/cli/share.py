@@ -4,16 +4,17 @@
 
 # %% ../../nbs/90c_cli.share.ipynb #5eabc147
 from __future__ import annotations
+import json, time
 from pathlib import Path
 from typing import Annotated, List, Optional
 import typer
-from .app import BaseUrlOpt, CacheOpt, ModelOpt, RunDirArg, TimeoutOpt, app, cli_errors, say
+from .app import PLAIN_HELP, BaseUrlOpt, CacheOpt, ModelOpt, RunDirArg, TimeoutOpt, app, cli_errors, say
 
 # %% auto #0
-__all__ = ['trace_app', 'trace_show', 'pack', 'replay', 'demo']
+__all__ = ['trace_app', 'trace_show', 'pack', 'replay', 'demo_memories', 'demo']
 
 # %% ../../nbs/90c_cli.share.ipynb #fe1f3138
-trace_app = typer.Typer(help="Per-question traces: why each answer was given.", no_args_is_help=True)
+trace_app = typer.Typer(help="Per-question traces: why each answer was given.", **PLAIN_HELP)
 
 @trace_app.command('show')
 def trace_show(run_dir: RunDirArg,
@@ -23,6 +24,9 @@ def trace_show(run_dir: RunDirArg,
                thumbs: Annotated[bool, typer.Option(help="keyframe thumbnails in the HTML pages")] = True):
     "Print a question's trace (rounds, queries, evidence, verifier, stop, calls); no QID: write the run browser."
     with cli_errors():
+        if run_dir.is_file() and qid is None and html is None:      # a trace file, as `reveal ask` prints it
+            from reveal_kit.reveal.ask import load_trace, format_trace
+            return say(format_trace(load_trace(run_dir)))
         if qid is not None and compare is None:
             from reveal_kit.eval.trace_view import show_trace
             return say(show_trace(run_dir, qid, html_out=html, thumbs=thumbs))
@@ -61,9 +65,25 @@ def replay(pack_file: Annotated[Path, typer.Argument(help="a pack (NAME.tar.gz o
     if not s['identical']: raise typer.Exit(1)
 
 # %% ../../nbs/90c_cli.share.ipynb #56d1d88c
+def demo_memories(bench: Path, methods: list[str]) -> None:
+    "Build the memories the methods read (each video once per chunking, as `reveal eval` finds them), timed."
+    from reveal_kit.core import Config
+    from reveal_kit.eval.methods import method_spec
+    from reveal_kit.memory.build import get_or_build_memory
+    rows = [json.loads(l) for l in (bench / 'questions.jsonl').read_text().splitlines() if l.strip()]
+    videos = {r['video_path']: r.get('subtitle_path') for r in rows}
+    chunkings = sorted({s['chunking'] for s in map(method_spec, methods) if s and s.get('chunking')})
+    say(f"[2/4] building the memories: {len(videos)} videos × {', '.join(chunkings) or 'no'} segments")
+    for v, sub in videos.items():
+        for ch in chunkings:
+            t = time.time()
+            get_or_build_memory(bench / v, Config(chunking=ch), subtitles=bench / sub if sub else None,
+                                progress=True)
+            say(f"      {Path(v).name}, {ch}: {time.time() - t:.1f}s")
+
 @app.command('demo')
 def demo(out: Annotated[Path, typer.Option(help="folder for the benchmark, memories and runs")] = Path('runs/demo'),
-         minutes: Annotated[float, typer.Option(help="length of each generated video")] = 4.0,
+         minutes: Annotated[float, typer.Option(help="length of each generated video")] = 2.0,
          videos: Annotated[int, typer.Option(help="generated videos")] = 2,
          questions_per_video: Annotated[int, typer.Option(help="questions per video")] = 6,
          methods: Annotated[str, typer.Option(help="comma-separated methods to compare")] = 'base,reveal',
@@ -77,14 +97,15 @@ def demo(out: Annotated[Path, typer.Option(help="folder for the benchmark, memor
     from reveal_kit.eval.metrics import demo_report
     out = Path(out)
     bench = out / 'bench'
-    say(f"[1/3] generating {videos} × {minutes:g}-min videos, {questions_per_video} questions each → {bench}")
+    say(f"[1/4] generating {videos} × {minutes:g}-min videos, {questions_per_video} questions each → {bench}")
     with cli_errors():
         generate_benchmark(bench, minutes=minutes, videos=videos, questions_per_video=questions_per_video, seed=seed,
                            split='test', size=(640, 360))
     names = [m.strip() for m in methods.split(',') if m.strip()]
     runs = {m: out / f"eval-{m.replace('+', 'plus-')}" for m in names}
+    with cli_errors(): demo_memories(bench, names)
     for i, m in enumerate(names):
-        say(f"[2/3] method {m} ({i + 1}/{len(names)}): memories are built once per video and reused")
+        say(f"[3/4] answering with {m} ({i + 1}/{len(names)})")
         with cli_errors():
             run_eval('synth', m, runs[m], root=bench, backend=backend, model=model, base_url=base_url,
                      cache_mode=cache, timeout_s=timeout)

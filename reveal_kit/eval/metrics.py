@@ -309,26 +309,32 @@ def _compare_substituted(c: dict) -> list[str]:
     how = {'wrong': 'counted as wrong', 'exclude': 'questions left out'}[c.get('substituted_policy', 'wrong')]
     return [f"substituted: A {a}; B {b}" + (f" ({how})" if any(s['substituted'] for s in c['substitutions']) else '')]
 
+def _labels(c: dict) -> tuple[str, str]:
+    "The columns of a comparison: the two runs' methods when known and different, else A and B."
+    m = tuple(c.get('methods') or ())
+    return m if len(m) == 2 and m[0] != m[1] else ('A', 'B')
+
 def format_compare(c: dict) -> str:
-    "A comparison as a readable side-by-side table."
-    ra, rb = c['a'], c['b']
+    "A comparison as a readable side-by-side table, its columns named by the runs' methods."
+    ra, rb, (la, lb) = c['a'], c['b'], _labels(c)
+    w = max(10, len(la) + 2, len(lb) + 2, len(la) + len(lb) + 3)
     L = [f"== {c['names'][0]}  vs  {c['names'][1]}",
          f"common questions {c['n_common']} (excluded: {c['excluded_failed']} failed in either; "
-         f"{c['only_in_a']} only in A, {c['only_in_b']} only in B; "
-         f"degraded, kept: {ra.get('degraded', 0)} in A, {rb.get('degraded', 0)} in B)",
-         f"{'':<30}{'A':>10}{'B':>10}{'A-B':>10}",
-         f"{'accuracy %':<30}{_pct(ra['accuracy']):>10}{_pct(rb['accuracy']):>10}{_pct(c['accuracy_diff']):>10}"]
+         f"{c['only_in_a']} only in {la}, {c['only_in_b']} only in {lb}; "
+         f"degraded, kept: {ra.get('degraded', 0)} in {la}, {rb.get('degraded', 0)} in {lb})",
+         f"{'':<30}{la:>{w}}{lb:>{w}}{la + '-' + lb:>{w}}",
+         f"{'accuracy %':<30}{_pct(ra['accuracy']):>{w}}{_pct(rb['accuracy']):>{w}}{_pct(c['accuracy_diff']):>{w}}"]
     for k in sorted(set(ra['by_qtype']) | set(rb['by_qtype'])):
         x, y = ra['by_qtype'].get(k, {}).get('accuracy'), rb['by_qtype'].get(k, {}).get('accuracy')
         d = _pct(x - y) if x is not None and y is not None else '—'
-        L.append(f"  {k[:26]:<28}{_pct(x):>10}{_pct(y):>10}{d:>10}")
-    L += [f"{lab:<30}{_num(ra[key], '.2f'):>10}{_num(rb[key], '.2f'):>10}" for lab, key in _COST_ROWS]
+        L.append(f"  {k[:26]:<28}{_pct(x):>{w}}{_pct(y):>{w}}{d:>{w}}")
+    L += [f"{lab:<30}{_num(ra[key], '.2f'):>{w}}{_num(rb[key], '.2f'):>{w}}" for lab, key in _COST_ROWS]
     L += _compare_substituted(c)
-    L.append(f"paired: both right {c['both_correct']}, only A {c['only_a_correct']}, only B {c['only_b_correct']}, "
-             f"both wrong {c['both_wrong']}")
+    L.append(f"paired: both right {c['both_correct']}, only {la} {c['only_a_correct']}, "
+             f"only {lb} {c['only_b_correct']}, both wrong {c['both_wrong']}")
     lo, hi = c['bootstrap_ci95']
-    L.append(f"McNemar exact p = {c['mcnemar_p']:.4g};  paired bootstrap 95 % CI of A-B: [{_pct(lo)}, {_pct(hi)}] "
-             f"points (seed {c['bootstrap_seed']}, {c['n_boot']} resamples)")
+    L.append(f"McNemar exact p = {c['mcnemar_p']:.4g};  paired bootstrap 95 % CI of {la}-{lb}: "
+             f"[{_pct(lo)}, {_pct(hi)}] points (seed {c['bootstrap_seed']}, {c['n_boot']} resamples)")
     return '\n'.join(L)
 
 # %% ../../nbs/43_eval.metrics.ipynb #ca4bb6c1
@@ -370,11 +376,18 @@ def judge_report(run_dir: str | Path, judge: str | None = None, cache_mode: str 
 
 
 # %% ../../nbs/43_eval.metrics.ipynb #90754038
+def _run_method(run_dir: str | Path) -> str:
+    "The method a RUN_DIR ran (its `run.json`), else the folder's name."
+    try: return str(json.loads((Path(run_dir) / 'run.json').read_text())['method'])
+    except (OSError, ValueError, KeyError, TypeError): return Path(run_dir).name
+
 def compare_runs(run_a: str | Path, run_b: str | Path, seed: int = 0, n_boot: int = 10000,
                  substituted: str = 'wrong') -> dict:
-    "`compare` of two RUN_DIRs, named by their paths."
-    return compare(load_results(run_a), load_results(run_b), seed=seed, n_boot=n_boot, names=(str(run_a), str(run_b)),
-                   substituted=substituted)
+    "`compare` of two RUN_DIRs, named by their paths; `methods`: what each ran."
+    c = compare(load_results(run_a), load_results(run_b), seed=seed, n_boot=n_boot, names=(str(run_a), str(run_b)),
+                substituted=substituted)
+    return dict(c, methods=[_run_method(run_a), _run_method(run_b)])
+
 
 # %% ../../nbs/43_eval.metrics.ipynb #34b54520
 def demo_table(run_dirs: dict[str, Path]) -> str:
@@ -403,9 +416,10 @@ With a real model: reveal demo --backend http --base-url http://HOST:8000/v1 (e.
 # %% ../../nbs/43_eval.metrics.ipynb #e059b1ec
 def demo_report(run_dirs: dict[str, Path]) -> str:
     "The demo's results: the table, the paired comparison of the first and last run, the traces, how to read them."
-    parts = ["[3/3] results\n" + demo_table(run_dirs)]
+    parts = ["[4/4] results\n" + demo_table(run_dirs)]
     if len(run_dirs) >= 2:
         (a, da), (b, db) = list(run_dirs.items())[0], list(run_dirs.items())[-1]
-        parts.append('\n' + format_compare(compare(load_results(da), load_results(db), names=(a, b))))
+        c = compare(load_results(da), load_results(db), names=(a, b))
+        parts.append('\n' + format_compare(dict(c, methods=(a, b))))
     parts += [f"traces of {m}: {Path(d) / 'traces'}" for m, d in run_dirs.items()]
     return '\n'.join(parts + ['\n' + DEMO_GUIDE])

@@ -202,7 +202,8 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
         append_jsonl(out / 'l1.jsonl', it.to_dict())
         done[it.item_id] = it
         bar.update(1)
-    with _pbar(len(todo), 'L1 captions', progress) as bar, _InOrder(concurrency, write) as line:
+    n = getattr(cap, 'workers', concurrency)                           # the offline captioner: one per core
+    with _pbar(len(todo), 'L1 captions', progress) as bar, _InOrder(n, write) as line:
         times = [t for t, _ in reqs]
         src = open_clip_folder(video).frames_at(times, 640) if where else iter_frames_at(video, times, max_width=640)
         for (t, j), fr in zip(reqs, src):

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/25c_reveal.ask.ipynb #264c37a5
 from __future__ import annotations
-import json
+import json, sys, time
 from pathlib import Path
 from typing import Any
 from ..core import Config, Question, load_config, ask_trace_dir
@@ -16,7 +16,7 @@ from .agent import answer_question
 from .presets import get_preset
 
 # %% auto #0
-__all__ = ['ASK_JSON_KEYS', 'load_trace', 'format_trace', 'ask', 'format_ask_summary']
+__all__ = ['ASK_JSON_KEYS', 'load_trace', 'format_trace', 'subtitles_beside', 'ask', 'format_ask_summary']
 
 # %% ../../nbs/25c_reveal.ask.ipynb #ca77b7a0
 def load_trace(path: str | Path) -> dict:
@@ -51,6 +51,11 @@ def format_trace(t: dict, max_items: int = 5) -> str:
     return '\n'.join(L)
 
 # %% ../../nbs/25c_reveal.ask.ipynb #708f518d
+def subtitles_beside(video: str | Path) -> Path | None:
+    "The subtitle file beside a video (same stem, `.srt`, else `.vtt`), as benchmark runs use; None if there is none."
+    v = Path(video)
+    return next((p for p in (v.with_suffix('.srt'), v.with_suffix('.vtt')) if v.is_file() and p.is_file()), None)
+
 def _memory_under(memory_dir: Path, video: Path, config: Config, chat: Any, subtitles: Path | None) -> Path:
     "`memory_dir` itself when it holds this video's memory with these settings, else its `<stem>-<sha8>-<key>` folder."
     d = memory_dir_for(video, config, memory_models(chat), subtitles, root=memory_dir)
@@ -61,16 +66,25 @@ def _memory_under(memory_dir: Path, video: Path, config: Config, chat: Any, subt
         if isinstance(old, dict) and old.get('memory_key') == key and old.get('video_sha256') == vsha: return memory_dir
     return d
 
-def _get_memory(video: Path, memory_dir: Path | None, config: Config, chat: Any, subtitles: Path | None) -> Any:
-    "Reuse or build the memory: under `memory_dir` when given (one memory per memory-config key), else the default."
-    if memory_dir is None:
-        return get_or_build_memory(video, config, chat_model=chat, subtitles=subtitles, progress=True)
-    d = _memory_under(memory_dir, video, config, chat, subtitles)
-    return OfflineMemory.build(video, d, config, chat_model=chat, subtitles=subtitles, progress=True)
+def _announce(d: Path, video: Path) -> float | None:
+    "When the memory in `d` is not finished: say on stderr that it is being built, and return the time; else None."
+    if (d / 'manifest.json').exists(): return None
+    print(f"building the memory of {video.name} in {d} (once per video; later questions reuse it)",
+          file=sys.stderr, flush=True)
+    return time.time()
+
+def _get_memory(video: Path, memory_dir: Path | None, config: Config, chat: Any, subtitles: Path | None) -> tuple:
+    "(memory, seconds its build took or None if reused): under `memory_dir` when given, else the default place."
+    d = (memory_dir_for(video, config, memory_models(chat), subtitles) if memory_dir is None
+         else _memory_under(memory_dir, video, config, chat, subtitles))
+    t0 = _announce(d, video)
+    if memory_dir is None: mem = get_or_build_memory(video, config, chat_model=chat, subtitles=subtitles, progress=True)
+    else: mem = OfflineMemory.build(video, d, config, chat_model=chat, subtitles=subtitles, progress=True)
+    return mem, None if t0 is None else round(time.time() - t0, 1)
 
 # %% ../../nbs/25c_reveal.ask.ipynb #a5ca11ed
 ASK_JSON_KEYS = ('answer', 'sufficient', 'rho', 'rounds', 'llm_calls', 'tokens', 'stop_reason', 'evidence', 'trace',
-                 'trace_error', 'degraded', 'failed_calls', 'memory_dir')
+                 'trace_error', 'degraded', 'failed_calls', 'memory_dir', 'memory_build_s', 'subtitles')
 
 
 def ask(video: str | Path, question: str, options: list[str], method: str = 'reveal', memory: str | Path | None = None,
@@ -84,14 +98,22 @@ def ask(video: str | Path, question: str, options: list[str], method: str = 'rev
     q = Question('ask', Path(video).stem, question, list(options))
     chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache,
                           timeout_s=timeout_s or getattr(cfg, 'timeout_s', None), **cfg.thinking_settings())
-    mem = _get_memory(Path(video), Path(memory) if memory else None, cfg, chat, Path(subtitles) if subtitles else None)
+    subs = Path(subtitles) if subtitles else subtitles_beside(video)
+    mem, built_s = _get_memory(Path(video), Path(memory) if memory else None, cfg, chat, subs)
     td = trace_dir or ask_trace_dir()
     res = answer_question(q, mem, chat, cfg, spec, trace_dir=td, roles=roles)
     if td is None: res['trace_error'] = "trace not written: the runs folder cannot be created (set $REVEAL_RUNS)"
     return {'trace_error': None, **res, 'options': q.options, 'tau': cfg.tau,
-            'memory_dir': str(getattr(mem, 'path', '') or '') or None}
+            'memory_dir': str(getattr(mem, 'path', '') or '') or None, 'memory_build_s': built_s,
+            'subtitles': str(subs) if subs else None}
 
 # %% ../../nbs/25c_reveal.ask.ipynb #9a7e0029
+def _memory_line(res: dict) -> str:
+    "Whether the memory was built (and how long it took) or reused, and which subtitles it holds."
+    b = res.get('memory_build_s')
+    how = 'reused' if b is None else f"built in {b:.1f}s"
+    return f"Memory: {how} ({res.get('memory_dir') or 'in memory'}); subtitles: {res.get('subtitles') or 'none'}"
+
 def format_ask_summary(res: dict) -> str:
     "The human-readable `reveal ask` output of an `ask` result."
     a = res['answer']
@@ -100,7 +122,7 @@ def format_ask_summary(res: dict) -> str:
     L = [f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})",
          f"Verdict: {verdict}, {rho}",
          f"Rounds: {res['rounds']} (stop: {res['stop_reason']}), LLM calls: {res['llm_calls']}, "
-         f"tokens: {res['tokens']}, {res['seconds']:.2f}s", "Evidence:"]
+         f"tokens: {res['tokens']}, {res['seconds']:.2f}s", _memory_line(res), "Evidence:"]
     L += [f"  [L{e['level']} {fmt_time(e['t_start'])}-{fmt_time(e['t_end'])}] {' '.join(e['text'].split()[:25])}"
           for e in res['evidence']] or ['  (none)']
     if res.get('missing_evidence'):
@@ -108,5 +130,6 @@ def format_ask_summary(res: dict) -> str:
     if res.get('degraded'):
         fc = ', '.join(f"{r} {n}" for r, n in res['failed_calls'].items())
         L.append(f"DEGRADED: failed model calls ({fc}); those steps used the offline fallback")
-    L.append(f"Trace: {res['trace']}" if res.get('trace') else f"Trace: not written ({res.get('trace_error')})")
+    L.append(f"Trace: reveal trace show {res['trace']}" if res.get('trace')
+             else f"Trace: not written ({res.get('trace_error')})")
     return '\n'.join(L)

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/13_video.captioning.ipynb #2d30f839
 from __future__ import annotations
-import re
+import os, re, threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Sequence
@@ -18,7 +18,7 @@ from ..retrieval.onnx import import_onnxruntime
 
 # %% auto #0
 __all__ = ['CAPTION_PROMPT', 'SUMMARY_PROMPTS', 'OCR_OPTIONS', 'caption_prompt', 'summary_prompt', 'colour_names', 'motion_level',
-           'get_ocr', 'ocr_text', 'Caption', 'PerceptualCaptioner', 'VLMCaptioner', 'make_captioner',
+           'get_ocr', 'ocr_text', 'Caption', 'PerceptualCaptioner', 'same_picture', 'VLMCaptioner', 'make_captioner',
            'extractive_summary', 'ExtractiveSummarizer', 'ModelSummarizer', 'make_summarizer']
 
 # %% ../../nbs/13_video.captioning.ipynb #716810a3
@@ -72,11 +72,20 @@ def _colour_name(h: float, s: float, v: float) -> str:
     if 15 <= h < 40 and v < 0.6: return 'brown'
     return next(n for lim, n in _HUES if h < lim)
 
+_LIMS, _HUE_NAMES = np.array([lim for lim, _ in _HUES]), np.array([n for _, n in _HUES])
+
+def _colour_name_array(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
+    "`_colour_name` of every element of three arrays at once (the same rules, in the same order)."
+    hue = _HUE_NAMES[np.searchsorted(_LIMS, h, side='right')]           # the first limit above h
+    brown = (h >= 15) & (h < 40) & (v < 0.6)
+    conds = [v < 0.2, (s < 0.18) & (v > 0.8), s < 0.18, brown]
+    return np.select(conds, ['black', 'white', 'grey', 'brown'], hue)
+
 def colour_names(rgb: np.ndarray, min_share: float = 0.12, top: int = 3) -> list[str]:
     "Names of the colours covering at least `min_share` of the frame, most common first."
     import cv2
     hsv = cv2.cvtColor(_thumb(rgb), cv2.COLOR_RGB2HSV_FULL).reshape(-1, 3).astype(float)
-    names = np.array([_colour_name(h * 360 / 256, s / 255, v / 255) for h, s, v in hsv])
+    names = _colour_name_array(hsv[:, 0] * 360 / 256, hsv[:, 1] / 255, hsv[:, 2] / 255)
     vals, counts = np.unique(names, return_counts=True)
     order = np.argsort(-counts, kind='stable')
     return [str(vals[i]) for i in order[:top] if counts[i] / len(names) >= min_share]
@@ -89,14 +98,16 @@ def motion_level(frames: Sequence[np.ndarray]) -> float:
     return float(np.mean([np.abs(a - b).mean() for a, b in zip(g, g[1:])])) if len(g) > 1 else 0.0
 
 # %% ../../nbs/13_video.captioning.ipynb #96f72ee1
-OCR_OPTIONS = dict(det_limit_type='max', det_limit_side_len=640, use_cls=False)
+OCR_OPTIONS = dict(det_limit_type='max', det_limit_side_len=640, use_cls=False, intra_op_num_threads=1)
+_ENGINES = threading.local()
 
-@lru_cache(maxsize=1)
 def get_ocr():
-    "The process-wide RapidOCR engine (ONNX models shipped in the wheel), configured by `OCR_OPTIONS`."
-    import_onnxruntime()                                  # telemetry off before RapidOCR loads it
-    from rapidocr_onnxruntime import RapidOCR
-    return RapidOCR(**OCR_OPTIONS)
+    "This thread's RapidOCR engine (ONNX models shipped in the wheel), configured by `OCR_OPTIONS`; one per thread."
+    if getattr(_ENGINES, 'ocr', None) is None:
+        import_onnxruntime()                              # telemetry off before RapidOCR loads it
+        from rapidocr_onnxruntime import RapidOCR
+        _ENGINES.ocr = RapidOCR(**OCR_OPTIONS)
+    return _ENGINES.ocr
 
 # %% ../../nbs/13_video.captioning.ipynb #edaf41d5
 def ocr_text(rgb: np.ndarray, min_score: float = 0.6) -> list[str]:
@@ -124,6 +135,11 @@ class PerceptualCaptioner:
     def __init__(self, ocr_frames: int | None = None, theta: float = 0.8):
         self.ocr_frames, self.theta = ocr_frames, theta
 
+    @property
+    def workers(self) -> int:
+        "Segments a memory build captions at once with this captioner: one per core (its OCR uses one), up to four."
+        return max(1, min(4, os.cpu_count() or 1))
+
 # %% ../../nbs/13_video.captioning.ipynb #cfe41845
 def _light(luma: float) -> str: return 'dark' if luma < 60 else 'bright' if luma > 180 else 'medium brightness'
 def _move(mot: float) -> str: return 'static' if mot < 2 else 'some motion' if mot < 12 else 'strong motion'
@@ -142,16 +158,25 @@ def facts(self: PerceptualCaptioner, frames: Sequence[np.ndarray],
     return s, dict(colours=top, luma=round(luma, 1), motion=round(mot, 2))
 
 # %% ../../nbs/13_video.captioning.ipynb #de4115a5
+def same_picture(a: np.ndarray, b: np.ndarray, tol: float = 2.0) -> bool:
+    "Whether two frames show the same picture up to compression noise: no 8×8 block's mean differs by more than `tol`."
+    import cv2
+    if a.shape != b.shape: return False
+    size = (max(1, a.shape[1] // 8), max(1, a.shape[0] // 8))
+    ta, tb = (cv2.resize(x, size, interpolation=cv2.INTER_AREA).astype(np.int16) for x in (a, b))
+    return int(np.abs(ta - tb).max()) <= tol
+
+# %% ../../nbs/13_video.captioning.ipynb #91dab2c7
 @patch
 def ocr(self: PerceptualCaptioner, frames: Sequence[np.ndarray]) -> list[str]:
-    "Distinct OCR lines from every frame given, or from up to `ocr_frames` evenly chosen ones."
+    "Distinct OCR lines from every frame given (or `ocr_frames` evenly chosen), reusing a reading on the same picture."
     n = len(frames) if self.ocr_frames is None else min(self.ocr_frames, len(frames))
     if not frames or n <= 0: return []
     idx = sorted(set(np.linspace(0, len(frames) - 1, n).round().astype(int)))
-    lines = []
+    lines, read, seen = [], None, []
     for i in idx:
-        for l in ocr_text(frames[i]):
-            if l not in lines: lines.append(l)
+        if read is None or not same_picture(read, frames[i]): read, seen = frames[i], ocr_text(frames[i])
+        lines += [l for l in seen if l not in lines]
     return lines
 
 # %% ../../nbs/13_video.captioning.ipynb #dd10355e
