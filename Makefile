@@ -15,7 +15,7 @@ export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
 .PHONY: install install-dev demo figures test test-lmms test-vllm test-vllm-nb sync nbtest pytest clean-nbs bench \
-        vllm-bench
+        vllm-bench lab docs
 
 ## what the demo needs: the kit and its CPU dependencies (no llama.cpp: the demo's roles are the offline ones).
 ## INSTALLER=uv (default) installs with uv, which downloads in parallel: about 30 s instead of pip's 2-8 min on a fresh
@@ -127,6 +127,16 @@ test-vllm-nb: $(VLLM_STAMP)
 ## captions/s, REVEAL questions/s, the in-process engine beside it (prints one table, writes runs/bench/vllm.json)
 vllm-bench: $(VLLM_STAMP)
 	$(VLLM_PY) benchmarks/vllm_bench.py --out runs/bench/vllm.json
+
+## the notebooks in JupyterLab, on this machine only (127.0.0.1); the widget viewer works offline
+lab: install-dev
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser --ServerApp.root_dir=nbs $(if $(filter 0,$(shell id -u)),--allow-root)
+
+## the site: every notebook rendered with its outputs (run at build time, cached in _site/.jupyter_cache, so a rebuild
+## reruns only what changed), experiment pages with the committed figures, a figures gallery, search, llms.txt;
+## offline at build and view time. Open _site/index.html.
+docs: install-dev
+	$(PY) tools/build_site.py --out _site
 
 clean-nbs:
 	$(VENV)/bin/nbdev_clean
