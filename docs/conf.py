@@ -20,6 +20,7 @@ nb_execution_excludepatterns = ['experiments/*']
 nb_merge_streams = True
 # Offline at view time: no widget JavaScript from a CDN (widget outputs show their static HTML fallback), math written with $…$ stays as typed (no MathJax from a CDN).
 nb_ipywidgets_js = {}
+nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None)]
 
 
 html_theme = 'furo'

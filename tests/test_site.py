@@ -142,7 +142,7 @@ def viewer_notebook(d: Path) -> Path:
     from reveal_kit.eval.runner import run_eval
     from reveal_kit.testing.runs import first_letter, toy_questions
     run = d / 'run'
-    register_method('_first_letter')(lambda q, ctx=None: {'answer': first_letter(q, ctx)['answer']})
+    register_method('_first_letter')(first_letter)
     run_eval(toy_questions(3), '_first_letter', run, progress=False)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         f"from reveal_kit.eval.trace_view import TraceViewer\nTraceViewer({str(run)!r})")])

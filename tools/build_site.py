@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC, CONF = ROOT / '_docsrc', ROOT / 'docs'
 DIRECTIVE = re.compile(r'^#\|\s*([\w-]+)(.*)$')
 NO_RUN = {'gpu', 'vllm'}            # cells for hardware this machine may lack; slow cells run
+GUIDES = sorted((CONF / 'guide').glob('*.md'), key=lambda p: ['notebooks', 'status', 'cli', 'gpu', 'scale',
+                                                              'reference'].index(p.stem))
 ROOMS = [('core', 'Core: types, settings, text and files'), ('testing', 'Testing fixtures'),
          ('backends', 'Backends: one chat interface'), ('retrieval', 'Retrieval: embedders and the index'),
          ('synth', 'The generated benchmark'), ('video', 'Video: frames, segments, subtitles, captions'),
@@ -112,12 +114,20 @@ def home_page(groups: dict) -> str:
     "The home page: the README, then the reading-order tables of contents (tutorials first)."
     readme = (ROOT / 'README.md').read_text(encoding='utf-8')
     readme = re.sub(r'\]\(nbs/([^)]+)\.ipynb\)', r'](\1.ipynb)', readme)
+    readme = re.sub(r'\]\(docs/([^)]+)\)', r'](\1)', readme)
     parts = [readme, '\n', toctree('Start here', [doc_name(p) for p in groups['tutorials']])]
     for r, caption in ROOMS:
         if groups[f'api-{r}']: parts.append(toctree(caption, [doc_name(p) for p in groups[f'api-{r}']]))
-    parts += [toctree('Explanations', [doc_name(p) for p in groups['explanations']] + ['references']),
+    parts += [toctree('Guides', [f'guide/{p.stem}' for p in GUIDES]),
+              toctree('Explanations', [doc_name(p) for p in groups['explanations']] + ['references']),
               toctree('Experiments: every table and figure', ['gallery'] + [doc_name(p) for p in groups['experiments']])]
     return '\n'.join(parts)
+
+
+def guide_page(text: str) -> str:
+    "A guide of docs/guide/ as a site page: links to notebooks point at their pages, other repository files stay text."
+    text = re.sub(r'\]\(\.\./\.\./nbs/([^)]+)\.ipynb\)', r'](../\1.ipynb)', text)
+    return re.sub(r'\[([^\]]+)\]\(\.\./\.\./([^)]+)\)', r'\1 (`\2`)', text)
 
 
 def gallery_page(exps: list[Path]) -> str:
@@ -146,7 +156,10 @@ def llms_txt(groups: dict, base: str = '') -> str:
             title, summary = title_of(nb)
             lines.append(f'- [{title}]({base}{doc_name(nb)}.html): {summary}')
         lines.append('')
-    return '\n'.join(lines)
+    lines += ['## Guides', ''] + [f"- [{g.read_text(encoding='utf-8').splitlines()[0][2:]}]({base}guide/{g.stem}.html)"
+                                  for g in GUIDES]
+    return '\n'.join(lines) + '\n'
+
 
 
 def stage() -> dict:
@@ -160,6 +173,8 @@ def stage() -> dict:
     (SRC / 'index.md').write_text(home_page(groups), encoding='utf-8')
     (SRC / 'gallery.md').write_text(gallery_page(groups['experiments']), encoding='utf-8')
     shutil.copy2(CONF / 'references.md', SRC / 'references.md')
+    (SRC / 'guide').mkdir()
+    for g in GUIDES: (SRC / 'guide' / g.name).write_text(guide_page(g.read_text(encoding='utf-8')), encoding='utf-8')
     return groups
 
 

@@ -375,9 +375,9 @@ class TraceViewer:
         self.widget = W.VBox([W.HBox([self.outcome, self.qtype, self.stop, self.thumbs]), self.pick, self.page])
         self.refresh()
 
-    def _ipython_display_(self):
-        from IPython.display import display
-        display(self.widget)
+    def _repr_mimebundle_(self, **kwargs) -> dict:
+        "The live widget where a kernel runs it; where none does (a static page), the selected question's page."
+        return {**(self.widget._repr_mimebundle_(**kwargs) or {}), 'text/html': self.page.value}
 
     def refresh(self) -> None:
         "Re-filter the question list (keeping the selection when it still matches)."
