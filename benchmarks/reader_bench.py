@@ -56,7 +56,8 @@ def bench(root: str, memories: str, chunk: str) -> None:
     ver = Verifier(offline=True)
     acc, cal = defaultdict(Counter), defaultdict(Counter)
     for q in qs:
-        d = [x for x in glob.glob(f'{memories}/{q.video_id}-*') if chunking(x) == chunk]
+        d = [x for x in glob.glob(f'{memories}/{q.video_id}-*')
+             if (Path(x) / 'manifest.json').exists() and chunking(x) == chunk]
         if not d: continue
         m = OfflineMemory.load(d[0])
         for name, ev in evidence_sets(q, m).items():
