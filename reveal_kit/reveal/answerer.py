@@ -19,6 +19,7 @@ from .planner import focus, option_events, question_anchor, role_type
 from .offline_checks import (EvidenceView, SUPPORT_LO, count_instances, option_common_words,
                                               option_number, temporal_events)
 from .verifier import EVIDENCE_TOKENS, evidence_block
+from .reader import read_rounds
 
 # %% auto #0
 __all__ = ['ANSWER_SYSTEM', 'AnswerResult', 'offline_answer', 'answer_reply', 'answer_schema', 'answer_prompt', 'Answerer']
@@ -98,14 +99,24 @@ def _pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, s
     return None, 'best supported'
 
 # %% ../../nbs/24_reveal.answerer.ipynb #1f54921d
-def offline_answer(q: Question, view: EvidenceView, pool: RubricPool | None = None) -> AnswerResult:
-    "The option the evidence supports best, by the rules above (`pool` is not read: no rubric, no verifier scores)."
+def _guess(q: Question, view: EvidenceView) -> AnswerResult:
+    "The support rules above: a guess, since the reader found nothing that decides."
     support = _option_support(q, view)
     best, rule = _pick(q, view, support)
     if best is None:
         best, rule = max(q.options, key=lambda o: (round(support[o], 9), -ord(o))), 'best supported'
-    why = f"{'no evidence; ' if not view.evidence else ''}option {best} ({rule}): support={support[best]:.2f}"
-    return AnswerResult(best, why, 'offline', scores={'support': support, 'rule': rule})
+    why = (f"{'no evidence; ' if not view.evidence else ''}a guess (the evidence does not determine the answer): "
+           f"option {best} ({rule}): support={support[best]:.2f}")
+    return AnswerResult(best, why, 'offline', scores={'support': support, 'rule': rule, 'determined': False})
+
+def offline_answer(q: Question, view: EvidenceView, pool: RubricPool | None = None) -> AnswerResult:
+    "The offline reader's answer (`22a_reveal.reader`), else a guess by the support rules (`pool` is not read)."
+    r = read_rounds(q, view.evidence, view.duration, view.round)
+    if r.answer is None:
+        return _guess(q, view)
+    how = 'the evidence determines it' if r.determined else 'the best reading, a guess: the evidence does not determine it'
+    return AnswerResult(r.answer, f"option {r.answer} (reader, {r.kind}): {how}", 'offline',
+                        scores={'rule': 'reader', 'determined': r.determined, 'directions': r.directions})
 
 # %% ../../nbs/24_reveal.answerer.ipynb #ab04c0d1
 @functools.lru_cache(maxsize=64)

@@ -13,10 +13,11 @@ from ..core import Question, Evidence
 from ..text import content_words, tokens
 from .rubrics import Criterion, OFFLINE_CHECKS
 from .planner import focus, option_events, question_anchor, role_type
+from .reader import Reading, option_fact, read_rounds, thirds_reached
 
 # %% auto #0
 __all__ = ['SUPPORT_HI', 'SUPPORT_LO', 'MARGIN', 'EvidenceView', 'option_common_words', 'option_number', 'count_instances',
-           'temporal_events', 'OfflineScores', 'offline_scores']
+           'temporal_events', 'OfflineScores', 'reading_scores', 'offline_scores']
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #276260c9
 SUPPORT_HI, SUPPORT_LO, MARGIN = 0.55, 0.35, 0.10
@@ -315,9 +316,53 @@ def _directions(q: Question, S: np.ndarray, best: dict, view: EvidenceView, type
         return tuple(typed[qt])
     return _support_dirs(opts, best, foc)
 
+# %% ../../nbs/23_reveal.offline_checks.ipynb #b9d2c3a2
+def _candidate_z(check: str, r: Reading, o: str, view: EvidenceView) -> float | None:
+    "The checks scored from the reading's direction and candidate (None: not one of them)."
+    sup, cand, f = r.directions[o] == 'supported', r.answer == o, r.facts
+    if check == 'direct_support': return 1.0 if sup else 0.5 if cand else 0.0
+    if check == 'discriminative': return 1.0 if sup and r.determined else 0.5 if cand else 0.0
+    if check == 'order_consistent': return 1.0 if sup else 0.5 if cand or f.get('event') else 0.0
+    if check == 'question_anchor':
+        anchored = f.get('anchor') or f.get('pair') or f.get('event') or bool(f.get('count'))
+        return (1.0 if cand else 0.5) if anchored else 0.0
+    if check == 'coverage': return {3: 1.0, 2: 0.5}.get(thirds_reached(view.evidence, view.duration), 0.0)
+    return None
+
+# %% ../../nbs/23_reveal.offline_checks.ipynb #b9d2c3a3
+def _typed_z(check: str, r: Reading, o: str, view: EvidenceView) -> float:
+    "The checks of counting, temporal order, negation and causal questions, from the reader's facts."
+    f, k = r.facts, r.facts.get('options', {}).get(o)
+    n, unread = f.get('count', 0), f.get('unread', [])
+    if check == 'distinct_instances': return 1.0 if n and k == n else 0.5 if n and k and abs(k - n) == 1 else 0.0
+    if check == 'instance_attributes': return 1.0 if n else 0.0
+    if check == 'excludes_alternatives': return 1.0 if f.get('closed') else 0.0
+    if check == 'events_located':
+        both = f.get('anchor', False) + f.get('located', {}).get(o, False)
+        return 1.0 if both == 2 and f.get('fixed') else 0.5 if both else 0.0
+    if check == 'exclusion_coverage': return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
+    if check == 'absence_check':
+        return 0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3 else 0.5
+    if check == 'cause_effect_link': return 1.0 if f.get('cause') and k == f['cause'] else 0.5 if f.get('event') else 0.0
+    return 1.0 if r.directions[o] == 'supported' else 0.0
+
+# %% ../../nbs/23_reveal.offline_checks.ipynb #b9d2c3a4
+def reading_scores(q: Question, criteria: list[Criterion], view: EvidenceView) -> OfflineScores | None:
+    "Scores from what the offline reader establishes (table above); None where the reader does not apply."
+    r = read_rounds(q, view.evidence, view.duration, view.round)
+    if r.kind is None or not r.events or any(option_fact(r.kind, t) is None for t in q.options.values()):
+        return None
+    z = lambda ch, o: (v if (v := _candidate_z(ch, r, o, view)) is not None else _typed_z(ch, r, o, view))
+    table = {o: {c.name: z(_check_name(c), o) for c in criteria} for o in q.options}
+    unknown = [o for o in q.options if r.directions[o] == 'unknown']
+    details = {'qtype': r.kind, 'reader': dict(answer=r.answer, determined=r.determined, facts=r.facts)}
+    return OfflineScores(table, dict(r.directions), unknown, r.missing[:4], {}, details)
+
 # %% ../../nbs/23_reveal.offline_checks.ipynb #a57a299f
 def offline_scores(q: Question, criteria: list[Criterion], view: EvidenceView) -> OfflineScores:
-    "Deterministic option × criterion scores in {0, 0.5, 1} from evidence support (rules above)."
+    "Deterministic option × criterion scores in {0, 0.5, 1}: the reader's where it applies, else evidence support."
+    if (read := reading_scores(q, criteria, view)) is not None:
+        return read
     S, best, arg, fS = _option_support(q, view)
     checks, details = {}, {'qtype': role_type(q), 'support': best}
     typed = _typed_checks(q, criteria, view, checks, details)
