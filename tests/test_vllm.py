@@ -82,7 +82,7 @@ def reveal(*args: str, env: dict, timeout: float = 600) -> subprocess.CompletedP
     return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=timeout)
 
 
-READY_S = 1200      # the most a replica may take to answer (two start together; about 2 minutes on an idle 2-core box)
+READY_S = 1200      # the most a replica may take to be ready (two start together: about 2 min on an idle 2-core box)
 
 
 def slow_limit(srv: VLLMServer, factor: float = 12, floor: float = 600) -> float:
