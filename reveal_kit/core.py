@@ -12,10 +12,11 @@ import numpy as np
 import yaml
 
 # %% auto #0
-__all__ = ['LETTERS', 'Span', 'DUPLICATE_QIDS', 'normalize_options', 'Question', 'unique_qids', 'duration_group', 'MemoryItem',
-           'Evidence', 'MemoryBuildError', 'RunMismatch', 'KitWarning', 'warn', 'check_config', 'Config',
-           'parse_overrides', 'load_config', 'project_root', 'runs_dir', 'safe_name', 'sha256_file', 'seed_everything',
-           'kit_version', 'trace_path', 'digest', 'build_stamp', 'ask_trace_dir']
+__all__ = ['LETTERS', 'Span', 'DUPLICATE_QIDS', 'REPLY_TOKENS', 'THINKING', 'normalize_options', 'Question', 'unique_qids',
+           'duration_group', 'MemoryItem', 'Evidence', 'MemoryBuildError', 'RunMismatch', 'KitWarning', 'warn',
+           'check_config', 'Config', 'parse_overrides', 'load_config', 'reply_tokens', 'project_root', 'runs_dir',
+           'safe_name', 'sha256_file', 'seed_everything', 'kit_version', 'trace_path', 'digest', 'build_stamp',
+           'ask_trace_dir']
 
 # %% ../nbs/00_core.ipynb #6cf813b8
 LETTERS = string.ascii_uppercase
@@ -233,6 +234,16 @@ def _one_line_format(message, category, filename, lineno, line=None) -> str:
 
 warnings.formatwarning = _one_line_format
 
+# %% ../nbs/00_core.ipynb #2ac199d2
+REPLY_TOKENS = {           # role → the most tokens of its reply (before any reasoning allowance)
+    'blind': 32, 'direct': 256, 'answerer': 256, 'relevance': 128, 'teacher': 256, 'proposer': 1024,
+    'verifier': 768, 'verifier_select': 512, 'reranker': 768, 'planner': 512, 'planner_decompose': 512,
+    'caption': 300, 'needle_judge': 512,
+    'pace_agent': 'pace_agent_max_tokens', 'pace_factors': 'pace_factor_max_tokens',
+    'pace_decompose': 'pace_decompose_max_tokens', 'pace_caption': 'pace_caption_max_tokens',
+    'pace_index': 'pace_caption_max_tokens', 'pace_browse': 'pace_tool_max_tokens',
+    'pace_inspect': 'pace_tool_max_tokens', 'pace_registry': 'pace_tool_max_tokens'}
+
 # %% ../nbs/00_core.ipynb #24f97ee6
 def _coerce(old: Any, new: Any) -> Any:
     "Convert `new` (possibly a CLI string) to the type of the default `old`."
@@ -262,12 +273,16 @@ def _range_error(name: str, v: float) -> str | None:
     return None
 
 # %% ../nbs/00_core.ipynb #c0f1a004
+THINKING = ('auto', 'on', 'off')          # Config.thinking: send nothing | enable_thinking true | false
+
 def check_config(cfg: Any) -> Any:
     "`cfg` when every value is in its range (and each min ≤ its max); else a one-line ValueError naming the value."
     for f in fields(cfg):
         v = getattr(cfg, f.name)
         why = _range_error(f.name, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         if why: raise ValueError(f"Config.{f.name} must be {why}, got {v!r}")
+    if getattr(cfg, 'thinking', 'auto') not in THINKING:
+        raise ValueError(f"Config.thinking must be one of {', '.join(THINKING)}, got {cfg.thinking!r}")
     for lo, hi in (('min_subqueries', 'max_subqueries'), ('pace_min_factors', 'pace_max_factors'),
                    ('min_segment_s', 'max_segment_s')):
         if hasattr(cfg, lo) and hasattr(cfg, hi) and getattr(cfg, lo) > getattr(cfg, hi):
@@ -276,6 +291,7 @@ def check_config(cfg: Any) -> Any:
 
 # %% ../nbs/00_core.ipynb #0aebac7a
 _UNHASHED = ('timeout_s',)                # Config fields that cannot change a result
+_HASHED_WHEN_SET = ('thinking', 'reasoning_allowance')   # added later: at their defaults, hash() is as it was
 
 @dataclass(frozen=True)
 class Config:
@@ -340,6 +356,9 @@ class Config:
     direct_fps: float = 1.0
     direct_max_frames: int = 768
     seed: int = 0
+    # model replies: each role's budget is REPLY_TOKENS (above); a thinking model reasons first, within an allowance
+    thinking: str = 'auto'                # auto: send nothing | on / off: chat_template_kwargs.enable_thinking
+    reasoning_allowance: int = 4096       # thinking 'on': tokens added to every role's reply budget
     # model servers: how long to wait, not what is computed (kept out of `hash()`)
     timeout_s: float = 120.0              # longest wait in seconds for one reply of an HTTP model server
 
@@ -348,8 +367,21 @@ class Config:
 
     def hash(self) -> str:
         "Stable 12-hex digest of every value that can change a result; recorded by every output made under it."
-        d = {k: v for k, v in self.to_dict().items() if k not in _UNHASHED}
+        defaults = {f.name: f.default for f in fields(self)}
+        d = {k: v for k, v in self.to_dict().items()
+             if k not in _UNHASHED and not (k in _HASHED_WHEN_SET and v == defaults[k])}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+    def reply_tokens(self, role: str) -> int:
+        "The reply budget of `role` in REPLY_TOKENS (a name there is a Config field's, e.g. PACE's budgets)."
+        if role not in REPLY_TOKENS:
+            raise KeyError(f"no reply budget for role {role!r}; known: {sorted(REPLY_TOKENS)}")
+        v = REPLY_TOKENS[role]
+        return int(getattr(self, v) if isinstance(v, str) else v)
+
+    def thinking_settings(self) -> dict:
+        "What a chat model needs to serve a thinking backbone: the switch and the reasoning allowance."
+        return dict(thinking=self.thinking, reasoning_allowance=self.reasoning_allowance)
 
     def replace(self, **kw) -> Config:
         "A copy with some values changed; unknown names are an error."
@@ -380,6 +412,11 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] | dict 
         cfg = cfg.replace(**d)
     ov = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     return cfg.replace(**ov) if ov else cfg
+
+# %% ../nbs/00_core.ipynb #e61db85c
+def reply_tokens(role: str, config: Config | None = None) -> int:
+    "The reply budget of `role` (`REPLY_TOKENS`), read through `config` (default: the paper's values)."
+    return (config or Config()).reply_tokens(role)
 
 # %% ../nbs/00_core.ipynb #427c18bc
 def project_root() -> Path:

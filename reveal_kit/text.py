@@ -66,8 +66,9 @@ def hms_to_seconds(s: str) -> float:
 _ESCAPES = re.compile(r'\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?'      # OSC … BEL / ST (clipboard, title)
                       r'|\x1b\[[0-?]*[ -/]*[@-~]'                 # CSI (colour, cursor)
                       r'|\x1b[@-Z\\-_]'                          # other two-byte escapes
-                      r'|[\x00-\x08\x0b-\x1f\x7f-\x9f]')          # any other control character but \t and \n
+                      r'|[\x00-\x08\x0b-\x1f\x7f-\x9f]'           # any other control character but \t and \n
+                      '|[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]')  # bidi marks, overrides, isolates
 
 def printable(text: object) -> str:
-    "`text` as a string without escape sequences or control characters (newline and tab kept)."
+    "`text` as a string without escape sequences, control or bidi-override characters (newline and tab kept)."
     return _ESCAPES.sub('', str(text))

@@ -224,7 +224,8 @@ def test_frame_inspect_sends_frames_to_the_vision_model_on_the_server(server, vi
     assert o.arguments['time_ranges_hhmmss'] == [['00:00:04', '00:00:09']]
     [rec] = o.calls
     assert (rec['role'], rec['backend'], rec['model'], rec['base_url']) == ('pace_inspect', 'http', NAME, server.url)
-    assert len(wire.requests) == 1 + rec['repaired'] and all(s == 200 for s, _ in wire.replies)
+    assert len(wire.requests) == 1 + rec['cut_retry'] + rec['repaired']      # a cut look is asked again, doubled
+    assert all(s == 200 for s, _ in wire.replies)
     for req in wire.requests:      # every request (a repair too) carries the frame, under the inspect schema
         assert [im.size for im in image_parts(req['messages'])] == [(160, 120)]
         assert req['response_format']['type'] == 'json_schema'

@@ -18,7 +18,7 @@ from .replies import (Completion, ToolCall, as_completion, calls_from_json, esti
 # %% auto #0
 __all__ = ['JSON_STATS', 'BackendError', 'BackendUnavailable', 'RequestRejected', 'BadReply', 'CallsFailing', 'CallRecord',
            'ChatResult', 'ToolResult', 'json_stats', 'ChatModel', 'ScriptedModel', 'is_meaningful', 'offline_role',
-           'models_record', 'record_dict', 'role_call', 'call_totals']
+           'models_record', 'set_thinking', 'record_dict', 'role_call', 'call_totals']
 
 # %% ../../nbs/02a_backends.chat.ipynb #fbd2b09f
 class BackendError(RuntimeError):
@@ -57,6 +57,8 @@ class CallRecord:
     repaired: bool = False
     error: str | None = None
     orig_latency_s: float | None = None   # on a cache hit: latency of the call that produced the cached answer
+    cut_retry: bool = False              # the reply was cut at max_tokens and asked again with twice the budget
+    protocol: str = ''                   # chat_tools: 'tools' (native function calling) or 'tools_as_json'
     usage_note: str | None = None         # which token counts are the kit's estimates, and why (None: the server's)
     def to_dict(self) -> dict: return asdict(self)
 
@@ -110,6 +112,8 @@ class ChatModel:
     timeout_s: float | None = None          # the longest wait for one reply (enforced by HTTP backends)
     progress_after_s: float | None = 10.0   # a call slower than this says so on stderr (None: never)
     max_failures_in_row: int | None = 5     # this many failed calls in a row raise CallsFailing (None: never)
+    thinking: str = 'auto'                  # Config.thinking: 'on' / 'off' sent with every request; 'auto' nothing
+    reasoning_allowance: int = 0            # with thinking 'on': added to every reply budget
 
     def __init__(self): self.stats = Counter()
     def sampling_params(self) -> dict:
@@ -118,6 +122,15 @@ class ChatModel:
     def _complete(self, messages: list[dict], *, schema: dict | None, max_tokens: int, temperature: float,
                   role: str) -> tuple[str, int, int]:
         raise NotImplementedError
+    def reply_budget(self, max_tokens: int) -> int:
+        "A role's reply budget as sent: plus the reasoning allowance when thinking is on."
+        return int(max_tokens) + (int(self.reasoning_allowance) if self.thinking == 'on' else 0)
+    def thinking_switch(self) -> dict:
+        "The chat-template switch to send (`{'enable_thinking': …}`), or {} under 'auto'."
+        return {} if self.thinking == 'auto' else {'enable_thinking': self.thinking == 'on'}
+    def tool_protocol(self) -> str:
+        "How `chat_tools` asks for calls: 'tools_as_json', the calls as JSON under a schema (native: 'tools')."
+        return 'tools_as_json'
     def where(self) -> str:
         "What errors name: the server URL, the model file, or the model id."
         return self.base_url or str(getattr(self, 'model_path', None) or '') or str(self.model_id)
@@ -129,7 +142,7 @@ def _default_reply(messages, schema, role):
     return minimal_instance(schema) if schema is not None else 'ok'
 
 class ScriptedModel(ChatModel):
-    "A deterministic model: `fn(messages, schema, role) -> str | dict | list`; every call is logged in `.calls`."
+    "A deterministic model: `fn(messages, schema, role) -> str | dict | list | Completion`, calls in `.calls`."
     backend_name = 'scripted'
     def __init__(self, fn: Callable | None = None, *, model_id: str = 'scripted', meaningful: bool = True,
                  supports_images: bool = True):
@@ -138,9 +151,12 @@ class ScriptedModel(ChatModel):
         self.meaningful, self.supports_images = meaningful, supports_images
         self.why, self.calls = 'scripted test model (deterministic replies, no real model)', []
 
+    def tool_protocol(self) -> str: return 'tools'
+
     def _complete(self, messages, *, schema, max_tokens, temperature, role):
-        self.calls.append({'role': role, 'messages': messages})
+        self.calls.append({'role': role, 'messages': messages, 'max_tokens': max_tokens})
         out = self.fn(messages, schema, role)
+        if isinstance(out, Completion): return out          # a reply with its finish reason, tokens…
         text = out if isinstance(out, str) else json.dumps(out)
         return text, sum(estimate_tokens(message_text(m)) for m in messages), estimate_tokens(text)
 
@@ -160,6 +176,14 @@ def models_record(model: Any, offline: bool, text_embedder: Any = None) -> dict:
     chat = f"{getattr(model, 'backend_name', 'none')}:{getattr(model, 'model_id', None)}" if model is not None else None
     return {'chat': chat, 'base_url': getattr(model, 'base_url', None) or None, 'meaningful': is_meaningful(model),
             'roles': 'offline' if offline else 'model', 'text_embedder': getattr(text_embedder, 'model_id', None)}
+
+# %% ../../nbs/02a_backends.chat.ipynb #2e91ac30
+def set_thinking(model: Any, thinking: str = 'auto', reasoning_allowance: int = 0) -> Any:
+    "`model` (the one behind a cache too) set to serve a thinking backbone as `Config.thinking` says; returns it."
+    if thinking not in ('auto', 'on', 'off'): raise ValueError(f"thinking must be auto, on or off: {thinking!r}")
+    inner = getattr(model, 'inner', model)
+    inner.thinking, inner.reasoning_allowance = thinking, int(reasoning_allowance)
+    return model
 
 # %% ../../nbs/02a_backends.chat.ipynb #f77cffe0
 @patch
@@ -189,11 +213,23 @@ def _repair(self: ChatModel, msgs, schema, text, err, max_tokens, temperature, r
 
 # %% ../../nbs/02a_backends.chat.ipynb #66251f7d
 @patch
+def _uncut(self: ChatModel, msgs, schema, c: Completion, max_tokens, temperature, role) -> Completion | None:
+    "A structured reply cut at `max_tokens` and not valid, asked again once with twice the budget (else None)."
+    if schema is None or c.finish_reason != 'length' or validate_reply(c.text, schema)[1] is None: return None
+    kw = dict(schema=schema, max_tokens=2 * max_tokens, temperature=temperature, role=role)
+    try: return as_completion(self._complete(with_schema_instruction(msgs, schema), **kw))
+    except (RequestRejected, BadReply) as e: return Completion('', finish_reason=f'error: {e}')
+
+@patch
 def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens, temperature) -> ChatResult:
-    "Validate a reply; on invalid JSON ask once more with the error, then record success or failure."
-    rec = lambda *more, **kw: self._record(role, t0, sum(x.prompt_tokens for x in (c, *more)),
-                                           sum(x.completion_tokens for x in (c, *more)),
-                                           reasoning_tokens=sum(x.n_reasoning for x in (c, *more)), **kw)
+    "Validate a reply (a cut one asked again with twice the budget); invalid JSON: one repair; record the outcome."
+    cut, again = c, self._uncut(msgs, schema, c, max_tokens, temperature, role)
+    if again is not None: c, max_tokens = again, 2 * max_tokens
+    done = (cut,) if again is not None else ()
+    rec = lambda *more, **kw: self._record(role, t0, sum(x.prompt_tokens for x in (c, *done, *more)),
+                                           sum(x.completion_tokens for x in (c, *done, *more)),
+                                           reasoning_tokens=sum(x.n_reasoning for x in (c, *done, *more)),
+                                           cut_retry=again is not None, **kw)
     if schema is None: return ChatResult(c.text, None, rec(), c.reasoning)
     data, err = validate_reply(c.text, schema)
     if err is None: return ChatResult(c.text, data, rec(), c.reasoning)
@@ -244,7 +280,7 @@ def _check_failures(self: ChatModel, res):
 def chat(self: ChatModel, messages, *, schema: dict | None = None, role: str = '', max_tokens: int = 512,
          temperature: float = 0.0) -> ChatResult:
     "Send a conversation; return text (and validated JSON when `schema` is given) with its call record."
-    msgs, t0 = as_messages(messages), time.perf_counter()
+    msgs, t0, max_tokens = as_messages(messages), time.perf_counter(), self.reply_budget(max_tokens)
     with _STATS_LOCK: self.stats['calls'] += 1
     kw = dict(schema=schema, max_tokens=max_tokens, temperature=temperature, role=role)
     with _SlowCallNotice(self, role):
@@ -299,6 +335,21 @@ def _tool_result(self: ChatModel, msgs, tools, tool_choice, c: Completion, t0, r
         rec.ok, rec.error = False, f"no valid tool call from {self.where()}: {why}{cut}"
     return ToolResult(calls, c.text, c.reasoning, rec)
 
+# %% ../../nbs/02a_backends.chat.ipynb #9e7a22b6
+@patch
+def _tools_uncut(self: ChatModel, msgs, tools, kw: dict, t0) -> ToolResult:
+    "A function-calling reply; one cut at max_tokens with no call to run is asked again once with twice the budget."
+    c = as_completion(self._complete_tools(msgs, tools, **kw))
+    res = self._tool_result(msgs, tools, kw['tool_choice'], c, t0, kw['role'])
+    if res.record.ok or c.finish_reason != 'length': return res
+    c2 = as_completion(self._complete_tools(msgs, tools, **{**kw, 'max_tokens': 2 * kw['max_tokens']}))
+    res = self._tool_result(msgs, tools, kw['tool_choice'], c2, t0, kw['role'])
+    r = res.record
+    r.prompt_tokens += c.prompt_tokens
+    r.completion_tokens += c.completion_tokens
+    r.reasoning_tokens, r.cut_retry = r.reasoning_tokens + c.n_reasoning, True
+    return res
+
 # %% ../../nbs/02a_backends.chat.ipynb #b40e7b2f
 @patch
 def chat_tools(self: ChatModel, messages, tools: list[dict], *, tool_choice: str | dict = 'required', role: str = '',
@@ -307,12 +358,13 @@ def chat_tools(self: ChatModel, messages, tools: list[dict], *, tool_choice: str
     msgs, t0 = as_messages(messages), time.perf_counter()
     tool_call_schema(tools, tool_choice)          # a malformed tool list or choice: ValueError, before any call
     with _STATS_LOCK: self.stats['calls'] += 1
-    kw = dict(tool_choice=tool_choice, max_tokens=max_tokens, temperature=temperature, role=role)
+    kw = dict(tool_choice=tool_choice, max_tokens=self.reply_budget(max_tokens), temperature=temperature,
+              role=role)
     with _SlowCallNotice(self, role):
-        try: c = as_completion(self._complete_tools(msgs, tools, **kw))
+        try: res = self._tools_uncut(msgs, tools, kw, t0)
         except (RequestRejected, BadReply) as e:
             res = ToolResult(record=self._record(role, t0, 0, 0, ok=False, error=str(e)))
-        else: res = self._tool_result(msgs, tools, tool_choice, c, t0, role)
+    res.record.protocol = self.tool_protocol()
     return self._check_failures(res)
 
 # %% ../../nbs/02a_backends.chat.ipynb #a8521275

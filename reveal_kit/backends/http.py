@@ -126,7 +126,11 @@ class OpenAIHTTPModel(ChatModel):
         self._lock, self._served = threading.Lock(), threading.local()
 
     def sampling_params(self) -> dict:
-        return {**self.extra_body, **({'text_max_tokens': self.text_max_tokens} if self.text_max_tokens else {})}
+        think = {'thinking': self.thinking, 'reasoning_allowance': self.reasoning_allowance} \
+            if self.thinking != 'auto' else {}
+        return {**self.extra_body, **({'text_max_tokens': self.text_max_tokens} if self.text_max_tokens else {}),
+                **think}
+    def tool_protocol(self) -> str: return 'tools_as_json' if self.tool_mode == 'schema' else 'tools'
     def where(self) -> str: return ', '.join(self.base_urls)
 
 # %% ../../nbs/02b_backends.http.ipynb #ba03e451
@@ -304,12 +308,19 @@ def _reply(self: OpenAIHTTPModel, r: httpx.Response, messages: list[dict]) -> Co
     return c
 
 @patch
+def _with_thinking(self: OpenAIHTTPModel, payload: dict) -> dict:
+    "The request with `chat_template_kwargs.enable_thinking` when `thinking` is 'on' or 'off' (as is under 'auto')."
+    sw = self.thinking_switch()
+    if not sw: return payload
+    return {**payload, 'chat_template_kwargs': {**(payload.get('chat_template_kwargs') or {}), **sw}}
+
+@patch
 def _complete(self: OpenAIHTTPModel, messages, *, schema, max_tokens, temperature, role):
     "One chat completion, JSON under the schema through the server's structured output."
     if not self.supports_images: messages = text_only(messages)
     if schema is None and self.text_max_tokens: max_tokens = min(max_tokens, self.text_max_tokens)
-    payload = {'model': self.model_id, 'messages': messages, 'max_tokens': max_tokens, 'temperature': temperature,
-               **self.extra_body}
+    payload = self._with_thinking({'model': self.model_id, 'messages': messages, 'max_tokens': max_tokens,
+                                   'temperature': temperature, **self.extra_body})
     mode = self.json_mode
     if schema is not None: payload['response_format'] = self._response_format(schema, mode)
     return self._reply(self._post_chat(payload, schema, mode), messages)
@@ -331,8 +342,9 @@ def _complete_tools(self: OpenAIHTTPModel, messages, tools, *, tool_choice, max_
     kw = dict(tool_choice=tool_choice, max_tokens=max_tokens, temperature=temperature, role=role)
     if self.tool_mode == 'schema': return ChatModel._complete_tools(self, messages, tools, **kw)
     msgs = messages if self.supports_images else text_only(messages)
-    payload = {'model': self.model_id, 'messages': msgs, 'tools': tools, 'tool_choice': tool_choice,
-               'max_tokens': max_tokens, 'temperature': temperature, **self.extra_body}
+    payload = self._with_thinking({'model': self.model_id, 'messages': msgs, 'tools': tools,
+                                   'tool_choice': tool_choice, 'max_tokens': max_tokens, 'temperature': temperature,
+                                   **self.extra_body})
     r = self._request('POST', '/chat/completions', payload)
     if self.tool_mode != 'auto' or not _rejects_tools(r): return _calls_in_text(self._reply(r, msgs))
     with self._lock: self.tool_mode = 'schema'

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import os
 from pathlib import Path
-from .chat import BackendError, ChatModel, ScriptedModel
+from .chat import BackendError, ChatModel, ScriptedModel, set_thinking
 from .cache import MODES, CachedModel, CallCache, default_cache_path
 
 # %% auto #0
@@ -55,13 +55,14 @@ def _with_cache(inner: ChatModel, backend: str, cache: str | Path | None, mode: 
 # %% ../../nbs/03a_backends.models.ipynb #313832f6
 def get_chat_model(backend: str | None = None, model: str | None = None, base_url: str | None = None,
                    cache: str | Path | None = 'default', replay: bool = False, cache_mode: str | None = None,
-                   timeout_s: float | None = None, **kw) -> ChatModel:
-    "The chat model to use: a backend (default: `$REVEAL_BACKEND` or 'embedded'), wrapped in the call cache."
+                   timeout_s: float | None = None, thinking: str = 'auto', reasoning_allowance: int = 0,
+                   **kw) -> ChatModel:
+    "The chat model to use (default: `$REVEAL_BACKEND` or 'embedded'), set as `Config.thinking` says, cached."
     backend = backend or os.environ.get('REVEAL_BACKEND', 'embedded')
     model = model or os.environ.get('REVEAL_MODEL') or None
     mode = cache_mode or ('replay' if replay else 'readwrite')
     if timeout_s and backend == 'http': kw['timeout'] = float(timeout_s)
-    inner = make_backend(backend, model, base_url, **kw)
+    inner = set_thinking(make_backend(backend, model, base_url, **kw), thinking, reasoning_allowance)
     if mode == 'replay' and backend == 'http' and not model:
         raise ValueError("replay with backend 'http' needs model= (the cache key holds the model id; "
                          "replay must not ask the server)")

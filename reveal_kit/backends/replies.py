@@ -150,17 +150,27 @@ def cut_to_tokens(text: str, n: int) -> str:
 # %% ../../nbs/02_backends.replies.ipynb #ea6532ad
 _THINK = re.compile(r'<think>(.*?)</think>', re.S)
 
+def _leading_blocks(s: str) -> tuple[list[str], str]:
+    "The `<think>` blocks a reply opens with (one cut off by max_tokens runs to the end), and the rest."
+    parts = []
+    while s.startswith('<think>'):
+        body, _, s = s[len('<think>'):].partition('</think>')
+        parts, s = parts + [body], s.lstrip()
+    return parts, s
+
 def split_reasoning(text: str) -> tuple[str, str]:
     "`(content, reasoning)`: `<think>…</think>` taken out of a reply (also a block opened by the prompt, or cut off)."
     t = text or ''
     if '<think>' not in t and '</think>' not in t: return t, ''
-    parts = []
-    head, sep, rest = t.partition('</think>')
-    if sep and '<think>' not in head: parts, t = [head], rest     # the chat template opened the block
-    parts += _THINK.findall(t)
-    t, _, cut = _THINK.sub('', t).partition('<think>')             # a block cut off by max_tokens
-    parts.append(cut)
-    return t.strip(), '\n\n'.join(p.strip() for p in parts if p.strip())
+    parts, s = _leading_blocks(t.lstrip())
+    head, sep, rest = s.partition('</think>')
+    if not parts and sep and '<think>' not in head and not s.startswith(('{', '[')):
+        parts, s = [head], rest                                    # the chat template opened the block
+    if not s.lstrip().startswith(('{', '[')):                      # JSON keeps its tags: they are data
+        parts += _THINK.findall(s)
+        s, _, cut = _THINK.sub('', s).partition('<think>')         # a block cut off by max_tokens
+        parts.append(cut)
+    return s.strip(), '\n\n'.join(p.strip() for p in parts if p.strip())
 
 # %% ../../nbs/02_backends.replies.ipynb #63225b4a
 @dataclass

@@ -13,7 +13,7 @@ from ..core import sha256_file
 from ..io import locked_dir
 from .chat import BackendUnavailable, ChatModel, ChatResult
 from .llamacpp import model_cache_dir, packaged_gguf_path
-from .replies import as_completion, bound_schema, with_schema_instruction
+from .replies import Completion, as_completion, bound_schema, with_schema_instruction
 from .messages import as_messages, text_only
 
 # %% auto #0
@@ -44,7 +44,10 @@ class VLLMModel(ChatModel):
         self.why, self._llm, self._lock = f"in-process vLLM engine for {model}", None, threading.Lock()
 
     def sampling_params(self) -> dict:
-        return {'seed': self.seed, **({'text_max_tokens': self.text_max_tokens} if self.text_max_tokens else {})}
+        think = {'thinking': self.thinking, 'reasoning_allowance': self.reasoning_allowance} \
+            if self.thinking != 'auto' else {}
+        return {'seed': self.seed, **({'text_max_tokens': self.text_max_tokens} if self.text_max_tokens else {}),
+                **think}
 
 # %% ../../nbs/02d_backends.vllm.ipynb #f5181b6b
 _NO_VLLM = ("backend 'vllm' needs the vllm package (pip install 'reveal-kit[gpu]'); "
@@ -61,15 +64,18 @@ def engine(self: VLLMModel):
 
 # %% ../../nbs/02d_backends.vllm.ipynb #18e6a539
 @patch
-def _generate(self: VLLMModel, conversations, schema, max_tokens, temperature) -> list[tuple[str, int, int]]:
-    "One vLLM batch: `(text, prompt_tokens, completion_tokens)` per conversation."
+def _generate(self: VLLMModel, conversations, schema, max_tokens, temperature) -> list[Completion]:
+    "One vLLM batch: a `Completion` (text, tokens, finish reason) per conversation; the thinking switch if set."
     llm = self.engine()   # first, so a missing vllm is reported as BackendUnavailable
     s = bound_schema(schema) if (schema is not None and self.bound) else schema
     if schema is None and self.text_max_tokens: max_tokens = min(max_tokens, self.text_max_tokens)
     sp = vllm_sampling_params(s, max_tokens, temperature, self.seed)
     if not self.supports_images: conversations = [text_only(c) for c in conversations]
-    with self._lock: outs = llm.chat(conversations, sp, use_tqdm=False)
-    return [(o.outputs[0].text, len(o.prompt_token_ids or []), len(o.outputs[0].token_ids)) for o in outs]
+    sw = self.thinking_switch()
+    kw = {'chat_template_kwargs': sw} if sw else {}
+    with self._lock: outs = llm.chat(conversations, sp, use_tqdm=False, **kw)
+    return [Completion(o.outputs[0].text, len(o.prompt_token_ids or []), len(o.outputs[0].token_ids),
+                       finish_reason=getattr(o.outputs[0], 'finish_reason', None) or '') for o in outs]
 
 @patch
 def _complete(self: VLLMModel, messages, *, schema, max_tokens, temperature, role):
@@ -80,8 +86,8 @@ def _complete(self: VLLMModel, messages, *, schema, max_tokens, temperature, rol
 @patch
 def chat_many(self: VLLMModel, conversations, *, schema=None, role='', max_tokens=512, temperature=0.0,
               max_workers=4) -> list[ChatResult]:
-    "All conversations in one vLLM batch; invalid replies are repaired one by one."
-    msgs = [as_messages(c) for c in conversations]
+    "All conversations in one vLLM batch (with the reasoning allowance); cut or invalid replies are redone one by one."
+    msgs, max_tokens = [as_messages(c) for c in conversations], self.reply_budget(max_tokens)
     t0 = time.perf_counter()
     outs = self._generate([with_schema_instruction(m, schema) for m in msgs], schema, max_tokens, temperature)
     return [self._finish(m, schema, as_completion(o), t0, role, max_tokens, temperature) for m, o in zip(msgs, outs)]

@@ -5,13 +5,15 @@
 # %% ../../nbs/90a_cli.data.ipynb #8206da48
 from __future__ import annotations
 import json
+import math
 from pathlib import Path
 from typing import Annotated, List, Optional
 import typer
 from .app import BaseUrlOpt, BenchmarkArg, CacheOpt, ConfigOpt, JsonOpt, JsonSummaryOpt, LimitOpt, ModelOpt, OnlyPresentOpt, RayOpt, RetriesOpt, RootOpt, SetOpt, ShardOpt, SplitOpt, TimeoutOpt, WorkerCpusOpt, app, backends_app, chat_model_from_options, cli_errors, data_app, memory_app, say
 
 # %% auto #0
-__all__ = ['backends_report', 'backends_check', 'memory_build', 'memory_show', 'memory_build_all', 'synth', 'data_check']
+__all__ = ['backends_report', 'backends_check', 'memory_build', 'memory_show', 'memory_build_all', 'check_synth_options', 'synth',
+           'data_check']
 
 # %% ../../nbs/90a_cli.data.ipynb #fe11c4df
 def backends_report(backend: str | None = None, model: str | None = None, base_url: str | None = None,
@@ -119,6 +121,17 @@ def memory_build_all(
     say(json.dumps(s) if as_json else format_build_all_summary(s))
     if s['failed']: raise typer.Exit(1)
 
+# %% ../../nbs/90a_cli.data.ipynb #3c7faa95
+def check_synth_options(minutes: float, width: int, height: int, fps: float) -> None:
+    "Refuse a video length, frame size or frame rate the renderer cannot make, naming the valid range."
+    if not (math.isfinite(minutes) and minutes > 0):
+        raise ValueError(f"--minutes must be a finite number of minutes > 0, got {minutes!r}")
+    for k, v in (('--width', width), ('--height', height)):
+        if v < 16 or v % 2:
+            raise ValueError(f"{k} must be an even number of pixels ≥ 16 (H.264 needs even sizes), got {v}")
+    if not (math.isfinite(fps) and fps > 0):
+        raise ValueError(f"--fps must be a finite number of frames per second > 0, got {fps!r}")
+
 # %% ../../nbs/90a_cli.data.ipynb #d8414725
 @app.command('synth')
 def synth(out_dir: Annotated[Path, typer.Argument(help="folder to write the benchmark into")],
@@ -140,6 +153,7 @@ def synth(out_dir: Annotated[Path, typer.Argument(help="folder to write the benc
     if split not in SPLITS:
         raise typer.BadParameter(f"split must be one of {list(SPLITS)}", param_hint='--split')
     with cli_errors():
+        check_synth_options(minutes, width, height, fps)
         man = generate_benchmark(out_dir, minutes, videos, questions_per_video, seed, split, (width, height), fps,
                                  render=not no_render, workers=workers, overwrite=overwrite,
                                  subtitle_rate=subtitle_rate)

@@ -38,7 +38,7 @@ def _first_bad_json_record(text: str) -> str:
 # %% ../../nbs/40_eval.annotations.ipynb #f85ba04e
 def read_json(path: str | Path) -> Any:
     "Parse a JSON file; a malformed or truncated one raises `AnnotationError` naming the file and first bad record."
-    text = Path(path).read_text(encoding='utf-8')
+    text = Path(path).read_text(encoding='utf-8-sig')    # a byte-order mark is allowed
     try: return json.loads(text)
     except json.JSONDecodeError as e:
         where = _first_bad_json_record(text)
@@ -48,7 +48,7 @@ def read_json(path: str | Path) -> Any:
 def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
     "Parse a JSONL file into `(line_number, value)`; the first undecodable line raises `AnnotationError`."
     out = []
-    with open(path, encoding='utf-8') as f:
+    with open(path, encoding='utf-8-sig') as f:          # a byte-order mark is allowed
         for n, line in enumerate(f, 1):
             if not line.strip(): continue
             try: out.append((n, json.loads(line)))

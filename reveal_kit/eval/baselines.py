@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 import numpy as np
-from ..core import Config, Question, Evidence
+from ..core import Config, Question, Evidence, reply_tokens
 from ..text import fmt_time
 from ..backends.chat import is_meaningful, offline_role, role_call
 from ..backends.messages import user_message
@@ -99,7 +99,8 @@ def blind(q: Question, model=None, config: Config | None = None) -> dict:
         letter, scores = blind_offline(q, encode)
         return make_result(q, letter, 'blind', seconds=time.time() - t0, models={'text_embedder': mid},
                            option_scores=scores)
-    res = model.chat([user_message(blind_prompt(q))], schema=ANSWER_SCHEMA, role='blind', max_tokens=32)
+    res = model.chat([user_message(blind_prompt(q))], schema=ANSWER_SCHEMA, role='blind',
+                     max_tokens=reply_tokens('blind'))
     letter = parse_letter(res.data if res.data else res.text, q.options)
     return make_result(q, letter, 'blind', seconds=time.time() - t0, raw=res.text[:500],
                        models={'chat': getattr(model, 'model_id', '?')}, **_usage(res))
@@ -193,7 +194,7 @@ def _direct_answer(q: Question, model, images: list | None, text: list[Evidence]
         letter, note = _direct_offline(q, text, memory, duration)
         return letter, 'offline', [], note
     data, rec = role_call(model, 'direct', DIRECT_SYSTEM, direct_prompt(q, len(images or []), text),
-                          answer_schema(list(q.options)), max_tokens=256, images=images or None)
+                          answer_schema(list(q.options)), max_tokens=reply_tokens('direct'), images=images or None)
     note = '' if images else 'the model takes no images: frames not sent'
     letter = str((data or {}).get('answer', '')).strip().upper()[:1]
     if letter in q.options:

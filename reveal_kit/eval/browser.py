@@ -7,28 +7,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from fastcore.xml import Div, H2, P, to_xml
 from ..io import atomic_write_text
 from .metrics import load_results
-from .trace_view import esc, run_question_index, trace_page
+from .trace_view import esc, html_page, run_question_source, trace_fragment
 
 # %% auto #0
-__all__ = ['ROW_KEYS', 'browser_rows', 'outcome', 'compare_rows', 'row_html', 'run_page_html', 'write_trace_pages',
-           'write_run_browser', 'format_browser_summary']
+__all__ = ['ROW_KEYS', 'browser_rows', 'outcome', 'compare_rows', 'row_html', 'run_page_html', 'RunPages', 'question_page',
+           'write_trace_pages', 'write_run_browser', 'format_browser_summary']
 
 # %% ../../nbs/45a_eval.browser.ipynb #c42e5261
 ROW_KEYS = ('qid', 'qtype', 'answer', 'gold', 'correct', 'rounds', 'stop_reason', 'calls', 'tokens', 'failed')
 
-def browser_rows(run_dir: str | Path) -> list[dict]:
-    "One row per question of a run (qid order): type, answer, gold, correct, rounds, stop, calls, tokens, question."
-    qs, out = run_question_index(run_dir), []
-    for r in sorted(load_results(run_dir), key=lambda r: str(r['qid'])):
-        q = qs.get(r['qid'])
-        out.append(dict(qid=r['qid'], qtype=r.get('qtype'), answer=r.get('answer'), gold=r.get('gold'),
-                        correct=r.get('correct'), rounds=r.get('rounds'), stop_reason=r.get('stop_reason'),
-                        calls=int(r.get('llm_calls') or 0),
-                        tokens=int(r.get('prompt_tokens') or 0) + int(r.get('completion_tokens') or 0),
-                        failed=bool(r.get('failed')), question=q.question if q else ''))
-    return out
+def _row(r: dict, q: Any) -> dict:
+    "A results row as a browser row (with the question's text when its benchmark is at hand)."
+    return dict(qid=r['qid'], qtype=r.get('qtype'), answer=r.get('answer'), gold=r.get('gold'),
+                correct=r.get('correct'), rounds=r.get('rounds'), stop_reason=r.get('stop_reason'),
+                calls=int(r.get('llm_calls') or 0),
+                tokens=int(r.get('prompt_tokens') or 0) + int(r.get('completion_tokens') or 0),
+                failed=bool(r.get('failed')), question=q.question if q else '')
+
+def browser_rows(run_dir: str | Path, source: tuple | None = None) -> list[dict]:
+    "One row per question of a run (qid order, as text): type, answer, gold, correct, rounds, stop, calls, tokens."
+    qs, _ = source if source is not None else run_question_source(run_dir)
+    return [_row(r, qs.get(str(r['qid']))) for r in sorted(load_results(run_dir), key=lambda r: str(r['qid']))]
 
 # %% ../../nbs/45a_eval.browser.ipynb #0ed928fb
 def outcome(r: dict) -> str:
@@ -125,41 +127,71 @@ def run_page_html(rows: list[dict], links: dict[str, str], title: str, both: boo
             f"<h2>{esc(title)}</h2>{filters}{table}{_JS}</body></html>\n")
 
 # %% ../../nbs/45a_eval.browser.ipynb #92311865
+def _run_meta(run_dir: Path) -> dict:
+    "A run's run.json ({} when it has none)."
+    return json.loads((run_dir / 'run.json').read_text()) if (run_dir / 'run.json').is_file() else {}
+
 def _run_title(run_dir: Path, rows: list[dict]) -> str:
     "A run's title: its folder, method and benchmark, accuracy."
-    meta = json.loads((run_dir / 'run.json').read_text()) if (run_dir / 'run.json').is_file() else {}
-    k = sum(outcome(r) == 'correct' for r in rows)
+    meta, k = _run_meta(run_dir), sum(outcome(r) == 'correct' for r in rows)
     return (f"{run_dir.name}: {meta.get('method', '?')} on {meta.get('benchmark', '?')}, "
             f"{k}/{len(rows)} correct")
 
 # %% ../../nbs/45a_eval.browser.ipynb #7231fa49
-def write_trace_pages(run_dir: str | Path, folder: Path, rows: list[dict], thumbs: bool = False) -> dict[str, str]:
-    "A trace page per question (timeline included) in `folder`; qid → the page's path relative to its parent."
+class RunPages:
+    "What a run's question pages need, read once per run: its results by qid and its questions."
+    def __init__(self, run_dir: str | Path, thumbs: bool = False):
+        self.dir, self.thumbs = Path(run_dir), thumbs
+        self.rows = {str(r['qid']): r for r in load_results(run_dir)}
+        self.source = run_question_source(run_dir)
+
+    def fragment(self, qid: Any) -> str:
+        "The question's trace (a notice when it cannot be read, or when this run has no such question)."
+        row = self.rows.get(str(qid))
+        if row is None: return f"<p class='notice'>{esc(self.dir.name)} did not answer {esc(qid)}</p>"
+        try: return trace_fragment(self.dir, qid, self.thumbs, self.source, row)
+        except (FileNotFoundError, ValueError, KeyError) as e:
+            return f"<p class='notice'>the trace of {esc(qid)} cannot be read: {esc(e)}</p>"
+
+def question_page(qid: Any, a: RunPages, b: RunPages | None = None) -> str:
+    "A question's page: run A's trace, and run B's below it when comparing."
+    if b is None: return html_page(qid, a.fragment(qid))
+    head = lambda p, x: to_xml(H2(f"Run {x}: {p.dir.name} ({_run_meta(p.dir).get('method', '?')})"), indent=False)
+    return html_page(qid, head(a, 'A'), a.fragment(qid), head(b, 'B'), b.fragment(qid))
+
+# %% ../../nbs/45a_eval.browser.ipynb #12292488
+def write_trace_pages(run_dir: str | Path, folder: Path, rows: list[dict], thumbs: bool = False,
+                      compare: str | Path | None = None) -> dict[Any, str]:
+    "A page per question (run B's trace beside when comparing) in `folder`; qid → its path relative to the parent."
     folder.mkdir(parents=True, exist_ok=True)
-    qs, links = run_question_index(run_dir), {}
+    a = RunPages(run_dir, thumbs)
+    b = RunPages(compare, thumbs) if compare is not None else None
+    links = {}
     for i, r in enumerate(rows):
-        name = f"{i:05d}.html"
-        try: atomic_write_text(folder / name, trace_page(run_dir, r['qid'], thumbs, qs))
-        except (FileNotFoundError, ValueError, KeyError): continue     # a question whose trace is gone: no link
-        links[r['qid']] = f"{folder.name}/{name}"
+        atomic_write_text(folder / f"{i:05d}.html", question_page(r['qid'], a, b))
+        links[r['qid']] = f"{folder.name}/{i:05d}.html"
     return links
 
 # %% ../../nbs/45a_eval.browser.ipynb #a9ecffe1
+def _differ(rows: list[dict]) -> int:
+    "How many compared questions have another outcome in run B."
+    return sum(outcome(r) != outcome({'correct': r.get('correct_b'), 'failed': r.get('failed_b')}) for r in rows)
+
 def write_run_browser(run_dir: str | Path, html_out: str | Path, compare: str | Path | None = None,
                       thumbs: bool = False) -> dict:
-    "The run page at `html_out` and a trace page per question in `<stem>_traces/` (`compare`: run B beside it)."
+    "The run page at `html_out` first, then a page per question in `<stem>_traces/` (`compare`: run B beside it)."
     a, out = Path(run_dir), Path(html_out)
     rows = browser_rows(a)
-    links = write_trace_pages(a, out.parent / f"{out.stem}_traces", rows, thumbs)
-    title = _run_title(a, rows)
+    folder = out.parent / f"{out.stem}_traces"
+    links = {r['qid']: f"{folder.name}/{i:05d}.html" for i, r in enumerate(rows)}
+    title, shown = _run_title(a, rows), rows
     if compare is not None:
         rb = browser_rows(compare)
-        title += f" | B = {_run_title(Path(compare), rb)}"
-        rows = compare_rows(rows, rb)
-    atomic_write_text(out, run_page_html(rows, links, title, both=compare is not None))
-    return dict(page=str(out), traces=len(links), questions=len(rows),
-                differ=sum(outcome(r) != outcome({'correct': r.get('correct_b'), 'failed': r.get('failed_b')})
-                           for r in rows) if compare is not None else None)
+        title, shown = title + f" | B = {_run_title(Path(compare), rb)}", compare_rows(rows, rb)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, run_page_html(shown, links, title, both=compare is not None))
+    n = len(write_trace_pages(a, folder, rows, thumbs, compare))
+    return dict(page=str(out), traces=n, questions=len(shown), differ=_differ(shown) if compare is not None else None)
 
 # %% ../../nbs/45a_eval.browser.ipynb #1d583a4c
 def format_browser_summary(s: dict) -> str:

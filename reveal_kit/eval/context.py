@@ -14,6 +14,7 @@ from fastcore.basics import patch
 from ..core import Config, Question, sha256_file, warn
 from ..backends.models import get_chat_model, describe_chat_model
 from ..memory.build import get_or_build_memory
+from ..memory.clips import video_problem
 from .loaders import lvb_subtitles_to_srt
 from ..reveal.rubrics import default_pool_path, load_rubric_pool, pool_label, pool_origin, resolve_pool_path
 from ..reveal.presets import get_preset
@@ -52,7 +53,7 @@ class RunContext:
         with self._lock:
             if self.model_obj is None and self.backend not in (None, 'none'):
                 self.model_obj = get_chat_model(self.backend, model=self.model_name, base_url=self.base_url,
-                                                cache_mode=self.cache_mode,
+                                                cache_mode=self.cache_mode, **self.config.thinking_settings(),
                                                 timeout_s=self.timeout_s or self.config.timeout_s)
             return self.model_obj
 
@@ -104,7 +105,7 @@ def model_for(self: RunContext, group: str):
     with self._lock:
         made = self.__dict__.setdefault('_role_objs', {})
         if group not in made:
-            kw = {'supports_images': False} if text else {}
+            kw = {**self.config.thinking_settings(), **({'supports_images': False} if text else {})}
             made[group] = get_chat_model('http', model=name or None, base_url=url, cache_mode=self.cache_mode,
                                          timeout_s=self.timeout_s or self.config.timeout_s, **kw)
         return made[group]
@@ -134,8 +135,10 @@ def shared(self: RunContext, q: Question, kind: str, build: Callable[[], Any]) -
     with self._lock: vlock = self._vlocks.setdefault(key, threading.Lock())
     with vlock:
         if key not in self._mems:
-            if not q.video_path or not Path(q.video_path).exists():
-                raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
+            if not q.video_path: raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
+            why = video_problem(q.video_path)           # a missing file, a link loop, a FIFO: this question fails
+            if why: raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}" if 'not found' in why
+                                            else f"{q.qid}: {why}")
             self._mems[key] = build()
         return self._mems[key]
 
@@ -199,6 +202,7 @@ def pool_meta(cfg: Config, benchmark: str, split: str | None, qs: list[Question]
     if not p.exists():
         if cfg.rubric_pool: raise FileNotFoundError(f"rubric pool {p} not found (Config.rubric_pool)")
         return dict(rubric_pool=str(p), rubric_pool_sha256=None, rubric_pool_warning=None)
+    if uses_pool(method): load_rubric_pool(p)              # a bad pool (a NaN weight) fails before any question
     origin, w = pool_origin(p), pool_eval_warning(p, benchmark, split, qs)
     if w: warn(w)
     seed_w = seed_pool_warning(origin, benchmark, method)

@@ -12,6 +12,7 @@ import reveal_kit
 from ..core import project_root
 from .annotations import AnnotationError
 from .loaders import load_benchmark, data_root, check_split
+from ..memory.clips import video_problem
 
 # %% auto #0
 __all__ = ['manifests_dir', 'load_manifest', 'expected_layout', 'check_data', 'format_check']
@@ -34,10 +35,10 @@ def load_manifest(name: str) -> dict:
 
 # %% ../../nbs/40b_eval.data_check.ipynb #ffbbdd5e
 def _present(paths: Iterable[str | None]) -> tuple[int, int, list[str]]:
-    "(present, missing, a few missing examples) over distinct non-empty paths."
+    "(present, missing, a few missing examples) over distinct non-empty paths; a FIFO or device is not present."
     ps = sorted({p for p in paths if p})
-    miss = [p for p in ps if not Path(p).exists()]
-    return len(ps) - len(miss), len(miss), miss[:5]
+    miss = [p for p in ps if video_problem(p)]
+    return len(ps) - len(miss), len(miss), [video_problem(p) for p in miss[:5]]
 
 # %% ../../nbs/40b_eval.data_check.ipynb #e240eb50
 _COUNT_KEYS = (('questions', ('questions', 'n_questions', 'num_questions')),

@@ -12,7 +12,7 @@ import numpy as np
 from ..io import read_jsonl_rows
 from ..backends.models import get_chat_model
 from .loaders import load_benchmark
-from ..pace.needle import judged_needles, judge_run
+from ..pace.needle import judge_failed, judge_name, judged_needles, judge_run
 
 # %% auto #0
 __all__ = ['DEMO_GUIDE', 'load_results', 'report', 'with_judged_needles', 'format_report', 'mcnemar_exact', 'paired_bootstrap_ci',
@@ -156,6 +156,10 @@ def _pace_lines(rep: dict) -> list[str]:
                  f"{_judge_note(rep.get('needle_judge', {}))})")
     L += [f"-- needle recall {_pct(v['mean'])} % ({v['n']} questions with cues; judge {j})"
           for j, v in rep.get('needle_judged', {}).items()]
+    if rep.get('judge_failed'):
+        f = rep['judge_failed']
+        L.append(f"-- needle judge {f['judge']} FAILED for {f['failed']} of {f['of']} questions with cues "
+                 "(no verdict kept for them: rerun with a working judge)")
     if 'tool_calls_mean' in rep:
         calls = ', '.join(f"{t} {v:.2f}" for t, v in rep['tool_calls_mean'].items())
         L.append(f"-- per episode: steps {_num(rep['steps_mean'], '.2f')}, invalid calls "
@@ -216,6 +220,8 @@ def _mean_diff(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
 def paired_bootstrap_ci(a: Iterable[bool], b: Iterable[bool], n_boot: int = 10000, seed: int = 0,
                         alpha: float = 0.05) -> tuple[float, float]:
     "Percentile bootstrap CI of mean(a) − mean(b) over paired 0/1 outcomes (questions resampled together)."
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
+        raise ValueError(f"n_boot must be a whole number of bootstrap resamples ≥ 1, got {n_boot!r}")
     from scipy.stats import bootstrap
     a, b = np.asarray(list(a), float), np.asarray(list(b), float)
     if len(a) != len(b): raise ValueError(f"paired outcomes need equal lengths, got {len(a)} and {len(b)}")
@@ -303,7 +309,11 @@ def judge_report(run_dir: str | Path, judge: str | None = None, cache_mode: str 
         qs, _ = load_benchmark(meta['benchmark'], meta.get('root'), **({'split': meta['split']} if meta.get('split')
                                                                          else {}))
         url, _, name = judge.partition(',')
-        judge_run(run_dir, qs, get_chat_model('http', model=name or None, base_url=url, cache_mode=cache_mode))
+        m = get_chat_model('http', model=name or None, base_url=url, cache_mode=cache_mode)
+        got = judge_run(run_dir, qs, m)
+        bad = sum(judge_failed(r) for r in got.values())
+        if bad: return dict(with_judged_needles(report_run(run_dir), run_dir),
+                            judge_failed=dict(judge=judge_name(m), failed=bad, of=len(got)))
     return with_judged_needles(report_run(run_dir), run_dir)
 
 # %% ../../nbs/43_eval.metrics.ipynb #90754038

@@ -32,7 +32,8 @@ def shard_of(video_id: str, n: int) -> int:
 def parse_shard(s: str | tuple[int, int] | None) -> tuple[int, int]:
     "`'2/4'` or `(2, 4)` → `(2, 4)`, checked."
     if s is None: return (0, 1)
-    i, n = map(int, s.split('/')) if isinstance(s, str) else s
+    try: i, n = map(int, s.split('/')) if isinstance(s, str) else s
+    except (ValueError, TypeError): i, n = -1, 0
     if n < 1 or not 0 <= i < n: raise ValueError(f"shard must be i/n with 0 <= i < n, got {s!r}")
     return i, n
 

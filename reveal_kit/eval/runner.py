@@ -19,9 +19,10 @@ from ..core import Config, Question, load_config, parse_overrides, kit_version, 
 from ..io import atomic_write_text
 from ..backends.chat import BackendUnavailable
 from ..backends.cache import CacheMiss, MODES
+from ..backends.models import BACKENDS
 from .loaders import load_benchmark, load_split_questions
 from ..reveal.induction import induce
-from .context import ROLES, RunContext, pool_meta
+from .context import ROLES, RunContext, pool_meta, role_models_of
 from .run_dir import (ResultWriter, git_commit, json_or_str, locked_run_dir, parse_shard, repair_results,
                                      select_questions, write_run_json)
 from .methods import get_method, method_spec
@@ -29,7 +30,8 @@ from ..retrieval.choice import get_text_embedder
 
 # %% auto #0
 __all__ = ['ABORT_ERRORS', 'finalize', 'run_one', 'resolve_config', 'load_run_questions', 'answer_in_process',
-           'check_run_options', 'run_eval', 'format_run_summary', 'induce_benchmark', 'format_induction_summary']
+           'check_run_options', 'check_concurrency', 'run_eval', 'format_run_summary', 'induce_benchmark',
+           'format_induction_summary']
 
 # %% ../../nbs/42c_eval.runner.ipynb #d0f2ead8
 def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
@@ -122,13 +124,22 @@ def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dic
 # %% ../../nbs/42c_eval.runner.ipynb #847e38f9
 def check_run_options(cache_mode: str | None, timeout_s: float | None, roles: str, backend: str | None,
                        model: Any) -> None:
-    "Refuse a cache mode, timeout or roles value at once (later, every question would fail on it one by one)."
+    "Refuse a cache mode, timeout, roles, backend or model value at once (later, every question would fail on it)."
     if cache_mode is not None and cache_mode not in MODES:
         raise ValueError(f"cache mode must be one of {', '.join(MODES)}, got {cache_mode!r}")
     if timeout_s is not None and not timeout_s > 0: raise ValueError(f"timeout must be > 0 seconds, got {timeout_s!r}")
     if roles not in ROLES: raise ValueError(f"roles must be one of {', '.join(ROLES)}, got {roles!r}")
     if roles == 'model' and backend in (None, 'none') and model is None:
         raise ValueError("roles='model' needs a chat model; backend 'none' has none")
+    if backend not in (None, 'none', *BACKENDS):
+        raise ValueError(f"unknown backend {backend!r}: choose one of none, {', '.join(BACKENDS)}")
+    if backend == 'vllm' and model is None: raise ValueError("backend 'vllm' needs --model (a Hugging Face id or path)")
+
+def check_concurrency(concurrency: Any) -> int:
+    "The number of questions in flight, checked: a whole number ≥ 1 (0 used to run one silently)."
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be a whole number of questions in flight ≥ 1, got {concurrency!r}")
+    return concurrency
 
 # %% ../../nbs/42c_eval.runner.ipynb #eeab2637
 def _todo(sel: list[Question], results: Path, retry_failed: bool) -> tuple[list[Question], list[dict], int]:
@@ -168,10 +179,12 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
              roles: str = 'auto', answer: Callable[..., Iterable[dict]] | None = None) -> dict:
     "Run `method` over a benchmark into `out_dir` (resumable; `answer`: who answers); a summary of this invocation."
     check_run_options(cache_mode, timeout_s, roles, backend, model)
+    check_concurrency(concurrency)
+    role_models_of(role_models or {})
+    get_method(method)                                      # an unknown name fails before anything is written
     out, (si, sn) = Path(out_dir), parse_shard(shard)
     with locked_run_dir(out):
         cfg = resolve_config(config, overrides)
-        get_method(method)                                  # an unknown name fails before anything is written
         name, qs, load_rep = load_run_questions(benchmark, root, split)
         sel = select_questions(qs, limit, (si, sn), only_present)
         named = isinstance(model, str)
@@ -179,7 +192,7 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
                          cache_mode, timeout_s, roles, dict(role_models or {}))
         meta = write_run_json(out, _run_meta(name, method, cfg, ctx, backend=backend, base_url=base_url,
                                              cache_mode=cache_mode, **pool_meta(cfg, name, split, qs, method),
-                                             root=str(root) if root else None, split=split, limit=limit,
+                                             root=str(Path(root).resolve()) if root else None, split=split, limit=limit,
                                              only_present=only_present, shards=[(si, sn)], load_report=load_rep))
         todo, prev, dropped = _todo(sel, out / 'results.jsonl', retry_failed)
         ctx.hold(todo)

@@ -9,24 +9,27 @@ import html
 import json
 from pathlib import Path
 from typing import Any
+from fastcore.xml import Div, Span, to_xml
 from ..core import Question
-from ..text import fmt_time, hms_to_seconds
+from ..text import fmt_time, printable
 from ..io import atomic_write_text, read_jsonl_rows
 from .metrics import load_results
 from ..reveal.ask import load_trace, format_trace
 from .loaders import load_benchmark
 from ..video.frames import read_frames_at
+from .trace_steps import evidence_html, item_spans, step_lines, step_spans, steps_html
 
 # %% auto #0
-__all__ = ['esc', 'score_colour', 'html_table', 'item_rows', 'verifier_html', 'round_html', 'calls_html', 'question_spans',
-           'trace_lanes', 'timeline_html', 'header_html', 'trace_html', 'keyframe_thumbs', 'run_questions',
-           'filter_questions', 'run_trace', 'run_question_index', 'run_videos', 'trace_page', 'show_trace',
-           'TraceViewer']
+__all__ = ['esc', 'score_colour', 'html_table', 'trace_rounds', 'item_rows', 'verifier_html', 'round_html', 'trace_calls',
+           'calls_html', 'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'header_html', 'notes_html',
+           'trace_html', 'keyframe_thumbs', 'run_questions', 'filter_questions', 'run_trace', 'benchmark_root',
+           'run_question_source', 'run_question_index', 'run_videos', 'page_notes', 'trace_fragment', 'html_page',
+           'trace_page', 'trace_text', 'show_trace', 'TraceViewer']
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7bc1e1a
 def esc(x: Any) -> str:
-    "HTML-escaped text of any value ('—' for None)."
-    return '—' if x is None else html.escape(str(x))
+    "HTML-escaped printable text of any value ('—' for None): control and bidi-override characters dropped."
+    return '—' if x is None else html.escape(printable(x))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #ba9487a3
 def score_colour(z: float | None) -> str:
@@ -40,6 +43,12 @@ def html_table(rows: list[dict], cols: list[str], cls: str = '') -> str:
     head = ''.join(f"<th>{esc(c)}</th>" for c in cols)
     body = ''.join('<tr>' + ''.join(f"<td>{esc(r.get(c))}</td>" for c in cols) + '</tr>' for r in rows)
     return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
+
+# %% ../../nbs/45_eval.trace_view.ipynb #431aed40
+def trace_rounds(t: dict) -> list[dict]:
+    "The rounds of a REVEAL trace; none for a PACE, DVD or baseline trace (which records `rounds` as a count)."
+    rs = t.get('rounds')
+    return [r for r in rs if isinstance(r, dict)] if isinstance(rs, list) else []
 
 # %% ../../nbs/45_eval.trace_view.ipynb #516a5966
 def item_rows(items: list[dict], thumbs: dict[str, str] | None = None) -> str:
@@ -94,6 +103,11 @@ def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None
     return '\n'.join(parts)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #abfb3418
+def trace_calls(t: dict) -> list[dict]:
+    "A trace's model calls: REVEAL's `calls`; for PACE and DVD the factor calls, then each tool call's."
+    if t.get('calls'): return list(t['calls'])
+    return list(t.get('factor_calls') or []) + [c for s in t.get('steps') or [] for c in s.get('calls') or []]
+
 def calls_html(calls: list[dict]) -> str:
     "The model calls of a question: role, prompt and completion tokens, latency, cache hit, errors."
     if not calls: return '<p>no model calls (offline roles)</p>'
@@ -111,21 +125,6 @@ def question_spans(q: Question | dict | None) -> dict:
                 distractors=[pair(s) for s in d.get('distractor_spans') or []], cues=list(d.get('cues') or []))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #08711252
-def _item_spans(items: list[dict] | None, what: str) -> list[tuple[float, float, str, int | None]]:
-    "(start, end, tooltip, level) of every item that has a time range."
-    span = lambda i: f"{fmt_time(i['t_start'])}–{fmt_time(i['t_end'])}"
-    tip = lambda i: f"{what} {i.get('item_id', '')} L{i.get('level', '')} {span(i)}"
-    return [(float(i['t_start']), float(i['t_end']), tip(i), i.get('level')) for i in items or [] if 't_start' in i]
-
-def _step_spans(step: dict) -> list[tuple[float, float, str, int | None]]:
-    "A tool call's ranges: the records it returned, and the HH:MM:SS ranges its arguments named."
-    out = _item_spans(step.get('records'), step.get('tool', 'step'))
-    for r in (step.get('arguments') or {}).get('time_ranges_hhmmss') or []:
-        try: a, b = hms_to_seconds(r[0]), hms_to_seconds(r[1])
-        except (ValueError, TypeError, IndexError): continue
-        out.append((a, b, f"{step.get('tool')} asked for {fmt_time(a)}–{fmt_time(b)}", None))
-    return out
-
 def _verdict(rd: dict) -> str:
     "The round's verdict for its lane label: ρ and sufficient / insufficient, or ''."
     v = rd.get('verifier')
@@ -133,24 +132,28 @@ def _verdict(rd: dict) -> str:
     return f" · ρ={float(v.get('rho') or 0):.2f} {'sufficient' if v.get('sufficient') else 'insufficient'}"
 
 def trace_lanes(trace: dict) -> list[tuple[str, str, list[tuple]]]:
-    "(label, kind, spans) per lane: each round's retrieved and admitted items, each tool call, the answer's frames."
+    "(label, kind, spans) per lane: each round's retrieved and admitted items, each tool call, the evidence, frames."
     lanes = []
-    for rd in trace.get('rounds') or []:
+    for rd in trace_rounds(trace):
         r = rd.get('round')
-        lanes.append((f"round {r} retrieved", 'retrieved', _item_spans(rd.get('retrieved'), 'retrieved')))
-        lanes.append((f"round {r} admitted{_verdict(rd)}", 'admitted', _item_spans(rd.get('admitted'), 'admitted')))
+        lanes.append((f"round {r} retrieved", 'retrieved', item_spans(rd.get('retrieved'), 'retrieved')))
+        lanes.append((f"round {r} admitted{_verdict(rd)}", 'admitted', item_spans(rd.get('admitted'), 'admitted')))
     for s in trace.get('steps') or []:
-        lanes.append((f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', _step_spans(s)))
+        lanes.append((f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', step_spans(s)))
+    if trace.get('steps') and trace.get('evidence'):
+        lanes.append(('evidence', 'admitted', item_spans(trace['evidence'], 'evidence')))
     if (trace.get('oracle') or {}).get('items'):
-        lanes.append(('oracle evidence', 'admitted', _item_spans(trace['oracle']['items'], 'oracle')))
+        lanes.append(('oracle evidence', 'admitted', item_spans(trace['oracle']['items'], 'oracle')))
     fr = [dict(i, item_id=f"{i.get('item_id', '')} ({i.get('frames')} frames)")
           for i in (trace.get('answer_frames') or {}).get('items') or []]
-    if fr: lanes.append(('answer frames', 'frames', _item_spans(fr, 'frames of')))
+    if fr: lanes.append(('answer frames', 'frames', item_spans(fr, 'frames of')))
     return lanes
 
 # %% ../../nbs/45_eval.trace_view.ipynb #aed4af6c
 _LANE_COLOURS = dict(gold='#2e7d32', distractor='#ef6c00', retrieved='#90a4ae', admitted='#1565c0', frames='#8e24aa',
                      tool='#00838f')
+_LANE_NAMES = dict(gold='gold evidence', distractor='distractor', retrieved='retrieved', admitted='admitted / evidence',
+                   frames="answerer's frames", tool='tool call (its ranges and records)')
 _OPACITY = {2: 0.45, 3: 0.25}                   # an L2 event or the L3 narrative spans far more than it pins down
 
 def _lane_svg(i: int, label: str, kind: str, spans: list, dur: float, x0: int, w: int) -> str:
@@ -166,8 +169,15 @@ def _spans_lane(label: str, kind: str, spans: list[tuple[float, float]]) -> list
     "A lane of the question's own spans (gold evidence, distractors), none when it has none."
     return [(label, kind, [(a, b, f"{label} {fmt_time(a)}–{fmt_time(b)}", None) for a, b in spans])] if spans else []
 
+def legend_html(kinds: list[str]) -> str:
+    "The key to the timeline: a swatch and a name per kind of lane shown, and what a paler span means."
+    sw = lambda k: Span(style=f"display:inline-block;width:12px;height:10px;background:{_LANE_COLOURS[k]}")
+    keys = [Span(sw(k), ' ' + _LANE_NAMES[k], style='margin-right:14px') for k in dict.fromkeys(kinds)]
+    pale = Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
+    return to_xml(Div(*keys, pale, cls='legend'), indent=False)
+
 def timeline_html(trace: dict, question: Question | dict | None = None, width: int = 900) -> str:
-    "The video as a bar with gold/distractor spans, each round's retrieved and admitted items, tool calls, frames."
+    "The video as a bar with gold/distractor spans, rounds' items, tool calls and frames as lanes, and a legend."
     qs = question_spans(question)
     lanes = _spans_lane('gold evidence', 'gold', qs['evidence']) + _spans_lane('distractor', 'distractor',
                                                                                qs['distractors']) + trace_lanes(trace)
@@ -178,7 +188,8 @@ def timeline_html(trace: dict, question: Question | dict | None = None, width: i
     body = ''.join(_lane_svg(i, *lane, dur, x0, w) for i, lane in enumerate(lanes))
     cues = f"<p class='cues'>cues: {esc('; '.join(qs['cues']))}</p>" if qs['cues'] else ''
     return (f"<div class='timeline'><svg xmlns='http://www.w3.org/2000/svg' width='{width}' "
-            f"height='{24 + 18 * len(lanes)}' font-family='sans-serif'>{ticks}{body}</svg>{cues}</div>")
+            f"height='{24 + 18 * len(lanes)}' font-family='sans-serif'>{ticks}{body}</svg>"
+            f"{legend_html([k for _, k, _ in lanes])}{cues}</div>")
 
 # %% ../../nbs/45_eval.trace_view.ipynb #a81ee107
 _STYLE = """<style>
@@ -186,7 +197,15 @@ _STYLE = """<style>
 .reveal-trace table {border-collapse: collapse; margin: 4px 0}
 .reveal-trace td, .reveal-trace th {border: 1px solid #ccc; padding: 2px 6px; text-align: left; vertical-align: top}
 .reveal-trace .ok {color: #1a7f37} .reveal-trace .bad {color: #c62828}
+.reveal-trace pre {white-space: pre-wrap; margin: 0; max-width: 520px; font-size: 12px}
+.reveal-trace td.text {max-width: 560px} .reveal-trace .legend {font-size: 11px; margin: 2px 0 6px 0}
+.reveal-trace .notice {background: #fff3e0; border-left: 4px solid #ef6c00; padding: 4px 8px}
 </style>"""
+
+def _rounds_count(t: dict) -> Any:
+    "How many rounds (REVEAL) or turns (PACE, DVD) the trace took."
+    n = (t.get('totals') or {}).get('rounds', t.get('rounds'))
+    return len(n) if isinstance(n, list) else n
 
 def header_html(t: dict) -> str:
     "The question, its options marked with the answer and the gold letter, the outcome, the stop reason and totals."
@@ -196,33 +215,45 @@ def header_html(t: dict) -> str:
     ok = t.get('correct')
     outcome = "<b class='ok'>correct</b>" if ok else ("<b class='bad'>wrong</b>" if ok is False else 'no gold')
     tot = t.get('totals') or t
+    steps = f", tool calls {len(t['steps'])}" if t.get('steps') else ''
     return (f"<h3>{esc(t.get('qid'))} · {esc(t.get('preset') or t.get('method'))} · {esc(t.get('qtype'))}</h3>"
             f"<p>{esc(t.get('question'))}</p><ul>{opts}</ul>"
             f"<p>answer {esc(ans)}, gold {esc(gold)}: {outcome}; stop: {esc(t.get('stop_reason'))}; "
-            f"rounds {esc(tot.get('rounds'))}, model calls {esc(tot.get('llm_calls'))}, tokens "
+            f"rounds {esc(_rounds_count(t))}{steps}, model calls {esc(tot.get('llm_calls'))}, tokens "
             f"{int(tot.get('prompt_tokens') or 0) + int(tot.get('completion_tokens') or 0)}, "
-            f"{float(tot.get('seconds') or 0):.2f} s</p>")
+            f"{float(tot.get('seconds') or t.get('seconds') or 0):.2f} s</p>")
 
 # %% ../../nbs/45_eval.trace_view.ipynb #68b48ae9
-def trace_html(trace: dict, thumbs: dict[str, str] | None = None, question: Question | dict | None = None) -> str:
-    "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds, answer, calls."
+def notes_html(notes: list[str] | None) -> str:
+    "What the page cannot show and why (a benchmark or video that cannot be found from here), one notice each."
+    return ''.join(f"<p class='notice'>{esc(n)}</p>" for n in notes or [])
+
+def trace_html(trace: dict, thumbs: dict[str, str] | None = None, question: Question | dict | None = None,
+               notes: list[str] | None = None) -> str:
+    "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds or tool calls, evidence."
     t = trace
-    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t), timeline_html(t, question)]
-    parts += [round_html(rd, t.get('tau'), thumbs) for rd in t.get('rounds') or []]
+    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t), notes_html(notes), timeline_html(t, question)]
+    parts += [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
+    parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs)]
     if t.get('missing_evidence'):
-        parts.append('<p>final missing evidence: ' + esc('; '.join(t['missing_evidence'])) + '</p>')
+        parts.append('<p>final missing evidence: ' + esc('; '.join(map(str, t['missing_evidence']))) + '</p>')
     if t.get('answer_reasoning'):
         parts.append(f"<p>answerer ({esc(t.get('answer_source'))}): {esc(t['answer_reasoning'])}</p>")
-    parts += ['<h4>Model calls</h4>', calls_html(t.get('calls') or []), '</div>']
-    return '\n'.join(parts)
+    parts += ['<h4>Model calls</h4>', calls_html(trace_calls(t)), '</div>']
+    return '\n'.join(p for p in parts if p)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #8018fdac
-def keyframe_thumbs(trace: dict, video_path: str | Path, width: int = 160) -> dict[str, str]:
-    "A JPEG data URL of the middle frame of every admitted L1 segment of the trace, by item id."
+def _thumb_items(trace: dict) -> dict[str, dict]:
+    "The L1 items worth a keyframe: admitted in a round, or part of the final evidence; by item id."
+    its = [a for rd in trace_rounds(trace) for a in rd.get('admitted') or []] + list(trace.get('evidence') or [])
+    return {a['item_id']: a for a in its if isinstance(a, dict) and a.get('level') == 1 and 't_start' in a
+            and 'item_id' in a}
+
+def keyframe_thumbs(trace: dict, video_path: str | Path | None, width: int = 160) -> dict[str, str]:
+    "A JPEG data URL of the middle frame of every admitted (or evidence) L1 item of the trace, by item id."
     import cv2
-    items = {a['item_id']: a for rd in trace.get('rounds') or [] for a in rd.get('admitted') or []
-             if a.get('level') == 1}
-    if not items or not video_path or not Path(video_path).exists(): return {}
+    items = _thumb_items(trace)
+    if not items or not video_path or not Path(video_path).is_file(): return {}     # a FIFO or device: no frames
     ids = sorted(items, key=lambda i: items[i]['t_start'])
     frames = read_frames_at(video_path, [(items[i]['t_start'] + items[i]['t_end']) / 2 for i in ids], max_width=width)
     out = {}
@@ -233,9 +264,9 @@ def keyframe_thumbs(trace: dict, video_path: str | Path, width: int = 160) -> di
 
 # %% ../../nbs/45_eval.trace_view.ipynb #43ac1362
 def run_questions(run_dir: str | Path) -> list[dict]:
-    "One row per question of a run (qid order): qid, qtype, answer, gold, correct, stop reason, trace path."
+    "One row per question of a run (qid order, as text): qid, qtype, answer, gold, correct, stop reason, trace path."
     keys = ('qid', 'qtype', 'answer', 'gold', 'correct', 'stop_reason', 'trace')
-    return sorted(({k: r.get(k) for k in keys} for r in load_results(run_dir)), key=lambda r: r['qid'])
+    return sorted(({k: r.get(k) for k in keys} for r in load_results(run_dir)), key=lambda r: str(r['qid']))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #619057e0
 def filter_questions(rows: list[dict], correct: bool | None = None, qtype: str | None = None,
@@ -246,26 +277,41 @@ def filter_questions(rows: list[dict], correct: bool | None = None, qtype: str |
             and (stop_reason is None or r.get('stop_reason') == stop_reason)]
 
 # %% ../../nbs/45_eval.trace_view.ipynb #16e83a5b
-def run_trace(run_dir: str | Path, qid: str) -> dict:
-    "The trace of one question of a run (found by the path in its result, or by name under the run's traces/)."
-    row = next((r for r in run_questions(run_dir) if r['qid'] == qid), None)
+def run_trace(run_dir: str | Path, qid: Any, row: dict | None = None) -> dict:
+    "The trace of one question of a run (by the path in its result `row`, or by name under the run's traces/)."
+    row = row or next((r for r in run_questions(run_dir) if str(r['qid']) == str(qid)), None)
     if row is None: raise KeyError(f"no question {qid!r} in {run_dir}")
-    p = Path(row['trace'] or '')
+    p = Path(row.get('trace') or '')
     if not p.is_file(): p = Path(run_dir) / 'traces' / p.name
-    if not p.is_file(): raise FileNotFoundError(f"trace of {qid} not found: {row['trace']}")
+    if not p.is_file(): raise FileNotFoundError(f"trace of {qid} not found: {row.get('trace')}")
     return load_trace(p)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #cc0ea492
-def run_question_index(run_dir: str | Path) -> dict[str, Question]:
-    "qid → Question of a run: its questions.jsonl (a replay's), else its benchmark's (run.json); empty if neither."
+def benchmark_root(run_dir: str | Path, meta: dict) -> str | None:
+    "A run's benchmark root: as recorded when absolute (or none); a relative one from here, else beside the run."
+    root = meta.get('root')
+    if not root or Path(root).is_absolute(): return root
+    for base in (Path.cwd(), Path(run_dir).resolve().parent):
+        if (base / root).exists(): return str(base / root)
+    return root
+
+def run_question_source(run_dir: str | Path) -> tuple[dict[str, Question], str | None]:
+    "qid (as text) → Question of a run, and why they could not be loaded (None when they were)."
     d = Path(run_dir)
     if (d / 'questions.jsonl').is_file():
-        return {q.qid: q for q in map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))}
-    meta = json.loads((d / 'run.json').read_text())
-    kw = {'split': meta['split']} if meta.get('split') else {}
-    try: qs, _ = load_benchmark(meta['benchmark'], meta.get('root'), **kw)
-    except Exception: return {}
-    return {q.qid: q for q in qs}
+        return {str(q.qid): q for q in map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))}, None
+    meta = json.loads((d / 'run.json').read_text()) if (d / 'run.json').is_file() else {}
+    root, kw = benchmark_root(d, meta), {'split': meta['split']} if meta.get('split') else {}
+    try: qs, _ = load_benchmark(meta['benchmark'], root, **kw)
+    except Exception as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return {}, (f"the questions of benchmark {meta.get('benchmark')} under {root} cannot be loaded from here "
+                    f"({why}): no gold spans, cues, question text or thumbnails")
+    return {str(q.qid): q for q in qs}, None
+
+def run_question_index(run_dir: str | Path) -> dict[str, Question]:
+    "qid (as text) → Question of a run (see `run_question_source`); empty when they cannot be loaded."
+    return run_question_source(run_dir)[0]
 
 # %% ../../nbs/45_eval.trace_view.ipynb #7d0ee095
 def run_videos(run_dir: str | Path) -> dict[str, str]:
@@ -273,19 +319,42 @@ def run_videos(run_dir: str | Path) -> dict[str, str]:
     return {k: q.video_path for k, q in run_question_index(run_dir).items() if q.video_path}
 
 # %% ../../nbs/45_eval.trace_view.ipynb #0f61c167
-def trace_page(run_dir: str | Path, qid: str, thumbs: bool = True, questions: dict | None = None) -> str:
+def page_notes(q: Question | None, qid: Any, why: str | None, thumbs: bool) -> list[str]:
+    "What a question's page cannot show: its benchmark's questions, this question, or its video for thumbnails."
+    if why: return [why]
+    if q is None: return [f"question {qid} is not in the run's benchmark: no gold spans, cues or thumbnails"]
+    if thumbs and not (q.video_path and Path(q.video_path).is_file()):
+        return [f"the video {q.video_path} is not found from here: no keyframe thumbnails"]
+    return []
+
+def trace_fragment(run_dir: str | Path, qid: Any, thumbs: bool = True, source: tuple | None = None,
+                   row: dict | None = None) -> str:
+    "One question's trace as an HTML fragment (`source`: `run_question_source`'s answer, read once per run)."
+    qs, why = source if source is not None else run_question_source(run_dir)
+    t, q = run_trace(run_dir, qid, row), qs.get(str(qid))
+    th = keyframe_thumbs(t, q.video_path) if thumbs and q is not None and q.video_path else {}
+    return trace_html(t, th, q, page_notes(q, qid, why, thumbs))
+
+def html_page(title: Any, *fragments: str) -> str:
+    "A standalone HTML page of fragments."
+    return f"<!doctype html><meta charset='utf-8'><title>{esc(title)}</title>\n" + '\n'.join(fragments) + '\n'
+
+def trace_page(run_dir: str | Path, qid: Any, thumbs: bool = True, source: tuple | None = None,
+               row: dict | None = None) -> str:
     "One question's trace as a standalone HTML page: header, timeline (with the question's spans), rounds, calls."
-    t, qs = run_trace(run_dir, qid), questions if questions is not None else run_question_index(run_dir)
-    q = qs.get(qid)
-    th = keyframe_thumbs(t, q.video_path if q else None) if thumbs else {}
-    return f"<!doctype html><meta charset='utf-8'><title>{esc(qid)}</title>\n{trace_html(t, th, q)}\n"
+    return html_page(qid, trace_fragment(run_dir, qid, thumbs, source, row))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #87180048
-def show_trace(run_dir: str | Path, qid: str, html_out: str | Path | None = None, thumbs: bool = True) -> str:
+def trace_text(t: dict) -> str:
+    "The text summary of a trace (`format_trace`) with a PACE or DVD trace's tool calls after its first line."
+    lines = printable(format_trace(t)).splitlines()
+    return '\n'.join(lines[:1] + step_lines(t.get('steps') or []) + lines[1:])
+
+def show_trace(run_dir: str | Path, qid: Any, html_out: str | Path | None = None, thumbs: bool = True) -> str:
     "The text summary of one question's trace; with `html_out`, also write its HTML page there (keyframes included)."
     t = run_trace(run_dir, qid)
     if html_out is not None: atomic_write_text(Path(html_out), trace_page(run_dir, qid, thumbs))
-    return format_trace(t)
+    return trace_text(t)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #2f99202d
 class TraceViewer:
@@ -326,5 +395,5 @@ class TraceViewer:
             return
         t = run_trace(self.run_dir, qid)
         if self.thumbs.value and self._videos is None: self._videos = run_videos(self.run_dir)
-        th = keyframe_thumbs(t, self._videos.get(qid)) if self.thumbs.value else {}
-        self.page.value = trace_html(t, th, self.questions.get(qid))
+        th = keyframe_thumbs(t, self._videos.get(str(qid))) if self.thumbs.value else {}
+        self.page.value = trace_html(t, th, self.questions.get(str(qid)))

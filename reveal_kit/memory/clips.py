@@ -5,7 +5,9 @@
 # %% ../../nbs/14b_memory.clips.ipynb #c57f82cd
 from __future__ import annotations
 import hashlib
+import os
 import re
+import stat
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -15,7 +17,7 @@ from ..video.frames import VideoError, VideoInfo, Frame, probe_video, iter_frame
 
 # %% auto #0
 __all__ = ['CLIP_NAME', 'SPAN_GAP_S', 'egolife_seconds', 'clip_start', 'Clip', 'find_clips', 'ClipFolder', 'is_clip_folder',
-           'open_clip_folder', 'probe_source', 'read_source_frames_at']
+           'video_problem', 'check_video', 'open_clip_folder', 'probe_source', 'read_source_frames_at']
 
 # %% ../../nbs/14b_memory.clips.ipynb #3c386f7a
 def egolife_seconds(date: str, time: str) -> float:
@@ -62,7 +64,9 @@ class ClipFolder:
     @property
     def name(self) -> str: return self.path.name
     @property
-    def duration(self) -> float: return self.clips[-1].end - self.origin
+    def end(self) -> float: return max(c.end for c in self.clips)      # a clip may lie inside an earlier, longer one
+    @property
+    def duration(self) -> float: return self.end - self.origin
     def __len__(self) -> int: return len(self.clips)
     def __repr__(self) -> str: return f"ClipFolder({self.name!r}, {len(self)} clips, {self.duration:.1f}s)"
 
@@ -94,7 +98,7 @@ def spans(self: ClipFolder, gap: float = SPAN_GAP_S) -> list[ClipFolder]:
     "The runs of clips that follow each other (less than `gap` s apart), each with its own origin at its start."
     runs: list[list[Clip]] = [[self.clips[0]]]
     for c in self.clips[1:]:
-        if c.start - runs[-1][-1].end < gap: runs[-1].append(c)
+        if c.start - max(x.end for x in runs[-1]) < gap: runs[-1].append(c)
         else: runs.append([c])
     return [ClipFolder(self.path, r, r[0].start) for r in runs]
 
@@ -105,7 +109,7 @@ def locate(self: ClipFolder, t: float) -> tuple[Clip, float]:
     a = t + self.origin
     for c in self.clips:
         if a < c.end: return c, max(0.0, a - c.start)
-    c = self.clips[-1]
+    c = max(self.clips, key=lambda c: c.end)
     return c, c.info.duration
 
 # %% ../../nbs/14b_memory.clips.ipynb #612f4fd2
@@ -177,12 +181,29 @@ def from_records(cls: ClipFolder, folder: str | Path, records: Sequence[dict]) -
 def summary(self: ClipFolder) -> dict:
     "What a memory's manifest says about its clips: how many, the first and last, the spans of the timeline."
     return dict(n_clips=len(self), first=self.clips[0].path.name, last=self.clips[-1].path.name,
-                spans=[[round(s.origin, 3), round(s.clips[-1].end, 3)] for s in self.spans()])
+                spans=[[round(s.origin, 3), round(s.end, 3)] for s in self.spans()])
 
 # %% ../../nbs/14b_memory.clips.ipynb #31d072d9
 def is_clip_folder(path: str | Path | None) -> bool:
     "Whether a video path is a folder (read as a folder of time-stamped clips)."
     return bool(path) and Path(path).is_dir()
+
+# %% ../../nbs/14b_memory.clips.ipynb #0123ebcb
+def video_problem(path: str | Path) -> str | None:
+    "Why a video path cannot be read as a video (missing, a link loop, a FIFO, a device, a socket), or None."
+    try: st = os.stat(path)
+    except FileNotFoundError: return f"video not found: {path}"
+    except OSError as e: return f"video {path} cannot be read: {e.strerror or e}"
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode): return None
+    kind = 'a FIFO' if stat.S_ISFIFO(st.st_mode) else 'a device' if stat.S_ISCHR(st.st_mode) or \
+        stat.S_ISBLK(st.st_mode) else 'a socket'
+    return f"video {path} is {kind}, not a regular file or a folder of clips"
+
+def check_video(path: str | Path) -> Path:
+    "The path of a video that can be read (a regular file or a folder of clips); a one-line `VideoError` if not."
+    why = video_problem(path)
+    if why: raise VideoError(why)
+    return Path(path)
 
 # %% ../../nbs/14b_memory.clips.ipynb #53fde74e
 @lru_cache(maxsize=32)

@@ -12,7 +12,7 @@ import numpy as np
 from fastcore.basics import patch
 from ..core import Config, MemoryItem, MemoryBuildError, runs_dir, sha256_file, digest, warn
 from ..video.frames import VideoError
-from .clips import is_clip_folder, open_clip_folder, read_source_frames_at
+from .clips import check_video, is_clip_folder, open_clip_folder, read_source_frames_at
 from ..retrieval.choice import get_text_embedder, get_image_embedder
 from ..retrieval.index import VectorIndex
 from ..io import read_jsonl_rows
@@ -66,7 +66,7 @@ _SHA_CACHE: dict = {}
 
 def video_sha256(path: str | Path) -> str:
     "SHA-256 of a file, or the digest of a folder of clips (`ClipFolder.sha256`), cached per (path, size, mtime)."
-    p = Path(path).resolve()
+    p = check_video(path).resolve()                      # a FIFO or a device would be read forever
     st = p.stat()
     k = (str(p), st.st_size, st.st_mtime_ns)
     if k not in _SHA_CACHE: _SHA_CACHE[k] = open_clip_folder(p).sha256() if is_clip_folder(p) else sha256_file(p)
@@ -77,8 +77,7 @@ def memory_dir_for(video_path: str | Path, config: Config, models: dict | Any = 
                    subtitles: str | Path | None = None, root: str | Path | None = None) -> Path:
     "Where the memory of this video (or folder of clips) lives: `<root>/<stem>-<sha8>-<key>` (root: runs/memories)."
     if not isinstance(models, dict): models = memory_models(models)
-    p = Path(video_path)
-    if not p.exists(): raise VideoError(f"video not found: {p}")
+    p = check_video(video_path)
     if p.is_dir(): open_clip_folder(p)                   # a folder must hold time-stamped clips (else a one-line error)
     sub = video_sha256(subtitles) if subtitles else None
     root = Path(root) if root else runs_dir() / 'memories'

@@ -344,6 +344,7 @@ def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace', m
     models = {**models_record(ms.agent or model, offline, plain.text_embedder), 'pace': ms.record()}
     res = _pace_result(q, spec, tr, tot, time.perf_counter() - t0, config, models, None, rows,
                        _index_cost(db, plain, fcalls), fq, fsrc)
+    res.update(protocol=policy.protocol, refused_calls=tr['refused_calls'])     # as used; calls over the budget
     trace = _pace_trace(res, q, spec, policy, fq, tr, rows, fcalls, tot)
     if trace_dir is not None: res['trace'] = _write_trace(trace, trace_dir, q.qid, spec.name)
     if return_trace: res['trace_data'] = trace
@@ -359,7 +360,7 @@ def ask_pace(video: str | Path, question: str, options: list[str], method: str =
     get_pace_spec(method)
     cfg = load_config(config, overrides or [])
     q = Question('ask', Path(video).stem, question, list(options))
-    chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache,
+    chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache, **cfg.thinking_settings(),
                           timeout_s=timeout_s or getattr(cfg, 'timeout_s', None)) if isinstance(backend, str) else backend
     ms = pace_models_of(chat, roles, pace_settings(cfg).vision_substitute)
     plain = get_pace_dbs(video, (), cfg, _meaningful(ms.vision), subtitles, root, text_embedder)[0]

@@ -48,12 +48,17 @@ CALL_A_TOOL = "Your reply had no tool call. Call one of the tools (Finish once y
 
 class ToolCallPolicy:
     "Turns from a chat model by OpenAI function calling: one conversation per episode, several calls per turn."
-    kind, protocol = 'model', 'tools'
+    kind = 'model'
 
     def __init__(self, model: Any, messages: list[dict], names: Sequence[str] = DVD_TOOLS,
                  letters: Sequence[str] = (), max_tokens: int = 400, max_chars: int | None = None):
         self.model, self.messages, self.names, self.letters = model, list(messages), tuple(names), list(letters)
-        self.max_tokens, self.max_chars, self._pending = max_tokens, max_chars, {}
+        self.max_tokens, self.max_chars, self._pending, self.protocols = max_tokens, max_chars, {}, []
+
+    @property
+    def protocol(self) -> str:
+        "The protocol the turns actually used: 'tools', 'tools_as_json' (a server without function calling), both."
+        return '+'.join(dict.fromkeys(p for p in self.protocols if p)) or 'tools'
 
 # %% ../../nbs/32b_pace.dvd.ipynb #d16de987
 @patch
@@ -75,6 +80,7 @@ def next_turn(self: ToolCallPolicy, st: AgentState, last: bool) -> Turn:
     res = self.model.chat_tools(self._send(), tools, tool_choice='required', role='pace_agent',
                                 max_tokens=self.max_tokens, temperature=0.0)
     rec = {**record_dict(res.record), 'role': 'pace_agent', 'wall_s': round(time.perf_counter() - t0, 6)}
+    self.protocols.append(rec.get('protocol'))
     self.messages.append(res.message())
     self._pending = {c.id: c for c in res.calls}
     if not res.calls: self.messages.append(user_message(CALL_A_TOOL))

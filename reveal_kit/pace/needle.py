@@ -8,14 +8,15 @@ import json
 import re
 from pathlib import Path
 from typing import Any, Sequence
-from ..core import Question, safe_name
+from ..core import Question, safe_name, REPLY_TOKENS
 from ..text import content_words, fmt_time, hms_to_seconds
 from ..io import append_jsonl, read_jsonl_rows
 from ..backends.chat import role_call, is_meaningful
 
 # %% auto #0
 __all__ = ['NEEDLE_MIN_COVER', 'JUDGE_SYSTEM', 'JUDGE_SCHEMA', 'cue_recovered', 'needle_recall', 'browse_rows', 'judge_rows',
-           'judge_prompt', 'model_judge', 'judge_name', 'judge_result', 'needles_path', 'judge_run', 'judged_needles']
+           'judge_prompt', 'model_judge', 'judge_name', 'judge_result', 'needles_path', 'judge_failed', 'judge_run',
+           'judged_needles']
 
 # %% ../../nbs/32c_pace.needle.ipynb #d04c5e05
 NEEDLE_MIN_COVER = 0.8
@@ -89,7 +90,7 @@ def judge_prompt(q: Question, cue: str, rows: Sequence[dict], max_chars: int = 6
     return f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCue: {cue}\n\nEvidence:\n{ev}"
 
 # %% ../../nbs/32c_pace.needle.ipynb #ba0841ec
-def model_judge(model: Any, q: Question, rows: Sequence[dict], max_tokens: int = 512,
+def model_judge(model: Any, q: Question, rows: Sequence[dict], max_tokens: int = REPLY_TOKENS['needle_judge'],
                 max_chars: int = 64000) -> tuple[float | None, list, list[dict]]:
     "The judge model's needle recall of the rows, its verdict per cue (None: unusable reply) and its calls."
     if not q.cues: return None, [], []
@@ -108,7 +109,8 @@ def judge_name(model: Any = None) -> str:
     return f"model:{getattr(model, 'model_id', '?')}" if is_meaningful(model) else 'lexical'
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0002
-def judge_result(q: Question, result: dict, model: Any = None, spans: bool = True, max_tokens: int = 512) -> dict:
+def judge_result(q: Question, result: dict, model: Any = None, spans: bool = True,
+                 max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict:
     "A result's needle recall by a judge model (else the lexical judge), with the judge's name, verdicts and calls."
     rows = judge_rows(result)
     if not is_meaningful(model):
@@ -123,17 +125,21 @@ def needles_path(run_dir: str | Path, judge: str) -> Path:
     return Path(run_dir) / 'needles' / f"{safe_name(judge)}.jsonl"
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0004
+def judge_failed(row: dict) -> bool:
+    "Whether a judged row is a model judge's failure (a cue without a usable verdict): never kept, asked again."
+    return row.get('needle_judge') != 'lexical' and row.get('needle_recall') is None and bool(row.get('verdicts'))
+
 def judge_run(run_dir: str | Path, questions: Sequence[Question], model: Any = None, spans: bool = True,
-              max_tokens: int = 512) -> dict[str, dict]:
-    "Judge every result of a run with cues (resumable: judged questions are kept); `{qid: judged row}`."
+              max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict[str, dict]:
+    "Judge every result of a run with cues (resumable: verdicts are kept, failed ones are not); `{qid: judged row}`."
     p, qs = needles_path(run_dir, judge_name(model)), {q.qid: q for q in questions if q.cues}
-    done = {r['qid']: r for r in read_jsonl_rows(p)} if p.exists() else {}
+    done = {r['qid']: r for r in read_jsonl_rows(p) if not judge_failed(r)} if p.exists() else {}
     p.parent.mkdir(parents=True, exist_ok=True)
     results = {r['qid']: r for r in read_jsonl_rows(Path(run_dir) / 'results.jsonl') if 'qid' in r}
     for qid, r in results.items():
         if qid in qs and qid not in done and not r.get('failed'):
             done[qid] = judge_result(qs[qid], r, model, spans, max_tokens)
-            append_jsonl(p, done[qid])
+            if not judge_failed(done[qid]): append_jsonl(p, done[qid])
     return done
 
 # %% ../../nbs/32c_pace.needle.ipynb #8107d708
@@ -142,5 +148,6 @@ def judged_needles(run_dir: str | Path) -> dict[str, dict[str, float | None]]:
     out = {}
     for p in sorted((Path(run_dir) / 'needles').glob('*.jsonl')):
         rows = read_jsonl_rows(p)
-        if rows: out[rows[0]['needle_judge']] = {r['qid']: r['needle_recall'] for r in rows}
+        if rows: out[rows[0]['needle_judge']] = {r['qid']: r['needle_recall'] for r in rows
+                                              if not judge_failed(r)}
     return out

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Any
 import numpy as np
 from fastcore.basics import patch
-from ..core import Config, Question, Evidence
+from ..core import Config, Question, Evidence, reply_tokens
 from ..backends.chat import role_call, offline_role
 from .rubrics import RubricPool, load_rubric_pool
 from .planner import focus, option_events, question_anchor, role_type
@@ -142,7 +142,7 @@ def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None 
         return offline_answer(q, view)
     prompt = answer_prompt(q, view.evidence, len(images or []), self.evidence_tokens, frames_note)
     data, rec = role_call(self.model, 'answerer', ANSWER_SYSTEM, prompt, answer_schema(list(q.options)),
-                          max_tokens=256, images=images or None)
+                          max_tokens=reply_tokens('answerer'), images=images or None)
     letter = str((data or {}).get('answer', '')).strip().upper()[:1]
     if letter not in q.options:
         a = offline_answer(q, view)

@@ -83,7 +83,7 @@ def ask(video: str | Path, question: str, options: list[str], method: str = 'rev
     cfg = load_config(config, overrides or []).replace(chunking=spec.chunking)
     q = Question('ask', Path(video).stem, question, list(options))
     chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache,
-                          timeout_s=timeout_s or getattr(cfg, 'timeout_s', None))
+                          timeout_s=timeout_s or getattr(cfg, 'timeout_s', None), **cfg.thinking_settings())
     mem = _get_memory(Path(video), Path(memory) if memory else None, cfg, chat, Path(subtitles) if subtitles else None)
     td = trace_dir or ask_trace_dir()
     res = answer_question(q, mem, chat, cfg, spec, trace_dir=td, roles=roles)

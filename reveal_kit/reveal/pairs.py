@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, asdict
 from typing import Any, Callable
 import numpy as np
-from ..core import Config, Question, Evidence
+from ..core import Config, Question, Evidence, reply_tokens
 from ..backends.chat import role_call
 from .rubrics import RubricPool, question_type
 from .verifier import Verifier, evidence_block
@@ -95,7 +95,7 @@ class ModelTeacher:
         if not cands:
             return Labels([], [], 'model', notes=['no candidates'])
         data, rec = role_call(self.model, 'teacher', TEACHER_SYSTEM, teacher_prompt(q, cands),
-                              teacher_schema(len(cands)), max_tokens=256)
+                              teacher_schema(len(cands)), reply_tokens('teacher'))
         if data is None:
             return Labels([], [], 'fallback', [rec], [f"teacher reply unusable ({rec.get('error') or 'invalid'})"])
         def ids(key):

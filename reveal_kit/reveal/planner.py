@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Any, Callable
 import numpy as np
 from fastcore.basics import patch
-from ..core import Config, Question, MemoryItem
+from ..core import Config, Question, MemoryItem, reply_tokens
 from ..text import tokens, jaccard, STOPWORDS, fmt_time
 from ..backends.chat import role_call, offline_role
 from .online_memory import OnlineMemory
@@ -242,7 +242,8 @@ def decompose(self: Planner, q: Question) -> PlanAction:
     if self.offline:
         return PlanAction('Text Retrieval', offline_decompose(q, self.config), 'Rule-based decomposition.')
     data, rec = role_call(self.model, 'planner_decompose', DECOMPOSE_SYSTEM, decompose_prompt(q),
-                          decompose_schema(len(q.options), self.config))
+                          decompose_schema(len(q.options), self.config),
+                          reply_tokens('planner_decompose'))
     if data is None:
         return PlanAction('Text Retrieval', offline_decompose(q, self.config),
                           'Model reply unusable; rule-based decomposition.', 'fallback', [rec])
@@ -255,7 +256,8 @@ def repair(self: Planner, q: Question, view: dict) -> PlanAction:
     "A repair-round action from the planner view `(H, N, A)` + covered timestamps."
     if self.offline:
         return offline_repair(q, view, self.config)
-    data, rec = role_call(self.model, 'planner', REPAIR_SYSTEM, repair_prompt(q, view), repair_schema(self.config))
+    data, rec = role_call(self.model, 'planner', REPAIR_SYSTEM, repair_prompt(q, view), repair_schema(self.config),
+                          reply_tokens('planner'))
     if data is None:
         a = offline_repair(q, view, self.config)
         a.source, a.calls = 'fallback', [rec]

@@ -8,7 +8,7 @@ from itertools import combinations, product
 from typing import Any
 import numpy as np
 from fastcore.basics import patch
-from ..core import Config, Question
+from ..core import Config, Question, reply_tokens
 from ..backends.chat import role_call
 from .rubrics import RubricPool, Criterion, OFFLINE_CHECKS, QUESTION_TYPES, question_type
 from .offline_checks import EvidenceView, offline_scores
@@ -309,7 +309,7 @@ def propose(self: ModelProposer, pool: RubricPool, working: list[Pair], context:
     for i in range(0, n, self.per):
         batch = working[i:i + self.per]
         data, rec = role_call(self.model, 'proposer', PROPOSER_SYSTEM, proposer_prompt(pool, batch),
-                              proposer_schema(), max_tokens=1024)
+                              proposer_schema(), max_tokens=reply_tokens('proposer'))
         calls.append(rec)
         if data is None:
             notes.append(f"proposer reply unusable ({rec.get('error') or 'invalid'})")

@@ -6,7 +6,7 @@
 from __future__ import annotations
 from typing import Any, Callable
 import numpy as np
-from ..core import Question, Evidence
+from ..core import Question, Evidence, reply_tokens
 from ..backends.chat import role_call
 from .planner import focus
 from .offline_checks import EvidenceView
@@ -61,7 +61,7 @@ def judge_relevance(q: Question, view: EvidenceView, model: Any = None, offline:
     if offline:
         return rec, []
     data, call = role_call(model, 'relevance', RELEVANCE_SYSTEM, relevance_prompt(q, view.evidence, token_budget),
-                           relevance_schema(), max_tokens=128)
+                           relevance_schema(), reply_tokens('relevance'))
     if data is None or not isinstance(data.get('relevant'), bool):
         return {**rec, 'source': 'fallback'}, [call]
     return {**rec, 'relevant': data['relevant'], 'source': 'model',

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 import numpy as np
-from ..core import Config, Question, MemoryItem, Evidence
+from ..core import Config, Question, MemoryItem, Evidence, reply_tokens
 from ..text import tokens
 from ..backends.chat import role_call
 from .rubrics import RubricPool
@@ -122,7 +122,7 @@ def model_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: l
                  model: Any, token_budget: int | None = EVIDENCE_TOKENS) -> tuple[list[Candidate] | None, dict]:
     "One call scoring every candidate against the selected rubric: (candidates best first, or None if unusable; call)."
     data, rec = role_call(model, 'reranker', RERANK_SYSTEM, rerank_prompt(q, pool, names, missing, cands, token_budget),
-                          rerank_schema(len(cands)), max_tokens=768)
+                          rerank_schema(len(cands)), reply_tokens('reranker'))
     scores = (data or {}).get('scores')
     if not isinstance(scores, dict):
         return None, rec

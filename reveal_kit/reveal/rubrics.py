@@ -4,6 +4,7 @@
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #a0891fa4
 from __future__ import annotations
+import math
 import os
 import re
 from dataclasses import dataclass, field, asdict
@@ -149,7 +150,10 @@ def _criterion(c: dict, vocab: set[str], where: str) -> Criterion:
     bad = [t for t in c['question_types'] if t not in vocab]
     if bad:
         raise ValueError(f"{where}criterion {c['name']!r}: unknown question types {bad} (vocabulary: {sorted(vocab)})")
-    return Criterion(c['name'], c['description'].strip(), float(c['weight']), _boundaries(c['name'], c['boundaries']),
+    w = float(c['weight'])
+    if not (math.isfinite(w) and w > 0):        # NaN passes the schema's minimum, and makes every ρ NaN
+        raise ValueError(f"{where}criterion {c['name']!r}: weight must be a finite number > 0, got {c['weight']!r}")
+    return Criterion(c['name'], c['description'].strip(), w, _boundaries(c['name'], c['boundaries']),
                      list(c['question_types']), [str(x).lower() for x in c.get('cues', [])],
                      c.get('check', 'direct_support'))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, asdict
 from typing import Any
 from fastcore.basics import patch
-from ..core import Config, Question, Evidence
+from ..core import Config, Question, Evidence, reply_tokens
 from ..text import fmt_time
 from ..backends.chat import role_call, offline_role, estimate_tokens
 from ..backends.replies import cut_to_tokens
@@ -160,7 +160,8 @@ def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
         return offline_names, 'offline', []
     user = (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCriterion catalog:\n{self.pool.catalog()}\n\n"
             'Reply as {"criteria": ["name", ...]}.')
-    data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, user, select_schema(self.pool))
+    data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, user, select_schema(self.pool),
+                          reply_tokens('verifier_select'))
     names = list(dict.fromkeys(n for n in (data or {}).get('criteria', []) if n in self.pool))
     src = 'model' if names else 'fallback'
     names = names or offline_names
@@ -195,7 +196,7 @@ def verify(self: Verifier, q: Question, view: EvidenceView, names: list[str] | N
     if not self.offline:
         prompt = score_prompt(q, self.pool, names, view.evidence, self.evidence_tokens)
         data, rec = role_call(self.model, 'verifier', SCORE_SYSTEM, prompt,
-                              score_schema(list(q.options), names), max_tokens=768)
+                              score_schema(list(q.options), names), reply_tokens('verifier'))
         calls.append(rec)
         if data is None:
             src = 'fallback'

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/09c_synth.bench.ipynb #d7db1455
 from __future__ import annotations
-import hashlib, json, time, warnings
+import hashlib, json, os, time, warnings
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -178,7 +178,7 @@ def load_questions(root: str | Path) -> list[Question]:
         try: q = Question.from_dict(row)
         except (ValueError, TypeError) as e: raise ValueError(f"{f}:{n}: malformed question: {e}") from e
         for k in ('video_path', 'subtitle_path'):
-            if getattr(q, k): setattr(q, k, str((f.parent / getattr(q, k)).resolve()))
+            if getattr(q, k): setattr(q, k, os.path.abspath(f.parent / getattr(q, k)))   # a link loop: fails later
         out.append(q)
         wheres.append(f"{f}:{n}")
     return unique_qids(out, wheres)

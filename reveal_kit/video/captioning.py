@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Sequence
 import numpy as np
 from fastcore.basics import patch
-from ..core import Config
+from ..core import Config, reply_tokens
 from ..text import STOPWORDS, fmt_time
 from ..backends.chat import is_meaningful
 from ..backends.messages import user_message
@@ -169,8 +169,8 @@ def caption(self: PerceptualCaptioner, frames: Sequence[np.ndarray], t_start: fl
 # %% ../../nbs/13_video.captioning.ipynb #1dab45a6
 class VLMCaptioner:
     "L1 captions through a `ChatModel` (role 'caption'), from the segment's frames plus aligned subtitles."
-    def __init__(self, model, max_tokens: int = 300):
-        self.model, self.max_tokens = model, max_tokens
+    def __init__(self, model, max_tokens: int | None = None):
+        self.model, self.max_tokens = model, max_tokens or reply_tokens('caption')
         self.kind = f"model:{getattr(model, 'model_id', type(model).__name__)}"
         self.fallback = PerceptualCaptioner()
 

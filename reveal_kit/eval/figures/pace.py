@@ -12,7 +12,7 @@ import seaborn as sns
 from scipy.stats import bootstrap
 from collections import Counter
 from pathlib import Path
-from ...core import Question, load_config, safe_name
+from ...core import Question, load_config, safe_name, REPLY_TOKENS
 from ...pace.needle import needle_recall, judge_rows, judge_result
 from ...pace.tools import PACE_TOOLS
 from ..runner import run_eval
@@ -98,7 +98,7 @@ def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], see
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a01
 def judge_runs(runs: dict[str, list[dict]], questions: Sequence[Question], model,
-               max_tokens: int = 512) -> dict[str, dict[str, dict]]:
+               max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict[str, dict[str, dict]]:
     "Every result with cues judged by a judge model (calls through its cache): `{method: {qid: judged row}}`."
     Q = {q.qid: q for q in questions if q.cues}
     return {m: {r['qid']: judge_result(Q[r['qid']], r, model, max_tokens=max_tokens) for r in rs
