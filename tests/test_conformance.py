@@ -11,13 +11,14 @@ five failed calls in a row, by design). Asserted for every run: no traceback (a 
 token totals never negative; PACE's and DVD's tool budget (N = 15 executions) holds; no answer that came from a
 stand-in is unmarked, and `eval report` counts exactly the marks (INTERFACE.md: `substitutions`, `answer_source`).
 Rubric induction's model teacher and model proposer run against the behaviours that break every call."""
-import importlib.util, json, os, re, shutil
+import json, os, re, shutil
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import reveal_kit
 from reveal_kit.cli.main import app
 from reveal_kit.eval.methods import PACE_ALIASES, PACE_SPECS, PRESETS
 from reveal_kit.synth.bench import generate_benchmark
@@ -39,7 +40,7 @@ BUDGET = 15                                        # PACE's N: tool executions p
 MARK_KEYS = {'role', 'reason', 'replaced_by', 'detail'}
 REASONS = {'failed_call', 'cut_reply', 'invalid_json', 'schema_mismatch', 'refused_request', 'missing_finish',
            'invalid_tool_call', 'over_budget', 'other'}
-HAS_RECORD = importlib.util.find_spec('reveal_kit.record') is not None
+HAS_RECORD = (Path(reveal_kit.__file__).parent / 'record.py').is_file()      # this checkout's library, not another
 NO_RECORD = "the substitution record (branch b-record, INTERFACE.md) is not in this checkout yet"
 
 
