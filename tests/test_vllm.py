@@ -3,8 +3,12 @@
 (`backends.vllm.packaged_vllm_model`). It is the *base* model, so answers are meaningless: the tests assert the
 protocol, the schemas, the accounting (tokens per call from the server's `usage`), the cache and the traces, never
 accuracy. Two replicas start together once per session (about 2 minutes on 2 cores); the fleet test stops one of them
-mid-run, and the in-process test stops the other before it starts its own engine, so at most two engines ever run."""
-import json, os, re, subprocess, sys, threading, time
+mid-run, and the in-process test stops the other before it starts its own engine, so at most two engines ever run.
+
+The suite must hold on a busy machine (CI runs beside other work): tests wait for the states they assert (a thread
+joined, a process polled with a deadline), and the limits of slow steps are sized from the measured start-up of the
+servers (`slow_limit`), not fixed."""
+import contextlib, json, os, re, subprocess, sys, threading, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +35,7 @@ from reveal_kit.reveal.rubrics import load_rubric_pool
 from reveal_kit.reveal.verifier import score_schema, select_schema
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
 
 NAME, TEXT_CAP = 'gemma', 48
 COMPACT_JSON = {'backend': 'xgrammar', 'disable_any_whitespace': True}     # the servers' `compact_json`
@@ -71,10 +76,37 @@ def prompt_tokens(srv: VLLMServer, messages: list[dict], tools: list | None = No
     return r.json()['count']
 
 
-def reveal(*args: str, env: dict) -> subprocess.CompletedProcess:
+def reveal(*args: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
     "The `reveal` command of this checkout, run by this interpreter."
     cmd = [sys.executable, '-c', 'from reveal_kit.cli.main import main; main()', *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=timeout)
+
+
+READY_S = 1200      # the most a replica may take to be ready (two start together: about 2 min on an idle 2-core box)
+
+
+def slow_limit(srv: VLLMServer, factor: float = 12, floor: float = 600) -> float:
+    "A limit for a slow step through `srv`, scaled by how long the server took to start on this machine (its load)."
+    return max(floor, factor * srv.ready_after_s)
+
+
+def wait_until(cond, limit_s: float, every_s: float = 0.2) -> bool:
+    "Whether `cond()` becomes true within `limit_s` seconds."
+    t_end = time.monotonic() + limit_s
+    while not cond():
+        if time.monotonic() > t_end: return False
+        time.sleep(every_s)
+    return True
+
+
+def group_alive(pgid: int) -> list[int]:
+    "The live (not zombie) processes of process group `pgid`."
+    out = []
+    for p in Path('/proc').glob('[0-9]*/stat'):
+        try: f = p.read_text().rsplit(')', 1)[1].split()
+        except (OSError, IndexError): continue
+        if int(f[2]) == pgid and f[0] not in 'ZX': out.append(int(p.parent.name))
+    return out
 
 
 @pytest.fixture(scope='module')
@@ -86,7 +118,7 @@ def hf_model() -> Path:
 def servers(hf_model, tmp_path_factory):
     "Two replicas of the model on free loopback ports, started together and always stopped after the module."
     logs = tmp_path_factory.mktemp('vllm-logs')
-    pair = [VLLMServer(hf_model, name=NAME, kv_cache_gb=1, ready_s=420, compact_json=True, log=logs / f'{n}.log')
+    pair = [VLLMServer(hf_model, name=NAME, kv_cache_gb=1, ready_s=READY_S, compact_json=True, log=logs / f'{n}.log')
             for n in 'ab']
     try:
         for s in pair: s.start()
@@ -109,23 +141,59 @@ def test_fleet_of_two_replicas_one_stopped_mid_run(servers):
     a, b = servers
     for s in servers: OpenAIHTTPModel(s.url, model=NAME).chat('warm up', max_tokens=2)     # first replies are slow
     m = OpenAIHTTPModel([a.url, b.url], model=NAME, cooldown_s=600, retries=3, backoff=0.5)
-    before, by, lock = served_requests(a), Counter(), threading.Lock()
+    before, by, lock, stopper = served_requests(a), Counter(), threading.Lock(), []
 
     def call(i):
         r = m.chat([user_message(f'Write the number {i} in words.')], max_tokens=12, role='caption')
         with lock:
             by[r.record.base_url] += 1
-            if by[b.url] == 1: threading.Thread(target=b.stop).start()    # b goes away after its first answer
+            if by[b.url] == 1 and not stopper:                          # b goes away after its first answer
+                stopper.append(threading.Thread(target=b.stop))
+                stopper[0].start()
         return r
 
     with ThreadPoolExecutor(4) as ex: outs = list(ex.map(call, range(16)))
+    stopper[0].join(timeout=60)                                         # stop: SIGTERM, 20 s grace, then SIGKILL
+    assert not stopper[0].is_alive() and wait_until(lambda: b.proc.poll() is not None, 10), b.log_tail(1500)
     assert all(o.ok and o.text for o in outs), [o.record.error for o in outs if not o.ok]
     diag = (by, m.replicas.status(), b.log_tail(1500))
     assert by[a.url] > by[b.url] >= 1 and sum(by.values()) == 16, diag          # b answered some, then a the rest
     assert served_requests(a) - before == by[a.url], diag     # a answered exactly the calls recorded as a's
-    assert b.proc.poll() is not None
+    assert wait_until(lambda: not group_alive(b.proc.pid), 30), group_alive(b.proc.pid)   # its engine went too
     st = {s['url']: s for s in m.replicas.status()}
     assert st[b.url]['healthy'] is False and st[b.url]['failures'] >= 1 and st[a.url]['served'] == by[a.url], diag
+
+
+# --- a server dies with the process that started it, even one killed with SIGKILL ---------------------------------
+
+STARTER = """import sys, time
+from reveal_kit.backends.vllm import VLLMServer
+s = VLLMServer(sys.argv[1], name='gemma', kv_cache_gb=1, ready_s=float(sys.argv[2]), log=sys.argv[3])
+s.start()
+print(s.proc.pid, flush=True)
+s.ready_after_s = s.wait_ready()
+print(s.url, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_server_ends_when_its_starter_is_killed(hf_model, tmp_path):
+    "A `vllm serve` started by a process that is then SIGKILLed (no cleanup runs): the server and its engine end."
+    # after the fleet test, which stopped replica b: at most two engines run
+    starter = subprocess.Popen([sys.executable, '-c', STARTER, str(hf_model), str(READY_S), str(tmp_path / 'log')],
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    try:
+        pgid = int(starter.stdout.readline())
+        url = starter.stdout.readline().strip()                 # ready (readline waits; the starter bounds it)
+        assert url.startswith('http://127.0.0.1:'), (tmp_path / 'log').read_text()[-2000:]
+        assert len(group_alive(pgid)) >= 2                     # the guard, the API server (and its engine)
+        starter.kill()
+        starter.wait()
+        assert wait_until(lambda: not group_alive(pgid), 60), group_alive(pgid)
+        with pytest.raises(httpx.TransportError): httpx.get(f"{url}/models", timeout=5)
+    finally:
+        starter.kill()
+        with contextlib.suppress(ProcessLookupError, NameError): os.killpg(pgid, 9)
 
 
 # --- the HTTP backend's structured replies, accounting, cache --------------------------------------------------------
@@ -226,7 +294,8 @@ def demo(server, tmp_path_factory):
     env = {**CPU_ENV, 'REVEAL_RUNS': str(out / 'runs')}
     t0 = time.time()
     p = reveal('demo', '--out', out, '--minutes', '1', '--videos', '1', '--questions-per-video', '2',
-               '--methods', 'reveal', '--backend', 'http', '--base-url', server.url, '--model', NAME, env=env)
+               '--methods', 'reveal', '--backend', 'http', '--base-url', server.url, '--model', NAME, env=env,
+               timeout=slow_limit(server))
     print(f"\nreveal demo over HTTP: {time.time() - t0:.0f} s")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     return out, env, p.stdout
@@ -254,7 +323,8 @@ def test_eval_replays_the_demo_without_the_server(demo, server):
     out, env, _ = demo
     n = served_requests(server)
     p = reveal('eval', 'run', 'synth', '-m', 'reveal', '--root', out / 'bench', '--out', out / 'replay',
-               '--backend', 'http', '--base-url', server.url, '--model', NAME, '--cache', 'replay', '--quiet', env=env)
+               '--backend', 'http', '--base-url', server.url, '--model', NAME, '--cache', 'replay', '--quiet', env=env,
+               timeout=slow_limit(server, 4))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     rows = lambda d: {r['qid']: r for r in map(json.loads, (out / d / 'results.jsonl').read_text().splitlines())}
     live, again = rows('eval-reveal'), rows('replay')

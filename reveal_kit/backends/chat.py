@@ -59,6 +59,7 @@ class CallRecord:
     orig_latency_s: float | None = None   # on a cache hit: latency of the call that produced the cached answer
     cut_retry: bool = False              # the reply was cut at max_tokens and asked again with twice the budget
     protocol: str = ''                   # chat_tools: 'tools' (native function calling) or 'tools_as_json'
+    usage_note: str | None = None         # which token counts are the kit's estimates, and why (None: the server's)
     def to_dict(self) -> dict: return asdict(self)
 
 # %% ../../nbs/02a_backends.chat.ipynb #e687a9e2
@@ -387,7 +388,7 @@ def role_call(model: Any, role: str, system: str, user: str, schema: dict, max_t
 
 # %% ../../nbs/02a_backends.chat.ipynb #9a7e0010
 def call_totals(calls: list[dict]) -> dict:
-    "Call totals: count, cache hits, tokens (reasoning tokens when there are any), model seconds, calls per role."
+    "Totals of calls: count, cache hits, tokens (reasoning, estimated), model seconds, calls per role."
     by_role: dict[str, int] = {}
     for c in calls:
         by_role[c.get('role', '?')] = by_role.get(c.get('role', '?'), 0) + 1
@@ -398,4 +399,5 @@ def call_totals(calls: list[dict]) -> dict:
            'model_seconds': round(sum(float(c.get('wall_s') or 0.0) for c in calls), 6), 'calls_by_role': by_role,
            'failed_calls': dict(sorted(failed.items()))}
     if (rt := sum(int(c.get('reasoning_tokens') or 0) for c in calls)): out['reasoning_tokens'] = rt
+    if (ne := sum(bool(c.get('usage_note')) for c in calls)): out['usage_estimated'] = ne
     return out

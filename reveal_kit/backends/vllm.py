@@ -4,7 +4,7 @@
 
 # %% ../../nbs/02d_backends.vllm.ipynb #9b2ab4b0
 from __future__ import annotations
-import contextlib, json, os, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+import contextlib, ctypes, json, os, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 from typing import Sequence
 import httpx
@@ -18,7 +18,7 @@ from .messages import as_messages, text_only
 
 # %% auto #0
 __all__ = ['GEMMA_CHAT_TEMPLATE', 'VLLM_RECIPE', 'vllm_sampling_params', 'VLLMModel', 'convert_gguf', 'vllm_model_dir',
-           'packaged_vllm_model', 'vllm_serve_command', 'VLLMServer']
+           'packaged_vllm_model', 'vllm_serve_command', 'VLLMServer', 'tied_to_parent', 'exit_with_parent']
 
 # %% ../../nbs/02d_backends.vllm.ipynb #a5a4e70f
 def vllm_sampling_params(schema: dict | None, max_tokens: int, temperature: float, seed: int = 0, **kw):
@@ -213,16 +213,44 @@ class VLLMServer:
         self.env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'VLLM_CPU_KVCACHE_SPACE': f'{kv_cache_gb:g}', **(env or {})}
     def __repr__(self): return f"VLLMServer({self.url!r}, running={self.proc is not None and self.proc.poll() is None})"
 
+# %% ../../nbs/02d_backends.vllm.ipynb #6c6474e2
+_GUARD = """import os, signal, subprocess, sys, time
+parent = int(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *a: None)    # stop's SIGTERM reaches the server too: wait for it to end
+child = subprocess.Popen(sys.argv[2:])
+while child.poll() is None:
+    if os.getppid() != parent: os.killpg(0, signal.SIGKILL)     # the starter is gone: take the whole group
+    time.sleep(0.25)
+code = child.returncode
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+def tied_to_parent(cmd: Sequence[str], parent: int | None = None) -> list[str]:
+    "`cmd` under a guard that kills its process group when `parent` (default: this process) is gone."
+    return [sys.executable, '-c', _GUARD, str(parent or os.getpid()), *map(str, cmd)]
+
 # %% ../../nbs/02d_backends.vllm.ipynb #8f4bcc5c
 @patch
 def start(self: VLLMServer) -> VLLMServer:
-    "Start the server process (its own process group, output to the log)."
+    "Start the server (a process group led by its guard, output to the log); it dies with this process."
     self.log.parent.mkdir(parents=True, exist_ok=True)
     with open(self.log, 'wb') as out:
-        self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(tied_to_parent(self.cmd), stdout=out, stderr=subprocess.STDOUT,
+                                     env=self.env, start_new_session=True)
     self.t_start = time.monotonic()
     return self
+
+# %% ../../nbs/02d_backends.vllm.ipynb #8ad1355c
+_PR_SET_PDEATHSIG = 1
+
+def exit_with_parent(sig: int = signal.SIGTERM) -> bool:
+    "Have Linux send `sig` to this process when its parent ends (`PR_SET_PDEATHSIG`); False where it cannot."
+    try: prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError): return False
+    parent = os.getppid()
+    if prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0: return False
+    if os.getppid() != parent: os.kill(os.getpid(), sig)        # the parent ended before the request
+    return True
 
 # %% ../../nbs/02d_backends.vllm.ipynb #fba4ed7e
 @patch

@@ -13,7 +13,7 @@ from ..core import Config, Question, Evidence, reply_tokens
 from ..record import mark
 from ..text import fmt_time
 from ..backends.chat import role_call, offline_role, estimate_tokens
-from ..backends.replies import (SCORE, ReplyModel, choice, keyed_model, parse_reply,
+from ..backends.replies import (SCORE, ReplyModel, choice, cut_to_tokens, keyed_model, parse_reply,
                                          reply_schema)
 from .rubrics import RubricPool, load_rubric_pool
 from .planner import REASONING, role_type
@@ -111,7 +111,7 @@ def evidence_block(evidence: list[Evidence], max_words: int | None = None,
     texts = [' '.join(e.text.split()[:max_words]) if max_words else e.text.strip() for e in evidence]
     cap = token_cap([estimate_tokens(t) for t in texts], token_budget) if token_budget else None
     if cap is not None:
-        texts = [t if estimate_tokens(t) <= cap else ' '.join(t.split()[:cap]) + ' …' for t in texts]
+        texts = [t if estimate_tokens(t) <= cap else cut_to_tokens(t, cap) + ' …' for t in texts]
     lines = [f"[{i}] (L{e.level} {fmt_time(e.t_start)}-{fmt_time(e.t_end)}) {t}"
              for i, (e, t) in enumerate(zip(evidence, texts))]
     return '\n'.join(lines) or '(no evidence)'
