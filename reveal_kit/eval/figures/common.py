@@ -270,7 +270,7 @@ def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str, yl
                  order: Sequence[str] | None = None):
     "Grouped bars of accuracy (%) by `x` and `hue`, with 95 % whiskers and the question count under each group."
     xs, hs = list(order or dict.fromkeys(df[x])), list(dict.fromkeys(df[hue]))
-    fig, (ax,) = new_figure(title, width=max(5.0, 1.1 * len(xs) + 3, 2.4 * min(len(hs), 3)))   # room for the legend row
+    fig, (ax,) = new_figure(title, width=max(5.0, 1.1 * len(xs) + 3))
     w = 0.8 / max(len(hs), 1)
     for j, h in enumerate(hs):
         d = df[df[hue] == h].set_index(x).reindex(xs)
@@ -283,7 +283,7 @@ def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str, yl
     ax.set(xticks=np.arange(len(xs)), ylim=(0, 100), xlabel=xlabel, ylabel=ylabel)      # a percentage: 0–100
     ax.set_xticklabels([f"{v}\n(n={int(k)})" if n is not None and not pd.isna(k) else str(v)
                         for v, k in zip(xs, n if n is not None else [None] * len(xs))])
-    ax.legend(fontsize=8.5, loc='upper center', bbox_to_anchor=(0.5, -0.2), ncols=min(len(hs), 3))   # below
+    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))          # outside: bars keep 0–100
     fig.tight_layout()
     return fig
 
