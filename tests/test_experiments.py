@@ -147,8 +147,10 @@ def test_tables34(work):
     assert not any('seconds' in k for k in cost[0])         # wall times change per run: they have their own CSV
     assert all(float(r['llm_calls_no_rerank_mean']) <= float(r['llm_calls_mean']) for r in cost)   # Table 4: 2R+2
     timing = rows(figs / 'reveal_tables34_timing.csv')
-    assert [r['method'] for r in timing] == ['base', 'reveal']
-    assert all(float(r['seconds_total']) > 0 and int(r['n']) == 2 for r in timing)
+    assert [(r['method'], r['part']) for r in timing] == [('base', 'per question'), ('reveal', 'per question'),
+                                                          ('memory build', 'shared, once per video')]
+    assert all(float(r['seconds_total']) > 0 and int(r['n']) == 2 for r in timing[:2])
+    assert int(timing[2]['n']) == 1 and float(timing[2]['seconds_total']) > 0      # the shared build, apart
     hist = rows(figs / 'reveal_tables34_rounds.csv')
     assert [(r['method'], r['rounds']) for r in hist] == [(m, str(k)) for m in ('base', 'reveal') for k in (1, 2, 3)]
     assert all(sum(int(r['questions']) for r in hist if r['method'] == m) == 2 for m in ('base', 'reveal'))
@@ -261,6 +263,7 @@ def test_pace_table5(work):
     assert [r['tool'] for r in t] == ['EvidenceRetrieve', 'ClipSearch']
     assert int(t[0]['samples']) == 2 and int(t[1]['samples']) == 0       # the offline policy: ER always, ClipSearch never
     assert in_unit(t[0]['with_tool']) and in_unit(t[0]['without_tool'])
+    assert float(t[0]['calls_per_episode']) >= 1 and float(t[1]['calls_per_episode']) == 0   # what was ablated
 
 
 @pytest.mark.slow

@@ -33,10 +33,11 @@ from ...synth.bench import generate_benchmark
 from ...backends.chat import is_meaningful
 
 # %% auto #0
-__all__ = ['POOL_RECIPE_KEYS', 'SYNTH_POOL', 'resolve', 'ensure_synth', 'bench_root', 'chat_model', 'run_slug', 'loader_split',
-           'benchmark_questions', 'run_methods', 'load_runs', 'pool_recipe', 'ensure_pool', 'pool_override',
-           'wilson_ci', 'accuracy_row', 'accuracy_table', 'write_csv', 'provenance', 'new_figure', 'bar_labels',
-           'plot_accuracy', 'plot_grouped', 'Experiment', 'packed_run_name']
+__all__ = ['POOL_RECIPE_KEYS', 'SYNTH_POOL', 'NOT_A_REPRODUCTION', 'resolve', 'ensure_synth', 'bench_root', 'chat_model',
+           'run_slug', 'loader_split', 'benchmark_questions', 'run_methods', 'load_runs', 'pool_recipe', 'ensure_pool',
+           'pool_override', 'wilson_ci', 'accuracy_row', 'accuracy_table', 'write_csv', 'provenance', 'offline_roles',
+           'caveat', 'new_figure', 'bar_labels', 'plot_accuracy', 'plot_grouped', 'Experiment', 'packed_run_name',
+           'face_text', 'stamp_caveat']
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #4b6ad2c1
 def resolve(path: str | Path) -> Path:
@@ -224,6 +225,18 @@ def provenance(runs: dict[str, list[dict]], benchmark: str, split: str | None = 
     n = max((len(v) for v in runs.values()), default=0)
     return f"{benchmark}{'/' + split if split else ''}, n={n}, {who}, reveal-kit {kit_version()}"
 
+# %% ../../../nbs/44_eval.figures.common.ipynb #551b5fd4
+NOT_A_REPRODUCTION = 'not a reproduction'
+
+def offline_roles(runs: dict[str, list[dict]], roles: str = 'auto') -> bool:
+    "Whether the answers came from the offline roles: forced, or no result made a model call or used model roles."
+    return roles == 'offline' or not any(_model_driven(r) for v in runs.values() for r in v)
+
+def caveat(benchmark: str, offline: bool) -> str:
+    "A figure's banner: 'generated benchmark, offline roles — not a reproduction' (either part), '' otherwise."
+    why = [w for w, on in (('generated benchmark', benchmark == 'synth'), ('offline roles', offline)) if on]
+    return f"{', '.join(why)} — {NOT_A_REPRODUCTION}" if why else ''
+
 # %% ../../../nbs/44_eval.figures.common.ipynb #c091889c
 def new_figure(title: str, ncols: int = 1, width: float = 6.4, height: float = 4.2):
     "A figure with `ncols` axes in the kit's style and a two-line title (headline, provenance)."
@@ -257,7 +270,7 @@ def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str, yl
                  order: Sequence[str] | None = None):
     "Grouped bars of accuracy (%) by `x` and `hue`, with 95 % whiskers and the question count under each group."
     xs, hs = list(order or dict.fromkeys(df[x])), list(dict.fromkeys(df[hue]))
-    fig, (ax,) = new_figure(title, width=max(5.0, 1.1 * len(xs) + 3, 2.4 * min(len(hs), 3)))   # room for the legend row
+    fig, (ax,) = new_figure(title, width=max(5.0, 1.1 * len(xs) + 3))
     w = 0.8 / max(len(hs), 1)
     for j, h in enumerate(hs):
         d = df[df[hue] == h].set_index(x).reindex(xs)
@@ -267,10 +280,10 @@ def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str, yl
         ax.bar(pos, y, w, yerr=err, capsize=3, label=str(h))
         bar_labels(ax, pos, y, 100 * d.ci_high.to_numpy(float) if has_ci else None, '{:.0f}')
     n = df.drop_duplicates(x).set_index(x).reindex(xs)['n'] if 'n' in df else None
-    ax.set(xticks=np.arange(len(xs)), ylim=(0, 132), xlabel=xlabel, ylabel=ylabel)
+    ax.set(xticks=np.arange(len(xs)), ylim=(0, 100), xlabel=xlabel, ylabel=ylabel)      # a percentage: 0–100
     ax.set_xticklabels([f"{v}\n(n={int(k)})" if n is not None and not pd.isna(k) else str(v)
                         for v, k in zip(xs, n if n is not None else [None] * len(xs))])
-    ax.legend(fontsize=8.5, loc='upper center', ncols=min(len(hs), 3))
+    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))          # outside: bars keep 0–100
     fig.tight_layout()
     return fig
 
@@ -406,13 +419,27 @@ def title(self: Experiment, headline: str, runs: dict[str, list[dict]]) -> str:
     metas = [Path(d) / 'run.json' for d in self.pools]
     lines = (embedders_line(json.loads(m.read_text())) for m in metas if m.exists())
     embs = list(dict.fromkeys(e for e in lines if e))
-    head = f"{headline}\n{provenance(runs, self.benchmark, self.split, chat)}"
+    self.caveat = caveat(self.benchmark, offline_roles(runs, self.roles))     # `save` checks the face carries it
+    head = f"{headline}\n{self.caveat + chr(10) if self.caveat else ''}"
+    head += provenance(runs, self.benchmark, self.split, chat)
     left_out = self.substituted == 'exclude' and hasattr(self, 'substitutions')     # the runs no longer hold them
     subs = self.substitutions if left_out else substitution_counts(r for v in runs.values() for r in v)
     how = ' (left out)' if left_out and subs['substituted'] else ''
     head += '' if subs['offline'] else f"; {format_substituted(subs)}{how}"
     return head + ''.join(f"\n{' | '.join(x)}" for x in (pools, embs) if x)
 
+
+# %% ../../../nbs/44_eval.figures.common.ipynb #b400c282
+def face_text(fig) -> str:
+    "Every text on a figure's face: its suptitle, axes titles and texts, figure texts."
+    parts = [fig._suptitle.get_text() if fig._suptitle else ''] + [t.get_text() for t in fig.texts]
+    for ax in fig.axes: parts += [ax.get_title()] + [t.get_text() for t in ax.texts]
+    return '\n'.join(parts)
+
+def stamp_caveat(fig, line: str) -> None:
+    "Write the banner at the top of a figure whose face does not say it yet (nothing when there is none)."
+    if line and line not in face_text(fig):
+        fig.text(0.5, 1.0, line, ha='center', va='bottom', color='firebrick', fontsize=10, weight='bold')
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #d5d9bb03
 @patch
@@ -421,6 +448,7 @@ def save(self: Experiment, fig_id: str, fig, tables: dict[str, pd.DataFrame], **
     fd, paths = resolve(self.fig_dir), {}
     fd.mkdir(parents=True, exist_ok=True)
     if fig is not None:
+        stamp_caveat(fig, getattr(self, 'caveat', ''))
         fig.savefig(fd / f"{fig_id}.png", dpi=120, bbox_inches='tight', metadata={'Software': None})
         plt.close(fig)
         paths['png'] = str(fd / f"{fig_id}.png")

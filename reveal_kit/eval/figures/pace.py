@@ -23,8 +23,8 @@ from .reveal import fmt_p
 # %% auto #0
 __all__ = ['versus_pairs', 'plot_versus', 'bootstrap_ci', 'question_needle', 'needle_table', 'judge_runs', 'judge_model',
            'needle_long', 'factor_table', 'plot_factors', 'index_cost_table', 'tool_use_table', 'plot_pace_cost',
-           'episode_lengths', 'backbone_table', 'plot_backbones', 'tool_subsets', 'conditional_table',
-           'plot_conditional', 'run_on', 'clip_table', 'plot_clips']
+           'episode_lengths', 'backbone_table', 'plot_backbones', 'tool_subsets', 'conditional_table', 'with_usage',
+           'ablated_tools', 'plot_conditional', 'run_on', 'clip_table', 'plot_clips']
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #ccfd9314
 def versus_pairs(methods: Sequence[str], reference: str) -> list[tuple[str, str]]:
@@ -264,6 +264,20 @@ def conditional_table(with_tool: list[dict], without: dict[str, list[dict]],
                          delta=b['accuracy'] - a['accuracy'], with_ci_low=a['ci_low'], with_ci_high=a['ci_high'],
                          without_ci_low=b['ci_low'], without_ci_high=b['ci_high']))
     return pd.DataFrame(rows)
+
+# %% ../../../nbs/44b_eval.figures.pace.ipynb #699e2df8
+def with_usage(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> pd.DataFrame:
+    "The conditional table with each tool's calls per episode and share of episodes using it in `method`'s run."
+    u = usage[usage.method == method].set_index('tool')[['calls_per_episode', 'episodes_using']]
+    return ct.drop(columns=list(u), errors='ignore').join(u, on='tool').fillna({'calls_per_episode': 0.0, 'episodes_using': 0.0})
+
+def ablated_tools(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> str:
+    "Each ablated tool and how much PACE used it, the most-used named so: 'EvidenceRetrieve (most-used, 4.2 calls…)'."
+    u = usage[(usage.method == method) & (usage.tool != 'Finish')].set_index('tool').calls_per_episode
+    top = u.idxmax() if len(u) and u.max() > 0 else None
+    one = lambda t, c: f"{t} ({'its most-used tool, ' if t == top else ''}{c:.2g} calls per episode)"
+    cpe = with_usage(ct, usage, method).calls_per_episode
+    return ' or '.join(one(t, c) for t, c in zip(ct.tool, cpe))
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a35
 def plot_conditional(ct: pd.DataFrame, title: str):

@@ -5,6 +5,8 @@
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #97d65f86
 from __future__ import annotations
 import math
+import time
+from pathlib import Path
 from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
@@ -15,13 +17,16 @@ from ...reveal.verifier import EVIDENCE_TOKENS
 from ...reveal.ask import load_trace
 from ..methods import available_methods
 from ..metrics import compare, report
+from ..context import RunContext
+from ...memory.build import get_or_build_memory
 from .common import accuracy_row, new_figure
 
 # %% auto #0
-__all__ = ['LADDER', 'SEPARATING', 'table2_pairs', 'paired_table', 'two_by_two', 'rerank_used', 'two_by_two_csv',
+__all__ = ['LADDER', 'SEPARATING', 'MEMORY_ROW', 'table2_pairs', 'paired_table', 'two_by_two', 'rerank_used', 'two_by_two_csv',
            'sweep_overrides', 'mean_admitted', 'cut_share', 'rerank_fallback', 'sweep_table', 'split_available',
-           'calibration_table', 'answerer_frames', 'per_type_table', 'cost_table', 'timing_table', 'count_table',
-           'fmt_p', 'plot_steps', 'plot_sweep', 'per_type_long', 'plot_costs']
+           'calibration_table', 'answerer_frames', 'frameless_arms', 'frameless_note', 'per_type_table', 'cost_table',
+           'timing_table', 'build_memories', 'count_table', 'fmt_p', 'plot_steps', 'plot_sweep', 'per_type_long',
+           'memory_note', 'plot_costs']
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #61351ebd
 LADDER = ('base', '+iter', '+offmem', '+onmem', 'reveal')
@@ -135,6 +140,16 @@ def answerer_frames(rs: list[dict]) -> str:
     n, notes = sum(k for k, _ in got), sorted({w for _, w in got} - {''})
     return f"{n}" if n or not notes else f"0 ({'; '.join(notes)})"
 
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #fddc6904
+def frameless_arms(frames: dict[str, str]) -> list[str]:
+    "The arms meant to give the answerer frames that sent it none (their note starts with 0): captions-only again."
+    return [a for a, f in frames.items() if 'frames' in a and str(f).startswith('0')]
+
+def frameless_note(arms: Sequence[str]) -> str:
+    "The headline's note for the arms not drawn, saying why (empty when every arm is drawn)."
+    if not arms: return ''
+    return f"not drawn: {', '.join(arms)} (no frames reached the answerer, so it repeats the captions arm)"
+
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #5e7de842
 def per_type_table(before: list[dict], after: list[dict]) -> pd.DataFrame:
     "Per question type (sorted), then 'all': questions, accuracy before and after, and the change."
@@ -167,13 +182,33 @@ def cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #46f1abb1
-def timing_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method: wall seconds per question and in total, and the part spent waiting for the model (differs per run)."
+MEMORY_ROW = 'memory build'
+
+def timing_table(runs: dict[str, list[dict]], memory: pd.DataFrame | None = None) -> pd.DataFrame:
+    "Per method: wall seconds per question and in total, the model's part; the shared memory build on its own row."
     sec = lambda x: float(x.get('wall_seconds', x.get('seconds')) or 0)
-    rows = [dict(method=m, n=len(rs), seconds_mean=float(np.mean([sec(x) for x in rs])) if rs else math.nan,
+    rows = [dict(method=m, part='per question', n=len(rs),
+                 seconds_mean=float(np.mean([sec(x) for x in rs])) if rs else math.nan,
                  seconds_total=sum(sec(x) for x in rs),
                  model_seconds_total=sum(float(x.get('model_seconds') or 0) for x in rs)) for m, rs in runs.items()]
+    if memory is not None and len(memory):
+        b = memory.build_seconds.astype(float)
+        rows.append(dict(method=MEMORY_ROW, part='shared, once per video', n=len(memory),
+                         seconds_mean=float(b.mean()), seconds_total=float(b.sum()), model_seconds_total=math.nan))
     return pd.DataFrame(rows)
+
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #f7f3b426
+def build_memories(questions: Sequence, chat, config: Config | None = None,
+                   out_dir: str | Path = 'runs') -> pd.DataFrame:
+    "Each video's memory, built (or loaded) before the methods run: per video, seconds now and its build seconds."
+    ctx = RunContext('memory', 'memory', Path(out_dir), config=config or Config(), model_obj=chat)
+    rows = []
+    for q in {q.video_id: q for q in questions}.values():
+        t0 = time.time()
+        mem = get_or_build_memory(q.video_path, ctx.config, chat_model=chat, subtitles=ctx.subtitles(q))
+        rows.append(dict(video_id=q.video_id, seconds=round(time.time() - t0, 4),
+                         build_seconds=float(mem.manifest.get('build_seconds') or 0)))
+    return pd.DataFrame(rows, columns=['video_id', 'seconds', 'build_seconds'])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #e918c5dc
 def count_table(runs: dict[str, list[dict]], key: str, values: Iterable[int] | None = None) -> pd.DataFrame:
@@ -249,6 +284,14 @@ def per_type_long(pt: pd.DataFrame) -> pd.DataFrame:
                             ('after verification (reveal)', 'acc_after'))]
     return pd.DataFrame(rows)
 
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #da35fb9e
+def memory_note(timing: pd.DataFrame) -> str:
+    "The time panel's title: per-question time, and the shared memory build apart (or that it is included)."
+    mem = timing[timing.method == MEMORY_ROW] if 'part' in timing else timing.iloc[:0]
+    if not len(mem): return 'wall time per question (incl. memory building)'
+    m = mem.iloc[0]
+    return f"per question; memory built apart:\n{m.seconds_total:.1f} s for {int(m.n)} video(s), shared"
+
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #945b5bc3
 def plot_costs(cost: pd.DataFrame, rounds: pd.DataFrame, calls: pd.DataFrame, timing: pd.DataFrame,
                title: str):
@@ -265,8 +308,8 @@ def plot_costs(cost: pd.DataFrame, rounds: pd.DataFrame, calls: pd.DataFrame, ti
     if not tok.value.any():
         axes[2].set_ylim(0, 1)
         axes[2].text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center', transform=axes[2].transAxes)
-    sns.barplot(timing, x='method', y='seconds_mean', hue='method', ax=axes[3], legend=False)
-    axes[3].set(xlabel='method', ylabel='wall seconds per question (mean)',
-                title='wall time (incl. memory building)')
+    per_q = timing[timing.method != MEMORY_ROW] if 'part' in timing else timing
+    sns.barplot(per_q, x='method', y='seconds_mean', hue='method', ax=axes[3], legend=False)
+    axes[3].set(xlabel='method', ylabel='wall seconds per question (mean)', title=memory_note(timing))
     fig.tight_layout()
     return fig
