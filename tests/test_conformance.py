@@ -179,9 +179,9 @@ def marks_ok(row: dict) -> None:
 def stand_in_expected(row: dict, r: dict) -> tuple[bool, bool]:
     "`(some output is a stand-in, the answer is one)` — from what the simulated server did, not from the row."
     b, answered = behaviour(row['qid']), row.get('answer') is not None
-    # `many_calls` is not a stand-in: calls past the budget are refused (an error tool message, in the trace), and the
-    # episode ends on the model's own Finish, the one tool offered at the last call
-    abuse = r['method'] in PACE_FAMILY and b in TOOL_ABUSE and b != 'many_calls'
+    # `many_calls` and `never_finish` are not stand-ins: calls past the budget are refused (an error tool message, in the
+    # trace), and the last call offers Finish alone, which the simulated model then calls (its own answer)
+    abuse = r['method'] in PACE_FAMILY and b in ('bad_arguments', 'unknown_tool')
     some = answered and (b in r['broken'] or abuse)                                   # no answer: nothing stood in
     answer = answered and (b == 'cut' or abuse)                                       # no reply, no Finish
     return some, answer
