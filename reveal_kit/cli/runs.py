@@ -29,6 +29,18 @@ def ask_pace_method(video, question, option, method, subtitles, backend, model, 
     return res, format_pace_summary(res), keys
 
 # %% ../../nbs/90b_cli.runs.ipynb #a251428e
+def _ask_reveal(kw: dict) -> tuple[dict, str, list]:
+    "Answer with a REVEAL preset (`kw`: `reveal.ask.ask`'s arguments): the result, its summary, the JSON keys."
+    from reveal_kit.reveal.ask import ask as ask_question, format_ask_summary, ASK_JSON_KEYS
+    with cli_errors():
+        res = ask_question(**kw)
+    return res, format_ask_summary(res), ASK_JSON_KEYS
+
+def _say_answer(res: dict, text: str, keys: list, as_json: bool) -> None:
+    "Print the answer's summary (or one JSON object of `keys`); exit 1 when the answer failed."
+    say(json.dumps({k: res.get(k) for k in keys}, default=str) if as_json else text)
+    if res['failed']: raise typer.Exit(1)
+
 @app.command('ask')
 def ask(video: Annotated[Path, typer.Argument(help="video file")],
         question: Annotated[str, typer.Option('--question', '-q', help="the question")],
@@ -55,14 +67,10 @@ def ask(video: Annotated[Path, typer.Argument(help="video file")],
         res, text, keys = ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles,
                                           trace_dir, config, set_, cache, timeout)
     else:
-        from reveal_kit.reveal.ask import ask as ask_question, format_ask_summary, ASK_JSON_KEYS
-        with cli_errors():
-            res = ask_question(video, question, list(option), method=method, memory=memory, subtitles=subtitles,
-                               backend=backend, model=model, base_url=base_url, roles=roles, trace_dir=trace_dir,
-                               config=config, overrides=set_ or [], cache=cache, timeout_s=timeout)
-        text, keys = format_ask_summary(res), ASK_JSON_KEYS
-    say(json.dumps({k: res.get(k) for k in keys}, default=str) if as_json else text)
-    if res['failed']: raise typer.Exit(1)
+        res, text, keys = _ask_reveal(dict(video=video, question=question, options=list(option), method=method,
+            memory=memory, subtitles=subtitles, backend=backend, model=model, base_url=base_url, roles=roles,
+            trace_dir=trace_dir, config=config, overrides=set_ or [], cache=cache, timeout_s=timeout))
+    _say_answer(res, text, keys, as_json)
 
 # %% ../../nbs/90b_cli.runs.ipynb #0d4302bb
 class DefaultToRun(TyperGroup):
@@ -81,6 +89,15 @@ SubstitutedOpt = Annotated[str, typer.Option(help="how accuracy counts an answer
                                                   "the default) or 'exclude' (the question left out)")]
 
 # %% ../../nbs/90b_cli.runs.ipynb #1642a723
+def _eval_run_summary(kw: dict) -> str:
+    "Run `run_eval_ray` with `kw` (`role_models` as `--role-model` gives them), errors as CLI errors; its summary."
+    from reveal_kit.eval.runner import format_run_summary
+    from reveal_kit.eval.ray import run_eval_ray
+    from reveal_kit.eval.context import role_models_of
+    with cli_errors():
+        s = run_eval_ray(**dict(kw, role_models=role_models_of(kw['role_models'])))
+    return format_run_summary(s)
+
 @eval_app.command('run')
 def eval_run(benchmark: BenchmarkArg,
              method: Annotated[str, typer.Option('--method', '-m', help=f"a baseline: {BASELINE_NAMES}; a REVEAL "
@@ -103,17 +120,11 @@ def eval_run(benchmark: BenchmarkArg,
              max_substituted: Annotated[Optional[float], typer.Option(
                  help="fail (exit 2) when more than this fraction of the answers came from stand-ins")] = None):
     "Run a method over a benchmark; rerunning the same command resumes. With `--ray`, `-c` is the number of workers."
-    from reveal_kit.eval.runner import format_run_summary
-    from reveal_kit.eval.ray import run_eval_ray
-    from reveal_kit.eval.context import role_models_of
-    with cli_errors():
-        s = run_eval_ray(benchmark, method, out, ray_address=ray, worker_cpus=worker_cpus, retries=retries,
-                         root=root, limit=limit, shard=shard, concurrency=concurrency,
-                         backend=backend, model=model, base_url=base_url, config=config, overrides=set_, split=split,
-                         retry_failed=retry_failed, only_present=only_present, progress=not quiet, roles=roles,
-                         cache_mode=cache, timeout_s=timeout, role_models=role_models_of(role_model or []),
-                         max_substituted=max_substituted)
-    say(format_run_summary(s))
+    say(_eval_run_summary(dict(benchmark=benchmark, method=method, out_dir=out, ray_address=ray,
+        worker_cpus=worker_cpus, retries=retries, root=root, limit=limit, shard=shard, concurrency=concurrency,
+        backend=backend, model=model, base_url=base_url, config=config, overrides=set_, split=split,
+        retry_failed=retry_failed, only_present=only_present, progress=not quiet, roles=roles, cache_mode=cache,
+        timeout_s=timeout, role_models=role_model or [], max_substituted=max_substituted)))
 
 # %% ../../nbs/90b_cli.runs.ipynb #ecce2e63
 @eval_app.command('report')

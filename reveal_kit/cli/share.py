@@ -64,7 +64,7 @@ def replay(pack_file: Annotated[Path, typer.Argument(help="a pack (NAME.tar.gz o
     say(format_replay_summary(s))
     if not s['identical']: raise typer.Exit(1)
 
-# %% ../../nbs/90c_cli.share.ipynb #56d1d88c
+# %% ../../nbs/90c_cli.share.ipynb #6134cb95
 def demo_memories(bench: Path, methods: list[str]) -> None:
     "Build the memories the methods read (each video once per chunking, as `reveal eval` finds them), timed."
     from reveal_kit.core import Config
@@ -81,6 +81,7 @@ def demo_memories(bench: Path, methods: list[str]) -> None:
                                 progress=True)
             say(f"      {Path(v).name}, {ch}: {time.time() - t:.1f}s")
 
+# %% ../../nbs/90c_cli.share.ipynb #5e24064f
 @app.command('demo')
 def demo(out: Annotated[Path, typer.Option(help="folder for the benchmark, memories and runs")] = Path('runs/demo'),
          minutes: Annotated[float, typer.Option(help="length of each generated video")] = 2.0,

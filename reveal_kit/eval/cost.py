@@ -115,7 +115,7 @@ def best_concurrency(profile: dict) -> float:
     "The profile's concurrency with the highest completion tokens/s (decode bounds an agent's calls)."
     return float(max(profile['points'], key=lambda p: float(p['completion_tokens_per_s']))['concurrency'])
 
-# %% ../../nbs/49_eval.cost.ipynb #0fd25109
+# %% ../../nbs/49_eval.cost.ipynb #bfe8bdae
 def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
     "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
     whole = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1
@@ -126,6 +126,7 @@ def check_projection(questions: int | None, gpus: int, concurrency: float | None
         raise ValueError(f"--concurrency must be a finite number > 0 (or left out: the profile's fastest), "
                          f"got {concurrency}")
 
+# %% ../../nbs/49_eval.cost.ipynb #dcf42258
 def project(summary: dict, profile: dict, questions: int | None = None, gpus: int = 1,
             concurrency: float | None = None) -> dict:
     "Projected wall hours and GPU-hours of `questions` (default: the run's) on `gpus` engines at `concurrency`."

@@ -181,7 +181,7 @@ def _write_checked(tar: tarfile.TarFile, m: tarfile.TarInfo, want: dict, dest: P
         raise PackError(f"checksum mismatch for {m.name}: the pack is damaged or was altered")
     os.replace(tmp, target)
 
-# %% ../../nbs/48_eval.pack.ipynb #fa4bd13d
+# %% ../../nbs/48_eval.pack.ipynb #aeb59422
 def damaged_errors() -> tuple[type[BaseException], ...]:
     "What reading a damaged or truncated archive raises: tar, gzip, zlib and zstd errors, an early end."
     errs: list = [tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile]
@@ -189,6 +189,7 @@ def damaged_errors() -> tuple[type[BaseException], ...]:
     except PackError: pass
     return tuple(errs)
 
+# %% ../../nbs/48_eval.pack.ipynb #3a1390fc
 def _extract(path: Path, dest: Path) -> tuple[dict, set]:
     "Extract the members of a pack's stream under `dest`, each checked; the manifest and the members written."
     with _tar_in(path) as tar:
@@ -290,7 +291,7 @@ def entry_contradiction(entry: Any) -> str | None:
     except ValueError: return "its data has no JSON in its raw text"
     return None if said == entry['data'] else "its data is not what its raw text says"
 
-# %% ../../nbs/48_eval.pack.ipynb #fb5b584c
+# %% ../../nbs/48_eval.pack.ipynb #62d8c241
 def pid_alive(pid: int) -> bool:
     "Whether a process `pid` exists on this machine."
     try: os.kill(pid, 0)
@@ -298,6 +299,7 @@ def pid_alive(pid: int) -> bool:
     except PermissionError: return True
     return True
 
+# %% ../../nbs/48_eval.pack.ipynb #3588c46d
 def remove_stale(root: str | Path, prefix: str) -> list[Path]:
     "Remove the folders `root/<prefix><pid>-…` whose process is gone (left by a kill); those removed."
     out = []

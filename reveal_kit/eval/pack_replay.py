@@ -24,7 +24,7 @@ from .replay import PackedModel, rerun
 __all__ = ['load_pack_cache', 'cache_problems', 'replay_run', 'memory_build_seconds', 'replay_pack', 'format_replay_summary',
            'open_pack', 'pack_chat', 'replayed_run']
 
-# %% ../../nbs/48b_eval.pack_replay.ipynb #6a49f2e2
+# %% ../../nbs/48b_eval.pack_replay.ipynb #f6c2d27c
 def load_pack_cache(src: Path, path: Path) -> CallCache:
     "A call cache at `path` holding the pack's entries (from `cache/calls.jsonl`), written whole or not at all."
     tmp = path.with_name(f".{path.stem}-{os.getpid()}.sqlite")
@@ -34,6 +34,7 @@ def load_pack_cache(src: Path, path: Path) -> CallCache:
     os.replace(tmp, path)
     return CallCache(path)
 
+# %% ../../nbs/48b_eval.pack_replay.ipynb #b3a5530f
 def cache_problems(src: Path) -> list[str]:
     "The pack's cached calls whose parsed data is not what their raw text says, one line each."
     rows = read_jsonl_rows(src / 'cache' / 'calls.jsonl')

@@ -166,7 +166,7 @@ def rubric_pool(self: ReplayContext):
     "The pack's copy of the run's rubric pool, else the run's own."
     return load_rubric_pool(self.pool_file) if self.pool_file else RunContext.rubric_pool(self)
 
-# %% ../../nbs/48a_eval.replay.ipynb #7f63a1c8
+# %% ../../nbs/48a_eval.replay.ipynb #4491be49
 PACE_KIND = 'pace-plain'        # what the runner shares a video's PACE databases as (`methods.shared_plain_db`)
 
 @patch
@@ -181,6 +181,7 @@ def packed_pace(self: ReplayContext, q: Question) -> EvidenceDB:
         atomic_write_json(man, dict(json.loads(man.read_text()), video_path=self.videos.get(q.video_id)))
     return load_db(work / 'plain', get_text_embedder())
 
+# %% ../../nbs/48a_eval.replay.ipynb #f590c16c
 @patch
 def shared(self: ReplayContext, q: Question, kind: str, build: Callable[[], Any]) -> Any:
     "A video's PACE databases: the pack's copy, else found (or built) as the run did; their folder recorded."
@@ -238,7 +239,7 @@ def packable(method: str) -> bool:
     "Whether a pack can carry a method's evidence: `blind`, the direct baselines, REVEAL presets, PACE and DVD."
     return method == 'blind' or method in DIRECT_TEXT or uses_pool(method) or _is_pace(method)
 
-# %% ../../nbs/48a_eval.replay.ipynb #29c1d01a
+# %% ../../nbs/48a_eval.replay.ipynb #52c8afa8
 def _traces(run: Path) -> Iterator[dict]:
     "A run's trace JSON files, read."
     for f in sorted((run / 'traces').glob('*.json')):
@@ -250,6 +251,7 @@ def reads_frames(run: str | Path) -> bool:
     return any(isinstance(s, dict) and s.get('tool') == 'FrameInspect'
                for t in _traces(Path(run)) for s in t.get('steps') or [])
 
+# %% ../../nbs/48a_eval.replay.ipynb #29352599
 def pace_members(p: Path, run: Path) -> dict[str, Path]:
     "The files of a video's PACE folder a run read: the plain database, those of its traces' F_Q, the readings."
     fsets = [t['question_factors'] for t in _traces(run) if t.get('question_factors')]
