@@ -10,78 +10,13 @@ from pathlib import Path
 from typing import Any, Iterable
 import numpy as np
 import yaml
+from .options import LETTERS, normalize_options
 
 # %% auto #0
-__all__ = ['LETTERS', 'Span', 'DUPLICATE_QIDS', 'REPLY_TOKENS', 'THINKING', 'normalize_options', 'Question', 'unique_qids',
-           'duration_group', 'MemoryItem', 'Evidence', 'MemoryBuildError', 'RunMismatch', 'KitWarning', 'warn',
-           'check_config', 'Config', 'run_subtitles', 'parse_overrides', 'load_config', 'reply_tokens', 'project_root',
-           'runs_dir', 'safe_name', 'sha256_file', 'seed_everything', 'kit_version', 'trace_path', 'digest',
-           'build_stamp', 'ask_trace_dir']
-
-# %% ../nbs/00_core.ipynb #6cf813b8
-LETTERS = string.ascii_uppercase
-_OPT_RE = re.compile(r'^\s*(?:\(([A-Za-z])\)|([A-Z])(?:[.)](?=\s|$)|[:：]))\s*(.*)$', re.S)
-_INLINE_RE = re.compile(r'(?:(?<=\s)|^)\(?([A-Z])[\.\)]\s+')
-
-# %% ../nbs/00_core.ipynb #ef833793
-def _own_letter(text: Any) -> tuple[str, str] | None:
-    "`'B. drum'` or `'(b) drum'` → `('B', 'drum')`; None when the text carries no letter of its own."
-    m = _OPT_RE.match(str(text))
-    return ((m.group(1) or m.group(2)).upper(), m.group(3).strip()) if m else None
-
-# %% ../nbs/00_core.ipynb #61f0855c
-def _options_from_list(options: list | tuple) -> dict[str, str]:
-    "`['B. x', 'A. y']` keeps the letters each text carries, in the order given; plain texts are lettered A, B, …"
-    if len(options) > len(LETTERS): raise ValueError(f"at most {len(LETTERS)} options, got {len(options)}")
-    own = [_own_letter(o) for o in options]
-    if own and all(own):
-        letters = [l for l, _ in own]
-        dup = sorted({l for l in letters if letters.count(l) > 1})
-        if dup: raise ValueError(f"option letter(s) {', '.join(dup)} given twice")
-        return dict(own)
-    for i, (o, ow) in enumerate(zip(options, own)):
-        if ow and ow[0] != LETTERS[i]:
-            raise ValueError(f"option {i + 1} {str(o)!r} carries the letter {ow[0]} but would be lettered "
-                             f"{LETTERS[i]}; letter every option or none")
-    return {LETTERS[i]: ow[1] if ow else str(o).strip() for i, (o, ow) in enumerate(zip(options, own))}
-
-# %% ../nbs/00_core.ipynb #795b322c
-def _options_from_str(options: str) -> dict[str, str]:
-    "`'A. a cat B. a dog'` → `{'A': 'a cat', 'B': 'a dog'}`."
-    parts = _INLINE_RE.split(options.strip())
-    if len(parts) < 3:
-        raise ValueError(f"no lettered options found in {options!r}")
-    letters = parts[1:-1:2]
-    if len(set(letters)) < len(letters): raise ValueError(f"option letters repeat in {options!r}")
-    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
-
-# %% ../nbs/00_core.ipynb #b4395f8b
-def _options_from_dict(options: dict) -> dict[str, str]:
-    "`{'a': 'x', '(B)': 'L. y'}` → `{'A': 'x', 'B': 'L. y'}`: keys are letters; each text is kept as it is (stripped)."
-    out = {}
-    for k, v in options.items():
-        key = str(k).strip().upper().strip('.()')
-        if len(key) != 1 or key not in LETTERS: raise ValueError(f"option key {k!r} is not a letter A-Z")
-        if key in out: raise ValueError(f"option letter {key} given twice")
-        out[key] = str(v).strip()
-    return out
-
-# %% ../nbs/00_core.ipynb #cd2d01e6
-def normalize_options(options: Any) -> dict[str, str]:
-    "Turn options given as a dict, a list (`'A. foo'` or plain `'foo'`) or an inline string into `{letter: text}`."
-    if isinstance(options, dict):
-        out = _options_from_dict(options)
-    elif isinstance(options, str):
-        out = _options_from_str(options)
-    elif isinstance(options, (list, tuple)):
-        out = _options_from_list(options)
-    else:
-        raise ValueError(f"options must be a dict, list or string, got {type(options).__name__}")
-    if len(out) < 2:
-        raise ValueError(f"a multiple-choice question needs at least 2 options, got {len(out)}")
-    if any(not v for v in out.values()):
-        raise ValueError(f"empty option text in {out}")
-    return out
+__all__ = ['Span', 'DUPLICATE_QIDS', 'REPLY_TOKENS', 'THINKING', 'Question', 'unique_qids', 'duration_group', 'MemoryItem',
+           'Evidence', 'MemoryBuildError', 'RunMismatch', 'KitWarning', 'warn', 'check_config', 'Config',
+           'run_subtitles', 'parse_overrides', 'load_config', 'reply_tokens', 'project_root', 'runs_dir', 'safe_name',
+           'sha256_file', 'seed_everything', 'kit_version', 'trace_path', 'digest', 'build_stamp', 'ask_trace_dir']
 
 # %% ../nbs/00_core.ipynb #0733570e
 Span = tuple[float, float]

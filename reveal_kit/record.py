@@ -46,15 +46,18 @@ def substitution(role: str, reason: str, replaced_by: str, detail: Any = '') -> 
     detail = ' '.join(str(detail or '').split())[:300]
     return Substitution(role=role, reason=reason, replaced_by=replaced_by, detail=detail).model_dump()
 
+# %% ../nbs/00c_record.ipynb #d4185c38
 def call_substitution(call: dict, replaced_by: str) -> dict:
     "The mark of a failed model call whose output a stand-in replaced."
     return substitution(call.get('role') or '?', reason_of(call), replaced_by, call.get('error'))
 
+# %% ../nbs/00c_record.ipynb #667fbe3e
 def mark(call: dict, replaced_by: str) -> dict:
     "Note on a call record, where a role falls back, what replaced its reply (`call_marks` turns it into a mark)."
     call['substituted'] = replaced_by
     return call
 
+# %% ../nbs/00c_record.ipynb #faf4d8c7
 def call_marks(calls: Iterable[dict]) -> list[dict]:
     "The marks of the calls whose reply a stand-in replaced (those `mark` noted)."
     return [call_substitution(c, c['substituted']) for c in calls if c.get('substituted')]
@@ -76,6 +79,7 @@ class RevealPart(BaseModel):
     sufficient: bool | None = None
     rho: float | None = None
 
+# %% ../nbs/00c_record.ipynb #287d12c8
 class PacePart(BaseModel):
     "PACE's and DVD's own fields: the episode's steps and tool calls, needle recall, the index cost, the factor set."
     kind: Literal['pace'] = 'pace'
@@ -90,6 +94,7 @@ class PacePart(BaseModel):
     factors: list[str] = []
     factor_source: str | None = None
 
+# %% ../nbs/00c_record.ipynb #117e0642
 class BaselinePart(BaseModel):
     "A baseline's own keys (frames sent, text read, the blind prior's scores, the raw reply), as it gives them."
     model_config = ConfigDict(extra='allow')
@@ -208,6 +213,7 @@ def as_record(row: dict | Result) -> Result:
     "A record from a record or a flat row."
     return row if isinstance(row, Result) else Result.from_row(row)
 
+# %% ../nbs/00c_record.ipynb #6351dfd1
 def as_row(rec: dict | Result) -> dict:
     "The flat row of a record or a row (a row is read through the record, so old rows come out in today's shape)."
     return as_record(rec).to_row()
@@ -242,6 +248,7 @@ def format_substituted(c: dict) -> str:
 class TooManySubstituted(ValueError):
     "More of a run's answers came from stand-ins than its `max_substituted` allows."
 
+# %% ../nbs/00c_record.ipynb #82c17c72
 def check_substituted(rows: Iterable[dict], max_fraction: float | None, what: str = 'the run') -> dict:
     "The substitution counts of `rows`; raises `TooManySubstituted` when their share is above `max_fraction`."
     c = substitution_counts(rows)

@@ -217,6 +217,7 @@ def estimate_tokens(text: str) -> int:
     "An estimate of the tokens in `text` where no server counted them (a real tokenizer; else characters / 4)."
     return sum(n for *_, n in _pieces(str(text or '')))
 
+# %% ../../nbs/02_backends.replies.ipynb #4f161ba8
 def cut_to_tokens(text: str, n: int) -> str:
     "The start of `text` that `estimate_tokens` counts as at most `n` tokens (whole pieces)."
     t, used, end = str(text or ''), 0, 0

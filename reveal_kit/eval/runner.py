@@ -136,6 +136,7 @@ def check_run_options(cache_mode: str | None, timeout_s: float | None, roles: st
         raise ValueError(f"unknown backend {backend!r}: choose one of none, {', '.join(BACKENDS)}")
     if backend == 'vllm' and model is None: raise ValueError("backend 'vllm' needs --model (a Hugging Face id or path)")
 
+# %% ../../nbs/42c_eval.runner.ipynb #bb641d9e
 def check_concurrency(concurrency: Any) -> int:
     "The number of questions in flight, checked: a whole number ≥ 1 (0 used to run one silently)."
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -181,6 +182,25 @@ def substituted_end(out: Path, max_substituted: float | None = None) -> int:
     return c['substituted']
 
 # %% ../../nbs/42c_eval.runner.ipynb #15d065f2
+def _check_max_substituted(max_substituted: float | None) -> None:
+    "Refuse a `--max-substituted` that is not a fraction between 0 and 1."
+    if max_substituted is not None and not 0 <= max_substituted <= 1:
+        raise ValueError(f"--max-substituted is a fraction between 0 and 1, got {max_substituted!r}")
+
+def _answer_todo(sel: list[Question], out: Path, retry_failed: bool, method: str, ctx: RunContext, concurrency: int,
+                 answer, progress: bool) -> dict:
+    "Answer the selected questions not done yet (held in `ctx`); this invocation's summary."
+    todo, prev, dropped = _todo(sel, out / 'results.jsonl', retry_failed)
+    ctx.hold(todo)
+    t0 = time.time()
+    stats = _answer_all(todo, prev, len(sel), method, ctx, concurrency, answer, progress)
+    return _summary(out, sel, todo, stats, dropped, t0)
+
+def _end_run_json(out: Path, meta: dict, ctx: RunContext, summary: dict) -> None:
+    "Write the run's metadata again with this invocation's summary and the time."
+    updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
+    write_run_json(out, dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
+
 def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, root: str | Path | None = None,
              limit: int | None = None, shard: str | tuple[int, int] = (0, 1), concurrency: int = 1,
              backend: str = 'embedded', model: Any = None, base_url: str | None = None, role_models: dict | None = None,
@@ -194,8 +214,7 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
     check_concurrency(concurrency)
     role_models_of(role_models or {})
     get_method(method)                                      # an unknown name fails before anything is written
-    if max_substituted is not None and not 0 <= max_substituted <= 1:
-        raise ValueError(f"--max-substituted is a fraction between 0 and 1, got {max_substituted!r}")
+    _check_max_substituted(max_substituted)
     out, (si, sn) = Path(out_dir), parse_shard(shard)
     with locked_run_dir(out):
         cfg = resolve_config(config, overrides)
@@ -208,13 +227,8 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
                                              cache_mode=cache_mode, **pool_meta(cfg, name, split, qs, method),
                                              root=str(Path(root).resolve()) if root else None, split=split, limit=limit,
                                              only_present=only_present, shards=[(si, sn)], load_report=load_rep))
-        todo, prev, dropped = _todo(sel, out / 'results.jsonl', retry_failed)
-        ctx.hold(todo)
-        t0 = time.time()
-        stats = _answer_all(todo, prev, len(sel), method, ctx, concurrency, answer, progress)
-        summary = _summary(out, sel, todo, stats, dropped, t0)
-        updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
-        write_run_json(out, dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
+        summary = _answer_todo(sel, out, retry_failed, method, ctx, concurrency, answer, progress)
+        _end_run_json(out, meta, ctx, summary)
     return dict(summary, substituted=substituted_end(out, max_substituted))
 
 # %% ../../nbs/42c_eval.runner.ipynb #3401cf8a

@@ -183,6 +183,10 @@ class _InOrder:
         finally: self.ex.shutdown(wait=True, cancel_futures=True)
 
 # %% ../../nbs/14a_memory.build.ipynb #94b7b878
+def _caption_frames(video: Path, times: list[float], where):
+    "The frames at `times`, from a clip folder or a video file, 640 pixels wide at most."
+    return open_clip_folder(video).frames_at(times, 640) if where else iter_frames_at(video, times, max_width=640)
+
 def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config, chat_model,
                    progress: bool, concurrency: int = 1) -> list[MemoryItem]:
     "Stage 2: one caption per L1 segment, resuming from `l1.jsonl`; `concurrency` calls in flight, written in order."
@@ -193,8 +197,7 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
     subs = align_cues(cues, [(s.t_start, s.t_end) for s in todo]) if cues else [[] for _ in todo]
     reqs = sorted((t, j) for j, s in enumerate(todo) for t in _caption_times(s, frames_per_caption(s, cap, config)))
     want = {j: sum(1 for _, jj in reqs if jj == j) for j in range(len(todo))}
-    pending: dict[int, list] = {}
-    nxt = 0
+    pending, nxt = {}, 0                                 # frames gathered per segment; the next to caption
     where = open_clip_folder(video).source_meta if is_clip_folder(video) else None
     def one(s, frames, text):
         return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim), text, where)
@@ -204,9 +207,7 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
         bar.update(1)
     n = getattr(cap, 'workers', concurrency)                           # the offline captioner: one per core
     with _pbar(len(todo), 'L1 captions', progress) as bar, _InOrder(n, write) as line:
-        times = [t for t, _ in reqs]
-        src = open_clip_folder(video).frames_at(times, 640) if where else iter_frames_at(video, times, max_width=640)
-        for (t, j), fr in zip(reqs, src):
+        for (t, j), fr in zip(reqs, _caption_frames(video, [t for t, _ in reqs], where)):
             pending.setdefault(j, []).append(fr.rgb)
             while nxt < len(todo) and len(pending.get(nxt, [])) == want[nxt]:
                 line.submit(one, todo[nxt], pending.pop(nxt), cues_text(subs[nxt]))

@@ -199,6 +199,7 @@ def video_problem(path: str | Path) -> str | None:
         stat.S_ISBLK(st.st_mode) else 'a socket'
     return f"video {path} is {kind}, not a regular file or a folder of clips"
 
+# %% ../../nbs/14b_memory.clips.ipynb #e0d8b0b2
 def check_video(path: str | Path) -> Path:
     "The path of a video that can be read (a regular file or a folder of clips); a one-line `VideoError` if not."
     why = video_problem(path)

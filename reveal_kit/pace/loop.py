@@ -107,6 +107,7 @@ def invalid_obs(name, error: str | None) -> Observation:
     return Observation(str(name), {}, ok=False, summary=f"ERROR: invalid tool call ({error or 'no tool call'})",
                        error=str(error or 'no tool call'), data={'invalid': True})
 
+# %% ../../nbs/32a_pace.loop.ipynb #dbd762ed
 def refused_obs(name, args, n: int, spent: bool) -> Observation:
     "The observation of a call the budget refuses: not run; its `tool` message says why."
     why = (f"the budget of {n} tool calls is spent" if spent else

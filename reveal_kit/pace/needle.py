@@ -137,6 +137,7 @@ def judge_failed(row: dict) -> bool:
     "Whether a judged row is a model judge's failure (a cue without a usable verdict): never kept, asked again."
     return row.get('needle_judge') != 'lexical' and row.get('needle_recall') is None and bool(row.get('verdicts'))
 
+# %% ../../nbs/32c_pace.needle.ipynb #3eb829d0
 def judge_run(run_dir: str | Path, questions: Sequence[Question], model: Any = None, spans: bool = True,
               max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict[str, dict]:
     "Judge every result of a run with cues (resumable: verdicts are kept, failed ones are not); `{qid: judged row}`."

@@ -75,12 +75,14 @@ def sentence_events(text: str) -> list[tuple[tuple[str, str, str], str | None]]:
         if i is not None: causes[i] = c[1] or c[2]
     return [(m[2], c) for m, c in zip(ms, causes)]
 
+# %% ../../nbs/22a_reveal.reader.ipynb #b670ef5b
 def event_mentions(text: str) -> list[tuple[tuple[str, str, str], str | None]]:
     "Events a caption states: its on-screen text read as OCR words, the rest (subtitles, prose) as sentences."
     m = re.search(r'On-screen text:(.*?)(?=Subtitles:|$)', text, re.S)
     if not m: return sentence_events(text)
     return screen_events(m[1]) + sentence_events(text[:m.start()] + ' ' + text[m.end():])
 
+# %% ../../nbs/22a_reveal.reader.ipynb #7aff884d
 def said_triples(text: str) -> set[tuple[str, str, str]]:
     "The events a caption's sentences (its subtitles) state."
     m = re.search(r'On-screen text:(.*?)(?=Subtitles:|$)', text, re.S)
@@ -151,6 +153,7 @@ def question_kind(question: str) -> str | None:
         if re.search(pat, t): return kind
     return None
 
+# %% ../../nbs/22a_reveal.reader.ipynb #19de8f27
 def option_fact(kind: str, text: str):
     "What an option asserts: a count, an event triple, a cause or an entity (None when it is outside the language)."
     t = norm_text(text)
@@ -262,6 +265,7 @@ def thirds_reached(evidence: list[Evidence], duration: float | None) -> int:
     dur = duration or max([e.t_end for e in evidence] or [0.0])
     return len({min(int(3 * (e.t_start + e.t_end) / 2 / dur), 2) for e in evidence}) if dur > 0 else 0
 
+# %% ../../nbs/22a_reveal.reader.ipynb #32aca9ee
 def read_global(q: Question, r: Reading, evidence: list[Evidence], duration: float | None) -> None:
     "Global: events per entity; the leader by two or more, once the evidence reaches the whole video."
     facts = {o: option_fact('global', t) for o, t in q.options.items()}
