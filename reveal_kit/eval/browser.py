@@ -137,7 +137,7 @@ def _run_title(run_dir: Path, rows: list[dict]) -> str:
     return (f"{run_dir.name}: {meta.get('method', '?')} on {meta.get('benchmark', '?')}, "
             f"{k}/{len(rows)} correct")
 
-# %% ../../nbs/45a_eval.browser.ipynb #7231fa49
+# %% ../../nbs/45a_eval.browser.ipynb #1dca2c50
 class RunPages:
     "What a run's question pages need, read once per run: its results by qid and its questions."
     def __init__(self, run_dir: str | Path, thumbs: bool = False):
@@ -153,6 +153,7 @@ class RunPages:
         except (FileNotFoundError, ValueError, KeyError) as e:
             return f"<p class='notice'>the trace of {esc(qid)} cannot be read: {esc(e)}</p>"
 
+# %% ../../nbs/45a_eval.browser.ipynb #f460e3c8
 def question_page(qid: Any, a: RunPages, b: RunPages | None = None) -> str:
     "A question's page: run A's trace, and run B's below it when comparing."
     if b is None: return html_page(qid, a.fragment(qid))

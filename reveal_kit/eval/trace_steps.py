@@ -12,13 +12,14 @@ from ..text import fmt_time, hms_to_seconds, printable
 # %% auto #0
 __all__ = ['item_spans', 'step_spans', 'step_ranges', 'step_row', 'steps_html', 'evidence_html', 'step_lines']
 
-# %% ../../nbs/45_eval.trace_steps.ipynb #7115a47f
+# %% ../../nbs/45_eval.trace_steps.ipynb #dd1e571d
 def item_spans(items: list[dict] | None, what: str) -> list[tuple[float, float, str, int | None]]:
     "(start, end, tooltip, level) of every item that has a time range."
     span = lambda i: f"{fmt_time(i['t_start'])}–{fmt_time(i['t_end'])}"
     tip = lambda i: f"{what} {i.get('item_id', '')} L{i.get('level', '')} {span(i)}"
     return [(float(i['t_start']), float(i['t_end']), tip(i), i.get('level')) for i in items or [] if 't_start' in i]
 
+# %% ../../nbs/45_eval.trace_steps.ipynb #011c5194
 def step_spans(step: dict) -> list[tuple[float, float, str, int | None]]:
     "A tool call's ranges: the records it returned, and the HH:MM:SS ranges its arguments named."
     out = item_spans(step.get('records'), step.get('tool', 'step'))
@@ -44,7 +45,7 @@ def _step_outcome(s: dict) -> str:
     if s.get('ok'): return 'ok'
     return f"{'invalid call: ' if s.get('invalid') else 'error: '}{_plain(s.get('error') or '?')}"
 
-# %% ../../nbs/45_eval.trace_steps.ipynb #89de7d1d
+# %% ../../nbs/45_eval.trace_steps.ipynb #c7757216
 def step_row(s: dict) -> Any:
     "One tool call as a table row: step, tool, arguments, time ranges, outcome, result (folded), tokens, seconds."
     res = _plain(s.get('summary') or '')
@@ -55,6 +56,7 @@ def step_row(s: dict) -> Any:
               Td(step_ranges(s)), Td(_step_outcome(s), cls='ok' if s.get('ok') else 'bad'), Td(body), Td(toks),
               Td(f"{float(s.get('latency_s') or 0):.2f}"))
 
+# %% ../../nbs/45_eval.trace_steps.ipynb #c79112c2
 def steps_html(steps: list[dict]) -> str:
     "Every tool call of a PACE or DVD trace as a table ('' when the trace has none)."
     if not steps: return ''

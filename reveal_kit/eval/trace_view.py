@@ -102,12 +102,13 @@ def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None
     if rd.get('verifier'): parts.append(verifier_html(rd['verifier'], tau))
     return '\n'.join(parts)
 
-# %% ../../nbs/45_eval.trace_view.ipynb #abfb3418
+# %% ../../nbs/45_eval.trace_view.ipynb #b7fdf138
 def trace_calls(t: dict) -> list[dict]:
     "A trace's model calls: REVEAL's `calls`; for PACE and DVD the factor calls, then each tool call's."
     if t.get('calls'): return list(t['calls'])
     return list(t.get('factor_calls') or []) + [c for s in t.get('steps') or [] for c in s.get('calls') or []]
 
+# %% ../../nbs/45_eval.trace_view.ipynb #00ebe61c
 def calls_html(calls: list[dict]) -> str:
     "The model calls of a question: role, prompt and completion tokens, latency, cache hit, errors."
     if not calls: return '<p>no model calls (offline roles)</p>'
@@ -149,7 +150,7 @@ def trace_lanes(trace: dict) -> list[tuple[str, str, list[tuple]]]:
     if fr: lanes.append(('answer frames', 'frames', item_spans(fr, 'frames of')))
     return lanes
 
-# %% ../../nbs/45_eval.trace_view.ipynb #aed4af6c
+# %% ../../nbs/45_eval.trace_view.ipynb #3e4db0b8
 _LANE_COLOURS = dict(gold='#2e7d32', distractor='#ef6c00', retrieved='#90a4ae', admitted='#1565c0', frames='#8e24aa',
                      tool='#00838f')
 _LANE_NAMES = dict(gold='gold evidence', distractor='distractor', retrieved='retrieved', admitted='admitted / evidence',
@@ -176,6 +177,7 @@ def legend_html(kinds: list[str]) -> str:
     pale = Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
     return to_xml(Div(*keys, pale, cls='legend'), indent=False)
 
+# %% ../../nbs/45_eval.trace_view.ipynb #8a7de4c9
 def timeline_html(trace: dict, question: Question | dict | None = None, width: int = 900) -> str:
     "The video as a bar with gold/distractor spans, rounds' items, tool calls and frames as lanes, and a legend."
     qs = question_spans(question)
@@ -223,11 +225,12 @@ def header_html(t: dict) -> str:
             f"{int(tot.get('prompt_tokens') or 0) + int(tot.get('completion_tokens') or 0)}, "
             f"{float(tot.get('seconds') or t.get('seconds') or 0):.2f} s</p>")
 
-# %% ../../nbs/45_eval.trace_view.ipynb #68b48ae9
+# %% ../../nbs/45_eval.trace_view.ipynb #b07c467d
 def notes_html(notes: list[str] | None) -> str:
     "What the page cannot show and why (a benchmark or video that cannot be found from here), one notice each."
     return ''.join(f"<p class='notice'>{esc(n)}</p>" for n in notes or [])
 
+# %% ../../nbs/45_eval.trace_view.ipynb #fc65d143
 def trace_html(trace: dict, thumbs: dict[str, str] | None = None, question: Question | dict | None = None,
                notes: list[str] | None = None) -> str:
     "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds or tool calls, evidence."
@@ -286,7 +289,7 @@ def run_trace(run_dir: str | Path, qid: Any, row: dict | None = None) -> dict:
     if not p.is_file(): raise FileNotFoundError(f"trace of {qid} not found: {row.get('trace')}")
     return load_trace(p)
 
-# %% ../../nbs/45_eval.trace_view.ipynb #cc0ea492
+# %% ../../nbs/45_eval.trace_view.ipynb #5932f907
 def benchmark_root(run_dir: str | Path, meta: dict) -> str | None:
     "A run's benchmark root: as recorded when absolute (or none); a relative one from here, else beside the run."
     root = meta.get('root')
@@ -295,6 +298,7 @@ def benchmark_root(run_dir: str | Path, meta: dict) -> str | None:
         if (base / root).exists(): return str(base / root)
     return root
 
+# %% ../../nbs/45_eval.trace_view.ipynb #0f03f93d
 def run_question_source(run_dir: str | Path) -> tuple[dict[str, Question], str | None]:
     "qid (as text) → Question of a run, and why they could not be loaded (None when they were)."
     d = Path(run_dir)
@@ -309,6 +313,7 @@ def run_question_source(run_dir: str | Path) -> tuple[dict[str, Question], str |
                     f"({why}): no gold spans, cues, question text or thumbnails")
     return {str(q.qid): q for q in qs}, None
 
+# %% ../../nbs/45_eval.trace_view.ipynb #e3f090e2
 def run_question_index(run_dir: str | Path) -> dict[str, Question]:
     "qid (as text) → Question of a run (see `run_question_source`); empty when they cannot be loaded."
     return run_question_source(run_dir)[0]
@@ -318,7 +323,7 @@ def run_videos(run_dir: str | Path) -> dict[str, str]:
     "qid → video path for a run's questions (see `run_question_index`); empty when they cannot be loaded."
     return {k: q.video_path for k, q in run_question_index(run_dir).items() if q.video_path}
 
-# %% ../../nbs/45_eval.trace_view.ipynb #0f61c167
+# %% ../../nbs/45_eval.trace_view.ipynb #f731048e
 def page_notes(q: Question | None, qid: Any, why: str | None, thumbs: bool) -> list[str]:
     "What a question's page cannot show: its benchmark's questions, this question, or its video for thumbnails."
     if why: return [why]
@@ -327,6 +332,7 @@ def page_notes(q: Question | None, qid: Any, why: str | None, thumbs: bool) -> l
         return [f"the video {q.video_path} is not found from here: no keyframe thumbnails"]
     return []
 
+# %% ../../nbs/45_eval.trace_view.ipynb #9054332f
 def trace_fragment(run_dir: str | Path, qid: Any, thumbs: bool = True, source: tuple | None = None,
                    row: dict | None = None) -> str:
     "One question's trace as an HTML fragment (`source`: `run_question_source`'s answer, read once per run)."
@@ -335,21 +341,24 @@ def trace_fragment(run_dir: str | Path, qid: Any, thumbs: bool = True, source: t
     th = keyframe_thumbs(t, q.video_path) if thumbs and q is not None and q.video_path else {}
     return trace_html(t, th, q, page_notes(q, qid, why, thumbs))
 
+# %% ../../nbs/45_eval.trace_view.ipynb #b1a69a09
 def html_page(title: Any, *fragments: str) -> str:
     "A standalone HTML page of fragments."
     return f"<!doctype html><meta charset='utf-8'><title>{esc(title)}</title>\n" + '\n'.join(fragments) + '\n'
 
+# %% ../../nbs/45_eval.trace_view.ipynb #e9e03d58
 def trace_page(run_dir: str | Path, qid: Any, thumbs: bool = True, source: tuple | None = None,
                row: dict | None = None) -> str:
     "One question's trace as a standalone HTML page: header, timeline (with the question's spans), rounds, calls."
     return html_page(qid, trace_fragment(run_dir, qid, thumbs, source, row))
 
-# %% ../../nbs/45_eval.trace_view.ipynb #87180048
+# %% ../../nbs/45_eval.trace_view.ipynb #f4f3d314
 def trace_text(t: dict) -> str:
     "The text summary of a trace (`format_trace`) with a PACE or DVD trace's tool calls after its first line."
     lines = printable(format_trace(t)).splitlines()
     return '\n'.join(lines[:1] + step_lines(t.get('steps') or []) + lines[1:])
 
+# %% ../../nbs/45_eval.trace_view.ipynb #5497ac43
 def show_trace(run_dir: str | Path, qid: Any, html_out: str | Path | None = None, thumbs: bool = True) -> str:
     "The text summary of one question's trace; with `html_out`, also write its HTML page there (keyframes included)."
     t = run_trace(run_dir, qid)

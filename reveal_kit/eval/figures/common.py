@@ -31,13 +31,13 @@ from ..pack_replay import open_pack, pack_chat, replayed_run
 from ...reveal.rubrics import pool_label, pool_origin, resolve_pool_path
 from ...synth.bench import generate_benchmark
 from ...backends.chat import is_meaningful
+from .caveat import caveat, offline_roles, stamp_caveat
 
 # %% auto #0
-__all__ = ['POOL_RECIPE_KEYS', 'SYNTH_POOL', 'NOT_A_REPRODUCTION', 'resolve', 'ensure_synth', 'bench_root', 'chat_model',
-           'run_slug', 'loader_split', 'benchmark_questions', 'run_methods', 'load_runs', 'pool_recipe', 'ensure_pool',
-           'pool_override', 'wilson_ci', 'accuracy_row', 'accuracy_table', 'write_csv', 'provenance', 'offline_roles',
-           'caveat', 'new_figure', 'bar_labels', 'plot_accuracy', 'plot_grouped', 'Experiment', 'packed_run_name',
-           'face_text', 'stamp_caveat']
+__all__ = ['POOL_RECIPE_KEYS', 'SYNTH_POOL', 'resolve', 'ensure_synth', 'bench_root', 'chat_model', 'run_slug', 'loader_split',
+           'benchmark_questions', 'run_methods', 'load_runs', 'pool_recipe', 'ensure_pool', 'pool_override',
+           'wilson_ci', 'accuracy_row', 'accuracy_table', 'write_csv', 'provenance', 'new_figure', 'bar_labels',
+           'plot_accuracy', 'plot_grouped', 'Experiment', 'packed_run_name']
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #4b6ad2c1
 def resolve(path: str | Path) -> Path:
@@ -211,31 +211,14 @@ def write_csv(df: pd.DataFrame, path: str | Path, digits: int = 4) -> Path:
     return p
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #4c9c5914
-def _model_driven(r: dict) -> bool:
-    "Whether a result's answer involved model calls or model roles."
-    m = r.get('models') if isinstance(r.get('models'), dict) else {}
-    return int(r.get('llm_calls') or 0) > 0 or m.get('roles') == 'model'
-
 def provenance(runs: dict[str, list[dict]], benchmark: str, split: str | None = None, chat: str | None = None) -> str:
     "'benchmark/split, n=…, backend:model or offline roles, reveal-kit X' (chat label: the results' unless given)."
     rs = [r for v in runs.values() for r in v]
     chat = chat or next((r['models']['chat'] for r in rs if isinstance(r.get('models'), dict)
                          and r['models'].get('chat')), 'no chat model')
-    who = chat if any(_model_driven(r) for r in rs) else 'offline roles'
+    who = 'offline roles' if offline_roles(runs) else chat
     n = max((len(v) for v in runs.values()), default=0)
     return f"{benchmark}{'/' + split if split else ''}, n={n}, {who}, reveal-kit {kit_version()}"
-
-# %% ../../../nbs/44_eval.figures.common.ipynb #551b5fd4
-NOT_A_REPRODUCTION = 'not a reproduction'
-
-def offline_roles(runs: dict[str, list[dict]], roles: str = 'auto') -> bool:
-    "Whether the answers came from the offline roles: forced, or no result made a model call or used model roles."
-    return roles == 'offline' or not any(_model_driven(r) for v in runs.values() for r in v)
-
-def caveat(benchmark: str, offline: bool) -> str:
-    "A figure's banner: 'generated benchmark, offline roles — not a reproduction' (either part), '' otherwise."
-    why = [w for w, on in (('generated benchmark', benchmark == 'synth'), ('offline roles', offline)) if on]
-    return f"{', '.join(why)} — {NOT_A_REPRODUCTION}" if why else ''
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #c091889c
 def new_figure(title: str, ncols: int = 1, width: float = 6.4, height: float = 4.2):
@@ -355,7 +338,15 @@ def __str__(self: Experiment) -> str:
     chat = f"{self.chat.backend_name}:{self.chat.model_id}"
     return f"{len(self.qids)} questions of {self.benchmark}/{self.split}; chat model {chat}"
 
-# %% ../../../nbs/44_eval.figures.common.ipynb #30437ffe
+# %% ../../../nbs/44_eval.figures.common.ipynb #bbc76c8c
+@patch
+def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    "The runs checked against `max_substituted`, and without substituted answers when they are to be left out."
+    for m, rs in runs.items(): check_substituted(rs, self.max_substituted, m)
+    self.substitutions = substitution_counts(r for rs in runs.values() for r in rs)     # before any is left out
+    return {m: scored_rows(rs, self.substituted) for m, rs in runs.items()}
+
+# %% ../../../nbs/44_eval.figures.common.ipynb #f112b441
 @patch
 def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | None = None,
         tag: str = '') -> dict[str, list[dict]]:
@@ -368,13 +359,6 @@ def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | Non
                        overrides, tag, self.progress, self.roles, self.only_present, pool, self.role_models)
     self.pools.update({str(d): run_pool(d) for d in dirs.values()})
     return self.scored(load_runs(dirs, self.qids))
-
-@patch
-def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    "The runs checked against `max_substituted`, and without substituted answers when they are to be left out."
-    for m, rs in runs.items(): check_substituted(rs, self.max_substituted, m)
-    self.substitutions = substitution_counts(r for rs in runs.values() for r in rs)     # before any is left out
-    return {m: scored_rows(rs, self.substituted) for m, rs in runs.items()}
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #a6aa0aa2
 @patch
@@ -428,18 +412,6 @@ def title(self: Experiment, headline: str, runs: dict[str, list[dict]]) -> str:
     head += '' if subs['offline'] else f"; {format_substituted(subs)}{how}"
     return head + ''.join(f"\n{' | '.join(x)}" for x in (pools, embs) if x)
 
-
-# %% ../../../nbs/44_eval.figures.common.ipynb #b400c282
-def face_text(fig) -> str:
-    "Every text on a figure's face: its suptitle, axes titles and texts, figure texts."
-    parts = [fig._suptitle.get_text() if fig._suptitle else ''] + [t.get_text() for t in fig.texts]
-    for ax in fig.axes: parts += [ax.get_title()] + [t.get_text() for t in ax.texts]
-    return '\n'.join(parts)
-
-def stamp_caveat(fig, line: str) -> None:
-    "Write the banner at the top of a figure whose face does not say it yet (nothing when there is none)."
-    if line and line not in face_text(fig):
-        fig.text(0.5, 1.0, line, ha='center', va='bottom', color='firebrick', fontsize=10, weight='bold')
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #d5d9bb03
 @patch

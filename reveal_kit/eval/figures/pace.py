@@ -265,12 +265,13 @@ def conditional_table(with_tool: list[dict], without: dict[str, list[dict]],
                          without_ci_low=b['ci_low'], without_ci_high=b['ci_high']))
     return pd.DataFrame(rows)
 
-# %% ../../../nbs/44b_eval.figures.pace.ipynb #699e2df8
+# %% ../../../nbs/44b_eval.figures.pace.ipynb #0d85faaa
 def with_usage(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> pd.DataFrame:
     "The conditional table with each tool's calls per episode and share of episodes using it in `method`'s run."
     u = usage[usage.method == method].set_index('tool')[['calls_per_episode', 'episodes_using']]
     return ct.drop(columns=list(u), errors='ignore').join(u, on='tool').fillna({'calls_per_episode': 0.0, 'episodes_using': 0.0})
 
+# %% ../../../nbs/44b_eval.figures.pace.ipynb #b3a27e48
 def ablated_tools(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> str:
     "Each ablated tool and how much PACE used it, the most-used named so: 'EvidenceRetrieve (most-used, 4.2 calls…)'."
     u = usage[(usage.method == method) & (usage.tool != 'Finish')].set_index('tool').calls_per_episode

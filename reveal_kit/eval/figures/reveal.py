@@ -86,16 +86,18 @@ def mean_admitted(rs: list[dict]) -> float:
     "The mean number of evidence items admitted per question (all rounds)."
     return float(np.mean([len(r.get('evidence') or []) for r in rs])) if rs else math.nan
 
-# %% ../../../nbs/44a_eval.figures.reveal.ipynb #620d2178
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #2ad78de4
 def cut_share(rs: list[dict], budget: int = EVIDENCE_TOKENS) -> float:
     "Mean share of the admitted evidence's words the roles' one evidence budget cuts away (0: everything read whole)."
     words = [sum(len(str(e.get('text', '')).split()) for e in r.get('evidence') or []) for r in rs]
     return float(np.mean([max(0.0, 1 - budget / w) if w else 0.0 for w in words])) if rs else math.nan
 
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #a307564a
 def rerank_fallback(rs: list[dict]) -> float:
     "Share of questions where the model rerank fell back to the offline formula in some round (its reply unusable)."
     return float(np.mean(['fallback' in str(r.get('rerank') or '') for r in rs])) if rs else math.nan
 
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #e7bf389c
 def _sweep_row(arm: str, cap, rs: list[dict]) -> dict:
     "One point of Fig. 4a: admitted items, accuracy, and what bent it (evidence cut, rerank fallbacks)."
     return dict(arm=arm, cap=cap, segments=mean_admitted(rs), **accuracy_row(rs), cut_share=cut_share(rs),
@@ -140,11 +142,12 @@ def answerer_frames(rs: list[dict]) -> str:
     n, notes = sum(k for k, _ in got), sorted({w for _, w in got} - {''})
     return f"{n}" if n or not notes else f"0 ({'; '.join(notes)})"
 
-# %% ../../../nbs/44a_eval.figures.reveal.ipynb #fddc6904
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #151e11c4
 def frameless_arms(frames: dict[str, str]) -> list[str]:
     "The arms meant to give the answerer frames that sent it none (their note starts with 0): captions-only again."
     return [a for a, f in frames.items() if 'frames' in a and str(f).startswith('0')]
 
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #b0636f43
 def frameless_note(arms: Sequence[str]) -> str:
     "The headline's note for the arms not drawn, saying why (empty when every arm is drawn)."
     if not arms: return ''
