@@ -29,10 +29,9 @@ ROOMS = [('core', 'Core: types, settings, text and files'), ('testing', 'Testing
 
 
 def room_of(nb: Path) -> str:
-    "`14a_memory.build.ipynb` → `memory`; `00_core.ipynb` → `core` (the core room also holds text and io)."
-    stem = nb.stem.split('_', 1)[-1]
-    room = stem.split('.')[0]
-    return 'core' if room in ('core', 'text', 'io', 'record') else room
+    "`14a_memory.build.ipynb` → `memory`; `00_core.ipynb` → `core` (the top-level modules: text, io, record, … too)."
+    room = nb.stem.split('_', 1)[-1].split('.')[0]
+    return room if room in dict(ROOMS) else 'core'
 
 
 def directives(src: str) -> tuple[set[str], str]:
