@@ -13,7 +13,7 @@ from ..core import Config
 from ..text import STOPWORDS, tokens
 from ..backends.chat import role_call, offline_role
 from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
-from ..reveal.planner import focus
+from ..question import focus
 
 # %% auto #0
 __all__ = ['FACTOR_KINDS', 'FACTOR_SYSTEM', 'Factor', 'factor_budget', 'factor_prompt', 'FactorItem', 'factor_reply',

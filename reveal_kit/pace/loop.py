@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 from ..core import Evidence
 from ..record import substitution
-from ..reveal.rubrics import load_rubric_pool
 from ..reveal.offline_checks import EvidenceView
 from ..reveal.answerer import offline_answer
 from .factors import Factor
@@ -64,12 +63,12 @@ def trace_evidence(tb: ToolBox) -> list[dict]:
 
 # %% ../../nbs/32a_pace.loop.ipynb #9933b6e9
 def best_supported(tb: ToolBox) -> str:
-    "The offline answer: `answerer.offline_answer` over the trajectory's localized evidence (always a letter)."
+    "The offline answer: `answerer.offline_answer` over the trajectory's localized evidence (a letter; no rubric pool)."
     rows = trace_evidence(tb)
     ev = [Evidence(d['item_id'], 1, d['t_start'], d['t_end'], d['text'], 0, d['score'], 'text') for d in rows]
     vecs = tb.db.embed([e.text for e in ev]) if ev else None
     view = EvidenceView(ev, vecs, tb.db.embed, 0, tb.duration)
-    return offline_answer(tb.q, view, load_rubric_pool()).answer
+    return offline_answer(tb.q, view).answer
 
 # %% ../../nbs/32a_pace.loop.ipynb #63231a44
 def fit_results(texts: Sequence[str], max_chars: int | None) -> list[str]:

@@ -18,9 +18,7 @@ from ..backends.chat import role_call
 from ..backends.replies import parse_reply, reply_schema
 from ..video.frames import probe_video, read_frames_at, VideoError
 from ..video.captioning import extractive_summary
-from ..reveal.planner import focus
-from ..reveal.offline_checks import option_common_words, option_number
-from ..reveal.rubrics import question_type
+from ..question import focus, option_common_words, option_number, question_type
 from .roles import PaceModels, pace_settings
 from .captions import offline_registry
 from .index import EvidenceDB, ClipRecord, time_label, frame_width

@@ -168,7 +168,7 @@ def _rank_round(cands: list[Candidate], q: Question, memory: Any, spec: MethodSp
 def _verify_round(q: Question, memory: Any, om: OnlineMemory, roles: Roles, names: list[str], r: int,
                   embed: Callable | None) -> VerifierReport:
     "Verify the accumulated evidence; an insufficient verdict's missing evidence becomes A_t."
-    view = EvidenceView(om.evidence, om._vecs, embed, r, getattr(memory, 'duration', None))
+    view = EvidenceView(*om.view(), embed, r, getattr(memory, 'duration', None))
     report = roles.verifier.verify(q, view, names)
     om.set_missing([] if report.sufficient else report.missing)
     return report
@@ -201,7 +201,7 @@ def _run_round(q: Question, memory: Any, om: OnlineMemory, r: int, spec: MethodS
 def _relevance_round(q: Question, memory: Any, om: OnlineMemory, roles: Roles, spec: MethodSpec,
                      embed: Callable | None, r: int) -> tuple[dict, list]:
     "The relevance judge on the evidence admitted so far (record for the round, model calls)."
-    view = EvidenceView(om.evidence, om._vecs, embed, r, getattr(memory, 'duration', None))
+    view = EvidenceView(*om.view(), embed, r, getattr(memory, 'duration', None))
     return judge_relevance(q, view, roles.answerer.model, roles.offline, RELEVANCE_COSINE, spec.evidence_tokens)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #4a052b53
@@ -239,7 +239,7 @@ def _answer_step(q: Question, memory: Any, spec: MethodSpec, config: Config, rol
                  embed: Callable | None, n_rounds: int,
                  oracle_items: list | None = None) -> tuple[AnswerResult, dict]:
     "The answer from the accumulated evidence and the frames routed to the answerer; also the frames record."
-    view = EvidenceView(om.evidence, om._vecs, embed, max(n_rounds - 1, 0), getattr(memory, 'duration', None))
+    view = EvidenceView(*om.view(), embed, max(n_rounds - 1, 0), getattr(memory, 'duration', None))
     images, frames = answer_frames(q, memory, om.evidence, spec, config, roles.answerer.model, roles.answerer.offline,
                                    oracle_items)
     return roles.answerer.answer(q, view, images, FRAMES_NOTES.get(frames['route'], '') if images else ''), frames
@@ -268,7 +268,7 @@ def _oracle_run(q: Question, memory: Any, spec: MethodSpec, config: Config, role
     if spec.oracle_frames:
         ans, frames = _answer_step(q, memory, spec, config, roles, om, embed, 0, items)
     else:
-        ans = roles.answerer.answer(q, EvidenceView(om.evidence, om._vecs, embed, 0, getattr(memory, 'duration', None)))
+        ans = roles.answerer.answer(q, EvidenceView(*om.view(), embed, 0, getattr(memory, 'duration', None)))
         frames = {'route': 'none', 'frames': 0, 'items': [], 'note': 'captions-only oracle arm: no frames'}
     return _loop_trace({'names': [], 'source': None}, [], list(ans.calls), 'oracle', ans, None, frames, om, oracle)
 

@@ -12,12 +12,13 @@ from fastcore.basics import patch
 from ..core import Question, Evidence
 from ..text import content_words, tokens
 from .rubrics import Criterion, OFFLINE_CHECKS
-from .planner import focus, option_events, question_anchor, role_type
+from ..question import focus, option_common_words, option_number
+from .planner import option_events, question_anchor, role_type
 from .reader import Reading, option_fact, read_rounds, thirds_reached
 
 # %% auto #0
-__all__ = ['SUPPORT_HI', 'SUPPORT_LO', 'MARGIN', 'EvidenceView', 'option_common_words', 'option_number', 'count_instances',
-           'temporal_events', 'OfflineScores', 'reading_scores', 'offline_scores']
+__all__ = ['SUPPORT_HI', 'SUPPORT_LO', 'MARGIN', 'EvidenceView', 'count_instances', 'temporal_events', 'OfflineScores',
+           'reading_scores', 'offline_scores']
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #276260c9
 SUPPORT_HI, SUPPORT_LO, MARGIN = 0.55, 0.35, 0.10
@@ -58,26 +59,6 @@ def support(self: EvidenceView, texts: list[str], common: set[str] | frozenset =
     if tv is None or self.vecs is None or len(self.vecs) != len(self.evidence):
         return lex
     return 0.5 * np.clip(tv @ self.vecs.T, 0, 1) + 0.5 * lex
-
-# %% ../../nbs/23_reveal.offline_checks.ipynb #31fcaa25
-def option_common_words(options: list[str]) -> set[str]:
-    "Content-word stems shared by every option (left out of the options' lexical support)."
-    sets = [set(content_words(o)) for o in options]
-    return set.intersection(*sets) if len(sets) > 1 else set()
-
-# %% ../../nbs/23_reveal.offline_checks.ipynb #4f3dc4ff
-_NUMS = {w: i for i, w in enumerate('zero one two three four five six seven eight nine ten eleven twelve thirteen '
-                                      'fourteen fifteen sixteen seventeen eighteen nineteen twenty'.split())}
-_NUMS.update(once=1, twice=2, thrice=3, none=0, no=0)
-
-def option_number(text: str) -> int | None:
-    "The count an option states (`3`, `three`, `twice`, `3 times`), else None."
-    for t in tokens(text):
-        if t.isdigit():
-            return int(t)
-        if t in _NUMS:
-            return _NUMS[t]
-    return None
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c000b
 def count_instances(view: EvidenceView, event: str, hi: float = SUPPORT_HI,

@@ -79,6 +79,12 @@ def admit(self: OnlineMemory, ev: Evidence, vec: np.ndarray | None = None) -> tu
         self._vecs = v if self._vecs is None else np.vstack([self._vecs, v])
     return True, 'admitted'
 
+# %% ../../nbs/20_reveal.online_memory.ipynb #71abf96f
+@patch
+def view(self: OnlineMemory) -> tuple[list[Evidence], np.ndarray | None]:
+    "E_t and its text embeddings (a row per item admitted with a vector, None before any)."
+    return self.evidence, self._vecs
+
 # %% ../../nbs/20_reveal.online_memory.ipynb #113e2e38
 @patch
 def record_attempt(self: OnlineMemory, round: int, strategy: str, query: str | None, retrieved: int,

@@ -17,22 +17,13 @@ from ..text import tokens, jaccard, STOPWORDS, fmt_time
 from ..backends.chat import role_call, offline_role
 from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from .online_memory import OnlineMemory
-from .rubrics import question_type
+from ..question import focus, question_type
 
 # %% auto #0
-__all__ = ['QUERY', 'REASONING', 'DECOMPOSE_SYSTEM', 'STRATEGIES', 'REPAIR_SYSTEM', 'focus', 'clip_words', 'join_query',
-           'option_events', 'is_negation', 'role_type', 'question_anchor', 'offline_decompose', 'decompose_reply',
-           'decompose_schema', 'decompose_prompt', 'PlanAction', 'repair_reply', 'repair_schema', 'repair_prompt',
-           'offline_repair', 'Planner', 'screen_queries', 'uniform_sample']
-
-# %% ../../nbs/22_reveal.planner.ipynb #88db52f4
-_WH = ('which', 'what', 'how', 'why', 'when', 'where', 'who', 'whom', 'whose', 'many', 'much', 'times', 'often',
-       'not', "n't", 'never', 'except', 'following', 'correct', 'true', 'best', 'describes', 'describe', 'statement')
-
-def focus(question: str) -> str:
-    "The question's content words in order (wh-words, negations and stopwords removed): the thing to look for."
-    ws = [w for w in tokens(question) if w not in STOPWORDS and w not in _WH and not w.endswith("n't")]
-    return ' '.join(ws)
+__all__ = ['QUERY', 'REASONING', 'DECOMPOSE_SYSTEM', 'STRATEGIES', 'REPAIR_SYSTEM', 'clip_words', 'join_query', 'option_events',
+           'is_negation', 'role_type', 'question_anchor', 'offline_decompose', 'decompose_reply', 'decompose_schema',
+           'decompose_prompt', 'PlanAction', 'repair_reply', 'repair_schema', 'repair_prompt', 'offline_repair',
+           'Planner', 'screen_queries', 'uniform_sample']
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c01
 def clip_words(text: str, n: int = 15) -> str:

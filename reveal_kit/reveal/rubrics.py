@@ -14,48 +14,11 @@ import yaml
 from fastcore.basics import patch
 import reveal_kit
 from ..core import Question, project_root, sha256_file
+from ..question import QUESTION_TYPES, question_type
 
 # %% auto #0
-__all__ = ['QUESTION_TYPES', 'SCORE_LEVELS', 'OFFLINE_CHECKS', 'POOL_SCHEMA', 'POOL_KINDS', 'question_type', 'Criterion',
-           'RubricPool', 'default_pool_path', 'resolve_pool_path', 'load_rubric_pool', 'pool_origin', 'pool_label']
-
-# %% ../../nbs/21_reveal.rubrics.ipynb #1d7ae322
-QUESTION_TYPES = ('temporal_order', 'counting', 'action', 'negation', 'causal', 'global', 'attribute', 'other')
-
-_VERB = r'(?:is|are|was|were|does|do|did|has|have|had|can|could|will|would|should)'
-_NEG = re.compile(r"\bexcept\b|\bnone of\b|(?:^|[,.:;]\s*)(?:which|what)(?:\s+\w+){0,4}?\s+" + _VERB +
-                  r"(?:\s+\w+){0,2}?(?:n['’]t|['’]t|\s*not|\s+never)\b", re.I)   # "which … is NOT shown" only
-_TYPE_RULES = [  # (type, regex on the question text), first match wins after negation
-    ('counting', re.compile(r'\bhow many\b|\bhow often\b|\bnumber of\b|\bcount\b|\bhow much\b', re.I)),
-    ('temporal_order', re.compile(r'\b(before|after|first|last|order|sequence|earlier|later|then|followed|next|'
-                                  r'previous|chronolog)\w*', re.I)),
-    ('causal', re.compile(r'\bwhy\b|\bcaus|\breason\b|\bbecause\b|\bresult\b|\bpurpose\b|\blead to\b', re.I)),
-    ('global', re.compile(r'\b(overall|main(ly)?|mostly|summar|theme|whole video|entire video|video about|throughout|'
-                          r'primarily)\b', re.I)),
-    ('action', re.compile(r'\b(doing|do|does|did|action|activity|perform|happen)\w*', re.I)),
-    ('attribute', re.compile(r'\b(colou?r|what kind|wear|size|shape|which object|what object|where)\b', re.I)),
-]
-_QTYPE_ALIASES = [('negation', ('negat', 'not', 'exclu', 'absen')), ('counting', ('count', 'number', 'how many')),
-                  ('temporal_order', ('order', 'tempor', 'sequen', 'chrono')), ('causal', ('caus', 'reason', 'why')),
-                  ('global', ('global', 'summar', 'theme', 'gist', 'overall')), ('action', ('action', 'activity')),
-                  ('attribute', ('attrib', 'colo', 'object', 'spatial', 'percept'))]
-
-def question_type(question: Question | str, qtype: str | None = None) -> str:
-    "The question's evidence type: a known `qtype` label (aliases allowed) wins, else rules on the question text."
-    if isinstance(question, Question):
-        qtype, question = qtype or question.qtype, question.question
-    q = (qtype or '').strip().lower()
-    if q in QUESTION_TYPES:
-        return q
-    for t, keys in _QTYPE_ALIASES:
-        if q and any(k in q for k in keys):
-            return t
-    if _NEG.search(question):
-        return 'negation'
-    for t, rx in _TYPE_RULES:
-        if rx.search(question):
-            return t
-    return 'other'
+__all__ = ['SCORE_LEVELS', 'OFFLINE_CHECKS', 'POOL_SCHEMA', 'POOL_KINDS', 'Criterion', 'RubricPool', 'default_pool_path',
+           'resolve_pool_path', 'load_rubric_pool', 'pool_origin', 'pool_label']
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #300cc405
 SCORE_LEVELS = (0.0, 0.5, 1.0)
