@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, asdict
 from typing import Any, Callable
 from fastcore.basics import patch
+from .. import protocols
 from .messages import as_messages, assistant_message, make_messages, message_text, tool_turns_as_text
 from .replies import (Completion, ToolCall, as_completion, calls_from_json, estimate_tokens,
                                          minimal_instance, parse_json, parse_tool_call, repair_messages,
@@ -161,24 +162,26 @@ class ScriptedModel(ChatModel):
         return text, sum(estimate_tokens(message_text(m)) for m in messages), estimate_tokens(text)
 
 # %% ../../nbs/02a_backends.chat.ipynb #bcfcd1c2
-def is_meaningful(model: Any) -> bool:
+def is_meaningful(model: protocols.ChatModel | None) -> bool:
     "Whether `model` is there and its replies mean something (the embedded base model's do not)."
     return model is not None and bool(getattr(model, 'meaningful', False))
 
 # %% ../../nbs/02a_backends.chat.ipynb #b9fcb667
-def offline_role(model: Any, roles: str = 'auto') -> bool:
+def offline_role(model: protocols.ChatModel | None, roles: str = 'auto') -> bool:
     "Whether a role runs its offline implementation: `roles` 'offline', or 'auto' without a meaningful model."
     return roles == 'offline' or (roles == 'auto' and not is_meaningful(model))
 
 # %% ../../nbs/02a_backends.chat.ipynb #850ecbc1
-def models_record(model: Any, offline: bool, text_embedder: Any = None) -> dict:
+def models_record(model: protocols.ChatModel | None, offline: bool,
+                  text_embedder: Any = None) -> dict:
     "What a result and its trace record about the models: chat model (and its server), roles, text embedder."
     chat = f"{getattr(model, 'backend_name', 'none')}:{getattr(model, 'model_id', None)}" if model is not None else None
     return {'chat': chat, 'base_url': getattr(model, 'base_url', None) or None, 'meaningful': is_meaningful(model),
             'roles': 'offline' if offline else 'model', 'text_embedder': getattr(text_embedder, 'model_id', None)}
 
 # %% ../../nbs/02a_backends.chat.ipynb #2e91ac30
-def set_thinking(model: Any, thinking: str = 'auto', reasoning_allowance: int = 0) -> Any:
+def set_thinking(model: protocols.ChatModel | None, thinking: str = 'auto',
+                 reasoning_allowance: int = 0) -> Any:
     "`model` (the one behind a cache too) set to serve a thinking backbone as `Config.thinking` says; returns it."
     if thinking not in ('auto', 'on', 'off'): raise ValueError(f"thinking must be auto, on or off: {thinking!r}")
     inner = getattr(model, 'inner', model)
@@ -376,8 +379,8 @@ def record_dict(rec: Any) -> dict:
     return dict(rec) if isinstance(rec, dict) else {'record': str(rec)}
 
 # %% ../../nbs/02a_backends.chat.ipynb #52955c51
-def role_call(model: Any, role: str, system: str, user: str, schema: dict, max_tokens: int = 512,
-              images: list | None = None) -> tuple[Any, dict]:
+def role_call(model: protocols.ChatModel, role: str, system: str, user: str, schema: dict,
+              max_tokens: int = 512, images: list | None = None) -> tuple[Any, dict]:
     "Call `model` for `role` with a JSON schema; returns (parsed data or None when unusable, call record dict)."
     t0 = time.perf_counter()
     res = model.chat(make_messages(system, user, images), schema=schema, role=role, max_tokens=max_tokens,

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 from fastcore.basics import patch
 from ..core import Question, kit_version, sha256_file
 from ..io import atomic_write_json, read_jsonl_rows
+from .. import protocols
 from ..backends.chat import BackendUnavailable, ChatModel
 from ..backends.cache import CacheMiss, CachedModel, CallCache, default_cache_path
 from ..backends.models import make_backend
@@ -41,7 +42,7 @@ __all__ = ['PACE_KIND', 'MEMORY_FILES', 'PACE_FILES', 'RUN_FILES', 'model_card',
            'PackJob', 'pack_runs', 'format_pack_summary']
 
 # %% ../../nbs/48a_eval.replay.ipynb #5c709f8c
-def model_card(model: Any) -> dict | None:
+def model_card(model: protocols.ChatModel | None) -> dict | None:
     "What makes a chat model's cache keys and role choices: backend, id, server, sampling, meaningful, images."
     if model is None: return None
     m = getattr(model, 'inner', model)
@@ -212,8 +213,8 @@ def _answer_with(make_ctx: Callable[[RunContext], RunContext]):
             yield row
     return answer
 
-def rerun(meta: dict, questions: list[Question], out: str | Path, model: Any, progress: bool = False,
-          **where) -> list[ReplayContext]:
+def rerun(meta: dict, questions: list[Question], out: str | Path, model: protocols.ChatModel | None,
+          progress: bool = False, **where) -> list[ReplayContext]:
     "Answer a run's questions again into `out` with its method, Config and roles (`where`: the memories); contexts."
     made = []
     def make(ctx: RunContext) -> RunContext:
@@ -268,7 +269,7 @@ class PackJob:
     work: Path
     cache: Path
     memories: str | Path | None = None
-    model: Any = None
+    model: protocols.ChatModel | None = None
     videos: bool = False
     progress: bool = False
     partial: bool = False
@@ -380,8 +381,8 @@ def _pack_summary(out: Path, man: dict, rows: list[dict], seconds: float) -> dic
 
 # %% ../../nbs/48a_eval.replay.ipynb #402530c5
 def pack_runs(run_dirs: Iterable[str | Path], out: str | Path, cache: str | Path | None = None,
-              memories: str | Path | None = None, model: Any = None, videos: bool = False,
-              progress: bool = False, partial: bool = False) -> dict:
+              memories: str | Path | None = None, model: protocols.ChatModel | None = None,
+              videos: bool = False, progress: bool = False, partial: bool = False) -> dict:
     "Check each run replays, then write one pack of them (`cache`: the calls' cache, only read; `memories`)."
     t0, out = time.time(), Path(out)
     pack_compression(out)

@@ -19,6 +19,7 @@ from ..core import (Config, Question, load_config, parse_overrides, kit_version,
                              warn)
 from ..io import atomic_write_text
 from ..record import as_row, check_substituted, format_substituted
+from ..protocols import ChatModel
 from .metrics import load_results
 from ..backends.chat import BackendUnavailable
 from ..backends.cache import CacheMiss, MODES
@@ -123,8 +124,8 @@ def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dic
                 created=datetime.now(timezone.utc).isoformat(timespec='seconds'))
 
 # %% ../../nbs/42c_eval.runner.ipynb #847e38f9
-def check_run_options(cache_mode: str | None, timeout_s: float | None, roles: str, backend: str | None,
-                       model: Any) -> None:
+def check_run_options(cache_mode: str | None, timeout_s: float | None, roles: str,
+                      backend: str | None, model: ChatModel | str | None) -> None:
     "Refuse a cache mode, timeout, roles, backend or model value at once (later, every question would fail on it)."
     if cache_mode is not None and cache_mode not in MODES:
         raise ValueError(f"cache mode must be one of {', '.join(MODES)}, got {cache_mode!r}")
@@ -201,13 +202,15 @@ def _end_run_json(out: Path, meta: dict, ctx: RunContext, summary: dict) -> None
     updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
     write_run_json(out, dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
 
-def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, root: str | Path | None = None,
-             limit: int | None = None, shard: str | tuple[int, int] = (0, 1), concurrency: int = 1,
-             backend: str = 'embedded', model: Any = None, base_url: str | None = None, role_models: dict | None = None,
-             config: Config | dict | str | Path | None = None, overrides: Iterable[str] | None = None,
-             split: str | None = None, retry_failed: bool = False, only_present: bool = False,
-             progress: bool = True, cache_mode: str | None = None, timeout_s: float | None = None,
-             roles: str = 'auto', answer: Callable[..., Iterable[dict]] | None = None,
+def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path,
+             root: str | Path | None = None, limit: int | None = None,
+             shard: str | tuple[int, int] = (0, 1), concurrency: int = 1, backend: str = 'embedded',
+             model: ChatModel | str | None = None, base_url: str | None = None,
+             role_models: dict | None = None, config: Config | dict | str | Path | None = None,
+             overrides: Iterable[str] | None = None, split: str | None = None,
+             retry_failed: bool = False, only_present: bool = False, progress: bool = True,
+             cache_mode: str | None = None, timeout_s: float | None = None, roles: str = 'auto',
+             answer: Callable[..., Iterable[dict]] | None = None,
              max_substituted: float | None = None) -> dict:
     "Run `method` over a benchmark into `out_dir` (resumable; `answer`: who answers); a summary of this invocation."
     check_run_options(cache_mode, timeout_s, roles, backend, model)

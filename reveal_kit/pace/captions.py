@@ -13,6 +13,7 @@ import numpy as np
 from ..core import Config
 from ..record import mark
 from ..text import content_words, fmt_time
+from ..protocols import ChatModel
 from ..backends.chat import role_call, offline_role
 from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from ..video.captioning import PerceptualCaptioner
@@ -87,8 +88,9 @@ def _offline_caption(frames, t0: float, t1: float, subtitles: str, config: Confi
     if subtitles: meta['subtitles'] = subtitles
     return (cap.text if cap else f"[{fmt_time(t0)}-{fmt_time(t1)}] (no decodable frames)"), meta
 
-def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles: str = '', model: Any = None,
-                  config: Config = Config(), max_tokens: int = 600) -> tuple[str, dict, list[dict]]:
+def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles: str = '',
+                  model: ChatModel | None = None, config: Config = Config(),
+                  max_tokens: int = 600) -> tuple[str, dict, list[dict]]:
     "A clip's plain caption: (text, meta with the subjects, call records); the perceptual one offline or on failure."
     text, meta = _offline_caption(frames, t0, t1, subtitles, config)
     if offline_role(model): return text, meta, []
@@ -141,7 +143,7 @@ def _batches(lists: list, max_chars: int) -> list[list]:
         cur, n = cur + [l], n + size
     return out + [cur] if cur else out
 
-def merge_registry(model: Any, lists: Sequence[Sequence[dict]], max_tokens: int = 800,
+def merge_registry(model: ChatModel, lists: Sequence[Sequence[dict]], max_tokens: int = 800,
                    max_chars: int = 128000) -> tuple[list[dict], list[dict]]:
     "The video's subject registry merged by `model` from the clips' lists (in batches), and the merge calls."
     parts, calls = [list(l) for l in lists if l], []
@@ -200,8 +202,8 @@ def factor_record_prompt(t0: float, t1: float, factors: Sequence[Factor], subtit
     return f"{clip_header(t0, t1, subtitles, facts, n_frames)}\n\n{RECORD_TASK.format(factors=fl)}"
 
 # %% ../../nbs/30b_pace.captions.ipynb #8355ad16
-def model_record(model: Any, frames: Sequence[np.ndarray], t0: float, t1: float, factors: Sequence[Factor],
-                 subtitles: str = '', facts: str = '',
+def model_record(model: ChatModel, frames: Sequence[np.ndarray], t0: float, t1: float,
+                 factors: Sequence[Factor], subtitles: str = '', facts: str = '',
                  max_tokens: int = 600) -> tuple[str, dict, list[dict]] | tuple[None, None, list[dict]]:
     "A VLM's factor-conditioned (text, tags, calls), transcript appended; (None, None, calls) when unusable."
     if not frames: return None, None, []                               # a sliver clip: not sent to the VLM

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from fastcore.basics import patch
 from ..core import Question
 from ..text import fmt_time
+from ..protocols import ChatModel
 from ..backends.chat import record_dict
 from ..backends.messages import system_message, user_message
 from .tools import tool_schemas, DVD_TOOLS
@@ -52,7 +53,7 @@ class ToolCallPolicy:
     "Turns from a chat model by OpenAI function calling: one conversation per episode, several calls per turn."
     kind = 'model'
 
-    def __init__(self, model: Any, messages: list[dict], names: Sequence[str] = DVD_TOOLS,
+    def __init__(self, model: ChatModel, messages: list[dict], names: Sequence[str] = DVD_TOOLS,
                  letters: Sequence[str] = (), max_tokens: int = 400, max_chars: int | None = None):
         self.model, self.messages, self.names, self.letters = model, list(messages), tuple(names), list(letters)
         self.max_tokens, self.max_chars, self._pending, self.protocols = max_tokens, max_chars, {}, []

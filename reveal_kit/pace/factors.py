@@ -14,6 +14,7 @@ from ..text import STOPWORDS, tokens
 from ..backends.chat import role_call, offline_role
 from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from ..question import focus
+from ..protocols import ChatModel
 
 # %% auto #0
 __all__ = ['FACTOR_KINDS', 'FACTOR_SYSTEM', 'Factor', 'factor_budget', 'factor_prompt', 'FactorItem', 'factor_reply',
@@ -148,8 +149,8 @@ def _repaired(data: Any, question: str, lo: int, hi: int) -> list[Factor] | None
     out = [Factor(f"f{i + 1}", f.text, f.kind) for i, f in enumerate(got + extra)]
     return out if len(out) >= lo else None
 
-def extract_factors(question: str, model: Any = None, config: Config = Config(), force: int = 0,
-                    max_tokens: int = 256) -> tuple[list[Factor], str, list[dict]]:
+def extract_factors(question: str, model: ChatModel | None = None, config: Config = Config(),
+                    force: int = 0, max_tokens: int = 256) -> tuple[list[Factor], str, list[dict]]:
     "F_Q from the question text: (factors, source, call records); the options are never an input."
     if not isinstance(question, str): raise TypeError("extract_factors takes the question text only (no options)")
     lo, hi = factor_budget(config, force)

@@ -15,6 +15,7 @@ from fastcore.basics import patch
 from ..core import Config, run_subtitles, MemoryBuildError, runs_dir, kit_version, digest, build_stamp
 from ..text import content_words, fmt_time
 from ..io import atomic_write_json, atomic_save_npy, append_jsonl, read_jsonl_rows, locked_dir
+from ..protocols import ChatModel
 from ..backends.chat import offline_role
 from ..video.frames import probe_video, iter_frames
 from ..video.subtitles import load_subtitles, align_cues, cues_text
@@ -289,8 +290,9 @@ def _registry(recs: list[ClipRecord], model, st: PaceSettings) -> tuple[list | N
     return merge_registry(model, [r.meta.get('subjects', []) for r in recs], st.tool_max_tokens,
                           4 * st.history_tokens)
 
-def build_plain_db(video: str | Path, out: str | Path, config: Config = Config(), model: Any = None,
-                   subtitles: str | Path | None = None, text_embedder=None) -> EvidenceDB:
+def build_plain_db(video: str | Path, out: str | Path, config: Config = Config(),
+                   model: ChatModel | None = None, subtitles: str | Path | None = None,
+                   text_embedder=None) -> EvidenceDB:
     "Build (or resume, or reuse) the plain per-clip captions of a video in `out`, and its subject registry."
     t0, video, out, te = time.time(), Path(video), Path(out), text_embedder or get_text_embedder()
     info, st = probe_video(video), pace_settings(config)
@@ -316,7 +318,7 @@ def offline_records(plain: EvidenceDB, factors: Sequence[Factor]) -> list[ClipRe
     return out
 
 # %% ../../nbs/31_pace.index.ipynb #5ed2dc41
-def tagger_kind(model: Any = None) -> str:
+def tagger_kind(model: ChatModel | None = None) -> str:
     "'offline-tagger' without a meaningful model, else the model's captioner kind (`+ocr-facts`: no image input)."
     return 'offline-tagger' if offline_role(model) else pace_models(model, SimpleNamespace(model_id=''))['captioner']
 
@@ -337,8 +339,8 @@ def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict,
         done[p.clip_id] = ClipRecord(p.clip_id, a, b, text, tags, dict(p.meta, calls=calls, **fb))
         append_jsonl(out / 'clips.jsonl', done[p.clip_id].to_dict())
 
-def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Path, config: Config = Config(),
-                    model: Any = None) -> EvidenceDB:
+def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Path,
+                    config: Config = Config(), model: ChatModel | None = None) -> EvidenceDB:
     "Build (or resume, or reuse) the factor-conditioned database of one factor set from the video's plain one."
     if not factors: raise ValueError("a factor-conditioned index needs at least one factor")
     t0, out, te = time.time(), Path(out), plain.text_embedder
@@ -358,8 +360,9 @@ def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Pat
         return _finish(out, ident, recs, te, factors, extra, t0)
 
 # %% ../../nbs/31_pace.index.ipynb #65abb67b
-def get_pace_dbs(video: str | Path, factors: Sequence[Factor] = (), config: Config = Config(), model: Any = None,
-                 subtitles: str | Path | None = None, root: str | Path | None = None,
+def get_pace_dbs(video: str | Path, factors: Sequence[Factor] = (), config: Config = Config(),
+                 model: ChatModel | None = None, subtitles: str | Path | None = None,
+                 root: str | Path | None = None,
                  text_embedder=None) -> tuple[EvidenceDB, EvidenceDB | None]:
     "The video's plain database and, when factors are given, its factor-conditioned one: loaded, resumed or built."
     te, subtitles = text_embedder or get_text_embedder(), run_subtitles(subtitles, config)

@@ -12,6 +12,7 @@ from pydantic import Field
 from ..core import Question, safe_name, REPLY_TOKENS
 from ..text import content_words, fmt_time, hms_to_seconds
 from ..io import append_jsonl, read_jsonl_rows
+from ..protocols import ChatModel
 from ..backends.chat import role_call, is_meaningful
 from ..backends.replies import ReplyModel, parse_reply, reply_schema
 
@@ -97,7 +98,8 @@ def judge_prompt(q: Question, cue: str, rows: Sequence[dict], max_chars: int = 6
     return f"Question: {q.question}\n\nCue: {cue}\n\nEvidence:\n{ev}"            # PACE §4.3: no options
 
 # %% ../../nbs/32c_pace.needle.ipynb #ba0841ec
-def model_judge(model: Any, q: Question, rows: Sequence[dict], max_tokens: int = REPLY_TOKENS['needle_judge'],
+def model_judge(model: ChatModel, q: Question, rows: Sequence[dict],
+                max_tokens: int = REPLY_TOKENS['needle_judge'],
                 max_chars: int = 64000) -> tuple[float | None, list, list[dict]]:
     "The judge model's needle recall of the rows, its verdict per cue (None: unusable reply) and its calls."
     if not q.cues: return None, [], []
@@ -112,12 +114,12 @@ def model_judge(model: Any, q: Question, rows: Sequence[dict], max_tokens: int =
     return (sum(found) / len(q.cues) if len(found) == len(q.cues) else None), verdicts, calls
 
 # %% ../../nbs/32c_pace.needle.ipynb #2b7664da
-def judge_name(model: Any = None) -> str:
+def judge_name(model: ChatModel | None = None) -> str:
     "'lexical' without a meaningful judge model, else 'model:<id>'."
     return f"model:{getattr(model, 'model_id', '?')}" if is_meaningful(model) else 'lexical'
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0002
-def judge_result(q: Question, result: dict, model: Any = None, spans: bool = True,
+def judge_result(q: Question, result: dict, model: ChatModel | None = None, spans: bool = True,
                  max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict:
     "A result's needle recall by a judge model (else the lexical judge), with the judge's name, verdicts and calls."
     rows = judge_rows(result)
@@ -138,7 +140,8 @@ def judge_failed(row: dict) -> bool:
     return row.get('needle_judge') != 'lexical' and row.get('needle_recall') is None and bool(row.get('verdicts'))
 
 # %% ../../nbs/32c_pace.needle.ipynb #3eb829d0
-def judge_run(run_dir: str | Path, questions: Sequence[Question], model: Any = None, spans: bool = True,
+def judge_run(run_dir: str | Path, questions: Sequence[Question], model: ChatModel | None = None,
+              spans: bool = True,
               max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict[str, dict]:
     "Judge every result of a run with cues (resumable: verdicts are kept, failed ones are not); `{qid: judged row}`."
     p, qs = needles_path(run_dir, judge_name(model)), {q.qid: q for q in questions if q.cues}

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 from fastcore.basics import patch
 from ..core import Config
+from ..protocols import ChatModel
 from ..backends.chat import is_meaningful
 
 # %% auto #0
@@ -78,7 +79,7 @@ class PaceModels:
 
 # %% ../../nbs/30a_pace.roles.ipynb #55319faa
 @patch(cls_method=True)
-def one(cls: PaceModels, model: Any, substitute: str = '') -> PaceModels:
+def one(cls: PaceModels, model: ChatModel | None, substitute: str = '') -> PaceModels:
     "One backbone for both groups (None when it is not meaningful: the offline roles)."
     m = model if is_meaningful(model) else None
     return cls(m, m, substitute)

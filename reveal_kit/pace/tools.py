@@ -19,6 +19,7 @@ from ..backends.replies import parse_reply, reply_schema
 from ..video.frames import probe_video, read_frames_at, VideoError
 from ..video.captioning import extractive_summary
 from ..question import focus, option_common_words, option_number, question_type
+from ..protocols import ChatModel
 from .roles import PaceModels, pace_settings
 from .captions import offline_registry
 from .index import EvidenceDB, ClipRecord, time_label, frame_width
@@ -168,8 +169,9 @@ TAG_BONUS = 0.25
 
 class ToolBox:
     "The tools of one question over one evidence database; `call(name, arguments)` never raises a tool error."
-    def __init__(self, q: Question, db: EvidenceDB, config: Config = Config(), model: Any = None,
-                 video_path: str | None = None, tools: Sequence[str] = PACE_TOOLS, retrieve_topk: int = RETRIEVE_TOPK):
+    def __init__(self, q: Question, db: EvidenceDB, config: Config = Config(),
+                 model: ChatModel | None = None, video_path: str | None = None,
+                 tools: Sequence[str] = PACE_TOOLS, retrieve_topk: int = RETRIEVE_TOPK):
         self.q, self.db, self.config, self.tools = q, db, config, tuple(tools)
         self.models = model if isinstance(model, PaceModels) else PaceModels.one(model)
         self.settings = pace_settings(config)
@@ -331,7 +333,7 @@ def _readings(self: ToolBox, ranges: list, times: list[float], vlm: bool) -> tup
     return read, frames, reused
 
 # %% ../../nbs/32_pace.tools.ipynb #07830bb4
-def _vlm_look(model: Any, question: str, ranges: list, frames: list, rows: list[dict],
+def _vlm_look(model: ChatModel, question: str, ranges: list, frames: list, rows: list[dict],
               max_tokens: int) -> tuple[str | None, list]:
     "A VLM's look at the frames (each row's text becomes it) and the call; None when the reply is unusable."
     user = INSPECT_TASK.format(ranges=', '.join(time_label(a, b) for a, b in ranges), question=question)

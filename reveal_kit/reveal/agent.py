@@ -14,6 +14,7 @@ import numpy as np
 from ..core import Config, Question, Evidence, MemoryItem, kit_version, trace_path
 from ..io import atomic_write_text
 from ..record import Result, RevealPart, call_marks, mark, substitution, usage_fields
+from ..protocols import ChatModel, Memory
 from ..backends.chat import BackendUnavailable, offline_role, models_record, call_totals
 from ..backends.cache import CacheMiss
 from .online_memory import OnlineMemory
@@ -50,8 +51,8 @@ class Roles:
     offline: bool
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0030
-def make_roles(model: Any, config: Config, roles: str = 'auto', pool: RubricPool | None = None,
-               evidence_tokens: int = EVIDENCE_TOKENS) -> Roles:
+def make_roles(model: ChatModel | None, config: Config, roles: str = 'auto',
+               pool: RubricPool | None = None, evidence_tokens: int = EVIDENCE_TOKENS) -> Roles:
     "Planner, verifier and answerer over `pool` (else `config.rubric_pool`); 'auto': offline iff no meaningful model."
     if roles not in ('auto', 'offline', 'model'):
         raise ValueError(f"roles must be 'auto', 'offline' or 'model', got {roles!r}")
@@ -63,8 +64,8 @@ def make_roles(model: Any, config: Config, roles: str = 'auto', pool: RubricPool
                  Answerer(pool, model, config, offline, evidence_tokens), offline)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #53ff91d0
-def _uniform_candidates(q: Question, memory: Any, om: OnlineMemory, config: Config, embed: Callable | None,
-                        qvec_cache: dict) -> list[Candidate]:
+def _uniform_candidates(q: Question, memory: Memory, om: OnlineMemory, config: Config,
+                        embed: Callable | None, qvec_cache: dict) -> list[Candidate]:
     "Uniform Sampling: unvisited L1 segments spread over the timeline, scored by cosine to the question."
     items = uniform_sample(memory.level(1), om.visited, config.uniform_samples)
     if embed is not None and 'q' not in qvec_cache:
@@ -99,7 +100,7 @@ def _candidates(q, memory, om, action, round_, spec, config, embed, qvec_cache) 
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0015
 def _admit(om: OnlineMemory, ranked: list[Candidate], cap: int, round_: int,
-           memory: Any) -> tuple[list[dict], list[dict]]:
+           memory: Memory) -> tuple[list[dict], list[dict]]:
     "Admit the top `cap` ranked candidates; returns (admitted rows, not-admitted rows with reasons)."
     admitted, rejected = [], []
     for c in ranked[:cap]:
@@ -129,7 +130,7 @@ def _prime_texts(q: Question) -> list[str]:
     return [t for t in dict.fromkeys(texts) if t.strip()]
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e001c
-def oracle_evidence(q: Question, memory: Any, cap: int) -> tuple[list[MemoryItem], dict]:
+def oracle_evidence(q: Question, memory: Memory, cap: int) -> tuple[list[MemoryItem], dict]:
     "The L1 segments overlapping `q.evidence_spans` (most overlap first, at most `cap`, in time order) and a record."
     spans = [tuple(s) for s in q.evidence_spans]
     ov = lambda it: sum(max(0.0, min(it.t_end, b) - max(it.t_start, a)) for a, b in spans)
@@ -151,8 +152,9 @@ def _rerank_kind(spec: MethodSpec, roles: Roles) -> str:
     by_model = spec.rerank_by == 'model' or (spec.rerank_by == 'auto' and not roles.offline)
     return 'rubric-model' if by_model else 'rubric-offline'
 
-def _rank_round(cands: list[Candidate], q: Question, memory: Any, spec: MethodSpec, roles: Roles, names: list[str],
-                om: OnlineMemory, embed: Callable | None) -> tuple[list[Candidate], str, list[dict]]:
+def _rank_round(cands: list[Candidate], q: Question, memory: Memory, spec: MethodSpec, roles: Roles,
+                names: list[str], om: OnlineMemory,
+                embed: Callable | None) -> tuple[list[Candidate], str, list[dict]]:
     "Rank a round's candidates; (ranked, which ranking ran, model calls). An unusable model reply → the formula."
     kind, calls, pool = _rerank_kind(spec, roles), [], roles.verifier.pool
     if kind == 'relevance' or not cands:
@@ -165,8 +167,8 @@ def _rank_round(cands: list[Candidate], q: Question, memory: Any, spec: MethodSp
     vecs = np.stack([memory.text_vector(c.item.item_id) for c in cands])
     return rubric_rerank(cands, q, pool, names, om.missing, vecs, embed), kind, calls
 
-def _verify_round(q: Question, memory: Any, om: OnlineMemory, roles: Roles, names: list[str], r: int,
-                  embed: Callable | None) -> VerifierReport:
+def _verify_round(q: Question, memory: Memory, om: OnlineMemory, roles: Roles, names: list[str],
+                  r: int, embed: Callable | None) -> VerifierReport:
     "Verify the accumulated evidence; an insufficient verdict's missing evidence becomes A_t."
     view = EvidenceView(*om.view(), embed, r, getattr(memory, 'duration', None))
     report = roles.verifier.verify(q, view, names)
@@ -180,8 +182,9 @@ def _record_attempts(om: OnlineMemory, r: int, per_query: dict, admitted: list[d
         om.record_attempt(r, 'Text Retrieval' if qq else 'Uniform Sampling', qq, n,
                           sum(a['query'] == qq for a in admitted))
 
-def _run_round(q: Question, memory: Any, om: OnlineMemory, r: int, spec: MethodSpec, config: Config, roles: Roles,
-               names: list[str], embed: Callable | None, qvec_cache: dict) -> tuple[dict, VerifierReport | None, list]:
+def _run_round(q: Question, memory: Memory, om: OnlineMemory, r: int, spec: MethodSpec,
+               config: Config, roles: Roles, names: list[str], embed: Callable | None,
+               qvec_cache: dict) -> tuple[dict, VerifierReport | None, list]:
     "Round r: plan, retrieve, rank, admit, record the attempts, verify; returns (round record, report or None, calls)."
     action = roles.planner.decompose(q) if r == 0 else roles.planner.repair(q, om.planner_view())
     cands, rec, per_query = _candidates(q, memory, om, action, r, spec, config, embed, qvec_cache)
@@ -198,7 +201,7 @@ def _run_round(q: Question, memory: Any, om: OnlineMemory, r: int, spec: MethodS
     rec['verifier'] = {k: v for k, v in report.to_dict().items() if k != 'calls'}
     return rec, report, calls + report.calls
 
-def _relevance_round(q: Question, memory: Any, om: OnlineMemory, roles: Roles, spec: MethodSpec,
+def _relevance_round(q: Question, memory: Memory, om: OnlineMemory, roles: Roles, spec: MethodSpec,
                      embed: Callable | None, r: int) -> tuple[dict, list]:
     "The relevance judge on the evidence admitted so far (record for the round, model calls)."
     view = EvidenceView(*om.view(), embed, r, getattr(memory, 'duration', None))
@@ -218,7 +221,7 @@ def _stop_reason(spec: MethodSpec, report: VerifierReport | None, rec: dict, om:
     return None
 
 # %% ../../nbs/25b_reveal.agent.ipynb #0b422ed3
-def _question_embed(q: Question, memory: Any) -> MemoEmbed | None:
+def _question_embed(q: Question, memory: Memory) -> MemoEmbed | None:
     "The memory's text embedder memoized for one question, its own texts encoded up front (None: no embedder)."
     enc = getattr(getattr(memory, 'text_embedder', None), 'encode', None)
     if enc is None:
@@ -235,8 +238,8 @@ def _select_criteria(q: Question, spec: MethodSpec, roles: Roles) -> tuple[list[
     return names, src, list(calls)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #872caf09
-def _answer_step(q: Question, memory: Any, spec: MethodSpec, config: Config, roles: Roles, om: OnlineMemory,
-                 embed: Callable | None, n_rounds: int,
+def _answer_step(q: Question, memory: Memory, spec: MethodSpec, config: Config, roles: Roles,
+                 om: OnlineMemory, embed: Callable | None, n_rounds: int,
                  oracle_items: list | None = None) -> tuple[AnswerResult, dict]:
     "The answer from the accumulated evidence and the frames routed to the answerer; also the frames record."
     view = EvidenceView(*om.view(), embed, max(n_rounds - 1, 0), getattr(memory, 'duration', None))
@@ -257,7 +260,7 @@ def _loop_trace(criteria: dict, rounds: list, calls: list, stop: str, ans: Answe
             'online_memory': {k: v for k, v in om.to_dict().items() if k != 'evidence'}}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9e8f3dda
-def _oracle_run(q: Question, memory: Any, spec: MethodSpec, config: Config, roles: Roles,
+def _oracle_run(q: Question, memory: Memory, spec: MethodSpec, config: Config, roles: Roles,
                 embed: Callable | None) -> dict:
     "The calibration arm: no retrieval; the answerer judges the capped oracle segments (`oracle_frames`: and frames)."
     items, oracle = oracle_evidence(q, memory, spec.fixed_segments or config.rerank_to)
@@ -272,7 +275,7 @@ def _oracle_run(q: Question, memory: Any, spec: MethodSpec, config: Config, role
         frames = {'route': 'none', 'frames': 0, 'items': [], 'note': 'captions-only oracle arm: no frames'}
     return _loop_trace({'names': [], 'source': None}, [], list(ans.calls), 'oracle', ans, None, frames, om, oracle)
 
-def run_loop(q: Question, memory: Any, spec: MethodSpec, config: Config, roles: Roles) -> dict:
+def run_loop(q: Question, memory: Memory, spec: MethodSpec, config: Config, roles: Roles) -> dict:
     "The retrieve–verify–answer loop for one question; returns the trace dict (without totals)."
     embed = _question_embed(q, memory)
     if spec.oracle_evidence:
@@ -298,7 +301,8 @@ def run_loop(q: Question, memory: Any, spec: MethodSpec, config: Config, roles: 
 # %% ../../nbs/25b_reveal.agent.ipynb #316fcf7a
 _RAISE = (BackendUnavailable, CacheMiss)
 
-def _run_safely(q: Question, memory: Any, spec: MethodSpec, config: Config, roles: Roles) -> tuple[dict, str | None]:
+def _run_safely(q: Question, memory: Memory, spec: MethodSpec, config: Config,
+                roles: Roles) -> tuple[dict, str | None]:
     "`run_loop`, with any failure but `_RAISE` turned into an error trace; returns (trace, error or None)."
     try:
         return run_loop(q, memory, spec, config, roles), None
@@ -355,7 +359,8 @@ def thresholds_record(config: Config, spec: MethodSpec, embedder: str | None) ->
                         f"this run embeds with {embedder}")
     return rec, warn
 
-def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dict, tot: dict, memory: Any) -> dict:
+def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dict, tot: dict,
+               memory: Memory) -> dict:
     "The trace document of one question: the result's identity, the loop's record, thresholds, warnings and totals."
     man = getattr(memory, 'manifest', None)
     chunk_mem = (man.get('memory_config') or {}).get('chunking') if isinstance(man, dict) else None
@@ -370,8 +375,9 @@ def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dic
             'totals': {'rounds': res['rounds'], **tot, 'seconds': res['seconds'], 'loop_seconds': res['loop_seconds']}}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0025
-def answer_question(question: Question, memory: Any, model: Any = None, config: Config | None = None,
-                    preset: str | MethodSpec = 'reveal', trace_dir: str | Path | None = None, roles: str = 'auto',
+def answer_question(question: Question, memory: Memory, model: ChatModel | None = None,
+                    config: Config | None = None, preset: str | MethodSpec = 'reveal',
+                    trace_dir: str | Path | None = None, roles: str = 'auto',
                     pool: RubricPool | None = None, return_trace: bool = False) -> dict:
     "Answer one question with one method; writes the trace JSON to `trace_dir` (if given) and returns the result dict."
     config = config or Config()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 import numpy as np
 from ..core import Config, Question, Evidence, MemoryItem
+from ..protocols import ChatModel, Memory
 from .presets import MethodSpec
 
 # %% auto #0
@@ -24,7 +25,8 @@ def frame_plan(items: list[MemoryItem], fps: float, cap: int) -> list[tuple[Memo
     return [(it, int(k)) for it, k in zip(items, counts) if k > 0]
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #ad57bb12
-def route_items(memory: Any, evidence: list[Evidence], duration: float) -> tuple[str, list[MemoryItem]]:
+def route_items(memory: Memory, evidence: list[Evidence],
+                duration: float) -> tuple[str, list[MemoryItem]]:
     "B.2's route ('uniform' up to 10 min, else 'spans') and the L1 segments whose frames it samples, in time order."
     l1 = sorted(memory.level(1), key=lambda it: it.t_start)
     if duration <= ROUTE_LONG_S:
@@ -36,7 +38,8 @@ def route_items(memory: Any, evidence: list[Evidence], duration: float) -> tuple
     return 'spans', hit
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #02d90b61
-def cut_frames(memory: Any, plan: list[tuple[MemoryItem, int]]) -> tuple[list, list[dict], str | None]:
+def cut_frames(memory: Memory,
+               plan: list[tuple[MemoryItem, int]]) -> tuple[list, list[dict], str | None]:
     "Frames of a plan cut from the memory's video: (images, one row per segment, note when none could be cut)."
     frames, rows = [], []
     try:
@@ -49,7 +52,7 @@ def cut_frames(memory: Any, plan: list[tuple[MemoryItem, int]]) -> tuple[list, l
     return frames, rows, None
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #7a52dfaf
-def _visual(q: Question, memory: Any, n: int) -> tuple[list, list[dict], str | None]:
+def _visual(q: Question, memory: Memory, n: int) -> tuple[list, list[dict], str | None]:
     "`answer_frames='visual'`: n frames of the L1 segments the visual channel finds for the question text."
     try:
         hits = memory.search_visual(q.question, k=max(1, n // 2))
@@ -67,8 +70,9 @@ def frame_cap(spec: MethodSpec, config: Config) -> int:
 FRAMES_NOTES = {'uniform': '1 fps over the whole video', 'spans': '1 fps inside the retrieved segments',
                 'oracle': '1 fps inside the annotated segments', 'visual': 'segments found by the visual channel'}
 
-def answer_frames(q: Question, memory: Any, evidence: list[Evidence], spec: MethodSpec, config: Config,
-                  model: Any, offline: bool, oracle_items: list[MemoryItem] | None = None) -> tuple[list, dict]:
+def answer_frames(q: Question, memory: Memory, evidence: list[Evidence], spec: MethodSpec,
+                  config: Config, model: ChatModel | None, offline: bool,
+                  oracle_items: list[MemoryItem] | None = None) -> tuple[list, dict]:
     "The answerer's frames (B.2 routing, the oracle segments, or the visual channel) and their trace record."
     cap, route = frame_cap(spec, config), spec.answer_frames
     rec = {'route': route, 'frames': 0, 'cap': cap, 'items': [], 'note': None}

@@ -12,6 +12,7 @@ import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, Evidence, reply_tokens
 from ..record import mark
+from ..protocols import ChatModel
 from ..backends.chat import role_call, offline_role
 from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from .rubrics import RubricPool, load_rubric_pool
@@ -148,8 +149,9 @@ def answer_prompt(q: Question, evidence: list[Evidence], n_frames: int = 0,
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d0008
 class Answerer:
     "REVEAL's answerer, by a chat model or the offline rule; sees only question, options, evidence (and frames)."
-    def __init__(self, pool: RubricPool | None = None, model: Any = None, config: Config = Config(),
-                 offline: bool | None = None, evidence_tokens: int = EVIDENCE_TOKENS):
+    def __init__(self, pool: RubricPool | None = None, model: ChatModel | None = None,
+                 config: Config = Config(), offline: bool | None = None,
+                 evidence_tokens: int = EVIDENCE_TOKENS):
         self.pool, self.model, self.config = pool, model, config      # pool: accepted, not read by the answer
         self.offline = offline if offline is not None else offline_role(model)
         self.evidence_tokens = evidence_tokens

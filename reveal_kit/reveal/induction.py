@@ -16,6 +16,7 @@ import yaml
 from tqdm.auto import tqdm
 from ..core import Config, Question, RunMismatch, kit_version, project_root, runs_dir
 from ..io import atomic_write_text, atomic_write_json, append_jsonl, read_jsonl_rows
+from ..protocols import ChatModel
 from ..backends.chat import offline_role
 from ..retrieval.choice import get_text_embedder
 from ..memory.build import get_or_build_memory
@@ -203,7 +204,7 @@ def write_report(report: dict, path_json: Path, path_csv: Path) -> None:
     atomic_write_text(path_csv, buf.getvalue())
 
 # %% ../../nbs/26b_reveal.induction.ipynb #0273310b
-def _roles(teacher: str | Any, proposer: str | Any, model: Any, config: Config):
+def _roles(teacher: str | Any, proposer: str | Any, model: ChatModel | None, config: Config):
     "Teacher and proposer objects from names ('oracle' | 'model', 'offline' | 'model') or given objects."
     if isinstance(teacher, str):
         if teacher not in ('oracle', 'model'):
@@ -336,11 +337,13 @@ def _finish(out: Path, work: Path, rows: list[dict], ident: tuple, start: Rubric
     return report
 
 # %% ../../nbs/26b_reveal.induction.ipynb #2c37788a
-def induce(questions: list[Question], split: str | None = 'dev', out: str | Path = 'rubrics/induced-synth.yaml',
-           teacher: str | Any = 'oracle', proposer: str | Any = 'offline', benchmark: str = 'custom',
-           root: str | Path | None = None, model: Any = None, max_iters: int = 5, patience: int = 2,
-           allow_unknown_split: bool = False, config: Config | None = None, start_pool: RubricPool | None = None,
-           memories: Callable | None = None, text_embedder: Any = None, val_frac: float = 0.5, seed: int = 0,
+def induce(questions: list[Question], split: str | None = 'dev',
+           out: str | Path = 'rubrics/induced-synth.yaml', teacher: str | Any = 'oracle',
+           proposer: str | Any = 'offline', benchmark: str = 'custom',
+           root: str | Path | None = None, model: ChatModel | None = None, max_iters: int = 5,
+           patience: int = 2, allow_unknown_split: bool = False, config: Config | None = None,
+           start_pool: RubricPool | None = None, memories: Callable | None = None,
+           text_embedder: Any = None, val_frac: float = 0.5, seed: int = 0,
            merge_threshold: float = 0.9, work_dir: str | Path | None = None, progress: bool = True,
            next_from: str = 'held_out', reject: bool = True) -> dict:
     "`reveal rubrics induce`: pairs → filter → propose / reject / merge / validate → the pool YAML and report."

@@ -10,6 +10,7 @@ import functools
 from pydantic import Field, create_model
 import numpy as np
 from ..core import Config, Question, Evidence, reply_tokens
+from ..protocols import ChatModel, Memory
 from ..backends.chat import role_call
 from ..backends.replies import ReplyModel, parse_reply, reply_schema
 from .rubrics import RubricPool, question_type
@@ -31,7 +32,7 @@ def candidate_queries(q: Question) -> list[str]:
     return [q.question] + [f"{q.question} {t}" for t in q.options.values()]
 
 # %% ../../nbs/26_reveal.pairs.ipynb #32839d02
-def candidates(q: Question, memory: Any, k_l1: int = 16, k_l2: int = 16) -> list[Evidence]:
+def candidates(q: Question, memory: Memory, k_l1: int = 16, k_l2: int = 16) -> list[Evidence]:
     "L1@16, L2@16 and all L3 items per question (B.4): the best over its queries (`retrieve`), by level and time."
     k = {1: k_l1, 2: k_l2, 3: max(len(memory.level(3)), 1)}
     merged, _ = retrieve(memory, candidate_queries(q), k)
@@ -101,7 +102,7 @@ def teacher_prompt(q: Question, cands: list[Evidence]) -> str:
 class ModelTeacher:
     "A chat-model teacher (JSON schema output)."
     name = 'model'
-    def __init__(self, model: Any): self.model = model
+    def __init__(self, model: ChatModel): self.model = model
 
     def label(self, q: Question, cands: list[Evidence]) -> Labels:
         "E⁺ and E⁻ item ids from one schema-constrained call."
@@ -209,7 +210,7 @@ def pair_views(pairs: list[Pair], embed: Callable | None) -> dict[str, tuple[Evi
             for p in pairs}
 
 # %% ../../nbs/26_reveal.pairs.ipynb #99d7477e
-def separation(pool: RubricPool, pairs: list[Pair], views: dict, model: Any = None,
+def separation(pool: RubricPool, pairs: list[Pair], views: dict, model: ChatModel | None = None,
                config: Config | None = None) -> list[dict]:
     "Per pair: ρ and verdict for E⁺ and for E⁻, and whether the pair is separated (E⁺ sufficient, E⁻ not)."
     v = Verifier(pool, model, config or Config(), offline=None if model is not None else True)

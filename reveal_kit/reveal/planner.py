@@ -18,6 +18,7 @@ from ..backends.chat import role_call, offline_role
 from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from .online_memory import OnlineMemory
 from ..question import focus, question_type
+from ..protocols import ChatModel
 
 # %% auto #0
 __all__ = ['QUERY', 'REASONING', 'DECOMPOSE_SYSTEM', 'STRATEGIES', 'REPAIR_SYSTEM', 'clip_words', 'join_query', 'option_events',
@@ -240,7 +241,8 @@ def _clean_repair(raw: dict, config: Config) -> tuple[str, list[str], list[str]]
 # %% ../../nbs/22_reveal.planner.ipynb #3eb88285
 class Planner:
     "REVEAL's planner: `decompose` (round 0) and `repair` (rounds ≥ 1), by a chat model or the offline rules."
-    def __init__(self, model: Any = None, config: Config = Config(), offline: bool | None = None):
+    def __init__(self, model: ChatModel | None = None, config: Config = Config(),
+                 offline: bool | None = None):
         self.model, self.config = model, config
         self.offline = offline if offline is not None else offline_role(model)
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, reply_tokens
+from ..protocols import ChatModel
 from ..backends.chat import role_call
 from ..backends.replies import choice, parse_reply, reply_schema
 from .rubrics import RubricPool, Criterion, OFFLINE_CHECKS, QUESTION_TYPES, question_type
@@ -281,7 +282,7 @@ def proposed_criteria(old: RubricPool, new: RubricPool) -> list[str]:
     return [c.name for c in new.criteria if c.name not in old or text(old[c.name]) != text(c)]
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #0abd9485
-def criterion_rho(c: Criterion, pair: Pair, views: dict, model: Any = None,
+def criterion_rho(c: Criterion, pair: Pair, views: dict, model: ChatModel | None = None,
                   config: Config | None = None) -> tuple[float, float, list[dict]]:
     "ρ⁺ and ρ⁻ of the criterion alone on a pair's E⁺ and E⁻ (the max over options of its score), and the calls made."
     v = Verifier(RubricPool([c], 'one'), model, config or Config(), offline=None if model is not None else True)
@@ -305,7 +306,8 @@ def _restore(old: RubricPool, new: RubricPool, drop: set[str]) -> RubricPool:
     crits = [old[c.name] if c.name in drop else c for c in new.criteria if c.name not in drop or c.name in old]
     return RubricPool(crits, new.name, new.version, new.seed, new.description, new.question_types)
 
-def reject_unseparating(old: RubricPool, new: RubricPool, own: dict[str, list[Pair]], views: dict, model: Any = None,
+def reject_unseparating(old: RubricPool, new: RubricPool, own: dict[str, list[Pair]], views: dict,
+                        model: ChatModel | None = None,
                         config: Config | None = None) -> tuple[RubricPool, list[dict], list[dict]]:
     "Reject the proposed criteria that separate none of their own pairs alone: (pool, rejected, calls made)."
     rejected, calls = [], []
@@ -325,7 +327,7 @@ def reject_unseparating(old: RubricPool, new: RubricPool, own: dict[str, list[Pa
 class ModelProposer:
     "A chat-model proposer (JSON schema output): one call per working-set pair (B.4), or `pairs_per_call` pairs."
     name = 'model'
-    def __init__(self, model: Any, pairs_per_call: int = 1, max_calls: int | None = None):
+    def __init__(self, model: ChatModel, pairs_per_call: int = 1, max_calls: int | None = None):
         self.model, self.per, self.max_calls = model, pairs_per_call, max_calls
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #a3b32140

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import numpy as np
 from ..core import Question, Evidence, reply_tokens
 from ..record import mark
+from ..protocols import ChatModel
 from ..backends.chat import role_call
 from ..backends.replies import ReplyModel, parse_reply, reply_schema
 from .planner import REASONING, focus
@@ -59,8 +60,8 @@ def relevance_prompt(q: Question, evidence: list[Evidence], token_budget: int | 
 RELEVANCE_COSINE = 0.5                                        # chosen on a generated dev split (below)
 RELEVANCE_EMBEDDER = 'sentence-transformers/all-MiniLM-L6-v2'   # ... with this embedder
 
-def judge_relevance(q: Question, view: EvidenceView, model: Any = None, offline: bool = True,
-                    threshold: float = RELEVANCE_COSINE,
+def judge_relevance(q: Question, view: EvidenceView, model: ChatModel | None = None,
+                    offline: bool = True, threshold: float = RELEVANCE_COSINE,
                     token_budget: int | None = EVIDENCE_TOKENS) -> tuple[dict, list[dict]]:
     "Whether the evidence so far is relevant to the question: (record for the trace, model calls)."
     s = relevance_score(q, view)

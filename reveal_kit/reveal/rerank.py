@@ -11,6 +11,7 @@ from pydantic import Field, create_model
 import numpy as np
 from ..core import Config, Question, MemoryItem, Evidence, reply_tokens
 from ..text import tokens
+from ..protocols import ChatModel, Memory
 from ..backends.chat import role_call
 from ..backends.replies import (SCORE, ReplyModel, keyed_model, keyed_values, parse_reply,
                                          reply_schema)
@@ -43,7 +44,7 @@ def topk_for(spec: MethodSpec, config: Config) -> dict[int, int]:
     return {l: k[l] for l in spec.search_levels}
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #9a7e0006
-def retrieve(memory: Any, queries: list[str], k: dict[int, int],
+def retrieve(memory: Memory, queries: list[str], k: dict[int, int],
              qvecs: np.ndarray | None = None) -> tuple[dict[str, Candidate], dict[str, int]]:
     "Search every query in the text channel (by its vector when given), merge across queries; also hits per query."
     merged: dict[str, Candidate] = {}
@@ -129,8 +130,9 @@ def rerank_prompt(q: Question, pool: RubricPool, names: list[str], missing: list
             'Reply as {"scores": {"0": 1, "1": 0.5, "2": 0, ...}} with one score per candidate number.')
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #0334238f
-def model_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: list[str], missing: list[str],
-                 model: Any, token_budget: int | None = EVIDENCE_TOKENS) -> tuple[list[Candidate] | None, dict]:
+def model_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: list[str],
+                 missing: list[str], model: ChatModel,
+                 token_budget: int | None = EVIDENCE_TOKENS) -> tuple[list[Candidate] | None, dict]:
     "One call scoring every candidate against the selected rubric: (candidates best first, or None if unusable; call)."
     data, rec = role_call(model, 'reranker', RERANK_SYSTEM, rerank_prompt(q, pool, names, missing, cands, token_budget),
                           rerank_schema(len(cands)), reply_tokens('reranker'))

@@ -12,6 +12,7 @@ from fastcore.basics import patch
 from ..core import Config, Question, Evidence, reply_tokens
 from ..record import mark
 from ..text import fmt_time
+from ..protocols import ChatModel
 from ..backends.chat import role_call, offline_role, estimate_tokens
 from ..backends.replies import (SCORE, ReplyModel, choice, cut_to_tokens, keyed_model, parse_reply,
                                          reply_schema)
@@ -150,8 +151,9 @@ class VerifierReport:
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0024
 class Verifier:
     "REVEAL's rubric verifier over a `RubricPool`, by a chat model or the offline rules."
-    def __init__(self, pool: RubricPool | None = None, model: Any = None, config: Config = Config(),
-                 offline: bool | None = None, evidence_tokens: int = EVIDENCE_TOKENS):
+    def __init__(self, pool: RubricPool | None = None, model: ChatModel | None = None,
+                 config: Config = Config(), offline: bool | None = None,
+                 evidence_tokens: int = EVIDENCE_TOKENS):
         self.pool, self.model, self.config = pool or load_rubric_pool(), model, config
         self.offline = offline if offline is not None else offline_role(model)
         self.evidence_tokens = evidence_tokens

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 import numpy as np
 from ..core import Question, MemoryItem
+from ..protocols import Memory
 from .fakes import HashEmbedder, TinyMemory, synthetic_items
 
 # %% auto #0
@@ -32,7 +33,7 @@ def count_question() -> Question:
 # %% ../../nbs/01d_testing.scripted.ipynb #691941f0
 class StampedFrames:
     "A memory whose frames are 8×8 arrays filled with their segment's start time (mod 256): no video needed."
-    def __init__(self, memory: Any):
+    def __init__(self, memory: Memory):
         self.memory = memory
 
     def __getattr__(self, name: str) -> Any:
