@@ -29,7 +29,7 @@ def caveat(benchmark: str, offline: bool) -> str:
 # %% ../../../nbs/44d_eval.figures.caveat.ipynb #887e7fb2
 def face_text(fig) -> str:
     "Every text on a figure's face: its suptitle, axes titles and texts, figure texts."
-    parts = [fig._suptitle.get_text() if fig._suptitle else ''] + [t.get_text() for t in fig.texts]
+    parts = [fig.get_suptitle()] + [t.get_text() for t in fig.texts]
     for ax in fig.axes: parts += [ax.get_title()] + [t.get_text() for t in ax.texts]
     return '\n'.join(parts)
 
