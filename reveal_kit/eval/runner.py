@@ -202,16 +202,14 @@ def _end_run_json(out: Path, meta: dict, ctx: RunContext, summary: dict) -> None
     updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
     write_run_json(out, dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
 
-def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path,
-             root: str | Path | None = None, limit: int | None = None,
-             shard: str | tuple[int, int] = (0, 1), concurrency: int = 1, backend: str = 'embedded',
-             model: ChatModel | str | None = None, base_url: str | None = None,
+def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, root: str | Path | None = None,
+             limit: int | None = None, shard: str | tuple[int, int] = (0, 1), concurrency: int = 1,
+             backend: str = 'embedded', model: ChatModel | str | None = None, base_url: str | None = None,
              role_models: dict | None = None, config: Config | dict | str | Path | None = None,
-             overrides: Iterable[str] | None = None, split: str | None = None,
-             retry_failed: bool = False, only_present: bool = False, progress: bool = True,
-             cache_mode: str | None = None, timeout_s: float | None = None, roles: str = 'auto',
-             answer: Callable[..., Iterable[dict]] | None = None,
-             max_substituted: float | None = None) -> dict:
+             overrides: Iterable[str] | None = None, split: str | None = None, retry_failed: bool = False,
+             only_present: bool = False, progress: bool = True, cache_mode: str | None = None,
+             timeout_s: float | None = None, roles: str = 'auto',
+             answer: Callable[..., Iterable[dict]] | None = None, max_substituted: float | None = None) -> dict:
     "Run `method` over a benchmark into `out_dir` (resumable; `answer`: who answers); a summary of this invocation."
     check_run_options(cache_mode, timeout_s, roles, backend, model)
     check_concurrency(concurrency)
