@@ -12,8 +12,9 @@ from .text import content_words, tokens, STOPWORDS
 __all__ = ['QUESTION_TYPES', 'focus', 'question_type', 'option_common_words', 'option_number']
 
 # %% ../nbs/00e_question.ipynb #645cebb9
-_WH = ('which', 'what', 'how', 'why', 'when', 'where', 'who', 'whom', 'whose', 'many', 'much', 'times', 'often',
-       'not', "n't", 'never', 'except', 'following', 'correct', 'true', 'best', 'describes', 'describe', 'statement')
+_WH = ('which', 'what', 'how', 'why', 'when', 'where', 'who', 'whom', 'whose', 'many', 'much',
+       'times', 'often', 'not', "n't", 'never', 'except', 'following', 'correct', 'true', 'best',
+       'describes', 'describe', 'statement')
 
 def focus(question: str) -> str:
     "The question's content words in order (wh-words, negations and stopwords removed): the thing to look for."
@@ -21,7 +22,8 @@ def focus(question: str) -> str:
     return ' '.join(ws)
 
 # %% ../nbs/00e_question.ipynb #b37376f0
-QUESTION_TYPES = ('temporal_order', 'counting', 'action', 'negation', 'causal', 'global', 'attribute', 'other')
+QUESTION_TYPES = ('temporal_order', 'counting', 'action', 'negation', 'causal', 'global',
+                  'attribute', 'other')
 
 _VERB = r'(?:is|are|was|were|does|do|did|has|have|had|can|could|will|would|should)'
 _NEG = re.compile(r"\bexcept\b|\bnone of\b|(?:^|[,.:;]\s*)(?:which|what)(?:\s+\w+){0,4}?\s+" + _VERB +

@@ -39,7 +39,8 @@ def _item_row(c: Candidate) -> dict:
     "A candidate as a trace row."
     it = c.item
     return {'item_id': it.item_id, 'level': it.level, 't_start': it.t_start, 't_end': it.t_end,
-            'score': round(c.score, 4), 'rank_score': round(c.rank_score, 4), 'query': c.query, 'source': c.source}
+            'score': round(c.score, 4), 'rank_score': round(c.rank_score, 4), 'query': c.query,
+            'source': c.source}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #37936185
 @dataclass
@@ -71,12 +72,14 @@ def _uniform_candidates(q: Question, memory: Memory, om: OnlineMemory, config: C
     if embed is not None and 'q' not in qvec_cache:
         qvec_cache['q'] = embed([q.question])[0]
     qvec = qvec_cache.get('q')
-    return [Candidate(it, float(memory.text_vector(it.item_id) @ qvec) if qvec is not None else 0.0, None, 'uniform')
-            for it in items]
+    return [Candidate(it, float(memory.text_vector(it.item_id) @ qvec) if qvec is not None else 0.0,
+                      None, 'uniform') for it in items]
 
-def _candidates(q, memory, om, action, round_, spec, config, embed, qvec_cache) -> tuple[list[Candidate], dict, dict]:
+def _candidates(q, memory, om, action, round_, spec, config, embed,
+                qvec_cache) -> tuple[list[Candidate], dict, dict]:
     "Execute a plan; returns (candidates, round record, hits per query)."
-    rec = {'strategy': action.strategy, 'queries': list(action.queries), 'rejected': [], 'fallback': None}
+    rec = {'strategy': action.strategy, 'queries': list(action.queries), 'rejected': [],
+           'fallback': None}
     kept, qv = [], None
     if action.strategy == 'Text Retrieval':
         kept, rec['rejected'], qv = screen_queries(action.queries, om, embed, config)
@@ -135,9 +138,10 @@ def oracle_evidence(q: Question, memory: Memory, cap: int) -> tuple[list[MemoryI
     spans = [tuple(s) for s in q.evidence_spans]
     ov = lambda it: sum(max(0.0, min(it.t_end, b) - max(it.t_start, a)) for a, b in spans)
     hits = [it for it in memory.level(1) if ov(it) > 0]
-    kept = sorted(sorted(hits, key=lambda it: (-ov(it), it.t_start))[:cap], key=lambda it: it.t_start)
-    rows = [{'item_id': it.item_id, 'level': 1, 't_start': it.t_start, 't_end': it.t_end, 'overlap_s': round(ov(it), 3)}
-            for it in kept]
+    kept = sorted(sorted(hits, key=lambda it: (-ov(it), it.t_start))[:cap],
+                  key=lambda it: it.t_start)
+    rows = [{'item_id': it.item_id, 'level': 1, 't_start': it.t_start, 't_end': it.t_end,
+             'overlap_s': round(ov(it), 3)} for it in kept]
     note = None if spans else 'the question has no evidence_spans: no oracle evidence'
     return kept, {'spans': [list(s) for s in spans], 'cap': cap, 'items': rows,
                   'left_out': [it.item_id for it in hits if it not in kept], 'note': note}
@@ -160,7 +164,8 @@ def _rank_round(cands: list[Candidate], q: Question, memory: Memory, spec: Metho
     if kind == 'relevance' or not cands:
         return relevance_rank(cands), kind, calls
     if kind == 'rubric-model':
-        ranked, rec = model_rerank(cands, q, pool, names, om.missing, roles.verifier.model, spec.evidence_tokens)
+        ranked, rec = model_rerank(cands, q, pool, names, om.missing, roles.verifier.model,
+                                   spec.evidence_tokens)
         if ranked is not None:
             return ranked, kind, [rec]
         kind, calls = 'rubric-fallback', [mark(rec, 'formula rerank')]
@@ -188,12 +193,13 @@ def _run_round(q: Question, memory: Memory, om: OnlineMemory, r: int, spec: Meth
     "Round r: plan, retrieve, rank, admit, record the attempts, verify; returns (round record, report or None, calls)."
     action = roles.planner.decompose(q) if r == 0 else roles.planner.repair(q, om.planner_view())
     cands, rec, per_query = _candidates(q, memory, om, action, r, spec, config, embed, qvec_cache)
-    rec = {'round': r, 'plan_source': action.source, 'reasoning': action.reasoning, 'plan_notes': action.notes,
-           **rec}
+    rec = {'round': r, 'plan_source': action.source, 'reasoning': action.reasoning,
+           'plan_notes': action.notes, **rec}
     ranked, ranking, rank_calls = _rank_round(cands, q, memory, spec, roles, names, om, embed)
     calls = list(action.calls) + rank_calls
     admitted, not_admitted = _admit(om, ranked, spec.fixed_segments or config.rerank_to, r, memory)
-    rec.update(ranking=ranking, admitted=admitted, not_admitted=not_admitted, new_evidence=len(admitted))
+    rec.update(ranking=ranking, admitted=admitted, not_admitted=not_admitted,
+               new_evidence=len(admitted))
     _record_attempts(om, r, per_query, admitted)
     if not spec.verify:
         return rec, None, calls
@@ -205,10 +211,12 @@ def _relevance_round(q: Question, memory: Memory, om: OnlineMemory, roles: Roles
                      embed: Callable | None, r: int) -> tuple[dict, list]:
     "The relevance judge on the evidence admitted so far (record for the round, model calls)."
     view = EvidenceView(*om.view(), embed, r, getattr(memory, 'duration', None))
-    return judge_relevance(q, view, roles.answerer.model, roles.offline, RELEVANCE_COSINE, spec.evidence_tokens)
+    return judge_relevance(q, view, roles.answerer.model, roles.offline, RELEVANCE_COSINE,
+                           spec.evidence_tokens)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #4a052b53
-def _stop_reason(spec: MethodSpec, report: VerifierReport | None, rec: dict, om: OnlineMemory) -> str | None:
+def _stop_reason(spec: MethodSpec, report: VerifierReport | None, rec: dict,
+                 om: OnlineMemory) -> str | None:
     "Why the loop stops after a round (`sufficient`, `relevant`, `no_new_evidence`), or None; fixed rounds never stop."
     if spec.fixed_rounds:
         return None
@@ -230,7 +238,8 @@ def _question_embed(q: Question, memory: Memory) -> MemoEmbed | None:
     embed(_prime_texts(q))
     return embed
 
-def _select_criteria(q: Question, spec: MethodSpec, roles: Roles) -> tuple[list[str], str | None, list[dict]]:
+def _select_criteria(q: Question, spec: MethodSpec, roles: Roles) -> tuple[list[str], str | None,
+                                                                           list[dict]]:
     "Call 1, once per question, when the method verifies or reranks: (criterion names, source, calls)."
     if not (spec.verify or spec.rerank):
         return [], None, []
@@ -243,12 +252,14 @@ def _answer_step(q: Question, memory: Memory, spec: MethodSpec, config: Config, 
                  oracle_items: list | None = None) -> tuple[AnswerResult, dict]:
     "The answer from the accumulated evidence and the frames routed to the answerer; also the frames record."
     view = EvidenceView(*om.view(), embed, max(n_rounds - 1, 0), getattr(memory, 'duration', None))
-    images, frames = answer_frames(q, memory, om.evidence, spec, config, roles.answerer.model, roles.answerer.offline,
-                                   oracle_items)
-    return roles.answerer.answer(q, view, images, FRAMES_NOTES.get(frames['route'], '') if images else ''), frames
+    images, frames = answer_frames(q, memory, om.evidence, spec, config, roles.answerer.model,
+                                   roles.answerer.offline, oracle_items)
+    return roles.answerer.answer(q, view, images, FRAMES_NOTES.get(frames['route'],
+                                                                   '') if images else ''), frames
 
-def _loop_trace(criteria: dict, rounds: list, calls: list, stop: str, ans: AnswerResult, report: VerifierReport | None,
-                frames: dict, om: OnlineMemory, oracle: dict | None) -> dict:
+def _loop_trace(criteria: dict, rounds: list, calls: list, stop: str, ans: AnswerResult,
+                report: VerifierReport | None, frames: dict, om: OnlineMemory,
+                oracle: dict | None) -> dict:
     "The loop's trace dict (without totals): criteria, rounds, calls, stop reason, answer, last verdict, evidence, O_t."
     last = report is not None
     return {'criteria': criteria, 'rounds': rounds, 'calls': calls, 'stop_reason': stop,
@@ -272,8 +283,10 @@ def _oracle_run(q: Question, memory: Memory, spec: MethodSpec, config: Config, r
         ans, frames = _answer_step(q, memory, spec, config, roles, om, embed, 0, items)
     else:
         ans = roles.answerer.answer(q, EvidenceView(*om.view(), embed, 0, getattr(memory, 'duration', None)))
-        frames = {'route': 'none', 'frames': 0, 'items': [], 'note': 'captions-only oracle arm: no frames'}
-    return _loop_trace({'names': [], 'source': None}, [], list(ans.calls), 'oracle', ans, None, frames, om, oracle)
+        frames = {'route': 'none', 'frames': 0, 'items': [],
+                  'note': 'captions-only oracle arm: no frames'}
+    return _loop_trace({'names': [], 'source': None}, [], list(ans.calls), 'oracle', ans, None,
+                       frames, om, oracle)
 
 def run_loop(q: Question, memory: Memory, spec: MethodSpec, config: Config, roles: Roles) -> dict:
     "The retrieve–verify–answer loop for one question; returns the trace dict (without totals)."
@@ -285,7 +298,8 @@ def run_loop(q: Question, memory: Memory, spec: MethodSpec, config: Config, role
     rounds, report, stop, qvec_cache = [], None, 'budget', {}
     n = spec.fixed_rounds or (config.max_rounds if spec.iterative else 1)
     for r in range(n):
-        rec, report, round_calls = _run_round(q, memory, om, r, spec, config, roles, names, embed, qvec_cache)
+        rec, report, round_calls = _run_round(q, memory, om, r, spec, config, roles, names, embed,
+                                              qvec_cache)
         if spec.relevance_stop and not spec.verify and not spec.fixed_rounds and r < n - 1:
             rec['relevance'], rel_calls = _relevance_round(q, memory, om, roles, spec, embed, r)
             round_calls = round_calls + rel_calls
@@ -296,7 +310,8 @@ def run_loop(q: Question, memory: Memory, spec: MethodSpec, config: Config, role
             break
     ans, frames = _answer_step(q, memory, spec, config, roles, om, embed, len(rounds))
     calls += ans.calls
-    return _loop_trace({'names': names, 'source': crit_src}, rounds, calls, stop, ans, report, frames, om, None)
+    return _loop_trace({'names': names, 'source': crit_src}, rounds, calls, stop, ans, report,
+                       frames, om, None)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #316fcf7a
 _RAISE = (BackendUnavailable, CacheMiss)
@@ -324,10 +339,11 @@ def _reveal_part(q: Question, tr: dict) -> RevealPart:
 def _caption_marks(fallbacks: int | None) -> list[dict]:
     "The mark of a memory whose model captions failed for some segments (kept with the offline caption)."
     if not fallbacks: return []
-    return [substitution('captioner', 'failed_call', 'offline caption', f"{fallbacks} narratives of the memory")]
+    return [substitution('captioner', 'failed_call', 'offline caption',
+                         f"{fallbacks} narratives of the memory")]
 
-def _result(q: Question, spec: MethodSpec, tr: dict, tot: dict, seconds: float, config: Config, models: dict,
-            error: str | None, fallbacks: int | None = None) -> dict:
+def _result(q: Question, spec: MethodSpec, tr: dict, tot: dict, seconds: float, config: Config,
+            models: dict, error: str | None, fallbacks: int | None = None) -> dict:
     "The result row of one question (see above), built through the record."
     return Result(qid=q.qid, video_id=q.video_id, preset=spec.name, qtype=question_type(q), answer=tr.get('answer'),
                   gold=q.answer, rounds=len(tr.get('rounds', [])), **usage_fields(tot, seconds),
@@ -340,14 +356,17 @@ def _result(q: Question, spec: MethodSpec, tr: dict, tot: dict, seconds: float, 
                   part=_reveal_part(q, tr)).to_row()
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0024
-_TRACE_KEYS = ('qid', 'video_id', 'preset', 'qtype', 'negation', 'rerank', 'gold', 'answer', 'correct', 'sufficient',
-               'rho', 'stop_reason', 'config_hash', 'models', 'failed', 'error', 'degraded', 'failed_calls')
+_TRACE_KEYS = ('qid', 'video_id', 'preset', 'qtype', 'negation', 'rerank', 'gold', 'answer',
+               'correct', 'sufficient', 'rho', 'stop_reason', 'config_hash', 'models', 'failed',
+               'error', 'degraded', 'failed_calls')
 PAPER_EMBEDDER = 'BGE-M3'
 
-def thresholds_record(config: Config, spec: MethodSpec, embedder: str | None) -> tuple[dict, list[str]]:
+def thresholds_record(config: Config, spec: MethodSpec, embedder: str | None) -> tuple[dict,
+                                                                                       list[str]]:
     "The cosine thresholds a run used and the embedder they met, with a warning for each that was set for another."
-    rec = {'admit_dedup_cosine': config.admit_dedup_cosine, 'query_cosine_reject': config.query_cosine_reject,
-           'paper_embedder': PAPER_EMBEDDER, 'text_embedder': embedder}
+    rec = {'admit_dedup_cosine': config.admit_dedup_cosine,
+           'query_cosine_reject': config.query_cosine_reject, 'paper_embedder': PAPER_EMBEDDER,
+           'text_embedder': embedder}
     warn = []
     if embedder and PAPER_EMBEDDER.lower().replace('-', '') not in embedder.lower().replace('-', ''):
         warn.append(f"the {config.admit_dedup_cosine} / {config.query_cosine_reject} cosine thresholds are the paper's "

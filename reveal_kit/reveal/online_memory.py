@@ -111,9 +111,10 @@ def covered(self: OnlineMemory) -> list[tuple[float, float]]:
 @patch
 def planner_view(self: OnlineMemory) -> dict:
     "What the planner may see: (H_t, N_t, A_t), retrieval-quality records and covered timestamps — nothing else."
-    if not self.enabled: return {'history': [], 'new_evidence': [], 'quality': [], 'missing': [], 'covered': []}
-    quality = [{'query': a.query or '(uniform sampling)', 'retrieved': a.retrieved, 'new': a.admitted}
-               for a in self.attempts]
+    if not self.enabled: return {'history': [], 'new_evidence': [], 'quality': [], 'missing': [],
+                                 'covered': []}
+    quality = [{'query': a.query or '(uniform sampling)', 'retrieved': a.retrieved,
+                'new': a.admitted} for a in self.attempts]
     return {'history': self.history, 'new_evidence': self.new_flags, 'quality': quality,
             'missing': list(self.missing), 'covered': self.covered()}
 
@@ -121,5 +122,6 @@ def planner_view(self: OnlineMemory) -> dict:
 @patch
 def to_dict(self: OnlineMemory) -> dict:
     "The whole state, JSON-ready (for the trace)."
-    return {'enabled': self.enabled, 'evidence': [e.to_dict() for e in self.evidence], 'visited': sorted(self.visited),
-            'attempts': [a.to_dict() for a in self.attempts], 'missing': self.missing}
+    return {'enabled': self.enabled, 'evidence': [e.to_dict() for e in self.evidence],
+            'visited': sorted(self.visited), 'attempts': [a.to_dict() for a in self.attempts],
+            'missing': self.missing}

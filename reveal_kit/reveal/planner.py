@@ -215,7 +215,8 @@ def offline_repair(q: Question, view: dict, config: Config = Config()) -> PlanAc
     if len(flags) >= 2 and not any(flags[-2:]):
         return PlanAction('Uniform Sampling', [], 'The last two attempts added no new evidence.')
     if view.get('missing'):
-        qs = _dedup_queries([clip_words(m, n) for m in view['missing']], config.query_jaccard_reject)
+        qs = _dedup_queries([clip_words(m, n) for m in view['missing']],
+                            config.query_jaccard_reject)
         return PlanAction('Text Retrieval', qs[:config.max_repair_queries],
                           'Target the evidence the verifier reported missing.')
     return PlanAction('Text Retrieval', offline_decompose(q, config)[:config.max_repair_queries],
@@ -226,7 +227,8 @@ def _clean_repair(raw: dict, config: Config) -> tuple[str, list[str], list[str]]
     "Normalize a model's repair reply: (strategy, queries, notes on what was changed)."
     notes, s = [], str(raw.get('strategy', '')).strip().lower()
     strat = 'Uniform Sampling' if s.startswith('uniform') else 'Text Retrieval'
-    qs = [clip_words(str(x), config.subquery_max_words) for x in raw.get('queries') or [] if tokens(str(x))]
+    qs = [clip_words(str(x),
+                     config.subquery_max_words) for x in raw.get('queries') or [] if tokens(str(x))]
     if strat == 'Uniform Sampling' and qs:
         notes.append('Uniform Sampling takes no queries; dropped them')
         qs = []
@@ -251,7 +253,8 @@ class Planner:
 def decompose(self: Planner, q: Question) -> PlanAction:
     "Round-0 sub-queries."
     if self.offline:
-        return PlanAction('Text Retrieval', offline_decompose(q, self.config), 'Rule-based decomposition.')
+        return PlanAction('Text Retrieval', offline_decompose(q, self.config),
+                          'Rule-based decomposition.')
     data, rec = role_call(self.model, 'planner_decompose', DECOMPOSE_SYSTEM, decompose_prompt(q),
                           decompose_schema(len(q.options), self.config),
                           reply_tokens('planner_decompose'))
@@ -270,8 +273,8 @@ def repair(self: Planner, q: Question, view: dict) -> PlanAction:
     "A repair-round action from the planner view `(H, N, A)` + covered timestamps."
     if self.offline:
         return offline_repair(q, view, self.config)
-    data, rec = role_call(self.model, 'planner', REPAIR_SYSTEM, repair_prompt(q, view), repair_schema(self.config),
-                          reply_tokens('planner'))
+    data, rec = role_call(self.model, 'planner', REPAIR_SYSTEM, repair_prompt(q, view),
+                          repair_schema(self.config), reply_tokens('planner'))
     r = parse_reply(repair_reply(self.config.max_repair_queries), data)
     if r is None:
         a = offline_repair(q, view, self.config)
@@ -282,7 +285,8 @@ def repair(self: Planner, q: Question, view: dict) -> PlanAction:
     return PlanAction(strat, qs, r.reasoning, 'model', [rec], notes)
 
 # %% ../../nbs/22_reveal.planner.ipynb #63d03e3f
-def screen_queries(queries: list[str], om: OnlineMemory, embed: Callable[[list[str]], np.ndarray] | None,
+def screen_queries(queries: list[str], om: OnlineMemory, embed: Callable[[list[str]],
+                                                                         np.ndarray] | None,
                    config: Config = Config()) -> tuple[list[str], list[dict], np.ndarray | None]:
     "Split queries into kept and rejected (`{'query', 'reason'}`); also returns the kept queries' embeddings."
     if not queries:
@@ -298,7 +302,8 @@ def screen_queries(queries: list[str], om: OnlineMemory, embed: Callable[[list[s
         if j >= jt:
             rejected.append({'query': qq, 'reason': f'jaccard={j:.3f}>={jt} to "{near}"'})
         elif c >= ct:
-            rejected.append({'query': qq, 'reason': f'cosine={c:.3f}>={ct} to accumulated evidence'})
+            rejected.append({'query': qq,
+                             'reason': f'cosine={c:.3f}>={ct} to accumulated evidence'})
         else:
             kept.append(qq)
             hist.append(qq)

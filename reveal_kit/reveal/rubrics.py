@@ -22,9 +22,10 @@ __all__ = ['SCORE_LEVELS', 'OFFLINE_CHECKS', 'POOL_SCHEMA', 'POOL_KINDS', 'Crite
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #300cc405
 SCORE_LEVELS = (0.0, 0.5, 1.0)
-OFFLINE_CHECKS = ('direct_support', 'discriminative', 'question_anchor', 'events_located', 'order_consistent',
-                  'distinct_instances', 'instance_attributes', 'excludes_alternatives', 'exclusion_coverage',
-                  'absence_check', 'cause_effect_link', 'coverage')
+OFFLINE_CHECKS = ('direct_support', 'discriminative', 'question_anchor', 'events_located',
+                  'order_consistent', 'distinct_instances', 'instance_attributes',
+                  'excludes_alternatives', 'exclusion_coverage', 'absence_check',
+                  'cause_effect_link', 'coverage')
 
 @dataclass
 class Criterion:
@@ -89,8 +90,9 @@ POOL_SCHEMA = {
 # %% ../../nbs/21_reveal.rubrics.ipynb #bb874a35
 class RubricPool:
     "A validated rubric pool: criteria by name, selection by question type, catalog text for prompts."
-    def __init__(self, criteria: list[Criterion], name: str = 'pool', version: Any = 1, seed: bool = False,
-                 description: str = '', question_types: list[str] | None = None, path: str | None = None):
+    def __init__(self, criteria: list[Criterion], name: str = 'pool', version: Any = 1,
+                 seed: bool = False, description: str = '', question_types: list[str] | None = None,
+                 path: str | None = None):
         self.criteria, self.name, self.version, self.seed = list(criteria), name, version, seed
         self.description, self.path = description, path
         self.question_types = list(question_types or QUESTION_TYPES)
@@ -117,7 +119,8 @@ def _criterion(c: dict, vocab: set[str], where: str) -> Criterion:
     w = float(c['weight'])
     if not (math.isfinite(w) and w > 0):        # NaN passes the schema's minimum, and makes every ρ NaN
         raise ValueError(f"{where}criterion {c['name']!r}: weight must be a finite number > 0, got {c['weight']!r}")
-    return Criterion(c['name'], c['description'].strip(), w, _boundaries(c['name'], c['boundaries']),
+    return Criterion(c['name'], c['description'].strip(), w, _boundaries(c['name'],
+                                                                         c['boundaries']),
                      list(c['question_types']), [str(x).lower() for x in c.get('cues', [])],
                      c.get('check', 'direct_support'))
 
@@ -138,8 +141,8 @@ def validate(cls: RubricPool, d: dict, path: str | None = None) -> RubricPool:
             raise ValueError(f"{where}duplicate criterion name {c['name']!r}")
         seen.add(c['name'])
         crits.append(_criterion(c, vocab, where))
-    return RubricPool(crits, d['name'], d.get('version', 1), bool(d.get('seed', False)), d.get('description', ''),
-                      d.get('question_types'), path)
+    return RubricPool(crits, d['name'], d.get('version', 1), bool(d.get('seed', False)),
+                      d.get('description', ''), d.get('question_types'), path)
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #1f0a2c1b
 @patch(cls_method=True)
@@ -160,10 +163,10 @@ def load(cls: RubricPool, path: str | Path) -> RubricPool:
 @patch
 def to_yaml(self: RubricPool) -> str:
     "The pool as YAML in the same schema (round-trips through `load`)."
-    crits = [{**c.to_dict(), 'boundaries': {1: c.boundaries['1'], 0.5: c.boundaries['0.5'], 0: c.boundaries['0']}}
-             for c in self.criteria]
-    d = {'name': self.name, 'version': self.version, 'seed': self.seed, 'description': self.description,
-         'question_types': self.question_types, 'criteria': crits}
+    crits = [{**c.to_dict(), 'boundaries': {1: c.boundaries['1'], 0.5: c.boundaries['0.5'],
+                                            0: c.boundaries['0']}} for c in self.criteria]
+    d = {'name': self.name, 'version': self.version, 'seed': self.seed,
+         'description': self.description, 'question_types': self.question_types, 'criteria': crits}
     return yaml.safe_dump(d, sort_keys=False, allow_unicode=True)
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #bd22ad47
@@ -198,8 +201,8 @@ def load_rubric_pool(path: str | Path | None = None) -> RubricPool:
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #3768407c
 POOL_KINDS = ('seed', 'induced', 'custom')
-_ORIGIN_KEYS = ('benchmark', 'split', 'n_questions', 'teacher', 'proposer', 'iteration', 'val_accuracy',
-                'start_val_accuracy', 'next_from', 'models')
+_ORIGIN_KEYS = ('benchmark', 'split', 'n_questions', 'teacher', 'proposer', 'iteration',
+                'val_accuracy', 'start_val_accuracy', 'next_from', 'models')
 
 def pool_origin(path: str | Path) -> dict:
     "Which pool a file is: path, name, kind (seed | induced | custom), SHA-256 and the induced pool's provenance."
