@@ -61,7 +61,8 @@ def make_roles(model: ChatModel | None, config: Config, roles: str = 'auto',
         raise ValueError("roles='model' needs a chat model")
     offline = offline_role(model, roles)
     pool = pool or load_rubric_pool(config.rubric_pool or None)        # the configured pool, else the default
-    return Roles(Planner(model, config, offline), Verifier(pool, model, config, offline, evidence_tokens),
+    return Roles(Planner(model, config, offline),
+                 Verifier(pool, model, config, offline, evidence_tokens),
                  Answerer(pool, model, config, offline, evidence_tokens), offline)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #53ff91d0
@@ -72,8 +73,8 @@ def _uniform_candidates(q: Question, memory: Memory, om: OnlineMemory, config: C
     if embed is not None and 'q' not in qvec_cache:
         qvec_cache['q'] = embed([q.question])[0]
     qvec = qvec_cache.get('q')
-    return [Candidate(it, float(memory.text_vector(it.item_id) @ qvec) if qvec is not None else 0.0,
-                      None, 'uniform') for it in items]
+    return [Candidate(it, float(memory.text_vector(it.item_id) @ qvec) if qvec is not None else 0.0, None, 'uniform')
+            for it in items]
 
 def _candidates(q, memory, om, action, round_, spec, config, embed,
                 qvec_cache) -> tuple[list[Candidate], dict, dict]:
@@ -140,8 +141,8 @@ def oracle_evidence(q: Question, memory: Memory, cap: int) -> tuple[list[MemoryI
     hits = [it for it in memory.level(1) if ov(it) > 0]
     kept = sorted(sorted(hits, key=lambda it: (-ov(it), it.t_start))[:cap],
                   key=lambda it: it.t_start)
-    rows = [{'item_id': it.item_id, 'level': 1, 't_start': it.t_start, 't_end': it.t_end,
-             'overlap_s': round(ov(it), 3)} for it in kept]
+    rows = [{'item_id': it.item_id, 'level': 1, 't_start': it.t_start, 't_end': it.t_end, 'overlap_s': round(ov(it), 3)}
+            for it in kept]
     note = None if spans else 'the question has no evidence_spans: no oracle evidence'
     return kept, {'spans': [list(s) for s in spans], 'cap': cap, 'items': rows,
                   'left_out': [it.item_id for it in hits if it not in kept], 'note': note}
@@ -238,8 +239,8 @@ def _question_embed(q: Question, memory: Memory) -> MemoEmbed | None:
     embed(_prime_texts(q))
     return embed
 
-def _select_criteria(q: Question, spec: MethodSpec, roles: Roles) -> tuple[list[str], str | None,
-                                                                           list[dict]]:
+def _select_criteria(q: Question, spec: MethodSpec,
+                     roles: Roles) -> tuple[list[str], str | None, list[dict]]:
     "Call 1, once per question, when the method verifies or reranks: (criterion names, source, calls)."
     if not (spec.verify or spec.rerank):
         return [], None, []
@@ -254,8 +255,8 @@ def _answer_step(q: Question, memory: Memory, spec: MethodSpec, config: Config, 
     view = EvidenceView(*om.view(), embed, max(n_rounds - 1, 0), getattr(memory, 'duration', None))
     images, frames = answer_frames(q, memory, om.evidence, spec, config, roles.answerer.model,
                                    roles.answerer.offline, oracle_items)
-    return roles.answerer.answer(q, view, images, FRAMES_NOTES.get(frames['route'],
-                                                                   '') if images else ''), frames
+    return roles.answerer.answer(q, view, images,
+                                 FRAMES_NOTES.get(frames['route'], '') if images else ''), frames
 
 def _loop_trace(criteria: dict, rounds: list, calls: list, stop: str, ans: AnswerResult,
                 report: VerifierReport | None, frames: dict, om: OnlineMemory,
@@ -361,8 +362,8 @@ _TRACE_KEYS = ('qid', 'video_id', 'preset', 'qtype', 'negation', 'rerank', 'gold
                'error', 'degraded', 'failed_calls')
 PAPER_EMBEDDER = 'BGE-M3'
 
-def thresholds_record(config: Config, spec: MethodSpec, embedder: str | None) -> tuple[dict,
-                                                                                       list[str]]:
+def thresholds_record(config: Config, spec: MethodSpec,
+                      embedder: str | None) -> tuple[dict, list[str]]:
     "The cosine thresholds a run used and the embedder they met, with a warning for each that was set for another."
     rec = {'admit_dedup_cosine': config.admit_dedup_cosine,
            'query_cosine_reject': config.query_cosine_reject, 'paper_embedder': PAPER_EMBEDDER,

@@ -66,8 +66,8 @@ def _nearest_to_anchor(q: Question, view: EvidenceView, support: dict) -> str | 
         return None
     sign = 1.0 if rel == 'after' else -1.0
     where = {o: w for o, t in q.options.items() if (w := _when(view, t)) is not None}
-    ok = {o: (w[1] == at[1], sign * (w[0] - at[0])) for o,
-          w in where.items() if sign * (w[0] - at[0]) >= 0}
+    ok = {o: (w[1] == at[1], sign * (w[0] - at[0]))
+          for o, w in where.items() if sign * (w[0] - at[0]) >= 0}
     return min(ok, key=lambda o: (*ok[o], -support[o], o)) if ok else None
 
 def _consistent_order(q: Question, view: EvidenceView, support: dict) -> str | None:
@@ -109,8 +109,8 @@ def _guess(q: Question, view: EvidenceView) -> AnswerResult:
         best, rule = max(q.options, key=lambda o: (round(support[o], 9), -ord(o))), 'best supported'
     why = (f"{'no evidence; ' if not view.evidence else ''}a guess (the evidence does not determine the answer): "
            f"option {best} ({rule}): support={support[best]:.2f}")
-    return AnswerResult(best, why, 'offline', scores={'support': support, 'rule': rule,
-                                                      'determined': False})
+    return AnswerResult(best, why, 'offline',
+                        scores={'support': support, 'rule': rule, 'determined': False})
 
 def offline_answer(q: Question, view: EvidenceView, pool: RubricPool | None = None) -> AnswerResult:
     "The offline reader's answer (`22a_reveal.reader`), else a guess by the support rules (`pool` is not read)."
@@ -119,8 +119,7 @@ def offline_answer(q: Question, view: EvidenceView, pool: RubricPool | None = No
         return _guess(q, view)
     how = 'the evidence determines it' if r.determined else 'the best reading, a guess: the evidence does not determine it'
     return AnswerResult(r.answer, f"option {r.answer} (reader, {r.kind}): {how}", 'offline',
-                        scores={'rule': 'reader', 'determined': r.determined,
-                                'directions': r.directions})
+                        scores={'rule': 'reader', 'determined': r.determined, 'directions': r.directions})
 
 # %% ../../nbs/24_reveal.answerer.ipynb #ab04c0d1
 @functools.lru_cache(maxsize=64)

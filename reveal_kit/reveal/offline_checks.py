@@ -66,8 +66,8 @@ def count_instances(view: EvidenceView, event: str, hi: float = SUPPORT_HI,
                     gap: float = 1.0) -> tuple[list[tuple[float, float]], list[str]]:
     "Distinct instances of `event` in the L1 evidence: supporting items merged when they touch in time; also their ids."
     s = view.support([event])[0] if view.evidence else np.zeros(0)
-    hits = sorted((e.t_start, e.t_end, e.item_id) for e, v in zip(view.evidence,
-                                                                  s) if e.level == 1 and v >= hi)
+    hits = sorted((e.t_start, e.t_end, e.item_id)
+                  for e, v in zip(view.evidence, s) if e.level == 1 and v >= hi)
     spans: list[list[float]] = []
     for a, b, _ in hits:
         if spans and a <= spans[-1][1] + gap:
@@ -96,7 +96,8 @@ def _located(view: EvidenceView, events: list[str]) -> list[tuple[str, float | N
         return []
     S, out = view.support(events), []
     for i, _ in enumerate(events):
-        l1 = [(S[i, j], e) for j, e in enumerate(view.evidence) if e.level == 1 and S[i, j] >= SUPPORT_HI]
+        l1 = [(S[i, j], e)
+              for j, e in enumerate(view.evidence) if e.level == 1 and S[i, j] >= SUPPORT_HI]
         if l1:
             s, e = max(l1, key=lambda x: x[0])
             out.append(('l1', (e.t_start + e.t_end) / 2, e.item_id))
@@ -126,15 +127,15 @@ def _settle_anchored(opts: dict, zo: dict, dirs: dict, gaps: dict) -> None:
         for o in gaps:
             dirs[o], zo[o] = 'unknown', 0.5
 
-def _temporal(q: Question, view: EvidenceView, opts: dict[str, str]) -> tuple[dict, dict, dict,
-                                                                              list[str]]:
+def _temporal(q: Question, view: EvidenceView,
+              opts: dict[str, str]) -> tuple[dict, dict, dict, list[str]]:
     "events_located z, order_consistent z, directions and unlocated events, per option."
     zl, zo, dirs, missing, gaps = {}, {}, {}, [], {}
     for o, text in opts.items():
         evs = temporal_events(q, text)
         loc = _located(view, evs)
-        frac = sum(1.0 if s == 'l1' else 0.5 if s == 'coarse' else 0.0 for s, _,
-                   _ in loc) / max(len(loc), 1)
+        frac = sum(1.0 if s == 'l1' else 0.5 if s == 'coarse' else 0.0
+                   for s, _, _ in loc) / max(len(loc), 1)
         zl[o] = _z(frac, 1.0, 0.5)
         missing += [e for e, (s, _, _) in zip(evs, loc) if s != 'l1' and e not in missing]
         if loc and all(s == 'l1' for s, _, _ in loc):
@@ -153,15 +154,15 @@ def _coverage_z(view: EvidenceView) -> float:
     if any(e.level == 3 for e in view.evidence):
         return 1.0
     dur = view.duration or max([e.t_end for e in view.evidence] or [0.0])
-    thirds = {min(int(3 * ((e.t_start + e.t_end) / 2) / dur),
-                  2) for e in view.evidence} if dur > 0 else set()
+    thirds = {min(int(3 * ((e.t_start + e.t_end) / 2) / dur), 2)
+              for e in view.evidence} if dur > 0 else set()
     if len(thirds) == 3:
         return 1.0
     return 0.5 if len(thirds) == 2 or any(e.level == 2 for e in view.evidence) else 0.0
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c0015
-def _counting(q: Question, view: EvidenceView, opts: dict[str, str]) -> tuple[dict, dict, dict,
-                                                                              dict, list[str], int]:
+def _counting(q: Question, view: EvidenceView,
+              opts: dict[str, str]) -> tuple[dict, dict, dict, dict, list[str], int]:
     "distinct_instances, instance_attributes, excludes_alternatives z, directions, missing, and the count."
     foc = focus(q.question) or q.question
     spans, ids = count_instances(view, foc)
@@ -232,8 +233,8 @@ def _negation_dirs(opts: dict, best: dict) -> tuple[dict, list[str]]:
 
 _MOST = re.compile(r'\bmost\b|\bmore often\b|\bmost often\b|\bmost frequently\b', re.I)
 
-def _most_dirs(opts: dict, S: np.ndarray, view: EvidenceView, foc: str) -> tuple[dict, list[str],
-                                                                                 dict]:
+def _most_dirs(opts: dict, S: np.ndarray, view: EvidenceView,
+               foc: str) -> tuple[dict, list[str], dict]:
     "Global 'most' questions: the option supported by the most L1 items, if unique; also the frequencies."
     freq = {o: int(sum(S[i, j] >= SUPPORT_LO for j, e in enumerate(view.evidence) if e.level == 1))
             for i, o in enumerate(opts)}
@@ -316,8 +317,8 @@ def _candidate_z(check: str, r: Reading, o: str, view: EvidenceView) -> float | 
     if check == 'question_anchor':
         anchored = f.get('anchor') or f.get('pair') or f.get('event') or bool(f.get('count'))
         return (1.0 if cand else 0.5) if anchored else 0.0
-    if check == 'coverage': return {3: 1.0, 2: 0.5}.get(thirds_reached(view.evidence,
-                                                                       view.duration), 0.0)
+    if check == 'coverage': return {3: 1.0,
+                                    2: 0.5}.get(thirds_reached(view.evidence, view.duration), 0.0)
     return None
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #b9d2c3a3
@@ -333,8 +334,7 @@ def _typed_z(check: str, r: Reading, o: str, view: EvidenceView) -> float:
         return 1.0 if both == 2 and f.get('fixed') else 0.5 if both else 0.0
     if check == 'exclusion_coverage': return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
     if check == 'absence_check':
-        return 0.0 if o not in unread else 1.0 if thirds_reached(view.evidence,
-                                                                 view.duration) == 3 else 0.5
+        return 0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3 else 0.5
     if check == 'cause_effect_link': return 1.0 if f.get('cause') and k == f['cause'] else 0.5 if f.get('event') else 0.0
     return 1.0 if r.directions[o] == 'supported' else 0.0
 
@@ -345,12 +345,11 @@ def reading_scores(q: Question, criteria: list[Criterion],
     r = read_rounds(q, view.evidence, view.duration, view.round)
     if r.kind is None or not r.events or any(option_fact(r.kind, t) is None for t in q.options.values()):
         return None
-    z = lambda ch, o: (v if (v := _candidate_z(ch, r, o, view)) is not None else _typed_z(ch, r, o,
-                                                                                          view))
+    z = lambda ch, o: (v if (v := _candidate_z(ch, r, o, view)) is not None else _typed_z(ch, r, o, view))
     table = {o: {c.name: z(_check_name(c), o) for c in criteria} for o in q.options}
     unknown = [o for o in q.options if r.directions[o] == 'unknown']
-    details = {'qtype': r.kind, 'reader': dict(answer=r.answer, determined=r.determined,
-                                               facts=r.facts)}
+    details = {'qtype': r.kind,
+               'reader': dict(answer=r.answer, determined=r.determined, facts=r.facts)}
     return OfflineScores(table, dict(r.directions), unknown, r.missing[:4], {}, details)
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #a57a299f

@@ -227,8 +227,8 @@ def _clean_repair(raw: dict, config: Config) -> tuple[str, list[str], list[str]]
     "Normalize a model's repair reply: (strategy, queries, notes on what was changed)."
     notes, s = [], str(raw.get('strategy', '')).strip().lower()
     strat = 'Uniform Sampling' if s.startswith('uniform') else 'Text Retrieval'
-    qs = [clip_words(str(x),
-                     config.subquery_max_words) for x in raw.get('queries') or [] if tokens(str(x))]
+    qs = [clip_words(str(x), config.subquery_max_words)
+          for x in raw.get('queries') or [] if tokens(str(x))]
     if strat == 'Uniform Sampling' and qs:
         notes.append('Uniform Sampling takes no queries; dropped them')
         qs = []
@@ -285,8 +285,8 @@ def repair(self: Planner, q: Question, view: dict) -> PlanAction:
     return PlanAction(strat, qs, r.reasoning, 'model', [rec], notes)
 
 # %% ../../nbs/22_reveal.planner.ipynb #63d03e3f
-def screen_queries(queries: list[str], om: OnlineMemory, embed: Callable[[list[str]],
-                                                                         np.ndarray] | None,
+def screen_queries(queries: list[str], om: OnlineMemory,
+                   embed: Callable[[list[str]], np.ndarray] | None,
                    config: Config = Config()) -> tuple[list[str], list[dict], np.ndarray | None]:
     "Split queries into kept and rejected (`{'query', 'reason'}`); also returns the kept queries' embeddings."
     if not queries:

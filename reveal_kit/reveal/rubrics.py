@@ -119,10 +119,9 @@ def _criterion(c: dict, vocab: set[str], where: str) -> Criterion:
     w = float(c['weight'])
     if not (math.isfinite(w) and w > 0):        # NaN passes the schema's minimum, and makes every ρ NaN
         raise ValueError(f"{where}criterion {c['name']!r}: weight must be a finite number > 0, got {c['weight']!r}")
-    return Criterion(c['name'], c['description'].strip(), w, _boundaries(c['name'],
-                                                                         c['boundaries']),
-                     list(c['question_types']), [str(x).lower() for x in c.get('cues', [])],
-                     c.get('check', 'direct_support'))
+    return Criterion(c['name'], c['description'].strip(), w,
+                     _boundaries(c['name'], c['boundaries']), list(c['question_types']),
+                     [str(x).lower() for x in c.get('cues', [])], c.get('check', 'direct_support'))
 
 @patch(cls_method=True)
 def validate(cls: RubricPool, d: dict, path: str | None = None) -> RubricPool:
@@ -163,8 +162,8 @@ def load(cls: RubricPool, path: str | Path) -> RubricPool:
 @patch
 def to_yaml(self: RubricPool) -> str:
     "The pool as YAML in the same schema (round-trips through `load`)."
-    crits = [{**c.to_dict(), 'boundaries': {1: c.boundaries['1'], 0.5: c.boundaries['0.5'],
-                                            0: c.boundaries['0']}} for c in self.criteria]
+    crits = [{**c.to_dict(), 'boundaries': {1: c.boundaries['1'], 0.5: c.boundaries['0.5'], 0: c.boundaries['0']}}
+             for c in self.criteria]
     d = {'name': self.name, 'version': self.version, 'seed': self.seed,
          'description': self.description, 'question_types': self.question_types, 'criteria': crits}
     return yaml.safe_dump(d, sort_keys=False, allow_unicode=True)
