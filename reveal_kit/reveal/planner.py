@@ -6,14 +6,14 @@
 from __future__ import annotations
 import re
 from dataclasses import dataclass, field, asdict
-from typing import Annotated, Any, Callable
+from typing import Annotated, Callable
 import functools
 from pydantic import Field, create_model
 import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, MemoryItem, reply_tokens
 from ..record import mark
-from ..text import tokens, jaccard, STOPWORDS, fmt_time
+from ..text import tokens, jaccard, fmt_time
 from ..backends.chat import role_call, offline_role
 from ..backends.replies import ReplyModel, choice, parse_reply, reply_schema
 from .online_memory import OnlineMemory

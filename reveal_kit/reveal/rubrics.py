@@ -6,14 +6,13 @@
 from __future__ import annotations
 import math
 import os
-import re
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Any
 import yaml
 from fastcore.basics import patch
 import reveal_kit
-from ..core import Question, project_root, sha256_file
+from ..core import project_root, sha256_file
 from ..question import QUESTION_TYPES, question_type
 
 # %% auto #0
