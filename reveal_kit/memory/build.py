@@ -26,7 +26,7 @@ from .clips import ClipFolder, is_clip_folder, open_clip_folder, probe_source
 
 # %% auto #0
 __all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'call_concurrency', 'produced_by', 'subtitle_record', 'get_or_build_memory',
-           'build_memory', 'format_build_summary']
+           'build_memory']
 
 # %% ../../nbs/14a_memory.build.ipynb #fbc24d3f
 def _pbar(total: int, desc: str, progress: bool):
@@ -440,10 +440,3 @@ def build_memory(video: str | Path, out: str | Path | None = None, config: Confi
     mem = OfflineMemory.build(video, out, cfg, chat_model=chat_model, subtitles=subtitles, progress=progress,
                               rebuild=rebuild, concurrency=concurrency)
     return _build_summary(mem, time.time() - t0, reused)
-
-# %% ../../nbs/14a_memory.build.ipynb #c15aaabe
-def format_build_summary(s: dict) -> str:
-    "One line for people: built or reused, where, frames kept, level counts, seconds."
-    return (f"{'reused' if s['reused'] else 'built'} {s['memory_dir']}: {s['n_kept']}/{s['n_frames']} frames kept, "
-            f"L1={s['n_l1']} (mean {s['mean_l1_seconds']:.1f}s) L2={s['n_l2']} L3={s['n_l3']}, {s['seconds']:.1f}s"
-            + (f"; FALLBACK: {s['fallback']}" if s.get('fallback') else ''))

@@ -23,7 +23,7 @@ from ..backends.chat import is_meaningful
 __all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'FALLBACK_POLICIES', 'memory_config', 'MemoryMismatchError', 'memory_key',
            'captioner_kind', 'memory_embedders', 'memory_models', 'video_sha256', 'memory_dir_for', 'Hit',
            'OfflineMemory', 'spread_times', 'quality_line', 'caption_fallbacks', 'produced_line', 'fallback_policy',
-           'fallback_rebuild', 'describe']
+           'fallback_rebuild']
 
 # %% ../../nbs/14_memory.store.ipynb #a489f122
 FORMAT_VERSION = 3   # 3: transition-aware segmentation (boundaries moved)
@@ -338,27 +338,3 @@ def fallback_rebuild(out: Path, manifest: dict) -> bool:
     warn(f"memory at {out} has {n} fallback narratives (its model failed while it was built): building it again "
          "with the model (REVEAL_FALLBACK_MEMORY=keep reuses it; its answers are then marked degraded)")
     return True
-
-# %% ../../nbs/14_memory.store.ipynb #7f137f34
-def describe(mem: OfflineMemory, n: int = 3, width: int = 160) -> str:
-    "A human-readable summary of a memory: identity, levels with time coverage, a few narratives."
-    m, d, models = mem.manifest, max(mem.duration, 1e-9), mem.manifest.get('models', {})
-    lines = [f"memory   {mem.path}",
-             f"video    {m.get('video_id')} ({m.get('video_path')}), {fmt_time(mem.duration)}, "
-             f"sha256 {m.get('video_sha256', '')[:12]}",
-             f"built    {m.get('created')} by reveal_kit {m.get('kit_version')}; key {m.get('memory_key')} "
-             f"(config {m.get('config_hash')})",
-             f"models   captioner={m.get('captioner')} image={models.get('image_embedder')} "
-             f"text={models.get('text_embedder')}",
-             f"frames   {quality_line(m.get('quality') or dict(m['counts']))}"]
-    if produced_line(m): lines.insert(4, f"captions {produced_line(m)}")
-    for l in (1, 2, 3):
-        its = mem.level(l)
-        mean = np.mean([it.duration for it in its]) if its else 0
-        cov = sum(it.duration for it in its) / d
-        lines.append(f"L{l}       {len(its)} items, mean {mean:.1f}s, covers {cov:.0%} of the video")
-    for it in mem.level(1)[:n] + mem.level(2)[:1] + mem.level(3)[:1]:
-        txt = it.narrative if len(it.narrative) <= width else it.narrative[:width - 1] + '…'
-        if not txt.startswith('['): txt = f"[{fmt_time(it.t_start)}-{fmt_time(it.t_end)}] {txt}"
-        lines.append(f"  {it.item_id} {txt}")
-    return '\n'.join(lines)
