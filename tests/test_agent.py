@@ -313,7 +313,7 @@ def test_memory_option_is_a_root_of_memories(tmp_path, monkeypatch):
     legacy = tmp_path / 'legacy'                         # a memory written straight into DIR (fixed chunking)
     legacy.mkdir()
     (legacy / 'manifest.json').write_text(json.dumps({'memory_key': key, 'video_sha256':
-                                                      agent.video_sha256(video)}))
+                                                      agent.content_sha256(video)}))
     assert agent._get_memory(video, legacy, Config(chunking='fixed'), None, None)[0] == legacy
     assert agent._get_memory(video, legacy, Config(chunking='adaptive'), None, None)[0].parent == legacy
 

@@ -201,8 +201,8 @@ def test_only_present(work):
 PACE_METHODS = ['direct', 'reveal', 'dvd', 'pace', 'pace-no-qcindex', 'pace-no-verify']
 
 
-def test_pace_table4(work):
-    figs = run_nb('pace_table4', work, methods=PACE_METHODS, n_boot=200)
+def test_pace_main_tables(work):
+    figs = run_nb('pace_main_tables', work, methods=PACE_METHODS, n_boot=200)
     acc = rows(figs / 'pace_table4.csv')
     assert [r['method'] for r in acc] == PACE_METHODS
     for r in acc:
@@ -335,6 +335,6 @@ def test_reveal_figures_run_with_the_induced_pool(work):
 def test_paper_params_input_switches():
     "PACE's Video-MME runs read no subtitles (Table 2: 'Long (w/o sub)'); the egocentric ones cut at the query time."
     load = lambda n: yaml.safe_load((NB / 'params' / n).read_text())['setup']
-    assert load('pace_table4/paper-videomme.yaml')['subtitles'] is False
+    assert load('pace_main_tables/paper-videomme.yaml')['subtitles'] is False
     assert load('reveal_table1/paper.yaml')['subtitles'] is True
     assert all(load(f'reveal_table1/paper-{b}.yaml')['before_query'] is True for b in ('egolifeqa', 'egor1'))

@@ -21,42 +21,57 @@ def _memory_line(res: dict) -> str:
     "Whether the memory was built (and how long it took) or reused, and which subtitles it holds."
     b = res.get('memory_build_s')
     how = 'reused' if b is None else f"built in {b:.1f}s"
-    return f"Memory: {how} ({res.get('memory_dir') or 'in memory'}); subtitles: {res.get('subtitles') or 'none'}"
+    where, subs = res.get('memory_dir') or 'in memory', res.get('subtitles') or 'none'
+    return f"Memory: {how} ({where}); subtitles: {subs}"
+
+def _verdict_line(res: dict) -> str:
+    "'Verdict: sufficient, rho=0.80 (tau=0.7)', or 'not verified' and 'rho=n/a' without a verifier."
+    ok = res['sufficient']
+    verdict = 'not verified' if ok is None else ('sufficient' if ok else 'insufficient')
+    rho = 'rho=n/a' if res['rho'] is None else f"rho={res['rho']:.2f} (tau={res['tau']})"
+    return f"Verdict: {verdict}, {rho}"
+
+def _evidence_lines(res: dict) -> list[str]:
+    "One line per evidence item: level, time span, its first 25 words ('(none)' without any)."
+    return [f"  [L{e['level']} {fmt_time(e['t_start'])}-{fmt_time(e['t_end'])}] "
+            f"{' '.join(e['text'].split()[:25])}" for e in res['evidence']] or ['  (none)']
+
+def _ask_tail(res: dict) -> list[str]:
+    "The missing evidence, the failed calls of a degraded answer, and where the trace is."
+    missing = res.get('missing_evidence')
+    L = ['Missing evidence: ' + '; '.join(missing)] if missing else []
+    if res.get('degraded'):
+        fc = ', '.join(f"{r} {n}" for r, n in res['failed_calls'].items())
+        L.append(f"DEGRADED: failed model calls ({fc}); those steps used the offline fallback")
+    trace = res.get('trace')
+    where = f"reveal trace show {trace}" if trace else f"not written ({res.get('trace_error')})"
+    return L + [f"Trace: {where}"]
 
 def format_ask_summary(res: dict) -> str:
     "The human-readable `reveal ask` output of an `ask` result."
     a = res['answer']
-    verdict = 'not verified' if res['sufficient'] is None else ('sufficient' if res['sufficient'] else 'insufficient')
-    rho = f"rho={res['rho']:.2f} (tau={res['tau']})" if res['rho'] is not None else 'rho=n/a'
-    L = [f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})",
-         f"Verdict: {verdict}, {rho}",
-         f"Rounds: {res['rounds']} (stop: {res['stop_reason']}), LLM calls: {res['llm_calls']}, "
-         f"tokens: {res['tokens']}, {res['seconds']:.2f}s", _memory_line(res), "Evidence:"]
-    L += [f"  [L{e['level']} {fmt_time(e['t_start'])}-{fmt_time(e['t_end'])}] {' '.join(e['text'].split()[:25])}"
-          for e in res['evidence']] or ['  (none)']
-    if res.get('missing_evidence'):
-        L.append('Missing evidence: ' + '; '.join(res['missing_evidence']))
-    if res.get('degraded'):
-        fc = ', '.join(f"{r} {n}" for r, n in res['failed_calls'].items())
-        L.append(f"DEGRADED: failed model calls ({fc}); those steps used the offline fallback")
-    L.append(f"Trace: reveal trace show {res['trace']}" if res.get('trace')
-             else f"Trace: not written ({res.get('trace_error')})")
-    return '\n'.join(L)
+    head = f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})"
+    cost = (f"Rounds: {res['rounds']} (stop: {res['stop_reason']}), LLM calls: {res['llm_calls']}, "
+            f"tokens: {res['tokens']}, {res['seconds']:.2f}s")
+    L = [head, _verdict_line(res), cost, _memory_line(res), "Evidence:"]
+    return '\n'.join(L + _evidence_lines(res) + _ask_tail(res))
 
 # %% ../../nbs/90e_cli.present.ipynb #6b63b9c9
 _PROBES = dict(text=['probe'], vision=[np.zeros((64, 64, 3), np.uint8)])
 
 def describe_embedders(text: str = 'auto', vision: str = 'auto', load: bool = True) -> dict:
-    "For `reveal backends check`: the embedders in use, fallback or not, and why; `load` runs each once (`ok`)."
+    "For `reveal backends check`: each embedder in use, fallback or not, why; `load` runs it once."
     out = {}
-    for key, get, name in (('text', get_text_embedder, text), ('vision', get_image_embedder, vision)):
+    asked = (('text', get_text_embedder, text), ('vision', get_image_embedder, vision))
+    for key, get, name in asked:
         try:
             emb = get(name)
             if load: emb.encode(_PROBES[key])
             out[key] = dict(emb.describe(), which=emb.backend, ok=True)
         except Exception as e:
             why = f"{type(e).__name__}: {e}"
-            out[key] = dict(kind=key, which=None, model_id=None, is_fallback=True, ok=False, why=why)
+            out[key] = dict(kind=key, which=None, model_id=None, is_fallback=True, ok=False,
+                            why=why)
     return out
 
 # %% ../../nbs/90e_cli.present.ipynb #2e7f1bc2
@@ -65,130 +80,177 @@ def _known(x) -> str:
     return '?' if x is None else str(x)
 
 # %% ../../nbs/90e_cli.present.ipynb #cdadc5db
+def _questions_lines(r: dict) -> list[str]:
+    "Where the questions were read, how many loaded and skipped (with the first reasons)."
+    notes = f", {r['notes']} with a repeated option text" if r.get('notes') else ''
+    L = [f"  read: {r['source']}",
+         f"  questions: {r['loaded']} loaded (expected {_known(r['expected_questions'])}), "
+         f"{r['skipped']} skipped{notes}"]
+    L += [f"    - {x}" for x in r['reasons'][:5]]
+    return L + ([] if r['loaded'] else [f"  expected: {r['expected_layout']}"])
+
+def _media_lines(r: dict) -> list[str]:
+    "How many videos and subtitle files are present and missing (with a few missing videos)."
+    L = [f"  videos: {r['videos']} distinct (expected {_known(r['expected_videos'])}), "
+         f"{r['videos_present']} present, {r['videos_missing']} missing"]
+    L += [f"    missing e.g. {x}" for x in r['missing_examples'][:3]]
+    return L + [f"  subtitles: {r['subtitles_present']} present, {r['subtitles_missing']} missing "
+                "(not every benchmark/video has subtitles)"]
+
 def format_check(r: dict) -> str:
     "A data-check report as readable lines."
     sp = f" (split {r['split']})" if r['split'] else ''
     L = [f"{r['benchmark']} under {r['root']}{sp}: {r['status']}"]
-    L += [f"  annotation {a['path']}: {'present' if a['present'] else 'MISSING'}" for a in r['annotations']]
+    L += [f"  annotation {a['path']}: {'present' if a['present'] else 'MISSING'}"
+          for a in r['annotations']]
     if r.get('error'):
         return '\n'.join(L + [f"  error: {r['error']}", f"  expected: {r['expected_layout']}"])
-    L.append(f"  read: {r['source']}")
-    L.append(f"  questions: {r['loaded']} loaded (expected {_known(r['expected_questions'])}), {r['skipped']} skipped"
-             + (f", {r['notes']} with a repeated option text" if r.get('notes') else ''))
-    L += [f"    - {x}" for x in r['reasons'][:5]]
-    if not r['loaded']: L.append(f"  expected: {r['expected_layout']}")
-    L.append(f"  videos: {r['videos']} distinct (expected {_known(r['expected_videos'])}), "
-             f"{r['videos_present']} present, {r['videos_missing']} missing")
-    L += [f"    missing e.g. {x}" for x in r['missing_examples'][:3]]
-    L.append(f"  subtitles: {r['subtitles_present']} present, {r['subtitles_missing']} missing "
-             "(not every benchmark/video has subtitles)")
-    return '\n'.join(L)
+    return '\n'.join(L + _questions_lines(r) + _media_lines(r))
 
 # %% ../../nbs/90e_cli.present.ipynb #5dbc5e42
 def describe_benchmark(man: dict, out_dir: str | Path | None = None) -> str:
-    "A short human-readable summary of a benchmark manifest: counts per question type and the gold letters."
+    "A short summary of a benchmark manifest: counts per question type and the gold letters."
     where = f" to {out_dir}" if out_dir is not None else ''
     lines = [f"wrote {man['n_questions']} questions over {man['n_videos']} videos{where}"]
     lines += [f"  {k:15s} {v}" for k, v in man['counts_by_type'].items()]
-    return '\n'.join(lines + [f"  gold letters: {man['letter_distribution']}"] + shortfall_lines(man))
+    letters = f"  gold letters: {man['letter_distribution']}"
+    return '\n'.join(lines + [letters] + shortfall_lines(man))
 
 # %% ../../nbs/90e_cli.present.ipynb #77c9446d
 def format_build_summary(s: dict) -> str:
     "One line for people: built or reused, where, frames kept, level counts, seconds."
-    return (f"{'reused' if s['reused'] else 'built'} {s['memory_dir']}: {s['n_kept']}/{s['n_frames']} frames kept, "
-            f"L1={s['n_l1']} (mean {s['mean_l1_seconds']:.1f}s) L2={s['n_l2']} L3={s['n_l3']}, {s['seconds']:.1f}s"
-            + (f"; FALLBACK: {s['fallback']}" if s.get('fallback') else ''))
+    how = 'reused' if s['reused'] else 'built'
+    fb = f"; FALLBACK: {s['fallback']}" if s.get('fallback') else ''
+    return (f"{how} {s['memory_dir']}: {s['n_kept']}/{s['n_frames']} frames kept, L1={s['n_l1']} "
+            f"(mean {s['mean_l1_seconds']:.1f}s) L2={s['n_l2']} L3={s['n_l3']}, "
+            f"{s['seconds']:.1f}s{fb}")
 
 # %% ../../nbs/90e_cli.present.ipynb #c0dbeae7
 def format_build_all_summary(s: dict) -> str:
     "Lines about a `build_all` summary: counts and where, then each failure with its reason."
-    head = (f"{s['memories']} memories of {s['benchmark']}: {s['built']} built, {s['reused']} reused, "
-            f"{len(s['failed'])} failed, {s['seconds']:.1f}s{' on Ray' if s.get('ray') else ''} → {s['memory_root']}")
+    ray = ' on Ray' if s.get('ray') else ''
+    head = (f"{s['memories']} memories of {s['benchmark']}: {s['built']} built, "
+            f"{s['reused']} reused, {len(s['failed'])} failed, {s['seconds']:.1f}s{ray} "
+            f"→ {s['memory_root']}")
     return '\n'.join([head, *(f"  failed {f}" for f in s['failed'])])
 
 # %% ../../nbs/90e_cli.present.ipynb #d9144244
-def describe(mem: OfflineMemory, n: int = 3, width: int = 160) -> str:
-    "A human-readable summary of a memory: identity, levels with time coverage, a few narratives."
-    m, d, models = mem.manifest, max(mem.duration, 1e-9), mem.manifest.get('models', {})
+def _identity_lines(mem: OfflineMemory) -> list[str]:
+    "Where the memory is, its video, when and how it was built, its models, frames and captions."
+    m, models = mem.manifest, mem.manifest.get('models', {})
     lines = [f"memory   {mem.path}",
              f"video    {m.get('video_id')} ({m.get('video_path')}), {fmt_time(mem.duration)}, "
              f"sha256 {m.get('video_sha256', '')[:12]}",
-             f"built    {m.get('created')} by reveal_kit {m.get('kit_version')}; key {m.get('memory_key')} "
-             f"(config {m.get('config_hash')})",
+             f"built    {m.get('created')} by reveal_kit {m.get('kit_version')}; "
+             f"key {m.get('memory_key')} (config {m.get('config_hash')})",
              f"models   captioner={m.get('captioner')} image={models.get('image_embedder')} "
              f"text={models.get('text_embedder')}",
              f"frames   {quality_line(m.get('quality') or dict(m['counts']))}"]
     if produced_line(m): lines.insert(4, f"captions {produced_line(m)}")
+    return lines
+
+def _level_lines(mem: OfflineMemory) -> list[str]:
+    "One line per level: its items, their mean length, the share of the video they cover."
+    d, lines = max(mem.duration, 1e-9), []
     for l in (1, 2, 3):
         its = mem.level(l)
         mean = np.mean([it.duration for it in its]) if its else 0
         cov = sum(it.duration for it in its) / d
-        lines.append(f"L{l}       {len(its)} items, mean {mean:.1f}s, covers {cov:.0%} of the video")
-    for it in mem.level(1)[:n] + mem.level(2)[:1] + mem.level(3)[:1]:
-        txt = it.narrative if len(it.narrative) <= width else it.narrative[:width - 1] + '…'
-        if not txt.startswith('['): txt = f"[{fmt_time(it.t_start)}-{fmt_time(it.t_end)}] {txt}"
-        lines.append(f"  {it.item_id} {txt}")
-    return '\n'.join(lines)
+        lines.append(f"L{l}       {len(its)} items, mean {mean:.1f}s, "
+                     f"covers {cov:.0%} of the video")
+    return lines
+
+def _narrative_line(it, width: int) -> str:
+    "An item's narrative cut to `width` characters, after its time span unless it starts with one."
+    txt = it.narrative if len(it.narrative) <= width else it.narrative[:width - 1] + '…'
+    if not txt.startswith('['): txt = f"[{fmt_time(it.t_start)}-{fmt_time(it.t_end)}] {txt}"
+    return f"  {it.item_id} {txt}"
+
+def describe(mem: OfflineMemory, n: int = 3, width: int = 160) -> str:
+    "A human-readable summary of a memory: identity, levels with time coverage, a few narratives."
+    items = mem.level(1)[:n] + mem.level(2)[:1] + mem.level(3)[:1]
+    narratives = [_narrative_line(it, width) for it in items]
+    return '\n'.join(_identity_lines(mem) + _level_lines(mem) + narratives)
 
 # %% ../../nbs/90e_cli.present.ipynb #62bd7aa7
 def format_run_summary(s: dict) -> str:
-    "One line about a `run_eval` summary: what ran, what was already done, failures, accuracy so far."
-    deg = f" ({s['degraded']} degraded: an answer not from the configured model)" if s.get('degraded') else ''
+    "One line about a `run_eval` summary: what ran, what was done before, failures, accuracy."
+    deg = (f" ({s['degraded']} degraded: an answer not from the configured model)"
+           if s.get('degraded') else '')
     return (f"{s['ran']} run, {s['skipped_finished']} already done, {s['failed']} failed{deg}; "
             f"accuracy so far {s['accuracy']:.3f} → {s['out_dir']}")
 
 # %% ../../nbs/90e_cli.present.ipynb #a433a447
 def format_induction_summary(rep: dict) -> str:
-    "One line about an induction report: questions → pairs kept, the best iteration, its validation accuracy, the pool."
-    prov, filt = rep['provenance'], rep['filter']
-    kept = ', the start pool kept' if rep['best_iteration'] == 0 else ''
+    "One line about an induction: pairs kept, best iteration, its validation accuracy, the pool."
+    prov, filt, best = rep['provenance'], rep['filter'], rep['best_iteration']
+    kept = ', the start pool kept' if best == 0 else ''
     return (f"{filt['candidates']} questions -> {filt['kept']} pairs (removed by {filt['first']}); "
-            f"best iteration {rep['best_iteration']}{kept} (validation accuracy {prov['val_accuracy']:.3f}, "
+            f"best iteration {best}{kept} (validation accuracy {prov['val_accuracy']:.3f}, "
             f"start pool {prov['start_val_accuracy']:.3f}) -> {rep['pool']}")
 
 # %% ../../nbs/90e_cli.present.ipynb #aad9b2a7
+def _role_rows(rep: dict) -> list[str]:
+    "The table's header, one row per role and one for all roles: calls and tokens per question."
+    row = lambda name, c, p, k: f"{name:22s} {c:8.2f} {p:10.0f} {k:13.0f}"
+    head = f"{'role':22s} {'calls/q':>8s} {'prompt/q':>10s} {'completion/q':>13s}"
+    rows = [row(r, d['calls'], d['prompt_tokens'], d['completion_tokens'])
+            for r, d in rep['roles'].items()]
+    total = row('all', rep['calls_per_q'], rep['prompt_per_q'], rep['completion_per_q'])
+    return [head, *rows, total]
+
+def _projection_line(p: dict | None) -> str:
+    "What a full run would cost on the profiled GPUs, or how to get that projection."
+    if not p:
+        return ('projection: give a throughput profile '
+                '(--profile, as benchmarks/vllm_bench.py writes)')
+    return (f"projection for {p['questions']} questions on {p['gpus']} × {p['gpu']} ({p['model']}, "
+            f"{p['concurrency']:g} requests in flight each): {p['wall_hours']:.2f} h wall, "
+            f"{p['gpu_hours']:.1f} GPU-h, {p['tokens_m']:.1f} M tokens, {p['calls']:.0f} calls")
+
 def format_cost(rep: dict) -> str:
-    "The cost table: per role calls and tokens per question, the totals, depth, and the projection if any."
-    L = [f"cost of {rep['run']} ({rep['questions']} questions)",
-         f"{'role':22s} {'calls/q':>8s} {'prompt/q':>10s} {'completion/q':>13s}"]
-    for role, d in rep['roles'].items():
-        L.append(f"{role:22s} {d['calls']:8.2f} {d['prompt_tokens']:10.0f} {d['completion_tokens']:13.0f}")
-    L.append(f"{'all':22s} {rep['calls_per_q']:8.2f} {rep['prompt_per_q']:10.0f} {rep['completion_per_q']:13.0f}")
-    L.append(f"sequential depth {rep['depth_mean']:.2f} per question (max {rep['depth_max']}); "
-             f"{rep['tokens_total']} tokens in all" + (f", {rep['reasoning_per_q']:.0f} reasoning/q"
-                                                      if rep['reasoning_per_q'] else ''))
-    if not rep['calls_per_q']: L.append('no model calls (offline roles): the run costs no model time')
-    p = rep.get('projection')
-    if p: L.append(f"projection for {p['questions']} questions on {p['gpus']} × {p['gpu']} ({p['model']}, "
-                   f"{p['concurrency']:g} requests in flight each): {p['wall_hours']:.2f} h wall, "
-                   f"{p['gpu_hours']:.1f} GPU-h, {p['tokens_m']:.1f} M tokens, {p['calls']:.0f} calls")
-    else: L.append('projection: give a throughput profile (--profile, as benchmarks/vllm_bench.py writes)')
-    return '\n'.join(L)
+    "The cost table: calls and tokens per question of each role, totals, depth, the projection."
+    why = f", {rep['reasoning_per_q']:.0f} reasoning/q" if rep['reasoning_per_q'] else ''
+    L = [f"cost of {rep['run']} ({rep['questions']} questions)", *_role_rows(rep),
+         f"sequential depth {rep['depth_mean']:.2f} per question (max {rep['depth_max']}); "
+         f"{rep['tokens_total']} tokens in all{why}"]
+    if not rep['calls_per_q']:
+        L.append('no model calls (offline roles): the run costs no model time')
+    return '\n'.join(L + [_projection_line(rep.get('projection'))])
 
 # %% ../../nbs/90e_cli.present.ipynb #023ada6a
 def format_browser_summary(s: dict) -> str:
-    "One line: where the run page is, how many questions and trace pages, how many differ from run B."
-    diff = f", {s['differ']} with another outcome in run B (listed first)" if s.get('differ') is not None else ''
+    "One line: where the run page is, its questions and trace pages, how many differ from run B."
+    differ = s.get('differ')
+    diff = f", {differ} with another outcome in run B (listed first)" if differ is not None else ''
     return f"wrote {s['page']}: {s['questions']} questions, {s['traces']} trace pages{diff}"
 
 # %% ../../nbs/90e_cli.present.ipynb #4270ae46
 def format_pack_summary(s: dict) -> str:
-    "One line about a pack: runs, questions, calls, memories, size packed and unpacked, time, id; partial runs."
-    part = f"; PARTIAL (still running when packed): {', '.join(s['partial'])}" if s.get('partial') else ''
-    return (f"packed {len(s['runs'])} run(s) ({', '.join(s['runs'])}): {s['questions']} questions, {s['calls']} "
-            f"cached calls, {s['memories']} memories → {s['pack']} ({s['bytes'] / 1024:.0f} KiB; "
-            f"{s['unpacked_bytes'] / 1024:.0f} KiB unpacked), checked by a rerun in {s['seconds']:.1f} s; "
+    "One line about a pack: runs, questions, calls, memories, sizes, time, id; partial runs."
+    partial = s.get('partial')
+    part = f"; PARTIAL (still running when packed): {', '.join(partial)}" if partial else ''
+    kib = lambda n: f"{n / 1024:.0f} KiB"
+    return (f"packed {len(s['runs'])} run(s) ({', '.join(s['runs'])}): {s['questions']} questions, "
+            f"{s['calls']} cached calls, {s['memories']} memories → {s['pack']} "
+            f"({kib(s['bytes'])}; {kib(s['unpacked_bytes'])} unpacked), "
+            f"checked by a rerun in {s['seconds']:.1f} s; "
             f"id {s['id'][:12]}{part}")
 
 # %% ../../nbs/90e_cli.present.ipynb #7a55b026
+def _replayed_line(r: dict) -> str:
+    "One replayed run: identical or its differences, and the replay's time against the run's."
+    differs = 'DIFFERS: ' + '; '.join(r.get('differences') or [])
+    what = 'identical to the packed run' if r['identical'] else differs
+    part = ', partial: packed while it ran' if r.get('partial') else ''
+    return (f"  {r['name']} ({r['method']} on {r['benchmark']}, {r['questions']} questions{part}): "
+            f"{what}; answered in {r['seconds']:.1f} s "
+            f"(the run's questions took {r['run_seconds']:.1f} s)")
+
 def format_replay_summary(s: dict) -> str:
-    "One line per replayed run: identical or its first differences, the replay's time against the run's."
-    lines = [f"replayed {s['pack']} (id {s['id'][:12]}, kit {s['kit_version']}) into {s['out']} in "
-             f"{s['seconds']:.1f} s; the packed memories took {s['memory_build_seconds']:.1f} s to build"]
-    for r in s['runs']:
-        what = 'identical to the packed run' if r['identical'] else 'DIFFERS: ' + '; '.join(r['differences'])
-        part = ', partial: packed while it ran' if r.get('partial') else ''
-        lines.append(f"  {r['name']} ({r['method']} on {r['benchmark']}, {r['questions']} questions{part}): {what}; "
-                     f"answered in {r['seconds']:.1f} s (the run's questions took {r['run_seconds']:.1f} s)")
-    lines += [f"  DIFFERS: {p}" for p in s.get('cache_problems') or []]
-    return '\n'.join(lines)
+    "One line per replayed run: identical or its first differences, its time against the run's."
+    head = (f"replayed {s['pack']} (id {s['id'][:12]}, kit {s['kit_version']}) into {s['out']} in "
+            f"{s['seconds']:.1f} s; the packed memories took "
+            f"{s['memory_build_seconds']:.1f} s to build")
+    problems = [f"  DIFFERS: {p}" for p in s.get('cache_problems') or []]
+    return '\n'.join([head] + [_replayed_line(r) for r in s['runs']] + problems)

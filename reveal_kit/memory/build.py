@@ -20,7 +20,7 @@ from ..video.captioning import make_captioner, make_summarizer, PerceptualCaptio
 from ..io import atomic_write_json, atomic_save_npy, read_jsonl_rows, append_jsonl, locked_dir
 from ..text import fmt_time
 from .store import FORMAT_VERSION, MemoryMismatchError, OfflineMemory, memory_config, memory_key
-from .store import memory_models, memory_dir_for, video_sha256, memory_embedders, spread_times
+from .store import memory_models, memory_dir_for, content_sha256, memory_embedders, spread_times
 from .store import quality_line, caption_fallbacks, fallback_policy, fallback_rebuild
 from .clips import ClipFolder, is_clip_folder, open_clip_folder, probe_source
 
@@ -381,8 +381,8 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
     info = probe_source(video)                                           # one-line VideoError on bad input
     cues = load_subtitles(subtitles) if subtitles else []               # one-line SubtitleError
     te, ie = memory_embedders(text_embedder, image_embedder)
-    sub_sha = video_sha256(subtitles) if subtitles else None
-    ident = _identity(config, memory_models(chat_model, te, ie), sub_sha, video_sha256(video))
+    sub_sha = content_sha256(subtitles) if subtitles else None
+    ident = _identity(config, memory_models(chat_model, te, ie), sub_sha, content_sha256(video))
     _warn_late_cues(cues, info, subtitles)
     if not rebuild and _complete(out, ident):                            # no lock, no write: read-only is fine
         return cls.load(out, config, text_embedder=te, image_embedder=ie)

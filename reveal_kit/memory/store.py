@@ -20,10 +20,10 @@ from ..text import fmt_time
 from ..backends.chat import is_meaningful
 
 # %% auto #0
-__all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'FALLBACK_POLICIES', 'memory_config', 'MemoryMismatchError', 'memory_key',
-           'captioner_kind', 'memory_embedders', 'memory_models', 'video_sha256', 'memory_dir_for', 'Hit',
-           'OfflineMemory', 'spread_times', 'quality_line', 'caption_fallbacks', 'produced_line', 'fallback_policy',
-           'fallback_rebuild']
+__all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'video_sha256', 'FALLBACK_POLICIES', 'memory_config', 'MemoryMismatchError',
+           'memory_key', 'captioner_kind', 'memory_embedders', 'memory_models', 'content_sha256', 'memory_dir_for',
+           'Hit', 'OfflineMemory', 'spread_times', 'quality_line', 'caption_fallbacks', 'produced_line',
+           'fallback_policy', 'fallback_rebuild']
 
 # %% ../../nbs/14_memory.store.ipynb #a489f122
 FORMAT_VERSION = 3   # 3: transition-aware segmentation (boundaries moved)
@@ -64,13 +64,15 @@ def memory_models(chat_model=None, text_embedder=None, image_embedder=None) -> d
 # %% ../../nbs/14_memory.store.ipynb #868730f3
 _SHA_CACHE: dict = {}
 
-def video_sha256(path: str | Path) -> str:
+def content_sha256(path: str | Path) -> str:
     "SHA-256 of a file, or the digest of a folder of clips (`ClipFolder.sha256`), cached per (path, size, mtime)."
     p = check_video(path).resolve()                      # a FIFO or a device would be read forever
     st = p.stat()
     k = (str(p), st.st_size, st.st_mtime_ns)
     if k not in _SHA_CACHE: _SHA_CACHE[k] = open_clip_folder(p).sha256() if is_clip_folder(p) else sha256_file(p)
     return _SHA_CACHE[k]
+
+video_sha256 = content_sha256       # the old name, for callers outside the kit
 
 # %% ../../nbs/14_memory.store.ipynb #343249e7
 def memory_dir_for(video_path: str | Path, config: Config, models: dict | Any = None,
@@ -79,9 +81,9 @@ def memory_dir_for(video_path: str | Path, config: Config, models: dict | Any = 
     if not isinstance(models, dict): models = memory_models(models)
     p = check_video(video_path)
     if p.is_dir(): open_clip_folder(p)                   # a folder must hold time-stamped clips (else a one-line error)
-    sub = video_sha256(subtitles) if subtitles else None
+    sub = content_sha256(subtitles) if subtitles else None
     root = Path(root) if root else runs_dir() / 'memories'
-    return root / f"{p.stem}-{video_sha256(p)[:8]}-{memory_key(config, models, sub)}"
+    return root / f"{p.stem}-{content_sha256(p)[:8]}-{memory_key(config, models, sub)}"
 
 # %% ../../nbs/14_memory.store.ipynb #42cad89a
 @dataclass

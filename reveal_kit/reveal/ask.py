@@ -10,7 +10,7 @@ from typing import Any
 from ..core import Config, Question, load_config, ask_trace_dir
 from ..text import fmt_time
 from ..backends.models import get_chat_model
-from ..memory.store import OfflineMemory, memory_dir_for, memory_models, video_sha256
+from ..memory.store import OfflineMemory, memory_dir_for, memory_models, content_sha256
 from ..memory.build import get_or_build_memory
 from .agent import answer_question
 from .presets import get_preset
@@ -59,7 +59,7 @@ def subtitles_beside(video: str | Path) -> Path | None:
 def _memory_under(memory_dir: Path, video: Path, config: Config, chat: Any, subtitles: Path | None) -> Path:
     "`memory_dir` itself when it holds this video's memory with these settings, else its `<stem>-<sha8>-<key>` folder."
     d = memory_dir_for(video, config, memory_models(chat), subtitles, root=memory_dir)
-    key, vsha = d.name.rsplit('-', 1)[-1], video_sha256(video)
+    key, vsha = d.name.rsplit('-', 1)[-1], content_sha256(video)
     for f in ('manifest.json', 'build.json'):
         try: old = json.loads((memory_dir / f).read_text())
         except (OSError, ValueError): continue
