@@ -5,11 +5,9 @@
 # %% ../../nbs/90e_cli.present.ipynb #f96f9041
 from __future__ import annotations
 from pathlib import Path
-import numpy as np
+from typing import TYPE_CHECKING
 from ..text import fmt_time
-from ..retrieval.choice import get_text_embedder, get_image_embedder
-from ..synth.bench import shortfall_lines
-from ..memory.store import OfflineMemory, produced_line, quality_line
+if TYPE_CHECKING: from reveal_kit.memory.store import OfflineMemory
 
 # %% auto #0
 __all__ = ['format_ask_summary', 'describe_embedders', 'format_check', 'describe_benchmark', 'format_build_summary',
@@ -57,16 +55,16 @@ def format_ask_summary(res: dict) -> str:
     return '\n'.join(L + _evidence_lines(res) + _ask_tail(res))
 
 # %% ../../nbs/90e_cli.present.ipynb #6b63b9c9
-_PROBES = dict(text=['probe'], vision=[np.zeros((64, 64, 3), np.uint8)])
-
 def describe_embedders(text: str = 'auto', vision: str = 'auto', load: bool = True) -> dict:
     "For `reveal backends check`: each embedder in use, fallback or not, why; `load` runs it once."
-    out = {}
+    import numpy as np
+    from reveal_kit.retrieval.choice import get_text_embedder, get_image_embedder
+    probes, out = dict(text=['probe'], vision=[np.zeros((64, 64, 3), np.uint8)]), {}
     asked = (('text', get_text_embedder, text), ('vision', get_image_embedder, vision))
     for key, get, name in asked:
         try:
             emb = get(name)
-            if load: emb.encode(_PROBES[key])
+            if load: emb.encode(probes[key])
             out[key] = dict(emb.describe(), which=emb.backend, ok=True)
         except Exception as e:
             why = f"{type(e).__name__}: {e}"
@@ -110,6 +108,7 @@ def format_check(r: dict) -> str:
 # %% ../../nbs/90e_cli.present.ipynb #5dbc5e42
 def describe_benchmark(man: dict, out_dir: str | Path | None = None) -> str:
     "A short summary of a benchmark manifest: counts per question type and the gold letters."
+    from reveal_kit.synth.bench import shortfall_lines
     where = f" to {out_dir}" if out_dir is not None else ''
     lines = [f"wrote {man['n_questions']} questions over {man['n_videos']} videos{where}"]
     lines += [f"  {k:15s} {v}" for k, v in man['counts_by_type'].items()]
@@ -137,6 +136,7 @@ def format_build_all_summary(s: dict) -> str:
 # %% ../../nbs/90e_cli.present.ipynb #d9144244
 def _identity_lines(mem: OfflineMemory) -> list[str]:
     "Where the memory is, its video, when and how it was built, its models, frames and captions."
+    from reveal_kit.memory.store import produced_line, quality_line
     m, models = mem.manifest, mem.manifest.get('models', {})
     lines = [f"memory   {mem.path}",
              f"video    {m.get('video_id')} ({m.get('video_path')}), {fmt_time(mem.duration)}, "
@@ -151,6 +151,7 @@ def _identity_lines(mem: OfflineMemory) -> list[str]:
 
 def _level_lines(mem: OfflineMemory) -> list[str]:
     "One line per level: its items, their mean length, the share of the video they cover."
+    import numpy as np
     d, lines = max(mem.duration, 1e-9), []
     for l in (1, 2, 3):
         its = mem.level(l)

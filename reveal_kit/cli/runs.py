@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Annotated, List, Optional
 import typer
+from .present import format_induction_summary
 from typer.core import TyperGroup
 from .app import PLAIN_HELP, PRESET_NAMES, PACE_NAMES, BASELINE_NAMES, BaseUrlOpt, BenchmarkArg, CacheOpt, JsonOpt, LimitOpt, ModelOpt, OnlyPresentOpt, QuietOpt, RayOpt, RetriesOpt, RolesOpt, RootOpt, RunDirArg, SetOpt, ShardOpt, SplitOpt, TimeoutOpt, WorkerCpusOpt, app, chat_model_from_options, cli_errors, say
 
@@ -195,7 +196,6 @@ def rubrics_induce(
     "Induce a rubric pool from contrastive evidence pairs (REVEAL §3.2, App. B.4); rerunning resumes."
     from reveal_kit.core import project_root
     from reveal_kit.eval.runner import induce_benchmark
-    from reveal_kit.cli.present import format_induction_summary
     with cli_errors():
         uses_model = 'model' in (teacher, proposer) or backend
         chat = chat_model_from_options(backend, model, base_url, cache, timeout) if uses_model else None
