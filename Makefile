@@ -156,7 +156,7 @@ bench: install-dev
 	$(PY) benchmarks/throughput_bench.py
 
 EXPERIMENTS := reveal_table1 reveal_table2 reveal_fig4a reveal_fig4b reveal_fig4c reveal_tables34 \
-               pace_table3 pace_table4 pace_table5 pace_needle pace_table6 pace_fig4_factors pace_appg_clips \
+               pace_table3 pace_main_tables pace_table5 pace_needle pace_table6 pace_fig4_factors pace_appg_clips \
                reveal_induction
 
 ## every experiment notebook at its small default (generated benchmark, offline roles) → figures/*.png, *.csv

@@ -14,6 +14,7 @@ from reveal_kit.reveal.presets import PRESETS, get_preset
 from reveal_kit.reveal.ask import ASK_JSON_KEYS, load_trace, format_trace
 from reveal_kit.reveal.agent import answer_question
 import reveal_kit.reveal.ask as agent
+from reveal_kit.cli.present import format_ask_summary
 
 
 EVENTS = {5: 'the man opens the red door and carries a box inside',
@@ -162,7 +163,7 @@ def test_ask(minilm_memory, monkeypatch, tmp_path):
     assert all('t_start' in e for e in res['evidence']) and load_trace(res['trace'])['qid'] == 'ask'
     json.dumps({k: res[k] for k in ASK_JSON_KEYS}, default=str)
     assert seen[-1] == ('v.mp4', tmp_path / 'mem', 'adaptive', 0.8, None)
-    out = agent.format_ask_summary(res)
+    out = format_ask_summary(res)
     assert out.startswith(f"Answer: {res['answer']}.") and out.endswith(f"Trace: reveal trace show {res['trace']}")
     base = agent.ask(video, Q_COUNT.question, ['1', '2'], method='base', trace_dir=tmp_path / 'tr')
     assert base['rounds'] == 1 and seen[-1][2] == 'fixed' and seen[-1][1] is None   # the method's memory kind
@@ -273,7 +274,7 @@ def test_ask_trace_dirs_unique_and_trace_failure_keeps_answer(minilm_memory, mon
     (tmp_path / 'file').write_text('x')
     ro = agent.ask(tmp_path / 'v.mp4', Q_COUNT.question, ['1', '2', '3', '4'], trace_dir=tmp_path / 'file' / 'tr')
     assert ro['answer'] == a['answer'] and ro['trace'] is None and ro['trace_error'].startswith('trace not written')
-    assert agent.format_ask_summary(ro).endswith(f"Trace: not written ({ro['trace_error']})")
+    assert format_ask_summary(ro).endswith(f"Trace: not written ({ro['trace_error']})")
 
 
 @pytest.mark.parametrize('options,question,why', [(['only one'], 'Why?', 'at least 2 options'),
@@ -312,7 +313,7 @@ def test_memory_option_is_a_root_of_memories(tmp_path, monkeypatch):
     legacy = tmp_path / 'legacy'                         # a memory written straight into DIR (fixed chunking)
     legacy.mkdir()
     (legacy / 'manifest.json').write_text(json.dumps({'memory_key': key, 'video_sha256':
-                                                      agent.video_sha256(video)}))
+                                                      agent.content_sha256(video)}))
     assert agent._get_memory(video, legacy, Config(chunking='fixed'), None, None)[0] == legacy
     assert agent._get_memory(video, legacy, Config(chunking='adaptive'), None, None)[0].parent == legacy
 

@@ -482,7 +482,7 @@ def test_egoschema_subset_as_csv_with_a0_to_a4(tmp_path):
     assert qs[0].options == {L_: f'activity {i} u1' for i, L_ in enumerate('ABCDE')}
     assert len(L.load_egoschema(tmp_path, split='full')[0]) == 3
     r = check_data('egoschema', tmp_path / 'nothing')
-    from reveal_kit.eval.data_check import format_check
+    from reveal_kit.cli.present import format_check
     assert 'expected: annotation file(s) questions.json' in format_check(r) and 'a0' in format_check(r)
 
 

@@ -11,8 +11,10 @@ import reveal_kit.video.captioning as cap
 import reveal_kit.memory.build as mb
 from reveal_kit.backends.chat import ScriptedModel
 from reveal_kit.core import Config, MemoryBuildError
-from reveal_kit.memory.build import build_memory, format_build_summary, get_or_build_memory
-from reveal_kit.memory.store import OfflineMemory, MemoryMismatchError, describe, memory_dir_for, memory_models
+from reveal_kit.memory.build import build_memory, get_or_build_memory
+from reveal_kit.cli.present import format_build_summary
+from reveal_kit.memory.store import OfflineMemory, MemoryMismatchError, memory_dir_for, memory_models
+from reveal_kit.cli.present import describe
 from reveal_kit.testing.videos import make_test_video, write_srt, write_vtt, make_audio_only, make_empty, truncate_copy
 from reveal_kit.testing.videos import make_faststart_truncated, scene_boundaries
 

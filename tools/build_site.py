@@ -56,9 +56,18 @@ def stage_cell(cell: dict) -> dict:
     return cell
 
 
+def fig_id(nb: Path) -> str:
+    "The name an experiment notebook gives its figures: its parameters cell's `fig_id`, else its own name."
+    for c in json.loads(nb.read_text(encoding='utf-8'))['cells']:
+        if 'parameters' in c['metadata'].get('tags', []):
+            m = re.search(r"^fig_id\s*=\s*['\"]([^'\"]+)['\"]", ''.join(c['source']), re.M)
+            if m: return m.group(1)
+    return nb.stem
+
+
 def figures_of(nb: Path) -> list[str]:
-    "The committed figures an experiment notebook writes (`figures/<name>*.png`)."
-    return sorted(p.name for p in (ROOT / 'figures').glob(f'{nb.stem}*.png'))
+    "The committed figures an experiment notebook writes (`figures/<fig_id>*.png`)."
+    return sorted(p.name for p in (ROOT / 'figures').glob(f'{fig_id(nb)}*.png'))
 
 
 def figure_cell(nb: Path) -> dict:
@@ -139,7 +148,7 @@ def gallery_page(exps: list[Path]) -> str:
     for nb in exps:
         title, summary = title_of(nb)
         rows += [f'## {title}', '', summary, '', f'Notebook: [{nb.name}](experiments/{nb.stem}.ipynb); data: '
-                 + ', '.join(f'`figures/{c.name}`' for c in sorted((ROOT / 'figures').glob(f'{nb.stem}*.csv'))), '']
+                 + ', '.join(f'`figures/{c.name}`' for c in sorted((ROOT / 'figures').glob(f'{fig_id(nb)}*.csv'))), '']
         rows += [f'![{f}](_static/figures/{f})' for f in figures_of(nb)] + ['']
     return '\n'.join(rows)
 

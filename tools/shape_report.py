@@ -1,5 +1,7 @@
 """Print the shape of the notebooks and the library: module sizes, export cells with several public names, exported
-definitions not followed by a cell that shows them, long functions, density, kit imports inside functions and cycles.
+definitions not followed by a cell that shows them, long functions, density, kit imports inside functions and cycles;
+then the density table of issue 29 (functions at module level: length median / 90th percentile, line length, share of
+code lines over 100 characters, functions with many parameters) beside its targets.
 Usage: python tools/shape_report.py [ROOT] [-v]   (ROOT: a checkout, default .; -v lists every finding)"""
 import ast, json, re, statistics, sys
 from pathlib import Path
@@ -38,7 +40,7 @@ for nb in sorted((root / 'nbs').glob('*.ipynb')):
             defs += 1
             if nxt_export or not re.search(rf'\b{re.escape(d.name)}\b', nxt): unshown.append(f'{nb.stem}:{d.name}')
 
-lines, long, sizes, mods, inner, graph, fn_sizes, fn_long = [], 0, {}, {}, 0, {}, [], []
+lines, long, sizes, mods, inner, graph, fn_sizes, fn_long, n_params = [], 0, {}, {}, 0, {}, [], [], {}
 for f in sorted((root / 'reveal_kit').rglob('*.py')):
     if f.name == '_modidx.py': continue
     text = f.read_text()
@@ -57,6 +59,8 @@ for f in sorted((root / 'reveal_kit').rglob('*.py')):
             seg = ast.get_source_segment(text, node) or ''
             if isinstance(node, ast.ClassDef): continue
             fn_sizes.append(len(seg))
+            a = node.args
+            n_params[f'{name}.{node.name}'] = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
             n = node.end_lineno - node.lineno + 1
             if n > 30: fn_long.append(f'{name}.{node.name} ({n})')
     graph[name] = deps
@@ -76,3 +80,24 @@ print(f"kit imports inside functions: {inner}")
 if verbose:
     for title, xs in (('several public names', multi), ('not shown', unshown), ('over 30 lines', fn_long)):
         print(f'\n## {title}\n' + '\n'.join(xs))
+
+
+def density_table(fn_sizes: list[int], lines: list[int], n_params: dict[str, int]) -> str:
+    "Issue 29's table: function length, line length and parameter counts of the library, beside the targets."
+    ns = sorted(fn_sizes)
+    over100 = 100 * sum(n > 100 for n in lines) / max(len(lines), 1)
+    many = lambda k: [f for f, n in n_params.items() if n >= k]
+    top = max(n_params.values(), default=0)
+    rows = [('function length, median / 90th percentile (characters)',
+             f"{statistics.median(ns):,.0f} / {ns[int(.9 * len(ns))]:,}", 'median <= 300'),
+            ('mean line length; share of lines over 100 characters',
+             f"{statistics.mean(lines):.1f}; {over100:.1f} %", '<= 8 %'),
+            ('functions with 10 or more parameters', f"{len(many(10))} (largest {top})", ''),
+            ('functions with more than 8 parameters', f"{len(many(9))}", '0 outside the CLI commands')]
+    return '\n'.join(['| | reveal-kit | target |', '|---|---|---|'] + [f"| {a} | {b} | {c} |" for a, b, c in rows])
+
+
+print('\n## Density (functions at module level, all modules)\n' + density_table(fn_sizes, lines, n_params))
+if verbose:
+    print('\n## more than 8 parameters\n' + '\n'.join(f"{f} ({n})" for f, n in
+                                                       sorted(n_params.items(), key=lambda x: -x[1]) if n > 8))

@@ -20,7 +20,7 @@ def backends_report(backend: str | None = None, model: str | None = None, base_u
                     text: str = 'auto', vision: str = 'auto') -> dict:
     "The chat model, text embedder and vision embedder in use: which, whether a fallback, and why."
     from reveal_kit.backends.models import get_chat_model, describe_chat_model
-    from reveal_kit.retrieval.choice import describe_embedders
+    from reveal_kit.cli.present import describe_embedders
     try:
         chat = describe_chat_model(get_chat_model(backend, model, base_url, cache=None))
     except Exception as e:
@@ -74,7 +74,8 @@ def memory_build(
         cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None, as_json: JsonSummaryOpt = False):
     "Build (or resume, or reuse) the offline memory of VIDEO (a folder of clips: one memory on one timeline)."
     from reveal_kit.core import load_config
-    from reveal_kit.memory.build import build_memory, format_build_summary
+    from reveal_kit.memory.build import build_memory
+    from reveal_kit.cli.present import format_build_summary
     with cli_errors():
         cfg = load_config(config, set_ or [])
         cm = chat_model_from_options(backend, model, base_url, cache, timeout or getattr(cfg, 'timeout_s', None))
@@ -90,7 +91,8 @@ def memory_show(path: Annotated[Path, typer.Argument(help="memory directory")],
                 n: Annotated[int, typer.Option(help="L1 narratives to show")] = 3,
                 as_json: Annotated[bool, typer.Option('--json', help="print the manifest as JSON")] = False):
     "Summarize a memory: levels, time coverage, a few narratives."
-    from reveal_kit.memory.store import OfflineMemory, describe
+    from reveal_kit.memory.store import OfflineMemory
+    from reveal_kit.cli.present import describe
     with cli_errors():
         mem = OfflineMemory.load(path)
     say(json.dumps(mem.manifest, indent=1) if as_json else describe(mem, n))
@@ -110,7 +112,8 @@ def memory_build_all(
         ray: RayOpt = None, worker_cpus: WorkerCpusOpt = 1.0, retries: RetriesOpt = None,
         as_json: JsonSummaryOpt = False):
     "Build (or resume, or reuse) every memory BENCHMARK's questions need."
-    from reveal_kit.eval.ray import build_all, format_build_all_summary
+    from reveal_kit.eval.ray import build_all
+    from reveal_kit.cli.present import format_build_all_summary
     with cli_errors():
         bad = sorted(set(chunking or []) - {'adaptive', 'fixed'})
         if bad: raise ValueError(f"--chunking must be adaptive or fixed, got {', '.join(bad)}")
@@ -149,7 +152,8 @@ def synth(out_dir: Annotated[Path, typer.Argument(help="folder to write the benc
           no_render: Annotated[bool, typer.Option('--no-render', help="write questions and subtitles only")] = False,
           overwrite: Annotated[bool, typer.Option(help="re-render videos that are already complete")] = False):
     "Generate a long-video QA benchmark with exact ground truth."
-    from reveal_kit.synth.bench import generate_benchmark, describe_benchmark, SPLITS
+    from reveal_kit.synth.bench import generate_benchmark, SPLITS
+    from reveal_kit.cli.present import describe_benchmark
     if split not in SPLITS:
         raise typer.BadParameter(f"split must be one of {list(SPLITS)}", param_hint='--split')
     with cli_errors():
@@ -171,7 +175,8 @@ def data_check(benchmark: Annotated[str, typer.Argument(help="a benchmark name (
                split: Annotated[Optional[str], typer.Option(help="split, where the benchmark has several")] = None,
                as_json: JsonOpt = False):
     "Report present/missing annotations, videos and subtitles, with counts against the manifest."
-    from reveal_kit.eval.data_check import check_data, format_check
+    from reveal_kit.eval.data_check import check_data
+    from reveal_kit.cli.present import format_check
     with cli_errors():
         r = check_data(benchmark, root, **({'split': split} if split else {}))
     say(json.dumps(r, indent=1) if as_json else format_check(r))

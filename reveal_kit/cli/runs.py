@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Annotated, List, Optional
 import typer
+from .present import format_induction_summary
 from typer.core import TyperGroup
 from .app import PLAIN_HELP, PRESET_NAMES, PACE_NAMES, BASELINE_NAMES, BaseUrlOpt, BenchmarkArg, CacheOpt, JsonOpt, LimitOpt, ModelOpt, OnlyPresentOpt, QuietOpt, RayOpt, RetriesOpt, RolesOpt, RootOpt, RunDirArg, SetOpt, ShardOpt, SplitOpt, TimeoutOpt, WorkerCpusOpt, app, chat_model_from_options, cli_errors, say
 
@@ -31,7 +32,8 @@ def ask_pace_method(video, question, option, method, subtitles, backend, model, 
 # %% ../../nbs/90b_cli.runs.ipynb #a251428e
 def _ask_reveal(kw: dict) -> tuple[dict, str, list]:
     "Answer with a REVEAL preset (`kw`: `reveal.ask.ask`'s arguments): the result, its summary, the JSON keys."
-    from reveal_kit.reveal.ask import ask as ask_question, format_ask_summary, ASK_JSON_KEYS
+    from reveal_kit.reveal.ask import ask as ask_question, ASK_JSON_KEYS
+    from reveal_kit.cli.present import format_ask_summary
     with cli_errors():
         res = ask_question(**kw)
     return res, format_ask_summary(res), ASK_JSON_KEYS
@@ -91,7 +93,7 @@ SubstitutedOpt = Annotated[str, typer.Option(help="how accuracy counts an answer
 # %% ../../nbs/90b_cli.runs.ipynb #1642a723
 def _eval_run_summary(kw: dict) -> str:
     "Run `run_eval_ray` with `kw` (`role_models` as `--role-model` gives them), errors as CLI errors; its summary."
-    from reveal_kit.eval.runner import format_run_summary
+    from reveal_kit.cli.present import format_run_summary
     from reveal_kit.eval.ray import run_eval_ray
     from reveal_kit.eval.context import role_models_of
     with cli_errors():
@@ -163,7 +165,8 @@ def eval_cost(run_dir: RunDirArg,
                                                                    "profile's fastest)")] = None,
               as_json: JsonOpt = False):
     "Calls, tokens and depth per question and role; with --profile, a benchmark's projected hours and GPU-hours."
-    from reveal_kit.eval.cost import cost_report, format_cost
+    from reveal_kit.eval.cost import cost_report
+    from reveal_kit.cli.present import format_cost
     with cli_errors():
         rep = cost_report(run_dir, profile, questions, gpus, concurrency)
     say(json.dumps(rep, indent=1) if as_json else format_cost(rep))
@@ -192,7 +195,7 @@ def rubrics_induce(
         quiet: QuietOpt = False):
     "Induce a rubric pool from contrastive evidence pairs (REVEAL §3.2, App. B.4); rerunning resumes."
     from reveal_kit.core import project_root
-    from reveal_kit.eval.runner import induce_benchmark, format_induction_summary
+    from reveal_kit.eval.runner import induce_benchmark
     with cli_errors():
         uses_model = 'model' in (teacher, proposer) or backend
         chat = chat_model_from_options(backend, model, base_url, cache, timeout) if uses_model else None

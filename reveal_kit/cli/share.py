@@ -31,7 +31,8 @@ def trace_show(run_dir: RunDirArg,
             from reveal_kit.eval.trace_view import show_trace
             return say(show_trace(run_dir, qid, html_out=html, thumbs=thumbs))
         if qid is not None or html is None: raise ValueError("the run page takes no QID and needs --html OUT.html")
-        from reveal_kit.eval.browser import write_run_browser, format_browser_summary
+        from reveal_kit.eval.browser import write_run_browser
+        from reveal_kit.cli.present import format_browser_summary
         say(format_browser_summary(write_run_browser(run_dir, html, compare, thumbs)))
 
 app.add_typer(trace_app, name='trace')
@@ -48,7 +49,8 @@ def pack(run_dirs: Annotated[List[Path], typer.Argument(help="the RUN_DIRs to pa
          partial: Annotated[bool, typer.Option(help="pack a run that is still running as it is now, marked "
                                                     "partial")] = False):
     "Pack runs with the memories, PACE databases and cached calls they used, once a rerun shows that they replay."
-    from reveal_kit.eval.replay import pack_runs, format_pack_summary
+    from reveal_kit.eval.replay import pack_runs
+    from reveal_kit.cli.present import format_pack_summary
     with cli_errors():
         say(format_pack_summary(pack_runs(run_dirs, out, cache=cache, memories=memories, videos=videos,
                                           partial=partial)))
@@ -58,7 +60,8 @@ def pack(run_dirs: Annotated[List[Path], typer.Argument(help="the RUN_DIRs to pa
 def replay(pack_file: Annotated[Path, typer.Argument(help="a pack (NAME.tar.gz or NAME.tar.zst)")],
            out: Annotated[Optional[Path], typer.Option('--out', '-o', help="a new folder (default NAME-replay)")] = None):
     "Replay a pack's runs without a model (cache in replay mode) and compare them with it; exit 1 if one differs."
-    from reveal_kit.eval.pack_replay import replay_pack, format_replay_summary
+    from reveal_kit.eval.pack_replay import replay_pack
+    from reveal_kit.cli.present import format_replay_summary
     with cli_errors():
         s = replay_pack(pack_file, out)
     say(format_replay_summary(s))

@@ -14,7 +14,7 @@ from .trace_view import esc, html_page, run_question_source, trace_fragment
 
 # %% auto #0
 __all__ = ['ROW_KEYS', 'browser_rows', 'outcome', 'compare_rows', 'row_html', 'run_page_html', 'RunPages', 'question_page',
-           'write_trace_pages', 'write_run_browser', 'format_browser_summary']
+           'write_trace_pages', 'write_run_browser']
 
 # %% ../../nbs/45a_eval.browser.ipynb #c42e5261
 ROW_KEYS = ('qid', 'qtype', 'answer', 'gold', 'correct', 'rounds', 'stop_reason', 'calls', 'tokens', 'failed')
@@ -193,9 +193,3 @@ def write_run_browser(run_dir: str | Path, html_out: str | Path, compare: str | 
     atomic_write_text(out, run_page_html(shown, links, title, both=compare is not None))
     n = len(write_trace_pages(a, folder, rows, thumbs, compare))
     return dict(page=str(out), traces=n, questions=len(shown), differ=_differ(shown) if compare is not None else None)
-
-# %% ../../nbs/45a_eval.browser.ipynb #1d583a4c
-def format_browser_summary(s: dict) -> str:
-    "One line: where the run page is, how many questions and trace pages, how many differ from run B."
-    diff = f", {s['differ']} with another outcome in run B (listed first)" if s.get('differ') is not None else ''
-    return f"wrote {s['page']}: {s['questions']} questions, {s['traces']} trace pages{diff}"

@@ -13,7 +13,7 @@ from .metrics import load_results
 # %% auto #0
 __all__ = ['PROFILE_POINT_KEYS', 'PAPER_COSTS', 'trace_calls', 'sequential_depth', 'question_cost', 'row_cost', 'run_costs',
            'cost_summary', 'load_profile', 'rate_at', 'best_concurrency', 'check_projection', 'project', 'cost_report',
-           'format_cost', 'projection_table']
+           'projection_table']
 
 # %% ../../nbs/49_eval.cost.ipynb #0341e9d3
 def trace_calls(trace: dict) -> list[dict]:
@@ -151,25 +151,6 @@ def cost_report(run_dir: str | Path, profile: str | Path | dict | None = None, q
     if profile is None: return dict(s, run=str(run_dir), projection=None)
     prof = profile if isinstance(profile, dict) else load_profile(profile)
     return dict(s, run=str(run_dir), projection=project(s, prof, questions, gpus, concurrency))
-
-# %% ../../nbs/49_eval.cost.ipynb #45cc010e
-def format_cost(rep: dict) -> str:
-    "The cost table: per role calls and tokens per question, the totals, depth, and the projection if any."
-    L = [f"cost of {rep['run']} ({rep['questions']} questions)",
-         f"{'role':22s} {'calls/q':>8s} {'prompt/q':>10s} {'completion/q':>13s}"]
-    for role, d in rep['roles'].items():
-        L.append(f"{role:22s} {d['calls']:8.2f} {d['prompt_tokens']:10.0f} {d['completion_tokens']:13.0f}")
-    L.append(f"{'all':22s} {rep['calls_per_q']:8.2f} {rep['prompt_per_q']:10.0f} {rep['completion_per_q']:13.0f}")
-    L.append(f"sequential depth {rep['depth_mean']:.2f} per question (max {rep['depth_max']}); "
-             f"{rep['tokens_total']} tokens in all" + (f", {rep['reasoning_per_q']:.0f} reasoning/q"
-                                                      if rep['reasoning_per_q'] else ''))
-    if not rep['calls_per_q']: L.append('no model calls (offline roles): the run costs no model time')
-    p = rep.get('projection')
-    if p: L.append(f"projection for {p['questions']} questions on {p['gpus']} × {p['gpu']} ({p['model']}, "
-                   f"{p['concurrency']:g} requests in flight each): {p['wall_hours']:.2f} h wall, "
-                   f"{p['gpu_hours']:.1f} GPU-h, {p['tokens_m']:.1f} M tokens, {p['calls']:.0f} calls")
-    else: L.append('projection: give a throughput profile (--profile, as benchmarks/vllm_bench.py writes)')
-    return '\n'.join(L)
 
 # %% ../../nbs/49_eval.cost.ipynb #ffe67eaf
 PAPER_COSTS = [                     # REVEAL Table 3 (all ≈) and Table 4; questions: the sum of Table 4's rounds

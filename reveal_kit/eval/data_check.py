@@ -15,7 +15,7 @@ from .loaders import load_benchmark, data_root, check_split
 from ..memory.clips import video_problem
 
 # %% auto #0
-__all__ = ['manifests_dir', 'load_manifest', 'expected_layout', 'check_data', 'format_check']
+__all__ = ['manifests_dir', 'load_manifest', 'expected_layout', 'check_data']
 
 # %% ../../nbs/40b_eval.data_check.ipynb #13c4d1f7
 def manifests_dir() -> Path:
@@ -104,28 +104,3 @@ def check_data(name: str, root: str | Path | None = None, **kw) -> dict:
     if rep.loaded == 0: out['status'] = 'no questions'
     else: out['status'] = 'ok' if (vm == 0 and rep.skipped == 0 and counts_ok) else 'incomplete'
     return out
-
-# %% ../../nbs/40b_eval.data_check.ipynb #dbf1da84
-def _known(x) -> str:
-    "An expected count, or '?' when the manifest does not state it."
-    return '?' if x is None else str(x)
-
-# %% ../../nbs/40b_eval.data_check.ipynb #f71845f2
-def format_check(r: dict) -> str:
-    "A data-check report as readable lines."
-    sp = f" (split {r['split']})" if r['split'] else ''
-    L = [f"{r['benchmark']} under {r['root']}{sp}: {r['status']}"]
-    L += [f"  annotation {a['path']}: {'present' if a['present'] else 'MISSING'}" for a in r['annotations']]
-    if r.get('error'):
-        return '\n'.join(L + [f"  error: {r['error']}", f"  expected: {r['expected_layout']}"])
-    L.append(f"  read: {r['source']}")
-    L.append(f"  questions: {r['loaded']} loaded (expected {_known(r['expected_questions'])}), {r['skipped']} skipped"
-             + (f", {r['notes']} with a repeated option text" if r.get('notes') else ''))
-    L += [f"    - {x}" for x in r['reasons'][:5]]
-    if not r['loaded']: L.append(f"  expected: {r['expected_layout']}")
-    L.append(f"  videos: {r['videos']} distinct (expected {_known(r['expected_videos'])}), "
-             f"{r['videos_present']} present, {r['videos_missing']} missing")
-    L += [f"    missing e.g. {x}" for x in r['missing_examples'][:3]]
-    L.append(f"  subtitles: {r['subtitles_present']} present, {r['subtitles_missing']} missing "
-             "(not every benchmark/video has subtitles)")
-    return '\n'.join(L)

@@ -15,7 +15,7 @@ import tarfile
 import zlib
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 from ..io import atomic_write_text, read_jsonl_rows
 from ..backends.replies import parse_json
 from .metrics import load_results, report_run
@@ -147,39 +147,37 @@ def read_manifest(tar: tarfile.TarFile, where: Path) -> tuple[dict, Any]:
         raise PackError(f"{where}: not a {PACK_FORMAT} pack (format {got!r})")
     bad = next((n for n, w in man['files'].items() if not _entry_ok(w)), None)
     if bad is not None: raise PackError(f"{where}: pack.json lists {bad!r} without a SHA-256 and a size")
+    for name in man['files']: check_member_name(name)
     return man, members
 
 # %% ../../nbs/48_eval.pack.ipynb #0670ec6a
-def _inside(dest: Path, name: str) -> Path:
-    "Where a member goes under `dest`, with its folders made; a PackError when they resolve outside `dest`."
-    target = dest / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not target.parent.resolve().is_relative_to(dest.resolve()) or target.is_symlink():
-        raise PackError(f"refusing the pack member {name!r}: its folder resolves outside {dest}")
-    return target
+def _listed(members: Iterable[tarfile.TarInfo], man: dict, got: set) -> Iterator[tarfile.TarInfo]:
+    "The members after pack.json, each refused unless a regular file listed once with the header size listed."
+    for m in members:
+        if not m.isfile(): raise PackError(f"refusing the pack member {m.name!r}: not a regular file")
+        want = man['files'].get(m.name)
+        if want is None or m.name in got:
+            raise PackError(f"refusing the pack member {m.name!r}: not listed in pack.json (or twice)")
+        if m.size != want['size']:
+            raise PackError(f"refusing the pack member {m.name!r}: its header says {m.size} bytes, pack.json "
+                            f"{want['size']}")
+        got.add(m.name)
+        yield m
 
-def _filtered(m: tarfile.TarInfo, want: dict, dest: Path) -> None:
-    "Refuse a member the standard library's tar data filter refuses, or whose header size is not the listed one."
-    try: tarfile.data_filter(m, str(dest))
-    except tarfile.FilterError as e: raise PackError(f"refusing the pack member {m.name!r}: {e}") from None
-    if m.size != want['size']:
-        raise PackError(f"refusing the pack member {m.name!r}: its header says {m.size} bytes, pack.json "
-                        f"{want['size']}")
+def _sha256(path: Path) -> str:
+    "The SHA-256 of a file, read in 1 MiB chunks."
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        while chunk := f.read(1 << 20): h.update(chunk)
+    return h.hexdigest()
 
-def _write_checked(tar: tarfile.TarFile, m: tarfile.TarInfo, want: dict, dest: Path) -> None:
-    "Write one member under `dest` while hashing it; keep it only when its SHA-256 and size match the manifest."
-    _filtered(m, want, dest)
-    target, h, n = _inside(dest, m.name), hashlib.sha256(), 0
-    tmp = target.with_name(target.name + '.part')
-    with tar.extractfile(m) as src, open(tmp, 'wb') as out:
-        while n <= want['size'] and (chunk := src.read(1 << 20)):
-            h.update(chunk)
-            n += len(chunk)
-            out.write(chunk)
-    if h.hexdigest() != want['sha256'] or n != want['size']:
-        tmp.unlink()
-        raise PackError(f"checksum mismatch for {m.name}: the pack is damaged or was altered")
-    os.replace(tmp, target)
+def _check_sums(dest: Path, files: dict, names: set) -> None:
+    "Remove and refuse an extracted member whose size or SHA-256 is not the manifest's."
+    for name in sorted(names):
+        f, want = dest / name, files[name]
+        if f.stat().st_size != want['size'] or _sha256(f) != want['sha256']:
+            f.unlink()
+            raise PackError(f"checksum mismatch for {name}: the pack is damaged or was altered")
 
 # %% ../../nbs/48_eval.pack.ipynb #aeb59422
 def damaged_errors() -> tuple[type[BaseException], ...]:
@@ -191,17 +189,14 @@ def damaged_errors() -> tuple[type[BaseException], ...]:
 
 # %% ../../nbs/48_eval.pack.ipynb #3a1390fc
 def _extract(path: Path, dest: Path) -> tuple[dict, set]:
-    "Extract the members of a pack's stream under `dest`, each checked; the manifest and the members written."
+    "Extract a pack's listed members under `dest` through the tar data filter, then check every sum."
     with _tar_in(path) as tar:
         man, members = read_manifest(tar, path)
         got = set()
-        for m in members:
-            name = check_member_name(m.name)
-            if not m.isfile(): raise PackError(f"refusing the pack member {name!r}: not a regular file")
-            if name not in man['files'] or name in got:
-                raise PackError(f"refusing the pack member {name!r}: not listed in pack.json (or twice)")
-            _write_checked(tar, m, man['files'][name], dest)
-            got.add(name)
+        try: tar.extractall(dest, members=_listed(members, man, got), filter='data')
+        except tarfile.FilterError as e:
+            raise PackError(f"refusing the pack member {e.tarinfo.name!r}: {e}") from None
+    _check_sums(dest, man['files'], got)
     return man, got
 
 def unpack(path: str | Path, dest: str | Path) -> dict:

@@ -21,8 +21,8 @@ from .pack import (PackError, check_runs, entry_contradiction, pack_id, remove_s
 from .replay import PackedModel, rerun
 
 # %% auto #0
-__all__ = ['load_pack_cache', 'cache_problems', 'replay_run', 'memory_build_seconds', 'replay_pack', 'format_replay_summary',
-           'open_pack', 'pack_chat', 'replayed_run']
+__all__ = ['load_pack_cache', 'cache_problems', 'replay_run', 'memory_build_seconds', 'replay_pack', 'open_pack', 'pack_chat',
+           'replayed_run']
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #f6c2d27c
 def load_pack_cache(src: Path, path: Path) -> CallCache:
@@ -95,19 +95,6 @@ def replay_pack(pack: str | Path, out: str | Path | None = None, progress: bool 
     return dict(pack=str(pack), id=pack_id(pack), out=str(out), kit_version=man.get('kit_version'), runs=runs,
                 cache_problems=problems, identical=all(r['identical'] for r in runs) and not problems,
                 seconds=round(time.time() - t0, 2), memory_build_seconds=memory_build_seconds(out / 'pack', rows))
-
-# %% ../../nbs/48b_eval.pack_replay.ipynb #adf5c368
-def format_replay_summary(s: dict) -> str:
-    "One line per replayed run: identical or its first differences, the replay's time against the run's."
-    lines = [f"replayed {s['pack']} (id {s['id'][:12]}, kit {s['kit_version']}) into {s['out']} in "
-             f"{s['seconds']:.1f} s; the packed memories took {s['memory_build_seconds']:.1f} s to build"]
-    for r in s['runs']:
-        what = 'identical to the packed run' if r['identical'] else 'DIFFERS: ' + '; '.join(r['differences'])
-        part = ', partial: packed while it ran' if r.get('partial') else ''
-        lines.append(f"  {r['name']} ({r['method']} on {r['benchmark']}, {r['questions']} questions{part}): {what}; "
-                     f"answered in {r['seconds']:.1f} s (the run's questions took {r['run_seconds']:.1f} s)")
-    lines += [f"  DIFFERS: {p}" for p in s.get('cache_problems') or []]
-    return '\n'.join(lines)
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #e89dda3a
 def _opened(d: Path) -> dict | None:

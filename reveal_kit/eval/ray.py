@@ -20,8 +20,7 @@ from .runner import (ABORT_ERRORS, check_run_options, load_run_questions, resolv
 
 # %% auto #0
 __all__ = ['LOOPBACK_ENV', 'RayUnavailable', 'RayRunFailed', 'loopback_only', 'connect_ray', 'worker_spec', 'worker_context',
-           'memory_jobs', 'build_one', 'build_all', 'format_build_all_summary', 'Answerer', 'ray_answerer',
-           'run_eval_ray']
+           'memory_jobs', 'build_one', 'build_all', 'Answerer', 'ray_answerer', 'run_eval_ray']
 
 # %% ../../nbs/46_eval.ray.ipynb #eed20820
 class RayUnavailable(ImportError):
@@ -165,13 +164,6 @@ def build_all(benchmark: str | list[Question], root: str | Path | None = None,
     failed = [f"{r['video_id']} ({r['chunking']}): {r['error']}" for r in rows if r['status'] == 'failed']
     return dict(benchmark=name, memories=len(jobs), **n, failed=failed, memory_root=str(runs_dir() / 'memories'),
                 ray=ray_address, seconds=round(time.time() - t0, 2))
-
-# %% ../../nbs/46_eval.ray.ipynb #626edc57
-def format_build_all_summary(s: dict) -> str:
-    "Lines about a `build_all` summary: counts and where, then each failure with its reason."
-    head = (f"{s['memories']} memories of {s['benchmark']}: {s['built']} built, {s['reused']} reused, "
-            f"{len(s['failed'])} failed, {s['seconds']:.1f}s{' on Ray' if s.get('ray') else ''} → {s['memory_root']}")
-    return '\n'.join([head, *(f"  failed {f}" for f in s['failed'])])
 
 # %% ../../nbs/46_eval.ray.ipynb #47be53b1
 class Answerer:

@@ -39,7 +39,7 @@ from .pack import (PackError, pack_compression, pack_id, remove_stale, run_diffe
 # %% auto #0
 __all__ = ['PACE_KIND', 'MEMORY_FILES', 'PACE_FILES', 'RUN_FILES', 'model_card', 'PackedModel', 'RecordingCache', 'run_meta',
            'run_model', 'run_questions_of', 'ReplayContext', 'rerun', 'packable', 'reads_frames', 'pace_members',
-           'PackJob', 'pack_runs', 'format_pack_summary']
+           'PackJob', 'pack_runs']
 
 # %% ../../nbs/48a_eval.replay.ipynb #5c709f8c
 def model_card(model: protocols.ChatModel | None) -> dict | None:
@@ -400,12 +400,3 @@ def pack_runs(run_dirs: Iterable[str | Path], out: str | Path, cache: str | Path
                                              for k in sorted(calls)).encode()
         man = write_pack(out, files, dict(kit_version=kit_version(), runs=rows, calls=len(calls)))
     return _pack_summary(out, man, rows, time.time() - t0)
-
-# %% ../../nbs/48a_eval.replay.ipynb #f8b14629
-def format_pack_summary(s: dict) -> str:
-    "One line about a pack: runs, questions, calls, memories, size packed and unpacked, time, id; partial runs."
-    part = f"; PARTIAL (still running when packed): {', '.join(s['partial'])}" if s.get('partial') else ''
-    return (f"packed {len(s['runs'])} run(s) ({', '.join(s['runs'])}): {s['questions']} questions, {s['calls']} "
-            f"cached calls, {s['memories']} memories → {s['pack']} ({s['bytes'] / 1024:.0f} KiB; "
-            f"{s['unpacked_bytes'] / 1024:.0f} KiB unpacked), checked by a rerun in {s['seconds']:.1f} s; "
-            f"id {s['id'][:12]}{part}")

@@ -34,8 +34,7 @@ from ..retrieval.choice import get_text_embedder, get_image_embedder
 
 # %% auto #0
 __all__ = ['ABORT_ERRORS', 'finalize', 'run_one', 'resolve_config', 'load_run_questions', 'answer_in_process',
-           'check_run_options', 'check_concurrency', 'substituted_end', 'run_eval', 'format_run_summary',
-           'induce_benchmark', 'format_induction_summary']
+           'check_run_options', 'check_concurrency', 'substituted_end', 'run_eval', 'induce_benchmark']
 
 # %% ../../nbs/42c_eval.runner.ipynb #d0f2ead8
 def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
@@ -232,25 +231,9 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
         _end_run_json(out, meta, ctx, summary)
     return dict(summary, substituted=substituted_end(out, max_substituted))
 
-# %% ../../nbs/42c_eval.runner.ipynb #3401cf8a
-def format_run_summary(s: dict) -> str:
-    "One line about a `run_eval` summary: what ran, what was already done, failures, accuracy so far."
-    deg = f" ({s['degraded']} degraded: an answer not from the configured model)" if s.get('degraded') else ''
-    return (f"{s['ran']} run, {s['skipped_finished']} already done, {s['failed']} failed{deg}; "
-            f"accuracy so far {s['accuracy']:.3f} → {s['out_dir']}")
-
 # %% ../../nbs/42c_eval.runner.ipynb #87383b4b
 def induce_benchmark(benchmark: str, root: str | Path | None = None, split: str | None = 'dev',
                      limit: int | None = None, **kw) -> dict:
     "`reveal.induction.induce` on a benchmark's split (its first `limit` questions); the induction report."
     qs = load_split_questions(benchmark, root, split)
     return induce(qs[:limit] if limit else qs, split=split, benchmark=benchmark, root=root, **kw)
-
-# %% ../../nbs/42c_eval.runner.ipynb #36c4e3e3
-def format_induction_summary(rep: dict) -> str:
-    "One line about an induction report: questions → pairs kept, the best iteration, its validation accuracy, the pool."
-    prov, filt = rep['provenance'], rep['filter']
-    kept = ', the start pool kept' if rep['best_iteration'] == 0 else ''
-    return (f"{filt['candidates']} questions -> {filt['kept']} pairs (removed by {filt['first']}); "
-            f"best iteration {rep['best_iteration']}{kept} (validation accuracy {prov['val_accuracy']:.3f}, "
-            f"start pool {prov['start_val_accuracy']:.3f}) -> {rep['pool']}")

@@ -20,13 +20,13 @@ from ..video.captioning import make_captioner, make_summarizer, PerceptualCaptio
 from ..io import atomic_write_json, atomic_save_npy, read_jsonl_rows, append_jsonl, locked_dir
 from ..text import fmt_time
 from .store import FORMAT_VERSION, MemoryMismatchError, OfflineMemory, memory_config, memory_key
-from .store import memory_models, memory_dir_for, video_sha256, memory_embedders, spread_times
+from .store import memory_models, memory_dir_for, content_sha256, memory_embedders, spread_times
 from .store import quality_line, caption_fallbacks, fallback_policy, fallback_rebuild
 from .clips import ClipFolder, is_clip_folder, open_clip_folder, probe_source
 
 # %% auto #0
 __all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'call_concurrency', 'produced_by', 'subtitle_record', 'get_or_build_memory',
-           'build_memory', 'format_build_summary']
+           'build_memory']
 
 # %% ../../nbs/14a_memory.build.ipynb #fbc24d3f
 def _pbar(total: int, desc: str, progress: bool):
@@ -381,8 +381,8 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, confi
     info = probe_source(video)                                           # one-line VideoError on bad input
     cues = load_subtitles(subtitles) if subtitles else []               # one-line SubtitleError
     te, ie = memory_embedders(text_embedder, image_embedder)
-    sub_sha = video_sha256(subtitles) if subtitles else None
-    ident = _identity(config, memory_models(chat_model, te, ie), sub_sha, video_sha256(video))
+    sub_sha = content_sha256(subtitles) if subtitles else None
+    ident = _identity(config, memory_models(chat_model, te, ie), sub_sha, content_sha256(video))
     _warn_late_cues(cues, info, subtitles)
     if not rebuild and _complete(out, ident):                            # no lock, no write: read-only is fine
         return cls.load(out, config, text_embedder=te, image_embedder=ie)
@@ -440,10 +440,3 @@ def build_memory(video: str | Path, out: str | Path | None = None, config: Confi
     mem = OfflineMemory.build(video, out, cfg, chat_model=chat_model, subtitles=subtitles, progress=progress,
                               rebuild=rebuild, concurrency=concurrency)
     return _build_summary(mem, time.time() - t0, reused)
-
-# %% ../../nbs/14a_memory.build.ipynb #c15aaabe
-def format_build_summary(s: dict) -> str:
-    "One line for people: built or reused, where, frames kept, level counts, seconds."
-    return (f"{'reused' if s['reused'] else 'built'} {s['memory_dir']}: {s['n_kept']}/{s['n_frames']} frames kept, "
-            f"L1={s['n_l1']} (mean {s['mean_l1_seconds']:.1f}s) L2={s['n_l2']} L3={s['n_l3']}, {s['seconds']:.1f}s"
-            + (f"; FALLBACK: {s['fallback']}" if s.get('fallback') else ''))

@@ -20,10 +20,10 @@ from ..text import fmt_time
 from ..backends.chat import is_meaningful
 
 # %% auto #0
-__all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'FALLBACK_POLICIES', 'memory_config', 'MemoryMismatchError', 'memory_key',
-           'captioner_kind', 'memory_embedders', 'memory_models', 'video_sha256', 'memory_dir_for', 'Hit',
-           'OfflineMemory', 'spread_times', 'quality_line', 'caption_fallbacks', 'produced_line', 'fallback_policy',
-           'fallback_rebuild', 'describe']
+__all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'video_sha256', 'FALLBACK_POLICIES', 'memory_config', 'MemoryMismatchError',
+           'memory_key', 'captioner_kind', 'memory_embedders', 'memory_models', 'content_sha256', 'memory_dir_for',
+           'Hit', 'OfflineMemory', 'spread_times', 'quality_line', 'caption_fallbacks', 'produced_line',
+           'fallback_policy', 'fallback_rebuild']
 
 # %% ../../nbs/14_memory.store.ipynb #a489f122
 FORMAT_VERSION = 3   # 3: transition-aware segmentation (boundaries moved)
@@ -64,13 +64,15 @@ def memory_models(chat_model=None, text_embedder=None, image_embedder=None) -> d
 # %% ../../nbs/14_memory.store.ipynb #868730f3
 _SHA_CACHE: dict = {}
 
-def video_sha256(path: str | Path) -> str:
+def content_sha256(path: str | Path) -> str:
     "SHA-256 of a file, or the digest of a folder of clips (`ClipFolder.sha256`), cached per (path, size, mtime)."
     p = check_video(path).resolve()                      # a FIFO or a device would be read forever
     st = p.stat()
     k = (str(p), st.st_size, st.st_mtime_ns)
     if k not in _SHA_CACHE: _SHA_CACHE[k] = open_clip_folder(p).sha256() if is_clip_folder(p) else sha256_file(p)
     return _SHA_CACHE[k]
+
+video_sha256 = content_sha256       # the old name, for callers outside the kit
 
 # %% ../../nbs/14_memory.store.ipynb #343249e7
 def memory_dir_for(video_path: str | Path, config: Config, models: dict | Any = None,
@@ -79,9 +81,9 @@ def memory_dir_for(video_path: str | Path, config: Config, models: dict | Any = 
     if not isinstance(models, dict): models = memory_models(models)
     p = check_video(video_path)
     if p.is_dir(): open_clip_folder(p)                   # a folder must hold time-stamped clips (else a one-line error)
-    sub = video_sha256(subtitles) if subtitles else None
+    sub = content_sha256(subtitles) if subtitles else None
     root = Path(root) if root else runs_dir() / 'memories'
-    return root / f"{p.stem}-{video_sha256(p)[:8]}-{memory_key(config, models, sub)}"
+    return root / f"{p.stem}-{content_sha256(p)[:8]}-{memory_key(config, models, sub)}"
 
 # %% ../../nbs/14_memory.store.ipynb #42cad89a
 @dataclass
@@ -338,27 +340,3 @@ def fallback_rebuild(out: Path, manifest: dict) -> bool:
     warn(f"memory at {out} has {n} fallback narratives (its model failed while it was built): building it again "
          "with the model (REVEAL_FALLBACK_MEMORY=keep reuses it; its answers are then marked degraded)")
     return True
-
-# %% ../../nbs/14_memory.store.ipynb #7f137f34
-def describe(mem: OfflineMemory, n: int = 3, width: int = 160) -> str:
-    "A human-readable summary of a memory: identity, levels with time coverage, a few narratives."
-    m, d, models = mem.manifest, max(mem.duration, 1e-9), mem.manifest.get('models', {})
-    lines = [f"memory   {mem.path}",
-             f"video    {m.get('video_id')} ({m.get('video_path')}), {fmt_time(mem.duration)}, "
-             f"sha256 {m.get('video_sha256', '')[:12]}",
-             f"built    {m.get('created')} by reveal_kit {m.get('kit_version')}; key {m.get('memory_key')} "
-             f"(config {m.get('config_hash')})",
-             f"models   captioner={m.get('captioner')} image={models.get('image_embedder')} "
-             f"text={models.get('text_embedder')}",
-             f"frames   {quality_line(m.get('quality') or dict(m['counts']))}"]
-    if produced_line(m): lines.insert(4, f"captions {produced_line(m)}")
-    for l in (1, 2, 3):
-        its = mem.level(l)
-        mean = np.mean([it.duration for it in its]) if its else 0
-        cov = sum(it.duration for it in its) / d
-        lines.append(f"L{l}       {len(its)} items, mean {mean:.1f}s, covers {cov:.0%} of the video")
-    for it in mem.level(1)[:n] + mem.level(2)[:1] + mem.level(3)[:1]:
-        txt = it.narrative if len(it.narrative) <= width else it.narrative[:width - 1] + '…'
-        if not txt.startswith('['): txt = f"[{fmt_time(it.t_start)}-{fmt_time(it.t_end)}] {txt}"
-        lines.append(f"  {it.item_id} {txt}")
-    return '\n'.join(lines)

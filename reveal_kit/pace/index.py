@@ -21,16 +21,17 @@ from ..video.frames import probe_video, iter_frames
 from ..video.subtitles import load_subtitles, align_cues, cues_text
 from ..retrieval.choice import get_text_embedder
 from ..retrieval.index import VectorIndex
-from ..memory.store import video_sha256, captioner_kind
+from ..memory.store import content_sha256, captioner_kind
 from .factors import Factor
 from .roles import PaceSettings, pace_settings
 from types import SimpleNamespace
 from .captions import plain_caption, model_record, merge_registry, union_subjects
 
 # %% auto #0
-__all__ = ['TAG_MIN_COVER', 'PACE_FIELDS', 'clip_spans', 'frame_width', 'clip_frames', 'time_label', 'ClipRecord', 'tag_factors',
-           'factor_text', 'EvidenceDB', 'index_config', 'pace_models', 'pace_dir_for', 'factor_key', 'load_db',
-           'build_plain_db', 'offline_records', 'tagger_kind', 'build_factor_db', 'get_pace_dbs']
+__all__ = ['TAG_MIN_COVER', 'PACE_FIELDS', 'pace_models', 'clip_spans', 'frame_width', 'clip_frames', 'time_label', 'ClipRecord',
+           'tag_factors', 'factor_text', 'EvidenceDB', 'index_config', 'pace_index_models', 'PaceIndexError',
+           'pace_dir_for', 'factor_key', 'load_db', 'build_plain_db', 'offline_records', 'tagger_kind',
+           'build_factor_db', 'get_pace_dbs']
 
 # %% ../../nbs/31_pace.index.ipynb #f3581a85
 def clip_spans(duration: float, clip_s: float = 10.0) -> list[tuple[float, float]]:
@@ -201,21 +202,27 @@ def index_config(config: Config = Config()) -> dict:
     return {**{k: getattr(config, k) for k in PACE_FIELDS}, 'pace_frame_height': pace_settings(config).frame_height}
 
 # %% ../../nbs/31_pace.index.ipynb #7f9d4f9a
-def pace_models(chat_model=None, text_embedder=None) -> dict:
+def pace_index_models(chat_model=None, text_embedder=None) -> dict:
     "The model ids a PACE index depends on: captioner (offline-perceptual, model:<id>, +ocr-facts) and text embedder."
     te = text_embedder or get_text_embedder()
     sub = '+ocr-facts' if not offline_role(chat_model) and not getattr(chat_model, 'supports_images', False) else ''
     return dict(captioner=captioner_kind(chat_model) + sub, text_embedder=te.model_id)
+
+pace_models = pace_index_models       # the old name, for callers outside the kit
+
+# %% ../../nbs/31_pace.index.ipynb #b81a981e
+class PaceIndexError(MemoryBuildError):
+    "A video, subtitle file or index directory a PACE index cannot be built from or loaded; the message says why."
 
 # %% ../../nbs/31_pace.index.ipynb #82d9b2e7
 def pace_dir_for(video: str | Path, config: Config = Config(), models: dict | None = None,
                  subtitles: str | Path | None = None, root: str | Path | None = None) -> Path:
     "`<root>/<stem>-<sha8>-<key>` (root: runs/pace): the folder of a video's PACE databases under these settings."
     p = Path(video)
-    if not p.is_file(): raise MemoryBuildError(f"video not found: {p}")
-    key = digest(dict(config=index_config(config), models=models or pace_models(),
-                       subtitles=video_sha256(subtitles) if subtitles else None))
-    return (Path(root) if root else runs_dir() / 'pace') / f"{p.stem}-{video_sha256(p)[:8]}-{key}"
+    if not p.is_file(): raise PaceIndexError(f"video not found: {p}")
+    key = digest(dict(config=index_config(config), models=models or pace_index_models(),
+                       subtitles=content_sha256(subtitles) if subtitles else None))
+    return (Path(root) if root else runs_dir() / 'pace') / f"{p.stem}-{content_sha256(p)[:8]}-{key}"
 
 # %% ../../nbs/31_pace.index.ipynb #c2effa7c
 def factor_key(factors: Sequence[Factor], tagger: str) -> str:
@@ -229,7 +236,7 @@ def _start(out: Path, ident: dict) -> dict[str, ClipRecord]:
     if bj.exists():
         old = json.loads(bj.read_text())
         if {k: old.get(k) for k in ident} != ident:
-            raise MemoryBuildError(f"{out} holds a PACE index built differently; delete it or use another root")
+            raise PaceIndexError(f"{out} holds a PACE index built differently; delete it or use another root")
     else: atomic_write_json(bj, dict(ident, started=build_stamp()))
     return {r['clip_id']: ClipRecord.from_dict(r) for r in read_jsonl_rows(out / 'clips.jsonl', repair=True)}
 
@@ -256,13 +263,13 @@ def load_db(path: str | Path, text_embedder=None) -> EvidenceDB:
     "Load a complete evidence database; refuses an unfinished one or one of another text embedder."
     p = Path(path)
     if not (p / 'manifest.json').exists():
-        raise MemoryBuildError(f"not a complete PACE index: {p} has no manifest.json (build it again to resume)")
+        raise PaceIndexError(f"not a complete PACE index: {p} has no manifest.json (build it again to resume)")
     man = json.loads((p / 'manifest.json').read_text())
     te = text_embedder or get_text_embedder()
     if man['models']['text_embedder'] != te.model_id:
-        raise MemoryBuildError(f"{p} was embedded with {man['models']['text_embedder']!r}, not {te.model_id!r}")
+        raise PaceIndexError(f"{p} was embedded with {man['models']['text_embedder']!r}, not {te.model_id!r}")
     recs = sorted((ClipRecord.from_dict(r) for r in read_jsonl_rows(p / 'clips.jsonl')), key=lambda r: r.t_start)
-    if len(recs) != man['n_clips']: raise MemoryBuildError(f"corrupt PACE index at {p}: clips and manifest disagree")
+    if len(recs) != man['n_clips']: raise PaceIndexError(f"corrupt PACE index at {p}: clips and manifest disagree")
     return EvidenceDB(recs, np.load(p / 'text_emb.npy'), te, [Factor.from_dict(d) for d in man.get('factors', [])],
                       man, p)
 
@@ -296,8 +303,8 @@ def build_plain_db(video: str | Path, out: str | Path, config: Config = Config()
     "Build (or resume, or reuse) the plain per-clip captions of a video in `out`, and its subject registry."
     t0, video, out, te = time.time(), Path(video), Path(out), text_embedder or get_text_embedder()
     info, st = probe_video(video), pace_settings(config)
-    ident = dict(kind='plain', video_sha256=video_sha256(video), config=index_config(config),
-                 models=pace_models(model, te), subtitles_sha256=video_sha256(subtitles) if subtitles else None)
+    ident = dict(kind='plain', video_sha256=content_sha256(video), config=index_config(config),
+                 models=pace_index_models(model, te), subtitles_sha256=content_sha256(subtitles) if subtitles else None)
     with locked_dir(out):
         if (out / 'manifest.json').exists(): return load_db(out, te)
         recs = _caption_clips(video, info, config, model, subtitles, _start(out, ident), out, st)
@@ -320,7 +327,7 @@ def offline_records(plain: EvidenceDB, factors: Sequence[Factor]) -> list[ClipRe
 # %% ../../nbs/31_pace.index.ipynb #5ed2dc41
 def tagger_kind(model: ChatModel | None = None) -> str:
     "'offline-tagger' without a meaningful model, else the model's captioner kind (`+ocr-facts`: no image input)."
-    return 'offline-tagger' if offline_role(model) else pace_models(model, SimpleNamespace(model_id=''))['captioner']
+    return 'offline-tagger' if offline_role(model) else pace_index_models(model, SimpleNamespace(model_id=''))['captioner']
 
 # %% ../../nbs/31_pace.index.ipynb #8387a26a
 def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict, out: Path) -> None:
@@ -366,7 +373,7 @@ def get_pace_dbs(video: str | Path, factors: Sequence[Factor] = (), config: Conf
                  text_embedder=None) -> tuple[EvidenceDB, EvidenceDB | None]:
     "The video's plain database and, when factors are given, its factor-conditioned one: loaded, resumed or built."
     te, subtitles = text_embedder or get_text_embedder(), run_subtitles(subtitles, config)
-    d = pace_dir_for(video, config, pace_models(model, te), subtitles, root)
+    d = pace_dir_for(video, config, pace_index_models(model, te), subtitles, root)
     plain = build_plain_db(video, d / 'plain', config, model, subtitles, te)
     if not factors: return plain, None
     return plain, build_factor_db(plain, factors, d / f"factors-{factor_key(factors, tagger_kind(model))}", config,

@@ -14,7 +14,7 @@ from .text_embedders import MINILM_ID, SentenceTransformerText, bge_m3_embedder,
 from .onnx import has_module, minilm_text
 
 # %% auto #0
-__all__ = ['get_text_embedder', 'get_image_embedder', 'describe_embedders']
+__all__ = ['get_text_embedder', 'get_image_embedder']
 
 # %% ../../nbs/04d_retrieval.choice.ipynb #b72076d8
 @functools.lru_cache(maxsize=8)
@@ -54,19 +54,3 @@ def get_image_embedder(name: str = 'auto') -> ImageEmbedder:
     if name == 'siglip': raise RuntimeError(why)
     return DescriptorImageEmbedder(is_fallback=True,
                                    why=f"{why}; using the deterministic {DESCRIPTOR_ID} frame descriptor")
-
-# %% ../../nbs/04d_retrieval.choice.ipynb #582ffe7a
-_PROBES = dict(text=['probe'], vision=[np.zeros((64, 64, 3), np.uint8)])
-
-def describe_embedders(text: str = 'auto', vision: str = 'auto', load: bool = True) -> dict:
-    "For `reveal backends check`: the embedders in use, fallback or not, and why; `load` runs each once (`ok`)."
-    out = {}
-    for key, get, name in (('text', get_text_embedder, text), ('vision', get_image_embedder, vision)):
-        try:
-            emb = get(name)
-            if load: emb.encode(_PROBES[key])
-            out[key] = dict(emb.describe(), which=emb.backend, ok=True)
-        except Exception as e:
-            why = f"{type(e).__name__}: {e}"
-            out[key] = dict(kind=key, which=None, model_id=None, is_fallback=True, ok=False, why=why)
-    return out

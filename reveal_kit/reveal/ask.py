@@ -10,13 +10,13 @@ from typing import Any
 from ..core import Config, Question, load_config, ask_trace_dir
 from ..text import fmt_time
 from ..backends.models import get_chat_model
-from ..memory.store import OfflineMemory, memory_dir_for, memory_models, video_sha256
+from ..memory.store import OfflineMemory, memory_dir_for, memory_models, content_sha256
 from ..memory.build import get_or_build_memory
 from .agent import answer_question
 from .presets import get_preset
 
 # %% auto #0
-__all__ = ['ASK_JSON_KEYS', 'load_trace', 'format_trace', 'subtitles_beside', 'ask', 'format_ask_summary']
+__all__ = ['ASK_JSON_KEYS', 'load_trace', 'format_trace', 'subtitles_beside', 'ask']
 
 # %% ../../nbs/25c_reveal.ask.ipynb #ca77b7a0
 def load_trace(path: str | Path) -> dict:
@@ -59,7 +59,7 @@ def subtitles_beside(video: str | Path) -> Path | None:
 def _memory_under(memory_dir: Path, video: Path, config: Config, chat: Any, subtitles: Path | None) -> Path:
     "`memory_dir` itself when it holds this video's memory with these settings, else its `<stem>-<sha8>-<key>` folder."
     d = memory_dir_for(video, config, memory_models(chat), subtitles, root=memory_dir)
-    key, vsha = d.name.rsplit('-', 1)[-1], video_sha256(video)
+    key, vsha = d.name.rsplit('-', 1)[-1], content_sha256(video)
     for f in ('manifest.json', 'build.json'):
         try: old = json.loads((memory_dir / f).read_text())
         except (OSError, ValueError): continue
@@ -106,30 +106,3 @@ def ask(video: str | Path, question: str, options: list[str], method: str = 'rev
     return {'trace_error': None, **res, 'options': q.options, 'tau': cfg.tau,
             'memory_dir': str(getattr(mem, 'path', '') or '') or None, 'memory_build_s': built_s,
             'subtitles': str(subs) if subs else None}
-
-# %% ../../nbs/25c_reveal.ask.ipynb #9a7e0029
-def _memory_line(res: dict) -> str:
-    "Whether the memory was built (and how long it took) or reused, and which subtitles it holds."
-    b = res.get('memory_build_s')
-    how = 'reused' if b is None else f"built in {b:.1f}s"
-    return f"Memory: {how} ({res.get('memory_dir') or 'in memory'}); subtitles: {res.get('subtitles') or 'none'}"
-
-def format_ask_summary(res: dict) -> str:
-    "The human-readable `reveal ask` output of an `ask` result."
-    a = res['answer']
-    verdict = 'not verified' if res['sufficient'] is None else ('sufficient' if res['sufficient'] else 'insufficient')
-    rho = f"rho={res['rho']:.2f} (tau={res['tau']})" if res['rho'] is not None else 'rho=n/a'
-    L = [f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})",
-         f"Verdict: {verdict}, {rho}",
-         f"Rounds: {res['rounds']} (stop: {res['stop_reason']}), LLM calls: {res['llm_calls']}, "
-         f"tokens: {res['tokens']}, {res['seconds']:.2f}s", _memory_line(res), "Evidence:"]
-    L += [f"  [L{e['level']} {fmt_time(e['t_start'])}-{fmt_time(e['t_end'])}] {' '.join(e['text'].split()[:25])}"
-          for e in res['evidence']] or ['  (none)']
-    if res.get('missing_evidence'):
-        L.append('Missing evidence: ' + '; '.join(res['missing_evidence']))
-    if res.get('degraded'):
-        fc = ', '.join(f"{r} {n}" for r, n in res['failed_calls'].items())
-        L.append(f"DEGRADED: failed model calls ({fc}); those steps used the offline fallback")
-    L.append(f"Trace: reveal trace show {res['trace']}" if res.get('trace')
-             else f"Trace: not written ({res.get('trace_error')})")
-    return '\n'.join(L)

@@ -20,7 +20,7 @@ from .render import render_video, subtitle_cues
 # %% auto #0
 __all__ = ['GENERATOR_VERSION', 'SPLITS', 'video_seed', 'video_qtypes', 'files_info', 'write_script_files', 'render_params',
            'render_once', 'build_video', 'check_params', 'build_all', 'write_benchmark', 'generate_benchmark',
-           'load_questions', 'shortfall_lines', 'describe_benchmark']
+           'load_questions', 'shortfall_lines']
 
 # %% ../../nbs/09c_synth.bench.ipynb #cb2f89d7
 GENERATOR_VERSION = '1.0'
@@ -193,11 +193,3 @@ def shortfall_lines(man: dict) -> list[str]:
     return [f"  note: {v['video_id']} holds {v['n_questions']} of the {v['n_planned']} questions asked: its "
             f"{minutes:g}-min timeline has no room for the distinct events the others need (use longer --minutes)"
             for v in short]
-
-# %% ../../nbs/09c_synth.bench.ipynb #9b0cf3d6
-def describe_benchmark(man: dict, out_dir: str | Path | None = None) -> str:
-    "A short human-readable summary of a benchmark manifest: counts per question type and the gold letters."
-    where = f" to {out_dir}" if out_dir is not None else ''
-    lines = [f"wrote {man['n_questions']} questions over {man['n_videos']} videos{where}"]
-    lines += [f"  {k:15s} {v}" for k, v in man['counts_by_type'].items()]
-    return '\n'.join(lines + [f"  gold letters: {man['letter_distribution']}"] + shortfall_lines(man))
