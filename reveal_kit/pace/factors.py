@@ -40,14 +40,16 @@ def factor_budget(config: Config = Config(), force: int = 0) -> tuple[int, int]:
     if force < 0: raise ValueError(f"force must be >= 0, got {force}")
     if force: return force, force
     lo, hi = config.pace_min_factors, config.pace_max_factors
-    if not 1 <= lo <= hi: raise ValueError(f"need 1 <= pace_min_factors <= pace_max_factors, got {lo}, {hi}")
+    if not 1 <= lo <= hi:
+        raise ValueError(f"need 1 <= pace_min_factors <= pace_max_factors, got {lo}, {hi}")
     return lo, hi
 
 # %% ../../nbs/30_pace.factors.ipynb #7456f71c
 FACTOR_SYSTEM = (
-    "You prepare the indexing of a long video for one question. You do NOT see the answer options. Extract the "
-    "question's factors: short descriptors (2-8 words) of the informational facets a video description must record "
-    "to answer it — entities, actions, relations, attributes or temporal anchors. Answer with JSON only.")
+    "You prepare the indexing of a long video for one question. You do NOT see the answer "
+    "options. Extract the question's factors: short descriptors (2-8 words) of the informational "
+    "facets a video description must record to answer it — entities, actions, relations, "
+    "attributes or temporal anchors. Answer with JSON only.")
 
 def factor_prompt(question: str, lo: int, hi: int) -> str:
     "The user message of the factor call: the question text and the budget (never the options)."
@@ -79,7 +81,7 @@ _NEGATIONS = ('not', 'never', 'no', 'none', 'except')
 _SPLIT_RE = re.compile(r'\b(' + '|'.join(_CONNECT) + r')\b', re.I)
 
 def question_phrases(question: str) -> list[tuple[str, str]]:
-    "(phrase, kind) parts of the question: content words between connectives, kinds by the rule above."
+    "(phrase, kind) parts of the question: content words between connectives, kinds by the rule."
     out, anchor = [], None
     for part in _SPLIT_RE.split(question):
         if part.lower() in _CONNECT:
@@ -92,21 +94,23 @@ def question_phrases(question: str) -> list[tuple[str, str]]:
         out.append((ph, kind))
         anchor = None
     if not out:
-        words = [w for w in tokens(question) if w not in STOPWORDS and w not in _NEGATIONS] or ['main events']
+        words = [w for w in tokens(question) if w not in STOPWORDS and w not in _NEGATIONS]
+        words = words or ['main events']
         out = [(' '.join(words), 'action')]
     return out
 
 # %% ../../nbs/30_pace.factors.ipynb #2462fc86
 def _split_once(ph: list[tuple[str, str]]) -> bool:
-    "Split the longest multi-word phrase at its first word, in place; False when every phrase is one word."
+    "Split the longest multi-word phrase at its first word, in place; False when all are one word."
     i = max(range(len(ph)), key=lambda j: len(ph[j][0].split()))
     words = ph[i][0].split()
     if len(words) < 2: return False
-    ph[i:i + 1] = [(words[0], 'entity'), (' '.join(words[1:]), 'action' if len(words) > 2 else 'entity')]
+    rest = (' '.join(words[1:]), 'action' if len(words) > 2 else 'entity')
+    ph[i:i + 1] = [(words[0], 'entity'), rest]
     return True
 
 def fit_phrases(ph: list[tuple[str, str]], lo: int, hi: int) -> list[tuple[str, str]]:
-    "Merge or split phrases until lo <= len <= hi (padding with the whole focus and word pairs if needed)."
+    "Merge or split phrases until lo <= len <= hi (padding with the whole focus and word pairs)."
     ph = list(ph)
     while len(ph) > hi:
         (a, ka), (b, _) = ph[-2], ph[-1]
@@ -125,11 +129,12 @@ def fit_phrases(ph: list[tuple[str, str]], lo: int, hi: int) -> list[tuple[str, 
 # %% ../../nbs/30_pace.factors.ipynb #e8a781ac
 def offline_factors(question: str, lo: int = 1, hi: int = 3) -> list[Factor]:
     "Deterministic factors of a question text by the content-word rule above."
-    return [Factor(f"f{i + 1}", t, k) for i, (t, k) in enumerate(fit_phrases(question_phrases(question), lo, hi))]
+    ph = fit_phrases(question_phrases(question), lo, hi)
+    return [Factor(f"f{i + 1}", t, k) for i, (t, k) in enumerate(ph)]
 
 # %% ../../nbs/30_pace.factors.ipynb #33cbdb07
 def _model_factors(data: Any, lo: int, hi: int) -> list[Factor] | None:
-    "Distinct factors of a schema-valid reply, or None when fewer than `lo` distinct ones remain (kept to `hi`)."
+    "Distinct factors of a schema-valid reply (at most `hi`), or None when fewer than `lo` remain."
     seen, out = set(), []
     for d in (data or {}).get('factors', []):
         t = ' '.join(str(d.get('text', '')).split())
@@ -139,19 +144,21 @@ def _model_factors(data: Any, lo: int, hi: int) -> list[Factor] | None:
     return out[:hi] if len(out) >= lo else None
 
 def _repaired(data: Any, question: str, lo: int, hi: int) -> list[Factor] | None:
-    "A reply of `lo`+ factors that repeats one: its distinct factors topped up with distinct offline ones."
+    "A reply of `lo`+ factors that repeats one: its distinct factors topped up with offline ones."
     given = (data or {}).get('factors') or []
     got = _model_factors(data, 1, hi)
     if not got or len(given) < lo: return None
     seen = {f.text.lower() for f in got}
-    extra = [f for f in offline_factors(question, lo, hi + lo) if f.text.lower() not in seen][:lo - len(got)]
+    extra = [f for f in offline_factors(question, lo, hi + lo) if f.text.lower() not in seen]
+    extra = extra[:lo - len(got)]
     out = [Factor(f"f{i + 1}", f.text, f.kind) for i, f in enumerate(got + extra)]
     return out if len(out) >= lo else None
 
 def extract_factors(question: str, model: Any = None, config: Config = Config(), force: int = 0,
                     max_tokens: int = 256) -> tuple[list[Factor], str, list[dict]]:
     "F_Q from the question text: (factors, source, call records); the options are never an input."
-    if not isinstance(question, str): raise TypeError("extract_factors takes the question text only (no options)")
+    if not isinstance(question, str):
+        raise TypeError("extract_factors takes the question text only (no options)")
     lo, hi = factor_budget(config, force)
     if offline_role(model): return offline_factors(question, lo, hi), 'offline', []
     data, rec = role_call(model, 'pace_factors', FACTOR_SYSTEM, factor_prompt(question, lo, hi),
@@ -160,5 +167,6 @@ def extract_factors(question: str, model: Any = None, config: Config = Config(),
     got = _model_factors(r and r.model_dump(), lo, hi)
     if got is not None: return got, 'model', [rec]
     fixed = _repaired(data, question, lo, hi)
-    return (fixed, 'model+offline', [rec]) if fixed else (offline_factors(question, lo, hi), 'fallback', [rec])
+    if fixed: return fixed, 'model+offline', [rec]
+    return offline_factors(question, lo, hi), 'fallback', [rec]
 

@@ -21,8 +21,9 @@ __all__ = ['INSPECT_SYSTEM', 'INSPECT_TASK', 'NOT_FOUND', 'OFFLINE_READ_FRAMES',
            'inspect_reply', 'inspect_schema', 'look_text', 'offline_reading', 'reading_key', 'ReadingMemo']
 
 # %% ../../nbs/31a_pace.inspect.ipynb #7196f6e9
-def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50, fps: float = 2.0) -> list[float]:
-    "Frame times over the ranges: per range ∝ its length (largest remainder), ≤ fps per second, ≤ max_frames."
+def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50,
+                  fps: float = 2.0) -> list[float]:
+    "Frame times over the ranges: per range ∝ its length (largest remainder), ≤ fps, ≤ max_frames."
     total = sum(b - a for a, b in ranges)
     n_all = min(max_frames, max(len(ranges), math.ceil(total * fps)))
     raw = [n_all * (b - a) / total for a, b in ranges]
@@ -32,7 +33,8 @@ def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50, f
         n[i] += 1
     times = sorted(a + (j + 0.5) * (b - a) / k for (a, b), k in zip(ranges, n) for j in range(k))
     if len(times) <= max_frames: return times
-    return [times[int(j)] for j in np.unique(np.linspace(0, len(times) - 1, max_frames).round())]
+    picks = np.unique(np.linspace(0, len(times) - 1, max_frames).round())
+    return [times[int(j)] for j in picks]
 
 # %% ../../nbs/31a_pace.inspect.ipynb #ab10c0d1
 @functools.lru_cache(maxsize=16)
@@ -42,51 +44,55 @@ def inspect_reply(max_chars: int = 3200) -> type[ReplyModel]:
                         answer=(Annotated[str, Field(max_length=int(max_chars))], ...))
 
 # %% ../../nbs/31a_pace.inspect.ipynb #a2d6cadc
-INSPECT_SYSTEM = "You look at frames of a long video and answer questions about what they show. Answer with JSON only."
+INSPECT_SYSTEM = ("You look at frames of a long video and answer questions about what they show. "
+                  "Answer with JSON only.")
 INSPECT_TASK = (
-    "The attached frames come, in time order, from these time ranges of the video: {ranges}. Look closely at the "
-    "order and causes of events, at objects and how they move, and at people's actions and poses. Answer the question "
-    'from what the frames show. If nothing in these ranges answers it, set "found" to false and say briefly what the '
-    "frames show instead.\nQuestion: {question}")
+    "The attached frames come, in time order, from these time ranges of the video: {ranges}. "
+    "Look closely at the order and causes of events, at objects and how they move, and at people's "
+    "actions and poses. Answer the question from what the frames show. If nothing in these ranges "
+    'answers it, set "found" to false and say briefly what the frames show instead.\n'
+    "Question: {question}")
 
 def inspect_schema(max_chars: int = 3200) -> dict:
-    "JSON schema of a look: whether the frames answer the question, and the answer (or what they show)."
+    "JSON schema of a look: whether the frames answer the question, the answer (or what they show)."
     return reply_schema(inspect_reply(int(max_chars)))
 
 # %% ../../nbs/31a_pace.inspect.ipynb #7cbbc3c0
 NOT_FOUND = "Nothing in the given time range(s) answers the question."
 
 def look_text(data: dict) -> str:
-    "What the agent reads of a look: the answer, or that nothing answers the question and what the frames show."
+    "What the agent reads of a look: the answer, or that nothing answers and what the frames show."
     return data['answer'] if data['found'] else f"{NOT_FOUND} The frames show: {data['answer']}"
 
 # %% ../../nbs/31a_pace.inspect.ipynb #6afcc639
 OFFLINE_READ_FRAMES = 4
 
 def offline_reading(frames: Sequence, a: float, b: float) -> str:
-    "The offline stand-in for a VLM's look at a range: colour facts and the on-screen text of a few frames."
+    "The offline stand-in for a VLM's look at a range: colour facts, a few frames' on-screen text."
     idx = np.unique(np.linspace(0, len(frames) - 1, min(OFFLINE_READ_FRAMES, len(frames))).round())
     lines = list(dict.fromkeys(l for i in idx for l in ocr_text(frames[int(i)])))
     facts = PerceptualCaptioner().facts(list(frames))[0]
-    txt = f"On-screen text: {'; '.join(chr(34) + l + chr(34) for l in lines)}." if lines else \
-        "No on-screen text was read in these frames."
+    quoted = '; '.join(chr(34) + l + chr(34) for l in lines)
+    txt = f"On-screen text: {quoted}." if lines else "No on-screen text was read in these frames."
     return f"{time_label(a, b)} Inspected {len(frames)} frames. {facts} {txt}"
 
 # %% ../../nbs/31a_pace.inspect.ipynb #80d46c80
 READING_VERSION = 2
 
 def reading_key(a: float, b: float, times: Sequence[float], width: int | None = None) -> str:
-    "The memo key of one offline reading: version, frames read per range, width, the range and its frame times."
+    "The memo key of an offline reading: version, frames read per range, width, range, frame times."
     r3 = lambda x: round(float(x), 3)
-    return json.dumps([READING_VERSION, OFFLINE_READ_FRAMES, width, r3(a), r3(b), [r3(t) for t in times]])
+    key = [READING_VERSION, OFFLINE_READ_FRAMES, width, r3(a), r3(b), [r3(t) for t in times]]
+    return json.dumps(key)
 
 # %% ../../nbs/31a_pace.inspect.ipynb #302cfeca
 class ReadingMemo:
-    "The offline readings of one video: `{key: (text, n_frames)}`, appended to a JSON-lines file (`None`: in memory)."
+    "A video's offline readings, `{key: (text, n_frames)}`, in a JSON-lines file (or in memory)."
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else None
         rows = read_jsonl_rows(self.path) if self.path and self.path.exists() else []
-        self.rows = {r['key']: (r['text'], r['n_frames']) for r in rows if {'key', 'text', 'n_frames'} <= set(r)}
+        whole = [r for r in rows if {'key', 'text', 'n_frames'} <= set(r)]
+        self.rows = {r['key']: (r['text'], r['n_frames']) for r in whole}
 
     def get(self, key: str) -> tuple[str, int] | None: return self.rows.get(key)
 

@@ -26,36 +26,41 @@ class PaceSettings:
     decompose_max_tokens: int = 600      # QueryDecompose
     caption_max_tokens: int = 600        # a plain caption or a factor-conditioned record
     tool_max_tokens: int = 800           # GlobalBrowse, FrameInspect, the registry merge
-    frame_height: int = 720              # frames sent to a vision model: at most this many pixels high
-    history_tokens: int = 32000          # the agent's history (tool results in full) within this many tokens
-    protocol: str = 'json'               # the PACE agent's protocol: json (structured output) | tools (functions)
-    vision_substitute: str = ''          # '' refuse a vision role's model without image input | 'ocr'
+    frame_height: int = 720              # frames sent to a vision model: at most this high
+    history_tokens: int = 32000          # the agent's history (whole tool results), in tokens
+    protocol: str = 'json'               # the agent's protocol: json (structured output) | tools
+    vision_substitute: str = ''          # '' refuse a vision model without image input | 'ocr'
 
     def __post_init__(self):
-        if self.protocol not in PROTOCOLS: raise ValueError(f"protocol must be one of {PROTOCOLS}: {self.protocol!r}")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}: {self.protocol!r}")
         if self.vision_substitute not in SUBSTITUTES:
             raise ValueError(f"vision_substitute must be '' or 'ocr', got {self.vision_substitute!r}")
 
 # %% ../../nbs/30a_pace.roles.ipynb #b4e76098
 def pace_settings(config: Config | None = None, **overrides) -> PaceSettings:
-    "The settings of a run: each `Config.pace_<name>` the config has (else the default), then `overrides`."
+    "A run's settings: each `Config.pace_<name>` the config has (else the default), `overrides`."
     cfg = config or Config()
-    got = {f.name: getattr(cfg, f'pace_{f.name}') for f in fields(PaceSettings) if hasattr(cfg, f'pace_{f.name}')}
+    names = [f.name for f in fields(PaceSettings) if hasattr(cfg, f'pace_{f.name}')]
+    got = {n: getattr(cfg, f'pace_{n}') for n in names}
     return PaceSettings(**{**got, **overrides})
 
 # %% ../../nbs/30a_pace.roles.ipynb #475bbd86
-ROLE_GROUPS = {'pace_agent': 'agent', 'pace_factors': 'agent', 'pace_decompose': 'agent', 'pace_caption': 'vision',
-               'pace_index': 'vision', 'pace_registry': 'vision', 'pace_browse': 'vision', 'pace_inspect': 'vision'}
-VISION_ROLES = tuple(r for r, g in ROLE_GROUPS.items() if g == 'vision' and r not in ('pace_registry', 'pace_browse'))
+ROLE_GROUPS = {'pace_agent': 'agent', 'pace_factors': 'agent', 'pace_decompose': 'agent',
+               'pace_caption': 'vision', 'pace_index': 'vision', 'pace_registry': 'vision',
+               'pace_browse': 'vision', 'pace_inspect': 'vision'}
+VISION_ROLES = tuple(r for r, g in ROLE_GROUPS.items()
+                     if g == 'vision' and r not in ('pace_registry', 'pace_browse'))
 
 def role_group(role: str) -> str:
     "The group ('agent' or 'vision') of a PACE role; KeyError naming the known roles otherwise."
-    if role not in ROLE_GROUPS: raise KeyError(f"unknown PACE role {role!r}; known: {', '.join(ROLE_GROUPS)}")
+    if role not in ROLE_GROUPS:
+        raise KeyError(f"unknown PACE role {role!r}; known: {', '.join(ROLE_GROUPS)}")
     return ROLE_GROUPS[role]
 
 # %% ../../nbs/30a_pace.roles.ipynb #95b24c8a
 class VisionRefused(ValueError):
-    "A model without image input was given a vision role and the run does not allow the OCR substitution."
+    "A model without image input got a vision role, and the run does not allow the OCR stand-in."
 
 # %% ../../nbs/30a_pace.roles.ipynb #be8c2abf
 def _model_name(m: Any) -> str | None:
@@ -64,17 +69,19 @@ def _model_name(m: Any) -> str | None:
 
 @dataclass(frozen=True)
 class PaceModels:
-    "The agent group's and the vision group's models (None: that group runs offline) and the vision substitution."
+    "The agent and vision groups' models (None: the group runs offline) and the substitution."
     agent: Any = None
     vision: Any = None
     substitute: str = ''
 
     def __post_init__(self):
         v = self.vision
-        if is_meaningful(v) and not getattr(v, 'supports_images', False) and self.substitute != 'ocr':
-            raise VisionRefused(f"{_model_name(v)} has no image input, and PACE's vision roles (captions, records, "
-                                "FrameInspect) are sent frames: give a vision model for the vision roles, or allow "
-                                "the OCR substitution (Config pace_vision_substitute=ocr; it is named in traces)")
+        blind = is_meaningful(v) and not getattr(v, 'supports_images', False)
+        if blind and self.substitute != 'ocr':
+            raise VisionRefused(
+                f"{_model_name(v)} has no image input, and PACE's vision roles (captions, records, "
+                "FrameInspect) are sent frames: give a vision model for the vision roles, or allow "
+                "the OCR substitution (Config pace_vision_substitute=ocr; it is named in traces)")
 
 # %% ../../nbs/30a_pace.roles.ipynb #55319faa
 @patch(cls_method=True)
@@ -98,6 +105,6 @@ def sees_frames(self: PaceModels) -> bool:
 # %% ../../nbs/30a_pace.roles.ipynb #f9479a62
 @patch
 def record(self: PaceModels) -> dict:
-    "What results and traces record about the models: each group's model and the substitution (None: none)."
+    "What results and traces record of the models: each group's model, the substitution (or None)."
     sub = 'ocr-facts' if self.vision is not None and not self.sees_frames else None
     return dict(agent=_model_name(self.agent), vision=_model_name(self.vision), vision_substitute=sub)
