@@ -15,7 +15,7 @@ def _factors():
 def cases() -> dict:
     "name → a function that returns the schema dict the role sends."
     from reveal_kit.reveal import planner, verifier, relevance, answerer, rerank, pairs, proposers
-    from reveal_kit.pace import factors, captions, inspect, tools, agent, needle
+    from reveal_kit.pace import factors, captions, inspect, tools, prompts, needle
     from reveal_kit.eval import baselines
     pool, L4, L5 = _pool(), list('ABCD'), list('ABCDE')
     cfg = Config()
@@ -54,7 +54,7 @@ def cases() -> dict:
         'tools.contrastive_4': lambda: tools.contrastive_schema(L4),
         'tools.contrastive_2': lambda: tools.contrastive_schema(list('AB')),
         'tools.browse': lambda: tools.BROWSE_SCHEMA,
-        'agent.call_all': lambda: agent.call_schema(tools.PACE_TOOLS, L4),
-        'agent.call_finish': lambda: agent.call_schema(['Finish'], L5),
-        'agent.call_noletters': lambda: agent.call_schema(tools.DVD_TOOLS),
+        'agent.call_all': lambda: prompts.call_schema(tools.PACE_TOOLS, L4),
+        'agent.call_finish': lambda: prompts.call_schema(['Finish'], L5),
+        'agent.call_noletters': lambda: prompts.call_schema(tools.DVD_TOOLS),
     }

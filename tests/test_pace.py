@@ -25,7 +25,8 @@ from reveal_kit.pace.inspect import inspect_times
 from reveal_kit.pace.loop import run_agent
 from reveal_kit.pace.dvd import ToolCallPolicy, dvd_messages
 from reveal_kit.pace.needle import needle_recall, cue_recovered, judge_run, judge_rows
-from reveal_kit.pace.agent import OfflinePolicy, ModelPolicy, answer_pace, PACE_SPECS
+from reveal_kit.pace.agent import answer_pace, PACE_SPECS
+from reveal_kit.pace.policies import OfflinePolicy, ModelPolicy
 from reveal_kit.eval.methods import get_method, shared_plain_db
 from reveal_kit.eval.runner import run_eval
 from reveal_kit.eval.context import RunContext
@@ -373,7 +374,7 @@ def test_pace_may_use_function_calling_and_the_trace_says_which():
         n = sum(m['role'] == 'assistant' for m in messages)
         return {'tool_calls': [[{'name': 'QueryDecompose', 'arguments': {}}],
                                [{'name': 'Finish', 'arguments': {'answer': 'B'}}]][min(n, 1)]}
-    from reveal_kit.pace.agent import make_policy
+    from reveal_kit.pace.policies import make_policy
     from reveal_kit.pace.roles import PaceSettings
     m = ScriptedModel(fn)
     tb = ToolBox(Q, toy_db(), model=m)

@@ -26,7 +26,7 @@ from reveal_kit.backends.models import get_chat_model
 from reveal_kit.backends.replies import with_schema_instruction
 from reveal_kit.backends.vllm import VLLMModel, VLLMServer, packaged_vllm_model
 from reveal_kit.eval.runner import run_eval
-from reveal_kit.pace.agent import call_schema
+from reveal_kit.pace.prompts import call_schema
 from reveal_kit.pace.tools import PACE_TOOLS
 from reveal_kit.reveal.answerer import answer_schema
 from reveal_kit.reveal.planner import decompose_schema, repair_schema

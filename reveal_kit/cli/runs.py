@@ -20,7 +20,8 @@ __all__ = ['eval_app', 'SubstitutedOpt', 'rubrics_app', 'ask_pace_method', 'ask'
 def ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles, trace_dir, config,
                     overrides, cache, timeout) -> tuple[dict, str, tuple]:
     "`reveal ask` with a PACE method: the result, its summary text and the keys `--json` prints."
-    from reveal_kit.pace.agent import ask_pace, format_pace_summary
+    from reveal_kit.cli.pace_ask import ask_pace
+    from reveal_kit.cli.present_pace import format_pace_summary
     from reveal_kit.reveal.ask import ASK_JSON_KEYS
     with cli_errors():
         res = ask_pace(video, question, list(option), method=method, subtitles=subtitles, backend=backend,

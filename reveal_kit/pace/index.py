@@ -42,14 +42,14 @@ def clip_spans(duration: float, clip_s: float = 10.0) -> list[tuple[float, float
 
 # %% ../../nbs/31_pace.index.ipynb #307128f6
 def frame_width(info, max_height: int = 720) -> int | None:
-    "The width that brings a video's frames to at most `max_height` pixels high (None: no resize needed)."
+    "The width that brings a video's frames to at most `max_height` pixels high (None: no resize)."
     if not info.height or info.height <= max_height: return None
     return int(round(info.width * max_height / info.height))
 
 # %% ../../nbs/31_pace.index.ipynb #cf535e58
 def clip_frames(video: str | Path, config: Config = Config(), info=None,
                 max_height: int = 720) -> Iterator[tuple[int, float, float, list[np.ndarray]]]:
-    "(clip index, t_start, t_end, RGB frames) of every clip: `pace_fps` frames at most `max_height` pixels high."
+    "(clip index, t_start, t_end, RGB frames) of every clip: `pace_fps` frames ≤ `max_height` high."
     info = info or probe_video(video)
     spans = clip_spans(info.duration, config.pace_clip_s)
     cur, frames = 0, []
@@ -70,7 +70,7 @@ def time_label(t0: float, t1: float) -> str:
 # %% ../../nbs/31_pace.index.ipynb #8d62fa8e
 @dataclass
 class ClipRecord:
-    "One entry of M: clip id, time range, record text, factor tags `{fid: {observed, how, score}}`, extra facts."
+    "One entry of M: clip id, time range, record text, factor tags `{fid: {observed, how, score}}`."
     clip_id: str
     t_start: float
     t_end: float
@@ -103,7 +103,7 @@ def _where(words: set, meta: dict) -> str:
 
 def tag_factors(factors: Sequence[Factor], text: str, meta: dict | None = None,
                 cosines: Sequence[float] | None = None) -> dict:
-    "Offline factor tags of one caption: observed when ≥ TAG_MIN_COVER of a factor's stems occur in it."
+    "Offline factor tags of a caption: observed when ≥ TAG_MIN_COVER of a factor's stems occur."
     have, out = set(content_words(text)), {}
     for j, f in enumerate(factors):
         fw = content_words(f.text)
@@ -117,13 +117,13 @@ def tag_factors(factors: Sequence[Factor], text: str, meta: dict | None = None,
 
 # %% ../../nbs/31_pace.index.ipynb #069c6fe0
 def factor_text(text: str, factors: Sequence[Factor], tags: dict) -> str:
-    "A record's text: the description plus how each observed factor is seen (no words of unobserved ones)."
+    "A record's text: the description plus how each observed factor is seen (not unobserved ones)."
     obs = [f"{f.fid} ({tags[f.fid]['how'] or 'observed'})" for f in factors if tags.get(f.fid, {}).get('observed')]
     return f"{text} Question factors observed: {'; '.join(obs)}." if obs else text
 
 # %% ../../nbs/31_pace.index.ipynb #0cc5733d
 class EvidenceDB:
-    "The evidence database M of one video: clip records, their text embeddings in a `VectorIndex`, the factors."
+    "The evidence database M of a video: clip records, their text embeddings, the factors."
     def __init__(self, records: list[ClipRecord], vectors: np.ndarray, text_embedder, factors: Sequence[Factor] = (),
                  manifest: dict | None = None, path: Path | None = None):
         self.records, self.factors, self.text_embedder = list(records), list(factors), text_embedder
@@ -153,7 +153,7 @@ def get(self: EvidenceDB, clip_id: str) -> ClipRecord:
 # %% ../../nbs/31_pace.index.ipynb #b7c0e201
 @patch
 def before(self: EvidenceDB, t: float) -> EvidenceDB:
-    "A view holding the clips that end by time `t` (a question asked at `t`); `whole` is the database it cuts."
+    "A view of the clips that end by time `t` (a question asked at `t`); `whole`: what it cuts."
     keep = [i for i, r in enumerate(self.records) if r.t_end <= t]
     man = dict(self.manifest, duration=min(self.duration, float(t)), before=float(t))
     if man.get('subject_registry') is not None and len(keep) < len(self.records):   # the week's registry: the future
@@ -203,7 +203,7 @@ def index_config(config: Config = Config()) -> dict:
 
 # %% ../../nbs/31_pace.index.ipynb #7f9d4f9a
 def pace_index_models(chat_model=None, text_embedder=None) -> dict:
-    "The model ids a PACE index depends on: captioner (offline-perceptual, model:<id>, +ocr-facts) and text embedder."
+    "The model ids a PACE index depends on: its captioner (with +ocr-facts) and text embedder."
     te = text_embedder or get_text_embedder()
     sub = '+ocr-facts' if not offline_role(chat_model) and not getattr(chat_model, 'supports_images', False) else ''
     return dict(captioner=captioner_kind(chat_model) + sub, text_embedder=te.model_id)
@@ -217,7 +217,7 @@ class PaceIndexError(MemoryBuildError):
 # %% ../../nbs/31_pace.index.ipynb #82d9b2e7
 def pace_dir_for(video: str | Path, config: Config = Config(), models: dict | None = None,
                  subtitles: str | Path | None = None, root: str | Path | None = None) -> Path:
-    "`<root>/<stem>-<sha8>-<key>` (root: runs/pace): the folder of a video's PACE databases under these settings."
+    "`<root>/<stem>-<sha8>-<key>` (root: runs/pace): the folder of a video's PACE databases."
     p = Path(video)
     if not p.is_file(): raise PaceIndexError(f"video not found: {p}")
     key = digest(dict(config=index_config(config), models=models or pace_index_models(),
@@ -226,12 +226,12 @@ def pace_dir_for(video: str | Path, config: Config = Config(), models: dict | No
 
 # %% ../../nbs/31_pace.index.ipynb #c2effa7c
 def factor_key(factors: Sequence[Factor], tagger: str) -> str:
-    "The key of a factor set under a tagger (offline tagger or VLM id): the name of its `factors-<key>` folder."
+    "The key of a factor set under a tagger (offline or VLM id): its `factors-<key>` folder."
     return digest(dict(factors=[(f.text, f.kind) for f in factors], tagger=tagger))
 
 # %% ../../nbs/31_pace.index.ipynb #49c8ae78
 def _start(out: Path, ident: dict) -> dict[str, ClipRecord]:
-    "Records already written by an earlier (interrupted) build of the same identity; refuses another identity."
+    "Records of an earlier (interrupted) build of the same identity; refuses another identity."
     bj = out / 'build.json'
     if bj.exists():
         old = json.loads(bj.read_text())
@@ -242,7 +242,7 @@ def _start(out: Path, ident: dict) -> dict[str, ClipRecord]:
 
 # %% ../../nbs/31_pace.index.ipynb #7bea7dbe
 def _call_totals(recs: list[ClipRecord], more: Sequence[dict] = ()) -> dict:
-    "Indexing calls and tokens summed over the records' `meta['calls']` and `more` calls (the registry merge)."
+    "Indexing calls and tokens over the records' `meta['calls']` and `more` (the registry merge)."
     cs = [c for r in recs for c in r.meta.get('calls', [])] + list(more)
     tok = lambda k: sum(int(c.get(k) or 0) for c in cs)
     return dict(calls=len(cs), prompt_tokens=tok('prompt_tokens'), completion_tokens=tok('completion_tokens'),
@@ -292,15 +292,14 @@ def _caption_clips(video, info, config, model, subtitles, done: dict, out: Path,
     return [done[f"C{i:04d}"] for i in range(len(spans))]
 
 def _registry(recs: list[ClipRecord], model, st: PaceSettings) -> tuple[list | None, list[dict]]:
-    "The video's subject registry merged by the model from the clips' subjects (None offline), and its calls."
+    "The subject registry merged by the model from the clips' subjects (None offline); its calls."
     if offline_role(model): return None, []
     return merge_registry(model, [r.meta.get('subjects', []) for r in recs], st.tool_max_tokens,
                           4 * st.history_tokens)
 
 def build_plain_db(video: str | Path, out: str | Path, config: Config = Config(),
-                   model: ChatModel | None = None, subtitles: str | Path | None = None,
-                   text_embedder=None) -> EvidenceDB:
-    "Build (or resume, or reuse) the plain per-clip captions of a video in `out`, and its subject registry."
+                   model: ChatModel | None = None, subtitles: str | Path | None = None, text_embedder=None) -> EvidenceDB:
+    "Build (or resume, or reuse) a video's plain per-clip captions in `out`, its subject registry."
     t0, video, out, te = time.time(), Path(video), Path(out), text_embedder or get_text_embedder()
     info, st = probe_video(video), pace_settings(config)
     ident = dict(kind='plain', video_sha256=content_sha256(video), config=index_config(config),
@@ -326,12 +325,12 @@ def offline_records(plain: EvidenceDB, factors: Sequence[Factor]) -> list[ClipRe
 
 # %% ../../nbs/31_pace.index.ipynb #5ed2dc41
 def tagger_kind(model: ChatModel | None = None) -> str:
-    "'offline-tagger' without a meaningful model, else the model's captioner kind (`+ocr-facts`: no image input)."
+    "'offline-tagger' without a meaningful model, else its captioner kind (`+ocr-facts`)."
     return 'offline-tagger' if offline_role(model) else pace_index_models(model, SimpleNamespace(model_id=''))['captioner']
 
 # %% ../../nbs/31_pace.index.ipynb #8387a26a
 def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict, out: Path) -> None:
-    "Factor-conditioned records by the VLM, one flushed line per clip (the perceptual caption and tagger on failure)."
+    "Factor-conditioned records by the VLM, a line per clip (the offline ones where it fails)."
     st = pace_settings(config)
     for i, a, b, frames in clip_frames(video, config, max_height=st.frame_height):
         p = plain.records[i]
@@ -348,7 +347,7 @@ def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict,
 
 def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Path,
                     config: Config = Config(), model: ChatModel | None = None) -> EvidenceDB:
-    "Build (or resume, or reuse) the factor-conditioned database of one factor set from the video's plain one."
+    "Build (or resume, or reuse) the factor-conditioned database of a factor set from the plain."
     if not factors: raise ValueError("a factor-conditioned index needs at least one factor")
     t0, out, te = time.time(), Path(out), plain.text_embedder
     ident = dict(kind='factor', plain=plain.manifest.get('video_sha256'), config=plain.manifest.get('config'),
@@ -371,7 +370,7 @@ def get_pace_dbs(video: str | Path, factors: Sequence[Factor] = (), config: Conf
                  model: ChatModel | None = None, subtitles: str | Path | None = None,
                  root: str | Path | None = None,
                  text_embedder=None) -> tuple[EvidenceDB, EvidenceDB | None]:
-    "The video's plain database and, when factors are given, its factor-conditioned one: loaded, resumed or built."
+    "The video's plain database and, given factors, its factor-conditioned one (loaded or built)."
     te, subtitles = text_embedder or get_text_embedder(), run_subtitles(subtitles, config)
     d = pace_dir_for(video, config, pace_index_models(model, te), subtitles, root)
     plain = build_plain_db(video, d / 'plain', config, model, subtitles, te)
