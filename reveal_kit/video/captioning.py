@@ -240,6 +240,7 @@ def reset(self: ReadAhead) -> None:
     for _, f in self.jobs.values(): f.cancel()
     self.frames, self.jobs = {}, {}
 
+# %% ../../nbs/13_video.captioning.ipynb #eeeca1e9
 @patch
 def close(self: ReadAhead) -> None:
     "Stop the reading threads (readings not started are dropped)."
