@@ -9,8 +9,11 @@ per segment (frame cutting + OCR + visual facts) on a sample of segments. Bare d
 strategy the pipeline uses. With --strategies it also times OpenCV grab/retrieve and pure per-sample seeking on the
 first video (the choice `reveal_kit.video.frames.choose_strategy` makes, explained in nbs/10_video.frames.ipynb).
 With --full it also times a complete `reveal memory build` of each video in a fresh process (start-up included: every
-L1 caption, L2/L3, both channels; target <= 60 s for 60 minutes on 2 quiet cores) with its stage timings, and prints
-the machine's load average beside it (other work on the machine slows every figure).
+L1 caption, L2/L3, both channels; target <= 60 s for 60 minutes on 2 quiet cores) with its stage timings
+and the CPU seconds it used, and prints the machine's load average beside it (other work on the machine
+slows every wall-clock figure; compare builds on a busy machine by their CPU seconds). The offline
+captioner reads each L1 segment while stage 1 is still decoding (`ReadAhead`), so the build's 'segments'
+time includes the readings that ran beside it, and its 'captions' time is what was left after stage 1.
 
 Each video is measured in a fresh subprocess so peak RSS is per video.
 Usage:  python benchmarks/memory_bench.py [--minutes 10 60] [--strategies] [--transitions] [--caption-sample 30]
@@ -212,7 +215,7 @@ def main():
             t = r['full_timings']
             print(f"\ncomplete memory of {r['minutes']} min ({r['full_n_l1']} L1, L2/L3, both channels, start-up "
                   f"included): {r['full_build_s']} s = {r['full_s_per_l1']} s per L1, {r['full_cpu_s']} CPU s (segments {t.get('segment_s')} s, "
-                  f"captions {t.get('caption_s')} s, summaries {t.get('summary_s')} s, text vectors "
+                  f"captions after stage 1 {t.get('caption_s')} s, summaries {t.get('summary_s')} s, text vectors "
                   f"{t.get('text_embed_s')} s); load average {r['load_before']} before, {r['load_after']} after")
     for r in rows:
         if 'seek_each_s' in r:

@@ -478,3 +478,26 @@ def test_egolife_question_reads_only_the_footage_before_its_query_time(tmp_path)
     cut = RunContext('egolifeqa', 'direct', tmp_path / 'run', CFG, backend='none')
     cut._mems[(q.video_id, CFG.chunking)] = mem
     assert cut.memory(q).duration == t and direct(q, cut.memory(q), None, CFG)['n_frames'] <= t - mem.level(1)[0].t_start
+
+
+# ---------------------------------------------------------------- read ahead: the same memory as the plain path
+@pytest.mark.parametrize('scenes', [[(7, 1), (8, 2, 'EXIT 42'), (9, 3), (6, 4, 'PLATFORM 9')], [(9, 5), (8, 6), (7, 7)]])
+def test_read_ahead_builds_the_plain_memory(tmp_path, monkeypatch, scenes):
+    "A build whose captioner reads segments while stage 1 decodes writes the bytes of one that decodes and reads later."
+    v = make_test_video(tmp_path / 'v.mp4', scenes, fps=4, size=(640, 360))
+    srt = write_srt(tmp_path / 'v.srt', [(2.0, 5.0, 'mind the gap'), (20.0, 24.0, 'platform nine')])
+    taken = []
+    orig_take = cap.ReadAhead.take
+    monkeypatch.setattr(cap.ReadAhead, 'take', lambda self, s: taken.append(orig_take(self, s)) or taken[-1])
+    OfflineMemory.build(v, tmp_path / 'ahead', CFG, subtitles=srt, progress=False)
+    n_l1 = len(taken)
+    assert n_l1 >= 3 and all(f is not None for f in taken)                 # every caption was read ahead
+    class Off(cap.ReadAhead):
+        def __init__(self, c, times=None, on=True): super().__init__(c, times, on=False)
+    monkeypatch.setattr(mb, 'ReadAhead', Off)
+    monkeypatch.setattr(cap.PerceptualCaptioner, 'workers', property(lambda self: 1))   # one segment at a time
+    OfflineMemory.build(v, tmp_path / 'plain', CFG, subtitles=srt, progress=False)
+    assert all(f is None for f in taken[n_l1:])                             # nothing read ahead
+    for f in ('l1.jsonl', 'l2.jsonl', 'l3.jsonl', 'text_emb.npy', 'visual.npy'):
+        assert (tmp_path / 'ahead' / f).read_bytes() == (tmp_path / 'plain' / f).read_bytes(), f
+    assert ('"EXIT 42"' in (tmp_path / 'plain' / 'l1.jsonl').read_text()) == (len(scenes) == 4)

@@ -16,7 +16,7 @@ from ..video.frames import VideoError, QualityReport, prefetch
 from ..video.frames import iter_frames, iter_frames_at, filter_frames
 from ..video.segmentation import L1Segment, make_segmenter
 from ..video.subtitles import Cue, load_subtitles, align_cues, cues_text
-from ..video.captioning import make_captioner, make_summarizer, PerceptualCaptioner
+from ..video.captioning import make_captioner, make_summarizer, PerceptualCaptioner, ReadAhead
 from ..io import atomic_write_json, atomic_save_npy, read_jsonl_rows, append_jsonl, locked_dir
 from ..text import fmt_time
 from .store import FORMAT_VERSION, MemoryMismatchError, OfflineMemory, memory_config, memory_key
@@ -39,21 +39,26 @@ def _sampled(video: Path | ClipFolder, info, config: Config):
     "The frames stage 1 reads: a video file's at `config.fps`, or a span of clips' (on the span's own clock)."
     return video.frames(config.fps) if isinstance(video, ClipFolder) else iter_frames(video, config.fps, info=info)
 
-def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder, progress: bool, batch: int = 32):
-    "Decode → filter → embed → segment, streamed (a video, or a span of clips). Returns (segments, QualityReport)."
+def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder, progress: bool, batch: int = 32,
+                  ahead: ReadAhead | None = None):
+    "Decode → filter → embed → segment, streamed (a video, or a span of clips), feeding `ahead`. (segments, report)"
     report, seg, segs = QualityReport(), make_segmenter(config), []
     n_total = int(math.floor(info.duration * config.fps - 1e-6)) + 1
     nd = 0
+    def emit(new):
+        segs.extend(new)
+        for s in new if ahead else (): ahead.segment(s)
     def drops_before(t):
         nonlocal nd
         while nd < len(report.dropped) and report.dropped[nd] < t:
-            segs.extend(seg.skip(report.dropped[nd]))
+            emit(seg.skip(report.dropped[nd]))
             nd += 1
     def run(buf):
         if not buf: return
         for f, e in zip(buf, image_embedder.encode([f.rgb for f in buf])):
             drops_before(f.t)
-            segs.extend(seg.push(f.t, e))
+            if ahead: ahead.frame(f.t, f.rgb)
+            emit(seg.push(f.t, e))
     with _pbar(n_total, 'frames', progress) as bar:
         buf = []
         for f in filter_frames(prefetch(_sampled(video, info, config)), config, report):
@@ -67,7 +72,7 @@ def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder
         bar.n = report.n_frames
         bar.refresh()
     drops_before(math.inf)
-    segs.extend(seg.finish(info.duration))
+    emit(seg.finish(info.duration))
     return segs, report
 
 # %% ../../nbs/14a_memory.build.ipynb #1020d1a0
@@ -75,14 +80,15 @@ _NO_FILTER = dict(dark_max_mean=0.0, bright_min_mean=256.0, uniform_max_std=0.0,
                   blur_min_laplacian_var=0.0)      # no frame is below 0 or above 255: the filter drops nothing
 FALLBACK_NOTE = 'all frames failed the quality filter; memory built from unfiltered frames'
 
-def _filtered_segments(video: Path, info, config: Config, image_embedder, progress: bool):
-    "Stage 1 with the quality-filter fallback. Returns (segments, quality dict)."
-    segs, rep = _segment_pass(video, info, config, image_embedder, progress)
+def _filtered_segments(video: Path, info, config: Config, image_embedder, progress: bool, ahead=None):
+    "Stage 1 with the quality-filter fallback (feeding `ahead`). Returns (segments, quality dict)."
+    segs, rep = _segment_pass(video, info, config, image_embedder, progress, ahead=ahead)
     quality = rep.to_dict()
     if rep.fallback:
         warn(f"{video.name}: all {rep.n_frames} sampled frames failed the quality filter "
              f"({dict(rep.reasons)}); building from unfiltered frames")
-        segs, raw = _segment_pass(video, info, config.replace(**_NO_FILTER), image_embedder, progress)
+        if ahead: ahead.reset()
+        segs, raw = _segment_pass(video, info, config.replace(**_NO_FILTER), image_embedder, progress, ahead=ahead)
         quality.update(fallback=FALLBACK_NOTE, n_kept=raw.n_kept)
     elif rep.warning: warn(f"{video.name}: {rep.warning}")
     return segs, quality
@@ -113,15 +119,15 @@ def _span_segments(folder: ClipFolder, config: Config, image_embedder, progress:
     return segs, _merged_quality(qs)
 
 # %% ../../nbs/14a_memory.build.ipynb #0e7225e3
-def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder, progress: bool):
-    "Stage 1, or its files read back when an earlier run finished it. Returns (segments, quality dict)."
+def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder, progress: bool, ahead=None):
+    "Stage 1 (a video file's feeding `ahead`), or its files read back when an earlier run finished it."
     if (out / 'segments.json').exists():
         sj = json.loads((out / 'segments.json').read_text())
         vv = np.load(out / 'visual.npy')
         return [L1Segment.from_dict(d, vv[i]) for i, d in enumerate(sj['segments'])], sj['quality']
     t = time.time()
     if is_clip_folder(video): segs, quality = _span_segments(open_clip_folder(video), config, image_embedder, progress)
-    else: segs, quality = _filtered_segments(video, info, config, image_embedder, progress)
+    else: segs, quality = _filtered_segments(video, info, config, image_embedder, progress, ahead)
     dim = next((s.keyframe_emb.shape[0] for s in segs if s.keyframe_emb is not None), 1)
     vv = np.stack([s.keyframe_emb if s.keyframe_emb is not None else np.zeros(dim, np.float32) for s in segs])
     atomic_save_npy(out / 'visual.npy', vv.astype(np.float32))
@@ -187,31 +193,37 @@ def _caption_frames(video: Path, times: list[float], where):
     "The frames at `times`, from a clip folder or a video file, 640 pixels wide at most."
     return open_clip_folder(video).frames_at(times, 640) if where else iter_frames_at(video, times, max_width=640)
 
-def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config, chat_model,
+def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config, ahead,
                    progress: bool, concurrency: int = 1) -> list[MemoryItem]:
-    "Stage 2: one caption per L1 segment, resuming from `l1.jsonl`; `concurrency` calls in flight, written in order."
+    "Stage 2: a caption per L1 segment, resuming from `l1.jsonl` (`ahead`: a `ReadAhead`, or the chat model)."
     done = {r['item_id']: MemoryItem.from_dict(r) for r in read_jsonl_rows(out / 'l1.jsonl', repair=True)}
     todo = [s for s in segs if f"L1_{s.idx:04d}" not in done]
     if not todo: return [done[f"L1_{s.idx:04d}"] for s in segs]
-    cap = make_captioner(chat_model, config)
+    ahead = ahead if isinstance(ahead, ReadAhead) else ReadAhead(make_captioner(ahead, config))
+    cap, early = ahead.captioner, {j: f for j, s in enumerate(todo) if (f := ahead.take(s)) is not None}
     subs = align_cues(cues, [(s.t_start, s.t_end) for s in todo]) if cues else [[] for _ in todo]
-    reqs = sorted((t, j) for j, s in enumerate(todo) for t in _caption_times(s, frames_per_caption(s, cap, config)))
-    want = {j: sum(1 for _, jj in reqs if jj == j) for j in range(len(todo))}
-    pending, nxt = {}, 0                                 # frames gathered per segment; the next to caption
+    reqs = sorted((t, j) for j, s in enumerate(todo) if j not in early
+                  for t in _caption_times(s, frames_per_caption(s, cap, config)))
+    want, pending, nxt = Counter(j for _, j in reqs), {}, 0      # frames per segment, gathered; the next to caption
     where = open_clip_folder(video).source_meta if is_clip_folder(video) else None
-    def one(s, frames, text):
-        return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim), text, where)
+    def one(s, frames, text, fut):
+        kw = dict(reading=fut.result()) if fut else {}
+        return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim, **kw), text, where)
+    def ready():
+        nonlocal nxt
+        while nxt < len(todo) and len(pending.get(nxt, [])) == want[nxt]:
+            line.submit(one, todo[nxt], pending.pop(nxt, []), cues_text(subs[nxt]), early.get(nxt))
+            nxt += 1
     def write(it):
         append_jsonl(out / 'l1.jsonl', it.to_dict())
         done[it.item_id] = it
         bar.update(1)
     n = getattr(cap, 'workers', concurrency)                           # the offline captioner: one per core
     with _pbar(len(todo), 'L1 captions', progress) as bar, _InOrder(n, write) as line:
+        ready()                                                        # those read ahead, up to the first to read
         for (t, j), fr in zip(reqs, _caption_frames(video, [t for t, _ in reqs], where)):
             pending.setdefault(j, []).append(fr.rgb)
-            while nxt < len(todo) and len(pending.get(nxt, [])) == want[nxt]:
-                line.submit(one, todo[nxt], pending.pop(nxt), cues_text(subs[nxt]))
-                nxt += 1
+            ready()
     if nxt < len(todo):
         raise VideoError(f"could not read caption frames after {fmt_time(todo[nxt].t_start)} (truncated video?)")
     return [done[f"L1_{s.idx:04d}"] for s in segs]
@@ -360,10 +372,15 @@ def _warn_late_cues(cues: list, info, subtitles) -> None:
 def _run_stages(out: Path, video: Path, info, cues: list, config: Config, chat_model, te, ie, progress: bool,
                 concurrency: int | None) -> tuple:
     "The four stages of a build (segments, captions, summaries, text vectors): `(quality, l1, l2 + l3, timings)`."
-    segs, quality = _segments_stage(out, video, info, config, ie, progress)
-    timings, n = {}, call_concurrency(chat_model, concurrency)
-    with _timed(timings, 'caption_s'):
-        l1 = _caption_stage(out, video, segs, cues, config, chat_model, progress, n)
+    cap = make_captioner(chat_model, config)
+    times = lambda s: _caption_times(s, frames_per_caption(s, cap, config))
+    ahead = ReadAhead(cap, times, on=not is_clip_folder(video))       # read while stage 1 decodes
+    try:
+        segs, quality = _segments_stage(out, video, info, config, ie, progress, ahead)
+        timings, n = {}, call_concurrency(chat_model, concurrency)
+        with _timed(timings, 'caption_s'):
+            l1 = _caption_stage(out, video, segs, cues, config, ahead, progress, n)
+    finally: ahead.close()
     with _timed(timings, 'summary_s'):
         l2 = _summary_stage(out, 2, l1, config, chat_model, progress, n)
         l3 = _summary_stage(out, 3, l2, config, chat_model, progress, n)

@@ -5,6 +5,7 @@
 # %% ../../nbs/13_video.captioning.ipynb #2d30f839
 from __future__ import annotations
 import os, re, threading
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Sequence
@@ -18,8 +19,8 @@ from ..retrieval.onnx import import_onnxruntime
 
 # %% auto #0
 __all__ = ['CAPTION_PROMPT', 'SUMMARY_PROMPTS', 'OCR_OPTIONS', 'caption_prompt', 'summary_prompt', 'colour_names', 'motion_level',
-           'get_ocr', 'ocr_text', 'Caption', 'PerceptualCaptioner', 'same_picture', 'VLMCaptioner', 'make_captioner',
-           'extractive_summary', 'ExtractiveSummarizer', 'ModelSummarizer', 'make_summarizer']
+           'get_ocr', 'ocr_text', 'Caption', 'PerceptualCaptioner', 'same_picture', 'ReadAhead', 'VLMCaptioner',
+           'make_captioner', 'extractive_summary', 'ExtractiveSummarizer', 'ModelSummarizer', 'make_summarizer']
 
 # %% ../../nbs/13_video.captioning.ipynb #716810a3
 CAPTION_PROMPT = """You are building a searchable memory of a long video. \
@@ -179,17 +180,72 @@ def ocr(self: PerceptualCaptioner, frames: Sequence[np.ndarray]) -> list[str]:
         lines += [l for l in seen if l not in lines]
     return lines
 
+# %% ../../nbs/13_video.captioning.ipynb #790fd18e
+@patch
+def read(self: PerceptualCaptioner, frames: Sequence[np.ndarray],
+         boundary_sim: float | None = None) -> tuple[str, dict]:
+    "What a segment's frames show: the visual-facts sentence, and its values with the OCR lines (`ocr`)."
+    facts, meta = self.facts(frames, boundary_sim)
+    return facts, dict(meta, ocr=self.ocr(frames))
+
 # %% ../../nbs/13_video.captioning.ipynb #dd10355e
 @patch
 def caption(self: PerceptualCaptioner, frames: Sequence[np.ndarray], t_start: float, t_end: float,
-            subtitles: str = '', boundary_sim: float | None = None) -> Caption:
-    "An L1 narrative: time span, visual facts, on-screen text, subtitles."
-    facts, meta = self.facts(frames, boundary_sim)
-    lines = self.ocr(frames)
+            subtitles: str = '', boundary_sim: float | None = None, reading: tuple | None = None) -> Caption:
+    "An L1 narrative: time span, visual facts, on-screen text, subtitles (from `reading`, or a `read` of `frames`)."
+    facts, meta = reading or self.read(frames, boundary_sim)
     parts = [f"[{fmt_time(t_start)}-{fmt_time(t_end)}] {facts}"]
-    if lines: parts.append(f"On-screen text: {'; '.join(_q(l) for l in lines)}.")
+    if meta['ocr']: parts.append(f"On-screen text: {'; '.join(_q(l) for l in meta['ocr'])}.")
     if subtitles: parts.append(f"Subtitles: {_q(subtitles)}.")
-    return Caption(' '.join(parts), self.kind, dict(meta, ocr=lines))
+    return Caption(' '.join(parts), self.kind, dict(meta))
+
+# %% ../../nbs/13_video.captioning.ipynb #6a9ad4b7
+class ReadAhead:
+    "Readings of L1 segments taken from frames as they stream (`times_for(seg)`: the caption frames' times)."
+    def __init__(self, captioner, times_for=None, on: bool = True):
+        self.captioner, self.times_for, self.ex = captioner, times_for, None
+        self.on = on and times_for is not None and isinstance(captioner, PerceptualCaptioner)
+        self.frames, self.jobs = {}, {}
+
+    def frame(self, t: float, rgb: np.ndarray) -> None:
+        "Hold a streamed frame until the segment holding it is final."
+        if self.on: self.frames[t] = rgb
+
+    def _key(self, s) -> tuple: return tuple(self.times_for(s)), s.boundary_sim
+
+# %% ../../nbs/13_video.captioning.ipynb #b237d6a3
+@patch
+def segment(self: ReadAhead, s) -> None:
+    "Start reading final segment `s` when all its caption frames were held; let go of its frames."
+    if not self.on or not s.frame_times: return
+    frames, last = [self.frames.get(t) for t in self.times_for(s)], max(s.frame_times)
+    self.frames = {t: f for t, f in self.frames.items() if t > last}
+    if any(f is None for f in frames): return
+    self.ex = self.ex or ThreadPoolExecutor(self.captioner.workers)
+    self.jobs[s.idx] = (self._key(s), self.ex.submit(self.captioner.read, frames, s.boundary_sim))
+    while len(busy := [f for _, f in self.jobs.values() if not f.done()]) > 2 * self.captioner.workers:
+        wait(busy, return_when=FIRST_COMPLETED)                    # each queued reading holds its frames
+
+# %% ../../nbs/13_video.captioning.ipynb #e818ca5e
+@patch
+def take(self: ReadAhead, s):
+    "The reading of segment `s` (a future) taken ahead, once; None if it was not, or was for another segment."
+    key, fut = self.jobs.pop(s.idx, (None, None))
+    return fut if fut is not None and key == self._key(s) else None
+
+# %% ../../nbs/13_video.captioning.ipynb #e76f6948
+@patch
+def reset(self: ReadAhead) -> None:
+    "Forget every held frame and reading (stage 1 starts over)."
+    for _, f in self.jobs.values(): f.cancel()
+    self.frames, self.jobs = {}, {}
+
+# %% ../../nbs/13_video.captioning.ipynb #eeeca1e9
+@patch
+def close(self: ReadAhead) -> None:
+    "Stop the reading threads (readings not started are dropped)."
+    if self.ex is not None: self.ex.shutdown(wait=True, cancel_futures=True)
+    self.ex = None
 
 # %% ../../nbs/13_video.captioning.ipynb #1dab45a6
 class VLMCaptioner:
