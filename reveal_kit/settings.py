@@ -38,7 +38,7 @@ def invalid_line(model: type[BaseModel], e: ValidationError, owner: str = 'Confi
     err = e.errors()[0]
     name, got = '.'.join(map(str, err['loc'])), err.get('input')
     msg = err['msg'].removeprefix('Value error, ')
-    if not name: return msg
+    if not name or err['type'] == 'value_error': return msg
     if err['type'] in _RANGE_ERRORS: msg = f"must be {range_text(model.model_fields[name])}"
     elif err['type'] == 'literal_error': msg = f"must be one of {err['ctx']['expected']}"
     else: msg = f"must be valid: {msg[0].lower()}{msg[1:]}"
