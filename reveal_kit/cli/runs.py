@@ -193,17 +193,16 @@ def rubrics_induce(
         quiet: QuietOpt = False):
     "Induce a rubric pool from contrastive evidence pairs (REVEAL §3.2, App. B.4); rerunning resumes."
     from reveal_kit.core import project_root
-    from reveal_kit.eval.induce import induce_benchmark
-    from reveal_kit.eval.runner import format_induction_summary
+    from reveal_kit.eval import induce, runner
     with cli_errors():
         uses_model = 'model' in (teacher, proposer) or backend
         chat = chat_model_from_options(backend, model, base_url, cache, timeout) if uses_model else None
         out = out or project_root() / 'rubrics' / f'induced-{benchmark}.yaml'
-        rep = induce_benchmark(benchmark, root=root, split=split, out=out, teacher=teacher, proposer=proposer,
-                               model=chat, max_iters=max_iters, patience=patience, limit=limit,
-                               allow_unknown_split=allow_unknown_split, work_dir=work_dir, progress=not quiet,
-                               next_from=next_from, reject=reject)
-    say(format_induction_summary(rep))
+        rep = induce.induce_benchmark(
+            benchmark, root=root, split=split, out=out, teacher=teacher, proposer=proposer, model=chat,
+            max_iters=max_iters, patience=patience, limit=limit, allow_unknown_split=allow_unknown_split,
+            work_dir=work_dir, progress=not quiet, next_from=next_from, reject=reject)
+    say(runner.format_induction_summary(rep))
 
 app.add_typer(rubrics_app, name='rubrics')
 

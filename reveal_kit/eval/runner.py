@@ -240,6 +240,13 @@ class RunSettings(BaseModel):
         "A copy with some settings changed (by either name)."
         return RunSettings(**(dict(self) | kw))
 
+# %% ../../nbs/42c_eval.runner.ipynb #7aae04e8
+def run_settings(settings: RunSettings | None, out_dir: str | Path | None, **kw) -> RunSettings:
+    "`settings` (or the defaults) with `out_dir` and any keywords (either name) changed; a run folder required."
+    s = (settings or RunSettings()).replace(**kw, **({'out_dir': out_dir} if out_dir is not None else {}))
+    if s.out_dir is None: raise ValueError("a run needs its folder: out_dir (`--out`)")
+    return s
+
 # %% ../../nbs/42c_eval.runner.ipynb #dcc06acd
 def _context(name: str, method: str, cfg: Config, s: RunSettings) -> RunContext:
     "The run's context: its chat model (named, or an object given), cache, timeout, roles and role models."
@@ -266,12 +273,6 @@ def _end_run_json(out: Path, meta: dict, ctx: RunContext, summary: dict) -> None
     "Write the run's metadata again with this invocation's summary and the time."
     updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
     write_run_json(out, dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
-
-def run_settings(settings: RunSettings | None, out_dir: str | Path | None, **kw) -> RunSettings:
-    "`settings` (or the defaults) with `out_dir` and any keywords (either name) changed; a run folder required."
-    s = (settings or RunSettings()).replace(**kw, **({'out_dir': out_dir} if out_dir is not None else {}))
-    if s.out_dir is None: raise ValueError("a run needs its folder: out_dir (`--out`)")
-    return s
 
 def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path | None = None,
              settings: RunSettings | None = None, answer: Callable[..., Iterable[dict]] | None = None,

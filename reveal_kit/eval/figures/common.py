@@ -355,6 +355,7 @@ def run_settings(self: Experiment, overrides: Sequence[str] | None = None) -> Ru
                        model=self.chat, overrides=[*(overrides or []), *off], progress=self.progress,
                        roles=self.roles, only_present=self.only_present, role_models=self.role_models)
 
+# %% ../../../nbs/44_eval.figures.common.ipynb #d2d62de9
 @patch
 def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | None = None,
         tag: str = '') -> dict[str, list[dict]]:
