@@ -205,7 +205,7 @@ _Fields = dataclasses.make_dataclass('_Fields', [(n, t, field(default=d)) for n,
 
 @dataclass(frozen=True)
 class Config(_Fields):
-    "Every hyperparameter of the kit (the `settings` sections, flat), the papers' values; hashable, overridable."
+    "Every hyperparameter (the `settings` sections, flat) at the papers' values; hashable."
 
     def __getattr__(self, name: str) -> Any:
         "A section by name: `cfg.reveal.tau`."
@@ -238,11 +238,11 @@ class Config(_Fields):
         return dict(thinking=self.thinking, reasoning_allowance=self.reasoning_allowance)
 
     def replace(self, **kw) -> Config:
-        "A copy with some values changed, named flat or by section (`tau`, `reveal.tau`); unknown names fail."
+        "A copy with some values changed, named flat or by section (`tau`, `reveal.tau`)."
         bad = sorted(k for k in kw if flat_key(k) is None)
         if bad: raise KeyError(f"unknown Config keys: {bad}")
-        new = {flat_key(k): v for k, v in kw.items()}
-        return check_config(dataclasses.replace(self, **{k: _coerce(getattr(self, k), v) for k, v in new.items()}))
+        new = {flat_key(k): _coerce(getattr(self, flat_key(k)), v) for k, v in kw.items()}
+        return check_config(dataclasses.replace(self, **new))
 
 # %% ../nbs/00_core.ipynb #5b7e1a01
 def run_subtitles(path: str | Path | None, config: Config) -> str | Path | None:

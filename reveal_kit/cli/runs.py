@@ -90,7 +90,7 @@ SubstitutedOpt = Annotated[str, typer.Option(help="how accuracy counts an answer
 
 # %% ../../nbs/90b_cli.runs.ipynb #1642a723
 def _eval_run_summary(benchmark: str, method: str, settings: dict, ray: dict) -> str:
-    "Run `run_eval_ray` with the run settings (`settings`: the CLI's names), errors as CLI errors; its summary."
+    "`run_eval_ray` with the run settings (the CLI's names), errors as CLI errors; its summary."
     from reveal_kit.eval.runner import RunSettings, format_run_summary
     from reveal_kit.eval.ray import run_eval_ray
     with cli_errors():
@@ -120,10 +120,11 @@ def eval_run(benchmark: BenchmarkArg,
              max_substituted: Annotated[Optional[float], typer.Option(
                  help="fail (exit 2) when more than this fraction of the answers came from stand-ins")] = None):
     "Run a method over a benchmark; rerunning the same command resumes. With `--ray`, `-c` is the number of workers."
-    settings = dict(out=out, root=root, limit=limit, shard=shard, concurrency=concurrency, backend=backend,
-                    model=model, base_url=base_url, role_model=role_model or [], config=config, set_=set_,
-                    split=split, retry_failed=retry_failed, only_present=only_present, progress=not quiet,
-                    roles=roles, cache=cache, timeout=timeout, max_substituted=max_substituted)
+    settings = dict(out=out, root=root, limit=limit, shard=shard, concurrency=concurrency,
+                    backend=backend, model=model, base_url=base_url, role_model=role_model or [],
+                    config=config, set_=set_, split=split, retry_failed=retry_failed,
+                    only_present=only_present, progress=not quiet, roles=roles, cache=cache,
+                    timeout=timeout, max_substituted=max_substituted)
     ray_kw = dict(ray_address=ray, worker_cpus=worker_cpus, retries=retries)
     say(_eval_run_summary(benchmark, method, settings, ray_kw))
 

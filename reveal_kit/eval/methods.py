@@ -110,7 +110,7 @@ def method_spec(name: str) -> dict | None:
 
 # %% ../../nbs/42b_eval.methods.ipynb #f4e60591
 def method_family(name: str) -> str:
-    "Which family answers as `name`: 'pace' (a PACE variant or DVD), 'reveal' (a preset), else 'baseline'."
+    "Who answers as `name`: 'pace' (a PACE variant, DVD), 'reveal' (a preset), else 'baseline'."
     if name in PACE_SPECS or name in PACE_ALIASES: return 'pace'
     return 'reveal' if _is_preset(name) else 'baseline'
 

@@ -192,7 +192,7 @@ RUN_ALIASES = dict(out='out_dir', cache='cache_mode', set_='overrides', role_mod
                    timeout='timeout_s')           # the CLI's names of run settings
 
 class RunSettings(BaseModel):
-    "How one run is made, named once for `run_eval`, `Experiment` and `reveal eval run` (the CLI's names too)."
+    "How one run is made: one model for `run_eval`, `Experiment` and `reveal eval run`."
     model_config = ConfigDict(arbitrary_types_allowed=True, extra='forbid', frozen=True)
     out_dir: str | Path | None = None          # the run folder (`--out`)
     root: str | Path | None = None             # the benchmark's data root
@@ -203,7 +203,7 @@ class RunSettings(BaseModel):
     backend: str | None = 'embedded'           # embedded | http | vllm | scripted | none
     model: Any = None                          # a model id, or a chat model
     base_url: str | None = None                # an OpenAI-compatible server
-    role_models: dict = Field(default_factory=dict)   # PACE's per-group models {'agent'|'vision': 'URL[,NAME]'}
+    role_models: dict = Field(default_factory=dict)   # PACE's per-group models (`--role-model`)
     config: Any = None                         # a Config, a dict of its values, a YAML path or None
     overrides: list[str] | None = None         # `key=value` Config overrides (`--set`)
     retry_failed: bool = False                 # rerun questions recorded as failed
@@ -217,7 +217,8 @@ class RunSettings(BaseModel):
     def __init__(self, **kw):
         kw = {RUN_ALIASES.get(k, k): v for k, v in kw.items()}
         try: super().__init__(**kw)
-        except ValidationError as e: raise ValueError(invalid_line(RunSettings, e, 'RunSettings')) from None
+        except ValidationError as e:
+            raise ValueError(invalid_line(RunSettings, e, 'RunSettings')) from None
 
     @field_validator('concurrency', mode='before')
     @classmethod
@@ -242,23 +243,26 @@ class RunSettings(BaseModel):
 
 # %% ../../nbs/42c_eval.runner.ipynb #7aae04e8
 def run_settings(settings: RunSettings | None, out_dir: str | Path | None, **kw) -> RunSettings:
-    "`settings` (or the defaults) with `out_dir` and any keywords (either name) changed; a run folder required."
-    s = (settings or RunSettings()).replace(**kw, **({'out_dir': out_dir} if out_dir is not None else {}))
+    "`settings` (or the defaults) with `out_dir` and keywords (either name) changed."
+    folder = {'out_dir': out_dir} if out_dir is not None else {}
+    s = (settings or RunSettings()).replace(**kw, **folder)
     if s.out_dir is None: raise ValueError("a run needs its folder: out_dir (`--out`)")
     return s
 
 # %% ../../nbs/42c_eval.runner.ipynb #dcc06acd
 def _context(name: str, method: str, cfg: Config, s: RunSettings) -> RunContext:
-    "The run's context: its chat model (named, or an object given), cache, timeout, roles and role models."
-    named = isinstance(s.model, str)
-    return RunContext(name, method, Path(s.out_dir), cfg, s.backend, s.model if named else None, s.base_url,
-                      None if named else s.model, s.cache_mode, s.timeout_s, s.roles, dict(s.role_models))
+    "The run's context: its chat model (named, or an object), cache, timeout, roles, role models."
+    named, m = isinstance(s.model, str), s.model
+    return RunContext(name, method, Path(s.out_dir), cfg, s.backend, m if named else None,
+                      s.base_url, None if named else m, s.cache_mode, s.timeout_s, s.roles,
+                      dict(s.role_models))
 
 def _recorded(s: RunSettings, shard: tuple[int, int], pool: dict, load_rep: dict) -> dict:
     "What `run.json` records of the run settings (beside the config and models)."
     root = str(Path(s.root).resolve()) if s.root else None
-    return dict(backend=s.backend, base_url=s.base_url, cache_mode=s.cache_mode, **pool, root=root, split=s.split,
-                limit=s.limit, only_present=s.only_present, shards=[shard], load_report=load_rep)
+    return dict(backend=s.backend, base_url=s.base_url, cache_mode=s.cache_mode, **pool, root=root,
+                split=s.split, limit=s.limit, only_present=s.only_present, shards=[shard],
+                load_report=load_rep)
 
 def _answer_todo(sel: list[Question], method: str, ctx: RunContext, s: RunSettings, answer) -> dict:
     "Answer the selected questions not done yet (held in `ctx`); this invocation's summary."
@@ -275,11 +279,11 @@ def _end_run_json(out: Path, meta: dict, ctx: RunContext, summary: dict) -> None
     write_run_json(out, dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
 
 def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path | None = None,
-             settings: RunSettings | None = None, answer: Callable[..., Iterable[dict]] | None = None,
-             **kw) -> dict:
-    "Run `method` over a benchmark into `out_dir` as `settings` (or keywords) say; this invocation's summary."
+             settings: RunSettings | None = None,
+             answer: Callable[..., Iterable[dict]] | None = None, **kw) -> dict:
+    "Run `method` over a benchmark into `out_dir` as `settings` (or keywords) say; a summary."
     s = run_settings(settings, out_dir, **kw)
-    get_method(method)                                      # an unknown name fails before anything is written
+    get_method(method)                          # an unknown name fails before anything is written
     out, shard = Path(s.out_dir), parse_shard(s.shard)
     with locked_run_dir(out):
         cfg = resolve_config(s.config, s.overrides)
@@ -287,7 +291,8 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path |
         sel = select_questions(qs, s.limit, shard, s.only_present)
         ctx = _context(name, method, cfg, s)
         pool = pool_meta(cfg, name, s.split, qs, method)
-        meta = write_run_json(out, _run_meta(name, method, cfg, ctx, **_recorded(s, shard, pool, load_rep)))
+        recorded = _recorded(s, shard, pool, load_rep)
+        meta = write_run_json(out, _run_meta(name, method, cfg, ctx, **recorded))
         summary = _answer_todo(sel, method, ctx, s, answer)
         _end_run_json(out, meta, ctx, summary)
     return dict(summary, substituted=substituted_end(out, s.max_substituted))

@@ -111,9 +111,10 @@ def run_methods(methods: Sequence[str], benchmark: str, settings: RunSettings, t
     s = settings
     base, dirs = resolve(s.out_dir) / run_slug(benchmark, s.split, s.model, s.roles), {}
     for i, m in enumerate(methods, 1):
-        ov = ([f'rubric_pool={pool}'] if pool and uses_pool(m) else []) + list(s.overrides or [])   # REVEAL's
+        own_pool = [f'rubric_pool={pool}'] if pool and uses_pool(m) else []     # REVEAL's methods
+        ov = own_pool + list(s.overrides or [])
         key = _run_key(m, ov)
-        key += f"-roles-{digest(s.role_models)[:8]}" if s.role_models else ''          # PACE's per-role models
+        key += f"-roles-{digest(s.role_models)[:8]}" if s.role_models else ''  # PACE's role models
         d = base / safe_name(f"{m}-{tag}-{key}" if tag else f"{m}-{key}")
         print(f"[{i}/{len(methods)}] {m}{f' ({tag})' if tag else ''} → {d}", flush=True)
         split = loader_split(benchmark, s.split)
@@ -349,11 +350,12 @@ def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict
 # %% ../../../nbs/44_eval.figures.common.ipynb #f112b441
 @patch
 def run_settings(self: Experiment, overrides: Sequence[str] | None = None) -> RunSettings:
-    "The settings its methods run with (`eval.runner.RunSettings`): data, chat model, roles, input switches."
-    off = [f'{k}=false' for k in ('subtitles', 'before_query') if not getattr(self, k)]   # input switches
-    return RunSettings(out_dir=self.out_dir, root=self.root_path, split=self.split, limit=self.limit,
-                       model=self.chat, overrides=[*(overrides or []), *off], progress=self.progress,
-                       roles=self.roles, only_present=self.only_present, role_models=self.role_models)
+    "The `eval.runner.RunSettings` its methods run with: data, chat model, roles, input switches."
+    off = [f'{k}=false' for k in ('subtitles', 'before_query') if not getattr(self, k)]
+    return RunSettings(out_dir=self.out_dir, root=self.root_path, split=self.split,
+                       limit=self.limit, model=self.chat, overrides=[*(overrides or []), *off],
+                       progress=self.progress, roles=self.roles, only_present=self.only_present,
+                       role_models=self.role_models)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #d2d62de9
 @patch
