@@ -11,12 +11,13 @@ from typing import Any, Iterable
 import numpy as np
 import yaml
 from .options import LETTERS, normalize_options
+from .settings import SECTIONS, check_sections, flat_fields, flat_key, flatten_sections
 
 # %% auto #0
-__all__ = ['Span', 'DUPLICATE_QIDS', 'REPLY_TOKENS', 'THINKING', 'Question', 'unique_qids', 'duration_group', 'MemoryItem',
-           'Evidence', 'MemoryBuildError', 'RunMismatch', 'KitWarning', 'warn', 'check_config', 'Config',
-           'run_subtitles', 'parse_overrides', 'load_config', 'reply_tokens', 'project_root', 'runs_dir', 'safe_name',
-           'sha256_file', 'seed_everything', 'kit_version', 'trace_path', 'digest', 'build_stamp', 'ask_trace_dir']
+__all__ = ['Span', 'DUPLICATE_QIDS', 'REPLY_TOKENS', 'Question', 'unique_qids', 'duration_group', 'MemoryItem', 'Evidence',
+           'MemoryBuildError', 'RunMismatch', 'KitWarning', 'warn', 'check_config', 'Config', 'run_subtitles',
+           'parse_overrides', 'load_config', 'reply_tokens', 'project_root', 'runs_dir', 'safe_name', 'sha256_file',
+           'seed_everything', 'kit_version', 'trace_path', 'digest', 'build_stamp', 'ask_trace_dir']
 
 # %% ../nbs/00_core.ipynb #0733570e
 Span = tuple[float, float]
@@ -189,117 +190,31 @@ def _coerce(old: Any, new: Any) -> Any:
         return new.strip().lower() in ('1', 'true', 'yes', 'on')
     return type(old)(yaml.safe_load(new))
 
-# %% ../nbs/00_core.ipynb #c0f1a002
-_AT_LEAST_1 = {'max_rounds', 'min_subqueries', 'max_subqueries', 'subquery_max_words', 'max_repair_queries', 'topk_l1',
-               'rerank_to', 'l2_group', 'l3_group', 'l2_words', 'l3_words', 'caption_frames', 'pace_max_steps',
-               'pace_min_factors', 'pace_max_factors', 'clipsearch_topk', 'frameinspect_max_frames',
-               'pace_retrieve_topk', 'pace_browse_records', 'direct_max_frames', 'pace_agent_max_tokens',
-               'pace_factor_max_tokens', 'pace_decompose_max_tokens', 'pace_caption_max_tokens', 'pace_tool_max_tokens',
-               'pace_frame_height', 'pace_history_tokens'}
-_POSITIVE = {'fps', 'pace_fps', 'direct_fps', 'fixed_chunk_s', 'max_segment_s', 'pace_clip_s', 'ocr_every_s', 'timeout_s'}
-_UNIT = {'theta', 'tau', 'admit_dedup_cosine', 'query_jaccard_reject', 'query_cosine_reject'}
-
-def _range_error(name: str, v: float) -> str | None:
-    "Why `v` is out of range for the Config field `name`, or None."
-    if not math.isfinite(v) or v < 0: return 'a finite number ≥ 0'
-    if name in _AT_LEAST_1 and v < 1: return 'at least 1'
-    if name in _POSITIVE and v <= 0: return '> 0'
-    if name in _UNIT and v > 1: return 'in [0, 1]'
-    return None
-
 # %% ../nbs/00_core.ipynb #c0f1a004
-THINKING = ('auto', 'on', 'off')          # Config.thinking: send nothing | enable_thinking true | false
-
 def check_config(cfg: Any) -> Any:
-    "`cfg` when every value is in its range (and each min ≤ its max); else a one-line ValueError naming the value."
-    for f in fields(cfg):
-        v = getattr(cfg, f.name)
-        why = _range_error(f.name, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-        if why: raise ValueError(f"Config.{f.name} must be {why}, got {v!r}")
-    if getattr(cfg, 'thinking', 'auto') not in THINKING:
-        raise ValueError(f"Config.thinking must be one of {', '.join(THINKING)}, got {cfg.thinking!r}")
-    for lo, hi in (('min_subqueries', 'max_subqueries'), ('pace_min_factors', 'pace_max_factors'),
-                   ('min_segment_s', 'max_segment_s')):
-        if hasattr(cfg, lo) and hasattr(cfg, hi) and getattr(cfg, lo) > getattr(cfg, hi):
-            raise ValueError(f"Config.{lo} ({getattr(cfg, lo)!r}) must not exceed Config.{hi} ({getattr(cfg, hi)!r})")
+    "`cfg` when every value is in its section's range (and each min ≤ its max); else a one-line ValueError."
+    check_sections({f.name: getattr(cfg, f.name) for f in fields(cfg)})
     return cfg
 
 # %% ../nbs/00_core.ipynb #0aebac7a
 _UNHASHED = ('timeout_s',)                # Config fields that cannot change a result
 # added later: hashed only when set away from their defaults, so older run folders keep their key
 _HASHED_WHEN_SET = ('thinking', 'reasoning_allowance', 'subtitles', 'before_query')
+_Fields = dataclasses.make_dataclass('_Fields', [(n, t, field(default=d)) for n, t, d in flat_fields()],
+                                     frozen=True)
 
 @dataclass(frozen=True)
-class Config:
-    "Every hyperparameter of the kit, defaulting to the papers' values; hashable and overridable."
-    # offline memory (REVEAL §3.1, B.2)
-    fps: float = 1.0
-    dark_max_mean: float = 12.0           # frame mean luma below this → near-black
-    bright_min_mean: float = 243.0        # frame mean luma above this → near-white
-    uniform_max_std: float = 4.0          # luma std below this → nearly uniform
-    min_jpeg_bytes_per_kpx: float = 2.0   # JPEG size per 1000 pixels below this → nearly uniform
-    blur_min_laplacian_var: float = 15.0  # variance of the Laplacian below this → blurred
-    theta: float = 0.8                    # visual cosine threshold for growing an L1 segment
-    min_segment_s: float = 2.0
-    max_segment_s: float = 30.0
-    chunking: str = 'adaptive'            # 'adaptive' or 'fixed'
-    fixed_chunk_s: float = 10.0
-    caption_frames: int = 4               # frames per L1 sent to a VLM captioner
-    ocr_every_s: float = 3.0              # offline captioner: OCR one kept frame every this many seconds of an L1
-    l2_group: int = 12
-    l3_group: int = 12
-    l2_words: int = 120
-    l3_words: int = 300
-    # online memory (REVEAL §3.2)
-    admit_dedup_cosine: float = 0.9
-    # planner (REVEAL §3.3)
-    max_rounds: int = 3                   # K
-    min_subqueries: int = 2
-    max_subqueries: int = 4
-    subquery_max_words: int = 15
-    max_repair_queries: int = 4
-    query_jaccard_reject: float = 0.9
-    query_cosine_reject: float = 0.70
-    topk_l1: int = 8
-    topk_l2: int = 4
-    topk_l3: int = 2
-    rerank_to: int = 8
-    uniform_samples: int = 8              # L1 segments drawn by Uniform Sampling
-    # verifier and answerer (REVEAL §3.4, rubric pool §3.2 / App. B.4)
-    tau: float = 0.7
-    rubric_pool: str = ''                 # rubric pool YAML; '' = $REVEAL_RUBRICS, else rubrics/seed.yaml
-    # PACE (PACE §3)
-    pace_clip_s: float = 10.0
-    pace_fps: float = 2.0
-    pace_max_steps: int = 15
-    pace_min_factors: int = 1
-    pace_max_factors: int = 3
-    pace_force_factors: int = 0           # > 0: every question gets exactly this many factors |F_Q| (PACE §4.7)
-    clipsearch_topk: int = 16
-    frameinspect_max_frames: int = 50
-    pace_retrieve_topk: int = 8           # EvidenceRetrieve: records returned per factor
-    pace_browse_records: int = 300        # GlobalBrowse: records in the overview
-    pace_agent_max_tokens: int = 400      # PACE budgets and switches (pace.roles.PaceSettings): one agent step
-    pace_factor_max_tokens: int = 256     # F_Q
-    pace_decompose_max_tokens: int = 600  # QueryDecompose
-    pace_caption_max_tokens: int = 600    # a plain caption or a factor-conditioned record
-    pace_tool_max_tokens: int = 800       # GlobalBrowse, FrameInspect, the registry merge
-    pace_frame_height: int = 720          # frames to a vision model at most this high (PACE §4.1: 720p)
-    pace_history_tokens: int = 32000      # the agent's history (tool results whole) within this many tokens
-    pace_protocol: str = 'json'           # json (structured output) | tools (OpenAI function calling)
-    pace_vision_substitute: str = ''      # '' refuse a text-only model in a vision role | 'ocr' (named in traces)
-    # baselines (§5)
-    direct_fps: float = 1.0
-    direct_max_frames: int = 768
-    # benchmark input: a run's switches, recorded in run.json
-    subtitles: bool = True                # subtitles to every memory, index, method (PACE Table 2: off)
-    before_query: bool = True             # EgoLifeQA / Ego-R1: only footage before the query time
-    seed: int = 0
-    # model replies: each role's budget is REPLY_TOKENS (above); a thinking model reasons first, within an allowance
-    thinking: str = 'auto'                # auto: send nothing | on / off: chat_template_kwargs.enable_thinking
-    reasoning_allowance: int = 4096       # thinking 'on': tokens added to every role's reply budget
-    # model servers: how long to wait, not what is computed (kept out of `hash()`)
-    timeout_s: float = 120.0              # longest wait in seconds for one reply of an HTTP model server
+class Config(_Fields):
+    "Every hyperparameter (the `settings` sections, flat) at the papers' values; hashable."
+
+    def __getattr__(self, name: str) -> Any:
+        "A section by name: `cfg.reveal.tau`."
+        if name in SECTIONS: return SECTIONS[name].model_construct(**self.section_values(name))
+        raise AttributeError(f"'Config' object has no attribute {name!r}")
+
+    def section_values(self, name: str) -> dict:
+        "The values of one section, by field name."
+        return {n: getattr(self, n) for n in SECTIONS[name].model_fields}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -323,11 +238,11 @@ class Config:
         return dict(thinking=self.thinking, reasoning_allowance=self.reasoning_allowance)
 
     def replace(self, **kw) -> Config:
-        "A copy with some values changed; unknown names are an error."
-        bad = set(kw) - {f.name for f in fields(self)}
-        if bad:
-            raise KeyError(f"unknown Config keys: {sorted(bad)}")
-        return check_config(dataclasses.replace(self, **{k: _coerce(getattr(self, k), v) for k, v in kw.items()}))
+        "A copy with some values changed, named flat or by section (`tau`, `reveal.tau`)."
+        bad = sorted(k for k in kw if flat_key(k) is None)
+        if bad: raise KeyError(f"unknown Config keys: {bad}")
+        new = {flat_key(k): _coerce(getattr(self, flat_key(k)), v) for k, v in kw.items()}
+        return check_config(dataclasses.replace(self, **new))
 
 # %% ../nbs/00_core.ipynb #5b7e1a01
 def run_subtitles(path: str | Path | None, config: Config) -> str | Path | None:
@@ -347,13 +262,13 @@ def parse_overrides(pairs: Iterable[str] | None) -> dict[str, str]:
 
 # %% ../nbs/00_core.ipynb #a6a2dea4
 def load_config(path: str | Path | None = None, overrides: Iterable[str] | dict | None = None) -> Config:
-    "Config from defaults, then an optional YAML file, then `key=value` overrides (later wins)."
+    "Config from defaults, then an optional YAML file (flat or by section), then `key=value` overrides."
     cfg = Config()
     if path:
         d = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{path}: config YAML must be a mapping")
-        cfg = cfg.replace(**d)
+        cfg = cfg.replace(**flatten_sections(d))
     ov = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     return cfg.replace(**ov) if ov else cfg
 

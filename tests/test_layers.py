@@ -10,8 +10,8 @@ LIB = Path(__file__).resolve().parents[1] / 'reveal_kit'
 # Top to bottom. A module may import modules of its own room and of the rooms listed before its room. PACE comes after
 # REVEAL: PACE's offline policy answers with REVEAL's offline answer rule, so offline comparisons of the two methods
 # differ only in the evidence each gathers (nbs/33_pace.agent). REVEAL never imports PACE.
-LAYERS = ['options', 'core', 'text', 'io', 'record', 'question', 'protocols', 'backends', 'retrieval', 'video', 'testing',
-          'synth', 'memory', 'reveal', 'pace', 'eval', 'cli']
+LAYERS = ['options', 'settings', 'core', 'text', 'io', 'record', 'question', 'protocols', 'backends', 'retrieval',
+          'video', 'testing', 'synth', 'memory', 'reveal', 'pace', 'eval', 'cli']
 
 
 def module_name(path: Path) -> str:

@@ -19,7 +19,7 @@ from reveal_kit.io import read_jsonl_rows
 from reveal_kit.reveal.pairs import ModelTeacher, OracleTeacher, candidates, teacher_agreement
 from reveal_kit.reveal.proposers import OfflineProposer
 from reveal_kit.reveal.induction import SplitRefused, induce, read_provenance, show_pool
-from reveal_kit.eval.runner import induce_benchmark
+from reveal_kit.eval.induce import induce_benchmark
 from reveal_kit.reveal.rubrics import RubricPool
 from reveal_kit.backends.chat import ScriptedModel
 from reveal_kit.synth.bench import generate_benchmark, load_questions

@@ -63,10 +63,10 @@ def ask(video: Annotated[Path, typer.Argument(help="video file")],
         set_: Annotated[Optional[List[str]], typer.Option('--set', help="config override key=value (repeat)")] = None,
         cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None):
     "Answer one question about one video with a REVEAL or PACE method and show the evidence."
-    from reveal_kit.pace.agent import PACE_SPECS, PACE_ALIASES
+    from reveal_kit.eval.methods import method_family
     from reveal_kit.reveal.ask import subtitles_beside
     subtitles = subtitles or subtitles_beside(video)              # VIDEO's .srt/.vtt, as benchmark runs use
-    if method in PACE_SPECS or method in PACE_ALIASES:
+    if method_family(method) == 'pace':      # the registry says who answers
         res, text, keys = ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles,
                                           trace_dir, config, set_, cache, timeout)
     else:
@@ -92,14 +92,15 @@ SubstitutedOpt = Annotated[str, typer.Option(help="how accuracy counts an answer
                                                   "the default) or 'exclude' (the question left out)")]
 
 # %% ../../nbs/90b_cli.runs.ipynb #1642a723
-def _eval_run_summary(kw: dict) -> str:
-    "Run `run_eval_ray` with `kw` (`role_models` as `--role-model` gives them), errors as CLI errors; its summary."
+def _eval_run_summary(benchmark: str, method: str, settings: dict, ray: dict) -> str:
+    "`run_eval_ray` with the run settings (the CLI's names), errors as CLI errors; its summary."
+    from reveal_kit.eval.runner import RunSettings
     from reveal_kit.cli.present import format_run_summary
     from reveal_kit.eval.ray import run_eval_ray
-    from reveal_kit.eval.context import role_models_of
     with cli_errors():
-        s = run_eval_ray(**dict(kw, role_models=role_models_of(kw['role_models'])))
-    return format_run_summary(s)
+        s = RunSettings(**settings)
+        summary = run_eval_ray(benchmark, method, s.out_dir, **ray, settings=s)
+    return format_run_summary(summary)
 
 @eval_app.command('run')
 def eval_run(benchmark: BenchmarkArg,
@@ -123,11 +124,13 @@ def eval_run(benchmark: BenchmarkArg,
              max_substituted: Annotated[Optional[float], typer.Option(
                  help="fail (exit 2) when more than this fraction of the answers came from stand-ins")] = None):
     "Run a method over a benchmark; rerunning the same command resumes. With `--ray`, `-c` is the number of workers."
-    say(_eval_run_summary(dict(benchmark=benchmark, method=method, out_dir=out, ray_address=ray,
-        worker_cpus=worker_cpus, retries=retries, root=root, limit=limit, shard=shard, concurrency=concurrency,
-        backend=backend, model=model, base_url=base_url, config=config, overrides=set_, split=split,
-        retry_failed=retry_failed, only_present=only_present, progress=not quiet, roles=roles, cache_mode=cache,
-        timeout_s=timeout, role_models=role_model or [], max_substituted=max_substituted)))
+    settings = dict(out=out, root=root, limit=limit, shard=shard, concurrency=concurrency,
+                    backend=backend, model=model, base_url=base_url, role_model=role_model or [],
+                    config=config, set_=set_, split=split, retry_failed=retry_failed,
+                    only_present=only_present, progress=not quiet, roles=roles, cache=cache,
+                    timeout=timeout, max_substituted=max_substituted)
+    ray_kw = dict(ray_address=ray, worker_cpus=worker_cpus, retries=retries)
+    say(_eval_run_summary(benchmark, method, settings, ray_kw))
 
 # %% ../../nbs/90b_cli.runs.ipynb #ecce2e63
 @eval_app.command('report')
@@ -196,15 +199,15 @@ def rubrics_induce(
         quiet: QuietOpt = False):
     "Induce a rubric pool from contrastive evidence pairs (REVEAL §3.2, App. B.4); rerunning resumes."
     from reveal_kit.core import project_root
-    from reveal_kit.eval.runner import induce_benchmark
+    from reveal_kit.eval import induce
     with cli_errors():
         uses_model = 'model' in (teacher, proposer) or backend
         chat = chat_model_from_options(backend, model, base_url, cache, timeout) if uses_model else None
         out = out or project_root() / 'rubrics' / f'induced-{benchmark}.yaml'
-        rep = induce_benchmark(benchmark, root=root, split=split, out=out, teacher=teacher, proposer=proposer,
-                               model=chat, max_iters=max_iters, patience=patience, limit=limit,
-                               allow_unknown_split=allow_unknown_split, work_dir=work_dir, progress=not quiet,
-                               next_from=next_from, reject=reject)
+        rep = induce.induce_benchmark(
+            benchmark, root=root, split=split, out=out, teacher=teacher, proposer=proposer, model=chat,
+            max_iters=max_iters, patience=patience, limit=limit, allow_unknown_split=allow_unknown_split,
+            work_dir=work_dir, progress=not quiet, next_from=next_from, reject=reject)
     say(format_induction_summary(rep))
 
 app.add_typer(rubrics_app, name='rubrics')

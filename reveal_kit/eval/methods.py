@@ -9,6 +9,7 @@ import threading
 from dataclasses import asdict
 from typing import Any, Callable
 from ..core import Question
+from ..settings import check_roles
 from ..backends.chat import is_meaningful
 from .baselines import DIRECT_TEXT, blind, direct
 from ..reveal.presets import PRESETS, ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX, get_preset
@@ -20,7 +21,7 @@ from ..pace.agent import PACE_SPECS, PACE_ALIASES, answer_pace, get_pace_spec
 
 # %% auto #0
 __all__ = ['METHODS', 'PLUGINS', 'register_method', 'load_plugins', 'available_methods', 'get_method', 'method_spec',
-           'pace_models_for', 'plain_index_model', 'shared_plain_db']
+           'method_family', 'pace_models_for', 'plain_index_model', 'shared_plain_db']
 
 # %% ../../nbs/42b_eval.methods.ipynb #519d2b40
 METHODS: dict[str, Callable[[Question, RunContext], dict]] = {}
@@ -107,11 +108,17 @@ def method_spec(name: str) -> dict | None:
     try: return asdict(get_pace_spec(name))
     except KeyError: return None
 
+# %% ../../nbs/42b_eval.methods.ipynb #f4e60591
+def method_family(name: str) -> str:
+    "Who answers as `name`: 'pace' (a PACE variant, DVD), 'reveal' (a preset), else 'baseline'."
+    if name in PACE_SPECS or name in PACE_ALIASES: return 'pace'
+    return 'reveal' if _is_preset(name) else 'baseline'
+
 # %% ../../nbs/42b_eval.methods.ipynb #7a3c5e01
 def pace_models_for(ctx: RunContext) -> PaceModels:
     "A run's PACE models: none under the offline roles, else each role group's model (`role_models`, else the run's)."
     if ctx.roles == 'offline': return PaceModels()
-    if ctx.roles == 'model' and ctx.model_for('agent') is None: raise ValueError("roles='model' needs a chat model")
+    check_roles(ctx.roles, ctx.model_for('agent'))
     pick = lambda g: ctx.model_for(g) if ctx.roles == 'model' or is_meaningful(ctx.model_for(g)) else None
     return PaceModels(pick('agent'), pick('vision'), pace_settings(ctx.config).vision_substitute)
 

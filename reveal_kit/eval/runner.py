@@ -15,8 +15,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 from tqdm.auto import tqdm
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from ..core import (Config, Question, load_config, parse_overrides, kit_version, trace_path, unique_qids,
                              warn)
+from ..settings import check_roles, invalid_line
 from ..io import atomic_write_text
 from ..record import as_row, check_substituted, format_substituted
 from ..protocols import ChatModel
@@ -24,17 +26,16 @@ from .metrics import load_results
 from ..backends.chat import BackendUnavailable
 from ..backends.cache import CacheMiss, MODES
 from ..backends.models import BACKENDS
-from .loaders import load_benchmark, load_split_questions
-from ..reveal.induction import induce
-from .context import ROLES, RunContext, pool_meta, role_models_of
+from .loaders import load_benchmark
+from .context import RunContext, pool_meta, role_models_of
 from .run_dir import (ResultWriter, git_commit, json_or_str, locked_run_dir, parse_shard, repair_results,
                                      select_questions, write_run_json)
 from .methods import get_method, method_spec
 from ..retrieval.choice import get_text_embedder, get_image_embedder
 
 # %% auto #0
-__all__ = ['ABORT_ERRORS', 'finalize', 'run_one', 'resolve_config', 'load_run_questions', 'answer_in_process',
-           'check_run_options', 'check_concurrency', 'substituted_end', 'run_eval', 'induce_benchmark']
+__all__ = ['ABORT_ERRORS', 'RUN_ALIASES', 'finalize', 'run_one', 'resolve_config', 'load_run_questions', 'answer_in_process',
+           'check_run_options', 'check_concurrency', 'substituted_end', 'RunSettings', 'run_settings', 'run_eval']
 
 # %% ../../nbs/42c_eval.runner.ipynb #d0f2ead8
 def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
@@ -129,7 +130,7 @@ def check_run_options(cache_mode: str | None, timeout_s: float | None, roles: st
     if cache_mode is not None and cache_mode not in MODES:
         raise ValueError(f"cache mode must be one of {', '.join(MODES)}, got {cache_mode!r}")
     if timeout_s is not None and not timeout_s > 0: raise ValueError(f"timeout must be > 0 seconds, got {timeout_s!r}")
-    if roles not in ROLES: raise ValueError(f"roles must be one of {', '.join(ROLES)}, got {roles!r}")
+    check_roles(roles)
     if roles == 'model' and backend in (None, 'none') and model is None:
         raise ValueError("roles='model' needs a chat model; backend 'none' has none")
     if backend not in (None, 'none', *BACKENDS):
@@ -187,13 +188,90 @@ def _check_max_substituted(max_substituted: float | None) -> None:
     if max_substituted is not None and not 0 <= max_substituted <= 1:
         raise ValueError(f"--max-substituted is a fraction between 0 and 1, got {max_substituted!r}")
 
-def _answer_todo(sel: list[Question], out: Path, retry_failed: bool, method: str, ctx: RunContext, concurrency: int,
-                 answer, progress: bool) -> dict:
+RUN_ALIASES = dict(out='out_dir', cache='cache_mode', set_='overrides', role_model='role_models',
+                   timeout='timeout_s')           # the CLI's names of run settings
+
+class RunSettings(BaseModel):
+    "How one run is made: one model for `run_eval`, `Experiment` and `reveal eval run`."
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra='forbid', frozen=True)
+    out_dir: str | Path | None = None          # the run folder (`--out`)
+    root: str | Path | None = None             # the benchmark's data root
+    split: str | None = None                   # the loader's split
+    limit: int | None = None                   # the first N questions
+    shard: str | tuple[int, int] = (0, 1)      # i/n: this machine's share, split by video
+    concurrency: int = 1                       # questions in flight
+    backend: str | None = 'embedded'           # embedded | http | vllm | scripted | none
+    model: Any = None                          # a model id, or a chat model
+    base_url: str | None = None                # an OpenAI-compatible server
+    role_models: dict = Field(default_factory=dict)   # PACE's per-group models (`--role-model`)
+    config: Any = None                         # a Config, a dict of its values, a YAML path or None
+    overrides: list[str] | None = None         # `key=value` Config overrides (`--set`)
+    retry_failed: bool = False                 # rerun questions recorded as failed
+    only_present: bool = False                 # only questions whose video file exists
+    progress: bool = True                      # a progress bar
+    cache_mode: str | None = None              # readwrite | replay | off (None: the backend's own)
+    timeout_s: float | None = None             # longest wait for one reply (None: Config.timeout_s)
+    roles: str = 'auto'                        # auto | offline | model
+    max_substituted: float | None = None       # fail above this fraction of stand-in answers
+
+    def __init__(self, **kw):
+        kw = {RUN_ALIASES.get(k, k): v for k, v in kw.items()}
+        try: super().__init__(**kw)
+        except ValidationError as e:
+            raise ValueError(invalid_line(RunSettings, e, 'RunSettings')) from None
+
+    @field_validator('concurrency', mode='before')
+    @classmethod
+    def check_in_flight(cls, v: Any) -> int: return check_concurrency(v)
+
+    @field_validator('role_models', mode='before')
+    @classmethod
+    def check_groups(cls, v: Any) -> dict:
+        "`--role-model` pairs as a dict; a dict is checked and kept as given."
+        if isinstance(v, dict): role_models_of(v)
+        return v if isinstance(v, dict) else role_models_of(v or [])
+
+    @model_validator(mode='after')
+    def check_options(self) -> RunSettings:
+        check_run_options(self.cache_mode, self.timeout_s, self.roles, self.backend, self.model)
+        _check_max_substituted(self.max_substituted)
+        return self
+
+    def replace(self, **kw) -> RunSettings:
+        "A copy with some settings changed (by either name)."
+        return RunSettings(**(dict(self) | kw))
+
+
+# %% ../../nbs/42c_eval.runner.ipynb #7aae04e8
+def run_settings(settings: RunSettings | None, out_dir: str | Path | None, **kw) -> RunSettings:
+    "`settings` (or the defaults) with `out_dir` and keywords (either name) changed."
+    folder = {'out_dir': out_dir} if out_dir is not None else {}
+    s = (settings or RunSettings()).replace(**kw, **folder)
+    if s.out_dir is None: raise ValueError("a run needs its folder: out_dir (`--out`)")
+    return s
+
+# %% ../../nbs/42c_eval.runner.ipynb #dcc06acd
+def _context(name: str, method: str, cfg: Config, s: RunSettings) -> RunContext:
+    "The run's context: its chat model (named, or an object), cache, timeout, roles, role models."
+    named, m = isinstance(s.model, str), s.model
+    return RunContext(name, method, Path(s.out_dir), cfg, s.backend, m if named else None,
+                      s.base_url, None if named else m, s.cache_mode, s.timeout_s, s.roles,
+                      dict(s.role_models))
+
+def _recorded(s: RunSettings, shard: tuple[int, int], pool: dict, load_rep: dict) -> dict:
+    "What `run.json` records of the run settings (beside the config and models)."
+    root = str(Path(s.root).resolve()) if s.root else None
+    return dict(backend=s.backend, base_url=s.base_url, cache_mode=s.cache_mode, **pool, root=root,
+                split=s.split, limit=s.limit, only_present=s.only_present, shards=[shard],
+                load_report=load_rep)
+
+def _answer_todo(sel: list[Question], method: str, ctx: RunContext, s: RunSettings, answer) -> dict:
     "Answer the selected questions not done yet (held in `ctx`); this invocation's summary."
-    todo, prev, dropped = _todo(sel, out / 'results.jsonl', retry_failed)
+    out = Path(s.out_dir)
+    todo, prev, dropped = _todo(sel, out / 'results.jsonl', s.retry_failed)
     ctx.hold(todo)
     t0 = time.time()
-    stats = _answer_all(todo, prev, len(sel), method, ctx, concurrency, answer, progress)
+    stats = _answer_all(todo, prev, len(sel), method, ctx, s.concurrency, answer, s.progress)
     return _summary(out, sel, todo, stats, dropped, t0)
 
 def _end_run_json(out: Path, meta: dict, ctx: RunContext, summary: dict) -> None:
@@ -201,39 +279,21 @@ def _end_run_json(out: Path, meta: dict, ctx: RunContext, summary: dict) -> None
     updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
     write_run_json(out, dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
 
-def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, root: str | Path | None = None,
-             limit: int | None = None, shard: str | tuple[int, int] = (0, 1), concurrency: int = 1,
-             backend: str = 'embedded', model: ChatModel | str | None = None, base_url: str | None = None,
-             role_models: dict | None = None, config: Config | dict | str | Path | None = None,
-             overrides: Iterable[str] | None = None, split: str | None = None, retry_failed: bool = False,
-             only_present: bool = False, progress: bool = True, cache_mode: str | None = None,
-             timeout_s: float | None = None, roles: str = 'auto',
-             answer: Callable[..., Iterable[dict]] | None = None, max_substituted: float | None = None) -> dict:
-    "Run `method` over a benchmark into `out_dir` (resumable; `answer`: who answers); a summary of this invocation."
-    check_run_options(cache_mode, timeout_s, roles, backend, model)
-    check_concurrency(concurrency)
-    role_models_of(role_models or {})
-    get_method(method)                                      # an unknown name fails before anything is written
-    _check_max_substituted(max_substituted)
-    out, (si, sn) = Path(out_dir), parse_shard(shard)
+def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path | None = None,
+             settings: RunSettings | None = None,
+             answer: Callable[..., Iterable[dict]] | None = None, **kw) -> dict:
+    "Run `method` over a benchmark into `out_dir` as `settings` (or keywords) say; a summary."
+    s = run_settings(settings, out_dir, **kw)
+    get_method(method)                          # an unknown name fails before anything is written
+    out, shard = Path(s.out_dir), parse_shard(s.shard)
     with locked_run_dir(out):
-        cfg = resolve_config(config, overrides)
-        name, qs, load_rep = load_run_questions(benchmark, root, split)
-        sel = select_questions(qs, limit, (si, sn), only_present)
-        named = isinstance(model, str)
-        ctx = RunContext(name, method, out, cfg, backend, model if named else None, base_url, None if named else model,
-                         cache_mode, timeout_s, roles, dict(role_models or {}))
-        meta = write_run_json(out, _run_meta(name, method, cfg, ctx, backend=backend, base_url=base_url,
-                                             cache_mode=cache_mode, **pool_meta(cfg, name, split, qs, method),
-                                             root=str(Path(root).resolve()) if root else None, split=split, limit=limit,
-                                             only_present=only_present, shards=[(si, sn)], load_report=load_rep))
-        summary = _answer_todo(sel, out, retry_failed, method, ctx, concurrency, answer, progress)
+        cfg = resolve_config(s.config, s.overrides)
+        name, qs, load_rep = load_run_questions(benchmark, s.root, s.split)
+        sel = select_questions(qs, s.limit, shard, s.only_present)
+        ctx = _context(name, method, cfg, s)
+        pool = pool_meta(cfg, name, s.split, qs, method)
+        recorded = _recorded(s, shard, pool, load_rep)
+        meta = write_run_json(out, _run_meta(name, method, cfg, ctx, **recorded))
+        summary = _answer_todo(sel, method, ctx, s, answer)
         _end_run_json(out, meta, ctx, summary)
-    return dict(summary, substituted=substituted_end(out, max_substituted))
-
-# %% ../../nbs/42c_eval.runner.ipynb #87383b4b
-def induce_benchmark(benchmark: str, root: str | Path | None = None, split: str | None = 'dev',
-                     limit: int | None = None, **kw) -> dict:
-    "`reveal.induction.induce` on a benchmark's split (its first `limit` questions); the induction report."
-    qs = load_split_questions(benchmark, root, split)
-    return induce(qs[:limit] if limit else qs, split=split, benchmark=benchmark, root=root, **kw)
+    return dict(summary, substituted=substituted_end(out, s.max_substituted))

@@ -17,13 +17,15 @@ import pandas as pd
 import matplotlib.pyplot as plt
 import seaborn as sns
 from scipy.stats import binomtest
+from ...settings import check_roles
 from ...core import Question, digest, kit_version, load_config, project_root, runs_dir, safe_name
 from ...record import check_substituted, format_substituted, scored_rows, substitution_counts
 from ...io import atomic_write_text, atomic_write_json
 from ...backends.cache import MODES
 from ...backends.models import get_chat_model
 from ..loaders import load_benchmark
-from ..runner import induce_benchmark, run_eval
+from ..induce import induce_benchmark
+from ..runner import RunSettings, run_eval
 from ..context import uses_pool
 from ..run_dir import select_questions
 from ..metrics import load_results, run_pool, embedders_line
@@ -71,8 +73,7 @@ def chat_model(backend: str = 'embedded', model: str | None = None, base_url: st
                cache_mode: str = 'readwrite', cache: str | Path | None = None, roles: str = 'auto'):
     "The chat model of an experiment, behind the call cache in `cache_mode` ('readwrite' | 'replay' | 'off')."
     if cache_mode not in MODES: raise ValueError(f"cache_mode must be one of {MODES}, got {cache_mode!r}")
-    if roles not in ('auto', 'offline', 'model'):
-        raise ValueError(f"roles must be 'auto', 'offline' or 'model', got {roles!r}")
+    check_roles(roles)
     kw = {'meaningful': True} if roles == 'model' and backend == 'embedded' else {}
     path = None if cache_mode == 'off' else (resolve(cache) if cache else 'default')
     return get_chat_model(backend, model, base_url, cache=path, replay=cache_mode == 'replay', **kw)
@@ -104,20 +105,20 @@ def _run_key(m: str, ov: list[str]) -> str:
     if not (uses_pool(m) and cfg.rubric_pool): return cfg.hash()
     return f"{cfg.hash()}-pool-{pool_origin(cfg.rubric_pool)['sha256'][:8]}"
 
-def run_methods(methods: Sequence[str], benchmark: str, root: str | Path, out_dir: str | Path, chat: Any,
-                split: str | None = None, limit: int | None = None, overrides: Sequence[str] | None = None,
-                tag: str = '', progress: bool = True, roles: str = 'auto', only_present: bool = False,
-                pool: str | None = None, role_models: dict | None = None) -> dict[str, Path]:
-    "Run each method into the shared folder (resumable: finished questions are kept); the run folder of each."
-    base, dirs = resolve(out_dir) / run_slug(benchmark, split, chat, roles), {}
+def run_methods(methods: Sequence[str], benchmark: str, settings: RunSettings, tag: str = '',
+                pool: str | None = None) -> dict[str, Path]:
+    "Run each method into the shared folder `settings.out_dir` (resumable); the run folder of each."
+    s = settings
+    base, dirs = resolve(s.out_dir) / run_slug(benchmark, s.split, s.model, s.roles), {}
     for i, m in enumerate(methods, 1):
-        ov = ([f'rubric_pool={pool}'] if pool and uses_pool(m) else []) + list(overrides or [])   # REVEAL's methods
+        own_pool = [f'rubric_pool={pool}'] if pool and uses_pool(m) else []     # REVEAL's methods
+        ov = own_pool + list(s.overrides or [])
         key = _run_key(m, ov)
-        key += f"-roles-{digest(role_models)[:8]}" if role_models else ''          # PACE's per-role models
+        key += f"-roles-{digest(s.role_models)[:8]}" if s.role_models else ''  # PACE's role models
         d = base / safe_name(f"{m}-{tag}-{key}" if tag else f"{m}-{key}")
         print(f"[{i}/{len(methods)}] {m}{f' ({tag})' if tag else ''} → {d}", flush=True)
-        run_eval(benchmark, m, d, root=resolve(root), limit=limit, model=chat, split=loader_split(benchmark, split),
-                 overrides=ov, progress=progress, roles=roles, only_present=only_present, role_models=role_models)
+        split = loader_split(benchmark, s.split)
+        run_eval(benchmark, m, d, s.replace(root=resolve(s.root), split=split, overrides=ov))
         dirs[m] = d
     return dirs
 
@@ -348,15 +349,22 @@ def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #f112b441
 @patch
+def run_settings(self: Experiment, overrides: Sequence[str] | None = None) -> RunSettings:
+    "The `eval.runner.RunSettings` its methods run with: data, chat model, roles, input switches."
+    off = [f'{k}=false' for k in ('subtitles', 'before_query') if not getattr(self, k)]
+    return RunSettings(out_dir=self.out_dir, root=self.root_path, split=self.split,
+                       limit=self.limit, model=self.chat, overrides=[*(overrides or []), *off],
+                       progress=self.progress, roles=self.roles, only_present=self.only_present,
+                       role_models=self.role_models)
+
+# %% ../../../nbs/44_eval.figures.common.ipynb #d2d62de9
+@patch
 def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | None = None,
         tag: str = '') -> dict[str, list[dict]]:
     "Run the methods (resumable, shared; REVEAL's with the experiment's pool) and return their results."
     if self.pack: return self.run_packed(methods, tag)
-    off = [f'{k}=false' for k in ('subtitles', 'before_query') if not getattr(self, k)]   # input switches
-    overrides = [*(overrides or []), *off]
     pool = pool_override(self.pool_path()) if any(uses_pool(m) for m in methods) else None
-    dirs = run_methods(methods, self.benchmark, self.root_path, self.out_dir, self.chat, self.split, self.limit,
-                       overrides, tag, self.progress, self.roles, self.only_present, pool, self.role_models)
+    dirs = run_methods(methods, self.benchmark, self.run_settings(overrides), tag, pool)
     self.pools.update({str(d): run_pool(d) for d in dirs.values()})
     return self.scored(load_runs(dirs, self.qids))
 
