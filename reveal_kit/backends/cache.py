@@ -65,7 +65,8 @@ class CallCache:
     def __init__(self, path: str | Path, timeout: float = 60.0, read_only: bool = False):
         p = Path(path)
         if p.suffix not in ('.sqlite', '.sqlite3', '.db'): p = p / 'calls.sqlite'
-        self.path, self.timeout, self.read_only, self._local = p, timeout, read_only, threading.local()
+        self.path, self.timeout, self.read_only, self._local = (p, timeout, read_only,
+                                                                threading.local())
         if read_only: return self._check_readable()
         p.parent.mkdir(parents=True, exist_ok=True)
         try: self._conn().execute(_SCHEMA)
@@ -101,7 +102,8 @@ class CallCache:
         if not self.path.is_file(): raise FileNotFoundError(f"no call cache at {self.path}")
         try: self._conn().execute('SELECT key, entry FROM calls LIMIT 1').fetchall()
         except sqlite3.DatabaseError as e:
-            raise ValueError(f"{self.path} is not a readable call cache ({e}); it was left as it is") from None
+            raise ValueError(f"{self.path} is not a readable call cache ({e}); it was left as it "
+                             f"is") from None
 
     def close(self) -> None:
         "Close this thread's connection (a WAL cache is then checkpointed into its one file)."
@@ -180,9 +182,11 @@ class CachedModel(ChatModel):
 def key(self: CachedModel, messages, schema=None, max_tokens=512, temperature=0.0, tools=None,
         tool_choice=None) -> str:
     "The cache key of a request to the inner model."
-    req = CallRequest(schema, max_tokens, temperature, self.inner.sampling_params(), tools, tool_choice)
+    req = CallRequest(schema, max_tokens, temperature, self.inner.sampling_params(), tools,
+                      tool_choice)
     base_url = getattr(self.inner, 'base_url', '') or ''
-    return call_key(self.inner.backend_name, self.inner.model_id, as_messages(messages), req, base_url)
+    return call_key(self.inner.backend_name, self.inner.model_id, as_messages(messages), req,
+                    base_url)
 
 # %% ../../nbs/03_backends.cache.ipynb #a7c1e0d4
 @patch

@@ -257,7 +257,8 @@ def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens,
     r = rec(c2, repaired=True)
     self._count('repaired_ok' if err2 is None else 'failures')
     if err2 is None: return ChatResult(c2.text, data, r, c2.reasoning)
-    r.ok, r.error = False, f"invalid JSON after one repair: {err2} (reply from {self.where()} begins {c2.text[:60]!r})"
+    r.ok, r.error = (False, f"invalid JSON after one repair: {err2} (reply from {self.where()} "
+                     f"begins {c2.text[:60]!r})")
     if getattr(c2, 'finish_reason', None) == 'length':
         r.error += '; the reply was cut off at max_tokens'   # reason_of
     return ChatResult(c2.text, None, r, c2.reasoning)
@@ -266,7 +267,8 @@ def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens,
 class _SlowCallNotice:
     "While the call inside takes over `model.progress_after_s`: one stderr line saying so, another when it is done."
     def __init__(self, model: ChatModel, role: str):
-        self.model, self.role, self.said, self.timer = model, role or 'model', threading.Event(), None
+        self.model, self.role, self.said, self.timer = (model, role or 'model', threading.Event(),
+                                                        None)
     def _say(self):
         self.said.set()
         lim = f"; timeout {self.model.timeout_s:g} s" if self.model.timeout_s else ''

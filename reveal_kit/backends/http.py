@@ -61,7 +61,8 @@ class ReplicaSet:
     "Replicas of one model: calls go to the least busy healthy one (ties take turns); a failed one is out a while."
     def __init__(self, urls: Sequence[str], cooldown_s: float = 5.0,
                  max_per_replica: int | None = None):
-        mk = (lambda: threading.BoundedSemaphore(max_per_replica)) if max_per_replica else contextlib.nullcontext
+        mk = ((lambda: threading.BoundedSemaphore(max_per_replica)) if max_per_replica
+              else contextlib.nullcontext)
         self.replicas = [Replica(u, mk()) for u in urls]
         self.cooldown_s, self._lock, self._turn = float(cooldown_s), threading.Lock(), 0
 
@@ -121,11 +122,13 @@ class OpenAIHTTPModel(ChatModel):
         self.base_urls, self._model = tuple(parse_base_urls(base_url)), model
         self.base_url, self.replicas = self.base_urls[0], ReplicaSet(self.base_urls, cooldown_s,
                                                                      max_concurrency)
-        self.json_mode, self.json_fallback, self.bound, self.tool_mode = json_mode, json_fallback, bound, tool_mode
+        self.json_mode, self.json_fallback, self.bound, self.tool_mode = (json_mode, json_fallback,
+                                                                          bound, tool_mode)
         self.retries, self.backoff, self.extra_body = retries, backoff, dict(extra_body or {})
         # the most tokens of a reply without a schema (None: as asked)
         self.text_max_tokens = text_max_tokens
-        self.meaningful, self.supports_images, self.timeout_s = meaningful, supports_images, float(timeout)
+        self.meaningful, self.supports_images, self.timeout_s = (meaningful, supports_images,
+                                                                 float(timeout))
         n = len(self.base_urls)
         self.why = f"OpenAI-compatible server{f's ({n} replicas)' if n > 1 else ''} at {self.where()}"
         key = api_key or os.environ.get('OPENAI_API_KEY') or 'EMPTY'
@@ -161,7 +164,8 @@ def _attempt(self: OpenAIHTTPModel, r: Replica, method: str, path: str, payload:
     except BaseException:
         self.replicas.done(r, ok=None)
         raise
-    if resp is not None and resp.status_code in _RETRY_STATUS and not _rejects_response_format(resp):
+    if (resp is not None and resp.status_code in _RETRY_STATUS
+        and not _rejects_response_format(resp)):
         resp, why = None, f"HTTP {resp.status_code}: {' '.join(resp.text[:200].split())}"
     self.replicas.done(r, ok=resp is not None)
     return resp, why, slow
@@ -175,7 +179,8 @@ def _down_error(self: OpenAIHTTPModel, path: str, attempts: int, last: str,
                 slow: set) -> BackendUnavailable:
     "The one-line error when no replica answered: every one too slow, or every one unavailable."
     urls = ', '.join(f"{u}{path}" for u in (sorted(slow) if slow else self.base_urls))
-    at = f"chat server at {urls}" if len(self.base_urls) == 1 else f"all {len(self.base_urls)} chat servers at {urls}"
+    at = (f"chat server at {urls}" if len(self.base_urls) == 1
+          else f"all {len(self.base_urls)} chat servers at {urls}")
     if slow and len(slow) == len(self.base_urls):
         return BackendUnavailable(f"{at} did not answer within {self.timeout_s:g} s; "
                                   "raise the limit (--timeout, Config.timeout_s) or use a faster "
@@ -246,7 +251,8 @@ def _post_chat(self: OpenAIHTTPModel, payload: dict, schema: dict | None,
                mode: str) -> httpx.Response:
     "POST a chat request; when the server refuses `json_schema`, ask once more as `json_object` and remember that."
     r = self._request('POST', '/chat/completions', payload)
-    if schema is None or mode != 'json_schema' or not self.json_fallback or not _rejects_response_format(r):
+    if (schema is None or mode != 'json_schema' or not self.json_fallback
+        or not _rejects_response_format(r)):
         return r
     retry = {**payload, 'response_format': self._response_format(schema, 'json_object')}
     r2 = self._request('POST', '/chat/completions', retry)
@@ -381,6 +387,7 @@ def _complete_tools(self: OpenAIHTTPModel, messages, tools, *, tool_choice, max_
     if self.tool_mode != 'auto' or not _rejects_tools(r):
         return _calls_in_text(self._reply(r, msgs))
     with self._lock: self.tool_mode = 'schema'
-    _log.info("%s refused function calling; asking for the calls as JSON under a schema from now on",
+    _log.info("%s refused function calling; asking for the calls as JSON under a schema from now "
+              "on",
               self.where())
     return ChatModel._complete_tools(self, messages, tools, **kw)

@@ -120,7 +120,9 @@ class LlamaCppModel(ChatModel):
         super().__init__()
         p = model_path or os.environ.get('REVEAL_GGUF')
         self.model_path, self.is_fallback = (Path(p) if p else None), not p
-        self.n_ctx, self.n_threads, self.seed, self.max_str, self.max_items = n_ctx, n_threads, seed, max_str, max_items
+        self.n_ctx, self.n_threads, self.seed, self.max_str, self.max_items = (n_ctx, n_threads,
+                                                                               seed, max_str,
+                                                                               max_items)
         self.meaningful = (not self.is_fallback) if meaningful is None else meaningful
         # the packaged GGUF has no chat template
         self.chat_format = chat_format or (None if p else 'gemma')

@@ -19,7 +19,8 @@ def _jpeg_data_url(img: Any, quality: int) -> str:
     from PIL import Image
     if isinstance(img, np.ndarray):
         if img.dtype != np.uint8 or img.ndim not in (2, 3):
-            raise ValueError(f"image arrays must be uint8 HxW or HxWx3, got {img.dtype} {img.shape}")
+            raise ValueError(f"image arrays must be uint8 HxW or HxWx3, got {img.dtype} "
+                             f"{img.shape}")
         img = Image.fromarray(img)
     if not isinstance(img, Image.Image):
         raise TypeError(f"cannot make an image from {type(img).__name__}")

@@ -276,7 +276,8 @@ class Completion:
     @property
     def n_reasoning(self) -> int:
         "Reasoning tokens: the server's count, else estimated."
-        return self.reasoning_tokens if self.reasoning_tokens is not None else estimate_tokens(self.reasoning)
+        return (self.reasoning_tokens if self.reasoning_tokens is not None
+                else estimate_tokens(self.reasoning))
 
 # %% ../../nbs/02_backends.replies.ipynb #d592dbe6
 def as_completion(out: Completion | tuple) -> Completion:

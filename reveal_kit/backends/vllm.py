@@ -46,7 +46,8 @@ class VLLMModel(ChatModel):
         self.supports_images, self.text_max_tokens = supports_images, text_max_tokens
         self.engine_kw = dict(max_model_len=max_model_len,
                               gpu_memory_utilization=gpu_memory_utilization, seed=seed, **engine_kw)
-        self.why, self._llm, self._lock = f"in-process vLLM engine for {model}", None, threading.Lock()
+        self.why, self._llm, self._lock = (f"in-process vLLM engine for {model}", None,
+                                           threading.Lock())
 
     def sampling_params(self) -> dict:
         think = {'thinking': self.thinking, 'reasoning_allowance': self.reasoning_allowance} \
@@ -230,7 +231,8 @@ class VLLMServer:
     def __init__(self, model: str | Path, port: int | None = None, *, name: str = 'gemma',
                  ready_s: float = 300, log: str | Path | None = None, kv_cache_gb: float = 2,
                  env: dict | None = None, **kw):
-        self.port, self.name, self.ready_s, self.proc = port or _free_port(), name, float(ready_s), None
+        self.port, self.name, self.ready_s, self.proc = (port or _free_port(), name, float(ready_s),
+                                                         None)
         self.cmd = vllm_serve_command(model, self.port, name=name, **kw)
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log = Path(log) if log else Path(tempfile.mkdtemp()) / 'vllm-serve.log'

@@ -26,7 +26,8 @@ def egolife_seconds(date: str, time: str) -> float:
     if not d or not re.fullmatch(r'\d{6,8}', t):
         raise ValueError(f"bad EgoLife timestamp {date!r} {time!r}")
     ff = int(t[6:8]) if len(t) == 8 else 0
-    return (int(d.group(1)) - 1) * 86400 + int(t[:2]) * 3600 + int(t[2:4]) * 60 + int(t[4:6]) + ff / 20
+    return ((int(d.group(1)) - 1) * 86400 + int(t[:2]) * 3600 + int(t[2:4]) * 60 + int(t[4:6])
+            + ff / 20)
 
 # %% ../../nbs/14b_memory.clips.ipynb #6ebc6544
 CLIP_NAME = re.compile(r'^(DAY\d+)_.+_(\d{8}|\d{6})$', re.I)      # DAYn_<identity>_HHMMSSFF

@@ -277,7 +277,8 @@ def _read_json(f: Path):
         raise MemoryBuildError(f"damaged memory: {f} is missing; rebuild it (--rebuild)")
     try: return json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise MemoryBuildError(f"damaged {f} (not valid JSON); rebuild the memory (--rebuild)") from None
+        raise MemoryBuildError(f"damaged {f} (not valid JSON); rebuild the memory "
+                               f"(--rebuild)") from None
 
 
 def _read_npy(f: Path, rows: int, what: str) -> np.ndarray:
@@ -286,7 +287,8 @@ def _read_npy(f: Path, rows: int, what: str) -> np.ndarray:
         raise MemoryBuildError(f"damaged memory: {f} is missing; rebuild it (--rebuild)")
     try: a = np.load(f)
     except (ValueError, OSError, EOFError) as e:
-        raise MemoryBuildError(f"damaged {f} ({type(e).__name__}); rebuild the memory (--rebuild)") from None
+        raise MemoryBuildError(f"damaged {f} ({type(e).__name__}); rebuild the memory "
+                               f"(--rebuild)") from None
     if a.ndim != 2 or a.shape[0] != rows:
         raise MemoryBuildError(f"damaged {f}: shape {a.shape}, expected {rows} rows ({what}); "
                                f"rebuild it (--rebuild)")
@@ -300,7 +302,8 @@ def load(cls: OfflineMemory, path: str | Path, config: Config | None = None, tex
     p = Path(path)
     if not (p / 'manifest.json').exists():
         partial = (p / 'build.json').exists()
-        why = 'an unfinished build — run the build again to resume it' if partial else 'no memory here'
+        why = ('an unfinished build — run the build again to resume it' if partial
+               else 'no memory here')
         raise MemoryBuildError(f"not a complete memory: {p} has no manifest.json ({why})")
     man = _read_json(p / 'manifest.json')
     if config is not None and man['memory_config'] != memory_config(config):

@@ -202,7 +202,8 @@ def onnx_unavailable(model_dir: str | Path | None = None) -> str:
     if missing: return f"{' and '.join(missing)} not installed"
     if minilm_onnx_path(model_dir).exists(): return ''
     missing = [m for m in ('torch', 'transformers', 'onnx') if not has_module(m)]
-    return f"no cached ONNX file and {', '.join(missing)} missing to export one (pip install onnx)" if missing else ''
+    return (f"no cached ONNX file and {', '.join(missing)} missing to export one (pip install onnx)"
+            if missing else '')
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #9f596297
 class OnnxMiniLM(TextEmbedder):
@@ -211,7 +212,8 @@ class OnnxMiniLM(TextEmbedder):
     def __init__(self, model_dir: str | Path | None = None, is_fallback: bool = True, why: str = '',
                  batch_size: int = 16):
         self.model_dir = Path(model_dir or packaged_minilm_path())
-        self.model_id, self.is_fallback, self.why, self.batch_size = MINILM_ID, is_fallback, why, batch_size
+        self.model_id, self.is_fallback, self.why, self.batch_size = (MINILM_ID, is_fallback, why,
+                                                                      batch_size)
         self.dim, self._session, self._st = model_dim(self.model_dir), None, None
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #6fcd4e6f

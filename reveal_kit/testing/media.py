@@ -129,7 +129,8 @@ def _spans(scenes: Sequence[Scene], transitions: Sequence[Transition]) -> list[t
                          f"{len(transitions)}")
     out = []
     for c, tr in zip(scene_boundaries(scenes), transitions):
-        kind, s, hold = tr[0], float(tr[1]) if len(tr) > 1 else 0.0, float(tr[2]) if len(tr) > 2 else 0.0
+        kind, s, hold = (tr[0], float(tr[1]) if len(tr) > 1 else 0.0,
+                         float(tr[2]) if len(tr) > 2 else 0.0)
         if kind not in ('cut', 'black', 'fade', 'dissolve'):
             raise ValueError(f"unknown transition {kind!r}")
         out.append((c, kind, s, hold,

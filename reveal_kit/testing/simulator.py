@@ -161,7 +161,8 @@ def _written(text: str, thought: str, how: str) -> tuple[str, str]:
 # %% ../../nbs/01e_testing.simulator.ipynb #90111a9a
 def _fit(content: str, thought: str, calls: list | None, limit: int) -> tuple[dict, str, int]:
     "The message as the server returns it, its text cut at `limit` tokens (finish 'length'), and its tokens."
-    n, finish = estimate_tokens(thought) + estimate_tokens(content), 'tool_calls' if calls else 'stop'
+    n, finish = (estimate_tokens(thought) + estimate_tokens(content),
+                 'tool_calls' if calls else 'stop')
     if n > limit:
         thought, content = cut_to_tokens(thought,
                                          limit), ('' if thought else cut_to_tokens(content, limit))

@@ -357,8 +357,7 @@ class _Medians:
     def get(self) -> dict: return {k: v[len(v) // 2] for k, v in self.v.items() if v}
 
 
-def filter_frames(frames: Iterable[Frame], config: Config,
-                  report: QualityReport | None = None) -> Iterator[Frame]:
+def filter_frames(frames: Iterable[Frame], config: Config, report: QualityReport | None = None) -> Iterator[Frame]:
     "Yield the frames that pass the (video-relative) quality filter, counting reasons in `report`; never drops all."
     report = report if report is not None else QualityReport()
     med, held, best, best_score = _Medians(), [], None, -1.0

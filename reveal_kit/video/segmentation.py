@@ -58,7 +58,8 @@ RUN_MAX = 4                    # kept frames a run may hold before it is resolve
 class AdaptiveSegmenter:
     "Streaming L1 segmentation against the open segment's running-mean embedding (rule above)."
     def __init__(self, config: Config = Config()):
-        self.theta, self.min_s, self.max_s = config.theta, config.min_segment_s, config.max_segment_s
+        self.theta, self.min_s, self.max_s = (config.theta, config.min_segment_s,
+                                              config.max_segment_s)
         self.step = 1.0 / config.fps
         self.done: list[L1Segment] = []
         self._reset([], [], None)
@@ -190,7 +191,8 @@ def finish(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
     self.run = []
     if not self.times and not self.done: return []
     start = self._start()
-    if self.done and duration - start < self.min_s and duration - self.done[-1].t_start <= self.max_s:
+    if (self.done and duration - start < self.min_s
+        and duration - self.done[-1].t_start <= self.max_s):
         last = self.done[-1]
         last.frame_times = sorted(last.frame_times + self.times + self.extra)
         last.t_end = duration
