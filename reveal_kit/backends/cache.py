@@ -6,7 +6,7 @@
 from __future__ import annotations
 import hashlib, json, os, sqlite3, threading, time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from fastcore.basics import patch
@@ -17,25 +17,37 @@ from .replies import ToolCall
 from .messages import as_messages
 
 # %% auto #0
-__all__ = ['MODES', 'content_hashed', 'call_key', 'default_cache_path', 'CallCache', 'CacheMiss', 'CachedModel']
+__all__ = ['MODES', 'content_hashed', 'CallRequest', 'call_key', 'default_cache_path', 'CallCache', 'CacheMiss', 'CachedModel']
 
 # %% ../../nbs/03_backends.cache.ipynb #f0af633c
 def content_hashed(obj: Any) -> Any:
     "`obj` with every data URL replaced by `sha256:<hex>` of its content, so keys are small and image-exact."
-    if isinstance(obj, str) and obj.startswith('data:'): return 'sha256:' + hashlib.sha256(obj.encode()).hexdigest()
+    if isinstance(obj, str) and obj.startswith('data:'):
+        return 'sha256:' + hashlib.sha256(obj.encode()).hexdigest()
     if isinstance(obj, dict): return {k: content_hashed(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)): return [content_hashed(v) for v in obj]
     return obj
 
+# %% ../../nbs/03_backends.cache.ipynb #477e1835
+@dataclass(frozen=True)
+class CallRequest:
+    "What a call asks besides its messages: reply schema, decoding settings and tools (all in its key)."
+    schema: dict | None = None
+    max_tokens: int = 512
+    temperature: float = 0.0
+    sampling: dict | None = None
+    tools: list | None = None
+    tool_choice: Any = None
+
 # %% ../../nbs/03_backends.cache.ipynb #cebc760e
-def call_key(backend: str, model: str, messages: list[dict], schema: dict | None = None, max_tokens: int = 512,
-             temperature: float = 0.0, sampling: dict | None = None, base_url: str = '', tools: list | None = None,
-             tool_choice: Any = None) -> str:
+def call_key(backend: str, model: str, messages: list[dict], req: CallRequest = CallRequest(),
+             base_url: str = '') -> str:
     "SHA-256 hex over everything that decides a model's reply (the server's URL and the tools only when there are any)."
-    blob = {'v': 1, 'backend': backend, 'model': model, 'messages': content_hashed(messages), 'schema': schema,
-            'max_tokens': int(max_tokens), 'temperature': float(temperature), 'sampling': sampling or {}}
+    blob = {'v': 1, 'backend': backend, 'model': model, 'messages': content_hashed(messages),
+            'schema': req.schema, 'max_tokens': int(req.max_tokens),
+            'temperature': float(req.temperature), 'sampling': req.sampling or {}}
     if base_url: blob['base_url'] = base_url
-    if tools is not None: blob['tools'] = {'tools': tools, 'tool_choice': tool_choice}
+    if req.tools is not None: blob['tools'] = {'tools': req.tools, 'tool_choice': req.tool_choice}
     text = json.dumps(blob, sort_keys=True, ensure_ascii=False, separators=(',', ':'), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -45,19 +57,21 @@ def default_cache_path() -> Path:
     return runs_dir() / 'cache' / 'calls' / 'calls.sqlite'
 
 # %% ../../nbs/03_backends.cache.ipynb #49b0e2e3
-_SCHEMA = ('CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, role TEXT, backend TEXT, model TEXT, '
-           'created REAL, entry TEXT NOT NULL)')
+_SCHEMA = ('CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, role TEXT, backend TEXT, model '
+           'TEXT, created REAL, entry TEXT NOT NULL)')
 
 class CallCache:
     "A persistent key → call-result store in SQLite (WAL), safe across threads and processes; or read-only."
     def __init__(self, path: str | Path, timeout: float = 60.0, read_only: bool = False):
         p = Path(path)
         if p.suffix not in ('.sqlite', '.sqlite3', '.db'): p = p / 'calls.sqlite'
-        self.path, self.timeout, self.read_only, self._local = p, timeout, read_only, threading.local()
+        self.path, self.timeout, self.read_only, self._local = (p, timeout, read_only,
+                                                                threading.local())
         if read_only: return self._check_readable()
         p.parent.mkdir(parents=True, exist_ok=True)
         try: self._conn().execute(_SCHEMA)
-        except sqlite3.DatabaseError as e:             # not an SQLite file (overwritten, truncated): start a new one
+        # not an SQLite file (overwritten, truncated): start a new one
+        except sqlite3.DatabaseError as e:
             self._local.conn = None
             move_aside(p, str(e), ['-wal', '-shm'])
             self._conn().execute(_SCHEMA)
@@ -65,13 +79,15 @@ class CallCache:
     def _connect(self) -> sqlite3.Connection:
         "A new connection: WAL for writing; read-only without touching the file (immutable when no WAL is pending)."
         if not self.read_only:
-            c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+            c = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
+                                check_same_thread=False)
             c.execute('PRAGMA journal_mode=WAL')
             c.execute('PRAGMA synchronous=NORMAL')
             return c
         wal = self.path.with_name(self.path.name + '-wal').exists()
         uri = self.path.resolve().as_uri() + ('?mode=ro' if wal else '?immutable=1')
-        return sqlite3.connect(uri, uri=True, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        return sqlite3.connect(uri, uri=True, timeout=self.timeout, isolation_level=None,
+                               check_same_thread=False)
 
     def _conn(self) -> sqlite3.Connection:
         "This thread's connection in this process (opened on first use, and again after a fork)."
@@ -86,7 +102,8 @@ class CallCache:
         if not self.path.is_file(): raise FileNotFoundError(f"no call cache at {self.path}")
         try: self._conn().execute('SELECT key, entry FROM calls LIMIT 1').fetchall()
         except sqlite3.DatabaseError as e:
-            raise ValueError(f"{self.path} is not a readable call cache ({e}); it was left as it is") from None
+            raise ValueError(f"{self.path} is not a readable call cache ({e}); it was left as it "
+                             f"is") from None
 
     def close(self) -> None:
         "Close this thread's connection (a WAL cache is then checkpointed into its one file)."
@@ -98,7 +115,8 @@ class CallCache:
 def put(self: CallCache, key: str, entry: dict) -> None:
     "Store an entry (a dict with `text`, `data`, `record`)."
     r = entry.get('record', {})
-    row = (key, r.get('role', ''), r.get('backend', ''), r.get('model', ''), time.time(), json.dumps(entry))
+    row = (key, r.get('role', ''), r.get('backend', ''), r.get('model', ''), time.time(),
+           json.dumps(entry))
     self._conn().execute('INSERT OR REPLACE INTO calls VALUES (?,?,?,?,?,?)', row)
 
 # %% ../../nbs/03_backends.cache.ipynb #b3e21045
@@ -121,7 +139,8 @@ def __contains__(self: CallCache, key: str) -> bool:
     return self._conn().execute('SELECT 1 FROM calls WHERE key=?', (key,)).fetchone() is not None
 
 @patch
-def __len__(self: CallCache) -> int: return self._conn().execute('SELECT COUNT(*) FROM calls').fetchone()[0]
+def __len__(self: CallCache) -> int:
+    return self._conn().execute('SELECT COUNT(*) FROM calls').fetchone()[0]
 
 @patch
 def __repr__(self: CallCache): return f"CallCache({str(self.path)!r}, {len(self)} calls)"
@@ -155,23 +174,29 @@ class CachedModel(ChatModel):
     base_url = property(lambda self: self.inner.base_url)
     timeout_s = property(lambda self: self.inner.timeout_s)
     def where(self) -> str: return self.inner.where()
-    def __repr__(self): return f"CachedModel({self.inner!r}, mode={self.mode!r}, cache={str(self.cache.path)!r})"
+    def __repr__(self):
+        return f"CachedModel({self.inner!r}, mode={self.mode!r}, cache={str(self.cache.path)!r})"
 
 # %% ../../nbs/03_backends.cache.ipynb #1c7fdb45
 @patch
-def key(self: CachedModel, messages, schema=None, max_tokens=512, temperature=0.0, tools=None, tool_choice=None) -> str:
+def key(self: CachedModel, messages, schema=None, max_tokens=512, temperature=0.0, tools=None,
+        tool_choice=None) -> str:
     "The cache key of a request to the inner model."
-    return call_key(self.inner.backend_name, self.inner.model_id, as_messages(messages), schema, max_tokens,
-                    temperature, self.inner.sampling_params(), getattr(self.inner, 'base_url', '') or '', tools,
-                    tool_choice)
+    req = CallRequest(schema, max_tokens, temperature, self.inner.sampling_params(), tools,
+                      tool_choice)
+    base_url = getattr(self.inner, 'base_url', '') or ''
+    return call_key(self.inner.backend_name, self.inner.model_id, as_messages(messages), req,
+                    base_url)
 
 # %% ../../nbs/03_backends.cache.ipynb #a7c1e0d4
 @patch
 def _lookup(self: CachedModel, key: str, fields: tuple = ('text',)) -> dict | None:
     "The cache's entry for `key` when it has a record and `fields`; an unusable entry warns and is a miss."
     entry = self.cache.get(key)
-    if entry is None or (isinstance(entry.get('record'), dict) and all(f in entry for f in fields)): return entry
-    warn(f"{self.cache.path}: call-cache entry {key[:16]}… lacks {'/'.join(('record',) + fields)}: the call is made again")
+    if entry is None or (isinstance(entry.get('record'), dict) and all(f in entry for f in fields)):
+        return entry
+    warn(f"{self.cache.path}: call-cache entry {key[:16]}… lacks {'/'.join(('record',) + fields)}: "
+         f"the call is made again")
     return None
 
 # %% ../../nbs/03_backends.cache.ipynb #9f8da47f
@@ -179,7 +204,8 @@ def _lookup(self: CachedModel, key: str, fields: tuple = ('text',)) -> dict | No
 def _hit_record(self: CachedModel, entry: dict, role: str, t0: float) -> CallRecord:
     "A stored entry's record as this call's: cache_hit, this role, lookup latency, the original latency kept."
     self.stats['hits'] += 1
-    rec = CallRecord(**{k: v for k, v in entry['record'].items() if k in CallRecord.__dataclass_fields__})
+    rec = CallRecord(**{k: v for k, v in entry['record'].items()
+                        if k in CallRecord.__dataclass_fields__})
     rec.orig_latency_s = rec.orig_latency_s if rec.cache_hit else rec.latency_s
     rec.role, rec.cache_hit, rec.latency_s = role or rec.role, True, time.perf_counter() - t0
     return rec
@@ -187,7 +213,8 @@ def _hit_record(self: CachedModel, entry: dict, role: str, t0: float) -> CallRec
 @patch
 def _hit(self: CachedModel, entry: dict, role: str, t0: float) -> ChatResult:
     "A stored entry as this call's result."
-    return ChatResult(entry['text'], entry.get('data'), self._hit_record(entry, role, t0), entry.get('reasoning', ''))
+    return ChatResult(entry['text'], entry.get('data'), self._hit_record(entry, role, t0),
+                      entry.get('reasoning', ''))
 
 # %% ../../nbs/03_backends.cache.ipynb #45260ab8
 @patch
@@ -196,7 +223,8 @@ def _miss(self: CachedModel, key: str, role: str):
     self.stats['misses'] += 1
     if self.mode == 'replay':
         raise CacheMiss(f"replay mode: no cached call for role {role!r} (key {key[:16]}…, backend "
-                        f"{self.inner.backend_name}, model {self.inner.model_id}) in {self.cache.path}. "
+                        f"{self.inner.backend_name}, model {self.inner.model_id}) in "
+                        f"{self.cache.path}. "
                         "Run once without replay to record it.")
 
 # %% ../../nbs/03_backends.cache.ipynb #e117dd4c
@@ -211,7 +239,8 @@ def _store(self: CachedModel, key: str, res: ChatResult) -> None:
 
 # %% ../../nbs/03_backends.cache.ipynb #ddbb6545
 @patch
-def chat(self: CachedModel, messages, *, schema=None, role='', max_tokens=512, temperature=0.0) -> ChatResult:
+def chat(self: CachedModel, messages, *, schema=None, role='', max_tokens=512,
+         temperature=0.0) -> ChatResult:
     "`inner.chat`, answered from the cache when the same call was made before."
     kw = dict(schema=schema, role=role, max_tokens=max_tokens, temperature=temperature)
     if self.mode == 'off': return self.inner.chat(messages, **kw)
@@ -224,8 +253,8 @@ def chat(self: CachedModel, messages, *, schema=None, role='', max_tokens=512, t
 
 # %% ../../nbs/03_backends.cache.ipynb #e1f41184
 @patch
-def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tokens=512, temperature=0.0,
-              max_workers=4) -> list[ChatResult]:
+def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tokens=512,
+              temperature=0.0, max_workers=4) -> list[ChatResult]:
     "`inner.chat_many` for the misses only (one batch on vLLM), hits from the cache, in input order."
     kw = dict(schema=schema, role=role, max_tokens=max_tokens, temperature=temperature)
     if self.mode == 'off': return self.inner.chat_many(conversations, max_workers=max_workers, **kw)
@@ -246,19 +275,21 @@ def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tok
 
 # %% ../../nbs/03_backends.cache.ipynb #e2a74b1e
 @patch
-def chat_tools(self: CachedModel, messages, tools, *, tool_choice='required', role='', max_tokens=512,
-               temperature=0.0) -> ToolResult:
+def chat_tools(self: CachedModel, messages, tools, *, tool_choice='required', role='',
+               max_tokens=512, temperature=0.0) -> ToolResult:
     "`inner.chat_tools`, answered from the cache when the same call (same tools and choice) was made before."
     kw = dict(tool_choice=tool_choice, role=role, max_tokens=max_tokens, temperature=temperature)
     if self.mode == 'off': return self.inner.chat_tools(messages, tools, **kw)
-    t0, key = time.perf_counter(), self.key(messages, None, max_tokens, temperature, tools, tool_choice)
+    t0, key = time.perf_counter(), self.key(messages, None, max_tokens, temperature, tools,
+                                            tool_choice)
     if (e := self._lookup(key, ('text', 'calls'))) is not None:
         return ToolResult([ToolCall(**c) for c in e['calls']], e['text'], e.get('reasoning', ''),
                           self._hit_record(e, role, t0))
     self._miss(key, role)
     res = self.inner.chat_tools(messages, tools, **kw)
     if res.record.ok:
-        self.cache.put(key, {'text': res.text, 'reasoning': res.reasoning, 'calls': [asdict(c) for c in res.calls],
+        self.cache.put(key, {'text': res.text, 'reasoning': res.reasoning,
+                             'calls': [asdict(c) for c in res.calls],
                              'record': res.record.to_dict()})
         self.stats['stores'] += 1
     return res

@@ -57,10 +57,14 @@ class CallRecord:
     ok: bool = True
     repaired: bool = False
     error: str | None = None
-    orig_latency_s: float | None = None   # on a cache hit: latency of the call that produced the cached answer
-    cut_retry: bool = False              # the reply was cut at max_tokens and asked again with twice the budget
-    protocol: str = ''                   # chat_tools: 'tools' (native function calling) or 'tools_as_json'
-    usage_note: str | None = None         # which token counts are the kit's estimates, and why (None: the server's)
+    # on a cache hit: latency of the call that produced the cached answer
+    orig_latency_s: float | None = None
+    # the reply was cut at max_tokens and asked again with twice the budget
+    cut_retry: bool = False
+    # chat_tools: 'tools' (native function calling) or 'tools_as_json'
+    protocol: str = ''
+    # which token counts are the kit's estimates, and why (None: the server's)
+    usage_note: str | None = None
     def to_dict(self) -> dict: return asdict(self)
 
 # %% ../../nbs/02a_backends.chat.ipynb #e687a9e2
@@ -93,7 +97,8 @@ class ToolResult:
         return m
 
 # %% ../../nbs/02a_backends.chat.ipynb #e01b3a0a
-JSON_STATS: Counter = Counter()   # this process: 'repairs' asked, 'repaired_ok', 'failures' (invalid after the repair)
+# this process: 'repairs' asked, 'repaired_ok', 'failures' (invalid after the repair)
+JSON_STATS: Counter = Counter()
 _STATS_LOCK = threading.Lock()
 
 def json_stats() -> dict:
@@ -106,22 +111,27 @@ class ChatModel:
     backend_name: str = 'base'
     model_id: str = ''
     base_url: str = ''            # where an HTTP backend's server is ('' in-process)
-    meaningful: bool = True       # False: replies are not meaningful (base model); callers use the offline roles
+    # False: replies are not meaningful (base model); callers use the offline roles
+    meaningful: bool = True
     supports_images: bool = False
     is_fallback: bool = False
     why: str = ''
-    timeout_s: float | None = None          # the longest wait for one reply (enforced by HTTP backends)
-    progress_after_s: float | None = 10.0   # a call slower than this says so on stderr (None: never)
-    max_failures_in_row: int | None = 5     # this many failed calls in a row raise CallsFailing (None: never)
-    thinking: str = 'auto'                  # Config.thinking: 'on' / 'off' sent with every request; 'auto' nothing
+    # the longest wait for one reply (enforced by HTTP backends)
+    timeout_s: float | None = None
+    # a call slower than this says so on stderr (None: never)
+    progress_after_s: float | None = 10.0
+    # this many failed calls in a row raise CallsFailing (None: never)
+    max_failures_in_row: int | None = 5
+    # Config.thinking: 'on' / 'off' sent with every request; 'auto' nothing
+    thinking: str = 'auto'
     reasoning_allowance: int = 0            # with thinking 'on': added to every reply budget
 
     def __init__(self): self.stats = Counter()
     def sampling_params(self) -> dict:
         "Fixed sampling settings beyond max_tokens/temperature (part of the cache key)."
         return {}
-    def _complete(self, messages: list[dict], *, schema: dict | None, max_tokens: int, temperature: float,
-                  role: str) -> tuple[str, int, int]:
+    def _complete(self, messages: list[dict], *, schema: dict | None, max_tokens: int,
+                  temperature: float, role: str) -> tuple[str, int, int]:
         raise NotImplementedError
     def reply_budget(self, max_tokens: int) -> int:
         "A role's reply budget as sent: plus the reasoning allowance when thinking is on."
@@ -135,7 +145,8 @@ class ChatModel:
     def where(self) -> str:
         "What errors name: the server URL, the model file, or the model id."
         return self.base_url or str(getattr(self, 'model_path', None) or '') or str(self.model_id)
-    def __repr__(self): return f"{type(self).__name__}({self.model_id!r}, meaningful={self.meaningful})"
+    def __repr__(self):
+        return f"{type(self).__name__}({self.model_id!r}, meaningful={self.meaningful})"
 
 # %% ../../nbs/02a_backends.chat.ipynb #13e3732c
 def _default_reply(messages, schema, role):
@@ -145,8 +156,8 @@ def _default_reply(messages, schema, role):
 class ScriptedModel(ChatModel):
     "A deterministic model: `fn(messages, schema, role) -> str | dict | list | Completion`, calls in `.calls`."
     backend_name = 'scripted'
-    def __init__(self, fn: Callable | None = None, *, model_id: str = 'scripted', meaningful: bool = True,
-                 supports_images: bool = True):
+    def __init__(self, fn: Callable | None = None, *, model_id: str = 'scripted',
+                 meaningful: bool = True, supports_images: bool = True):
         super().__init__()
         self.fn, self.model_id = fn or _default_reply, model_id
         self.meaningful, self.supports_images = meaningful, supports_images
@@ -157,7 +168,8 @@ class ScriptedModel(ChatModel):
     def _complete(self, messages, *, schema, max_tokens, temperature, role):
         self.calls.append({'role': role, 'messages': messages, 'max_tokens': max_tokens})
         out = self.fn(messages, schema, role)
-        if isinstance(out, Completion): return out          # a reply with its finish reason, tokens…
+        if isinstance(out, Completion):
+            return out          # a reply with its finish reason, tokens…
         text = out if isinstance(out, str) else json.dumps(out)
         return text, sum(estimate_tokens(message_text(m)) for m in messages), estimate_tokens(text)
 
@@ -199,12 +211,14 @@ def _count(self: ChatModel, key: str):
 @patch
 def _record(self: ChatModel, role, t0, pt, ct, **kw) -> CallRecord:
     "The record of a call that started at `t0`."
-    return CallRecord(role=role, backend=self.backend_name, model=self.model_id, base_url=self.base_url,
-                      prompt_tokens=int(pt), completion_tokens=int(ct), latency_s=time.perf_counter() - t0, **kw)
+    return CallRecord(role=role, backend=self.backend_name, model=self.model_id,
+                      base_url=self.base_url, prompt_tokens=int(pt), completion_tokens=int(ct),
+                      latency_s=time.perf_counter() - t0, **kw)
 
 # %% ../../nbs/02a_backends.chat.ipynb #e1e18d7c
 @patch
-def _repair(self: ChatModel, msgs, schema, text, err, max_tokens, temperature, role) -> tuple[Completion, Any, Any]:
+def _repair(self: ChatModel, msgs, schema, text, err, max_tokens, temperature,
+            role) -> tuple[Completion, Any, Any]:
     "Ask once more with the error: the second reply, its data, and what is still wrong with it (None: nothing)."
     try:
         again = repair_messages(with_schema_instruction(msgs, schema), text, err, schema)
@@ -216,22 +230,27 @@ def _repair(self: ChatModel, msgs, schema, text, err, max_tokens, temperature, r
 
 # %% ../../nbs/02a_backends.chat.ipynb #66251f7d
 @patch
-def _uncut(self: ChatModel, msgs, schema, c: Completion, max_tokens, temperature, role) -> Completion | None:
+def _uncut(self: ChatModel, msgs, schema, c: Completion, max_tokens, temperature,
+           role) -> Completion | None:
     "A structured reply cut at `max_tokens` and not valid, asked again once with twice the budget (else None)."
-    if schema is None or c.finish_reason != 'length' or validate_reply(c.text, schema)[1] is None: return None
+    if schema is None or c.finish_reason != 'length' or validate_reply(c.text, schema)[1] is None:
+        return None
     kw = dict(schema=schema, max_tokens=2 * max_tokens, temperature=temperature, role=role)
     try: return as_completion(self._complete(with_schema_instruction(msgs, schema), **kw))
     except (RequestRejected, BadReply) as e: return Completion('', finish_reason=f'error: {e}')
 
 @patch
-def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens, temperature) -> ChatResult:
+def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens,
+            temperature) -> ChatResult:
     "Validate a reply (a cut one asked again with twice the budget); invalid JSON: one repair; record the outcome."
     cut, again = c, self._uncut(msgs, schema, c, max_tokens, temperature, role)
     if again is not None: c, max_tokens = again, 2 * max_tokens
     done = (cut,) if again is not None else ()
-    rec = lambda *more, **kw: self._record(role, t0, sum(x.prompt_tokens for x in (c, *done, *more)),
+    rec = lambda *more, **kw: self._record(role, t0,
+                                           sum(x.prompt_tokens for x in (c, *done, *more)),
                                            sum(x.completion_tokens for x in (c, *done, *more)),
-                                           reasoning_tokens=sum(x.n_reasoning for x in (c, *done, *more)),
+                                           reasoning_tokens=sum(x.n_reasoning
+                                                                for x in (c, *done, *more)),
                                            cut_retry=again is not None, **kw)
     if schema is None: return ChatResult(c.text, None, rec(), c.reasoning)
     data, err = validate_reply(c.text, schema)
@@ -241,15 +260,18 @@ def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens, 
     r = rec(c2, repaired=True)
     self._count('repaired_ok' if err2 is None else 'failures')
     if err2 is None: return ChatResult(c2.text, data, r, c2.reasoning)
-    r.ok, r.error = False, f"invalid JSON after one repair: {err2} (reply from {self.where()} begins {c2.text[:60]!r})"
-    if getattr(c2, 'finish_reason', None) == 'length': r.error += '; the reply was cut off at max_tokens'   # reason_of
+    r.ok, r.error = (False, f"invalid JSON after one repair: {err2} (reply from {self.where()} "
+                     f"begins {c2.text[:60]!r})")
+    if getattr(c2, 'finish_reason', None) == 'length':
+        r.error += '; the reply was cut off at max_tokens'   # reason_of
     return ChatResult(c2.text, None, r, c2.reasoning)
 
 # %% ../../nbs/02a_backends.chat.ipynb #35be007f
 class _SlowCallNotice:
     "While the call inside takes over `model.progress_after_s`: one stderr line saying so, another when it is done."
     def __init__(self, model: ChatModel, role: str):
-        self.model, self.role, self.said, self.timer = model, role or 'model', threading.Event(), None
+        self.model, self.role, self.said, self.timer = (model, role or 'model', threading.Event(),
+                                                        None)
     def _say(self):
         self.said.set()
         lim = f"; timeout {self.model.timeout_s:g} s" if self.model.timeout_s else ''
@@ -265,7 +287,8 @@ class _SlowCallNotice:
     def __exit__(self, *exc):
         if self.timer: self.timer.cancel()
         if self.said.is_set():
-            print(f"reveal: {self.role} reply after {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
+            print(f"reveal: {self.role} reply after {time.perf_counter() - self.t0:.1f} s",
+                  file=sys.stderr, flush=True)
 
 # %% ../../nbs/02a_backends.chat.ipynb #3d4a3faa
 @patch
@@ -281,8 +304,8 @@ def _check_failures(self: ChatModel, res):
 
 # %% ../../nbs/02a_backends.chat.ipynb #ce536874
 @patch
-def chat(self: ChatModel, messages, *, schema: dict | None = None, role: str = '', max_tokens: int = 512,
-         temperature: float = 0.0) -> ChatResult:
+def chat(self: ChatModel, messages, *, schema: dict | None = None, role: str = '',
+         max_tokens: int = 512, temperature: float = 0.0) -> ChatResult:
     "Send a conversation; return text (and validated JSON when `schema` is given) with its call record."
     msgs, t0, max_tokens = as_messages(messages), time.perf_counter(), self.reply_budget(max_tokens)
     with _STATS_LOCK: self.stats['calls'] += 1
@@ -297,15 +320,18 @@ def chat(self: ChatModel, messages, *, schema: dict | None = None, role: str = '
 # %% ../../nbs/02a_backends.chat.ipynb #f9699575
 @patch
 def chat_many(self: ChatModel, conversations: list, *, schema: dict | None = None, role: str = '',
-              max_tokens: int = 512, temperature: float = 0.0, max_workers: int = 4) -> list[ChatResult]:
+              max_tokens: int = 512, temperature: float = 0.0,
+              max_workers: int = 4) -> list[ChatResult]:
     "`chat` over several conversations at once, results in input order."
-    f = lambda c: self.chat(c, schema=schema, role=role, max_tokens=max_tokens, temperature=temperature)
+    f = lambda c: self.chat(c, schema=schema, role=role, max_tokens=max_tokens,
+                            temperature=temperature)
     if max_workers <= 1 or len(conversations) <= 1: return [f(c) for c in conversations]
     with ThreadPoolExecutor(max_workers) as ex: return list(ex.map(f, conversations))
 
 # %% ../../nbs/02a_backends.chat.ipynb #094f1784
 @patch
-def _complete_tools(self: ChatModel, messages, tools, *, tool_choice, max_tokens, temperature, role) -> Completion:
+def _complete_tools(self: ChatModel, messages, tools, *, tool_choice, max_tokens, temperature,
+                    role) -> Completion:
     "Function calling without native tools: the calls written as JSON under `tool_call_schema` (structured output)."
     schema, msgs = tool_call_schema(tools, tool_choice), tool_turns_as_text(messages)
     kw = dict(max_tokens=max_tokens, temperature=temperature, role=role)
@@ -315,9 +341,11 @@ def _complete_tools(self: ChatModel, messages, tools, *, tool_choice, max_tokens
 
 # %% ../../nbs/02a_backends.chat.ipynb #94e91900
 @patch
-def _complete_tools(self: ScriptedModel, messages, tools, *, tool_choice, max_tokens, temperature, role):
+def _complete_tools(self: ScriptedModel, messages, tools, *, tool_choice, max_tokens, temperature,
+                    role):
     "`fn(messages, tool_call_schema(...), role)`: a string (no call), or `{'tool_calls', 'content', 'reasoning'}`."
-    self.calls.append({'role': role, 'messages': messages, 'tools': tools, 'tool_choice': tool_choice})
+    self.calls.append({'role': role, 'messages': messages, 'tools': tools,
+                       'tool_choice': tool_choice})
     out = self.fn(messages, tool_call_schema(tools, tool_choice), role)
     pt = sum(estimate_tokens(message_text(m)) for m in messages)
     if isinstance(out, str): return Completion(out, pt, estimate_tokens(out), tool_calls=[])
@@ -330,8 +358,10 @@ def _complete_tools(self: ScriptedModel, messages, tools, *, tool_choice, max_to
 def _tool_result(self: ChatModel, msgs, tools, tool_choice, c: Completion, t0, role) -> ToolResult:
     "The checked calls of a reply and its record (not ok when a call was required and none can run)."
     turn = sum(m['role'] == 'assistant' for m in msgs)
-    calls = [parse_tool_call(x, tools, f'call_{turn}_{i}') for i, x in enumerate(c.tool_calls or [])]
-    rec = self._record(role, t0, c.prompt_tokens, c.completion_tokens, reasoning_tokens=c.n_reasoning)
+    calls = [parse_tool_call(x, tools, f'call_{turn}_{i}')
+             for i, x in enumerate(c.tool_calls or [])]
+    rec = self._record(role, t0, c.prompt_tokens, c.completion_tokens,
+                       reasoning_tokens=c.n_reasoning)
     with _STATS_LOCK: self.stats['invalid_tool_calls'] += sum(not x.ok for x in calls)
     if tool_choice not in ('auto', 'none') and not any(x.ok for x in calls):
         why = calls[0].error if calls else f"the reply has no tool call (it begins {c.text[:60]!r})"
@@ -346,7 +376,8 @@ def _tools_uncut(self: ChatModel, msgs, tools, kw: dict, t0) -> ToolResult:
     c = as_completion(self._complete_tools(msgs, tools, **kw))
     res = self._tool_result(msgs, tools, kw['tool_choice'], c, t0, kw['role'])
     if res.record.ok or c.finish_reason != 'length': return res
-    c2 = as_completion(self._complete_tools(msgs, tools, **{**kw, 'max_tokens': 2 * kw['max_tokens']}))
+    c2 = as_completion(self._complete_tools(msgs, tools,
+                                            **{**kw, 'max_tokens': 2 * kw['max_tokens']}))
     res = self._tool_result(msgs, tools, kw['tool_choice'], c2, t0, kw['role'])
     r = res.record
     r.prompt_tokens += c.prompt_tokens
@@ -356,14 +387,16 @@ def _tools_uncut(self: ChatModel, msgs, tools, kw: dict, t0) -> ToolResult:
 
 # %% ../../nbs/02a_backends.chat.ipynb #b40e7b2f
 @patch
-def chat_tools(self: ChatModel, messages, tools: list[dict], *, tool_choice: str | dict = 'required', role: str = '',
-               max_tokens: int = 512, temperature: float = 0.0) -> ToolResult:
+def chat_tools(self: ChatModel, messages, tools: list[dict], *,
+               tool_choice: str | dict = 'required', role: str = '', max_tokens: int = 512,
+               temperature: float = 0.0) -> ToolResult:
     "OpenAI function calling: the reply's tool calls, each parsed and checked against `tools`, and the call's record."
     msgs, t0 = as_messages(messages), time.perf_counter()
-    tool_call_schema(tools, tool_choice)          # a malformed tool list or choice: ValueError, before any call
+    # a malformed tool list or choice: ValueError, before any call
+    tool_call_schema(tools, tool_choice)
     with _STATS_LOCK: self.stats['calls'] += 1
-    kw = dict(tool_choice=tool_choice, max_tokens=self.reply_budget(max_tokens), temperature=temperature,
-              role=role)
+    kw = dict(tool_choice=tool_choice, max_tokens=self.reply_budget(max_tokens),
+              temperature=temperature, role=role)
     with _SlowCallNotice(self, role):
         try: res = self._tools_uncut(msgs, tools, kw, t0)
         except (RequestRejected, BadReply) as e:
@@ -399,8 +432,8 @@ def call_totals(calls: list[dict]) -> dict:
     out = {'llm_calls': len(calls), 'cache_hits': sum(bool(c.get('cache_hit')) for c in calls),
            'prompt_tokens': sum(int(c.get('prompt_tokens') or 0) for c in calls),
            'completion_tokens': sum(int(c.get('completion_tokens') or 0) for c in calls),
-           'model_seconds': round(sum(float(c.get('wall_s') or 0.0) for c in calls), 6), 'calls_by_role': by_role,
-           'failed_calls': dict(sorted(failed.items()))}
+           'model_seconds': round(sum(float(c.get('wall_s') or 0.0) for c in calls), 6),
+           'calls_by_role': by_role, 'failed_calls': dict(sorted(failed.items()))}
     if (rt := sum(int(c.get('reasoning_tokens') or 0) for c in calls)): out['reasoning_tokens'] = rt
     if (ne := sum(bool(c.get('usage_note')) for c in calls)): out['usage_estimated'] = ne
     return out

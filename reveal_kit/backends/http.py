@@ -22,13 +22,15 @@ _log = logging.getLogger(__name__)
 def normalize_base_url(url: str) -> str:
     "`http://host:port` → `http://host:port/v1`; a URL that already has a path is kept (without a trailing slash)."
     url = url.strip().rstrip('/')
-    if not re.match(r'^https?://', url): raise ValueError(f"base_url must start with http:// or https://, got {url!r}")
+    if not re.match(r'^https?://', url):
+        raise ValueError(f"base_url must start with http:// or https://, got {url!r}")
     return url + '/v1' if url.count('/') == 2 else url
 
 # %% ../../nbs/02b_backends.http.ipynb #c644111c
 def parse_base_urls(urls: str | Sequence[str]) -> list[str]:
     "Normalized replica URLs from one URL, a comma-separated string or a list (blanks and repeats dropped)."
-    parts = urls.split(',') if isinstance(urls, str) else [p for u in urls for p in str(u).split(',')]
+    parts = urls.split(',') if isinstance(urls,
+                                          str) else [p for u in urls for p in str(u).split(',')]
     out = []
     for u in (normalize_base_url(p) for p in parts if p.strip()):
         if u not in out: out.append(u)
@@ -47,7 +49,8 @@ def _rejects_response_format(r: httpx.Response) -> bool:
 class Replica:
     "One server of a fleet: its URL, calls in flight, calls answered, failures, and until when it is out."
     url: str
-    slot: object = field(default_factory=contextlib.nullcontext, repr=False)   # bounds this server's calls in flight
+    # bounds this server's calls in flight
+    slot: object = field(default_factory=contextlib.nullcontext, repr=False)
     outstanding: int = 0
     served: int = 0
     failures: int = 0
@@ -56,8 +59,10 @@ class Replica:
 # %% ../../nbs/02b_backends.http.ipynb #b9bccff4
 class ReplicaSet:
     "Replicas of one model: calls go to the least busy healthy one (ties take turns); a failed one is out a while."
-    def __init__(self, urls: Sequence[str], cooldown_s: float = 5.0, max_per_replica: int | None = None):
-        mk = (lambda: threading.BoundedSemaphore(max_per_replica)) if max_per_replica else contextlib.nullcontext
+    def __init__(self, urls: Sequence[str], cooldown_s: float = 5.0,
+                 max_per_replica: int | None = None):
+        mk = ((lambda: threading.BoundedSemaphore(max_per_replica)) if max_per_replica
+              else contextlib.nullcontext)
         self.replicas = [Replica(u, mk()) for u in urls]
         self.cooldown_s, self._lock, self._turn = float(cooldown_s), threading.Lock(), 0
 
@@ -71,7 +76,8 @@ def pick(self: ReplicaSet, exclude: set = frozenset(), probe: bool = False) -> R
     with self._lock:
         order = [self.replicas[(self._turn + i) % n] for i in range(n)]
         ok = [r for r in order if r.url not in exclude and r.down_until <= now]
-        if not ok and probe: ok = sorted((r for r in order if r.url not in exclude), key=lambda r: r.down_until)[:1]
+        if not ok and probe:
+            ok = sorted((r for r in order if r.url not in exclude), key=lambda r: r.down_until)[:1]
         if not ok: return None
         r = min(ok, key=lambda r: r.outstanding)
         self._turn = (self._turn + 1) % n
@@ -85,7 +91,8 @@ def done(self: ReplicaSet, r: Replica, ok: bool | None) -> None:
     with self._lock:
         r.outstanding -= 1
         if ok: r.served, r.down_until = r.served + 1, 0.0
-        elif ok is not None: r.failures, r.down_until = r.failures + 1, time.monotonic() + self.cooldown_s
+        elif ok is not None:
+            r.failures, r.down_until = r.failures + 1, time.monotonic() + self.cooldown_s
 
 # %% ../../nbs/02b_backends.http.ipynb #640fd701
 @patch
@@ -93,44 +100,52 @@ def status(self: ReplicaSet) -> list[dict]:
     "Per replica: URL, healthy or not, calls in flight, answered and failed."
     now = time.monotonic()
     with self._lock:
-        return [dict(url=r.url, healthy=r.down_until <= now, in_flight=r.outstanding, served=r.served,
-                     failures=r.failures) for r in self.replicas]
+        return [dict(url=r.url, healthy=r.down_until <= now, in_flight=r.outstanding,
+                     served=r.served, failures=r.failures) for r in self.replicas]
 
 # %% ../../nbs/02b_backends.http.ipynb #c08812a3
 class OpenAIHTTPModel(ChatModel):
     "A model behind one or several OpenAI-compatible `/v1/chat/completions` endpoints (replicas of one model)."
     backend_name, supports_images = 'http', True
-    def __init__(self, base_url: str | Sequence[str] = 'http://127.0.0.1:8000/v1', model: str | None = None, *,
-                 api_key: str | None = None, json_mode: str = 'json_schema', json_fallback: bool = True,
-                 max_concurrency: int | None = None, timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
-                 bound: bool = True, extra_body: dict | None = None, meaningful: bool = True,
-                 supports_images: bool = True, cooldown_s: float = 5.0, tool_mode: str = 'auto',
-                 text_max_tokens: int | None = None):
+    def __init__(self, base_url: str | Sequence[str] = 'http://127.0.0.1:8000/v1',
+                 model: str | None = None, *, api_key: str | None = None,
+                 json_mode: str = 'json_schema', json_fallback: bool = True,
+                 max_concurrency: int | None = None, timeout: float = 120.0, retries: int = 3,
+                 backoff: float = 0.5, bound: bool = True, extra_body: dict | None = None,
+                 meaningful: bool = True, supports_images: bool = True, cooldown_s: float = 5.0,
+                 tool_mode: str = 'auto', text_max_tokens: int | None = None):
         super().__init__()
         if json_mode not in ('json_schema', 'json_object'):
             raise ValueError(f"json_mode must be 'json_schema' or 'json_object', got {json_mode!r}")
         if tool_mode not in ('auto', 'native', 'schema'):
             raise ValueError(f"tool_mode must be 'auto', 'native' or 'schema', got {tool_mode!r}")
         self.base_urls, self._model = tuple(parse_base_urls(base_url)), model
-        self.base_url, self.replicas = self.base_urls[0], ReplicaSet(self.base_urls, cooldown_s, max_concurrency)
-        self.json_mode, self.json_fallback, self.bound, self.tool_mode = json_mode, json_fallback, bound, tool_mode
+        self.base_url, self.replicas = self.base_urls[0], ReplicaSet(self.base_urls, cooldown_s,
+                                                                     max_concurrency)
+        self.json_mode, self.json_fallback, self.bound, self.tool_mode = (json_mode, json_fallback,
+                                                                          bound, tool_mode)
         self.retries, self.backoff, self.extra_body = retries, backoff, dict(extra_body or {})
-        self.text_max_tokens = text_max_tokens     # the most tokens of a reply without a schema (None: as asked)
-        self.meaningful, self.supports_images, self.timeout_s = meaningful, supports_images, float(timeout)
+        # the most tokens of a reply without a schema (None: as asked)
+        self.text_max_tokens = text_max_tokens
+        self.meaningful, self.supports_images, self.timeout_s = (meaningful, supports_images,
+                                                                 float(timeout))
         n = len(self.base_urls)
         self.why = f"OpenAI-compatible server{f's ({n} replicas)' if n > 1 else ''} at {self.where()}"
         key = api_key or os.environ.get('OPENAI_API_KEY') or 'EMPTY'
         self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
                                     headers={'Authorization': f'Bearer {key}'},
-                                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+                                    limits=httpx.Limits(max_connections=None,
+                                                        max_keepalive_connections=256))
         self._lock, self._served = threading.Lock(), threading.local()
 
     def sampling_params(self) -> dict:
         think = {'thinking': self.thinking, 'reasoning_allowance': self.reasoning_allowance} \
             if self.thinking != 'auto' else {}
-        return {**self.extra_body, **({'text_max_tokens': self.text_max_tokens} if self.text_max_tokens else {}),
+        return {**self.extra_body,
+                **({'text_max_tokens': self.text_max_tokens} if self.text_max_tokens else {}),
                 **think}
-    def tool_protocol(self) -> str: return 'tools_as_json' if self.tool_mode == 'schema' else 'tools'
+    def tool_protocol(self) -> str:
+        return 'tools_as_json' if self.tool_mode == 'schema' else 'tools'
     def where(self) -> str: return ', '.join(self.base_urls)
 
 # %% ../../nbs/02b_backends.http.ipynb #ba03e451
@@ -140,14 +155,17 @@ def _attempt(self: OpenAIHTTPModel, r: Replica, method: str, path: str, payload:
     resp, why, slow = None, '', False
     try:
         with r.slot: resp = self._client.request(method, f"{r.url}{path}", json=payload)
-    except (httpx.ReadTimeout, httpx.WriteTimeout):     # the server is there but slow: asking it again won't help
+    # the server is there but slow: asking it again won't help
+    except (httpx.ReadTimeout, httpx.WriteTimeout):
         why, slow = f"no answer within {self.timeout_s:g} s", True
     except httpx.TransportError as e:                   # refused, reset, connect/pool timeouts
         why = f"{type(e).__name__}: {' '.join(str(e).split())}"
-    except BaseException:                               # not the replica's doing (an interrupt, a bad request)
+    # not the replica's doing (an interrupt, a bad request)
+    except BaseException:
         self.replicas.done(r, ok=None)
         raise
-    if resp is not None and resp.status_code in _RETRY_STATUS and not _rejects_response_format(resp):
+    if (resp is not None and resp.status_code in _RETRY_STATUS
+        and not _rejects_response_format(resp)):
         resp, why = None, f"HTTP {resp.status_code}: {' '.join(resp.text[:200].split())}"
     self.replicas.done(r, ok=resp is not None)
     return resp, why, slow
@@ -157,19 +175,23 @@ _START_HINT = ("Start it (e.g. `vllm serve MODEL` or `python -m llama_cpp.server
                "or choose another backend.")
 
 @patch
-def _down_error(self: OpenAIHTTPModel, path: str, attempts: int, last: str, slow: set) -> BackendUnavailable:
+def _down_error(self: OpenAIHTTPModel, path: str, attempts: int, last: str,
+                slow: set) -> BackendUnavailable:
     "The one-line error when no replica answered: every one too slow, or every one unavailable."
     urls = ', '.join(f"{u}{path}" for u in (sorted(slow) if slow else self.base_urls))
-    at = f"chat server at {urls}" if len(self.base_urls) == 1 else f"all {len(self.base_urls)} chat servers at {urls}"
+    at = (f"chat server at {urls}" if len(self.base_urls) == 1
+          else f"all {len(self.base_urls)} chat servers at {urls}")
     if slow and len(slow) == len(self.base_urls):
         return BackendUnavailable(f"{at} did not answer within {self.timeout_s:g} s; "
-                                  "raise the limit (--timeout, Config.timeout_s) or use a faster server")
-    return BackendUnavailable(f"{at} {'is' if len(self.base_urls) == 1 else 'are'} unavailable after {attempts} "
-                              f"attempts ({last}). " + _START_HINT)
+                                  "raise the limit (--timeout, Config.timeout_s) or use a faster "
+                                  "server")
+    return BackendUnavailable(f"{at} {'is' if len(self.base_urls) == 1 else 'are'} unavailable "
+                              f"after {attempts} attempts ({last}). " + _START_HINT)
 
 # %% ../../nbs/02b_backends.http.ipynb #dce03ef4
 @patch
-def _request(self: OpenAIHTTPModel, method: str, path: str, payload: dict | None = None) -> httpx.Response:
+def _request(self: OpenAIHTTPModel, method: str, path: str,
+             payload: dict | None = None) -> httpx.Response:
     "One HTTP request to the least busy healthy replica, re-sent to another when one fails; all down: backoff, probe."
     slow, last, attempts = set(), '', 0
     for rnd in range(self.retries + 1):
@@ -201,7 +223,8 @@ def _record(self: OpenAIHTTPModel, role, t0, pt, ct, **kw):
 def list_models(self: OpenAIHTTPModel) -> list[str]:
     "Model ids served at the endpoint."
     r = self._request('GET', '/models')
-    if r.status_code >= 400: raise BackendError(f"{self.base_url}/models answered HTTP {r.status_code}: {r.text[:200]}")
+    if r.status_code >= 400:
+        raise BackendError(f"{self.base_url}/models answered HTTP {r.status_code}: {r.text[:200]}")
     return [m['id'] for m in r.json().get('data', [])]
 
 # %% ../../nbs/02b_backends.http.ipynb #215b4a5f
@@ -224,15 +247,19 @@ def _response_format(self: OpenAIHTTPModel, schema: dict, mode: str) -> dict:
 
 # %% ../../nbs/02b_backends.http.ipynb #159e13a6
 @patch
-def _post_chat(self: OpenAIHTTPModel, payload: dict, schema: dict | None, mode: str) -> httpx.Response:
+def _post_chat(self: OpenAIHTTPModel, payload: dict, schema: dict | None,
+               mode: str) -> httpx.Response:
     "POST a chat request; when the server refuses `json_schema`, ask once more as `json_object` and remember that."
     r = self._request('POST', '/chat/completions', payload)
-    if schema is None or mode != 'json_schema' or not self.json_fallback or not _rejects_response_format(r): return r
+    if (schema is None or mode != 'json_schema' or not self.json_fallback
+        or not _rejects_response_format(r)):
+        return r
     retry = {**payload, 'response_format': self._response_format(schema, 'json_object')}
     r2 = self._request('POST', '/chat/completions', retry)
     if r2.status_code >= 400: return r
     with self._lock: self.json_mode = 'json_object'
-    _log.info("%s rejected response_format json_schema; using json_object from now on", self.where())
+    _log.info("%s rejected response_format json_schema; using json_object from now on",
+              self.where())
     return r2
 
 # %% ../../nbs/02b_backends.http.ipynb #7cb3a734
@@ -242,13 +269,16 @@ def _content(content) -> tuple[str, str]:
     "`(text, reasoning)` of a message's `content`: a string, or a list of parts (text parts joined, reasoning apart)."
     if not isinstance(content, list): return (content if isinstance(content, str) else ''), ''
     part = lambda p, kinds: (p if isinstance(p, str) and 'text' in kinds else
-                             str(p.get('text') or '') if isinstance(p, dict) and p.get('type') in kinds else '')
+                             str(p.get('text') or '') if isinstance(p, dict)
+                             and p.get('type') in kinds else '')
     text = ''.join(part(p, ('text', 'output_text')) for p in content)
     return text, '\n\n'.join(x for x in (part(p, ('reasoning', 'thinking')) for p in content) if x)
 
 def _count(v) -> int | None:
     "A token count as a server gave it, or None when it is missing, not a whole number, not positive or absurd."
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v): return None
+    if isinstance(v, bool) or not isinstance(v,
+                                             (int, float)) or not math.isfinite(v) or v != int(v):
+        return None
     return int(v) if 0 < v <= _MAX_COUNT else None
 
 def _usage(u, estimates: dict) -> tuple[dict, str]:
@@ -272,10 +302,12 @@ def _completion(d: dict, messages: list[dict]) -> tuple[Completion, str]:
     u = d.get('usage')
     details = (u.get('completion_tokens_details') if isinstance(u, dict) else None) or {}
     est = {'prompt_tokens': sum(estimate_tokens(message_text(m)) for m in messages),
-           'completion_tokens': estimate_tokens(text) + sum(estimate_tokens(str(c)) for c in calls or [])}
+           'completion_tokens': estimate_tokens(text)
+           + sum(estimate_tokens(str(c)) for c in calls or [])}
     n, note = _usage(u, est)
     rt = _count(details.get('reasoning_tokens')) if isinstance(details, dict) else None
-    if reasoning and rt is None: note = '; '.join(x for x in (note, 'estimated reasoning tokens') if x)
+    if reasoning and rt is None:
+        note = '; '.join(x for x in (note, 'estimated reasoning tokens') if x)
     c = Completion(text, n['prompt_tokens'], n['completion_tokens'], str(reasoning), rt, calls,
                    ch.get('finish_reason') or '')
     return c, note
@@ -288,9 +320,10 @@ def _completion_json(r: httpx.Response, url: str) -> dict:
         raise BadReply(f"{url} answered HTTP {r.status_code} with a body that is not JSON: "
                        f"{r.content[:120]!r}") from None
     ch = d.get('choices') if isinstance(d, dict) else None
-    if not (isinstance(ch, list) and ch and isinstance(ch[0], dict) and isinstance(ch[0].get('message'), dict)):
-        raise BadReply(f"{url} answered JSON that is not a chat completion (no choices[0].message): "
-                       f"{r.content[:120]!r}")
+    if not (isinstance(ch, list) and ch and isinstance(ch[0], dict)
+            and isinstance(ch[0].get('message'), dict)):
+        raise BadReply(f"{url} answered JSON that is not a chat completion (no "
+                       f"choices[0].message): {r.content[:120]!r}")
     return d
 
 # %% ../../nbs/02b_backends.http.ipynb #0e000e7e
@@ -302,9 +335,11 @@ def _reply(self: OpenAIHTTPModel, r: httpx.Response, messages: list[dict]) -> Co
     url = getattr(self._served, 'url', self.base_url)
     if r.status_code in (400, 413, 422):
         hint = _TEXT_ONLY_HINT if 'not a multimodal model' in r.text else ''
-        raise RequestRejected(f"{url} rejected the request (HTTP {r.status_code}): {r.text[:300]}{hint}")
+        raise RequestRejected(f"{url} rejected the request (HTTP {r.status_code}): "
+                              f"{r.text[:300]}{hint}")
     if r.status_code >= 400: raise BadReply(f"{url} answered HTTP {r.status_code}: {r.text[:300]}")
-    c, self._served.usage_note = _completion(_completion_json(r, f"{url}/chat/completions"), messages)
+    c, self._served.usage_note = _completion(_completion_json(r, f"{url}/chat/completions"),
+                                             messages)
     return c
 
 @patch
@@ -312,15 +347,17 @@ def _with_thinking(self: OpenAIHTTPModel, payload: dict) -> dict:
     "The request with `chat_template_kwargs.enable_thinking` when `thinking` is 'on' or 'off' (as is under 'auto')."
     sw = self.thinking_switch()
     if not sw: return payload
-    return {**payload, 'chat_template_kwargs': {**(payload.get('chat_template_kwargs') or {}), **sw}}
+    return {**payload,
+            'chat_template_kwargs': {**(payload.get('chat_template_kwargs') or {}), **sw}}
 
 @patch
 def _complete(self: OpenAIHTTPModel, messages, *, schema, max_tokens, temperature, role):
     "One chat completion, JSON under the schema through the server's structured output."
     if not self.supports_images: messages = text_only(messages)
     if schema is None and self.text_max_tokens: max_tokens = min(max_tokens, self.text_max_tokens)
-    payload = self._with_thinking({'model': self.model_id, 'messages': messages, 'max_tokens': max_tokens,
-                                   'temperature': temperature, **self.extra_body})
+    payload = self._with_thinking({'model': self.model_id, 'messages': messages,
+                                   'max_tokens': max_tokens, 'temperature': temperature,
+                                   **self.extra_body})
     mode = self.json_mode
     if schema is not None: payload['response_format'] = self._response_format(schema, mode)
     return self._reply(self._post_chat(payload, schema, mode), messages)
@@ -337,16 +374,20 @@ def _rejects_tools(r: httpx.Response) -> bool:
     return r.status_code in (400, 422) and 'tool' in r.text.lower()
 
 @patch
-def _complete_tools(self: OpenAIHTTPModel, messages, tools, *, tool_choice, max_tokens, temperature, role):
+def _complete_tools(self: OpenAIHTTPModel, messages, tools, *, tool_choice, max_tokens, temperature,
+                    role):
     "Native function calling (`tools`, `tool_choice` in the request); the calls as JSON under a schema for 'schema'."
     kw = dict(tool_choice=tool_choice, max_tokens=max_tokens, temperature=temperature, role=role)
     if self.tool_mode == 'schema': return ChatModel._complete_tools(self, messages, tools, **kw)
     msgs = messages if self.supports_images else text_only(messages)
     payload = self._with_thinking({'model': self.model_id, 'messages': msgs, 'tools': tools,
-                                   'tool_choice': tool_choice, 'max_tokens': max_tokens, 'temperature': temperature,
-                                   **self.extra_body})
+                                   'tool_choice': tool_choice, 'max_tokens': max_tokens,
+                                   'temperature': temperature, **self.extra_body})
     r = self._request('POST', '/chat/completions', payload)
-    if self.tool_mode != 'auto' or not _rejects_tools(r): return _calls_in_text(self._reply(r, msgs))
+    if self.tool_mode != 'auto' or not _rejects_tools(r):
+        return _calls_in_text(self._reply(r, msgs))
     with self._lock: self.tool_mode = 'schema'
-    _log.info("%s refused function calling; asking for the calls as JSON under a schema from now on", self.where())
+    _log.info("%s refused function calling; asking for the calls as JSON under a schema from now "
+              "on",
+              self.where())
     return ChatModel._complete_tools(self, messages, tools, **kw)

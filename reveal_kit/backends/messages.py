@@ -19,9 +19,11 @@ def _jpeg_data_url(img: Any, quality: int) -> str:
     from PIL import Image
     if isinstance(img, np.ndarray):
         if img.dtype != np.uint8 or img.ndim not in (2, 3):
-            raise ValueError(f"image arrays must be uint8 HxW or HxWx3, got {img.dtype} {img.shape}")
+            raise ValueError(f"image arrays must be uint8 HxW or HxWx3, got {img.dtype} "
+                             f"{img.shape}")
         img = Image.fromarray(img)
-    if not isinstance(img, Image.Image): raise TypeError(f"cannot make an image from {type(img).__name__}")
+    if not isinstance(img, Image.Image):
+        raise TypeError(f"cannot make an image from {type(img).__name__}")
     buf = io.BytesIO()
     img.convert('RGB').save(buf, format='JPEG', quality=quality)
     return f"data:image/jpeg;base64,{base64.b64encode(buf.getvalue()).decode()}"
@@ -57,7 +59,8 @@ def assistant_message(text: str) -> dict:
 def message_text(m: dict) -> str:
     "The text of a message, with image parts left out."
     c = m.get('content') or ''
-    return c if isinstance(c, str) else '\n'.join(p.get('text', '') for p in c if p.get('type') == 'text')
+    return c if isinstance(c, str) else '\n'.join(p.get('text', '') for p in c
+                                                  if p.get('type') == 'text')
 
 # %% ../../nbs/02_backends.messages.ipynb #22668119
 def message_images(m: dict) -> list[str]:
@@ -96,7 +99,8 @@ def merge_system(messages: list[dict]) -> list[dict]:
     sys_txt = '\n\n'.join(message_text(m) for m in messages if m['role'] == 'system')
     rest = [dict(m) for m in messages if m['role'] != 'system']
     if not sys_txt: return rest
-    if rest and rest[0]['role'] == 'user': rest[0]['content'] = f"{sys_txt}\n\n{message_text(rest[0])}"
+    if rest and rest[0]['role'] == 'user':
+        rest[0]['content'] = f"{sys_txt}\n\n{message_text(rest[0])}"
     else: rest.insert(0, user_message(sys_txt))
     return rest
 
@@ -114,7 +118,8 @@ def _calls_text(m: dict) -> str:
         a = c['function'].get('arguments')
         try: return json.loads(a) if isinstance(a, str) else a
         except json.JSONDecodeError: return a
-    d = {'tool_calls': [{'name': c['function']['name'], 'arguments': args(c)} for c in m['tool_calls']]}
+    d = {'tool_calls': [{'name': c['function']['name'], 'arguments': args(c)}
+                        for c in m['tool_calls']]}
     if message_text(m): d['content'] = message_text(m)
     return json.dumps(d, ensure_ascii=False)
 
@@ -126,6 +131,7 @@ def tool_turns_as_text(messages: list[dict]) -> list[dict]:
             line = f"Result of tool call {m.get('tool_call_id', '?')}:\n{message_text(m)}"
             if out and out[-1].get('_tool'): out[-1]['content'] += '\n\n' + line
             else: out.append({'role': 'user', 'content': line, '_tool': True})
-        elif m['role'] == 'assistant' and m.get('tool_calls'): out.append(assistant_message(_calls_text(m)))
+        elif m['role'] == 'assistant' and m.get('tool_calls'):
+            out.append(assistant_message(_calls_text(m)))
         else: out.append(m)
     return [{k: v for k, v in m.items() if k != '_tool'} for m in out]

@@ -24,7 +24,8 @@ def env_supports_images(default: bool = True) -> bool:
 # %% ../../nbs/03a_backends.models.ipynb #ccc80145
 BACKENDS = ('embedded', 'http', 'vllm', 'scripted')
 
-def make_backend(backend: str, model: str | None = None, base_url: str | list[str] | None = None, **kw) -> ChatModel:
+def make_backend(backend: str, model: str | None = None, base_url: str | list[str] | None = None,
+                 **kw) -> ChatModel:
     "The uncached model for a backend name (HTTP and in-process vLLM: `supports_images` from `$REVEAL_IMAGES`)."
     if backend == 'embedded':
         from reveal_kit.backends.llamacpp import LlamaCppModel
@@ -34,9 +35,11 @@ def make_backend(backend: str, model: str | None = None, base_url: str | list[st
         kw.setdefault('text_max_tokens', int(os.environ.get('REVEAL_TEXT_MAX_TOKENS') or 0) or None)
     if backend == 'http':
         from reveal_kit.backends.http import OpenAIHTTPModel
-        return OpenAIHTTPModel(base_url or os.environ.get('REVEAL_BASE_URL', 'http://127.0.0.1:8000/v1'), model, **kw)
+        return OpenAIHTTPModel(base_url or os.environ.get('REVEAL_BASE_URL',
+                                                          'http://127.0.0.1:8000/v1'), model, **kw)
     if backend == 'vllm':
-        if not model: raise ValueError("backend 'vllm' needs model= (a Hugging Face id or local path)")
+        if not model:
+            raise ValueError("backend 'vllm' needs model= (a Hugging Face id or local path)")
         from reveal_kit.backends.vllm import VLLMModel
         return VLLMModel(model, **kw)
     if backend == 'scripted': return ScriptedModel(**kw)
@@ -45,7 +48,8 @@ def make_backend(backend: str, model: str | None = None, base_url: str | list[st
 # %% ../../nbs/03a_backends.models.ipynb #7ab9ee52
 def _with_cache(inner: ChatModel, backend: str, cache: str | Path | None, mode: str) -> ChatModel:
     "`inner` behind the call cache in `mode`: 'default' is runs_dir's (none for scripted), None: none unless replay."
-    if mode not in MODES: raise ValueError(f"cache mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"cache mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == 'off': return inner
     if cache == 'default' and backend == 'scripted' and mode != 'replay': cache = None
     if cache is None and mode != 'replay': return inner
@@ -53,19 +57,20 @@ def _with_cache(inner: ChatModel, backend: str, cache: str | Path | None, mode: 
     return CachedModel(inner, CallCache(path), mode=mode)
 
 # %% ../../nbs/03a_backends.models.ipynb #313832f6
-def get_chat_model(backend: str | None = None, model: str | None = None, base_url: str | None = None,
-                   cache: str | Path | None = 'default', replay: bool = False, cache_mode: str | None = None,
-                   timeout_s: float | None = None, thinking: str = 'auto', reasoning_allowance: int = 0,
-                   **kw) -> ChatModel:
+def get_chat_model(backend: str | None = None, model: str | None = None,
+                   base_url: str | None = None, cache: str | Path | None = 'default',
+                   cache_mode: str | None = None, timeout_s: float | None = None,
+                   thinking: str = 'auto', reasoning_allowance: int = 0, **kw) -> ChatModel:
     "The chat model to use (default: `$REVEAL_BACKEND` or 'embedded'), set as `Config.thinking` says, cached."
     backend = backend or os.environ.get('REVEAL_BACKEND', 'embedded')
     model = model or os.environ.get('REVEAL_MODEL') or None
-    mode = cache_mode or ('replay' if replay else 'readwrite')
+    mode = cache_mode or ('replay' if kw.pop('replay', False) else 'readwrite')
     if timeout_s and backend == 'http': kw['timeout'] = float(timeout_s)
-    inner = set_thinking(make_backend(backend, model, base_url, **kw), thinking, reasoning_allowance)
+    inner = set_thinking(make_backend(backend, model, base_url, **kw), thinking,
+                         reasoning_allowance)
     if mode == 'replay' and backend == 'http' and not model:
-        raise ValueError("replay with backend 'http' needs model= (the cache key holds the model id; "
-                         "replay must not ask the server)")
+        raise ValueError("replay with backend 'http' needs model= (the cache key holds the model "
+                         "id; replay must not ask the server)")
     return _with_cache(inner, backend, cache, mode)
 
 # %% ../../nbs/03a_backends.models.ipynb #5e34fc2a

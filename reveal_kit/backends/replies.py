@@ -25,7 +25,9 @@ def parse_json(text: str) -> Any:
     "The JSON value in a model reply (code fences and surrounding prose tolerated); ValueError if there is none."
     t = (text or '').strip()
     if (m := _FENCE.search(t)): t = m.group(1).strip()
-    try: return json.loads(t, strict=False)     # control characters inside strings: small models emit them
+    try:
+        # control characters inside strings: small models emit them
+        return json.loads(t, strict=False)
     except json.JSONDecodeError: pass
     starts = [i for i in (t.find('{'), t.find('[')) if i >= 0]
     if not starts: raise ValueError(f"no JSON value in reply {t[:80]!r}")
@@ -76,7 +78,8 @@ def bound_schema(schema: dict, max_str: int = 200, max_items: int = 8) -> dict:
         if not isinstance(s, dict): return s
         out = {k: (v if k in _DATA_KEYS else walk(v)) for k, v in s.items()}
         if 'string' in _types(s) and not (_STR_BOUNDED & set(s)): out['maxLength'] = max_str
-        if 'array' in _types(s) and 'maxItems' not in s: out['maxItems'] = max(max_items, s.get('minItems', 0))
+        if 'array' in _types(s) and 'maxItems' not in s:
+            out['maxItems'] = max(max_items, s.get('minItems', 0))
         return out
     return walk(copy.deepcopy(schema))
 
@@ -90,7 +93,8 @@ def minimal_instance(schema: dict | None) -> Any:
         if k in s: return minimal_instance(s[k][0])
     t = (_types(s) or ['object'])[0]
     if t == 'object': return {k: minimal_instance(v) for k, v in s.get('properties', {}).items()}
-    if t == 'array': return [minimal_instance(s.get('items', {})) for _ in range(s.get('minItems', 0))]
+    if t == 'array':
+        return [minimal_instance(s.get('items', {})) for _ in range(s.get('minItems', 0))]
     if t == 'string': return 'x' * s.get('minLength', 0)
     if t in ('integer', 'number'): return s.get('minimum', 0)
     return False if t == 'boolean' else None
@@ -98,7 +102,9 @@ def minimal_instance(schema: dict | None) -> Any:
 # %% ../../nbs/02_backends.replies.ipynb #1577bc97
 def schema_instruction(schema: dict) -> str:
     "The sentence appended to the last user turn when a JSON reply is wanted."
-    return "Reply with only one JSON value that matches this JSON schema:\n" + json.dumps(schema, separators=(',', ':'))
+    return "Reply with only one JSON value that matches this JSON schema:\n" + json.dumps(schema,
+                                                                                          separators=(',',
+                                                                                                      ':'))
 
 # %% ../../nbs/02_backends.replies.ipynb #2db962f4
 def with_schema_instruction(messages: list[dict], schema: dict | None) -> list[dict]:
@@ -109,7 +115,8 @@ def with_schema_instruction(messages: list[dict], schema: dict | None) -> list[d
     if i is None: return msgs + [user_message(schema_instruction(schema))]
     c = msgs[i]['content']
     extra = schema_instruction(schema)
-    msgs[i]['content'] = f"{c}\n\n{extra}" if isinstance(c, str) else [*c, {'type': 'text', 'text': extra}]
+    msgs[i]['content'] = f"{c}\n\n{extra}" if isinstance(c, str) else [*c, {'type': 'text',
+                                                                            'text': extra}]
     return msgs
 
 # %% ../../nbs/02_backends.replies.ipynb #635b16a2
@@ -244,8 +251,10 @@ def split_reasoning(text: str) -> tuple[str, str]:
     parts, s = _leading_blocks(t.lstrip())
     head, sep, rest = s.partition('</think>')
     if not parts and sep and '<think>' not in head and not s.startswith(('{', '[')):
-        parts, s = [head], rest                                    # the chat template opened the block
-    if not s.lstrip().startswith(('{', '[')):                      # JSON keeps its tags: they are data
+        # the chat template opened the block
+        parts, s = [head], rest
+    # JSON keeps its tags: they are data
+    if not s.lstrip().startswith(('{', '[')):
         parts += _THINK.findall(s)
         s, _, cut = _THINK.sub('', s).partition('<think>')         # a block cut off by max_tokens
         parts.append(cut)
@@ -258,14 +267,17 @@ class Completion:
     text: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    reasoning: str = ''                   # reasoning the server gave apart (vLLM: `message.reasoning`)
+    # reasoning the server gave apart (vLLM: `message.reasoning`)
+    reasoning: str = ''
     reasoning_tokens: int | None = None   # the server's count; None: estimated from `reasoning`
-    tool_calls: list | None = None        # raw calls: OpenAI's `{'id', 'function': {…}}` or `{'name', 'arguments'}`
+    # raw calls: OpenAI's `{'id', 'function': {…}}` or `{'name', 'arguments'}`
+    tool_calls: list | None = None
     finish_reason: str = ''
     @property
     def n_reasoning(self) -> int:
         "Reasoning tokens: the server's count, else estimated."
-        return self.reasoning_tokens if self.reasoning_tokens is not None else estimate_tokens(self.reasoning)
+        return (self.reasoning_tokens if self.reasoning_tokens is not None
+                else estimate_tokens(self.reasoning))
 
 # %% ../../nbs/02_backends.replies.ipynb #d592dbe6
 def as_completion(out: Completion | tuple) -> Completion:
@@ -289,7 +301,8 @@ class ToolCall:
     def to_openai(self) -> dict:
         "The call as an entry of an assistant turn's `tool_calls` (its arguments as written)."
         args = self.raw or json.dumps(self.arguments, ensure_ascii=False)
-        return {'id': self.id, 'type': 'function', 'function': {'name': self.name, 'arguments': args}}
+        return {'id': self.id, 'type': 'function',
+                'function': {'name': self.name, 'arguments': args}}
     def reply(self, content: Any) -> dict:
         "The `tool` turn that answers this call."
         return tool_message(self.id, content, self.name)
@@ -298,14 +311,17 @@ class ToolCall:
 def _tool_names(tools: list[dict]) -> list[str]:
     "The function names of an OpenAI tool list; ValueError when it is not one."
     try: return [t['function']['name'] for t in tools if t.get('type', 'function') == 'function']
-    except (KeyError, TypeError, AttributeError): raise ValueError(f"not an OpenAI tool list: {tools!r:.120}") from None
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError(f"not an OpenAI tool list: {tools!r:.120}") from None
 
-def tool_call_schema(tools: list[dict], tool_choice: str | dict = 'required', max_calls: int = 4) -> dict | None:
+def tool_call_schema(tools: list[dict], tool_choice: str | dict = 'required',
+                     max_calls: int = 4) -> dict | None:
     "The reply `{'tool_calls': [{'name', 'arguments'}]}` as a JSON schema (for backends without tools); 'none': None."
     names = _tool_names(tools)
     pick = tool_choice['function']['name'] if isinstance(tool_choice, dict) else None
     if pick is None and tool_choice not in ('required', 'auto', 'none'):
-        raise ValueError(f"tool_choice must be 'required', 'auto', 'none' or one function, got {tool_choice!r}")
+        raise ValueError(f"tool_choice must be 'required', 'auto', 'none' or one function, got "
+                         f"{tool_choice!r}")
     if not names or (pick and pick not in names):
         raise ValueError(f"tool_choice {tool_choice!r}: no such tool in {names}")
     if tool_choice == 'none': return None
@@ -316,7 +332,8 @@ def tool_call_schema(tools: list[dict], tool_choice: str | dict = 'required', ma
     items = one[0] if len(one) == 1 else {'anyOf': one}
     calls = {'type': 'array', 'items': items, 'minItems': int(tool_choice != 'auto'),
              'maxItems': 1 if pick else max_calls}
-    props = {'tool_calls': calls, **({'content': {'type': 'string'}} if tool_choice == 'auto' else {})}
+    props = {'tool_calls': calls,
+             **({'content': {'type': 'string'}} if tool_choice == 'auto' else {})}
     return {'type': 'object', 'required': ['tool_calls'], 'properties': props}
 
 # %% ../../nbs/02_backends.replies.ipynb #0d883480
@@ -326,23 +343,29 @@ def parse_tool_call(raw: Any, tools: list[dict], call_id: str = 'call_0') -> Too
     if not isinstance(raw, dict) or not isinstance(fn, dict):
         return ToolCall(call_id, '', {}, f"not a tool call: {raw!r:.80}")
     name, args = str(fn.get('name') or ''), fn.get('arguments')
-    text = args if isinstance(args, str) else json.dumps({} if args is None else args, ensure_ascii=False)
+    text = args if isinstance(args, str) else json.dumps({} if args is None else args,
+                                                         ensure_ascii=False)
     params = {t['function']['name']: t['function'].get('parameters') or {} for t in tools}
     bad = lambda why: ToolCall(call_id, name, {}, why, text)
     if name not in params: return bad(f"unknown tool {name!r} (the tools are {', '.join(params)})")
     try: data = json.loads(text.strip() or '{}', strict=False)
-    except json.JSONDecodeError as e: return bad(f"the arguments of {name} are not valid JSON ({e}): {text[:80]!r}")
-    if not isinstance(data, dict): return bad(f"the arguments of {name} are not a JSON object: {text[:80]!r}")
+    except json.JSONDecodeError as e:
+        return bad(f"the arguments of {name} are not valid JSON ({e}): {text[:80]!r}")
+    if not isinstance(data, dict):
+        return bad(f"the arguments of {name} are not a JSON object: {text[:80]!r}")
     err = schema_error(data, params[name])
-    return ToolCall(call_id, name, data, err and f"the arguments of {name} do not match its parameters {err}", text)
+    return ToolCall(call_id, name, data,
+                    err and f"the arguments of {name} do not match its parameters {err}", text)
 
 # %% ../../nbs/02_backends.replies.ipynb #184f26a8
 def with_tools_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
     "Messages with the tools' names and descriptions added to the system turn, for backends without native tools."
     lines = ["You can call these tools; reply with JSON naming each call's tool and its arguments."]
-    lines += [f"- {t['function']['name']}: {t['function'].get('description', '')}".rstrip(': ') for t in tools]
+    lines += [f"- {t['function']['name']}: {t['function'].get('description', '')}".rstrip(': ')
+              for t in tools]
     text, msgs = '\n'.join(lines), [dict(m) for m in messages]
-    if msgs and msgs[0]['role'] == 'system': msgs[0]['content'] = f"{message_text(msgs[0])}\n\n{text}"
+    if msgs and msgs[0]['role'] == 'system':
+        msgs[0]['content'] = f"{message_text(msgs[0])}\n\n{text}"
     else: msgs.insert(0, system_message(text))
     return msgs
 
@@ -351,7 +374,8 @@ def calls_from_json(c: Completion) -> Completion:
     "A reply written under `tool_call_schema` with its `tool_calls` and `content` taken out (not that JSON: no call)."
     try: d = parse_json(c.text)
     except ValueError: d = None
-    if not (isinstance(d, dict) and isinstance(d.get('tool_calls'), list)): return replace(c, tool_calls=[])
+    if not (isinstance(d, dict) and isinstance(d.get('tool_calls'), list)):
+        return replace(c, tool_calls=[])
     return replace(c, text=str(d.get('content') or ''), tool_calls=d['tool_calls'])
 
 # %% ../../nbs/02_backends.replies.ipynb #77a734c3
@@ -366,8 +390,10 @@ def text_tool_calls(text: str) -> tuple[str, list[dict]]:
     for b in blocks:
         try: d = json.loads(b)
         except json.JSONDecodeError: d = None
-        if isinstance(d, dict) and 'name' in d: calls.append({'name': d['name'], 'arguments': d.get('arguments', {})})
+        if isinstance(d, dict) and 'name' in d:
+            calls.append({'name': d['name'], 'arguments': d.get('arguments', {})})
         else:
             name = _NAME.search(b)
-            calls.append({'name': name.group(1) if name else '', 'arguments': b.partition('"arguments":')[2].strip()})
+            calls.append({'name': name.group(1) if name else '',
+                          'arguments': b.partition('"arguments":')[2].strip()})
     return text.split('<tool_call>', 1)[0].strip(), calls

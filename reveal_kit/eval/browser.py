@@ -17,7 +17,8 @@ __all__ = ['ROW_KEYS', 'browser_rows', 'outcome', 'compare_rows', 'row_html', 'r
            'write_trace_pages', 'write_run_browser']
 
 # %% ../../nbs/45a_eval.browser.ipynb #c42e5261
-ROW_KEYS = ('qid', 'qtype', 'answer', 'gold', 'correct', 'rounds', 'stop_reason', 'calls', 'tokens', 'failed')
+ROW_KEYS = ('qid', 'qtype', 'answer', 'gold', 'correct', 'rounds', 'stop_reason', 'calls', 'tokens',
+            'failed')
 
 def _row(r: dict, q: Any) -> dict:
     "A results row as a browser row (with the question's text when its benchmark is at hand)."
@@ -30,7 +31,8 @@ def _row(r: dict, q: Any) -> dict:
 def browser_rows(run_dir: str | Path, source: tuple | None = None) -> list[dict]:
     "One row per question of a run (qid order, as text): type, answer, gold, correct, rounds, stop, calls, tokens."
     qs, _ = source if source is not None else run_question_source(run_dir)
-    return [_row(r, qs.get(str(r['qid']))) for r in sorted(load_results(run_dir), key=lambda r: str(r['qid']))]
+    return [_row(r, qs.get(str(r['qid'])))
+            for r in sorted(load_results(run_dir), key=lambda r: str(r['qid']))]
 
 # %% ../../nbs/45a_eval.browser.ipynb #0ed928fb
 def outcome(r: dict) -> str:
@@ -42,8 +44,10 @@ def outcome(r: dict) -> str:
 def compare_rows(a: list[dict], b: list[dict]) -> list[dict]:
     "The questions both runs answered, with run B's fields (`_b`); other outcomes first, then other answers."
     bb = {r['qid']: r for r in b}
-    rows = [dict(r, **{f"{k}_b": bb[r['qid']].get(k) for k in ROW_KEYS if k != 'qid'}) for r in a if r['qid'] in bb]
-    rank = lambda r: (0 if outcome(r) != outcome({'correct': r['correct_b'], 'failed': r['failed_b']})
+    rows = [dict(r, **{f"{k}_b": bb[r['qid']].get(k) for k in ROW_KEYS if k != 'qid'}) for r in a
+            if r['qid'] in bb]
+    rank = lambda r: (0
+                      if outcome(r) != outcome({'correct': r['correct_b'], 'failed': r['failed_b']})
                       else 1 if r['answer'] != r['answer_b'] else 2)
     return sorted(rows, key=lambda r: (rank(r), str(r['qid'])))
 
@@ -94,10 +98,12 @@ def _cell(v: Any, cls: str = '', link: str | None = None) -> str:
 def row_html(r: dict, link: str | None, both: bool = False) -> str:
     "One question as a table row with its filter attributes (both runs' answers and outcomes when `both`)."
     out = outcome(r)
-    cells = [_cell(r['qid'], link=link), _cell(r['qtype']), _cell(r['answer']), _cell(r['gold']), _cell(out, out)]
+    cells = [_cell(r['qid'], link=link), _cell(r['qtype']), _cell(r['answer']), _cell(r['gold']),
+             _cell(out, out)]
     if both:
         ob = outcome({'correct': r['correct_b'], 'failed': r['failed_b']})
-        cells += [_cell(r['answer_b']), _cell(ob, ob), _cell('same' if (out, r['answer']) == (ob, r['answer_b'])
+        cells += [_cell(r['answer_b']), _cell(ob, ob),
+                  _cell('same' if (out, r['answer']) == (ob, r['answer_b'])
                                                             else 'differs')]
     cells += [_cell(r['rounds']), _cell(r['stop_reason']), _cell(r['calls']), _cell(r['tokens']),
               _cell(r.get('question'), 'q')]
@@ -109,27 +115,30 @@ def row_html(r: dict, link: str | None, both: bool = False) -> str:
 def _options(rows: list[dict], key) -> str:
     "The <option>s of a filter: all, then each distinct value."
     vals = sorted({str(key(r)) for r in rows if key(r) is not None})
-    return "<option value=''>all</option>" + ''.join(f"<option value='{esc(v)}'>{esc(v)}</option>" for v in vals)
+    return "<option value=''>all</option>" + ''.join(f"<option value='{esc(v)}'>{esc(v)}</option>"
+                                                     for v in vals)
 
 def run_page_html(rows: list[dict], links: dict[str, str], title: str, both: bool = False) -> str:
     "The run page: title, filters (type, outcome, stop reason, text), the sortable table; static, inline CSS/JS."
-    head = ['question id', 'type', 'answer', 'gold', 'outcome'] + (['answer B', 'outcome B', 'A vs B'] if both else [])
+    head = ['question id', 'type', 'answer', 'gold',
+            'outcome'] + (['answer B', 'outcome B', 'A vs B'] if both else [])
     head += ['rounds', 'stop reason', 'calls', 'tokens', 'question']
-    filters = (f"<div class='filters'><label>type <select id='f-type'>{_options(rows, lambda r: r['qtype'])}"
-               f"</select></label><label>outcome <select id='f-outcome'>{_options(rows, outcome)}</select></label>"
-               f"<label>stop reason <select id='f-stop'>{_options(rows, lambda r: r['stop_reason'])}</select></label>"
-               f"<label>search <input id='f-text' type='search'></label> <span id='shown'>{len(rows)}</span> of "
-               f"{len(rows)} questions shown</div>")
+    filters = (f"<div class='filters'><label>type <select "
+               f"id='f-type'>{_options(rows, lambda r: r['qtype'])}</select></label><label>outcome "
+               f"<select id='f-outcome'>{_options(rows, outcome)}</select></label><label>stop "
+               f"reason <select "
+               f"id='f-stop'>{_options(rows, lambda r: r['stop_reason'])}</select></label><label>search <input id='f-text' type='search'></label> <span id='shown'>{len(rows)}</span> of {len(rows)} questions shown</div>")
     body = ''.join(row_html(r, links.get(r['qid']), both) for r in rows)
     table = (f"<table id='runs'><thead><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr></thead>"
              f"<tbody>{body}</tbody></table>")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>{_CSS}</head><body>"
-            f"<h2>{esc(title)}</h2>{filters}{table}{_JS}</body></html>\n")
+    return (f"<!doctype html><html><head><meta "
+            f"charset='utf-8'><title>{esc(title)}</title>{_CSS}</head><body><h2>{esc(title)}</h2>{filters}{table}{_JS}</body></html>\n")
 
 # %% ../../nbs/45a_eval.browser.ipynb #92311865
 def _run_meta(run_dir: Path) -> dict:
     "A run's run.json ({} when it has none)."
-    return json.loads((run_dir / 'run.json').read_text()) if (run_dir / 'run.json').is_file() else {}
+    return (json.loads((run_dir / 'run.json').read_text()) if (run_dir / 'run.json').is_file()
+            else {})
 
 def _run_title(run_dir: Path, rows: list[dict]) -> str:
     "A run's title: its folder, method and benchmark, accuracy."
@@ -148,7 +157,8 @@ class RunPages:
     def fragment(self, qid: Any) -> str:
         "The question's trace (a notice when it cannot be read, or when this run has no such question)."
         row = self.rows.get(str(qid))
-        if row is None: return f"<p class='notice'>{esc(self.dir.name)} did not answer {esc(qid)}</p>"
+        if row is None:
+            return f"<p class='notice'>{esc(self.dir.name)} did not answer {esc(qid)}</p>"
         try: return trace_fragment(self.dir, qid, self.thumbs, self.source, row)
         except (FileNotFoundError, ValueError, KeyError) as e:
             return f"<p class='notice'>the trace of {esc(qid)} cannot be read: {esc(e)}</p>"
@@ -157,7 +167,8 @@ class RunPages:
 def question_page(qid: Any, a: RunPages, b: RunPages | None = None) -> str:
     "A question's page: run A's trace, and run B's below it when comparing."
     if b is None: return html_page(qid, a.fragment(qid))
-    head = lambda p, x: to_xml(H2(f"Run {x}: {p.dir.name} ({_run_meta(p.dir).get('method', '?')})"), indent=False)
+    head = lambda p, x: to_xml(H2(f"Run {x}: {p.dir.name} ({_run_meta(p.dir).get('method', '?')})"),
+                               indent=False)
     return html_page(qid, head(a, 'A'), a.fragment(qid), head(b, 'B'), b.fragment(qid))
 
 # %% ../../nbs/45a_eval.browser.ipynb #12292488
@@ -176,7 +187,8 @@ def write_trace_pages(run_dir: str | Path, folder: Path, rows: list[dict], thumb
 # %% ../../nbs/45a_eval.browser.ipynb #a9ecffe1
 def _differ(rows: list[dict]) -> int:
     "How many compared questions have another outcome in run B."
-    return sum(outcome(r) != outcome({'correct': r.get('correct_b'), 'failed': r.get('failed_b')}) for r in rows)
+    return sum(outcome(r) != outcome({'correct': r.get('correct_b'), 'failed': r.get('failed_b')})
+               for r in rows)
 
 def write_run_browser(run_dir: str | Path, html_out: str | Path, compare: str | Path | None = None,
                       thumbs: bool = False) -> dict:
@@ -192,4 +204,5 @@ def write_run_browser(run_dir: str | Path, html_out: str | Path, compare: str | 
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, run_page_html(shown, links, title, both=compare is not None))
     n = len(write_trace_pages(a, folder, rows, thumbs, compare))
-    return dict(page=str(out), traces=n, questions=len(shown), differ=_differ(shown) if compare is not None else None)
+    return dict(page=str(out), traces=n, questions=len(shown),
+                differ=_differ(shown) if compare is not None else None)

@@ -38,9 +38,11 @@ class RunContext:
     base_url: str | None = None
     model_obj: Any = None
     cache_mode: str | None = None         # call cache: readwrite | replay | off (None: readwrite)
-    timeout_s: float | None = None        # longest wait for one model reply (None: config.timeout_s)
+    # longest wait for one model reply (None: config.timeout_s)
+    timeout_s: float | None = None
     roles: str = 'auto'                   # planner, verifier, answerer: auto | offline | model
-    role_models: dict = field(default_factory=dict)   # PACE role group → 'URL[,NAME[,text]]' (else the run's)
+    # PACE role group → 'URL[,NAME[,text]]' (else the run's)
+    role_models: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self._lock, self._vlocks, self._mems, self._pending = threading.Lock(), {}, {}, {}
@@ -52,8 +54,9 @@ class RunContext:
         "The chat model, created on first use (None with backend 'none')."
         with self._lock:
             if self.model_obj is None and self.backend not in (None, 'none'):
-                self.model_obj = get_chat_model(self.backend, model=self.model_name, base_url=self.base_url,
-                                                cache_mode=self.cache_mode, **self.config.thinking_settings(),
+                self.model_obj = get_chat_model(self.backend, model=self.model_name,
+                                                base_url=self.base_url, cache_mode=self.cache_mode,
+                                                **self.config.thinking_settings(),
                                                 timeout_s=self.timeout_s or self.config.timeout_s)
             return self.model_obj
 
@@ -85,13 +88,15 @@ ROLE_MODEL_GROUPS = ('agent', 'vision')
 
 def role_models_of(pairs) -> dict[str, str]:
     "`['agent=URL,NAME', …]` (or a dict) as `{group: 'URL,NAME[,text]'}`, checked (a wrong one fails in one line)."
-    items = pairs.items() if isinstance(pairs, dict) else [str(p).partition('=')[::2] for p in pairs or []]
+    items = pairs.items() if isinstance(pairs,
+                                        dict) else [str(p).partition('=')[::2] for p in pairs or []]
     out = {}
     for g, v in items:
         parts = [x.strip() for x in str(v).split(',')]
-        if g not in ROLE_MODEL_GROUPS or not parts[0] or len(parts) > 3 or (len(parts) == 3 and parts[2] != 'text'):
-            raise ValueError(f"role model {g}={v!r}: expected GROUP=URL[,NAME[,text]] with GROUP one of "
-                             f"{', '.join(ROLE_MODEL_GROUPS)}")
+        if g not in ROLE_MODEL_GROUPS or not parts[0] or len(parts) > 3 or (len(parts) == 3
+                                                                            and parts[2] != 'text'):
+            raise ValueError(f"role model {g}={v!r}: expected GROUP=URL[,NAME[,text]] with GROUP "
+                             f"one of {', '.join(ROLE_MODEL_GROUPS)}")
         out[g] = ','.join(parts)
     return out
 
@@ -106,7 +111,8 @@ def model_for(self: RunContext, group: str):
         made = self.__dict__.setdefault('_role_objs', {})
         if group not in made:
             kw = {**self.config.thinking_settings(), **({'supports_images': False} if text else {})}
-            made[group] = get_chat_model('http', model=name or None, base_url=url, cache_mode=self.cache_mode,
+            made[group] = get_chat_model('http', model=name or None, base_url=url,
+                                         cache_mode=self.cache_mode,
                                          timeout_s=self.timeout_s or self.config.timeout_s, **kw)
         return made[group]
 
@@ -124,7 +130,8 @@ def subtitles(self: RunContext, q: Question) -> str | None:
     if not p or not p.exists(): return None
     if p.suffix.lower() != '.json': return str(p)
     out = Path(self.out_dir) / 'subtitles' / (p.stem + '.srt')
-    if not out.exists(): lvb_subtitles_to_srt(p, out, float(q.meta.get('starting_timestamp_for_subtitles') or 0.0))
+    if not out.exists():
+        lvb_subtitles_to_srt(p, out, float(q.meta.get('starting_timestamp_for_subtitles') or 0.0))
     return str(out)
 
 # %% ../../nbs/42a_eval.context.ipynb #7859b11d
@@ -135,10 +142,13 @@ def shared(self: RunContext, q: Question, kind: str, build: Callable[[], Any]) -
     with self._lock: vlock = self._vlocks.setdefault(key, threading.Lock())
     with vlock:
         if key not in self._mems:
-            if not q.video_path: raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
-            why = video_problem(q.video_path)           # a missing file, a link loop, a FIFO: this question fails
-            if why: raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}" if 'not found' in why
-                                            else f"{q.qid}: {why}")
+            if not q.video_path:
+                raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
+            # a missing file, a link loop, a FIFO: this question fails
+            why = video_problem(q.video_path)
+            if why:
+                raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}"
+                                        if 'not found' in why else f"{q.qid}: {why}")
             self._mems[key] = build()
         return self._mems[key]
 
@@ -154,8 +164,10 @@ def cut(self: RunContext, q: Question, store: Any) -> Any:
 def memory(self: RunContext, q: Question, chunking: str | None = None):
     "The offline memory of the question's video, built once per (video, chunking), shared; cut at its query time."
     chunking = chunking or self.config.chunking
-    cfg = self.config.replace(chunking=chunking) if chunking != self.config.chunking else self.config
-    build = lambda: get_or_build_memory(q.video_path, cfg, chat_model=self.model, subtitles=self.subtitles(q))
+    cfg = (self.config.replace(chunking=chunking) if chunking != self.config.chunking
+           else self.config)
+    build = lambda: get_or_build_memory(q.video_path, cfg, chat_model=self.model,
+                                        subtitles=self.subtitles(q))
     return self.cut(q, self.shared(q, chunking, build))
 
 # %% ../../nbs/42a_eval.context.ipynb #fd84be37
@@ -192,8 +204,10 @@ _WARNED: set[str] = set()
 
 def seed_pool_warning(origin: dict, benchmark: str, method: str | None) -> str | None:
     "The line to warn with when REVEAL runs on a real benchmark with a pool that was not induced, else None."
-    if origin['kind'] == 'induced' or benchmark in ('synth', 'custom') or not uses_pool(method): return None
-    return (f"REVEAL on {benchmark} uses {pool_label(origin)}; the paper's REVEAL uses a pool induced on a "
+    if origin['kind'] == 'induced' or benchmark in ('synth', 'custom') or not uses_pool(method):
+        return None
+    return (f"REVEAL on {benchmark} uses {pool_label(origin)}; the paper's REVEAL uses a pool "
+            f"induced on a "
             "development split (`reveal rubrics induce`, then --set rubric_pool=PATH)")
 
 def _warn_once(line: str) -> None:
@@ -203,18 +217,21 @@ def _warn_once(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr, flush=True)
 
 # %% ../../nbs/42a_eval.context.ipynb #3547bb7b
-def pool_meta(cfg: Config, benchmark: str, split: str | None, qs: list[Question], method: str | None = None) -> dict:
+def pool_meta(cfg: Config, benchmark: str, split: str | None, qs: list[Question],
+              method: str | None = None) -> dict:
     "What `run.json` records about the rubric pool: path, SHA-256, kind, label, provenance, use, and its warnings."
     p = resolve_pool_path(cfg.rubric_pool) if cfg.rubric_pool else default_pool_path()
     if not p.exists():
-        if cfg.rubric_pool: raise FileNotFoundError(f"rubric pool {p} not found (Config.rubric_pool)")
+        if cfg.rubric_pool:
+            raise FileNotFoundError(f"rubric pool {p} not found (Config.rubric_pool)")
         return dict(rubric_pool=str(p), rubric_pool_sha256=None, rubric_pool_warning=None)
-    if uses_pool(method): load_rubric_pool(p)              # a bad pool (a NaN weight) fails before any question
+    if uses_pool(method):
+        load_rubric_pool(p)              # a bad pool (a NaN weight) fails before any question
     origin, w = pool_origin(p), pool_eval_warning(p, benchmark, split, qs)
     if w: warn(w)
     seed_w = seed_pool_warning(origin, benchmark, method)
     if seed_w: _warn_once(seed_w)
     return dict(rubric_pool=str(p), rubric_pool_sha256=origin['sha256'], rubric_pool_warning=w,
-                rubric_pool_name=origin['name'], rubric_pool_kind=origin['kind'], rubric_pool_label=pool_label(origin),
-                rubric_pool_provenance=origin['provenance'], rubric_pool_used=uses_pool(method),
-                rubric_pool_seed_warning=seed_w)
+                rubric_pool_name=origin['name'], rubric_pool_kind=origin['kind'],
+                rubric_pool_label=pool_label(origin), rubric_pool_provenance=origin['provenance'],
+                rubric_pool_used=uses_pool(method), rubric_pool_seed_warning=seed_w)

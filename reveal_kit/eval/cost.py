@@ -57,12 +57,14 @@ def row_cost(row: dict, run_dir: str | Path | None = None) -> dict:
     if t is not None: return question_cost(t)
     n = int(row.get('llm_calls') or 0)
     return dict(qid=row['qid'], calls=n, depth=n, prompt_tokens=int(row.get('prompt_tokens') or 0),
-                completion_tokens=int(row.get('completion_tokens') or 0), reasoning_tokens=0, roles={})
+                completion_tokens=int(row.get('completion_tokens') or 0), reasoning_tokens=0,
+                roles={})
 
 # %% ../../nbs/49_eval.cost.ipynb #0ea24796
 def run_costs(run_dir: str | Path) -> list[dict]:
     "One `question_cost` per question of a run, in qid order."
-    return [row_cost(r, run_dir) for r in sorted(load_results(run_dir), key=lambda r: str(r['qid']))]
+    return [row_cost(r, run_dir)
+            for r in sorted(load_results(run_dir), key=lambda r: str(r['qid']))]
 
 # %% ../../nbs/49_eval.cost.ipynb #12e378bc
 def _mean(xs: list[float]) -> float:
@@ -76,10 +78,12 @@ def cost_summary(costs: list[dict]) -> dict:
         for role, d in c['roles'].items(): roles[role].update(d)
     per = lambda k: _mean([c[k] for c in costs])
     return dict(questions=n, calls_per_q=per('calls'), depth_mean=per('depth'),
-                depth_max=max((c['depth'] for c in costs), default=0), prompt_per_q=per('prompt_tokens'),
-                completion_per_q=per('completion_tokens'), reasoning_per_q=per('reasoning_tokens'),
+                depth_max=max((c['depth'] for c in costs), default=0),
+                prompt_per_q=per('prompt_tokens'), completion_per_q=per('completion_tokens'),
+                reasoning_per_q=per('reasoning_tokens'),
                 tokens_total=sum(c['prompt_tokens'] + c['completion_tokens'] for c in costs),
-                roles={r: {k: v / max(n, 1) for k, v in sorted(d.items())} for r, d in sorted(roles.items())})
+                roles={r: {k: v / max(n, 1) for k, v in sorted(d.items())}
+                       for r, d in sorted(roles.items())})
 
 # %% ../../nbs/49_eval.cost.ipynb #b7db75f0
 PROFILE_POINT_KEYS = ('concurrency', 'prompt_tokens_per_s', 'completion_tokens_per_s')
@@ -95,8 +99,10 @@ def load_profile(path: str | Path) -> dict:
     try: d = json.loads(p.read_text())
     except ValueError as e: raise ValueError(f"{p} is not JSON: {e}") from None
     pts = d.get('points') if isinstance(d, dict) else None
-    if not pts or not all(isinstance(x, dict) and all(_positive(x.get(k)) for k in PROFILE_POINT_KEYS) for x in pts):
-        raise ValueError(f"{p}: a profile needs points with positive, finite {', '.join(PROFILE_POINT_KEYS)}")
+    if not pts or not all(isinstance(x, dict)
+                          and all(_positive(x.get(k)) for k in PROFILE_POINT_KEYS) for x in pts):
+        raise ValueError(f"{p}: a profile needs points with positive, finite "
+                         f"{', '.join(PROFILE_POINT_KEYS)}")
     return dict(d, points=sorted(pts, key=lambda x: float(x['concurrency'])))
 
 # %% ../../nbs/49_eval.cost.ipynb #18ab8647
@@ -113,18 +119,20 @@ def rate_at(profile: dict, concurrency: float, key: str) -> float:
 # %% ../../nbs/49_eval.cost.ipynb #72d070bf
 def best_concurrency(profile: dict) -> float:
     "The profile's concurrency with the highest completion tokens/s (decode bounds an agent's calls)."
-    return float(max(profile['points'], key=lambda p: float(p['completion_tokens_per_s']))['concurrency'])
+    return float(max(profile['points'],
+                     key=lambda p: float(p['completion_tokens_per_s']))['concurrency'])
 
 # %% ../../nbs/49_eval.cost.ipynb #bfe8bdae
 def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
     "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
     whole = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1
     if questions is not None and not whole(questions):
-        raise ValueError(f"--questions must be a whole number ≥ 1 (or left out: the run's), got {questions}")
+        raise ValueError(f"--questions must be a whole number ≥ 1 (or left out: the run's), got "
+                         f"{questions}")
     if not whole(gpus): raise ValueError(f"--gpus must be a whole number ≥ 1, got {gpus}")
     if concurrency is not None and not _positive(concurrency):
-        raise ValueError(f"--concurrency must be a finite number > 0 (or left out: the profile's fastest), "
-                         f"got {concurrency}")
+        raise ValueError(f"--concurrency must be a finite number > 0 (or left out: the profile's "
+                         f"fastest), got {concurrency}")
 
 # %% ../../nbs/49_eval.cost.ipynb #dcf42258
 def project(summary: dict, profile: dict, questions: int | None = None, gpus: int = 1,
@@ -133,18 +141,24 @@ def project(summary: dict, profile: dict, questions: int | None = None, gpus: in
     check_projection(questions, gpus, concurrency)
     n = int(summary['questions'] if questions is None else questions)
     c = float(best_concurrency(profile) if concurrency is None else concurrency)
-    P, D = rate_at(profile, c, 'prompt_tokens_per_s'), rate_at(profile, c, 'completion_tokens_per_s')
-    per_q = summary['prompt_per_q'] / P + summary['completion_per_q'] / D          # engine-seconds per question
+    P, D = rate_at(profile, c, 'prompt_tokens_per_s'), rate_at(profile, c,
+                                                               'completion_tokens_per_s')
+    # engine-seconds per question
+    per_q = summary['prompt_per_q'] / P + summary['completion_per_q'] / D
     calls = max(summary['calls_per_q'], 1e-9)
-    chain = summary['depth_max'] * c * per_q / calls                                # the last question's chain
+    # the last question's chain
+    chain = summary['depth_max'] * c * per_q / calls
     wall = n * per_q / gpus + (chain if summary['calls_per_q'] else 0.0)
-    return dict(questions=n, gpus=int(gpus), concurrency=c, model=profile.get('model'), gpu=profile.get('gpu'),
+    return dict(questions=n, gpus=int(gpus), concurrency=c, model=profile.get('model'),
+                gpu=profile.get('gpu'),
                 tokens_m=n * (summary['prompt_per_q'] + summary['completion_per_q']) / 1e6,
-                calls=n * summary['calls_per_q'], wall_hours=wall / 3600, gpu_hours=wall * gpus / 3600)
+                calls=n * summary['calls_per_q'], wall_hours=wall / 3600,
+                gpu_hours=wall * gpus / 3600)
 
 # %% ../../nbs/49_eval.cost.ipynb #860ce37e
-def cost_report(run_dir: str | Path, profile: str | Path | dict | None = None, questions: int | None = None,
-                gpus: int = 1, concurrency: float | None = None) -> dict:
+def cost_report(run_dir: str | Path, profile: str | Path | dict | None = None,
+                questions: int | None = None, gpus: int = 1,
+                concurrency: float | None = None) -> dict:
     "A run's cost summary, with the projection when a profile is given (the settings checked either way)."
     check_projection(questions, gpus, concurrency)
     s = cost_summary(run_costs(run_dir))
@@ -153,23 +167,31 @@ def cost_report(run_dir: str | Path, profile: str | Path | dict | None = None, q
     return dict(s, run=str(run_dir), projection=project(s, prof, questions, gpus, concurrency))
 
 # %% ../../nbs/49_eval.cost.ipynb #ffe67eaf
-PAPER_COSTS = [                     # REVEAL Table 3 (all ≈) and Table 4; questions: the sum of Table 4's rounds
-    dict(benchmark='lvbench', questions=1267, calls_per_q=6.6, tokens_m=145.0, wall_hours=5.5, gpu_hours=88.0),
-    dict(benchmark='videomme-long', questions=900, calls_per_q=5.3, tokens_m=199.0, wall_hours=5.5, gpu_hours=88.0)]
+# REVEAL Table 3 (all ≈) and Table 4; questions: the sum of Table 4's rounds
+PAPER_COSTS = [
+    dict(benchmark='lvbench', questions=1267, calls_per_q=6.6, tokens_m=145.0, wall_hours=5.5,
+         gpu_hours=88.0),
+    dict(benchmark='videomme-long', questions=900, calls_per_q=5.3, tokens_m=199.0, wall_hours=5.5,
+         gpu_hours=88.0)]
 
-def projection_table(runs: dict[str, list[dict]], profile: str | Path | dict | None = None, gpus: int = 16,
-                     concurrency: float | None = None, paper: list[dict] = PAPER_COSTS) -> list[dict]:
+def projection_table(runs: dict[str, list[dict]], profile: str | Path | dict | None = None,
+                     gpus: int = 16, concurrency: float | None = None,
+                     paper: list[dict] = PAPER_COSTS) -> list[dict]:
     "Per paper benchmark: REVEAL's reported row, then each run's costs scaled to its questions (a projection)."
     prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
-    label = f"projection ({prof.get('model')} on {prof.get('gpu')})" if prof else 'projection (tokens only: no profile)'
+    label = (f"projection ({prof.get('model')} on {prof.get('gpu')})" if prof
+             else 'projection (tokens only: no profile)')
     rows = []
     for b in paper:
-        rows.append(dict(b, method='REVEAL (paper)', gpus=round(b['gpu_hours'] / b['wall_hours']), source='paper'))
+        rows.append(dict(b, method='REVEAL (paper)', gpus=round(b['gpu_hours'] / b['wall_hours']),
+                         source='paper'))
         for m, rs in runs.items():
             s = cost_summary([row_cost(r) for r in rs])
             p = project(s, prof, b['questions'], gpus, concurrency) if prof else None
-            rows.append(dict(benchmark=b['benchmark'], questions=b['questions'], calls_per_q=s['calls_per_q'],
-                             tokens_m=b['questions'] * (s['prompt_per_q'] + s['completion_per_q']) / 1e6,
-                             wall_hours=p['wall_hours'] if p else math.nan, gpu_hours=p['gpu_hours'] if p else math.nan,
-                             method=m, gpus=gpus, source=label))
+            rows.append(dict(benchmark=b['benchmark'], questions=b['questions'],
+                             calls_per_q=s['calls_per_q'],
+                             tokens_m=b['questions'] * (s['prompt_per_q']
+                                                        + s['completion_per_q']) / 1e6,
+                             wall_hours=p['wall_hours'] if p else math.nan, gpu_hours=p['gpu_hours']
+                             if p else math.nan, method=m, gpus=gpus, source=label))
     return rows

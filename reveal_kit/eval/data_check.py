@@ -20,7 +20,8 @@ __all__ = ['manifests_dir', 'load_manifest', 'expected_layout', 'check_data']
 # %% ../../nbs/40b_eval.data_check.ipynb #13c4d1f7
 def manifests_dir() -> Path:
     "The `data_manifests/` folder of this checkout."
-    for p in (Path(reveal_kit.__file__).resolve().parent.parent / 'data_manifests', project_root() / 'data_manifests'):
+    for p in (Path(reveal_kit.__file__).resolve().parent.parent / 'data_manifests',
+              project_root() / 'data_manifests'):
         if p.is_dir(): return p
     raise FileNotFoundError("data_manifests/ not found next to the package or in the project root")
 
@@ -77,7 +78,8 @@ def expected_layout(man: dict) -> str:
     "What a benchmark's loader looks for: the annotation files (alternatives with '|') and the fields it reads."
     files = '; '.join(man.get('layout', {}).get('annotations', [])) or '?'
     f = man.get('fields') or {}
-    fields = f if isinstance(f, str) else ', '.join(str(k) for k in f)          # a mapping of fields, or a sentence
+    # a mapping of fields, or a sentence
+    fields = f if isinstance(f, str) else ', '.join(str(k) for k in f)
     return f"annotation file(s) {files}" + (f" with fields {fields}" if fields else '')
 
 # %% ../../nbs/40b_eval.data_check.ipynb #8515952b
@@ -89,8 +91,9 @@ def check_data(name: str, root: str | Path | None = None, **kw) -> dict:
     exp = (man.get('splits') or {}).get(split, {}) if split else man.get('expected', {})
     if name == 'synth': exp = dict(exp, **_generated_counts(root))
     out = dict(benchmark=name, root=str(root), split=split, expected_questions=exp.get('questions'),
-               expected_videos=exp.get('videos'), annotations=_annotation_files(man, root), source=None, loaded=0,
-               skipped=0, reasons=[], notes=0, error=None, expected_layout=expected_layout(man))
+               expected_videos=exp.get('videos'), annotations=_annotation_files(man, root),
+               source=None, loaded=0, skipped=0, reasons=[], notes=0, error=None,
+               expected_layout=expected_layout(man))
     try: qs, rep = load_benchmark(name, root, **kw)
     except (FileNotFoundError, AnnotationError, KeyError) as e:
         status = 'missing annotations' if isinstance(e, FileNotFoundError) else 'bad annotations'
@@ -98,9 +101,10 @@ def check_data(name: str, root: str | Path | None = None, **kw) -> dict:
     vp, vm, vex = _present(q.video_path for q in qs)
     sp, sm, _ = _present(q.subtitle_path for q in qs)
     out.update(source=rep.source, loaded=rep.loaded, skipped=rep.skipped, reasons=rep.reasons[:10],
-               notes=len(rep.notes), videos=len({q.video_id for q in qs}), videos_present=vp, videos_missing=vm,
-               missing_examples=vex, subtitles_present=sp, subtitles_missing=sm)
-    counts_ok = out['expected_questions'] in (None, rep.loaded) and out['expected_videos'] in (None, out['videos'])
+               notes=len(rep.notes), videos=len({q.video_id for q in qs}), videos_present=vp,
+               videos_missing=vm, missing_examples=vex, subtitles_present=sp, subtitles_missing=sm)
+    counts_ok = out['expected_questions'] in (None, rep.loaded) and out['expected_videos'] in (None,
+                                                                                               out['videos'])
     if rep.loaded == 0: out['status'] = 'no questions'
     else: out['status'] = 'ok' if (vm == 0 and rep.skipped == 0 and counts_ok) else 'incomplete'
     return out

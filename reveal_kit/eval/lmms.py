@@ -37,7 +37,8 @@ def doc_to_question(doc: dict, visual: str | Path, context: str = '', qid: str =
     video = Path(visual)
     gold = doc.get('answer')
     qtype = next((str(doc[k]) for k in QTYPE_KEYS if doc.get(k)), 'unknown')
-    return Question(str(doc.get('qid') or qid or video.stem), str(doc.get('video_id') or video.stem), stem, opts,
+    return Question(str(doc.get('qid') or qid or video.stem),
+                    str(doc.get('video_id') or video.stem), stem, opts,
                     answer=gold_letter(gold, opts) if gold not in (None, '') else None, qtype=qtype,
                     duration_group=doc.get('duration_group') or None, video_path=str(video),
                     subtitle_path=doc.get('subtitle_path') or None)
@@ -50,7 +51,9 @@ def request_question(args: tuple, task_dict: dict) -> Question:
     visuals = doc_to_visual(doc)
     visuals = visuals if isinstance(visuals, (list, tuple)) else [visuals]
     video = next((v for v in visuals if isinstance(v, (str, Path))), None)
-    if video is None: raise ValueError(f"{task} doc {doc_id}: no video path from doc_to_visual (got {visuals!r:.80})")
+    if video is None:
+        raise ValueError(f"{task} doc {doc_id}: no video path from doc_to_visual (got "
+                         f"{visuals!r:.80})")
     return doc_to_question(doc, video, context, qid=f"{task}-{doc_id}")
 
 # %% ../../nbs/47_eval.lmms.ipynb #65ad6c0e
@@ -58,23 +61,25 @@ def _letter(r) -> str:
     "The letter lmms-eval scores: '' (no answer, scored 0) when a stand-in gave it; the run warned with the counts."
     return '' if r.answer_source == 'substituted' else r.answer or ''
 
-def answer_questions(qs: list[Question], out_dir: str | Path, method: str = 'reveal', **run_kw) -> list[str]:
+def answer_questions(qs: list[Question], out_dir: str | Path, method: str = 'reveal',
+                     **run_kw) -> list[str]:
     "The answered letter of each question (in order, '' where none) from `run_eval` of `method` into `out_dir`."
     qids = [q.qid for q in qs]
     if len(set(qids)) != len(qids):
-        raise ValueError(f"duplicate question ids in one batch: {sorted({i for i in qids if qids.count(i) > 1})[:5]}")
+        raise ValueError(f"duplicate question ids in one batch: "
+                         f"{sorted({i for i in qids if qids.count(i) > 1})[:5]}")
     run_eval(qs, method, out_dir, progress=False, **run_kw)
     rows = {r.qid: r for r in map(as_record, read_jsonl_rows(Path(out_dir) / 'results.jsonl'))}
     return [_letter(rows[i]) for i in qids]
 
 # %% ../../nbs/47_eval.lmms.ipynb #a526de7a
 LMMS_IGNORED = ('batch_size', 'max_batch_size', 'device')
-RUN_KEYS = {'backend': 'backend', 'model': 'model', 'base_url': 'base_url', 'roles': 'roles', 'config': 'config',
-            'concurrency': 'concurrency', 'cache': 'cache_mode', 'timeout_s': 'timeout_s',
-            'max_substituted': 'max_substituted'}
+RUN_KEYS = {'backend': 'backend', 'model': 'model', 'base_url': 'base_url', 'roles': 'roles',
+            'config': 'config', 'concurrency': 'concurrency', 'cache': 'cache_mode',
+            'timeout_s': 'timeout_s', 'max_substituted': 'max_substituted'}
 
-def run_options(method: str = 'reveal', out_dir: str | Path | None = None, overrides: str | None = None,
-                **model_args) -> dict:
+def run_options(method: str = 'reveal', out_dir: str | Path | None = None,
+                overrides: str | None = None, **model_args) -> dict:
     "`answer_questions` keywords from lmms-eval `--model_args` (lmms-eval's own batch/device keys ignored)."
     unknown = [k for k in model_args if k not in RUN_KEYS and k not in LMMS_IGNORED]
     if unknown:
@@ -93,12 +98,13 @@ LMMS_EXTRA = "pip install 'reveal-kit[lmms]'"
 def require_lmms() -> type:
     "lmms-eval's model base class `lmms`; an ImportError naming the extra to install where lmms-eval is absent."
     try: from lmms_eval.api.model import lmms
-    except ImportError as e: raise ImportError(f"the lmms-eval adapter needs lmms-eval: {LMMS_EXTRA} ({e})") from e
+    except ImportError as e:
+        raise ImportError(f"the lmms-eval adapter needs lmms-eval: {LMMS_EXTRA} ({e})") from e
     return lmms
 
 # %% ../../nbs/47_eval.lmms.ipynb #600bfc58
-NOT_SUPPORTED = ("the reveal model answers with a letter through the kit's agent: {} is not supported "
-                 "(use an lmms-eval task with output_type: generate_until)")
+NOT_SUPPORTED = ("the reveal model answers with a letter through the kit's agent: {} is not "
+                 "supported (use an lmms-eval task with output_type: generate_until)")
 
 def _reveal_class(base: type) -> type:
     "The `Reveal` model class on lmms-eval's base class `base`."
@@ -111,7 +117,8 @@ def _reveal_class(base: type) -> type:
         def generate_until(self, requests) -> list[str]:
             qs = [request_question(r.args, self.task_dict) for r in requests]
             return answer_questions(qs, **self.options) if qs else []
-        def loglikelihood(self, requests): raise NotImplementedError(NOT_SUPPORTED.format('loglikelihood'))
+        def loglikelihood(self, requests):
+            raise NotImplementedError(NOT_SUPPORTED.format('loglikelihood'))
         def generate_until_multi_round(self, requests):
             raise NotImplementedError(NOT_SUPPORTED.format('generate_until_multi_round'))
     Reveal.__module__ = __name__
@@ -136,7 +143,8 @@ def __getattr__(name: str):
 def manifest():
     "The `lmms_eval.models` entry point's payload: model id `reveal`, simple class `reveal_kit.eval.lmms.Reveal`."
     try: from lmms_eval.models.registry_v2 import ModelManifest
-    except ImportError as e: raise ImportError(f"the lmms-eval adapter needs lmms-eval: {LMMS_EXTRA} ({e})") from e
+    except ImportError as e:
+        raise ImportError(f"the lmms-eval adapter needs lmms-eval: {LMMS_EXTRA} ({e})") from e
     return ModelManifest(model_id='reveal', simple_class_path='reveal_kit.eval.lmms.Reveal')
 
 # %% ../../nbs/47_eval.lmms.ipynb #8c6b2688
@@ -163,10 +171,11 @@ def mc_process_results(doc: dict, results: list[str]) -> dict:
 # %% ../../nbs/47_eval.lmms.ipynb #335ae216
 def question_doc(q: Question) -> dict:
     "One task JSONL row for a question: ids, absolute video and subtitle paths, stem, option texts, gold, type."
-    return dict(qid=q.qid, video_id=q.video_id, video_path=str(Path(q.video_path).resolve()) if q.video_path else '',
-                subtitle_path=str(Path(q.subtitle_path).resolve()) if q.subtitle_path else '', question=q.question,
-                options=list(q.options.values()), answer=q.answer or '', qtype=q.qtype,
-                duration_group=q.duration_group or '')
+    return dict(qid=q.qid, video_id=q.video_id,
+                video_path=str(Path(q.video_path).resolve()) if q.video_path else '',
+                subtitle_path=str(Path(q.subtitle_path).resolve()) if q.subtitle_path else '',
+                question=q.question, options=list(q.options.values()), answer=q.answer or '',
+                qtype=q.qtype, duration_group=q.duration_group or '')
 
 # %% ../../nbs/47_eval.lmms.ipynb #305c3550
 TASK_YAML = """task: {task}
@@ -196,7 +205,8 @@ from reveal_kit.eval.lmms import mc_doc_to_text as doc_to_text
 from reveal_kit.eval.lmms import mc_process_results as process_results
 """
 
-def write_lmms_task(questions: Iterable[Question], out_dir: str | Path, task: str = 'reveal_bench') -> Path:
+def write_lmms_task(questions: Iterable[Question], out_dir: str | Path,
+                    task: str = 'reveal_bench') -> Path:
     "A local lmms-eval task folder (JSONL, YAML, utils.py) for `--include_path`; the YAML's path."
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -47,8 +47,8 @@ class LoadReport:
 
     def to_dict(self) -> dict:
         "The report as plain data (for `run.json`)."
-        return dict(benchmark=self.benchmark, source=self.source, loaded=self.loaded, skipped=self.skipped,
-                    reasons=self.reasons, notes=self.notes)
+        return dict(benchmark=self.benchmark, source=self.source, loaded=self.loaded,
+                    skipped=self.skipped, reasons=self.reasons, notes=self.notes)
 
     def __str__(self) -> str:
         s = f"{self.benchmark}: loaded {self.loaded}, skipped {self.skipped} ({self.source})"
@@ -66,13 +66,15 @@ def _find(root: str | Path, candidates: Iterable[str], what: str) -> Path:
     for c in cands:
         hits = sorted(root.glob(c))
         if hits: return hits[0]
-    raise FileNotFoundError(f"{what}: no annotation file under {root} (looked for {', '.join(cands)})")
+    raise FileNotFoundError(f"{what}: no annotation file under {root} (looked for "
+                            f"{', '.join(cands)})")
 
 # %% ../../nbs/40a_eval.loaders.ipynb #70419c41
 def check_split(bench: str, split: str, valid: Iterable[str]) -> None:
     "Refuse a split the benchmark does not have, naming the valid ones."
     valid = list(valid)
-    if split not in valid: raise ValueError(f"{bench} has no split {split!r}; valid splits: {', '.join(valid)}")
+    if split not in valid:
+        raise ValueError(f"{bench} has no split {split!r}; valid splits: {', '.join(valid)}")
 
 # %% ../../nbs/40a_eval.loaders.ipynb #30b38ed2
 def probe_seconds(path: str | Path | None) -> float | None:
@@ -85,7 +87,8 @@ def probe_seconds(path: str | Path | None) -> float | None:
             v = c.streams.video[0] if c.streams.video else None
             if v is not None and v.duration and v.time_base: return float(v.duration * v.time_base)
             return c.duration / av.time_base if c.duration else None
-    except Exception: return None       # a file PyAV cannot read has no length here; the memory build says why
+    except Exception:
+        return None       # a file PyAV cannot read has no length here; the memory build says why
 
 # %% ../../nbs/40a_eval.loaders.ipynb #056af9b8
 def _duplicate_options(q: Question) -> list[str]:
@@ -101,8 +104,9 @@ def _req(rec: dict, key: str) -> Any:
     return v
 
 # %% ../../nbs/40a_eval.loaders.ipynb #19adbf05
-def _collect(bench: str, source: Path, records: Iterable[tuple[str, Any]], build: Callable[[Any], Question | None],
-             strict: bool = False) -> tuple[list[Question], LoadReport]:
+def _collect(bench: str, source: Path, records: Iterable[tuple[str, Any]],
+             build: Callable[[Any], Question | None], strict: bool = False) -> tuple[list[Question],
+                                                                                     LoadReport]:
     "Build questions from `(where, record)` pairs; bad records are skipped and counted (or raise when `strict`)."
     rep, out, wheres, probed = LoadReport(bench, str(source)), [], [], {}
     for where, rec in records:
@@ -112,7 +116,8 @@ def _collect(bench: str, source: Path, records: Iterable[tuple[str, Any]], build
             out.append(q)
             wheres.append(where)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            if strict: raise AnnotationError(f"{source}: bad {where}: {type(e).__name__}: {e}") from None
+            if strict:
+                raise AnnotationError(f"{source}: bad {where}: {type(e).__name__}: {e}") from None
             rep.skip(where, f"{type(e).__name__}: {e}")
             continue
         dup = _duplicate_options(q)
@@ -123,13 +128,15 @@ def _collect(bench: str, source: Path, records: Iterable[tuple[str, Any]], build
             q.duration_group = q.duration_group or duration_group(q.duration)
     out = unique_qids(out, [f"{source}: {w}" for w in wheres])
     rep.loaded = len(out)
-    if rep.skipped: warn(f"{bench}: skipped {rep.skipped} bad record(s) in {source}; first: {rep.reasons[0]}")
+    if rep.skipped:
+        warn(f"{bench}: skipped {rep.skipped} bad record(s) in {source}; first: {rep.reasons[0]}")
     if rep.notes: warn(f"{bench}: {len(rep.notes)} question(s) in {source} repeat an option text; "
                        f"first: {rep.notes[0]}")
     return out, rep
 
 # %% ../../nbs/40a_eval.loaders.ipynb #4051aaf0
-VIDEOMME_ANN = ['videomme/test-*.parquet', 'test-*.parquet', 'videomme/*.json', '*.parquet', '*.json']
+VIDEOMME_ANN = ['videomme/test-*.parquet', 'test-*.parquet', 'videomme/*.json', '*.parquet',
+                '*.json']
 _VIDEOMME_META = ('video_id', 'domain', 'sub_category', 'url', 'language')
 
 def _videomme_question(rec: dict, root: Path) -> Question:
@@ -137,15 +144,18 @@ def _videomme_question(rec: dict, root: Path) -> Question:
     q, opts = extract_options(rec, style='A.')
     vid = str(_req(rec, 'videoID'))
     return Question(qid=str(_req(rec, 'question_id')), video_id=vid, question=q, options=opts,
-                    answer=gold_letter(rec.get('answer'), opts), qtype=str(rec.get('task_type') or 'unknown'),
-                    duration_group=rec.get('duration'), video_path=str(root / 'data' / f'{vid}.mp4'),
+                    answer=gold_letter(rec.get('answer'), opts),
+                    qtype=str(rec.get('task_type') or 'unknown'),
+                    duration_group=rec.get('duration'),
+                    video_path=str(root / 'data' / f'{vid}.mp4'),
                     subtitle_path=str(root / 'subtitle' / f'{vid}.srt'),
                     meta={k: rec.get(k) for k in _VIDEOMME_META if rec.get(k) is not None})
 
 # %% ../../nbs/40a_eval.loaders.ipynb #6011ba87
 VIDEOMME_SPLITS = ('short', 'medium', 'long', 'all')
 
-def load_videomme(root: str | Path, split: str = 'long', strict: bool = False) -> tuple[list[Question], LoadReport]:
+def load_videomme(root: str | Path, split: str = 'long',
+                  strict: bool = False) -> tuple[list[Question], LoadReport]:
     "Video-MME questions of one duration split ('short', 'medium', 'long' or 'all')."
     check_split('videomme', split, VIDEOMME_SPLITS)
     src = _find(root, VIDEOMME_ANN, 'videomme')
@@ -172,9 +182,11 @@ def _lvbench_question(video: dict, qa: dict, root: Path) -> Question:
     qt = [qt] if isinstance(qt, str) else list(qt)
     return Question(qid=str(_req(qa, 'uid')), video_id=key, question=stem, options=opts,
                     answer=gold_letter(qa.get('answer'), opts), qtype=str(qt[0]), duration=dur,
-                    duration_group=duration_group(dur), video_path=str(root / 'videos' / f'{key}.mp4'),
+                    duration_group=duration_group(dur),
+                    video_path=str(root / 'videos' / f'{key}.mp4'),
                     evidence_spans=parse_time_spans(qa.get('time_reference')),
-                    meta=dict(question_types=qt, video_type=video.get('type'), time_reference=qa.get('time_reference')))
+                    meta=dict(question_types=qt, video_type=video.get('type'),
+                              time_reference=qa.get('time_reference')))
 
 # %% ../../nbs/40a_eval.loaders.ipynb #63fba01d
 def load_lvbench(root: str | Path, strict: bool = False) -> tuple[list[Question], LoadReport]:
@@ -198,7 +210,8 @@ def load_lvbench(root: str | Path, strict: bool = False) -> tuple[list[Question]
 # %% ../../nbs/40a_eval.loaders.ipynb #b819dce5
 LVB_ANN = {'val': ['lvb_val.json', 'validation-*.parquet', 'data/validation-*.parquet'],
            'test': ['lvb_test_wo_gt.json', 'test-*.parquet', 'data/test-*.parquet']}
-_LVB_META = ('topic_category', 'level', 'position', 'starting_timestamp_for_subtitles', 'question_wo_referring_query')
+_LVB_META = ('topic_category', 'level', 'position', 'starting_timestamp_for_subtitles',
+             'question_wo_referring_query')
 
 def _lvb_question(rec: dict, root: Path) -> Question:
     "One LongVideoBench record as a Question (plain `candidates`: the position is the letter)."
@@ -209,21 +222,24 @@ def _lvb_question(rec: dict, root: Path) -> Question:
     sub = rec.get('subtitle_path')
     meta = {k: rec.get(k) for k in _LVB_META if rec.get(k) is not None}
     if bound is not None: meta['lvb_duration_group'] = str(bound)
-    return Question(qid=str(_req(rec, 'id')), video_id=str(_req(rec, 'video_id')), question=stem, options=opts,
-                    answer=gold_letter(rec.get('correct_choice'), opts),
-                    qtype=str(rec.get('question_category') or 'unknown'), duration=dur, duration_group=dg,
+    return Question(qid=str(_req(rec, 'id')), video_id=str(_req(rec, 'video_id')), question=stem,
+                    options=opts, answer=gold_letter(rec.get('correct_choice'), opts),
+                    qtype=str(rec.get('question_category') or 'unknown'), duration=dur,
+                    duration_group=dg,
                     video_path=str(root / 'videos' / str(_req(rec, 'video_path'))),
                     subtitle_path=str(root / 'subtitles' / sub) if sub else None, meta=meta)
 
 # %% ../../nbs/40a_eval.loaders.ipynb #47daf1e7
-LVB_GROUPS = ('15', '60', '600', '3600')   # LongVideoBench's duration groups (upper bounds in seconds)
+# LongVideoBench's duration groups (upper bounds in seconds)
+LVB_GROUPS = ('15', '60', '600', '3600')
 
 def _lvb_split(split: str) -> tuple[str, str | None]:
     "`'val'` → ('val', None); `'val/3600'` → ('val', '3600'): a split, then one duration group of it."
     base, _, group = str(split).partition('/')
     check_split('longvideobench', base, LVB_ANN)
     if group and group not in LVB_GROUPS:
-        raise ValueError(f"longvideobench has no duration group {group!r}; groups: {', '.join(LVB_GROUPS)}")
+        raise ValueError(f"longvideobench has no duration group {group!r}; groups: "
+                         f"{', '.join(LVB_GROUPS)}")
     return base, group or None
 
 def load_longvideobench(root: str | Path, split: str = 'val',
@@ -249,25 +265,32 @@ def lvb_subtitles_to_srt(path: str | Path, out: str | Path, offset: float = 0.0)
     return write_subtitles(out, cues)
 
 # %% ../../nbs/40a_eval.loaders.ipynb #d1077f7f
-EGOSCHEMA_ANN = {'subset': ['questions.json', 'data/questions.json', 'Subset/test-*.parquet', '*.csv', '*.parquet'],
-                 'full': ['questions.json', 'data/questions.json', 'MC/test-*.parquet', '*.csv', '*.parquet']}
+EGOSCHEMA_ANN = {'subset': ['questions.json', 'data/questions.json', 'Subset/test-*.parquet',
+                            '*.csv', '*.parquet'],
+                 'full': ['questions.json', 'data/questions.json', 'MC/test-*.parquet', '*.csv',
+                          '*.parquet']}
 _EGOSCHEMA_IDS = ('q_uid', 'video_idx', 'uid', 'video_uid', 'video')
 
 def _egoschema_uid(rec: dict) -> str:
     "The clip id of an EgoSchema record (`q_uid`, or the id column of the other layouts)."
-    key = next((k for k in _EGOSCHEMA_IDS if isinstance(rec, dict) and rec.get(k) not in (None, '')), None)
-    if key is None: raise KeyError(f"missing field 'q_uid' (or one of {', '.join(_EGOSCHEMA_IDS[1:])})")
+    key = next((k for k in _EGOSCHEMA_IDS if isinstance(rec, dict)
+                and rec.get(k) not in (None, '')), None)
+    if key is None:
+        raise KeyError(f"missing field 'q_uid' (or one of {', '.join(_EGOSCHEMA_IDS[1:])})")
     return Path(str(rec[key])).stem
 
 def _egoschema_question(rec: dict, answers: dict, root: Path) -> Question:
     "One EgoSchema record as a Question (gold from `subset_answers.json` where published, else the record's own)."
     uid = _egoschema_uid(rec)
-    stem, opts = extract_options(rec, style='A.' if isinstance(rec.get('option'), (list, tuple)) else 'plain')
+    stem, opts = extract_options(rec, style='A.' if isinstance(rec.get('option'), (list, tuple))
+                                 else 'plain')
     gold = answers.get(uid, rec.get('answer'))
     return Question(qid=uid, video_id=uid, question=stem, options=opts,
-                    answer=gold_letter(None if gold == '' else gold, opts), qtype='egoschema', duration=180.0,
-                    duration_group=duration_group(180.0), video_path=str(root / 'videos' / f'{uid}.mp4'),
-                    meta={k: rec[k] for k in ('google_drive_id', 'question_idx') if rec.get(k) is not None})
+                    answer=gold_letter(None if gold == '' else gold, opts), qtype='egoschema',
+                    duration=180.0, duration_group=duration_group(180.0),
+                    video_path=str(root / 'videos' / f'{uid}.mp4'),
+                    meta={k: rec[k] for k in ('google_drive_id', 'question_idx')
+                          if rec.get(k) is not None})
 
 # %% ../../nbs/40a_eval.loaders.ipynb #ff9cd2ca
 def _has_uid(rec: Any) -> bool:
@@ -300,7 +323,8 @@ def _mmrv_question(rec: dict, i: int, root: Path) -> Question:
     stem, opts = extract_options(rec, style='(A)')
     return Question(qid=f"mmrv_{i:05d}", video_id=Path(video).stem, question=stem, options=opts,
                     answer=gold_letter(rec.get('correctAnswer', rec.get('answer')), opts),
-                    qtype=str(rec.get('abilityType_L2') or 'unknown'), video_path=str(root / 'videos' / video),
+                    qtype=str(rec.get('abilityType_L2') or 'unknown'),
+                    video_path=str(root / 'videos' / video),
                     meta=dict(video_type=rec.get('videoType'), ability_l3=rec.get('abilityType_L3'),
                               question_idx=rec.get('question_idx')))
 
@@ -337,7 +361,8 @@ def _egolife_spans(tt: Any, day: str = 'DAY1') -> list[tuple[float, float]]:
     return out
 
 # %% ../../nbs/40a_eval.loaders.ipynb #7e183d5e
-EGOLIFE_IDENTITIES = {'A1': 'A1_JAKE', 'A2': 'A2_ALICE', 'A3': 'A3_TASHA', 'A4': 'A4_LUCIA', 'A5': 'A5_KATRINA',
+EGOLIFE_IDENTITIES = {'A1': 'A1_JAKE', 'A2': 'A2_ALICE', 'A3': 'A3_TASHA', 'A4': 'A4_LUCIA',
+                      'A5': 'A5_KATRINA',
                       'A6': 'A6_SHURE'}       # the six EgoLife participants and their folders
 
 def _egolife_question(rec: dict, identity: str, root: Path, bench: str) -> Question:
@@ -348,31 +373,38 @@ def _egolife_question(rec: dict, identity: str, root: Path, bench: str) -> Quest
     who = str(rec.get('identity') or identity)
     who = EGOLIFE_IDENTITIES.get(who.upper(), who)
     flags = {k: rec[k] for k in ('need_audio', 'need_name', 'last_time') if k in rec}
-    return Question(qid=f"{bench}_{who}_{_req(rec, 'ID')}", video_id=who, question=stem, options=opts,
-                    answer=gold_letter(rec.get('answer'), opts), qtype=str(rec.get('type') or 'unknown'),
-                    duration=qsec, duration_group=duration_group(qsec), video_path=str(root / who),
+    return Question(qid=f"{bench}_{who}_{_req(rec, 'ID')}", video_id=who, question=stem,
+                    options=opts, answer=gold_letter(rec.get('answer'), opts),
+                    qtype=str(rec.get('type') or 'unknown'), duration=qsec,
+                    duration_group=duration_group(qsec), video_path=str(root / who),
                     evidence_spans=_egolife_spans(rec.get('target_time')),
-                    meta=dict(query_time=qt, query_seconds=qsec, target_time=rec.get('target_time'), **flags))
+                    meta=dict(query_time=qt, query_seconds=qsec, target_time=rec.get('target_time'),
+                              **flags))
 
 # %% ../../nbs/40a_eval.loaders.ipynb #8c0b80df
 def load_egolifeqa(root: str | Path, identity: str = 'A1_JAKE',
                    strict: bool = False) -> tuple[list[Question], LoadReport]:
     "EgoLifeQA questions of one identity (the papers use A1_JAKE, 500 questions)."
-    src = _find(root, [f'EgoLifeQA/EgoLifeQA_{identity}.json', f'EgoLifeQA_{identity}.json'], 'egolifeqa')
+    src = _find(root, [f'EgoLifeQA/EgoLifeQA_{identity}.json', f'EgoLifeQA_{identity}.json'],
+                'egolifeqa')
     base = src.parent.parent if src.parent.name == 'EgoLifeQA' else src.parent
     recs = [(f"record {i} (ID {r.get('ID', '?') if isinstance(r, dict) else '?'})", r)
             for i, r in enumerate(read_table(src))]
-    return _collect('egolifeqa', src, recs, lambda r: _egolife_question(r, identity, base, 'egolife'), strict)
+    return _collect('egolifeqa', src, recs,
+                    lambda r: _egolife_question(r, identity, base, 'egolife'), strict)
 
 # %% ../../nbs/40a_eval.loaders.ipynb #e4b215b8
-EGOR1_ANN = ['Ego-R1-Bench*.json', 'egor1*.json', 'benchmark/*.json', '*.json', '*.jsonl', '*.parquet']
+EGOR1_ANN = ['Ego-R1-Bench*.json', 'egor1*.json', 'benchmark/*.json', '*.json', '*.jsonl',
+             '*.parquet']
 
-def load_egor1(root: str | Path, identity: str = 'A1_JAKE', strict: bool = False) -> tuple[list[Question], LoadReport]:
+def load_egor1(root: str | Path, identity: str = 'A1_JAKE',
+               strict: bool = False) -> tuple[list[Question], LoadReport]:
     "Ego-R1 Bench questions, read as EgoLifeQA-shaped records (format not confirmed from an official file)."
     src = _find(root, EGOR1_ANN, 'egor1')
     recs = [(f"record {i} (ID {r.get('ID', '?') if isinstance(r, dict) else '?'})", r)
             for i, r in enumerate(read_table(src))]
-    return _collect('egor1', src, recs, lambda r: _egolife_question(r, identity, src.parent, 'egor1'), strict)
+    return _collect('egor1', src, recs,
+                    lambda r: _egolife_question(r, identity, src.parent, 'egor1'), strict)
 
 # %% ../../nbs/40a_eval.loaders.ipynb #fd2886d4
 def load_synth(root: str | Path, strict: bool = False) -> tuple[list[Question], LoadReport]:
@@ -405,8 +437,10 @@ def load_benchmark(name: str, root: str | Path | None = None, **kw) -> tuple[lis
     return LOADERS[name](data_root(name, root), **kw)
 
 # %% ../../nbs/40a_eval.loaders.ipynb #dc745417
-def load_split_questions(benchmark: str, root: str | Path | None, split: str | None) -> list[Question]:
+def load_split_questions(benchmark: str, root: str | Path | None,
+                         split: str | None) -> list[Question]:
     "The benchmark's questions; the split goes to loaders that take one (others record it in the questions)."
-    takes = 'split' in inspect.signature(LOADERS[benchmark]).parameters if benchmark in LOADERS else False
+    takes = ('split' in inspect.signature(LOADERS[benchmark]).parameters if benchmark in LOADERS
+             else False)
     qs, _ = load_benchmark(benchmark, root, **({'split': split} if (split and takes) else {}))
     return qs

@@ -61,7 +61,8 @@ def _group(rs: list[dict], key: str) -> dict[str, list[dict]]:
 def _usage(rs: list[dict]) -> dict:
     "Per-question means and run totals of model calls, tokens and wall time."
     per_q = lambda k: _mean([r.get(k) for r in rs])
-    tokens = sum(int(r.get('prompt_tokens') or 0) + int(r.get('completion_tokens') or 0) for r in rs)
+    tokens = sum(int(r.get('prompt_tokens') or 0) + int(r.get('completion_tokens') or 0)
+                 for r in rs)
     return dict(llm_calls_mean=per_q('llm_calls'), prompt_tokens_mean=per_q('prompt_tokens'),
                 completion_tokens_mean=per_q('completion_tokens'),
                 seconds_mean=_mean([r.get('wall_seconds', r.get('seconds')) for r in rs]),
@@ -84,32 +85,45 @@ def _tok_mean(rows: list[dict], key: str) -> float | None:
     "The mean of a token count over rows."
     return _mean([int(r.get(key) or 0) for r in rows])
 
+def _needle_usage(rs: list[dict]) -> dict:
+    "Needle recall, how many questions have one, and which judges scored it."
+    if not any('needle_recall' in r for r in rs): return {}
+    scored = [r for r in rs if r.get('needle_recall') is not None]
+    judges = Counter(str(r.get('needle_judge', 'lexical')) for r in scored)
+    return dict(needle_recall_mean=_mean([r.get('needle_recall') for r in rs]),
+                needle_recall_n=len(scored), needle_judge=dict(judges))
+
+def _tool_usage(eps: list[dict]) -> dict:
+    "Tool calls (by tool), steps and invalid calls per episode."
+    if not eps: return {}
+    tools = sorted({t for r in eps for t in r['tool_calls']})
+    calls = {t: sum(int(r['tool_calls'].get(t) or 0) for r in eps) / len(eps) for t in tools}
+    return dict(tool_calls_mean=calls, steps_mean=_mean([r.get('steps') for r in eps]),
+                invalid_calls_mean=_mean([r.get('invalid_calls') for r in eps]))
+
+def _index_usage(idx: list[dict]) -> dict:
+    "Tokens per clip (indexing, reasoning apart) and per query; Table 6's two passes apart."
+    if not idx: return {}
+    ix = [r['index'] for r in idx]
+    clip = lambda i: ((i.get('prompt_tokens_per_clip') or 0)
+                      + (i.get('completion_tokens_per_clip') or 0))
+    query = lambda r: int(r.get('prompt_tokens') or 0) + int(r.get('completion_tokens') or 0)
+    out = dict(index_tokens_per_clip_mean=_mean([clip(i) for i in ix]),
+               query_tokens_mean=_mean([query(r) for r in idx]),
+               index_reasoning_tokens_per_clip_mean=_mean([i.get('reasoning_tokens_per_clip') or 0
+                                                           for i in ix]),
+               query_reasoning_tokens_mean=_tok_mean(idx, 'reasoning_tokens'))
+    split = [i for i in ix if 'shared_prompt_tokens_per_clip' in i]
+    one = lambda i, k: i[f'{k}_prompt_tokens_per_clip'] + i[f'{k}_completion_tokens_per_clip']
+    if split: out.update({f'index_{k}_tokens_per_clip_mean': _mean([one(i, k) for i in split])
+                          for k in ('shared', 'question')})
+    return out
+
 def _pace_usage(rs: list[dict]) -> dict:
     "Needle recall and its judge, tool calls and steps per episode, tokens per clip (indexing) and per query."
-    out, eps = {}, [r for r in rs if isinstance(r.get('tool_calls'), dict)]
+    eps = [r for r in rs if isinstance(r.get('tool_calls'), dict)]
     idx = [r for r in rs if isinstance(r.get('index'), dict)]
-    if any('needle_recall' in r for r in rs):
-        judges = Counter(str(r.get('needle_judge', 'lexical')) for r in rs if r.get('needle_recall') is not None)
-        out.update(needle_recall_mean=_mean([r.get('needle_recall') for r in rs]),
-                   needle_recall_n=sum(r.get('needle_recall') is not None for r in rs), needle_judge=dict(judges))
-    if eps:
-        tools = sorted({t for r in eps for t in r['tool_calls']})
-        out.update(tool_calls_mean={t: sum(int(r['tool_calls'].get(t) or 0) for r in eps) / len(eps) for t in tools},
-                   steps_mean=_mean([r.get('steps') for r in eps]),
-                   invalid_calls_mean=_mean([r.get('invalid_calls') for r in eps]))
-    if idx:
-        per_clip = lambda i: (i.get('prompt_tokens_per_clip') or 0) + (i.get('completion_tokens_per_clip') or 0)
-        out.update(index_tokens_per_clip_mean=_mean([per_clip(r['index']) for r in idx]),
-                   query_tokens_mean=_mean([int(r.get('prompt_tokens') or 0) + int(r.get('completion_tokens') or 0)
-                                            for r in idx]),
-                   index_reasoning_tokens_per_clip_mean=_mean([r['index'].get('reasoning_tokens_per_clip') or 0
-                                                               for r in idx]),
-                   query_reasoning_tokens_mean=_tok_mean(idx, 'reasoning_tokens'))
-        split = [r['index'] for r in idx if 'shared_prompt_tokens_per_clip' in r['index']]
-        one = lambda i, k: i[f'{k}_prompt_tokens_per_clip'] + i[f'{k}_completion_tokens_per_clip']
-        if split: out.update({f'index_{k}_tokens_per_clip_mean': _mean([one(i, k) for i in split])
-                              for k in ('shared', 'question')})             # Table 6's two passes apart
-    return out
+    return {**_needle_usage(rs), **_tool_usage(eps), **_index_usage(idx)}
 
 # %% ../../nbs/43_eval.metrics.ipynb #20b7e1c0
 def report(results: Iterable[dict], substituted: str = 'wrong') -> dict:
@@ -122,13 +136,15 @@ def report(results: Iterable[dict], substituted: str = 'wrong') -> dict:
     rounds = [int(r['rounds']) for r in rs if r.get('rounds') and not r.get('failed')]
     errors = Counter(str(r.get('error')).split(':')[0] for r in rs if r.get('failed'))
     return dict(n=len(rs), n_gold=acc['n'], correct=acc['correct'], accuracy=acc['accuracy'],
-                answered=status['answered'], unparseable=status['unparseable'], failed=status['failed'],
+                answered=status['answered'], unparseable=status['unparseable'],
+                failed=status['failed'],
                 accuracy_answered=_acc([r for r in rs if _status(r) == 'answered'])['accuracy'],
                 by_qtype=by('qtype'), by_duration_group=by('duration_group'),
-                rounds_hist={str(k): v for k, v in sorted(Counter(rounds).items())}, rounds_mean=_mean(rounds),
-                **_degradation(rs), **_usage(rs), **_pace_usage(rs),
+                rounds_hist={str(k): v for k, v in sorted(Counter(rounds).items())},
+                rounds_mean=_mean(rounds), **_degradation(rs), **_usage(rs), **_pace_usage(rs),
                 stop_reasons=dict(Counter(str(r.get('stop_reason')) for r in rs).most_common()),
-                errors=dict(errors.most_common()), substitutions=subs, substituted_policy=substituted)
+                errors=dict(errors.most_common()), substitutions=subs,
+                substituted_policy=substituted)
 
 # %% ../../nbs/43_eval.metrics.ipynb #ef33e34a
 def _pct(x: float | None) -> str:
@@ -146,33 +162,37 @@ def _degraded_note(rep: dict) -> str:
     if not rep.get('degraded'): return ''
     fb = rep.get('memory_fallbacks')
     fb = f"; {fb} read a memory with fallback captions" if fb else ''
-    return (f" (answer not wholly from the configured model; failed calls {rep.get('failed_calls', {})}{fb}; "
-            f"accuracy of the others {_pct(rep.get('accuracy_not_degraded'))} %)")
+    return (f" (answer not wholly from the configured model; failed calls "
+            f"{rep.get('failed_calls', {})}{fb}; accuracy of the others "
+            f"{_pct(rep.get('accuracy_not_degraded'))} %)")
 
 # %% ../../nbs/43_eval.metrics.ipynb #4d6e158a
 def _substituted_lines(rep: dict) -> list[str]:
     "The report's line on stand-ins: 'k of n answers substituted (…)' and how accuracy counted them (or 'offline')."
     c = rep.get('substitutions')
     if not c: return []
-    how = {'wrong': 'counted as wrong', 'exclude': 'left out of accuracy'}[rep.get('substituted_policy', 'wrong')]
+    how = {'wrong': 'counted as wrong',
+           'exclude': 'left out of accuracy'}[rep.get('substituted_policy', 'wrong')]
     return [f"-- {format_substituted(c)}" + (f"; {how}" if c['substituted'] else '')]
 
 def _judge_note(judges: dict) -> str:
     "Which judge produced the needle recall: '; judge lexical' (or several, with their counts)."
     if not judges: return ''
-    return '; judge ' + ', '.join(j if len(judges) == 1 else f"{j} ({n})" for j, n in judges.items())
+    return ('; judge '
+            + ', '.join(j if len(judges) == 1 else f"{j} ({n})" for j, n in judges.items()))
 
 def _pace_lines(rep: dict) -> list[str]:
     "The lines of `format_report` about PACE's diagnostics (and the needle judge of each number), for its keys."
     L = []
     if 'needle_recall_mean' in rep:
-        L.append(f"-- needle recall {_pct(rep['needle_recall_mean'])} % ({rep['needle_recall_n']} questions with cues"
-                 f"{_judge_note(rep.get('needle_judge', {}))})")
+        L.append(f"-- needle recall {_pct(rep['needle_recall_mean'])} % ({rep['needle_recall_n']} "
+                 f"questions with cues{_judge_note(rep.get('needle_judge', {}))})")
     L += [f"-- needle recall {_pct(v['mean'])} % ({v['n']} questions with cues; judge {j})"
           for j, v in rep.get('needle_judged', {}).items()]
     if rep.get('judge_failed'):
         f = rep['judge_failed']
-        L.append(f"-- needle judge {f['judge']} FAILED for {f['failed']} of {f['of']} questions with cues "
+        L.append(f"-- needle judge {f['judge']} FAILED for {f['failed']} of {f['of']} questions "
+                 f"with cues "
                  "(no verdict kept for them: rerun with a working judge)")
     if 'tool_calls_mean' in rep:
         calls = ', '.join(f"{t} {v:.2f}" for t, v in rep['tool_calls_mean'].items())
@@ -180,13 +200,13 @@ def _pace_lines(rep: dict) -> list[str]:
                  f"{_num(rep['invalid_calls_mean'], '.2f')}; tool calls {calls}")
     if 'index_tokens_per_clip_mean' in rep:
         L.append(f"-- tokens per clip (indexing) {_num(rep['index_tokens_per_clip_mean'], '.0f')}, "
-                 f"per query (reasoning) {_num(rep['query_tokens_mean'], '.0f')}; of which thinking: "
-                 f"{_num(rep.get('index_reasoning_tokens_per_clip_mean'), '.0f')} per clip, "
-                 f"{_num(rep.get('query_reasoning_tokens_mean'), '.0f')} per query")
+                 f"per query (reasoning) {_num(rep['query_tokens_mean'], '.0f')}; of which "
+                 f"thinking: {_num(rep.get('index_reasoning_tokens_per_clip_mean'), '.0f')} per "
+                 f"clip, {_num(rep.get('query_reasoning_tokens_mean'), '.0f')} per query")
     if 'index_shared_tokens_per_clip_mean' in rep:
         L.append(f"-- tokens per clip by indexing pass: shared plain captions "
-                 f"{_num(rep['index_shared_tokens_per_clip_mean'], '.0f')}, this question's F_Q and records "
-                 f"{_num(rep['index_question_tokens_per_clip_mean'], '.0f')}")
+                 f"{_num(rep['index_shared_tokens_per_clip_mean'], '.0f')}, this question's F_Q "
+                 f"and records {_num(rep['index_question_tokens_per_clip_mean'], '.0f')}")
     return L
 
 # %% ../../nbs/43_eval.metrics.ipynb #5e1d9a01
@@ -194,7 +214,8 @@ def with_judged_needles(rep: dict, run_dir: str | Path) -> dict:
     "The report with each judge's needle recall from `<run_dir>/needles/` (`pace.needle.judge_run`), by judge."
     got = judged_needles(run_dir)
     if not got: return rep
-    by = {j: dict(mean=_mean(list(v.values())), n=sum(x is not None for x in v.values())) for j, v in got.items()}
+    by = {j: dict(mean=_mean(list(v.values())), n=sum(x is not None for x in v.values()))
+          for j, v in got.items()}
     return dict(rep, needle_judged=by)
 
 # %% ../../nbs/43_eval.metrics.ipynb #7e87bb94
@@ -271,7 +292,8 @@ def _paired_counts(a: list[bool], b: list[bool]) -> dict:
     n11 = sum(x and y for x, y in zip(a, b))
     n10 = sum(x and not y for x, y in zip(a, b))
     n01 = sum(y and not x for x, y in zip(a, b))
-    return dict(both_correct=n11, only_a_correct=n10, only_b_correct=n01, both_wrong=len(a) - n11 - n10 - n01)
+    return dict(both_correct=n11, only_a_correct=n10, only_b_correct=n01,
+                both_wrong=len(a) - n11 - n10 - n01)
 
 # %% ../../nbs/43_eval.metrics.ipynb #cd90e8db
 def _excluded(A: dict, B: dict, q, substituted: str) -> bool:
@@ -353,7 +375,8 @@ def report_run(run_dir: str | Path, substituted: str = 'wrong') -> dict:
     rep, pool, p = report(load_results(run_dir), substituted), run_pool(run_dir), Path(run_dir)
     meta = p / 'run.json' if p.is_dir() else p.parent / 'run.json'
     emb = embedders_line(json.loads(meta.read_text())) if meta.exists() else None
-    return dict(rep, **({'rubric_pool': pool} if pool else {}), **({'embedders': emb} if emb else {}))
+    return dict(rep, **({'rubric_pool': pool} if pool else {}),
+                **({'embedders': emb} if emb else {}))
 
 
 # %% ../../nbs/43_eval.metrics.ipynb #5e1d9a03
@@ -384,8 +407,8 @@ def _run_method(run_dir: str | Path) -> str:
 def compare_runs(run_a: str | Path, run_b: str | Path, seed: int = 0, n_boot: int = 10000,
                  substituted: str = 'wrong') -> dict:
     "`compare` of two RUN_DIRs, named by their paths; `methods`: what each ran."
-    c = compare(load_results(run_a), load_results(run_b), seed=seed, n_boot=n_boot, names=(str(run_a), str(run_b)),
-                substituted=substituted)
+    c = compare(load_results(run_a), load_results(run_b), seed=seed, n_boot=n_boot,
+                names=(str(run_a), str(run_b)), substituted=substituted)
     return dict(c, methods=[_run_method(run_a), _run_method(run_b)])
 
 

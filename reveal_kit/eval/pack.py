@@ -55,7 +55,8 @@ def zstd_module():
 def _member(name: str, data: bytes) -> tarfile.TarInfo:
     "A reproducible tar header: regular file, 0644, time 0, no owner."
     ti = tarfile.TarInfo(name)
-    ti.size, ti.mode, ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = len(data), 0o644, 0, 0, 0, '', ''
+    ti.size, ti.mode, ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = (len(data), 0o644, 0, 0, 0, '',
+                                                                      '')
     return ti
 
 @contextmanager
@@ -84,7 +85,9 @@ def check_member_name(name: str) -> str:
     p = PurePosixPath(name)
     bad = (not name or '\\' in name or '\x00' in name or p.is_absolute() or ':' in p.parts[0]
            or any(part in ('', '.', '..') for part in name.split('/')))
-    if bad: raise PackError(f"refusing the pack member {name!r}: it would land outside the target folder")
+    if bad:
+        raise PackError(f"refusing the pack member {name!r}: it would land outside the target "
+                        f"folder")
     return name
 
 # %% ../../nbs/48_eval.pack.ipynb #2981b878
@@ -142,11 +145,14 @@ def read_manifest(tar: tarfile.TarFile, where: Path) -> tuple[dict, Any]:
         raise PackError(f"{where} is not a reveal-kit pack (no pack.json first)")
     try: man = json.loads(tar.extractfile(first).read())
     except ValueError: raise PackError(f"{where}: pack.json is not valid JSON") from None
-    if not isinstance(man, dict) or man.get('format') != PACK_FORMAT or not isinstance(man.get('files'), dict):
+    if not isinstance(man,
+                      dict) or man.get('format') != PACK_FORMAT or not isinstance(man.get('files'),
+                                                                                  dict):
         got = man.get('format') if isinstance(man, dict) else None
         raise PackError(f"{where}: not a {PACK_FORMAT} pack (format {got!r})")
     bad = next((n for n, w in man['files'].items() if not _entry_ok(w)), None)
-    if bad is not None: raise PackError(f"{where}: pack.json lists {bad!r} without a SHA-256 and a size")
+    if bad is not None:
+        raise PackError(f"{where}: pack.json lists {bad!r} without a SHA-256 and a size")
     for name in man['files']: check_member_name(name)
     return man, members
 
@@ -203,13 +209,17 @@ def unpack(path: str | Path, dest: str | Path) -> dict:
     "Extract a pack into `dest` (empty or new), refusing unsafe or unlisted members and checking every sum; manifest."
     path, dest = Path(path), Path(dest)
     if not path.is_file(): raise FileNotFoundError(f"no pack at {path}")
-    if dest.exists() and any(dest.iterdir()): raise PackError(f"{dest} is not empty: unpack into a new folder")
+    if dest.exists() and any(dest.iterdir()):
+        raise PackError(f"{dest} is not empty: unpack into a new folder")
     dest.mkdir(parents=True, exist_ok=True)
     try: man, got = _extract(path, dest)
     except damaged_errors() as e:
-        raise PackError(f"{path} is damaged or truncated ({type(e).__name__}: {str(e)[:120]})") from None
+        raise PackError(f"{path} is damaged or truncated ({type(e).__name__}: "
+                        f"{str(e)[:120]})") from None
     missing = sorted(set(man['files']) - got)
-    if missing: raise PackError(f"{path} is incomplete: {len(missing)} listed files missing, e.g. {missing[0]}")
+    if missing:
+        raise PackError(f"{path} is incomplete: {len(missing)} listed files missing, e.g. "
+                        f"{missing[0]}")
     atomic_write_text(dest / 'pack.json', json.dumps(man, indent=1, sort_keys=True))
     return man
 
@@ -221,8 +231,10 @@ def verify_unpacked(dest: str | Path) -> dict:
     for name, want in man['files'].items():
         f = dest / check_member_name(name)
         data = f.read_bytes() if f.is_file() and not f.is_symlink() else None
-        if data is None or len(data) != want['size'] or hashlib.sha256(data).hexdigest() != want['sha256']:
-            raise PackError(f"checksum mismatch for {name} in {dest}: unpack the pack again into a new folder")
+        if (data is None or len(data) != want['size']
+            or hashlib.sha256(data).hexdigest() != want['sha256']):
+            raise PackError(f"checksum mismatch for {name} in {dest}: unpack the pack again into a "
+                            f"new folder")
     return man
 
 # %% ../../nbs/48_eval.pack.ipynb #72e1719e
@@ -253,14 +265,16 @@ def _check_row(man: dict, row: Any) -> str:
     if not all(isinstance(m, dict) for m in maps.values()):
         raise PackError(f"pack.json: run {name}'s memory_index, videos and subtitles are not maps")
     for v in maps['memory_index'].values(): _named(man, v, f"run {name}'s memory", folder=True)
-    for v in [*maps['videos'].values(), *maps['subtitles'].values()]: _named(man, v, f"run {name}'s file")
+    for v in [*maps['videos'].values(), *maps['subtitles'].values()]:
+        _named(man, v, f"run {name}'s file")
     if row.get('pool'): _named(man, row['pool'], f"run {name}'s rubric pool")
     return name
 
 def check_runs(man: dict) -> list[dict]:
     "pack.json's run rows, checked: at least one, names plain and unique, every path they name held by the pack."
     rows = man.get('runs')
-    if not isinstance(rows, list) or not rows: raise PackError("pack.json lists no runs: there is nothing to replay")
+    if not isinstance(rows, list) or not rows:
+        raise PackError("pack.json lists no runs: there is nothing to replay")
     names = [_check_row(man, r) for r in rows]
     if len(set(names)) != len(names): raise PackError("pack.json names one run twice")
     return rows
@@ -274,8 +288,10 @@ def row_differences(row: dict, run: str | Path) -> list[str]:
     meta = json.loads((run / 'run.json').read_text())
     out = [f"pack.json says {k} {row.get(k)!r}, its run.json {meta.get(k)!r}" for k in ROW_LABELS
            if row.get(k) != meta.get(k)]
-    n = len(read_jsonl_rows(run / 'questions.jsonl')) if (run / 'questions.jsonl').is_file() else None
-    if row.get('questions') != n: out.append(f"pack.json says {row.get('questions')} questions, the run has {n}")
+    n = (len(read_jsonl_rows(run / 'questions.jsonl')) if (run / 'questions.jsonl').is_file()
+         else None)
+    if row.get('questions') != n:
+        out.append(f"pack.json says {row.get('questions')} questions, the run has {n}")
     return out
 
 # %% ../../nbs/48_eval.pack.ipynb #15030391
@@ -317,13 +333,14 @@ def run_in_progress(run_dir: str | Path) -> bool:
     return False
 
 # %% ../../nbs/48_eval.pack.ipynb #2ac498d4
-VOLATILE = frozenset({'seconds', 'wall_seconds', 'model_seconds', 'loop_seconds', 'latency_s', 'orig_latency_s',
-                      'wall_s', 'policy_s', 'seconds_mean', 'cache_hit', 'cache_hits', 'readings_reused',
-                      'kit_version'})
+VOLATILE = frozenset({'seconds', 'wall_seconds', 'model_seconds', 'loop_seconds', 'latency_s',
+                      'orig_latency_s', 'wall_s', 'policy_s', 'seconds_mean', 'cache_hit',
+                      'cache_hits', 'readings_reused', 'kit_version'})
 
 def strip_volatile(obj: Any) -> Any:
     "`obj` without the `VOLATILE` keys at any depth (timings, cache hits, the kit version)."
-    if isinstance(obj, dict): return {k: strip_volatile(v) for k, v in obj.items() if k not in VOLATILE}
+    if isinstance(obj, dict):
+        return {k: strip_volatile(v) for k, v in obj.items() if k not in VOLATILE}
     if isinstance(obj, list): return [strip_volatile(v) for v in obj]
     return obj
 
@@ -335,14 +352,15 @@ def portable(obj: Any) -> Any:
     out = strip_volatile(obj)
     idx = out.get('index') if isinstance(out, dict) else None
     if isinstance(idx, dict):
-        out['index'] = {k: '/'.join(Path(v).parts[-2:]) if k in INDEX_PATHS and isinstance(v, str) else v
-                        for k, v in idx.items()}
+        out['index'] = {k: '/'.join(Path(v).parts[-2:]) if k in INDEX_PATHS and isinstance(v, str)
+                        else v for k, v in idx.items()}
     return out
 
 # %% ../../nbs/48_eval.pack.ipynb #d82fd009
 def _line(obj: Any) -> str:
     "One canonical JSON line: sorted keys, no spaces."
-    return json.dumps(obj, sort_keys=True, separators=(',', ':'), ensure_ascii=False, default=str) + '\n'
+    return json.dumps(obj, sort_keys=True, separators=(',', ':'), ensure_ascii=False,
+                      default=str) + '\n'
 
 def canonical_results(run_dir: str | Path) -> bytes:
     "A run's results in canonical form: last row per qid, qid order, volatile keys dropped, traces by file name."
@@ -368,7 +386,8 @@ def canonical_report(run_dir: str | Path) -> bytes:
     "`report_run` in canonical form: volatile keys dropped, and the rubric pool without the path it lay at here."
     rep = strip_volatile(report_run(run_dir))
     if isinstance(rep.get('rubric_pool'), dict): rep['rubric_pool'].pop('path', None)
-    rep.pop('embedders', None)        # what run.json says of the machine's embedders, not what the results are
+    # what run.json says of the machine's embedders, not what the results are
+    rep.pop('embedders', None)
     return _line(rep).encode()
 
 # %% ../../nbs/48_eval.pack.ipynb #5405e06b
@@ -377,7 +396,8 @@ def run_differences(run_a: str | Path, run_b: str | Path, limit: int = 5) -> lis
     a, b, out = Path(run_a), Path(run_b), []
     ra, rb = canonical_results(a).splitlines(), canonical_results(b).splitlines()
     if len(ra) != len(rb): out.append(f"results: {len(ra)} questions vs {len(rb)}")
-    out += [f"results differ: {x[:160].decode()} … vs {y[:160].decode()} …" for x, y in zip(ra, rb) if x != y]
+    out += [f"results differ: {x[:160].decode()} … vs {y[:160].decode()} …" for x, y in zip(ra, rb)
+            if x != y]
     ta, tb = canonical_traces(a), canonical_traces(b)
     out += [f"trace {n} only in {a if n in ta else b}" for n in sorted(set(ta) ^ set(tb))]
     out += [f"trace {n} differs" for n in sorted(set(ta) & set(tb)) if ta[n] != tb[n]]

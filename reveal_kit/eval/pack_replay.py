@@ -38,7 +38,8 @@ def load_pack_cache(src: Path, path: Path) -> CallCache:
 def cache_problems(src: Path) -> list[str]:
     "The pack's cached calls whose parsed data is not what their raw text says, one line each."
     rows = read_jsonl_rows(src / 'cache' / 'calls.jsonl')
-    return [f"the cached call {r['key'][:16]}… ({((r['entry'] or {}).get('record') or {}).get('role', '?')}): {why}"
+    return [f"the cached call {r['key'][:16]}… "
+            f"({((r['entry'] or {}).get('record') or {}).get('role', '?')}): {why}"
             for r in rows if (why := entry_contradiction(r.get('entry')))]
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #b9e81f42
@@ -46,8 +47,8 @@ def _check_pool_here(meta: dict, src: Path, row: dict) -> None:
     "Refuse at once a run whose Config names a pool file this machine lacks (the runner would stop on it later)."
     named = (meta.get('config') or {}).get('rubric_pool')
     if named and not resolve_pool_path(named).exists():
-        raise PackError(f"run {row['name']} names the rubric pool {named}, which is not here: copy the pack's "
-                        f"{src / (row['pool'] or '')} there")
+        raise PackError(f"run {row['name']} names the rubric pool {named}, which is not here: copy "
+                        f"the pack's {src / (row['pool'] or '')} there")
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #97533dec
 def replay_run(row: dict, src: Path, out: Path, cache: CallCache, progress: bool = False) -> dict:
@@ -58,18 +59,20 @@ def replay_run(row: dict, src: Path, out: Path, cache: CallCache, progress: bool
     qs = [Question.from_dict(r) for r in read_jsonl_rows(run / 'questions.jsonl')]
     chat = CachedModel(PackedModel(row['model']), cache, mode='replay') if row['model'] else None
     t0 = time.time()
-    rerun(meta, qs, d, chat, progress, memory_index={k: str(src / v) for k, v in row['memory_index'].items()},
+    rerun(meta, qs, d, chat, progress,
+          memory_index={k: str(src / v) for k, v in row['memory_index'].items()},
           videos={v: str(src / m) for v, m in row['videos'].items()},
           pool_file=str(src / row['pool']) if row['pool'] else None,
-          subs=None if row.get('subtitles') is None else {v: str(src / m) for v, m in row['subtitles'].items()})
+          subs=None if row.get('subtitles') is None
+          else {v: str(src / m) for v, m in row['subtitles'].items()})
     secs = time.time() - t0
     atomic_write_text(d / 'questions.jsonl', (run / 'questions.jsonl').read_text())
     atomic_write_json(d / 'report.json', report_run(d))
     diffs = row_differences(row, run) + run_differences(run, d)
     took = sum(float(r.get('wall_seconds') or r.get('seconds') or 0) for r in load_results(run))
     line = dict(name=name, method=meta['method'], benchmark=meta['benchmark'], questions=len(qs),
-                identical=not diffs, differences=diffs, seconds=round(secs, 2), run_seconds=round(took, 2),
-                partial=bool(row.get('partial')))
+                identical=not diffs, differences=diffs, seconds=round(secs, 2),
+                run_seconds=round(took, 2), partial=bool(row.get('partial')))
     atomic_write_json(d / 'replay.json', line)
     return line
 
@@ -86,15 +89,18 @@ def replay_pack(pack: str | Path, out: str | Path | None = None, progress: bool 
     "Unpack a pack (checked) into `out` and replay every run in it; a summary with each run's match and times."
     pack = Path(pack)
     out = Path(out) if out else pack.with_name(pack.name.split('.tar')[0] + '-replay')
-    if out.exists() and any(out.iterdir()): raise PackError(f"{out} is not empty: replay into a new folder")
+    if out.exists() and any(out.iterdir()):
+        raise PackError(f"{out} is not empty: replay into a new folder")
     t0 = time.time()
     man = unpack(pack, out / 'pack')
     rows, problems = check_runs(man), cache_problems(out / 'pack')
     cache = load_pack_cache(out / 'pack', out / 'calls.sqlite')
     runs = [replay_run(row, out / 'pack', out, cache, progress) for row in rows]
-    return dict(pack=str(pack), id=pack_id(pack), out=str(out), kit_version=man.get('kit_version'), runs=runs,
-                cache_problems=problems, identical=all(r['identical'] for r in runs) and not problems,
-                seconds=round(time.time() - t0, 2), memory_build_seconds=memory_build_seconds(out / 'pack', rows))
+    return dict(pack=str(pack), id=pack_id(pack), out=str(out), kit_version=man.get('kit_version'),
+                runs=runs, cache_problems=problems,
+                identical=all(r['identical'] for r in runs) and not problems,
+                seconds=round(time.time() - t0, 2),
+                memory_build_seconds=memory_build_seconds(out / 'pack', rows))
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #e89dda3a
 def _opened(d: Path) -> dict | None:
@@ -102,7 +108,8 @@ def _opened(d: Path) -> dict | None:
     try: man = verify_unpacked(d / 'pack')
     except (OSError, ValueError, KeyError): return None
     calls = d / 'calls.sqlite'
-    return man if calls.is_file() and len(CallCache(calls, read_only=True)) == man.get('calls') else None
+    return man if calls.is_file() and len(CallCache(calls,
+                                                    read_only=True)) == man.get('calls') else None
 
 def _open_whole(pack: Path, d: Path) -> dict:
     "Unpack a pack and load its calls in a working folder beside `d`, renamed to `d` once whole; the manifest."
@@ -113,7 +120,8 @@ def _open_whole(pack: Path, d: Path) -> dict:
         load_pack_cache(tmp / 'pack', tmp / 'calls.sqlite').close()
         try: os.rename(tmp, d)
         except OSError:
-            if _opened(d) is None: raise           # else another process opened it first: theirs is used
+            if _opened(d) is None:
+                raise           # else another process opened it first: theirs is used
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return man
 
@@ -140,10 +148,13 @@ def replayed_run(d: Path, man: dict, name: str, progress: bool = False) -> Path:
     "The folder of a packed run replayed under `d` (replayed on first use); refused when it does not match the pack."
     row = next((r for r in man['runs'] if r['name'] == name), None)
     if row is None:
-        raise KeyError(f"the pack holds no run {name!r}; it holds {', '.join(r['name'] for r in man['runs'])}")
+        raise KeyError(f"the pack holds no run {name!r}; it holds "
+                       f"{', '.join(r['name'] for r in man['runs'])}")
     if not (d / name / 'replay.json').is_file():
-        shutil.rmtree(d / name, ignore_errors=True)              # a replay killed half-way is done again
+        # a replay killed half-way is done again
+        shutil.rmtree(d / name, ignore_errors=True)
         replay_run(row, d / 'pack', d, CallCache(d / 'calls.sqlite'), progress)
     line = json.loads((d / name / 'replay.json').read_text())
-    if not line['identical']: raise PackError(f"the packed run {name} does not replay: {line['differences'][0]}")
+    if not line['identical']:
+        raise PackError(f"the packed run {name} does not replay: {line['differences'][0]}")
     return d / name

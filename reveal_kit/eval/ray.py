@@ -31,13 +31,15 @@ class RayRunFailed(RuntimeError):
     "A Ray stage stopped (a worker lost beyond its retries); what finished is on disk and a rerun resumes."
 
 # %% ../../nbs/46_eval.ray.ipynb #1009bac0
-LOOPBACK_ENV = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0'}   # Ray's single-machine mode: node address 127.0.0.1
+# Ray's single-machine mode: node address 127.0.0.1
+LOOPBACK_ENV = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0'}
 
 def loopback_only() -> None:
     "Make the Ray cluster this process starts next use 127.0.0.1 as its address (its servers bind there only)."
     os.environ.update(LOOPBACK_ENV)
     constants = sys.modules.get('ray._private.ray_constants')
-    if constants is not None: constants.ENABLE_RAY_CLUSTER = False   # read at import; later starts ask it again
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False   # read at import; later starts ask it again
 
 # %% ../../nbs/46_eval.ray.ipynb #1009bac2
 def _existing_local_cluster() -> bool:
@@ -50,14 +52,20 @@ def _existing_local_cluster() -> bool:
 def connect_ray(address: str | None = 'local'):
     "The `ray` module, joined to the cluster at `address` ('local': this machine's, else a fresh loopback-only one)."
     try: import ray
-    except ImportError: raise RayUnavailable("Ray is not installed: pip install 'reveal-kit[ray]'") from None
+    except ImportError:
+        raise RayUnavailable("Ray is not installed: pip install 'reveal-kit[ray]'") from None
     if ray.is_initialized(): return ray
     local = address in (None, '', 'local')
     fresh = local and not _existing_local_cluster()
-    if local: loopback_only()          # whatever ray.init starts here binds to 127.0.0.1 (joining is unaffected)
-    try: ray.init(address='local' if fresh else (None if local else address), include_dashboard=False if fresh else None)
+    if local:
+        # whatever ray.init starts here binds to 127.0.0.1 (joining is unaffected)
+        loopback_only()
+    try:
+        ray.init(address='local' if fresh else (None if local else address),
+                 include_dashboard=False if fresh else None)
     except (ConnectionError, ValueError, RuntimeError) as e:
-        raise RayUnavailable(f"could not join the Ray cluster at {address}: {str(e).splitlines()[0]}") from None
+        raise RayUnavailable(f"could not join the Ray cluster at {address}: "
+                             f"{str(e).splitlines()[0]}") from None
     return ray
 
 # %% ../../nbs/46_eval.ray.ipynb #3c2cb57f
@@ -66,9 +74,11 @@ _ENV_PREFIXES = ('REVEAL_', 'HF_', 'TRANSFORMERS_')
 def worker_spec(ctx: RunContext) -> dict:
     "The picklable settings a worker rebuilds `ctx` from: context fields, the kit's environment, plugin modules."
     if ctx.model_obj is not None:
-        raise ValueError("a model object cannot be sent to Ray workers; name it (backend, model, base URL)")
+        raise ValueError("a model object cannot be sent to Ray workers; name it (backend, model, "
+                         "base URL)")
     env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
-    return dict(context=ctx.spec(), env=dict(env, REVEAL_RUNS=str(runs_dir().resolve())), plugins=list(PLUGINS))
+    return dict(context=ctx.spec(), env=dict(env, REVEAL_RUNS=str(runs_dir().resolve())),
+                plugins=list(PLUGINS))
 
 # %% ../../nbs/46_eval.ray.ipynb #b640cf49
 _CONTEXTS: dict[str, RunContext] = {}
@@ -89,7 +99,8 @@ def memory_jobs(qs: Iterable[Question], chunkings: Iterable[str]) -> list[dict]:
     first: dict[str, Question] = {}
     for q in qs: first.setdefault(q.video_id, q)
     cs = list(dict.fromkeys(chunkings))
-    return [dict(video_id=v, chunking=c, question=q.to_dict()) for v, q in first.items() for c in cs]
+    return [dict(video_id=v, chunking=c, question=q.to_dict()) for v, q in first.items()
+            for c in cs]
 
 # %% ../../nbs/46_eval.ray.ipynb #14403857
 def build_one(job: dict, spec: dict) -> dict:
@@ -97,14 +108,16 @@ def build_one(job: dict, spec: dict) -> dict:
     ctx, q, t0 = worker_context(spec), Question.from_dict(job['question']), time.time()
     row = dict(video_id=job['video_id'], chunking=job['chunking'], memory_dir=None, error=None)
     try:
-        d = memory_dir_for(q.video_path, ctx.config.replace(chunking=job['chunking']), memory_models(ctx.model),
-                           ctx.subtitles(q))
+        d = memory_dir_for(q.video_path, ctx.config.replace(chunking=job['chunking']),
+                           memory_models(ctx.model), ctx.subtitles(q))
         reused = (d / 'manifest.json').exists()
         ctx.hold([q])
-        row.update(status='reused' if reused else 'built', memory_dir=str(ctx.memory(q, job['chunking']).path))
+        row.update(status='reused' if reused else 'built',
+                   memory_dir=str(ctx.memory(q, job['chunking']).path))
         ctx.release(q)
     except ABORT_ERRORS as e: row.update(status='abort', error=f"{type(e).__name__}: {e}")
-    except Exception as e: row.update(status='failed', error=f"{type(e).__name__}: {str(e).strip().splitlines()[0]}")
+    except Exception as e:
+        row.update(status='failed', error=f"{type(e).__name__}: {str(e).strip().splitlines()[0]}")
     return dict(row, seconds=round(time.time() - t0, 2))
 
 # %% ../../nbs/46_eval.ray.ipynb #b2130eca
@@ -114,7 +127,8 @@ def _ray_rows(ray, ds) -> Iterator[dict]:
         for batch in ds.iter_batches(batch_size=None, batch_format='numpy', prefetch_batches=0):
             yield from (json.loads(r) for r in batch['row'])
     except ray.exceptions.RayError as e:
-        raise RayRunFailed(f"a Ray stage stopped: {str(e).strip().splitlines()[0]} — what finished is kept; "
+        raise RayRunFailed(f"a Ray stage stopped: {str(e).strip().splitlines()[0]} — what finished "
+                           f"is kept; "
                            "rerun the same command to resume") from None
 
 def _raise_abort(row: dict) -> dict:
@@ -129,8 +143,8 @@ def _build_row(row: dict, spec: dict) -> dict:
     "Ray Data map function: one JSON job in, one JSON build row out."
     return {'row': json.dumps(build_one(json.loads(row['job']), spec))}
 
-def _build_rows(jobs: list[dict], spec: dict, concurrency: int, ray_address: str | None, worker_cpus: float,
-                retries: int | None) -> Iterator[dict]:
+def _build_rows(jobs: list[dict], spec: dict, concurrency: int, ray_address: str | None,
+                worker_cpus: float, retries: int | None) -> Iterator[dict]:
     "Build rows as they finish: in this process when `ray_address` is None, else on Ray workers."
     if ray_address is None:
         yield from (build_one(j, spec) for j in jobs)
@@ -139,31 +153,40 @@ def _build_rows(jobs: list[dict], spec: dict, concurrency: int, ray_address: str
     items = [{'job': json.dumps(j)} for j in jobs]
     opts = {} if retries is None else {'max_retries': retries}
     ds = ray.data.from_items(items, override_num_blocks=len(items)).map(
-        _build_row, fn_kwargs={'spec': spec}, compute=ray.data.TaskPoolStrategy(size=max(1, int(concurrency))),
-        num_cpus=worker_cpus, **opts)
+        _build_row, fn_kwargs={'spec': spec},
+                                                                        compute=ray.data.TaskPoolStrategy(size=max(1,
+                                                                                                                   int(concurrency))),
+                                                                        num_cpus=worker_cpus,
+                                                                        **opts)
     yield from _ray_rows(ray, ds)
 
 # %% ../../nbs/46_eval.ray.ipynb #e7173c3e
 def build_all(benchmark: str | list[Question], root: str | Path | None = None,
-              config: Config | dict | str | Path | None = None, overrides: Iterable[str] | None = None,
-              chunkings: Iterable[str] | None = None, split: str | None = None, limit: int | None = None,
-              shard: str | tuple[int, int] = (0, 1), only_present: bool = False, backend: str = 'none',
-              model: str | None = None, base_url: str | None = None, cache_mode: str | None = None,
-              timeout_s: float | None = None, concurrency: int = 1, ray_address: str | None = None,
-              worker_cpus: float = 1.0, retries: int | None = None) -> dict:
+              config: Config | dict | str | Path | None = None,
+              overrides: Iterable[str] | None = None, chunkings: Iterable[str] | None = None,
+              split: str | None = None, limit: int | None = None,
+              shard: str | tuple[int, int] = (0, 1), only_present: bool = False,
+              backend: str = 'none', model: str | None = None, base_url: str | None = None,
+              cache_mode: str | None = None, timeout_s: float | None = None, concurrency: int = 1,
+              ray_address: str | None = None, worker_cpus: float = 1.0,
+              retries: int | None = None) -> dict:
     "Build (or resume, or reuse) every memory a benchmark's questions need; a summary: built, reused, failed (why)."
     check_run_options(cache_mode, timeout_s, 'auto', backend, None)
     cfg, t0 = resolve_config(config, overrides), time.time()
     name, qs, _ = load_run_questions(benchmark, root, split)
-    jobs = memory_jobs(select_questions(qs, limit, parse_shard(shard), only_present), chunkings or [cfg.chunking])
-    ctx = RunContext(name, 'build-all', runs_dir() / 'build-all', cfg, backend, model, base_url, None, cache_mode,
-                     timeout_s)
-    rows = [_raise_abort(r) for r in _build_rows(jobs, worker_spec(ctx), concurrency, ray_address, worker_cpus,
+    jobs = memory_jobs(select_questions(qs, limit, parse_shard(shard), only_present),
+                       chunkings or [cfg.chunking])
+    ctx = RunContext(name, 'build-all', runs_dir() / 'build-all', cfg, backend, model, base_url,
+                     None, cache_mode, timeout_s)
+    rows = [_raise_abort(r)
+            for r in _build_rows(jobs, worker_spec(ctx), concurrency, ray_address, worker_cpus,
                                                    retries)]
     n = {s: sum(r['status'] == s for r in rows) for s in ('built', 'reused')}
-    failed = [f"{r['video_id']} ({r['chunking']}): {r['error']}" for r in rows if r['status'] == 'failed']
-    return dict(benchmark=name, memories=len(jobs), **n, failed=failed, memory_root=str(runs_dir() / 'memories'),
-                ray=ray_address, seconds=round(time.time() - t0, 2))
+    failed = [f"{r['video_id']} ({r['chunking']}): {r['error']}" for r in rows
+              if r['status'] == 'failed']
+    return dict(benchmark=name, memories=len(jobs), **n, failed=failed,
+                memory_root=str(runs_dir() / 'memories'), ray=ray_address,
+                seconds=round(time.time() - t0, 2))
 
 # %% ../../nbs/46_eval.ray.ipynb #47be53b1
 class Answerer:
@@ -185,9 +208,11 @@ class Answerer:
         return {'row': json.dumps(r, default=json_or_str)}
 
 # %% ../../nbs/46_eval.ray.ipynb #c47d80d4
-def ray_answerer(ray_address: str | None = 'local', worker_cpus: float = 1.0, retries: int | None = None):
+def ray_answerer(ray_address: str | None = 'local', worker_cpus: float = 1.0,
+                 retries: int | None = None):
     "An answerer for `run_eval`: each question answered by `run_one` on a Ray actor, rows yielded as they finish."
-    def answer(todo: list[Question], method: str, ctx: RunContext, concurrency: int) -> Iterator[dict]:
+    def answer(todo: list[Question], method: str, ctx: RunContext,
+               concurrency: int) -> Iterator[dict]:
         spec = worker_spec(ctx)
         if not todo: return
         ray = connect_ray(ray_address)
@@ -201,8 +226,10 @@ def ray_answerer(ray_address: str | None = 'local', worker_cpus: float = 1.0, re
     return answer
 
 # %% ../../nbs/46_eval.ray.ipynb #15533b03
-def run_eval_ray(benchmark: str | list[Question], method: str, out_dir: str | Path, ray_address: str | None = 'local',
-                 worker_cpus: float = 1.0, retries: int | None = None, **kw) -> dict:
+def run_eval_ray(benchmark: str | list[Question], method: str, out_dir: str | Path,
+                 ray_address: str | None = 'local', worker_cpus: float = 1.0,
+                 retries: int | None = None, **kw) -> dict:
     "`run_eval` with the questions answered on Ray (`ray_address` None: in this process); same summary."
     if ray_address is None: return run_eval(benchmark, method, out_dir, **kw)
-    return run_eval(benchmark, method, out_dir, answer=ray_answerer(ray_address, worker_cpus, retries), **kw)
+    return run_eval(benchmark, method, out_dir,
+                    answer=ray_answerer(ray_address, worker_cpus, retries), **kw)

@@ -93,11 +93,14 @@ def run_model(run_dir: str | Path) -> ChatModel | None:
                    and r['models'].get('chat')), None)
     if models is None: return None
     backend, mid = models['chat'].split(':', 1)
-    if backend == 'none': return None                   # offline roles (PACE, DVD): no model was made
+    if backend == 'none':
+        return None                   # offline roles (PACE, DVD): no model was made
     meta = run_meta(run_dir)
     urls = meta.get('model_base_urls') or models.get('base_url') or meta.get('base_url')
-    m = make_backend(backend, None if (backend, mid) == ('embedded', PACKAGED_GGUF_NAME) else mid, urls)
-    if m.model_id != mid: m.model_id = mid          # HTTP and vLLM models were given `mid`: their id is read-only
+    m = make_backend(backend, None if (backend, mid) == ('embedded', PACKAGED_GGUF_NAME) else mid,
+                     urls)
+    if m.model_id != mid:
+        m.model_id = mid          # HTTP and vLLM models were given `mid`: their id is read-only
     m.meaningful = bool(models.get('meaningful'))
     return m
 
@@ -105,26 +108,32 @@ def run_model(run_dir: str | Path) -> ChatModel | None:
 def run_questions_of(run_dir: str | Path) -> list[Question]:
     "The questions a run answered: its `questions.jsonl` (a replay's), else its benchmark's, in benchmark order."
     d, done = Path(run_dir), {r['qid'] for r in load_results(run_dir)}
-    if (d / 'questions.jsonl').is_file(): qs = [Question.from_dict(r) for r in read_jsonl_rows(d / 'questions.jsonl')]
+    if (d / 'questions.jsonl').is_file():
+        qs = [Question.from_dict(r) for r in read_jsonl_rows(d / 'questions.jsonl')]
     else:
         meta = run_meta(d)
-        if meta['benchmark'] == 'custom': raise PackError(f"{d} answered a list of questions that is not on disk")
-        qs, _ = load_benchmark(meta['benchmark'], meta.get('root'), **({'split': meta['split']} if meta.get('split')
+        if meta['benchmark'] == 'custom':
+            raise PackError(f"{d} answered a list of questions that is not on disk")
+        qs, _ = load_benchmark(meta['benchmark'], meta.get('root'),
+                               **({'split': meta['split']} if meta.get('split')
                                                                         else {}))
     got = [q for q in qs if q.qid in done]
     if len(got) != len(done):
-        raise PackError(f"{d}: {len(done) - len(got)} answered questions are no longer in its benchmark")
+        raise PackError(f"{d}: {len(done) - len(got)} answered questions are no longer in its "
+                        f"benchmark")
     return got
 
 # %% ../../nbs/48a_eval.replay.ipynb #418c1757
 @dataclass
 class ReplayContext(RunContext):
     "The runner's context with memories found (in a pack, or where the run keeps them), never built; video hidden."
-    memory_index: dict | None = None     # 'video_id|chunking' → packed memory folder; None: under memory_root
+    # 'video_id|chunking' → packed memory folder; None: under memory_root
+    memory_index: dict | None = None
     memory_root: str | None = None       # where the run's memories are (None: runs/memories)
     videos: dict = field(default_factory=dict)   # video_id → a video file frames may be cut from
     pool_file: str | None = None         # the rubric pool to use (the pack's copy)
-    subs: dict | None = None             # video_id → the pack's subtitle file (None: the question's own)
+    # video_id → the pack's subtitle file (None: the question's own)
+    subs: dict | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -136,12 +145,15 @@ def memory_folder(self: ReplayContext, q: Question, chunking: str, cfg) -> Path:
     "Where the question's memory for `chunking` is: in the pack's index, or the run's memory folder (finished)."
     if self.memory_index is not None:
         d = self.memory_index.get(f"{q.video_id}|{chunking}")
-        if d is None: raise FileNotFoundError(f"the pack holds no {chunking} memory of video {q.video_id}")
+        if d is None:
+            raise FileNotFoundError(f"the pack holds no {chunking} memory of video {q.video_id}")
         return Path(d)
     te, ie = memory_embedders()
-    d = memory_dir_for(q.video_path, cfg, memory_models(self.model, te, ie), self.subtitles(q), self.memory_root)
+    d = memory_dir_for(q.video_path, cfg, memory_models(self.model, te, ie), self.subtitles(q),
+                       self.memory_root)
     if not (d / 'manifest.json').is_file():
-        raise FileNotFoundError(f"no finished memory of {q.video_id} ({chunking}) at {d}: pack where the run was "
+        raise FileNotFoundError(f"no finished memory of {q.video_id} ({chunking}) at {d}: pack "
+                                f"where the run was "
                                 "made, with --memories naming where its memories are")
     return d
 
@@ -150,7 +162,8 @@ def memory_folder(self: ReplayContext, q: Question, chunking: str, cfg) -> Path:
 def memory(self: ReplayContext, q: Question, chunking: str | None = None) -> OfflineMemory:
     "The question's memory, loaded once per (video, chunking); its video is the packed one or none."
     chunking = chunking or self.config.chunking
-    cfg = self.config.replace(chunking=chunking) if chunking != self.config.chunking else self.config
+    cfg = (self.config.replace(chunking=chunking) if chunking != self.config.chunking
+           else self.config)
     with self._mlock:
         key = (q.video_id, chunking)
         if key not in self._loaded:
@@ -168,18 +181,21 @@ def rubric_pool(self: ReplayContext):
     return load_rubric_pool(self.pool_file) if self.pool_file else RunContext.rubric_pool(self)
 
 # %% ../../nbs/48a_eval.replay.ipynb #4491be49
-PACE_KIND = 'pace-plain'        # what the runner shares a video's PACE databases as (`methods.shared_plain_db`)
+# what the runner shares a video's PACE databases as (`methods.shared_plain_db`)
+PACE_KIND = 'pace-plain'
 
 @patch
 def packed_pace(self: ReplayContext, q: Question) -> EvidenceDB:
     "The pack's PACE databases of the question's video, copied beside the replay, manifests naming the packed video."
     src = self.memory_index.get(f"{q.video_id}|{PACE_KIND}")
-    if src is None: raise FileNotFoundError(f"the pack holds no PACE database of video {q.video_id}")
+    if src is None:
+        raise FileNotFoundError(f"the pack holds no PACE database of video {q.video_id}")
     work = Path(self.out_dir) / 'pace' / Path(src).name
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(src, work)
     for man in work.glob('*/manifest.json'):
-        atomic_write_json(man, dict(json.loads(man.read_text()), video_path=self.videos.get(q.video_id)))
+        atomic_write_json(man,
+                          dict(json.loads(man.read_text()), video_path=self.videos.get(q.video_id)))
     return load_db(work / 'plain', get_text_embedder())
 
 # %% ../../nbs/48a_eval.replay.ipynb #f590c16c
@@ -190,7 +206,10 @@ def shared(self: ReplayContext, q: Question, kind: str, build: Callable[[], Any]
     with self._mlock:
         key = (q.video_id, kind)
         if key not in self._loaded:
-            db = self.packed_pace(q) if self.memory_index is not None else RunContext.shared(self, q, kind, build)
+            db = self.packed_pace(q) if self.memory_index is not None else RunContext.shared(self,
+                                                                                             q,
+                                                                                             kind,
+                                                                                             build)
             self._loaded[key], self.used[key] = db, Path(db.path).parent
         return self._loaded[key]
 
@@ -226,7 +245,8 @@ def rerun(meta: dict, questions: list[Question], out: str | Path, model: protoco
     return made
 
 # %% ../../nbs/48a_eval.replay.ipynb #d737b0a3
-MEMORY_FILES = ('manifest.json', 'l1.jsonl', 'l2.jsonl', 'l3.jsonl', 'text_ids.json', 'text_emb.npy', 'visual.npy')
+MEMORY_FILES = ('manifest.json', 'l1.jsonl', 'l2.jsonl', 'l3.jsonl', 'text_ids.json',
+                'text_emb.npy', 'visual.npy')
 PACE_FILES = ('manifest.json', 'clips.jsonl', 'text_emb.npy')
 RUN_FILES = ('run.json', 'results.jsonl')
 
@@ -288,7 +308,8 @@ def _pool_member(meta: dict) -> tuple[str | None, Path | None]:
     if not meta.get('rubric_pool_used') or not meta.get('rubric_pool'): return None, None
     p, sha = Path(meta['rubric_pool']), meta.get('rubric_pool_sha256') or ''
     if not p.is_file() or sha256_file(p) != sha:
-        raise PackError(f"the rubric pool {p} the run used is gone or changed since (SHA-256 {sha[:12]}…)")
+        raise PackError(f"the rubric pool {p} the run used is gone or changed since (SHA-256 "
+                        f"{sha[:12]}…)")
     return f"pools/{sha[:12]}/{p.name}", p
 
 # %% ../../nbs/48a_eval.replay.ipynb #5bfbf6c7
@@ -301,9 +322,11 @@ def _check_rerun(name: str, d: Path, meta: dict, qs: list[Question], job: PackJo
     rec = RecordingCache(job.cache if job.cache.is_file() else job.work / 'no-calls.sqlite')
     chat = CachedModel(PackedModel(card), rec, mode='replay') if card else None
     vids = {q.video_id: q.video_path for q in qs} if job.videos else {}
-    try: made = rerun(meta, qs, job.work / name, chat, job.progress, memory_root=job.memories, videos=vids,
-                      pool_file=str(pool) if pool else None)
-    except CacheMiss as e: raise PackError(f"{d} cannot be packed: {e} (its calls are not in {job.cache}?)") from None
+    try:
+        made = rerun(meta, qs, job.work / name, chat, job.progress, memory_root=job.memories,
+                     videos=vids, pool_file=str(pool) if pool else None)
+    except CacheMiss as e:
+        raise PackError(f"{d} cannot be packed: {e} (its calls are not in {job.cache}?)") from None
     diffs = run_differences(d, job.work / name)
     if diffs:
         raise PackError(f"{d} does not replay with this kit, so it is not packed: {diffs[0]}")
@@ -330,7 +353,8 @@ def _side_files(qs: list[Question], videos: bool) -> tuple[dict, dict, dict]:
     "The members of the questions' subtitle files (and videos): files, `subtitles` and `videos` of the row."
     subs = {q.video_id: f"subtitles/{q.video_id}{Path(q.subtitle_path).suffix}" for q in qs
             if q.subtitle_path and Path(q.subtitle_path).is_file()}
-    vids = {q.video_id: f"videos/{q.video_id}{Path(q.video_path).suffix}" for q in qs} if videos else {}
+    vids = {q.video_id: f"videos/{q.video_id}{Path(q.video_path).suffix}"
+            for q in qs} if videos else {}
     files = {subs[q.video_id]: Path(q.subtitle_path) for q in qs if q.video_id in subs}
     return files | {vids[q.video_id]: Path(q.video_path) for q in qs if videos}, subs, vids
 
@@ -339,7 +363,8 @@ def _pack_run(name: str, d: Path, job: PackJob) -> dict:
     "One run's members and its row of pack.json, after the rerun that checks it replays."
     running = run_in_progress(d)
     if running and not job.partial:
-        raise PackError(f"{d} is still running (its lock is held): pack it when it is done, or what it has so far "
+        raise PackError(f"{d} is still running (its lock is held): pack it when it is done, or "
+                        f"what it has so far "
                         "with --partial")
     d = _snapshot(d, job.work / 'snapshots' / name) if running else d
     meta, qs = run_meta(d), run_questions_of(d)
@@ -349,15 +374,16 @@ def _pack_run(name: str, d: Path, job: PackJob) -> dict:
     try: card, calls, used = _check_rerun(name, d, meta, qs, job, pool)
     except PackError:
         if job.videos: raise
-        job = dataclasses.replace(job, videos=True)       # its answerer saw frames: the video travels too
+        # its answerer saw frames: the video travels too
+        job = dataclasses.replace(job, videos=True)
         card, calls, used = _check_rerun(f"{name}.videos", d, meta, qs, job, pool)
     files, index = _evidence_files(used, d)
     side, subs, vids = _side_files(qs, job.videos)
     files.update(_run_files(name, d, qs) | side | ({pool_name: pool} if pool_name else {}))
-    row = dict(name=name, method=meta['method'], benchmark=meta['benchmark'], split=meta.get('split'),
-               config_hash=meta['config_hash'], roles=meta.get('roles'), model=card, questions=len(qs),
-               memory_index=index, pool=pool_name, videos=vids, subtitles=subs, calls=len(calls),
-               **({'partial': True} if running else {}))
+    row = dict(name=name, method=meta['method'], benchmark=meta['benchmark'],
+               split=meta.get('split'), config_hash=meta['config_hash'], roles=meta.get('roles'),
+               model=card, questions=len(qs), memory_index=index, pool=pool_name, videos=vids,
+               subtitles=subs, calls=len(calls), **({'partial': True} if running else {}))
     return dict(files=files, row=row, calls=calls)
 
 # %% ../../nbs/48a_eval.replay.ipynb #183f920d
@@ -375,9 +401,10 @@ def _pack_summary(out: Path, man: dict, rows: list[dict], seconds: float) -> dic
     "What `pack_runs` returns: where, id, bytes (packed and unpacked), runs, calls, memories, seconds, partial runs."
     mems = {m for r in rows for m in r['memory_index'].values()}
     return dict(pack=str(out), id=pack_id(out), bytes=out.stat().st_size,
-                unpacked_bytes=sum(f['size'] for f in man['files'].values()), runs=[r['name'] for r in rows],
-                questions=sum(r['questions'] for r in rows), calls=man['calls'], memories=len(mems),
-                seconds=round(seconds, 2), partial=[r['name'] for r in rows if r.get('partial')])
+                unpacked_bytes=sum(f['size'] for f in man['files'].values()),
+                runs=[r['name'] for r in rows], questions=sum(r['questions'] for r in rows),
+                calls=man['calls'], memories=len(mems), seconds=round(seconds, 2),
+                partial=[r['name'] for r in rows if r.get('partial')])
 
 # %% ../../nbs/48a_eval.replay.ipynb #402530c5
 def pack_runs(run_dirs: Iterable[str | Path], out: str | Path, cache: str | Path | None = None,

@@ -42,12 +42,15 @@ def select_questions(qs: list[Question], limit: int | None = None, shard: tuple[
                      only_present: bool = False) -> list[Question]:
     "The first `limit` questions (benchmark order; only those whose video exists, if asked), then this shard's."
     if limit is not None and not (isinstance(limit, int) and limit >= 0):
-        raise ValueError(f"limit must be a whole number of questions ≥ 0 (0 or none: all), got {limit!r}")
+        raise ValueError(f"limit must be a whole number of questions ≥ 0 (0 or none: all), got "
+                         f"{limit!r}")
     if only_present:                                                # e.g. LVBench's subset
         have = [q for q in qs if q.video_path and Path(q.video_path).exists()]
         if qs and not have:
-            eg = next((q.video_path for q in qs if q.video_path), None) or 'no video path in the annotations'
-            raise FileNotFoundError(f"none of the {len(qs)} questions' videos is present (e.g. {eg}): put the videos "
+            eg = next((q.video_path for q in qs if q.video_path),
+                      None) or 'no video path in the annotations'
+            raise FileNotFoundError(f"none of the {len(qs)} questions' videos is present (e.g. "
+                                    f"{eg}): put the videos "
                                     "under the benchmark root, or drop --only-present")
         qs = have
     qs = qs[:limit] if limit else qs
@@ -86,8 +89,8 @@ class ResultWriter:
 def git_commit(root: str | Path | None = None) -> str:
     "The checkout's commit (`git rev-parse HEAD`), 'unknown' when there is none."
     try:
-        r = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root or project_root(), capture_output=True, text=True,
-                           timeout=10)
+        r = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root or project_root(),
+                           capture_output=True, text=True, timeout=10)
         return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else 'unknown'
     except (OSError, subprocess.SubprocessError): return 'unknown'
 
@@ -125,14 +128,16 @@ def locked_run_dir(out_dir: str | Path):
     "Hold RUN_DIR's lock for the block, recording this process beside it; a lock held elsewhere raises `RunLocked`."
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lock, owner = FileLock(out / '.lock', timeout=0, preserve_lock_file=True), out / '.lock.owner.json'
+    lock, owner = FileLock(out / '.lock', timeout=0,
+                           preserve_lock_file=True), out / '.lock.owner.json'
     try: lock.acquire()
     except Timeout:
         raise RunLocked(f"{out} is in use by another run ({_lock_holder(owner)}); "
                         "wait for it to finish or use another --out") from None
     try:
         since = datetime.now(timezone.utc).isoformat(timespec='seconds')
-        atomic_write_text(owner, json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), since=since)))
+        atomic_write_text(owner,
+                          json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), since=since)))
         yield out
     finally:
         owner.unlink(missing_ok=True)

@@ -17,7 +17,8 @@ def item_spans(items: list[dict] | None, what: str) -> list[tuple[float, float, 
     "(start, end, tooltip, level) of every item that has a time range."
     span = lambda i: f"{fmt_time(i['t_start'])}–{fmt_time(i['t_end'])}"
     tip = lambda i: f"{what} {i.get('item_id', '')} L{i.get('level', '')} {span(i)}"
-    return [(float(i['t_start']), float(i['t_end']), tip(i), i.get('level')) for i in items or [] if 't_start' in i]
+    return [(float(i['t_start']), float(i['t_end']), tip(i), i.get('level')) for i in items or []
+            if 't_start' in i]
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #011c5194
 def step_spans(step: dict) -> list[tuple[float, float, str, int | None]]:
@@ -52,8 +53,9 @@ def step_row(s: dict) -> Any:
     said = [P(f"{k}: {_plain(s[k])}") for k in ('thought', 'reasoning') if s.get(k)]
     body = Details(Summary(_plain(res, 90) or '—'), Pre(res), *said)
     toks = int(s.get('prompt_tokens') or 0) + int(s.get('completion_tokens') or 0)
-    return Tr(Td(int(s.get('step') or 0) + 1), Td(_plain(s.get('tool'))), Td(Pre(_plain(s.get('arguments') or {}))),
-              Td(step_ranges(s)), Td(_step_outcome(s), cls='ok' if s.get('ok') else 'bad'), Td(body), Td(toks),
+    return Tr(Td(int(s.get('step') or 0) + 1), Td(_plain(s.get('tool'))),
+              Td(Pre(_plain(s.get('arguments') or {}))), Td(step_ranges(s)),
+              Td(_step_outcome(s), cls='ok' if s.get('ok') else 'bad'), Td(body), Td(toks),
               Td(f"{float(s.get('latency_s') or 0):.2f}"))
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #c79112c2
@@ -62,13 +64,15 @@ def steps_html(steps: list[dict]) -> str:
     if not steps: return ''
     cols = ('step', 'tool', 'arguments', 'time ranges', 'outcome', 'result', 'tokens', 'seconds')
     head = Tr(*[Th(c) for c in cols])
-    return to_xml(Div(H4(f"Tool calls ({len(steps)})"), Table(head, *map(step_row, steps), cls='steps')), indent=False)
+    return to_xml(Div(H4(f"Tool calls ({len(steps)})"),
+                      Table(head, *map(step_row, steps), cls='steps')), indent=False)
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #ffd1f490
 def _evidence_row(e: dict, thumbs: dict[str, str]) -> Any:
     "One evidence item: id, level, time range, where it came from, score, its text, its keyframe."
     span = f"{fmt_time(e['t_start'])}–{fmt_time(e['t_end'])}" if 't_start' in e else '—'
-    src = _plain(e.get('source') or '') + (f" (round {e['round']})" if e.get('round') is not None else '')
+    src = _plain(e.get('source') or '') + (f" (round {e['round']})" if e.get('round') is not None
+                                           else '')
     img = Img(src=thumbs[e['item_id']], width='120') if e.get('item_id') in thumbs else ''
     return Tr(Td(_plain(e.get('item_id'))), Td(f"L{_plain(e.get('level'))}"), Td(span), Td(src),
               Td(_plain(e.get('score'))), Td(_plain(e.get('text') or '—'), cls='text'), Td(img))
@@ -77,13 +81,16 @@ def evidence_html(trace: dict, thumbs: dict[str, str] | None = None) -> str:
     "The evidence the answer rested on, with the caption and subtitle text each item contributed ('' if none)."
     ev = [e for e in trace.get('evidence') or [] if isinstance(e, dict)]
     if not ev: return ''
-    head = Tr(*[Th(c) for c in ('item', 'level', 'time', 'from', 'score', 'text (what was read)', 'frame')])
+    head = Tr(*[Th(c) for c in ('item', 'level', 'time', 'from', 'score', 'text (what was read)',
+                                'frame')])
     rows = [_evidence_row(e, thumbs or {}) for e in ev]
-    return to_xml(Div(H4(f"Evidence ({len(ev)})"), Table(head, *rows, cls='evidence')), indent=False)
+    return to_xml(Div(H4(f"Evidence ({len(ev)})"), Table(head, *rows, cls='evidence')),
+                  indent=False)
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #ce3ce59d
 def step_lines(steps: list[dict]) -> list[str]:
     "One line per tool call: step, tool, arguments, time ranges, outcome and the start of its result."
-    return [f"  step {int(s.get('step') or 0) + 1} {_plain(s.get('tool'))} {_plain(s.get('arguments') or {}, 160)}"
-            f" ranges={step_ranges(s)} {_step_outcome(s)} → {_plain(s.get('summary') or '', 100)}".replace('\n', ' ')
+    return [f"  step {int(s.get('step') or 0) + 1} {_plain(s.get('tool'))} "
+            f"{_plain(s.get('arguments') or {}, 160)} ranges={step_ranges(s)} {_step_outcome(s)} → "
+            f"{_plain(s.get('summary') or '', 100)}".replace('\n', ' ')
             for s in steps]

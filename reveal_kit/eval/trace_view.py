@@ -41,7 +41,8 @@ def score_colour(z: float | None) -> str:
 def html_table(rows: list[dict], cols: list[str], cls: str = '') -> str:
     "An HTML table of `rows` with the given columns (missing values as '—')."
     head = ''.join(f"<th>{esc(c)}</th>" for c in cols)
-    body = ''.join('<tr>' + ''.join(f"<td>{esc(r.get(c))}</td>" for c in cols) + '</tr>' for r in rows)
+    body = ''.join('<tr>' + ''.join(f"<td>{esc(r.get(c))}</td>" for c in cols) + '</tr>'
+                   for r in rows)
     return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
 
 # %% ../../nbs/45_eval.trace_view.ipynb #431aed40
@@ -56,7 +57,8 @@ def item_rows(items: list[dict], thumbs: dict[str, str] | None = None) -> str:
     thumbs = thumbs or {}
     rows = []
     for it in items:
-        img = f"<img src='{thumbs[it['item_id']]}' width='120'>" if it.get('item_id') in thumbs else ''
+        img = (f"<img src='{thumbs[it['item_id']]}' width='120'>" if it.get('item_id') in thumbs
+               else '')
         span = f"{fmt_time(it['t_start'])}–{fmt_time(it['t_end'])}" if 't_start' in it else '—'
         cells = [esc(it.get('item_id')), f"L{esc(it.get('level'))}", span, esc(it.get('score')),
                  esc(it.get('rank_score')), esc(it.get('query')), esc(it.get('reason')), img]
@@ -69,23 +71,27 @@ def item_rows(items: list[dict], thumbs: dict[str, str] | None = None) -> str:
 def verifier_html(v: dict, tau: float | None) -> str:
     "The option × criterion score table as a heat map with ρ_o, then ρ against τ, verdict, unknown options, missing."
     crits, w = v.get('criteria') or [], v.get('weights') or {}
-    head = '<th>option</th>' + ''.join(f"<th>{esc(c)}<br><small>w={esc(w.get(c))}</small></th>" for c in crits)
+    head = '<th>option</th>' + ''.join(f"<th>{esc(c)}<br><small>w={esc(w.get(c))}</small></th>"
+                                       for c in crits)
     body = ''
     for o, row in (v.get('table') or {}).items():
-        cells = ''.join(f"<td style='background:{score_colour(row.get(c))}'>{esc(row.get(c))}</td>" for c in crits)
+        cells = ''.join(f"<td style='background:{score_colour(row.get(c))}'>{esc(row.get(c))}</td>"
+                        for c in crits)
         ro = (v.get('rho_o') or {}).get(o)
         body += f"<tr><td><b>{esc(o)}</b></td>{cells}<td style='background:{score_colour(ro)}'>{ro:.2f}</td></tr>"
     verdict = 'sufficient' if v.get('sufficient') else 'insufficient'
     miss = ''.join(f"<li>{esc(m)}</li>" for m in v.get('missing') or [])
     return (f"<table class='verifier'><tr>{head}<th>ρ<sub>o</sub></th></tr>{body}</table>"
-            f"<p>ρ = <b>{v.get('rho', 0):.3f}</b> vs τ = {esc(tau)} → <b>{verdict}</b>; unknown options: "
-            f"{esc(', '.join(v.get('unknown_options') or []) or 'none')} (source: {esc(v.get('source'))})</p>"
+            f"<p>ρ = <b>{v.get('rho', 0):.3f}</b> vs τ = {esc(tau)} → <b>{verdict}</b>; unknown "
+            f"options: {esc(', '.join(v.get('unknown_options') or []) or 'none')} (source: "
+            f"{esc(v.get('source'))})</p>"
             + (f"<p>missing evidence:</p><ul>{miss}</ul>" if miss else ''))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e35f7621
 def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None) -> str:
     "One round of a trace: plan, kept and rejected queries, retrieved / admitted / not admitted items, verifier."
-    rej = ''.join(f"<li><s>{esc(r.get('query'))}</s> — {esc(r.get('reason'))}</li>" for r in rd.get('rejected') or [])
+    rej = ''.join(f"<li><s>{esc(r.get('query'))}</s> — {esc(r.get('reason'))}</li>"
+                  for r in rd.get('rejected') or [])
     kept = ''.join(f"<li>{esc(q)}</li>" for q in rd.get('kept') or [])
     plan = (f"<p><b>{esc(rd.get('strategy_executed'))}</b> (planned {esc(rd.get('strategy'))} by "
             f"{esc(rd.get('plan_source'))}{'; ' + esc(rd['fallback']) if rd.get('fallback') else ''}): "
@@ -95,7 +101,8 @@ def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None
              f"<p>queries rejected:</p><ul>{rej}</ul>" if rej else '',
              f"<details><summary>retrieved ({len(rd.get('retrieved') or [])})</summary>"
              f"{item_rows(rd.get('retrieved') or [])}</details>",
-             f"<p>admitted ({len(rd.get('admitted') or [])}), ranked by {esc(rd.get('ranking'))}:</p>",
+             f"<p>admitted ({len(rd.get('admitted') or [])}), ranked by "
+             f"{esc(rd.get('ranking'))}:</p>",
              item_rows(rd.get('admitted') or [], thumbs),
              f"<details><summary>not admitted ({len(rd.get('not_admitted') or [])})</summary>"
              f"{item_rows(rd.get('not_admitted') or [])}</details>"]
@@ -106,24 +113,29 @@ def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None
 def trace_calls(t: dict) -> list[dict]:
     "A trace's model calls: REVEAL's `calls`; for PACE and DVD the factor calls, then each tool call's."
     if t.get('calls'): return list(t['calls'])
-    return list(t.get('factor_calls') or []) + [c for s in t.get('steps') or [] for c in s.get('calls') or []]
+    return list(t.get('factor_calls') or []) + [c for s in t.get('steps') or []
+                                                for c in s.get('calls') or []]
 
 # %% ../../nbs/45_eval.trace_view.ipynb #00ebe61c
 def calls_html(calls: list[dict]) -> str:
     "The model calls of a question: role, prompt and completion tokens, latency, cache hit, errors."
     if not calls: return '<p>no model calls (offline roles)</p>'
-    rows = [dict(role=c.get('role'), prompt=c.get('prompt_tokens'), completion=c.get('completion_tokens'),
+    rows = [dict(role=c.get('role'), prompt=c.get('prompt_tokens'),
+                 completion=c.get('completion_tokens'),
                  latency_s=round(float(c.get('latency_s') or 0), 3), cache_hit=c.get('cache_hit'),
                  error=c.get('error')) for c in calls]
-    return html_table(rows, ['role', 'prompt', 'completion', 'latency_s', 'cache_hit', 'error'], 'calls')
+    return html_table(rows, ['role', 'prompt', 'completion', 'latency_s', 'cache_hit', 'error'],
+                      'calls')
 
 # %% ../../nbs/45_eval.trace_view.ipynb #3957ef11
 def question_spans(q: Question | dict | None) -> dict:
     "A question's duration, gold evidence spans, distractor spans and cues (empty where the benchmark has none)."
     d = q.to_dict() if isinstance(q, Question) else dict(q or {})
     pair = lambda s: (float(s[0]), float(s[1]))
-    return dict(duration=d.get('duration'), evidence=[pair(s) for s in d.get('evidence_spans') or []],
-                distractors=[pair(s) for s in d.get('distractor_spans') or []], cues=list(d.get('cues') or []))
+    return dict(duration=d.get('duration'),
+                evidence=[pair(s) for s in d.get('evidence_spans') or []],
+                distractors=[pair(s) for s in d.get('distractor_spans') or []],
+                cues=list(d.get('cues') or []))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #08711252
 def _verdict(rd: dict) -> str:
@@ -137,43 +149,52 @@ def trace_lanes(trace: dict) -> list[tuple[str, str, list[tuple]]]:
     lanes = []
     for rd in trace_rounds(trace):
         r = rd.get('round')
-        lanes.append((f"round {r} retrieved", 'retrieved', item_spans(rd.get('retrieved'), 'retrieved')))
-        lanes.append((f"round {r} admitted{_verdict(rd)}", 'admitted', item_spans(rd.get('admitted'), 'admitted')))
+        lanes.append((f"round {r} retrieved", 'retrieved',
+                      item_spans(rd.get('retrieved'), 'retrieved')))
+        lanes.append((f"round {r} admitted{_verdict(rd)}", 'admitted',
+                      item_spans(rd.get('admitted'), 'admitted')))
     for s in trace.get('steps') or []:
         lanes.append((f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', step_spans(s)))
     if trace.get('steps') and trace.get('evidence'):
         lanes.append(('evidence', 'admitted', item_spans(trace['evidence'], 'evidence')))
     if (trace.get('oracle') or {}).get('items'):
-        lanes.append(('oracle evidence', 'admitted', item_spans(trace['oracle']['items'], 'oracle')))
+        lanes.append(('oracle evidence', 'admitted',
+                      item_spans(trace['oracle']['items'], 'oracle')))
     fr = [dict(i, item_id=f"{i.get('item_id', '')} ({i.get('frames')} frames)")
           for i in (trace.get('answer_frames') or {}).get('items') or []]
     if fr: lanes.append(('answer frames', 'frames', item_spans(fr, 'frames of')))
     return lanes
 
 # %% ../../nbs/45_eval.trace_view.ipynb #3e4db0b8
-_LANE_COLOURS = dict(gold='#2e7d32', distractor='#ef6c00', retrieved='#90a4ae', admitted='#1565c0', frames='#8e24aa',
-                     tool='#00838f')
-_LANE_NAMES = dict(gold='gold evidence', distractor='distractor', retrieved='retrieved', admitted='admitted / evidence',
-                   frames="answerer's frames", tool='tool call (its ranges and records)')
-_OPACITY = {2: 0.45, 3: 0.25}                   # an L2 event or the L3 narrative spans far more than it pins down
+_LANE_COLOURS = dict(gold='#2e7d32', distractor='#ef6c00', retrieved='#90a4ae', admitted='#1565c0',
+                     frames='#8e24aa', tool='#00838f')
+_LANE_NAMES = dict(gold='gold evidence', distractor='distractor', retrieved='retrieved',
+                   admitted='admitted / evidence', frames="answerer's frames",
+                   tool='tool call (its ranges and records)')
+# an L2 event or the L3 narrative spans far more than it pins down
+_OPACITY = {2: 0.45, 3: 0.25}
 
 def _lane_svg(i: int, label: str, kind: str, spans: list, dur: float, x0: int, w: int) -> str:
     "One lane: its label, the video's bar, a rectangle with a tooltip per span (L2 and L3 items paler)."
     y = 18 + 18 * i
-    rects = ''.join(f"<rect x='{x0 + w * max(a, 0) / dur:.1f}' y='{y + 2}' width='{max(w * (b - a) / dur, 1.5):.1f}' "
-                    f"height='12' fill='{_LANE_COLOURS[kind]}' opacity='{_OPACITY.get(lv, 0.85)}'>"
-                    f"<title>{esc(tip)}</title></rect>" for a, b, tip, lv in spans if b >= a)
+    rects = ''.join(f"<rect x='{x0 + w * max(a, 0) / dur:.1f}' y='{y + 2}' "
+                    f"width='{max(w * (b - a) / dur, 1.5):.1f}' height='12' "
+                    f"fill='{_LANE_COLOURS[kind]}' "
+                    f"opacity='{_OPACITY.get(lv, 0.85)}'><title>{esc(tip)}</title></rect>"
+                    for a, b, tip, lv in spans if b >= a)
     return (f"<text x='0' y='{y + 12}' font-size='11'>{esc(label)}</text>"
             f"<rect x='{x0}' y='{y + 2}' width='{w}' height='12' fill='#eceff1'/>{rects}")
 
 def _spans_lane(label: str, kind: str, spans: list[tuple[float, float]]) -> list[tuple]:
     "A lane of the question's own spans (gold evidence, distractors), none when it has none."
-    return [(label, kind, [(a, b, f"{label} {fmt_time(a)}–{fmt_time(b)}", None) for a, b in spans])] if spans else []
+    return [(label, kind, [(a, b, f"{label} {fmt_time(a)}–{fmt_time(b)}", None)
+                           for a, b in spans])] if spans else []
 
 def legend_html(kinds: list[str]) -> str:
     "The key to the timeline: a swatch and a name per kind of lane shown, and what a paler span means."
     sw = lambda k: Span(style=f"display:inline-block;width:12px;height:10px;background:{_LANE_COLOURS[k]}")
-    keys = [Span(sw(k), ' ' + _LANE_NAMES[k], style='margin-right:14px') for k in dict.fromkeys(kinds)]
+    keys = [Span(sw(k), ' ' + _LANE_NAMES[k], style='margin-right:14px')
+            for k in dict.fromkeys(kinds)]
     pale = Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
     return to_xml(Div(*keys, pale, cls='legend'), indent=False)
 
@@ -181,7 +202,8 @@ def legend_html(kinds: list[str]) -> str:
 def timeline_html(trace: dict, question: Question | dict | None = None, width: int = 900) -> str:
     "The video as a bar with gold/distractor spans, rounds' items, tool calls and frames as lanes, and a legend."
     qs = question_spans(question)
-    lanes = _spans_lane('gold evidence', 'gold', qs['evidence']) + _spans_lane('distractor', 'distractor',
+    lanes = _spans_lane('gold evidence', 'gold', qs['evidence']) + _spans_lane('distractor',
+                                                                               'distractor',
                                                                                qs['distractors']) + trace_lanes(trace)
     dur = float(qs['duration'] or max((s[1] for _, _, ss in lanes for s in ss), default=0.0) or 1.0)
     x0, w = 210, width - 220
@@ -212,16 +234,19 @@ def _rounds_count(t: dict) -> Any:
 def header_html(t: dict) -> str:
     "The question, its options marked with the answer and the gold letter, the outcome, the stop reason and totals."
     ans, gold = t.get('answer'), t.get('gold')
-    opts = ''.join(f"<li>{esc(k)}. {esc(v)}{' ← answer' if k == ans else ''}{' ← gold' if k == gold else ''}</li>"
+    opts = ''.join(f"<li>{esc(k)}. "
+                   f"{esc(v)}{' ← answer' if k == ans else ''}{' ← gold' if k == gold else ''}</li>"
                    for k, v in (t.get('options') or {}).items())
     ok = t.get('correct')
-    outcome = "<b class='ok'>correct</b>" if ok else ("<b class='bad'>wrong</b>" if ok is False else 'no gold')
+    outcome = "<b class='ok'>correct</b>" if ok else ("<b class='bad'>wrong</b>" if ok is False
+                                                      else 'no gold')
     tot = t.get('totals') or t
     steps = f", tool calls {len(t['steps'])}" if t.get('steps') else ''
-    return (f"<h3>{esc(t.get('qid'))} · {esc(t.get('preset') or t.get('method'))} · {esc(t.get('qtype'))}</h3>"
-            f"<p>{esc(t.get('question'))}</p><ul>{opts}</ul>"
-            f"<p>answer {esc(ans)}, gold {esc(gold)}: {outcome}; stop: {esc(t.get('stop_reason'))}; "
-            f"rounds {esc(_rounds_count(t))}{steps}, model calls {esc(tot.get('llm_calls'))}, tokens "
+    return (f"<h3>{esc(t.get('qid'))} · {esc(t.get('preset') or t.get('method'))} · "
+            f"{esc(t.get('qtype'))}</h3><p>{esc(t.get('question'))}</p><ul>{opts}</ul>"
+            f"<p>answer {esc(ans)}, gold {esc(gold)}: {outcome}; stop: "
+            f"{esc(t.get('stop_reason'))}; rounds {esc(_rounds_count(t))}{steps}, model calls "
+            f"{esc(tot.get('llm_calls'))}, tokens "
             f"{int(tot.get('prompt_tokens') or 0) + int(tot.get('completion_tokens') or 0)}, "
             f"{float(tot.get('seconds') or t.get('seconds') or 0):.2f} s</p>")
 
@@ -231,37 +256,44 @@ def notes_html(notes: list[str] | None) -> str:
     return ''.join(f"<p class='notice'>{esc(n)}</p>" for n in notes or [])
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fc65d143
-def trace_html(trace: dict, thumbs: dict[str, str] | None = None, question: Question | dict | None = None,
-               notes: list[str] | None = None) -> str:
+def trace_html(trace: dict, thumbs: dict[str, str] | None = None,
+               question: Question | dict | None = None, notes: list[str] | None = None) -> str:
     "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds or tool calls, evidence."
     t = trace
-    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t), notes_html(notes), timeline_html(t, question)]
+    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t), notes_html(notes),
+             timeline_html(t, question)]
     parts += [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
     parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs)]
     if t.get('missing_evidence'):
-        parts.append('<p>final missing evidence: ' + esc('; '.join(map(str, t['missing_evidence']))) + '</p>')
+        parts.append('<p>final missing evidence: ' + esc('; '.join(map(str, t['missing_evidence'])))
+                     + '</p>')
     if t.get('answer_reasoning'):
-        parts.append(f"<p>answerer ({esc(t.get('answer_source'))}): {esc(t['answer_reasoning'])}</p>")
+        parts.append(f"<p>answerer ({esc(t.get('answer_source'))}): "
+                     f"{esc(t['answer_reasoning'])}</p>")
     parts += ['<h4>Model calls</h4>', calls_html(trace_calls(t)), '</div>']
     return '\n'.join(p for p in parts if p)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #8018fdac
 def _thumb_items(trace: dict) -> dict[str, dict]:
     "The L1 items worth a keyframe: admitted in a round, or part of the final evidence; by item id."
-    its = [a for rd in trace_rounds(trace) for a in rd.get('admitted') or []] + list(trace.get('evidence') or [])
-    return {a['item_id']: a for a in its if isinstance(a, dict) and a.get('level') == 1 and 't_start' in a
-            and 'item_id' in a}
+    its = [a for rd in trace_rounds(trace) for a in rd.get('admitted')
+           or []] + list(trace.get('evidence') or [])
+    return {a['item_id']: a for a in its if isinstance(a, dict) and a.get('level') == 1
+            and 't_start' in a and 'item_id' in a}
 
 def keyframe_thumbs(trace: dict, video_path: str | Path | None, width: int = 160) -> dict[str, str]:
     "A JPEG data URL of the middle frame of every admitted (or evidence) L1 item of the trace, by item id."
     import cv2
     items = _thumb_items(trace)
-    if not items or not video_path or not Path(video_path).is_file(): return {}     # a FIFO or device: no frames
+    if not items or not video_path or not Path(video_path).is_file():
+        return {}     # a FIFO or device: no frames
     ids = sorted(items, key=lambda i: items[i]['t_start'])
-    frames = read_frames_at(video_path, [(items[i]['t_start'] + items[i]['t_end']) / 2 for i in ids], max_width=width)
+    frames = read_frames_at(video_path, [(items[i]['t_start'] + items[i]['t_end']) / 2
+                                         for i in ids], max_width=width)
     out = {}
     for i, f in zip(ids, frames):
-        ok, buf = cv2.imencode('.jpg', cv2.cvtColor(f.rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 80])
+        ok, buf = cv2.imencode('.jpg', cv2.cvtColor(f.rgb, cv2.COLOR_RGB2BGR),
+                               [cv2.IMWRITE_JPEG_QUALITY, 80])
         if ok: out[i] = 'data:image/jpeg;base64,' + base64.b64encode(buf.tobytes()).decode()
     return out
 
@@ -269,7 +301,8 @@ def keyframe_thumbs(trace: dict, video_path: str | Path | None, width: int = 160
 def run_questions(run_dir: str | Path) -> list[dict]:
     "One row per question of a run (qid order, as text): qid, qtype, answer, gold, correct, stop reason, trace path."
     keys = ('qid', 'qtype', 'answer', 'gold', 'correct', 'stop_reason', 'trace')
-    return sorted(({k: r.get(k) for k in keys} for r in load_results(run_dir)), key=lambda r: str(r['qid']))
+    return sorted(({k: r.get(k) for k in keys} for r in load_results(run_dir)),
+                  key=lambda r: str(r['qid']))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #619057e0
 def filter_questions(rows: list[dict], correct: bool | None = None, qtype: str | None = None,
@@ -303,14 +336,15 @@ def run_question_source(run_dir: str | Path) -> tuple[dict[str, Question], str |
     "qid (as text) → Question of a run, and why they could not be loaded (None when they were)."
     d = Path(run_dir)
     if (d / 'questions.jsonl').is_file():
-        return {str(q.qid): q for q in map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))}, None
+        return {str(q.qid): q
+                for q in map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))}, None
     meta = json.loads((d / 'run.json').read_text()) if (d / 'run.json').is_file() else {}
     root, kw = benchmark_root(d, meta), {'split': meta['split']} if meta.get('split') else {}
     try: qs, _ = load_benchmark(meta['benchmark'], root, **kw)
     except Exception as e:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return {}, (f"the questions of benchmark {meta.get('benchmark')} under {root} cannot be loaded from here "
-                    f"({why}): no gold spans, cues, question text or thumbnails")
+        return {}, (f"the questions of benchmark {meta.get('benchmark')} under {root} cannot be "
+                    f"loaded from here ({why}): no gold spans, cues, question text or thumbnails")
     return {str(q.qid): q for q in qs}, None
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e3f090e2
@@ -327,7 +361,8 @@ def run_videos(run_dir: str | Path) -> dict[str, str]:
 def page_notes(q: Question | None, qid: Any, why: str | None, thumbs: bool) -> list[str]:
     "What a question's page cannot show: its benchmark's questions, this question, or its video for thumbnails."
     if why: return [why]
-    if q is None: return [f"question {qid} is not in the run's benchmark: no gold spans, cues or thumbnails"]
+    if q is None:
+        return [f"question {qid} is not in the run's benchmark: no gold spans, cues or thumbnails"]
     if thumbs and not (q.video_path and Path(q.video_path).is_file()):
         return [f"the video {q.video_path} is not found from here: no keyframe thumbnails"]
     return []
@@ -344,7 +379,8 @@ def trace_fragment(run_dir: str | Path, qid: Any, thumbs: bool = True, source: t
 # %% ../../nbs/45_eval.trace_view.ipynb #b1a69a09
 def html_page(title: Any, *fragments: str) -> str:
     "A standalone HTML page of fragments."
-    return f"<!doctype html><meta charset='utf-8'><title>{esc(title)}</title>\n" + '\n'.join(fragments) + '\n'
+    return (f"<!doctype html><meta charset='utf-8'><title>{esc(title)}</title>\n"
+            + '\n'.join(fragments) + '\n')
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e9e03d58
 def trace_page(run_dir: str | Path, qid: Any, thumbs: bool = True, source: tuple | None = None,
@@ -359,7 +395,8 @@ def trace_text(t: dict) -> str:
     return '\n'.join(lines[:1] + step_lines(t.get('steps') or []) + lines[1:])
 
 # %% ../../nbs/45_eval.trace_view.ipynb #5497ac43
-def show_trace(run_dir: str | Path, qid: Any, html_out: str | Path | None = None, thumbs: bool = True) -> str:
+def show_trace(run_dir: str | Path, qid: Any, html_out: str | Path | None = None,
+               thumbs: bool = True) -> str:
     "The text summary of one question's trace; with `html_out`, also write its HTML page there (keyframes included)."
     t = run_trace(run_dir, qid)
     if html_out is not None: atomic_write_text(Path(html_out), trace_page(run_dir, qid, thumbs))
@@ -372,8 +409,10 @@ class TraceViewer:
         import ipywidgets as W
         self.run_dir, self.rows, self._videos = Path(run_dir), run_questions(run_dir), None
         self.questions = run_question_index(run_dir)
-        opt = lambda k: [('all', None)] + [(str(v), v) for v in sorted({r[k] for r in self.rows if r[k] is not None})]
-        self.outcome = W.Dropdown(options=[('all', None), ('correct', True), ('wrong', False)], description='outcome')
+        opt = lambda k: [('all', None)] + [(str(v), v) for v in sorted({r[k] for r in self.rows
+                                                                        if r[k] is not None})]
+        self.outcome = W.Dropdown(options=[('all', None), ('correct', True), ('wrong', False)],
+                                  description='outcome')
         self.qtype = W.Dropdown(options=opt('qtype'), description='type')
         self.stop = W.Dropdown(options=opt('stop_reason'), description='stop')
         self.thumbs = W.Checkbox(value=thumbs, description='keyframes')
@@ -381,7 +420,8 @@ class TraceViewer:
         self.page = W.HTML()
         for w in (self.outcome, self.qtype, self.stop): w.observe(lambda _: self.refresh(), 'value')
         for w in (self.pick, self.thumbs): w.observe(lambda _: self.render(), 'value')
-        self.widget = W.VBox([W.HBox([self.outcome, self.qtype, self.stop, self.thumbs]), self.pick, self.page])
+        self.widget = W.VBox([W.HBox([self.outcome, self.qtype, self.stop, self.thumbs]), self.pick,
+                              self.page])
         self.refresh()
 
     def _repr_mimebundle_(self, **kwargs) -> dict:
@@ -392,7 +432,8 @@ class TraceViewer:
         "Re-filter the question list (keeping the selection when it still matches)."
         rows = filter_questions(self.rows, self.outcome.value, self.qtype.value, self.stop.value)
         mark = lambda r: '✓' if r['correct'] else ('✗' if r['correct'] is False else '·')
-        self.pick.options = [(f"{mark(r)} {r['qid']} [{r['qtype']}] {r['stop_reason']}", r['qid']) for r in rows]
+        self.pick.options = [(f"{mark(r)} {r['qid']} [{r['qtype']}] {r['stop_reason']}", r['qid'])
+                             for r in rows]
         if self.pick.value is None and rows: self.pick.value = rows[0]['qid']
         self.render()
 

@@ -23,9 +23,11 @@ __all__ = ['CLIP_NAME', 'SPAN_GAP_S', 'egolife_seconds', 'clip_start', 'Clip', '
 def egolife_seconds(date: str, time: str) -> float:
     "`('DAY2', '11210250')` → seconds since DAY1 00:00:00 (FF are frames at 20 fps)."
     d, t = re.match(r'DAY(\d+)', str(date).upper()), str(time).strip()
-    if not d or not re.fullmatch(r'\d{6,8}', t): raise ValueError(f"bad EgoLife timestamp {date!r} {time!r}")
+    if not d or not re.fullmatch(r'\d{6,8}', t):
+        raise ValueError(f"bad EgoLife timestamp {date!r} {time!r}")
     ff = int(t[6:8]) if len(t) == 8 else 0
-    return (int(d.group(1)) - 1) * 86400 + int(t[:2]) * 3600 + int(t[2:4]) * 60 + int(t[4:6]) + ff / 20
+    return ((int(d.group(1)) - 1) * 86400 + int(t[:2]) * 3600 + int(t[2:4]) * 60 + int(t[4:6])
+            + ff / 20)
 
 # %% ../../nbs/14b_memory.clips.ipynb #6ebc6544
 CLIP_NAME = re.compile(r'^(DAY\d+)_.+_(\d{8}|\d{6})$', re.I)      # DAYn_<identity>_HHMMSSFF
@@ -49,7 +51,8 @@ class Clip:
 # %% ../../nbs/14b_memory.clips.ipynb #bc240e60
 def find_clips(folder: str | Path) -> list[Path]:
     "The `.mp4` files anywhere under a folder (EgoLife nests them by day), in name order."
-    return sorted((p for p in Path(folder).rglob('*') if p.suffix.lower() == '.mp4' and p.is_file()),
+    return sorted((p for p in Path(folder).rglob('*') if p.suffix.lower() == '.mp4'
+                   and p.is_file()),
                   key=lambda p: p.relative_to(folder).as_posix())
 
 # %% ../../nbs/14b_memory.clips.ipynb #9a86b3c9
@@ -58,17 +61,21 @@ SPAN_GAP_S = 2.0           # clips less than this apart belong to one span (one 
 class ClipFolder:
     "The clips of a folder on one timeline (seconds since DAY1 00:00 minus `origin`), read like one video."
     def __init__(self, path: str | Path, clips: Sequence[Clip], origin: float = 0.0):
-        self.path, self.clips, self.origin = Path(path), sorted(clips, key=lambda c: (c.start, c.path.name)), origin
+        self.path, self.clips, self.origin = Path(path), sorted(clips,
+                                                                key=lambda c: (c.start,
+                                                                               c.path.name)), origin
         if not self.clips: raise VideoError(f"no clips in {self.path}")
 
     @property
     def name(self) -> str: return self.path.name
     @property
-    def end(self) -> float: return max(c.end for c in self.clips)      # a clip may lie inside an earlier, longer one
+    def end(self) -> float:
+        return max(c.end for c in self.clips)      # a clip may lie inside an earlier, longer one
     @property
     def duration(self) -> float: return self.end - self.origin
     def __len__(self) -> int: return len(self.clips)
-    def __repr__(self) -> str: return f"ClipFolder({self.name!r}, {len(self)} clips, {self.duration:.1f}s)"
+    def __repr__(self) -> str:
+        return f"ClipFolder({self.name!r}, {len(self)} clips, {self.duration:.1f}s)"
 
 # %% ../../nbs/14b_memory.clips.ipynb #609ec50b
 @patch(cls_method=True)
@@ -80,8 +87,8 @@ def open(cls: ClipFolder, folder: str | Path) -> ClipFolder:
     bad = [x for x in paths if clip_start(x) is None]
     if not paths or bad:
         why = f"holds .mp4 files without one (e.g. {bad[0].name})" if bad else "holds no .mp4 clips"
-        raise VideoError(f"expected a video file or a folder of time-stamped clips (DAYn_<identity>_HHMMSSFF.mp4); "
-                         f"the directory {p} {why}")
+        raise VideoError(f"expected a video file or a folder of time-stamped clips "
+                         f"(DAYn_<identity>_HHMMSSFF.mp4); the directory {p} {why}")
     return cls(p, [Clip(x, clip_start(x), probe_video(x)) for x in paths])
 
 # %% ../../nbs/14b_memory.clips.ipynb #b63d437b
@@ -89,8 +96,8 @@ def open(cls: ClipFolder, folder: str | Path) -> ClipFolder:
 def info(self: ClipFolder) -> VideoInfo:
     "The folder as one video: its timeline's length, the first clip's rate and size, the frames of all clips."
     c = self.clips[0].info
-    return VideoInfo(str(self.path), self.duration, c.fps, sum(x.info.n_frames for x in self.clips), c.width, c.height,
-                     c.codec, True)
+    return VideoInfo(str(self.path), self.duration, c.fps, sum(x.info.n_frames for x in self.clips),
+                     c.width, c.height, c.codec, True)
 
 # %% ../../nbs/14b_memory.clips.ipynb #7d71c4c1
 @patch
@@ -126,7 +133,8 @@ def frames(self: ClipFolder, fps: float = 1.0, max_width: int | None = 640) -> I
 
 # %% ../../nbs/14b_memory.clips.ipynb #4d40916e
 @patch
-def frames_at(self: ClipFolder, times: Sequence[float], max_width: int | None = None) -> Iterator[Frame]:
+def frames_at(self: ClipFolder, times: Sequence[float],
+              max_width: int | None = None) -> Iterator[Frame]:
     "One frame per requested timeline time (sorted), each cut from the clip that holds it."
     by: dict[int, list[float]] = {}
     for t in sorted(float(x) for x in times):
@@ -144,7 +152,8 @@ def sha256(self: ClipFolder) -> str:
     h = hashlib.sha256()
     for c in self.clips:
         with open(c.path, 'rb') as fh: head = fh.read(1 << 16)
-        h.update(f"{c.path.relative_to(self.path).as_posix()}\0{c.path.stat().st_size}\0".encode() + head)
+        h.update(f"{c.path.relative_to(self.path).as_posix()}\0{c.path.stat().st_size}\0".encode()
+                 + head)
     return h.hexdigest()
 
 # %% ../../nbs/14b_memory.clips.ipynb #2e8ce2ab
@@ -163,8 +172,9 @@ def source_meta(self: ClipFolder, t0: float, t1: float) -> dict:
 @patch
 def records(self: ClipFolder) -> list[dict]:
     "The clips as plain data (`clips.json` of a memory): relative path, start and what the probe said."
-    return [dict(path=c.path.relative_to(self.path).as_posix(), start=c.start, duration=c.info.duration, fps=c.info.fps,
-                 n_frames=c.info.n_frames, width=c.info.width, height=c.info.height, codec=c.info.codec)
+    return [dict(path=c.path.relative_to(self.path).as_posix(), start=c.start,
+                 duration=c.info.duration, fps=c.info.fps, n_frames=c.info.n_frames,
+                 width=c.info.width, height=c.info.height, codec=c.info.codec)
             for c in self.clips]
 
 # %% ../../nbs/14b_memory.clips.ipynb #a402c57e
@@ -172,8 +182,10 @@ def records(self: ClipFolder) -> list[dict]:
 def from_records(cls: ClipFolder, folder: str | Path, records: Sequence[dict]) -> ClipFolder:
     "The folder from its `records` (no clip is probed again)."
     p = Path(folder)
-    return cls(p, [Clip(p / r['path'], r['start'], VideoInfo(str(p / r['path']), r['duration'], r['fps'],
-                                                              r['n_frames'], r['width'], r['height'], r['codec']))
+    return cls(p, [Clip(p / r['path'], r['start'],
+                        VideoInfo(str(p / r['path']), r['duration'], r['fps'],
+                                                              r['n_frames'], r['width'],
+                                  r['height'], r['codec']))
                    for r in records])
 
 # %% ../../nbs/14b_memory.clips.ipynb #3689858f
@@ -223,5 +235,6 @@ def probe_source(path: str | Path) -> VideoInfo:
 def read_source_frames_at(path: str | Path, times: Sequence[float], max_width: int | None = None,
                           records: Sequence[dict] | None = None) -> list[Frame]:
     "The frames at these times of a video file or a folder of clips (there, each from the clip that holds it)."
-    if is_clip_folder(path): return list(open_clip_folder(path, records).frames_at(times, max_width))
+    if is_clip_folder(path):
+        return list(open_clip_folder(path, records).frames_at(times, max_width))
     return list(iter_frames_at(path, times, max_width))

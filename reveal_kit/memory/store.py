@@ -27,9 +27,10 @@ __all__ = ['FORMAT_VERSION', 'MEMORY_FIELDS', 'video_sha256', 'FALLBACK_POLICIES
 
 # %% ../../nbs/14_memory.store.ipynb #a489f122
 FORMAT_VERSION = 3   # 3: transition-aware segmentation (boundaries moved)
-MEMORY_FIELDS = ('fps', 'dark_max_mean', 'bright_min_mean', 'uniform_max_std', 'min_jpeg_bytes_per_kpx',
-                 'blur_min_laplacian_var', 'theta', 'min_segment_s', 'max_segment_s', 'chunking', 'fixed_chunk_s',
-                 'caption_frames', 'ocr_every_s', 'l2_group', 'l3_group', 'l2_words', 'l3_words')
+MEMORY_FIELDS = ('fps', 'dark_max_mean', 'bright_min_mean', 'uniform_max_std',
+                 'min_jpeg_bytes_per_kpx', 'blur_min_laplacian_var', 'theta', 'min_segment_s',
+                 'max_segment_s', 'chunking', 'fixed_chunk_s', 'caption_frames', 'ocr_every_s',
+                 'l2_group', 'l3_group', 'l2_words', 'l3_words')
 
 def memory_config(config: Config) -> dict:
     "The Config fields that change what the offline memory contains."
@@ -42,7 +43,8 @@ class MemoryMismatchError(MemoryBuildError):
 # %% ../../nbs/14_memory.store.ipynb #16af85a7
 def memory_key(config: Config, models: dict, subtitles_sha256: str | None = None) -> str:
     "Short digest of format version + memory config + model ids + subtitles: equal keys ⇔ interchangeable memories."
-    return digest(dict(format=FORMAT_VERSION, config=memory_config(config), models=models, subtitles=subtitles_sha256))
+    return digest(dict(format=FORMAT_VERSION, config=memory_config(config), models=models,
+                       subtitles=subtitles_sha256))
 
 # %% ../../nbs/14_memory.store.ipynb #73403ce2
 def captioner_kind(chat_model=None) -> str:
@@ -59,7 +61,8 @@ def memory_embedders(text_embedder=None, image_embedder=None):
 def memory_models(chat_model=None, text_embedder=None, image_embedder=None) -> dict:
     "The model ids a memory depends on: image embedder, text embedder, captioner."
     te, ie = memory_embedders(text_embedder, image_embedder)
-    return dict(image_embedder=ie.model_id, text_embedder=te.model_id, captioner=captioner_kind(chat_model))
+    return dict(image_embedder=ie.model_id, text_embedder=te.model_id,
+                captioner=captioner_kind(chat_model))
 
 # %% ../../nbs/14_memory.store.ipynb #868730f3
 _SHA_CACHE: dict = {}
@@ -69,7 +72,8 @@ def content_sha256(path: str | Path) -> str:
     p = check_video(path).resolve()                      # a FIFO or a device would be read forever
     st = p.stat()
     k = (str(p), st.st_size, st.st_mtime_ns)
-    if k not in _SHA_CACHE: _SHA_CACHE[k] = open_clip_folder(p).sha256() if is_clip_folder(p) else sha256_file(p)
+    if k not in _SHA_CACHE:
+        _SHA_CACHE[k] = open_clip_folder(p).sha256() if is_clip_folder(p) else sha256_file(p)
     return _SHA_CACHE[k]
 
 video_sha256 = content_sha256       # the old name, for callers outside the kit
@@ -80,7 +84,9 @@ def memory_dir_for(video_path: str | Path, config: Config, models: dict | Any = 
     "Where the memory of this video (or folder of clips) lives: `<root>/<stem>-<sha8>-<key>` (root: runs/memories)."
     if not isinstance(models, dict): models = memory_models(models)
     p = check_video(video_path)
-    if p.is_dir(): open_clip_folder(p)                   # a folder must hold time-stamped clips (else a one-line error)
+    if p.is_dir():
+        # a folder must hold time-stamped clips (else a one-line error)
+        open_clip_folder(p)
     sub = content_sha256(subtitles) if subtitles else None
     root = Path(root) if root else runs_dir() / 'memories'
     return root / f"{p.stem}-{content_sha256(p)[:8]}-{memory_key(config, models, sub)}"
@@ -102,10 +108,12 @@ class Hit:
 # %% ../../nbs/14_memory.store.ipynb #af33a179
 class OfflineMemory:
     "REVEAL's offline memory of one video: L1/L2/L3 items with a text channel (all levels) and a visual channel (L1)."
-    def __init__(self, items: list[MemoryItem], text_vectors: np.ndarray, visual_vectors: np.ndarray | None = None,
-                 manifest: dict | None = None, config: Config | None = None, text_embedder=None, image_embedder=None,
+    def __init__(self, items: list[MemoryItem], text_vectors: np.ndarray,
+                 visual_vectors: np.ndarray | None = None, manifest: dict | None = None,
+                 config: Config | None = None, text_embedder=None, image_embedder=None,
                  path: Path | None = None):
-        self.items, self.manifest, self.config, self.path = list(items), dict(manifest or {}), config or Config(), path
+        self.items, self.manifest, self.config, self.path = list(items), dict(manifest
+                                                                              or {}), config or Config(), path
         self._by_id = {it.item_id: i for i, it in enumerate(self.items)}
         self._tv = np.asarray(text_vectors, dtype=np.float32).reshape(len(self.items), -1)
         self._vv = visual_vectors
@@ -119,8 +127,8 @@ class OfflineMemory:
     def __len__(self) -> int: return len(self.items)
     def __repr__(self) -> str:
         c = [len(self.level(l)) for l in (1, 2, 3)]
-        return (f"OfflineMemory({self.video_id!r}, {self.duration:.0f}s, L1={c[0]} L2={c[1]} L3={c[2]}, "
-                f"captioner={self.manifest.get('captioner')})")
+        return (f"OfflineMemory({self.video_id!r}, {self.duration:.0f}s, L1={c[0]} L2={c[1]} "
+                f"L3={c[2]}, captioner={self.manifest.get('captioner')})")
 
 # %% ../../nbs/14_memory.store.ipynb #f1af87b6
 @patch
@@ -146,15 +154,17 @@ def text_vector(self: OfflineMemory, item_id: str) -> np.ndarray:
 def _check_model(kind: str, got: str, want: str | None):
     "Refuse a loaded model whose id differs from the one the memory was built with."
     if want and got != want:
-        raise MemoryMismatchError(f"this memory's {kind} is {want!r} but {got!r} is loaded; query vectors would not be "
-                                  f"comparable (install/configure {want!r} or rebuild the memory)")
+        raise MemoryMismatchError(f"this memory's {kind} is {want!r} but {got!r} is loaded; query "
+                                  f"vectors would not be comparable (install/configure {want!r} or "
+                                  f"rebuild the memory)")
 
 # %% ../../nbs/14_memory.store.ipynb #be4adfa6
 @patch(as_prop=True)
 def text_embedder(self: OfflineMemory):
     "The text embedder matching the one the memory was built with (loaded on first use)."
     if self._te is None: self._te = get_text_embedder()
-    _check_model('text embedder', self._te.model_id, self.manifest.get('models', {}).get('text_embedder'))
+    _check_model('text embedder', self._te.model_id,
+                 self.manifest.get('models', {}).get('text_embedder'))
     return self._te
 
 # %% ../../nbs/14_memory.store.ipynb #a67270cd
@@ -162,22 +172,25 @@ def text_embedder(self: OfflineMemory):
 def image_embedder(self: OfflineMemory):
     "The image embedder matching the one the memory was built with (loaded on first use)."
     if self._ie is None: self._ie = get_image_embedder()
-    _check_model('image embedder', self._ie.model_id, self.manifest.get('models', {}).get('image_embedder'))
+    _check_model('image embedder', self._ie.model_id,
+                 self.manifest.get('models', {}).get('image_embedder'))
     return self._ie
 
 # %% ../../nbs/14_memory.store.ipynb #59139c87
 @patch(cls_method=True)
-def from_items(cls: OfflineMemory, items: Sequence[MemoryItem], text_embedder=None, config: Config | None = None,
-               video_id: str = 'in-memory', video_path: str | None = None) -> OfflineMemory:
+def from_items(cls: OfflineMemory, items: Sequence[MemoryItem], text_embedder=None,
+               config: Config | None = None, video_id: str = 'in-memory',
+               video_path: str | None = None) -> OfflineMemory:
     "An in-memory OfflineMemory from MemoryItems: text vectors computed now, no visual channel, nothing on disk."
     items = sorted(items, key=lambda it: (it.level, it.t_start, it.item_id))
     if not items: raise ValueError("from_items needs at least one MemoryItem")
-    if len({it.item_id for it in items}) < len(items): raise ValueError("duplicate item_id in items")
+    if len({it.item_id for it in items}) < len(items):
+        raise ValueError("duplicate item_id in items")
     text_embedder = text_embedder or get_text_embedder()
     tv = text_embedder.encode([it.narrative for it in items])
     counts = {f'n_l{l}': sum(it.level == l for it in items) for l in (1, 2, 3)}
-    man = dict(video_id=video_id, video_path=video_path, duration=max(it.t_end for it in items), captioner='given',
-               models=dict(text_embedder=text_embedder.model_id), counts=counts)
+    man = dict(video_id=video_id, video_path=video_path, duration=max(it.t_end for it in items),
+               captioner='given', models=dict(text_embedder=text_embedder.model_id), counts=counts)
     return cls(items, tv, None, man, config, text_embedder=text_embedder)
 
 # %% ../../nbs/14_memory.store.ipynb #2dcd4a40
@@ -193,10 +206,13 @@ def _index(self: OfflineMemory, level: int) -> VectorIndex:
 
 # %% ../../nbs/14_memory.store.ipynb #346b442a
 @patch
-def search_text(self: OfflineMemory, query: str | np.ndarray, k: dict[int, int] | None = None) -> list[Hit]:
+def search_text(self: OfflineMemory, query: str | np.ndarray,
+                k: dict[int, int] | None = None) -> list[Hit]:
     "Top-k items per level for a text query (default k: Config.topk_l1/l2/l3), level 1 first, best first in a level."
-    k = k if k is not None else {1: self.config.topk_l1, 2: self.config.topk_l2, 3: self.config.topk_l3}
-    q = self.text_embedder.encode([query])[0] if isinstance(query, str) else np.asarray(query, dtype=np.float32)
+    k = k if k is not None else {1: self.config.topk_l1, 2: self.config.topk_l2,
+                                 3: self.config.topk_l3}
+    q = self.text_embedder.encode([query])[0] if isinstance(query, str) else np.asarray(query,
+                                                                                        dtype=np.float32)
     hits = []
     for level in sorted(k):
         if k[level] <= 0 or not self.level(level): continue
@@ -214,7 +230,8 @@ def search_visual(self: OfflineMemory, query: str | np.ndarray, k: int | None = 
     if q is None:
         try: q = self.image_embedder.encode_text([query])[0]
         except NotImplementedError:
-            raise ValueError(f"the visual channel's embedder {self.image_embedder.model_id!r} has no text tower; "
+            raise ValueError(f"the visual channel's embedder {self.image_embedder.model_id!r} has "
+                             f"no text tower; "
                              "query it with an image or an embedding vector") from None
     elif q.ndim == 3: q = self.image_embedder.encode([q])[0]
     q = q.astype(np.float32) / (np.linalg.norm(q) + 1e-12)
@@ -231,8 +248,8 @@ def before(self: OfflineMemory, t: float) -> OfflineMemory:
     l1 = [it.t_end <= t for it in self.level(1)]
     vv = self._vv[np.asarray(l1, bool)] if self._vv is not None and len(self._vv) else self._vv
     man = dict(self.manifest, duration=min(self.duration, float(t)), before=float(t))
-    return OfflineMemory([self.items[i] for i in keep], self._tv[keep], vv, man, self.config, self._te, self._ie,
-                         self.path)
+    return OfflineMemory([self.items[i] for i in keep], self._tv[keep], vv, man, self.config,
+                         self._te, self._ie, self.path)
 
 # %% ../../nbs/14_memory.store.ipynb #0a41a11f
 def spread_times(a: float, b: float, n: int) -> list[float]:
@@ -250,26 +267,33 @@ def frames(self: OfflineMemory, item: MemoryItem | str, n: int | None = None,
         raise VideoError(f"cannot cut frames: the memory's video is not available ({vp})")
     n = n or self.config.caption_frames
     cj = self.path / 'clips.json' if self.path else None
-    recs = json.loads(cj.read_text()) if cj and cj.exists() else None      # a folder's clips, without probing them
-    return [f.rgb for f in read_source_frames_at(vp, spread_times(item.t_start, item.t_end, n), max_width, recs)]
+    # a folder's clips, without probing them
+    recs = json.loads(cj.read_text()) if cj and cj.exists() else None
+    return [f.rgb for f in read_source_frames_at(vp, spread_times(item.t_start, item.t_end, n),
+                                                 max_width, recs)]
 
 # %% ../../nbs/14_memory.store.ipynb #1fa39763
 def _read_json(f: Path):
     "A memory file's JSON, or a one-line error naming the file."
-    if not f.exists(): raise MemoryBuildError(f"damaged memory: {f} is missing; rebuild it (--rebuild)")
+    if not f.exists():
+        raise MemoryBuildError(f"damaged memory: {f} is missing; rebuild it (--rebuild)")
     try: return json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise MemoryBuildError(f"damaged {f} (not valid JSON); rebuild the memory (--rebuild)") from None
+        raise MemoryBuildError(f"damaged {f} (not valid JSON); rebuild the memory "
+                               f"(--rebuild)") from None
 
 
 def _read_npy(f: Path, rows: int, what: str) -> np.ndarray:
     "A memory's vectors with `rows` rows, or a one-line error naming the file."
-    if not f.exists(): raise MemoryBuildError(f"damaged memory: {f} is missing; rebuild it (--rebuild)")
+    if not f.exists():
+        raise MemoryBuildError(f"damaged memory: {f} is missing; rebuild it (--rebuild)")
     try: a = np.load(f)
     except (ValueError, OSError, EOFError) as e:
-        raise MemoryBuildError(f"damaged {f} ({type(e).__name__}); rebuild the memory (--rebuild)") from None
+        raise MemoryBuildError(f"damaged {f} ({type(e).__name__}); rebuild the memory "
+                               f"(--rebuild)") from None
     if a.ndim != 2 or a.shape[0] != rows:
-        raise MemoryBuildError(f"damaged {f}: shape {a.shape}, expected {rows} rows ({what}); rebuild it (--rebuild)")
+        raise MemoryBuildError(f"damaged {f}: shape {a.shape}, expected {rows} rows ({what}); "
+                               f"rebuild it (--rebuild)")
     return a
 
 
@@ -280,22 +304,27 @@ def load(cls: OfflineMemory, path: str | Path, config: Config | None = None, tex
     p = Path(path)
     if not (p / 'manifest.json').exists():
         partial = (p / 'build.json').exists()
-        why = 'an unfinished build — run the build again to resume it' if partial else 'no memory here'
+        why = ('an unfinished build — run the build again to resume it' if partial
+               else 'no memory here')
         raise MemoryBuildError(f"not a complete memory: {p} has no manifest.json ({why})")
     man = _read_json(p / 'manifest.json')
     if config is not None and man['memory_config'] != memory_config(config):
         diff = [f"{k} {man['memory_config'].get(k)!r} vs {v!r}"
                 for k, v in memory_config(config).items() if man['memory_config'].get(k) != v]
-        raise MemoryMismatchError(f"memory at {p} was built with other settings ({', '.join(diff)}); "
+        raise MemoryMismatchError(f"memory at {p} was built with other settings "
+                                  f"({', '.join(diff)}); "
                                   "rebuild it for this Config")
-    rows = {r['item_id']: MemoryItem.from_dict(r) for lv in (1, 2, 3) for r in read_jsonl_rows(p / f'l{lv}.jsonl')}
+    rows = {r['item_id']: MemoryItem.from_dict(r) for lv in (1, 2, 3)
+            for r in read_jsonl_rows(p / f'l{lv}.jsonl')}
     ids = _read_json(p / 'text_ids.json')
     if set(ids) - set(rows) or len(ids) != sum(man['counts'][f'n_l{l}'] for l in (1, 2, 3)):
-        raise MemoryBuildError(f"damaged memory at {p}: items and manifest disagree (a damaged line in "
+        raise MemoryBuildError(f"damaged memory at {p}: items and manifest disagree (a damaged "
+                               f"line in "
                                "l1/l2/l3.jsonl?); build it again to repair it, or --rebuild")
     tv = _read_npy(p / 'text_emb.npy', len(ids), 'one per item')
     vv = _read_npy(p / 'visual.npy', man['counts']['n_l1'], 'one per L1 segment')
-    return cls([rows[i] for i in ids], tv, vv, man, config or Config(), text_embedder, image_embedder, path=p)
+    return cls([rows[i] for i in ids], tv, vv, man, config or Config(), text_embedder,
+               image_embedder, path=p)
 
 # %% ../../nbs/14_memory.store.ipynb #85cf5ab6
 def quality_line(quality: dict) -> str:
@@ -319,7 +348,8 @@ def produced_line(manifest: dict) -> str:
     parts = []
     for lv, d in sorted((manifest.get('produced_by') or {}).items()):
         who = ', '.join(f"{k} {v}" for k, v in sorted(d.get('by', {}).items()))
-        parts.append(f"{lv} {who}" + (f" ({d['fallbacks']} fallbacks)" if d.get('fallbacks') else ''))
+        parts.append(f"{lv} {who}"
+                     + (f" ({d['fallbacks']} fallbacks)" if d.get('fallbacks') else ''))
     return '; '.join(parts)
 
 # %% ../../nbs/14_memory.store.ipynb #64beec6f
@@ -329,7 +359,8 @@ def fallback_policy() -> str:
     "`$REVEAL_FALLBACK_MEMORY`: 'rebuild' (default) or 'keep' a finished memory that holds fallback narratives."
     policy = os.environ.get('REVEAL_FALLBACK_MEMORY', 'rebuild')
     if policy not in FALLBACK_POLICIES:
-        raise MemoryBuildError(f"REVEAL_FALLBACK_MEMORY must be one of {', '.join(FALLBACK_POLICIES)}, got {policy!r}")
+        raise MemoryBuildError(f"REVEAL_FALLBACK_MEMORY must be one of "
+                               f"{', '.join(FALLBACK_POLICIES)}, got {policy!r}")
     return policy
 
 # %% ../../nbs/14_memory.store.ipynb #a6cff709
@@ -337,6 +368,8 @@ def fallback_rebuild(out: Path, manifest: dict) -> bool:
     "Whether the finished memory at `out` is built again because it holds fallback narratives (warns once if so)."
     n = caption_fallbacks(manifest)
     if not n or fallback_policy() == 'keep': return False
-    warn(f"memory at {out} has {n} fallback narratives (its model failed while it was built): building it again "
-         "with the model (REVEAL_FALLBACK_MEMORY=keep reuses it; its answers are then marked degraded)")
+    warn(f"memory at {out} has {n} fallback narratives (its model failed while it was built): "
+         f"building it again "
+         "with the model (REVEAL_FALLBACK_MEMORY=keep reuses it; its answers are then marked "
+         "degraded)")
     return True

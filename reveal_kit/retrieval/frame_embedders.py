@@ -21,13 +21,17 @@ DESCRIPTOR_ID = 'descriptor-v1'
 _THUMB_W, _THUMB_H = 64, 36
 _GRID_W, _GRID_H = 8, 6
 _W_LAYOUT, _W_MEAN, _W_HIST, _W_GRAD = 1.2, 1.0, 1.3, 1.0   # block weights
-_CENTRE = 0.5                                 # histograms are centred on ½ × the uniform sqrt histogram
+# histograms are centred on ½ × the uniform sqrt histogram
+_CENTRE = 0.5
 
 def frame_thumbnail(frame: np.ndarray) -> np.ndarray:
     "Shrink a frame to the 64×36 RGB uint8 thumbnail every descriptor block is computed from (area averaging)."
     f = check_frame(frame)
-    step = max(1, min(f.shape[0] // (4 * _THUMB_H), f.shape[1] // (4 * _THUMB_W)))   # large frames: every step-th pixel
-    if step > 1: f = np.ascontiguousarray(f[::step, ::step])                            # first, still ≥ 4×4 per cell
+    # large frames: every step-th pixel
+    step = max(1, min(f.shape[0] // (4 * _THUMB_H), f.shape[1] // (4 * _THUMB_W)))
+    if step > 1:
+        # first, still ≥ 4×4 per cell
+        f = np.ascontiguousarray(f[::step, ::step])
     import cv2
     return cv2.resize(f, (_THUMB_W, _THUMB_H), interpolation=cv2.INTER_AREA)
 
@@ -46,7 +50,8 @@ def colour_histogram(hsv: np.ndarray, bins: tuple[int, int, int] = (4, 4, 4)) ->
     a, b, c = bins
     h = (hsv[..., 0].astype(np.int32) * a) // 180
     s = (hsv[..., 1].astype(np.int32) * b) >> 8
-    pv = np.clip(hsv[..., 2].astype(np.float32) * c / 256 - 0.5, 0, c - 1)   # value: linear between bin centres
+    # value: linear between bin centres
+    pv = np.clip(hsv[..., 2].astype(np.float32) * c / 256 - 0.5, 0, c - 1)
     v0 = np.minimum(pv.astype(np.int32), c - 2)
     fv = (pv - v0).ravel()
     base, n = ((h * b + s) * c + v0).ravel(), a * b * c
@@ -60,10 +65,12 @@ def gradient_histogram(grey: np.ndarray, n_orient: int = 8, damp: float = 5.0) -
     gx = cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=3)
     gy = cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=3)
     mag = np.sqrt(gx * gx + gy * gy)
-    ob = np.minimum(((np.arctan2(gy, gx) % np.pi) / np.pi * n_orient).astype(np.int32), n_orient - 1)
+    ob = np.minimum(((np.arctan2(gy, gx) % np.pi) / np.pi * n_orient).astype(np.int32),
+                    n_orient - 1)
     H, W = grey.shape
     quad = (np.arange(H)[:, None] * 2 // H) * 2 + (np.arange(W)[None, :] * 2 // W)
-    hist = np.bincount((quad * n_orient + ob).ravel(), weights=mag.ravel(), minlength=4 * n_orient).astype(np.float32)
+    hist = np.bincount((quad * n_orient + ob).ravel(), weights=mag.ravel(),
+                       minlength=4 * n_orient).astype(np.float32)
     return _W_GRAD * (np.sqrt(hist / (hist.sum() + damp)) - _CENTRE / np.sqrt(4 * n_orient))
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #4c5e049e
@@ -96,8 +103,8 @@ class DescriptorImageEmbedder(ImageEmbedder):
         return out
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #3aaa46f7
-SIGLIP_REPOS = ('timm/ViT-L-16-SigLIP-384', 'timm/ViT-SO400M-14-SigLIP-384', 'timm/ViT-L-16-SigLIP-256',
-                'timm/ViT-B-16-SigLIP')
+SIGLIP_REPOS = ('timm/ViT-L-16-SigLIP-384', 'timm/ViT-SO400M-14-SigLIP-384',
+                'timm/ViT-L-16-SigLIP-256', 'timm/ViT-B-16-SigLIP')
 _OC_WEIGHTS = ('open_clip_model.safetensors', 'open_clip_pytorch_model.bin')
 
 def _hf_cached_file(repo_id: str, filename: str) -> str | None:
@@ -110,14 +117,18 @@ def _siglip_from_env(env: str) -> tuple[dict | None, str]:
     "Resolve `$REVEAL_SIGLIP`: an `hf-hub:` name in the local cache, a hub-layout directory, or a weights file."
     if env.startswith('hf-hub:'):
         if _hf_cached_file(env[7:], 'open_clip_config.json'):
-            return dict(model_name=env, pretrained=None), f"{env} found in the HF cache (REVEAL_SIGLIP)"
+            return dict(model_name=env,
+                        pretrained=None), f"{env} found in the HF cache (REVEAL_SIGLIP)"
         return None, f"REVEAL_SIGLIP={env} is not in the local Hugging Face cache"
     p = Path(env).expanduser()
-    if p.is_dir() and (p / 'open_clip_config.json').exists() and any((p / w).exists() for w in _OC_WEIGHTS):
-        return dict(model_name=None, pretrained=None, local_dir=str(p)), f"SigLIP found at {p} (REVEAL_SIGLIP)"
+    if p.is_dir() and (p / 'open_clip_config.json').exists() and any((p / w).exists()
+                                                                     for w in _OC_WEIGHTS):
+        return dict(model_name=None, pretrained=None,
+                    local_dir=str(p)), f"SigLIP found at {p} (REVEAL_SIGLIP)"
     if p.is_file():
         arch = os.environ.get('REVEAL_SIGLIP_ARCH', 'ViT-L-16-SigLIP-384')
-        return dict(model_name=arch, pretrained=str(p)), f"SigLIP weights {p} with architecture {arch} (REVEAL_SIGLIP)"
+        return dict(model_name=arch,
+                    pretrained=str(p)), f"SigLIP weights {p} with architecture {arch} (REVEAL_SIGLIP)"
     return None, f"REVEAL_SIGLIP={p} is neither an open_clip model directory nor a weights file"
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #3b301eef
@@ -126,10 +137,12 @@ def find_siglip() -> tuple[dict | None, str]:
     env = os.environ.get('REVEAL_SIGLIP')
     if env: return _siglip_from_env(env)
     for repo in SIGLIP_REPOS:
-        if _hf_cached_file(repo, 'open_clip_config.json') and any(_hf_cached_file(repo, w) for w in _OC_WEIGHTS):
-            return dict(model_name=f'hf-hub:{repo}', pretrained=None), f"{repo} found in the Hugging Face cache"
-    return None, ("SigLIP weights not found locally (REVEAL_SIGLIP unset; no timm/*SigLIP* open_clip model in the "
-                  "Hugging Face cache)")
+        if _hf_cached_file(repo, 'open_clip_config.json') and any(_hf_cached_file(repo, w)
+                                                                  for w in _OC_WEIGHTS):
+            return dict(model_name=f'hf-hub:{repo}',
+                        pretrained=None), f"{repo} found in the Hugging Face cache"
+    return None, ("SigLIP weights not found locally (REVEAL_SIGLIP unset; no timm/*SigLIP* "
+                  "open_clip model in the Hugging Face cache)")
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #41f97373
 def _open_clip_args(src: dict) -> tuple[str, str | None]:
@@ -137,19 +150,23 @@ def _open_clip_args(src: dict) -> tuple[str, str | None]:
     import open_clip
     if not src.get('local_dir'): return src['model_name'], src['pretrained']
     d = Path(src['local_dir'])
-    if getattr(open_clip.factory, 'LOCAL_DIR_PREFIX', None): return open_clip.factory.LOCAL_DIR_PREFIX + str(d), None
+    if getattr(open_clip.factory, 'LOCAL_DIR_PREFIX', None):
+        return open_clip.factory.LOCAL_DIR_PREFIX + str(d), None
     cfg = json.loads((d / 'open_clip_config.json').read_text())['model_cfg']
     arch = os.environ.get('REVEAL_SIGLIP_ARCH') or next(
         (m for m in open_clip.list_models() if open_clip.get_model_config(m) == cfg), None)
-    if arch is None: raise RuntimeError(f"no built-in open_clip architecture matches {d}/open_clip_config.json; "
+    if arch is None:
+        raise RuntimeError(f"no built-in open_clip architecture matches {d}/open_clip_config.json; "
                                         "set REVEAL_SIGLIP_ARCH")
     return arch, str(next(d / w for w in _OC_WEIGHTS if (d / w).exists()))
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #043dad4f
 def _siglip_id(src: dict) -> str:
     "The model id of a SigLIP source: `open_clip:<name>[@<weights file>]` (a local directory needs open_clip)."
-    name, pretrained = (src['model_name'], src['pretrained']) if not src.get('local_dir') else _open_clip_args(src)
-    return 'open_clip:' + (src.get('model_name') or name) + (f'@{Path(pretrained).name}' if pretrained else '')
+    name, pretrained = (src['model_name'],
+                        src['pretrained']) if not src.get('local_dir') else _open_clip_args(src)
+    return 'open_clip:' + (src.get('model_name') or name) + (f'@{Path(pretrained).name}'
+                                                             if pretrained else '')
 
 class SiglipImageEmbedder(ImageEmbedder):
     "SigLIP image (and text) tower through open_clip, from local weights only; loaded on first use."
@@ -167,12 +184,15 @@ def _load(self: SiglipImageEmbedder):
     self.device = torch_device()
     if self.device == 'cpu': set_torch_threads()
     name, pretrained = _open_clip_args(self.src)
-    self._model, _, self.preprocess = open_clip.create_model_and_transforms(name, pretrained=pretrained,
+    self._model, _, self.preprocess = open_clip.create_model_and_transforms(name,
+                                                                            pretrained=pretrained,
                                                                             device=self.device)
     self._model.eval()
     try: self.tokenizer = open_clip.get_tokenizer(name)
-    except Exception as e: self.tokenizer, self.why = None, f"{self.why}; text tower unavailable ({e})"
-    with torch.no_grad(): probe = self._model.encode_image(self._batch([np.zeros((64, 64, 3), np.uint8)]))
+    except Exception as e:
+        self.tokenizer, self.why = None, f"{self.why}; text tower unavailable ({e})"
+    with torch.no_grad():
+        probe = self._model.encode_image(self._batch([np.zeros((64, 64, 3), np.uint8)]))
     self._dim = int(probe.shape[-1])
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #78242279
@@ -202,7 +222,8 @@ def _batch(self: SiglipImageEmbedder, frames):
     "Frames preprocessed into one tensor on the model's device."
     import torch
     from PIL import Image
-    return torch.stack([self.preprocess(Image.fromarray(check_frame(f))) for f in frames]).to(self.device)
+    return torch.stack([self.preprocess(Image.fromarray(check_frame(f)))
+                        for f in frames]).to(self.device)
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #f3cd37a9
 @patch
@@ -214,7 +235,8 @@ def encode(self: SiglipImageEmbedder, frames: Sequence[np.ndarray]) -> np.ndarra
     out = []
     with torch.no_grad():
         for i in range(0, len(frames), self.batch_size):
-            out.append(self.model.encode_image(self._batch(frames[i:i + self.batch_size])).float().cpu().numpy())
+            out.append(self.model.encode_image(self._batch(frames[i:i
+                                                                  + self.batch_size])).float().cpu().numpy())
     return l2_normalize(np.concatenate(out))
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #6a7209d6
@@ -226,5 +248,6 @@ def encode_text(self: SiglipImageEmbedder, texts: Sequence[str]) -> np.ndarray:
     model = self.model
     if self.tokenizer is None: return ImageEmbedder.encode_text(self, texts)
     if not texts: return np.zeros((0, self.dim), np.float32)
-    with torch.no_grad(): v = model.encode_text(self.tokenizer(texts).to(self.device)).float().cpu().numpy()
+    with torch.no_grad():
+        v = model.encode_text(self.tokenizer(texts).to(self.device)).float().cpu().numpy()
     return l2_normalize(v)

@@ -28,11 +28,14 @@ def as_matrix(vectors, dim: int, what: str = 'vectors') -> np.ndarray:
     v = np.asarray(vectors, dtype=np.float32)
     if v.ndim == 1: v = v[None, :]
     if v.ndim != 2: raise ValueError(f"{what} must be (n, {dim}) or ({dim},), got shape {v.shape}")
-    if v.shape[1] != dim: raise ValueError(f"dimension mismatch: {what} have dim {v.shape[1]}, the index has dim {dim}")
+    if v.shape[1] != dim:
+        raise ValueError(f"dimension mismatch: {what} have dim {v.shape[1]}, the index has dim "
+                         f"{dim}")
     if not np.isfinite(v).all(): raise ValueError(f"{what} contain NaN or infinite values")
     norms = np.linalg.norm(v, axis=1, keepdims=True)
     if (norms == 0).any():
-        raise ValueError(f"{what} contain an all-zero row (row {int(np.argmin(norms[:, 0]))}); cosine is undefined")
+        raise ValueError(f"{what} contain an all-zero row (row {int(np.argmin(norms[:, 0]))}); "
+                         f"cosine is undefined")
     return v / norms
 
 # %% ../../nbs/05_retrieval.index.ipynb #16944f1b
@@ -54,8 +57,9 @@ def exact_topk(queries: np.ndarray, data: np.ndarray, k: int) -> tuple[np.ndarra
 # %% ../../nbs/05_retrieval.index.ipynb #6b8c974a
 class VectorIndex:
     "Cosine index over string keys: exact search up to `exact_threshold` items, usearch HNSW above; save/load."
-    def __init__(self, dim: int, model_id: str | None = None, exact_threshold: int = EXACT_THRESHOLD,
-                 connectivity: int = HNSW_CONNECTIVITY, expansion_add: int = HNSW_EXPANSION_ADD,
+    def __init__(self, dim: int, model_id: str | None = None,
+                 exact_threshold: int = EXACT_THRESHOLD, connectivity: int = HNSW_CONNECTIVITY,
+                 expansion_add: int = HNSW_EXPANSION_ADD,
                  expansion_search: int = HNSW_EXPANSION_SEARCH):
         if int(dim) < 1: raise ValueError(f"dim must be a positive int, got {dim}")
         self.dim, self.model_id, self.exact_threshold = int(dim), model_id, int(exact_threshold)
@@ -69,7 +73,8 @@ class VectorIndex:
 
     def __len__(self) -> int: return len(self.keys)
     def __contains__(self, key: str) -> bool: return key in self._pos
-    def __repr__(self): return f"VectorIndex(dim={self.dim}, n={len(self)}, model_id={self.model_id!r})"
+    def __repr__(self):
+        return f"VectorIndex(dim={self.dim}, n={len(self)}, model_id={self.model_id!r})"
 
     @property
     def matrix(self) -> np.ndarray:
@@ -86,7 +91,8 @@ def _check_new_keys(keys: list, existing: dict) -> None:
     if bad: raise TypeError(f"keys must be str, got {type(bad[0]).__name__} ({bad[0]!r})")
     seen = set(existing)
     for k in keys:
-        if k in seen: raise ValueError(f"duplicate key {k!r}" + (" (already in the index)" if k in existing
+        if k in seen:
+            raise ValueError(f"duplicate key {k!r}" + (" (already in the index)" if k in existing
                                                                   else " (twice in this batch)"))
         seen.add(k)
 
@@ -110,7 +116,8 @@ def add(self: VectorIndex, keys: Sequence[str], vectors) -> None:
 def _ensure_hnsw(self: VectorIndex):
     "Build or extend the usearch HNSW graph so it holds every vector; returns it."
     from usearch.index import Index
-    if self._hnsw is None: self._hnsw = Index(ndim=self.dim, metric='cos', dtype='f32', **self.params)
+    if self._hnsw is None:
+        self._hnsw = Index(ndim=self.dim, metric='cos', dtype='f32', **self.params)
     n0, mat = len(self._hnsw), self.matrix
     if n0 < len(mat): self._hnsw.add(np.arange(n0, len(mat), dtype=np.uint64), mat[n0:], threads=0)
     return self._hnsw
@@ -120,19 +127,22 @@ def _ensure_hnsw(self: VectorIndex):
 def _hnsw_search(self: VectorIndex, q: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
     "Top-`k` (key, cosine) per query row from the HNSW graph."
     m = self._ensure_hnsw().search(q, k, threads=0)
-    if not hasattr(m, 'counts'): found = [(m.keys, m.distances)]          # usearch answers a 1-row batch with `Matches`
+    if not hasattr(m, 'counts'):
+        found = [(m.keys, m.distances)]          # usearch answers a 1-row batch with `Matches`
     else: found = [(m.keys[i][:int(c)], m.distances[i][:int(c)]) for i, c in enumerate(m.counts)]
     return [[(self.keys[int(j)], float(1.0 - d)) for j, d in zip(ks, ds)] for ks, ds in found]
 
 # %% ../../nbs/05_retrieval.index.ipynb #fd418a57
 @patch
-def search(self: VectorIndex, vectors, k: int = 10, exact: bool | None = None) -> list[list[tuple[str, float]]]:
+def search(self: VectorIndex, vectors, k: int = 10,
+           exact: bool | None = None) -> list[list[tuple[str, float]]]:
     "Top-`k` (key, cosine) per query, best first; exact below the threshold or with `exact=True`; k capped at len()."
     if int(k) < 1: raise ValueError(f"k must be >= 1, got {k}")
     q = as_matrix(vectors, self.dim, what='queries')
     if len(self) == 0: return [[] for _ in range(len(q))]
     k = min(int(k), len(self))
-    if not (exact or (exact is None and len(self) <= self.exact_threshold)): return self._hnsw_search(q, k)
+    if not (exact or (exact is None and len(self) <= self.exact_threshold)):
+        return self._hnsw_search(q, k)
     idx, sc = exact_topk(q, self.matrix, k)
     return [[(self.keys[j], float(s)) for j, s in zip(ri, rs)] for ri, rs in zip(idx, sc)]
 
@@ -154,7 +164,8 @@ def save(self: VectorIndex, path: str | Path) -> Path:
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
     meta = dict(format='reveal_kit.index/1', dim=self.dim, metric='cos', dtype='f32', n=len(self),
-                model_id=self.model_id, exact_threshold=self.exact_threshold, **self.params, keys=self.keys)
+                model_id=self.model_id, exact_threshold=self.exact_threshold, **self.params,
+                keys=self.keys)
     if len(self): self._ensure_hnsw().save(str(p / INDEX_FILE))
     elif (p / INDEX_FILE).exists(): (p / INDEX_FILE).unlink()
     atomic_write_json(p / KEYS_FILE, meta, indent=None)
@@ -163,7 +174,8 @@ def save(self: VectorIndex, path: str | Path) -> Path:
 # %% ../../nbs/05_retrieval.index.ipynb #0010ac92
 def _read_meta(p: Path, model_id: str | None) -> dict:
     "The keys file of a saved index; with `model_id`, fail if the index was built by a different model."
-    if not (p / KEYS_FILE).exists(): raise FileNotFoundError(f"no {KEYS_FILE} in {p}: not a saved VectorIndex")
+    if not (p / KEYS_FILE).exists():
+        raise FileNotFoundError(f"no {KEYS_FILE} in {p}: not a saved VectorIndex")
     meta = json.loads((p / KEYS_FILE).read_text())
     if model_id is not None and meta.get('model_id') not in (None, model_id):
         raise ValueError(f"index at {p} was built with {meta['model_id']!r}, not {model_id!r}; "
@@ -188,7 +200,8 @@ def load(cls: VectorIndex, path: str | Path, model_id: str | None = None) -> Vec
                          f"{KEYS_FILE} lists {len(meta['keys'])} of dim {ix.dim}")
     h.expansion_search = ix.params['expansion_search']
     vecs = h.get(np.arange(len(h), dtype=np.uint64))
-    ix._mat = np.ascontiguousarray(np.vstack(vecs) if isinstance(vecs, tuple) else vecs, dtype=np.float32)
+    ix._mat = np.ascontiguousarray(np.vstack(vecs) if isinstance(vecs, tuple) else vecs,
+                                   dtype=np.float32)
     ix.keys, ix._hnsw = list(meta['keys']), h
     ix._pos = {k: i for i, k in enumerate(ix.keys)}
     return ix

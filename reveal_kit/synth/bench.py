@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib, json, os, time, warnings
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
 from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
@@ -19,8 +20,8 @@ from .render import render_video, subtitle_cues
 
 # %% auto #0
 __all__ = ['GENERATOR_VERSION', 'SPLITS', 'video_seed', 'video_qtypes', 'files_info', 'write_script_files', 'render_params',
-           'render_once', 'build_video', 'check_params', 'build_all', 'write_benchmark', 'generate_benchmark',
-           'load_questions', 'shortfall_lines']
+           'render_once', 'BenchSpec', 'build_video', 'check_params', 'build_all', 'write_benchmark',
+           'generate_benchmark', 'load_questions', 'shortfall_lines']
 
 # %% ../../nbs/09c_synth.bench.ipynb #cb2f89d7
 GENERATOR_VERSION = '1.0'
@@ -56,7 +57,8 @@ def write_script_files(root: Path, tl: Timeline) -> list[str]:
 def render_params(tl: Timeline, size, fps: float, codec: str) -> dict:
     "What a rendered MP4 depends on: generator version, a hash of the script, size, fps and codec."
     script = hashlib.sha256(json.dumps(tl.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-    return dict(gen=GENERATOR_VERSION, script=script, size=list(size), fps=fps, codec=pick_codec(codec))
+    return dict(gen=GENERATOR_VERSION, script=script, size=list(size), fps=fps,
+                codec=pick_codec(codec))
 
 # %% ../../nbs/09c_synth.bench.ipynb #1a87567a
 def _is_done(mp4: Path, done: Path, params: dict) -> bool:
@@ -65,7 +67,8 @@ def _is_done(mp4: Path, done: Path, params: dict) -> bool:
     d = json.loads(done.read_text())
     return d.get('params') == params and d.get('sha256') == sha256_file(mp4)
 
-def render_once(tl: Timeline, mp4: Path, params: dict, overwrite: bool = False, progress: bool = False) -> float:
+def render_once(tl: Timeline, mp4: Path, params: dict, overwrite: bool = False,
+                progress: bool = False) -> float:
     "Render tl to mp4 unless a matching `.done.json` says it is there already; the render seconds (0 if reused)."
     done = mp4.with_name(f'{tl.video_id}.done.json')
     if not overwrite and _is_done(mp4, done, params): return 0.0
@@ -75,40 +78,61 @@ def render_once(tl: Timeline, mp4: Path, params: dict, overwrite: bool = False, 
     atomic_write_json(done, dict(params=params, sha256=sha256_file(mp4), render_s=round(rsec, 2)))
     return rsec
 
+# %% ../../nbs/09c_synth.bench.ipynb #72f10e61
+@dataclass(frozen=True)
+class BenchSpec:
+    "What a synthetic benchmark is: length, count, questions, seed, split, frame size and rate, codec, subtitles."
+    minutes: float = 10.0
+    videos: int = 4
+    questions_per_video: int = 12
+    seed: int = 0
+    split: str = 'test'
+    size: tuple[int, int] = (640, 360)
+    fps: float = 2.0
+    codec: str = 'auto'
+    render: bool = True
+    subtitle_rate: float = 0.5
+
 # %% ../../nbs/09c_synth.bench.ipynb #3b2a0bb2
 def build_video(out_dir: str | Path, video_id: str, seed: int, duration: float, n_questions: int,
-                size=(640, 360), fps: float = 2.0, codec: str = 'auto', render: bool = True,
-                overwrite: bool = False, progress: bool = False, subtitle_rate: float = 0.5) -> dict:
+                spec: BenchSpec = BenchSpec(), overwrite: bool = False,
+                progress: bool = False) -> dict:
     "Script, render and write one video (mp4, srt, timeline json); returns its record with questions as dicts."
     root = Path(out_dir)
-    tl = script_video(video_id, seed, duration, video_qtypes(seed, n_questions), subtitle_rate)
+    tl = script_video(video_id, seed, duration, video_qtypes(seed, n_questions), spec.subtitle_rate)
     names, rsec = write_script_files(root, tl), 0.0
-    if render:
-        params = render_params(tl, size, fps, codec)
+    if spec.render:
+        params = render_params(tl, spec.size, spec.fps, spec.codec)
         rsec = render_once(tl, root / f'videos/{video_id}.mp4', params, overwrite, progress)
         names.insert(0, f'videos/{video_id}.mp4')
     meta = dict(split=video_id.split('-')[0], video_seed=seed, generator_version=GENERATOR_VERSION,
                 timeline_path=names[-1])
     qs = make_questions(tl, meta)
     for q in qs:
-        q.video_path, q.subtitle_path = (f'videos/{video_id}.mp4' if render else None), f'videos/{video_id}.srt'
-    return dict(video_id=video_id, seed=seed, duration=duration, n_scenes=len(tl.scenes), n_events=len(tl.events),
-                n_planned=n_questions, n_questions=len(qs), render_s=round(rsec, 2), files=files_info(root, names),
+        q.video_path, q.subtitle_path = (f'videos/{video_id}.mp4' if spec.render
+                                         else None), f'videos/{video_id}.srt'
+    return dict(video_id=video_id, seed=seed, duration=duration, n_scenes=len(tl.scenes),
+                n_events=len(tl.events), n_planned=n_questions, n_questions=len(qs),
+                render_s=round(rsec, 2), files=files_info(root, names),
                 questions=[q.to_dict() for q in qs])
 
 # %% ../../nbs/09c_synth.bench.ipynb #1b4adbeb
-def check_params(minutes: float, videos: int, questions_per_video: int, split: str, subtitle_rate: float) -> None:
+def check_params(minutes: float, videos: int, questions_per_video: int, split: str,
+                 subtitle_rate: float) -> None:
     "Raise a one-line ValueError for parameters no benchmark can be generated with."
     if minutes <= 0 or videos < 1 or questions_per_video < 1:
         raise ValueError("minutes, videos and questions_per_video must be positive")
-    if minutes * 60 < 30: raise ValueError(f"videos must be at least 0.5 minutes long, got {minutes}")
-    if not 0 <= subtitle_rate <= 1: raise ValueError(f"subtitle_rate must be in [0, 1], got {subtitle_rate}")
+    if minutes * 60 < 30:
+        raise ValueError(f"videos must be at least 0.5 minutes long, got {minutes}")
+    if not 0 <= subtitle_rate <= 1:
+        raise ValueError(f"subtitle_rate must be in [0, 1], got {subtitle_rate}")
     if split not in SPLITS: raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
 
 # %% ../../nbs/09c_synth.bench.ipynb #3aac3383
 def _build_one(kw: dict) -> dict: return build_video(**kw)
 
-def build_all(jobs: list[dict], workers: int = 1, progress: bool = True, desc: str = 'synth') -> list[dict]:
+def build_all(jobs: list[dict], workers: int = 1, progress: bool = True,
+              desc: str = 'synth') -> list[dict]:
     "Run build_video for every job (in `workers` processes when > 1); records in job order."
     recs = {}
     with tqdm(total=len(jobs), desc=desc, unit='video', disable=not progress) as bar:
@@ -129,35 +153,42 @@ def build_all(jobs: list[dict], workers: int = 1, progress: bool = True, desc: s
 def write_benchmark(root: Path, recs: list[dict], params: dict) -> dict:
     "Write questions.jsonl and manifest.json from the per-video records; returns the manifest."
     qs = [q for r in recs for q in r['questions']]
-    atomic_write_text(root / 'questions.jsonl', ''.join(json.dumps(q, sort_keys=True) + '\n' for q in qs))
-    man = dict(name=root.name, format='reveal-kit questions.jsonl', generator='reveal_kit.synth.bench',
-               generator_version=GENERATOR_VERSION, kit_version=kit_version(), seed=params['seed'],
-               split=params['split'], parameters=params, n_videos=len(recs), n_questions=len(qs),
+    atomic_write_text(root / 'questions.jsonl',
+                      ''.join(json.dumps(q, sort_keys=True) + '\n' for q in qs))
+    man = dict(name=root.name, format='reveal-kit questions.jsonl',
+               generator='reveal_kit.synth.bench', generator_version=GENERATOR_VERSION,
+               kit_version=kit_version(), seed=params['seed'], split=params['split'],
+               parameters=params, n_videos=len(recs), n_questions=len(qs),
                counts_by_type=dict(Counter(q['qtype'] for q in qs).most_common()),
                letter_distribution=dict(sorted(Counter(q['answer'] for q in qs).items())),
                render_seconds=round(sum(r['render_s'] for r in recs), 2),
-               files={**{k: v for r in recs for k, v in r['files'].items()}, **files_info(root, ['questions.jsonl'])},
+               files={**{k: v for r in recs for k, v in r['files'].items()},
+                      **files_info(root, ['questions.jsonl'])},
                videos=[{k: v for k, v in r.items() if k != 'questions'} for r in recs])
     atomic_write_json(root / 'manifest.json', man)
     return man
 
 # %% ../../nbs/09c_synth.bench.ipynb #b8dcfc84
-def generate_benchmark(out_dir: str | Path, minutes: float = 10.0, videos: int = 4, questions_per_video: int = 12,
-                       seed: int = 0, split: str = 'test', size: tuple[int, int] = (640, 360), fps: float = 2.0,
-                       codec: str = 'auto', render: bool = True, workers: int = 1, overwrite: bool = False,
-                       progress: bool = True, subtitle_rate: float = 0.5) -> dict:
+def _jobs(root: Path, s: BenchSpec, overwrite: bool, progress: bool) -> list[dict]:
+    "The `build_video` keywords of every video of a benchmark."
+    one = replace(s, size=tuple(s.size))
+    return [dict(out_dir=str(root), video_id=f"{s.split}-s{s.seed}-{i:03d}",
+                 seed=video_seed(s.seed, s.split, i), duration=float(round(s.minutes * 60)),
+                 n_questions=s.questions_per_video, spec=one, overwrite=overwrite,
+                 progress=progress) for i in range(s.videos)]
+
+def generate_benchmark(out_dir: str | Path, *args, spec: BenchSpec | None = None, workers: int = 1,
+                       overwrite: bool = False, progress: bool = True, **kw) -> dict:
     "Generate a benchmark into out_dir (videos/*.mp4, *.srt, *.timeline.json, questions.jsonl, manifest.json)."
-    check_params(minutes, videos, questions_per_video, split, subtitle_rate)
+    s = spec or BenchSpec(*args, **kw)
+    check_params(s.minutes, s.videos, s.questions_per_video, s.split, s.subtitle_rate)
     root = Path(out_dir)
-    bar_per_video = progress and workers == 1 and minutes >= 20
-    jobs = [dict(out_dir=str(root), video_id=f"{split}-s{seed}-{i:03d}", seed=video_seed(seed, split, i),
-                 duration=float(round(minutes * 60)), n_questions=questions_per_video, size=tuple(size), fps=fps,
-                 codec=codec, render=render, overwrite=overwrite, subtitle_rate=subtitle_rate,
-                 progress=bar_per_video) for i in range(videos)]
-    recs = build_all(jobs, workers, progress, f'synth {split}')
-    params = dict(minutes=minutes, videos=videos, questions_per_video=questions_per_video, seed=seed, split=split,
-                  size=list(size), fps=fps, codec=pick_codec(codec) if render else None, render=render,
-                  subtitle_rate=subtitle_rate)
+    jobs = _jobs(root, s, overwrite, progress and workers == 1 and s.minutes >= 20)
+    recs = build_all(jobs, workers, progress, f'synth {s.split}')
+    params = dict(minutes=s.minutes, videos=s.videos, questions_per_video=s.questions_per_video,
+                  seed=s.seed, split=s.split, size=list(s.size), fps=s.fps,
+                  codec=pick_codec(s.codec) if s.render else None, render=s.render,
+                  subtitle_rate=s.subtitle_rate)
     return write_benchmark(root, recs, params)
 
 # %% ../../nbs/09c_synth.bench.ipynb #bb9b5aa5
@@ -172,13 +203,17 @@ def load_questions(root: str | Path) -> list[Question]:
     "Questions of a generated benchmark (a folder or its questions.jsonl), paths made absolute, one per qid."
     root = Path(root)
     f = root / 'questions.jsonl' if root.is_dir() else root
-    if not f.exists(): raise FileNotFoundError(f"no questions.jsonl at {f} — run `reveal synth {root}` first")
+    if not f.exists():
+        raise FileNotFoundError(f"no questions.jsonl at {f} — run `reveal synth {root}` first")
     out, wheres = [], []
     for n, row in enumerate(_strict_rows(f), 1):
         try: q = Question.from_dict(row)
-        except (ValueError, TypeError) as e: raise ValueError(f"{f}:{n}: malformed question: {e}") from e
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{f}:{n}: malformed question: {e}") from e
         for k in ('video_path', 'subtitle_path'):
-            if getattr(q, k): setattr(q, k, os.path.abspath(f.parent / getattr(q, k)))   # a link loop: fails later
+            if getattr(q, k):
+                # a link loop: fails later
+                setattr(q, k, os.path.abspath(f.parent / getattr(q, k)))
         out.append(q)
         wheres.append(f"{f}:{n}")
     return unique_qids(out, wheres)
@@ -190,6 +225,7 @@ def shortfall_lines(man: dict) -> list[str]:
     if not short:
         return []
     minutes = man.get('parameters', {}).get('minutes')
-    return [f"  note: {v['video_id']} holds {v['n_questions']} of the {v['n_planned']} questions asked: its "
-            f"{minutes:g}-min timeline has no room for the distinct events the others need (use longer --minutes)"
+    return [f"  note: {v['video_id']} holds {v['n_questions']} of the {v['n_planned']} questions "
+            f"asked: its {minutes:g}-min timeline has no room for the distinct events the others "
+            f"need (use longer --minutes)"
             for v in short]

@@ -16,7 +16,8 @@ __all__ = ['DERIVERS', 'N_OPTIONS', 'derive_counting', 'derive_temporal', 'deriv
 # %% ../../nbs/09a_synth.questions.ipynb #58d1653b
 def _by_id(tl: Timeline) -> dict[str, Event]: return {e.eid: e for e in tl.events}
 def _ph(e: Event) -> str: return phrase(e.entity, e.action, e.obj)
-def _tgt(p: dict) -> tuple: return (p['target']['entity'], p['target']['action'], p['target']['obj'])
+def _tgt(p: dict) -> tuple:
+    return (p['target']['entity'], p['target']['action'], p['target']['obj'])
 
 def derive_counting(tl: Timeline, p: dict, rng: np.random.Generator):
     "How many times a triple occurs; options are the planned window of 4 consecutive counts (gold uniform inside it)."
@@ -25,7 +26,8 @@ def derive_counting(tl: Timeline, p: dict, rng: np.random.Generator):
     n, w = len(hits), p.get('window', 1)
     lo = w if w <= n <= w + 3 else max(1, n - 3)
     q = f"How many times does {phrase(*t, 'base')} in the video?"
-    return q, str(n), [str(k) for k in range(lo, lo + 4) if k != n], hits, [_by_id(tl)[x] for x in p['distractors']]
+    return q, str(n), [str(k) for k in range(lo, lo + 4)
+                       if k != n], hits, [_by_id(tl)[x] for x in p['distractors']]
 
 # %% ../../nbs/09a_synth.questions.ipynb #a97524d7
 def derive_temporal(tl: Timeline, p: dict, rng: np.random.Generator):
@@ -61,7 +63,8 @@ def derive_action(tl: Timeline, p: dict, rng: np.random.Generator):
     if len({x.action for x in hits}) != 1: return None
     a = hits[0].action
     near = [_by_id(tl)[x] for x in p['distractors']]
-    acts = list(dict.fromkeys([x.action for x in near] + [str(x) for x in rng.permutation(sorted(ACTIONS))]))
+    acts = list(dict.fromkeys([x.action for x in near]
+                              + [str(x) for x in rng.permutation(sorted(ACTIONS))]))
     wrong = [phrase(e, x, o) for x in acts if x != a][:4]
     return f"What does {ENTITIES[e][0]} do with the {o}?", phrase(e, a, o), wrong, hits, near
 
@@ -72,7 +75,8 @@ def derive_causal(tl: Timeline, p: dict, rng: np.random.Generator):
     hits = [e for e in tl.events if e.triple == t]
     if len(hits) != 1 or not hits[0].cause: return None
     near = [_by_id(tl)[x] for x in p['distractors']]
-    seen = [x.cause for x in near if x.cause] + [c for c in rng.permutation(CAUSES) if c != hits[0].cause]
+    seen = [x.cause for x in near if x.cause] + [c for c in rng.permutation(CAUSES)
+                                                 if c != hits[0].cause]
     wrong = [f"because {c}" for c in dict.fromkeys(seen) if c != hits[0].cause][:3]
     return f"Why does {phrase(*t, 'base')}?", f"because {hits[0].cause}", wrong, hits, near
 
@@ -102,7 +106,8 @@ def _clean_distractors(dis: list[Event], ev: list[Event]) -> list[Event]:
     keep = [e for e in dis if e.eid not in eids and not any(_overlaps(e.span, s) for s in spans)]
     return list({e.eid: e for e in keep}.values())
 
-def make_question(tl: Timeline, p: dict, j: int, rng: np.random.Generator, meta: dict | None = None) -> Question | None:
+def make_question(tl: Timeline, p: dict, j: int, rng: np.random.Generator,
+                  meta: dict | None = None) -> Question | None:
     "Derive one question from a plan, with shuffled unique options and spans; None when the plan does not hold."
     out = DERIVERS[p['qtype']](tl, p, rng)
     if not out: return None
@@ -111,10 +116,10 @@ def make_question(tl: Timeline, p: dict, j: int, rng: np.random.Generator, meta:
     if len(wrong) < 3: return None
     pos = int(rng.integers(len(wrong) + 1))
     dis = _clean_distractors(dis, ev)
-    return Question(f"{tl.video_id}-q{j:02d}", tl.video_id, q, wrong[:pos] + [gold] + wrong[pos:], answer=LETTERS[pos],
-                    qtype=p['qtype'], duration=tl.duration, duration_group=duration_group(tl.duration),
-                    evidence_spans=[e.span for e in ev], distractor_spans=[e.span for e in dis],
-                    cues=[cue_text(e) for e in ev],
+    return Question(f"{tl.video_id}-q{j:02d}", tl.video_id, q, wrong[:pos] + [gold] + wrong[pos:],
+                    answer=LETTERS[pos], qtype=p['qtype'], duration=tl.duration,
+                    duration_group=duration_group(tl.duration), evidence_spans=[e.span for e in ev],
+                    distractor_spans=[e.span for e in dis], cues=[cue_text(e) for e in ev],
                     meta=dict(target=p['target'], evidence_events=[e.eid for e in ev],
                               distractor_events=[e.eid for e in dis], **(meta or {})))
 

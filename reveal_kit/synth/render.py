@@ -18,7 +18,8 @@ __all__ = ['GAP_EM', 'palette', 'pattern', 'scene_background', 'get_font', 'line
 # %% ../../nbs/09b_synth.render.ipynb #d45d614f
 def palette(hues: tuple[float, float]) -> np.ndarray:
     "Two mid-luminance colours (float RGB 0–255) of visibly different brightness."
-    return np.array([colorsys.hsv_to_rgb(hues[0], 0.65, 0.75), colorsys.hsv_to_rgb(hues[1], 0.55, 0.42)]) * 255
+    return np.array([colorsys.hsv_to_rgb(hues[0], 0.65, 0.75),
+                     colorsys.hsv_to_rgb(hues[1], 0.55, 0.42)]) * 255
 
 # %% ../../nbs/09b_synth.render.ipynb #b26c4172
 def pattern(kind: str, h: int, w: int, rng: np.random.Generator) -> np.ndarray:
@@ -50,8 +51,9 @@ def scene_background(scene: Scene, size: tuple[int, int]) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 # %% ../../nbs/09b_synth.render.ipynb #806e7f33
-_FONTS = ['/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf', '/usr/share/fonts/dejavu/DejaVuSans-Bold.ttf',
-          '/Library/Fonts/Arial Bold.ttf', 'C:/Windows/Fonts/arialbd.ttf']
+_FONTS = ['/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf',
+          '/usr/share/fonts/dejavu/DejaVuSans-Bold.ttf', '/Library/Fonts/Arial Bold.ttf',
+          'C:/Windows/Fonts/arialbd.ttf']
 
 def get_font(size: int) -> ImageFont.ImageFont:
     "A bold TrueType font of `size` px (DejaVu Sans Bold when present, else Pillow's built-in scalable font)."
@@ -100,9 +102,13 @@ def event_card(base: np.ndarray, ev: Event) -> np.ndarray:
 
 # %% ../../nbs/09b_synth.render.ipynb #caed39df
 def _sprite_draw(d: ImageDraw.ImageDraw, kind: str, r: int, fill, outline) -> None:
-    if kind == 'circle': d.ellipse([1, 1, 2 * r - 2, 2 * r - 2], fill=fill, outline=outline, width=3)
-    elif kind == 'square': d.rectangle([2, 2, 2 * r - 3, 2 * r - 3], fill=fill, outline=outline, width=3)
-    else: d.polygon([(r, 1), (2 * r - 2, 2 * r - 2), (1, 2 * r - 2)], fill=fill, outline=outline, width=3)
+    if kind == 'circle':
+        d.ellipse([1, 1, 2 * r - 2, 2 * r - 2], fill=fill, outline=outline, width=3)
+    elif kind == 'square':
+        d.rectangle([2, 2, 2 * r - 3, 2 * r - 3], fill=fill, outline=outline, width=3)
+    else:
+        d.polygon([(r, 1), (2 * r - 2, 2 * r - 2), (1, 2 * r - 2)], fill=fill, outline=outline,
+                  width=3)
 
 def shape_sprite(entity: str, r: int) -> tuple[np.ndarray, np.ndarray]:
     "The entity's shape: (2r, 2r, 3) colour with a black outline and a boolean mask."
@@ -114,7 +120,8 @@ def shape_sprite(entity: str, r: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(c), np.asarray(m) > 0
 
 # %% ../../nbs/09b_synth.render.ipynb #96258c3b
-def draw_shape(img: np.ndarray, sprite: tuple[np.ndarray, np.ndarray], progress: float) -> np.ndarray:
+def draw_shape(img: np.ndarray, sprite: tuple[np.ndarray, np.ndarray],
+               progress: float) -> np.ndarray:
     "Draw the sprite moving left to right along the lower band at `progress` ∈ [0, 1] (in place; returns img)."
     col, m = sprite
     h, w = img.shape[:2]
@@ -155,8 +162,8 @@ def timeline_frames(tl: Timeline, size: tuple[int, int] = (640, 360), fps: float
         yield img
 
 # %% ../../nbs/09b_synth.render.ipynb #3e0fb1dc
-def render_video(tl: Timeline, path: str | Path, size: tuple[int, int] = (640, 360), fps: float = 2.0,
-                 codec: str = 'auto', progress: bool = False) -> Path:
+def render_video(tl: Timeline, path: str | Path, size: tuple[int, int] = (640, 360),
+                 fps: float = 2.0, codec: str = 'auto', progress: bool = False) -> Path:
     "Render a scripted timeline to an MP4 (reproducible bytes: one encoder thread, a key frame every 10 s)."
     frames = timeline_frames(tl, size, fps)
     return write_video(path, frames, fps=fps, codec=codec, gop_s=10, threads=1,

@@ -44,9 +44,9 @@ ACTIONS = {  # key: (third person, past)
 # %% ../../nbs/09_synth.script.ipynb #f549da1f
 OBJECTS = ['box', 'ball', 'lamp', 'cup', 'book', 'kite', 'drum', 'bottle', 'basket', 'chair',
            'umbrella', 'bucket', 'clock', 'tomato', 'ladder']
-CAUSES = ['the alarm rang', 'the phone rang', 'the rain started', 'the lights went out', 'the baby cried',
-          'the dog barked', 'the bell rang', 'the music stopped', 'the wind blew', 'the kettle whistled',
-          'the door slammed', 'the train arrived']
+CAUSES = ['the alarm rang', 'the phone rang', 'the rain started', 'the lights went out',
+          'the baby cried', 'the dog barked', 'the bell rang', 'the music stopped', 'the wind blew',
+          'the kettle whistled', 'the door slammed', 'the train arrived']
 
 # %% ../../nbs/09_synth.script.ipynb #d4c71973
 @dataclass
@@ -115,7 +115,8 @@ def scene_length(rng: np.random.Generator) -> float:
 def _new_hue(rng: np.random.Generator, prev: Scene | None) -> float:
     "A hue at least 60° away from the previous scene's."
     h = float(rng.uniform(0, 1))
-    while prev and min(abs(h - prev.hues[0]), 1 - abs(h - prev.hues[0])) < 1 / 6: h = float(rng.uniform(0, 1))
+    while prev and min(abs(h - prev.hues[0]), 1 - abs(h - prev.hues[0])) < 1 / 6:
+        h = float(rng.uniform(0, 1))
     return h
 
 def plan_scenes(rng: np.random.Generator, duration: float) -> list[Scene]:
@@ -128,7 +129,8 @@ def plan_scenes(rng: np.random.Generator, duration: float) -> list[Scene]:
             break
         tex = pick_from(rng, [x for x in TEXTURES if not prev or x != prev.texture])
         h = _new_hue(rng, prev)
-        prev = Scene(t, t + L, tex, (h, (h + float(rng.uniform(0.06, 0.18))) % 1), int(rng.integers(2**31)))
+        prev = Scene(t, t + L, tex, (h, (h + float(rng.uniform(0.06, 0.18))) % 1),
+                     int(rng.integers(2**31)))
         scenes.append(prev)
         t += L
     return scenes
@@ -173,8 +175,10 @@ def new_draft(rng: np.random.Generator, duration: float) -> tuple[Draft, list[Sc
     "Scenes, slots and a per-video vocabulary (5 entities, 8 actions, 8 objects, shuffled causes)."
     scenes = plan_scenes(rng, duration)
     slots = make_slots(rng, scenes)
-    cast, actions, objects = _draw(rng, list(ENTITIES), 5), _draw(rng, list(ACTIONS), 8), _draw(rng, OBJECTS, 8)
-    return Draft(rng, slots, cast, actions, objects, [str(x) for x in rng.permutation(CAUSES)]), scenes
+    cast, actions, objects = _draw(rng, list(ENTITIES), 5), _draw(rng, list(ACTIONS),
+                                                                  8), _draw(rng, OBJECTS, 8)
+    return Draft(rng, slots, cast, actions, objects,
+                 [str(x) for x in rng.permutation(CAUSES)]), scenes
 
 # %% ../../nbs/09_synth.script.ipynb #be443f14
 def fresh_triple(d: Draft, entity=None, action=None, obj=None, avoid=()) -> tuple | None:
@@ -182,7 +186,8 @@ def fresh_triple(d: Draft, entity=None, action=None, obj=None, avoid=()) -> tupl
     for _ in range(300):
         t = (entity or pick_from(d.rng, d.cast), action or pick_from(d.rng, d.actions),
              obj or pick_from(d.rng, d.objects))
-        if t in d.planted or t in d.banned or (t[0], t[2]) in d.reserved or set(t) & set(avoid): continue
+        if t in d.planted or t in d.banned or (t[0], t[2]) in d.reserved or set(t) & set(avoid):
+            continue
         return t
     return None
 
@@ -229,8 +234,10 @@ def plant_counting(d: Draft) -> dict | None:
     slots = [int(x) for x in d.rng.permutation(slots)]
     ev = [place(d, s, t, 'decisive') for s in slots[:n]]
     e, a, o = t
-    dis = _nmiss(d, slots[n:], [dict(entity=e, obj=o, avoid=(a,)), dict(action=a, obj=o, avoid=(e,))], 'distractor')
-    return dict(qtype='counting', target=dict(entity=e, action=a, obj=o), evidence=ev, distractors=dis, window=lo)
+    dis = _nmiss(d, slots[n:], [dict(entity=e, obj=o, avoid=(a,)),
+                                dict(action=a, obj=o, avoid=(e,))], 'distractor')
+    return dict(qtype='counting', target=dict(entity=e, action=a, obj=o), evidence=ev,
+                distractors=dis, window=lo)
 
 # %% ../../nbs/09_synth.script.ipynb #6d1508b4
 def plant_temporal(d: Draft) -> dict | None:
@@ -246,7 +253,8 @@ def plant_temporal(d: Draft) -> dict | None:
         A2 = fresh_triple(d, entity=A[0], action=A[1], avoid=(A[2],))
         C = A2 and fresh_triple(d, avoid=(B[1],))
         if C: dis = [place(d, cc[0], A2, 'distractor'), place(d, cc[1], C, 'distractor')]
-    return dict(qtype='temporal_order', target=dict(entity=A[0], action=A[1], obj=A[2]), evidence=ev, distractors=dis)
+    return dict(qtype='temporal_order', target=dict(entity=A[0], action=A[1], obj=A[2]),
+                evidence=ev, distractors=dis)
 
 # %% ../../nbs/09_synth.script.ipynb #b4ab6700
 def plant_negation(d: Draft) -> dict | None:
@@ -259,8 +267,10 @@ def plant_negation(d: Draft) -> dict | None:
     e, a, o = X
     shown = [place(d, s, t, 'decisive') for s in slots[:k] if (t := fresh_triple(d))]
     if len(shown) < 3: return None
-    dis = _nmiss(d, slots[k:], [dict(entity=e, action=a, avoid=(o,)), dict(action=a, obj=o, avoid=(e,))], 'distractor')
-    return dict(qtype='negation', target=dict(entity=e, action=a, obj=o), evidence=shown, distractors=dis)
+    dis = _nmiss(d, slots[k:], [dict(entity=e, action=a, avoid=(o,)),
+                                dict(action=a, obj=o, avoid=(e,))], 'distractor')
+    return dict(qtype='negation', target=dict(entity=e, action=a, obj=o), evidence=shown,
+                distractors=dis)
 
 # %% ../../nbs/09_synth.script.ipynb #bcdeaa97
 def _unused_pair_triple(d: Draft) -> tuple | None:
@@ -280,8 +290,10 @@ def plant_action(d: Draft) -> dict | None:
     ev = [place(d, slots[0], t, 'decisive')]
     d.reserved.add((t[0], t[2]))
     e, a, o = t
-    dis = _nmiss(d, slots[1:], [dict(obj=o, avoid=(e, a)), dict(entity=e, avoid=(a, o))], 'distractor')
-    return dict(qtype='action', target=dict(entity=e, action=a, obj=o), evidence=ev, distractors=dis)
+    dis = _nmiss(d, slots[1:], [dict(obj=o, avoid=(e, a)), dict(entity=e, avoid=(a, o))],
+                 'distractor')
+    return dict(qtype='action', target=dict(entity=e, action=a, obj=o), evidence=ev,
+                distractors=dis)
 
 # %% ../../nbs/09_synth.script.ipynb #e432ec13
 def plant_causal(d: Draft) -> dict | None:
@@ -293,8 +305,10 @@ def plant_causal(d: Draft) -> dict | None:
     d.causes = d.causes[3:] + c
     ev = [place(d, slots[0], t, 'decisive', c[0])]
     e, a, o = t
-    dis = _nmiss(d, slots[1:], [dict(action=a, obj=o, avoid=(e,)), dict(entity=e, avoid=(a, o))], 'distractor', c[1:])
-    return dict(qtype='causal', target=dict(entity=e, action=a, obj=o), evidence=ev, distractors=dis)
+    dis = _nmiss(d, slots[1:], [dict(action=a, obj=o, avoid=(e,)), dict(entity=e, avoid=(a, o))],
+                 'distractor', c[1:])
+    return dict(qtype='causal', target=dict(entity=e, action=a, obj=o), evidence=ev,
+                distractors=dis)
 
 # %% ../../nbs/09_synth.script.ipynb #11707585
 def plant_global(d: Draft) -> dict | None:
@@ -374,7 +388,8 @@ class Timeline:
     @classmethod
     def from_dict(cls, d: dict) -> Timeline:
         scenes = [Scene(**{**s, 'hues': tuple(s['hues'])}) for s in d['scenes']]
-        return cls(d['video_id'], d['seed'], d['duration'], scenes, [Event(**e) for e in d['events']], d['plans'])
+        return cls(d['video_id'], d['seed'], d['duration'], scenes,
+                   [Event(**e) for e in d['events']], d['plans'])
 
 # %% ../../nbs/09_synth.script.ipynb #3815390e
 def _plant_all(d: Draft, qtypes: list[str]) -> list[dict]:
@@ -384,9 +399,11 @@ def _plant_all(d: Draft, qtypes: list[str]) -> list[dict]:
     return [planted[i] for i in range(len(qtypes)) if planted[i]]
 
 def _by_eid(plan: dict) -> dict:
-    return dict(plan, evidence=[e.eid for e in plan['evidence']], distractors=[e.eid for e in plan['distractors']])
+    return dict(plan, evidence=[e.eid for e in plan['evidence']],
+                distractors=[e.eid for e in plan['distractors']])
 
-def script_video(video_id: str, seed: int, duration: float, qtypes: list[str], subtitle_rate: float = 0.5) -> Timeline:
+def script_video(video_id: str, seed: int, duration: float, qtypes: list[str],
+                 subtitle_rate: float = 0.5) -> Timeline:
     "Script one video deterministically from its seed: scenes, planted question events, fillers, subtitles."
     rng = np.random.default_rng(seed)
     d, scenes = new_draft(rng, duration)

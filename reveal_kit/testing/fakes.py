@@ -18,10 +18,12 @@ __all__ = ['FakeChatServer', 'HashEmbedder', 'synthetic_items', 'TinyHit', 'Tiny
 def _completion_body(out: str | dict) -> dict:
     "The chat completion for a handler's reply: a text, or a message dict (`tool_calls` as `{'name', 'arguments'}`)."
     m = {'content': out} if isinstance(out, str) else dict(out)
-    usage = {'prompt_tokens': 11, 'completion_tokens': len(str(m.get('content') or '').split()), **m.pop('usage', {})}
+    usage = {'prompt_tokens': 11, 'completion_tokens': len(str(m.get('content') or '').split()),
+             **m.pop('usage', {})}
     args = lambda a: a if isinstance(a, str) else json.dumps(a)
     calls = [c if 'function' in c else {'id': f'chatcmpl-tool-{i}', 'type': 'function',
-                                        'function': {'name': c['name'], 'arguments': args(c['arguments'])}}
+                                        'function': {'name': c['name'],
+                                                     'arguments': args(c['arguments'])}}
              for i, c in enumerate(m.pop('tool_calls', None) or [])]
     finish = m.pop('finish_reason', 'tool_calls' if calls else 'stop')
     msg = {'role': 'assistant', 'content': None, **m, **({'tool_calls': calls} if calls else {})}
@@ -52,7 +54,8 @@ class FakeChatServer:
                 self._send(200, {'object': 'list', 'data': [{'id': srv.model, 'object': 'model'}]})
 
             def do_POST(self):
-                payload = json.loads(self.rfile.read(int(self.headers.get('Content-Length', 0))) or b'{}')
+                payload = json.loads(self.rfile.read(int(self.headers.get('Content-Length', 0)))
+                                     or b'{}')
                 srv.requests.append(payload)
                 out = srv.handler(payload)
                 if isinstance(out, tuple):
@@ -81,11 +84,12 @@ class HashEmbedder:
         return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
 
 # %% ../../nbs/01a_testing.fakes.ipynb #42053ce9
-_SUBJ = ['a person', 'a woman in a coat', 'a child', 'an elderly man', 'two friends', 'a delivery worker', 'a teenager']
-_VERB = ['walks along', 'sits quietly on', 'looks out of', 'wipes', 'stands beside', 'talks on the phone near',
-         'reads next to']
-_OBJ = ['the hallway', 'a wooden bench', 'the window', 'the bookshelf', 'the sofa', 'a floor lamp', 'the garden gate',
-        'the staircase']
+_SUBJ = ['a person', 'a woman in a coat', 'a child', 'an elderly man', 'two friends',
+         'a delivery worker', 'a teenager']
+_VERB = ['walks along', 'sits quietly on', 'looks out of', 'wipes', 'stands beside',
+         'talks on the phone near', 'reads next to']
+_OBJ = ['the hallway', 'a wooden bench', 'the window', 'the bookshelf', 'the sofa', 'a floor lamp',
+        'the garden gate', 'the staircase']
 
 def _summarize_up(items: list[MemoryItem], level: int, group: int, words: int) -> list[MemoryItem]:
     "Parents of every `group` consecutive items: their time-labelled narratives, cut to `words` words."
@@ -98,8 +102,8 @@ def _summarize_up(items: list[MemoryItem], level: int, group: int, words: int) -
     return out
 
 # %% ../../nbs/01a_testing.fakes.ipynb #6cec8b12
-def synthetic_items(n_l1: int = 60, events: dict[int, str] | None = None, seed: int = 0, l1_s: float = 10.0,
-                    group: int = 12, l2_words: int = 120) -> list[MemoryItem]:
+def synthetic_items(n_l1: int = 60, events: dict[int, str] | None = None, seed: int = 0,
+                    l1_s: float = 10.0, group: int = 12, l2_words: int = 120) -> list[MemoryItem]:
     "L1/L2/L3 `MemoryItem`s of a synthetic video: seeded filler narratives, `events` planted at L1 indices."
     rng, events = random.Random(seed), events or {}
     l1 = [MemoryItem(f'L1_{i:04d}', 1, l1_s * i, l1_s * (i + 1),
@@ -140,7 +144,8 @@ class TinyMemory:
     def frames(self, item: MemoryItem, n: int) -> list[np.ndarray]:
         return [np.zeros((8, 8, 3), np.uint8)] * n
 
-    def search_text(self, query: str | np.ndarray, k: dict[int, int] | None = None) -> list[TinyHit]:
+    def search_text(self, query: str | np.ndarray,
+                    k: dict[int, int] | None = None) -> list[TinyHit]:
         "Top-k items per level by cosine to the query (a text or a vector)."
         k = k or {1: 8, 2: 4, 3: 2}
         qv = self.text_embedder.encode([query])[0] if isinstance(query, str) else query

@@ -23,8 +23,8 @@ def ffmpeg_exe() -> str:
     return imageio_ffmpeg.get_ffmpeg_exe()
 
 # %% ../../nbs/01c_testing.media.ipynb #d3572eba
-def ffmpeg_write(path: str | Path, frames: Iterable[np.ndarray], rate: str = '10', inputs: Sequence[str] = (),
-                 args: Sequence[str] = ()) -> Path:
+def ffmpeg_write(path: str | Path, frames: Iterable[np.ndarray], rate: str = '10',
+                 inputs: Sequence[str] = (), args: Sequence[str] = ()) -> Path:
     "Pipe RGB frames into FFmpeg at an exact `rate` ('30000/1001'); `inputs`: more input files; `args`: output options."
     import subprocess
     path, frames = Path(path), iter(frames)
@@ -32,25 +32,29 @@ def ffmpeg_write(path: str | Path, frames: Iterable[np.ndarray], rate: str = '10
     first = next(frames)
     h, w = first.shape[:2]
     extra = [a for f in inputs for a in ('-i', str(f))]
-    cmd = [ffmpeg_exe(), '-y', '-loglevel', 'error', '-f', 'rawvideo', '-pix_fmt', 'rgb24', '-s', f'{w}x{h}',
-           '-r', rate, '-i', '-', *extra, '-pix_fmt', 'yuv420p', *args, str(path)]
+    cmd = [ffmpeg_exe(), '-y', '-loglevel', 'error', '-f', 'rawvideo', '-pix_fmt', 'rgb24', '-s',
+           f'{w}x{h}', '-r', rate, '-i', '-', *extra, '-pix_fmt', 'yuv420p', *args, str(path)]
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        for fr in [first, *frames]: p.stdin.write(np.ascontiguousarray(fr, dtype=np.uint8).tobytes())
-    except BrokenPipeError: pass                          # ffmpeg gave up early: its stderr says why
+        for fr in [first, *frames]:
+            p.stdin.write(np.ascontiguousarray(fr, dtype=np.uint8).tobytes())
+    except BrokenPipeError:
+        pass                          # ffmpeg gave up early: its stderr says why
     _, err = p.communicate()
     if p.returncode: raise RuntimeError(f"ffmpeg failed: {err.decode()[-300:]}")
     return path
 
 # %% ../../nbs/01c_testing.media.ipynb #8aeae0fb
 def make_mkv_with_subtitles(path: str | Path, scenes: Sequence[Scene] = ((3, 1), (3, 2)),
-                            cues: Iterable[CueTuple] = ((1.0, 2.0, 'hello'), (8.0, 9.5, 'after the video ends')),
+                            cues: Iterable[CueTuple] = ((1.0, 2.0, 'hello'),
+                                                        (8.0, 9.5, 'after the video ends')),
                             fps: float = 10, size: tuple[int, int] = (64, 48)) -> Path:
     "A Matroska file with an H.264 video stream and a SubRip track whose last cue may end after the video does."
     path = Path(path)
     srt = write_srt(path.with_suffix('.srt'), cues)
     return ffmpeg_write(path, scene_frames(scenes, fps, size), str(fps), inputs=[srt],
-                        args=['-map', '0:v', '-map', '1:s', '-c:v', 'libx264', '-preset', 'ultrafast', '-c:s', 'srt'])
+                        args=['-map', '0:v', '-map', '1:s', '-c:v', 'libx264', '-preset',
+                              'ultrafast', '-c:s', 'srt'])
 
 # %% ../../nbs/01c_testing.media.ipynb #d050f606
 def make_ntsc_video(path: str | Path, scenes: Sequence[Scene] = ((12, 1), (12, 2)),
@@ -58,7 +62,8 @@ def make_ntsc_video(path: str | Path, scenes: Sequence[Scene] = ((12, 1), (12, 2
     "A clip at exactly 30000/1001 fps (NTSC); the container comes from the suffix (.mp4, .mkv, .webm)."
     path = Path(path)
     webm = path.suffix == '.webm'
-    codec = ['-c:v', 'libvpx', '-b:v', '200k'] if webm else ['-c:v', 'libx264', '-preset', 'ultrafast']
+    codec = ['-c:v', 'libvpx', '-b:v', '200k'] if webm else ['-c:v', 'libx264', '-preset',
+                                                             'ultrafast']
     return ffmpeg_write(path, scene_frames(scenes, 30000 / 1001, size), '30000/1001', args=codec)
 
 # %% ../../nbs/01c_testing.media.ipynb #41d6db48
@@ -87,15 +92,18 @@ def _scene_canvas(key, size: tuple[int, int], rng) -> np.ndarray:
     return np.clip(img + 0.35 * (tex - tex.mean((0, 1))), 0, 255).astype(np.uint8)
 
 # %% ../../nbs/01c_testing.media.ipynb #4febf667
-def camera_view(key, size: tuple[int, int] = (160, 120), seed: int = 0) -> Callable[[float], np.ndarray]:
+def camera_view(key, size: tuple[int, int] = (160, 120), seed: int = 0) -> Callable[[float],
+                                                                                    np.ndarray]:
     "`view(t)`: the frame a moving camera sees of scene `key` at `t` s into the scene (pan, zoom, shake, jolt, blob)."
     import cv2
     w, h = size
     rng = np.random.default_rng(seed)
     canvas = _scene_canvas(key, size, np.random.default_rng(rng.integers(1 << 30)))
     v = rng.uniform(0.015, 0.04, 2) * (w, h) * rng.choice([-1, 1], 2)           # pan, px/s
-    jolt = rng.uniform(0.5, 3.0) if rng.random() < 0.5 else math.inf            # a 0.5-s hand-held jolt
-    bx, by, bv, br = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(-0.06, 0.06) * w, int(0.12 * h)
+    # a 0.5-s hand-held jolt
+    jolt = rng.uniform(0.5, 3.0) if rng.random() < 0.5 else math.inf
+    bx, by, bv, br = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(-0.06,
+                                                                       0.06) * w, int(0.12 * h)
     def view(t: float) -> np.ndarray:
         img = canvas.copy()
         cv2.circle(img, (int(w / 2 + bx + bv * t), int(h / 2 + by)), br, (235, 235, 235), -1)
@@ -105,8 +113,10 @@ def camera_view(key, size: tuple[int, int] = (160, 120), seed: int = 0) -> Calla
         z = 1.0 + 0.05 * np.sin(0.3 * t)
         M = np.float32([[z, 0, w / 2 - z * cx], [0, z, h / 2 - z * cy]])
         fr = cv2.warpAffine(img, M, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
-        k = int(1 + 0.15 * w * np.pi / 15 * abs(np.cos(np.pi * (t - jolt) / 0.5))) if jolt <= t < jolt + 0.5 else 1
-        return cv2.blur(fr, (k, 1)) if k > 1 else fr                            # motion blur along the jolt
+        k = int(1
+                + 0.15 * w * np.pi / 15 * abs(np.cos(np.pi * (t - jolt) / 0.5))) if jolt <= t < jolt + 0.5 else 1
+        # motion blur along the jolt
+        return cv2.blur(fr, (k, 1)) if k > 1 else fr
     return view
 
 # %% ../../nbs/01c_testing.media.ipynb #3050c7bb
@@ -115,16 +125,21 @@ Transition = tuple  # ('cut',) | ('black', s) | ('fade', s, hold_s) | ('dissolve
 def _spans(scenes: Sequence[Scene], transitions: Sequence[Transition]) -> list[tuple]:
     "(boundary time, kind, s, hold, half-span) of each transition."
     if len(transitions) != len(scenes) - 1:
-        raise ValueError(f"need {len(scenes) - 1} transitions for {len(scenes)} scenes, got {len(transitions)}")
+        raise ValueError(f"need {len(scenes) - 1} transitions for {len(scenes)} scenes, got "
+                         f"{len(transitions)}")
     out = []
     for c, tr in zip(scene_boundaries(scenes), transitions):
-        kind, s, hold = tr[0], float(tr[1]) if len(tr) > 1 else 0.0, float(tr[2]) if len(tr) > 2 else 0.0
-        if kind not in ('cut', 'black', 'fade', 'dissolve'): raise ValueError(f"unknown transition {kind!r}")
-        out.append((c, kind, s, hold, dict(cut=0.0, black=s / 2, fade=s + hold / 2, dissolve=s / 2)[kind]))
+        kind, s, hold = (tr[0], float(tr[1]) if len(tr) > 1 else 0.0,
+                         float(tr[2]) if len(tr) > 2 else 0.0)
+        if kind not in ('cut', 'black', 'fade', 'dissolve'):
+            raise ValueError(f"unknown transition {kind!r}")
+        out.append((c, kind, s, hold,
+                    dict(cut=0.0, black=s / 2, fade=s + hold / 2, dissolve=s / 2)[kind]))
     return out
 
 
-def transition_truth(scenes: Sequence[Scene], transitions: Sequence[Transition]) -> list[tuple[float, str, float]]:
+def transition_truth(scenes: Sequence[Scene],
+                     transitions: Sequence[Transition]) -> list[tuple[float, str, float]]:
     "(time, kind, half-width) per boundary: a boundary within half-width (+ a tolerance) of time is right."
     return [(c, k, s / 2 if k == 'black' else hold / 2 if k == 'fade' else 0.0)
             for c, k, s, hold, _ in _spans(scenes, transitions)]
@@ -140,12 +155,15 @@ def _at(t: float, views, starts, spans) -> np.ndarray:
         if kind == 'fade': fr = fr * min(1.0, max(0.0, (abs(t - c) - hold / 2) / s))
         if kind == 'dissolve':
             a = (t - c + half) / (2 * half)
-            fr = (1 - a) * views[j](t - starts[j]).astype(np.float32) + a * views[j + 1](t - starts[j + 1])
+            fr = (1 - a) * views[j](t - starts[j]).astype(np.float32) + a * views[j
+                                                                                  + 1](t - starts[j
+                                                                                                  + 1])
     return fr
 
 
-def transition_frames(scenes: Sequence[Scene], transitions: Sequence[Transition], fps: float = 30000 / 1001,
-                      size: tuple[int, int] = (160, 120), noise: float = 2.0, seed: int = 0) -> Iterable[np.ndarray]:
+def transition_frames(scenes: Sequence[Scene], transitions: Sequence[Transition],
+                      fps: float = 30000 / 1001, size: tuple[int, int] = (160, 120),
+                      noise: float = 2.0, seed: int = 0) -> Iterable[np.ndarray]:
     "RGB frames of camera-filmed `scenes` joined by `transitions`, with sensor noise of std `noise`."
     spans, starts = _spans(scenes, transitions), [0.0, *scene_boundaries(scenes)]
     views = [camera_view(sc[1], size, seed * 1000 + i) for i, sc in enumerate(scenes)]
@@ -155,28 +173,32 @@ def transition_frames(scenes: Sequence[Scene], transitions: Sequence[Transition]
         yield (fr + rng.normal(0, noise, fr.shape) if noise else fr).clip(0, 255).astype(np.uint8)
 
 # %% ../../nbs/01c_testing.media.ipynb #c9634b5b
-def make_transition_video(path: str | Path, scenes: Sequence[Scene], transitions: Sequence[Transition],
-                          size: tuple[int, int] = (160, 120), seed: int = 0) -> Path:
+def make_transition_video(path: str | Path, scenes: Sequence[Scene],
+                          transitions: Sequence[Transition], size: tuple[int, int] = (160, 120),
+                          seed: int = 0) -> Path:
     "An NTSC-rate (30000/1001 fps) H.264 file of `transition_frames`; true boundaries from `transition_truth`."
-    return ffmpeg_write(path, transition_frames(scenes, transitions, 30000 / 1001, size, seed=seed), '30000/1001',
+    return ffmpeg_write(path, transition_frames(scenes, transitions, 30000 / 1001, size, seed=seed),
+                        '30000/1001',
                         args=['-c:v', 'libx264', '-preset', 'ultrafast', '-crf', '20'])
 
 # %% ../../nbs/01c_testing.media.ipynb #81bc4914
 def match_boundaries(found: Sequence[float], truth: Sequence[tuple], tol: float = 1.0) -> dict:
     "Recall, precision and counts per transition kind (and 'all') of `found` times against `transition_truth`."
-    pairs = sorted((abs(f - t) - h, i, j) for i, (t, _, h) in enumerate(truth) for j, f in enumerate(found)
-                   if abs(f - t) <= h + tol)
+    pairs = sorted((abs(f - t) - h, i, j) for i, (t, _, h) in enumerate(truth)
+                   for j, f in enumerate(found) if abs(f - t) <= h + tol)
     hit, used = {}, set()
     for _, i, j in pairs:
         if i not in hit and j not in used: hit[i] = j
         used = set(hit.values())
-    near = [truth[int(np.argmin([abs(f - t) for t, _, _ in truth]))][1] for f in found] if truth else []
+    near = [truth[int(np.argmin([abs(f - t) for t, _, _ in truth]))][1]
+            for f in found] if truth else []
     out = {}
     for kind in [*sorted({k for _, k, _ in truth}), 'all']:
         idx = [i for i, (_, k, _) in enumerate(truth) if kind in (k, 'all')]
         att = [j for j, k in enumerate(near) if kind in (k, 'all')]
         out[kind] = dict(recall=round(sum(i in hit for i in idx) / max(1, len(idx)), 3), n=len(idx),
-                         precision=round(sum(j in used for j in att) / max(1, len(att)), 3), found=len(att))
+                         precision=round(sum(j in used for j in att) / max(1, len(att)), 3),
+                         found=len(att))
     return out
 
 # %% ../../nbs/01c_testing.media.ipynb #19431e98
@@ -186,7 +208,8 @@ def transition_mix(n_each: int = 3, seed: int = 0) -> tuple[list[Scene], list[Tr
     kinds = []
     for _ in range(n_each):
         kinds += [('cut',), ('black', float(rng.choice([0.3, 0.7, 1.5, 2.5]))),
-                  ('fade', round(float(rng.uniform(0.5, 1.5)), 2), float(rng.choice([0, 0, 0.5, 1.0]))),
+                  ('fade', round(float(rng.uniform(0.5, 1.5)), 2),
+                   float(rng.choice([0, 0, 0.5, 1.0]))),
                   ('dissolve', round(float(rng.uniform(1.0, 2.0)), 2))]
     kinds = [kinds[i] for i in rng.permutation(len(kinds))]
     scenes, key = [], None

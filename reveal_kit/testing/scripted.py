@@ -28,7 +28,8 @@ def door_memory(chunking: str = 'adaptive') -> TinyMemory:
 # %% ../../nbs/01d_testing.scripted.ipynb #8b2c1377
 def count_question() -> Question:
     "The counting question about `door_memory`: how many times the man opens the red door (gold `C`, three)."
-    return Question('c1', 'tiny', 'How many times does the man open the red door?', ['1', '2', '3', '4'], answer='C')
+    return Question('c1', 'tiny', 'How many times does the man open the red door?',
+                    ['1', '2', '3', '4'], answer='C')
 
 # %% ../../nbs/01d_testing.scripted.ipynb #691941f0
 class StampedFrames:

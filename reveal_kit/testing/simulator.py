@@ -14,9 +14,9 @@ from ..backends.replies import cut_to_tokens, estimate_tokens, minimal_instance
 __all__ = ['BEHAVIOURS', 'SimSettings', 'behaviour_of', 'instance', 'ModelSimulator']
 
 # %% ../../nbs/01e_testing.simulator.ipynb #37f69813
-BEHAVIOURS = ('plain', 'think_field', 'think_block', 'cut', 'too_many_images', 'long_context', 'bad_arguments',
-              'unknown_tool', 'many_calls', 'never_finish', 'content_parts', 'no_usage', 'negative_usage',
-              'text_usage', 'slow')
+BEHAVIOURS = ('plain', 'think_field', 'think_block', 'cut', 'too_many_images', 'long_context',
+              'bad_arguments', 'unknown_tool', 'many_calls', 'never_finish', 'content_parts',
+              'no_usage', 'negative_usage', 'text_usage', 'slow')
 
 @dataclass
 class SimSettings:
@@ -48,11 +48,13 @@ def _string(s: dict) -> str:
 def instance(schema: dict | None) -> Any:
     "A valid, plausible value under `schema` (strings filled, one item per array), as a model's reply would be."
     s = schema or {}
-    if 'const' in s or 'enum' in s or any(k in s for k in ('anyOf', 'oneOf', 'allOf')): return _pick(s)
+    if 'const' in s or 'enum' in s or any(k in s for k in ('anyOf', 'oneOf', 'allOf')):
+        return _pick(s)
     t = s.get('type', 'object')
     t = t[0] if isinstance(t, list) else t
     if t == 'object': return {k: instance(v) for k, v in s.get('properties', {}).items()}
-    if t == 'array': return [instance(s.get('items', {})) for _ in range(max(1, s.get('minItems', 0)))]
+    if t == 'array':
+        return [instance(s.get('items', {})) for _ in range(max(1, s.get('minItems', 0)))]
     if t == 'string': return _string(s)
     return minimal_instance(s)
 
@@ -72,7 +74,8 @@ _STEP = re.compile(r'^Step \d+\.', re.M)
 def _turn(payload: dict) -> int:
     "Steps taken so far: assistant turns, or steps a JSON-protocol prompt lists as text (PACE: `Step 1. …`)."
     msgs = payload.get('messages') or []
-    return sum(m.get('role') == 'assistant' for m in msgs) + sum(len(_STEP.findall(message_text(m))) for m in msgs)
+    return sum(m.get('role') == 'assistant' for m in msgs) + sum(len(_STEP.findall(message_text(m)))
+                                                                 for m in msgs)
 
 def _is_finish(name: str) -> bool: return name.lower() == 'finish'
 
@@ -82,9 +85,11 @@ def _native_calls(payload: dict, how: str, s: SimSettings) -> list[dict]:
     tools = {t['function']['name']: t['function'].get('parameters') or {} for t in payload['tools']}
     other = next((n for n in tools if not _is_finish(n)), None)
     fin = next((n for n in tools if _is_finish(n)), None)
-    name = other if (how in ('never_finish', 'many_calls') or _turn(payload) == 0 or not fin) and other else fin
+    name = other if (how in ('never_finish', 'many_calls') or _turn(payload) == 0
+                     or not fin) and other else fin
     call = lambda n, a: {'id': f'call-{n}-{_turn(payload)}', 'type': 'function',
-                         'function': {'name': n, 'arguments': a if isinstance(a, str) else json.dumps(a)}}
+                         'function': {'name': n,
+                                      'arguments': a if isinstance(a, str) else json.dumps(a)}}
     if how == 'unknown_tool': return [call('Teleport', {'to': '00:00:10'})]
     if how == 'bad_arguments': return [call(name, '{"query": ')]
     n = s.n_calls if how == 'many_calls' else 1
@@ -103,14 +108,17 @@ def _schema_reply(schema: dict, payload: dict, how: str) -> Any:
     other = [b for b in branches if b not in fin] or branches
     pick = other[0] if (how == 'never_finish' or _turn(payload) == 0 or not fin) else fin[0]
     out = instance(pick)
-    if how == 'unknown_tool': out = {**out, 'tool': 'Teleport'} if 'tool' in out else {'tool': 'Teleport'}
-    if how == 'bad_arguments' and isinstance(out.get('arguments'), dict): out['arguments'] = {'nonsense': True}
+    if how == 'unknown_tool':
+        out = {**out, 'tool': 'Teleport'} if 'tool' in out else {'tool': 'Teleport'}
+    if how == 'bad_arguments' and isinstance(out.get('arguments'), dict):
+        out['arguments'] = {'nonsense': True}
     return out
 
 # %% ../../nbs/01e_testing.simulator.ipynb #c24e3b03
 def _images(payload: dict) -> int:
     "Images in a request."
-    parts = [c for m in payload.get('messages') or [] if isinstance(m.get('content'), list) for c in m['content']]
+    parts = [c for m in payload.get('messages') or [] if isinstance(m.get('content'), list)
+             for c in m['content']]
     return sum(isinstance(c, dict) and c.get('type') == 'image_url' for c in parts)
 
 def _prompt_tokens(payload: dict, s: SimSettings) -> int:
@@ -120,7 +128,8 @@ def _prompt_tokens(payload: dict, s: SimSettings) -> int:
 
 def _error(message: str) -> tuple[int, dict]:
     "An HTTP 400 as vLLM sends it."
-    return 400, {'object': 'error', 'message': message, 'type': 'BadRequestError', 'param': None, 'code': 400}
+    return 400, {'object': 'error', 'message': message, 'type': 'BadRequestError', 'param': None,
+                 'code': 400}
 
 # %% ../../nbs/01e_testing.simulator.ipynb #46bc8417
 def _refusal(payload: dict, how: str, s: SimSettings) -> tuple[int, dict] | None:
@@ -130,8 +139,9 @@ def _refusal(payload: dict, how: str, s: SimSettings) -> tuple[int, dict] | None
         return _error(f"At most {s.max_images} image(s) may be provided in one prompt.")
     pt = _prompt_tokens(payload, s)
     if how == 'long_context' and pt + asked > s.max_context:
-        return _error(f"This model's maximum context length is {s.max_context} tokens. However, you requested "
-                      f"{pt + asked} tokens ({pt} in the messages, {asked} in the completion). Please reduce the "
+        return _error(f"This model's maximum context length is {s.max_context} tokens. However, "
+                      f"you requested {pt + asked} tokens ({pt} in the messages, {asked} in the "
+                      f"completion). Please reduce the "
                       "length of the messages or completion.")
     return None
 
@@ -151,11 +161,14 @@ def _written(text: str, thought: str, how: str) -> tuple[str, str]:
 # %% ../../nbs/01e_testing.simulator.ipynb #90111a9a
 def _fit(content: str, thought: str, calls: list | None, limit: int) -> tuple[dict, str, int]:
     "The message as the server returns it, its text cut at `limit` tokens (finish 'length'), and its tokens."
-    n, finish = estimate_tokens(thought) + estimate_tokens(content), 'tool_calls' if calls else 'stop'
+    n, finish = (estimate_tokens(thought) + estimate_tokens(content),
+                 'tool_calls' if calls else 'stop')
     if n > limit:
-        thought, content = cut_to_tokens(thought, limit), ('' if thought else cut_to_tokens(content, limit))
+        thought, content = cut_to_tokens(thought,
+                                         limit), ('' if thought else cut_to_tokens(content, limit))
         calls, finish, n = None, 'length', limit
-    n += estimate_tokens(json.dumps(calls)) if calls else 0           # calls are not cut (`many_calls` writes 50)
+    # calls are not cut (`many_calls` writes 50)
+    n += estimate_tokens(json.dumps(calls)) if calls else 0
     msg = {'content': content or None, **({'reasoning_content': thought} if thought else {})}
     return {**msg, **({'tool_calls': calls} if calls else {})}, finish, n
 
@@ -163,14 +176,16 @@ def _fit(content: str, thought: str, calls: list | None, limit: int) -> tuple[di
 def _usage(how: str, pt: int, ct: int) -> dict | None:
     "The `usage` of a reply: the counts, none, negative ones or words, as the behaviour asks."
     if how == 'no_usage': return None
-    if how == 'negative_usage': return {'prompt_tokens': -pt, 'completion_tokens': -3, 'total_tokens': -pt - 3}
+    if how == 'negative_usage':
+        return {'prompt_tokens': -pt, 'completion_tokens': -3, 'total_tokens': -pt - 3}
     if how == 'text_usage': return {'prompt_tokens': 'n/a', 'completion_tokens': 'many'}
     return {'prompt_tokens': pt, 'completion_tokens': ct, 'total_tokens': pt + ct}
 
 def _body(msg: dict, finish: str, usage: dict | None, model: str) -> dict:
     "A chat completion body."
     body = {'id': 'chatcmpl-sim', 'object': 'chat.completion', 'created': 0, 'model': model,
-            'choices': [{'index': 0, 'message': {'role': 'assistant', **msg}, 'finish_reason': finish}]}
+            'choices': [{'index': 0, 'message': {'role': 'assistant', **msg},
+                         'finish_reason': finish}]}
     return body if usage is None else {**body, 'usage': usage}
 
 # %% ../../nbs/01e_testing.simulator.ipynb #140e49eb
@@ -185,10 +200,13 @@ def _answer(payload: dict, how: str, s: SimSettings) -> tuple[str, list | None]:
 # %% ../../nbs/01e_testing.simulator.ipynb #51568f6f
 class ModelSimulator:
     "A FakeChatServer handler that behaves like a thinking VLM served by vLLM; a tag `[sim:NAME]` picks the behaviour."
-    def __init__(self, behaviour: str = 'plain', settings: SimSettings | None = None, model: str = 'sim-vlm'):
-        if behaviour not in BEHAVIOURS: raise ValueError(f"behaviour must be one of {BEHAVIOURS}, got {behaviour!r}")
+    def __init__(self, behaviour: str = 'plain', settings: SimSettings | None = None,
+                 model: str = 'sim-vlm'):
+        if behaviour not in BEHAVIOURS:
+            raise ValueError(f"behaviour must be one of {BEHAVIOURS}, got {behaviour!r}")
         self.behaviour, self.s, self.model = behaviour, settings or SimSettings(), model
-        self.outcomes: list[tuple[str, str]] = []      # per request: (behaviour, 'ok' | 'refused' | 'cut')
+        # per request: (behaviour, 'ok' | 'refused' | 'cut')
+        self.outcomes: list[tuple[str, str]] = []
 
     def __call__(self, payload: dict) -> tuple[int, dict]:
         how = behaviour_of(payload, self.behaviour)

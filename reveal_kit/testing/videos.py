@@ -23,9 +23,11 @@ def scene_palette(key, n: int = 4) -> np.ndarray:
     "Distinct colours for a scene: a hue family from an int seed, or shades of an (r,g,b) colour."
     if isinstance(key, (tuple, list)):
         base = np.array(key, dtype=float)
-        return np.clip(np.stack([base * f for f in np.linspace(0.45, 1.0, n)]) + 10, 0, 255).astype(np.uint8)
+        return np.clip(np.stack([base * f for f in np.linspace(0.45, 1.0, n)]) + 10, 0,
+                       255).astype(np.uint8)
     h = (int(key) * 0.3819660113) % 1.0
-    hsv = [((h + 0.06 * i) % 1.0, 0.55 + 0.4 * (i % 2), 0.35 + 0.6 * ((i * 7) % 4) / 3) for i in range(n)]
+    hsv = [((h + 0.06 * i) % 1.0, 0.55 + 0.4 * (i % 2), 0.35 + 0.6 * ((i * 7) % 4) / 3)
+           for i in range(n)]
     cols = [colorsys.hsv_to_rgb(*c) for c in hsv]
     return (np.array(cols) * 255).astype(np.uint8)
 
@@ -33,7 +35,8 @@ def scene_palette(key, n: int = 4) -> np.ndarray:
 def scene_texture(key, size: tuple[int, int] = (160, 120), block: int = 8) -> np.ndarray:
     "A sharp-edged block texture (H×W×3 uint8) that is the same for the same `key` (int seed or RGB colour)."
     w, h = size
-    seed = int(key) if not isinstance(key, (tuple, list)) else int(sum(c * 256 ** i for i, c in enumerate(key)))
+    seed = int(key) if not isinstance(key, (tuple, list)) else int(sum(c * 256 ** i
+                                                                       for i, c in enumerate(key)))
     rng = np.random.default_rng(seed)
     pal = scene_palette(key)
     cells = rng.integers(0, len(pal), size=(h // block + 2, w // block + 2))
@@ -74,8 +77,8 @@ def scene_boundaries(scenes: Sequence[Scene]) -> list[float]:
     return list(np.cumsum([s[0] for s in scenes])[:-1].astype(float))
 
 # %% ../../nbs/01_testing.videos.ipynb #2dcc640f
-def scene_frames(scenes: Sequence[Scene], fps: float = 10, size: tuple[int, int] = (160, 120), dark=(), blur=(),
-                 drift_px_per_s: float = 3.0) -> Iterable[np.ndarray]:
+def scene_frames(scenes: Sequence[Scene], fps: float = 10, size: tuple[int, int] = (160, 120),
+                 dark=(), blur=(), drift_px_per_s: float = 3.0) -> Iterable[np.ndarray]:
     "Yield the RGB frames of a scene list (textures drift slowly; `dark`/`blur` are (t0, t1) spans)."
     t0 = 0.0
     for sc in scenes:
@@ -91,8 +94,9 @@ def scene_frames(scenes: Sequence[Scene], fps: float = 10, size: tuple[int, int]
         t0 += secs
 
 # %% ../../nbs/01_testing.videos.ipynb #7086cfc3
-def make_test_video(path: str | Path, scenes: Sequence[Scene] = ((4, 1), (5, 2), (3, 3)), fps: float = 10,
-                    size: tuple[int, int] = (160, 120), dark=(), blur=(), **kw) -> Path:
+def make_test_video(path: str | Path, scenes: Sequence[Scene] = ((4, 1), (5, 2), (3, 3)),
+                    fps: float = 10, size: tuple[int, int] = (160, 120), dark=(), blur=(),
+                    **kw) -> Path:
     "A tiny textured .mp4 with scene changes at `scene_boundaries(scenes)`; `dark`/`blur` spans degrade frames."
     return write_video(path, scene_frames(scenes, fps, size, dark, blur), fps=fps, **kw)
 
@@ -110,7 +114,8 @@ def make_audio_only(path: str | Path, seconds: float = 1.0, rate: int = 16000) -
         st.layout = 'mono'
         frame = av.AudioFrame.from_ndarray(pcm[None, :], format='s16', layout='mono')
         frame.sample_rate = rate
-        frames = [frame] if fmt == 's16' else av.AudioResampler(format=fmt, layout='mono', rate=rate).resample(frame)
+        frames = [frame] if fmt == 's16' else av.AudioResampler(format=fmt, layout='mono',
+                                                                rate=rate).resample(frame)
         for f in frames:
             for pkt in st.encode(f): out.mux(pkt)
         for pkt in st.encode(): out.mux(pkt)
@@ -124,8 +129,8 @@ def truncate_copy(src: str | Path, dst: str | Path, keep: float = 0.3) -> Path:
     return Path(dst)
 
 # %% ../../nbs/01_testing.videos.ipynb #10b222e5
-def make_faststart_truncated(path: str | Path, scenes: Sequence[Scene] = ((6, 1), (6, 2)), keep: float = 0.5,
-                             fps: float = 10) -> Path:
+def make_faststart_truncated(path: str | Path, scenes: Sequence[Scene] = ((6, 1), (6, 2)),
+                             keep: float = 0.5, fps: float = 10) -> Path:
     "A video whose index is at the front (faststart) but whose data is cut: it opens, then decoding stops early."
     import av
     from fractions import Fraction

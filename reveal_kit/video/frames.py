@@ -7,7 +7,7 @@ from __future__ import annotations
 import math, os, queue, threading
 from bisect import insort
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -20,7 +20,7 @@ from ..text import hms_to_seconds
 __all__ = ['SEEK_COST_FRAMES', 'DENSE_STRATEGY', 'REL_FRACTION', 'FLOOR_FRACTION', 'WARMUP', 'WARN_FRACTION', 'VideoError',
            'VideoInfo', 'probe_video', 'choose_strategy', 'Frame', 'iter_frames_at', 'read_frames_at', 'sample_times',
            'iter_frames', 'prefetch', 'frame_quality', 'absolute_thresholds', 'relative_thresholds', 'quality_reason',
-           'QualityReport', 'filter_frames', 'pick_codec', 'write_video']
+           'QualityReport', 'filter_frames', 'pick_codec', 'Encoding', 'write_video']
 
 # %% ../../nbs/10_video.frames.ipynb #4cca187e
 class VideoError(MemoryBuildError):
@@ -48,7 +48,8 @@ def _open_container(p: Path):
     if p.stat().st_size == 0: raise VideoError(f"empty video file (0 bytes): {p}")
     try: return av.open(str(p))
     except Exception as e:
-        raise VideoError(f"cannot open video {p.name}: {type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
+        raise VideoError(f"cannot open video {p.name}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:160]}") from None
 
 # %% ../../nbs/10_video.frames.ipynb #80c78cde
 def _hms(s: str) -> float | None:
@@ -63,7 +64,8 @@ def _video_extent(c, s) -> tuple[float, int, bool]:
     tag = _hms(s.metadata.get('DURATION', ''))
     if tag: return tag, int(s.frames or 0), True
     if c.duration and len(c.streams) == 1: return c.duration / 1e6, int(s.frames or 0), True
-    n, end = 0, 0.0                            # no declared extent (a raw stream, or a muxer that wrote none)
+    # no declared extent (a raw stream, or a muxer that wrote none)
+    n, end = 0, 0.0
     for p in c.demux(s):
         if not p.size: continue
         n += 1
@@ -77,14 +79,15 @@ def probe_video(path: str | Path) -> VideoInfo:
     with _open_container(p) as c:
         if not c.streams.video:
             kinds = ', '.join(sorted({s.type for s in c.streams})) or 'nothing'
-            raise VideoError(f"no video stream in {p.name} (it contains {kinds}); audio-only files cannot be indexed")
+            raise VideoError(f"no video stream in {p.name} (it contains {kinds}); audio-only files "
+                             f"cannot be indexed")
         s = c.streams.video[0]
         dur, n, timed = _video_extent(c, s)
         fps = float((s.average_rate if timed else s.guessed_rate) or s.guessed_rate or 0) or 25.0
         n = n or round(dur * fps)
         if dur <= 0 or n <= 0: raise VideoError(f"zero-length video: {p.name} has no frames")
-        return VideoInfo(str(p), dur, fps, n, s.codec_context.width, s.codec_context.height, s.codec_context.name,
-                         timed)
+        return VideoInfo(str(p), dur, fps, n, s.codec_context.width, s.codec_context.height,
+                         s.codec_context.name, timed)
 
 # %% ../../nbs/10_video.frames.ipynb #3ebb7618
 SEEK_COST_FRAMES = 150   # one seek costs about this many sequential frame decodes
@@ -108,7 +111,8 @@ def _resize(rgb: np.ndarray, max_width: int | None) -> np.ndarray:
     import cv2
     h, w = rgb.shape[:2]
     if not max_width or w <= max_width: return rgb
-    return cv2.resize(rgb, (max_width, int(round(h * max_width / w / 2)) * 2), interpolation=cv2.INTER_AREA)
+    return cv2.resize(rgb, (max_width, int(round(h * max_width / w / 2)) * 2),
+                      interpolation=cv2.INTER_AREA)
 
 # %% ../../nbs/10_video.frames.ipynb #b1149fa5
 def _next_target(t: float, half: float, step: float, k: int) -> int:
@@ -139,7 +143,8 @@ def _iter_decode(path: str, fps: float, max_width: int | None) -> Iterator[Frame
     "PyAV: decode every frame (threaded), convert only the first frame at or after each sample time."
     import av
     try: c = av.open(path)
-    except Exception as e: raise VideoError(f"cannot open video {Path(path).name}: {type(e).__name__}") from None
+    except Exception as e:
+        raise VideoError(f"cannot open video {Path(path).name}: {type(e).__name__}") from None
     with c:
         s = c.streams.video[0]
         s.thread_type = 'AUTO'
@@ -147,11 +152,13 @@ def _iter_decode(path: str, fps: float, max_width: int | None) -> Iterator[Frame
         half, step, k = 0.5 / rate, 1.0 / fps, 0
         try:
             for i, fr in enumerate(c.decode(s)):
-                t = fr.time if fr.time is not None else i / float(s.guessed_rate or rate)   # untimed raw stream
+                # untimed raw stream
+                t = fr.time if fr.time is not None else i / float(s.guessed_rate or rate)
                 if t + half < k * step: continue
                 yield Frame(round(t, 3), _resize(fr.to_ndarray(format='rgb24'), max_width))
                 k = _next_target(t, half, step, k)
-        except av.error.FFmpegError: return      # a corrupt tail ends the stream; iter_frames reports truncation
+        except av.error.FFmpegError:
+            return      # a corrupt tail ends the stream; iter_frames reports truncation
 
 # %% ../../nbs/10_video.frames.ipynb #4650cb23
 def _decode_to(dec, target: float, tb: float, rate: float, n: int, pos: float | None):
@@ -176,13 +183,17 @@ def iter_frames_at(path: str | Path, times: Sequence[float], max_width: int | No
         s.thread_type = 'AUTO'
         tb, pos, last, dec, n = float(s.time_base), None, None, None, 0
         rate = float(s.guessed_rate or s.average_rate or 25)
-        untimed = s.duration is None and c.duration is None           # a raw stream: decode forward, count frames
+        # a raw stream: decode forward, count frames
+        untimed = s.duration is None and c.duration is None
         for target in times:
-            if last is not None and pos is not None and target <= pos + 1e-3:     # already there (or a repeated time)
+            # already there (or a repeated time)
+            if last is not None and pos is not None and target <= pos + 1e-3:
                 yield Frame(round(pos, 3), last)
                 continue
             if dec is None or (not untimed and target - pos > forward_s):
-                if not untimed: c.seek(int(max(target - 0.001, 0) / tb), stream=s, backward=True, any_frame=False)
+                if not untimed:
+                    c.seek(int(max(target - 0.001, 0) / tb), stream=s, backward=True,
+                           any_frame=False)
                 dec = c.decode(s)
             got, pos, n = _decode_to(dec, target, tb, rate, n, pos)
             if got is None:                      # past the last frame: serve the last one, if any
@@ -193,7 +204,8 @@ def iter_frames_at(path: str | Path, times: Sequence[float], max_width: int | No
             yield Frame(round(pos, 3), last)
 
 # %% ../../nbs/10_video.frames.ipynb #20b3036a
-def read_frames_at(path: str | Path, times: Sequence[float], max_width: int | None = None) -> list[Frame]:
+def read_frames_at(path: str | Path, times: Sequence[float],
+                   max_width: int | None = None) -> list[Frame]:
     "List version of `iter_frames_at`: the first frame at or after each requested time (the last frame past the end)."
     return list(iter_frames_at(path, times, max_width))
 
@@ -201,7 +213,8 @@ def read_frames_at(path: str | Path, times: Sequence[float], max_width: int | No
 def _iter_seek(path: str, times: Sequence[float], max_width: int | None) -> Iterator[Frame]:
     yield from iter_frames_at(path, times, max_width)
 
-def _sampler(path: str, strategy: str, times: list[float], fps: float, max_width: int | None) -> Iterator[Frame]:
+def _sampler(path: str, strategy: str, times: list[float], fps: float,
+             max_width: int | None) -> Iterator[Frame]:
     "The frame iterator of one strategy."
     if strategy == 'seek': return _iter_seek(path, times, max_width)
     if strategy == 'grab': return _iter_grab(path, fps, max_width)
@@ -214,22 +227,24 @@ def sample_times(info: VideoInfo, fps: float) -> list[float]:
     return [k / fps for k in range(int(math.floor(info.duration * fps - 1e-6)) + 1)]
 
 # %% ../../nbs/10_video.frames.ipynb #6f2e0923
-def iter_frames(path: str | Path, fps: float = 1.0, max_width: int | None = 640, strategy: str = 'auto',
-                info: VideoInfo | None = None) -> Iterator[Frame]:
+def iter_frames(path: str | Path, fps: float = 1.0, max_width: int | None = 640,
+                strategy: str = 'auto', info: VideoInfo | None = None) -> Iterator[Frame]:
     "Stream frames sampled at `fps` (nothing is accumulated). `VideoError` if none decode or they stop early."
     info = info or probe_video(path)
     times = sample_times(info, fps)
-    if strategy == 'auto': strategy = choose_strategy(len(times), info.n_frames) if info.timed else DENSE_STRATEGY
+    if strategy == 'auto':
+        strategy = choose_strategy(len(times), info.n_frames) if info.timed else DENSE_STRATEGY
     n, last = 0, -1.0
     for f in _sampler(str(path), strategy, times, fps, max_width):
         n += 1
         last = f.t
         yield f
     name = Path(path).name
-    if n == 0: raise VideoError(f"no decodable video frames in {name} (corrupt or truncated stream?)")
+    if n == 0:
+        raise VideoError(f"no decodable video frames in {name} (corrupt or truncated stream?)")
     if info.duration - last > max(3.0, 3.0 / fps):
-        raise VideoError(f"truncated video {name}: frames stop at {last:.1f}s of the {info.duration:.1f}s its "
-                         f"video stream declares")
+        raise VideoError(f"truncated video {name}: frames stop at {last:.1f}s of the "
+                         f"{info.duration:.1f}s its video stream declares")
 
 # %% ../../nbs/10_video.frames.ipynb #07eb07d1
 def prefetch(items: Iterable, n: int = 16) -> Iterator:
@@ -276,7 +291,8 @@ def frame_quality(rgb: np.ndarray) -> dict:
 
 # %% ../../nbs/10_video.frames.ipynb #2ec3118c
 REL_FRACTION = 0.25      # blurred / uniform: below this fraction of the video's own median
-FLOOR_FRACTION = 0.1     # ... but the threshold never drops below this fraction of the absolute Config value
+# ... but the threshold never drops below this fraction of the absolute Config value
+FLOOR_FRACTION = 0.1
 _REL_STATS = (('lap_var', 'blur_min_laplacian_var'), ('std', 'uniform_max_std'),
               ('jpeg_kpx', 'min_jpeg_bytes_per_kpx'))
 
@@ -290,7 +306,8 @@ def relative_thresholds(medians: dict, config: Config) -> dict:
     out = {}
     for k, f in _REL_STATS:
         a = getattr(config, f)
-        out[k] = a if k not in medians or a <= 0 else max(a * FLOOR_FRACTION, min(a, REL_FRACTION * medians[k]))
+        out[k] = a if k not in medians or a <= 0 else max(a * FLOOR_FRACTION,
+                                                          min(a, REL_FRACTION * medians[k]))
     return out
 
 # %% ../../nbs/10_video.frames.ipynb #6af378cf
@@ -325,8 +342,10 @@ class QualityReport:
         return f"the quality filter dropped {n_drop} of {self.n_frames} sampled frames ({dict(self.reasons)})"
 
     def to_dict(self) -> dict:
-        return dict(n_frames=self.n_frames, n_kept=self.n_kept, rejected=dict(self.reasons), fallback=self.fallback,
-                    thresholds={k: round(v, 3) for k, v in self.thresholds.items()}, warning=self.warning)
+        return dict(n_frames=self.n_frames, n_kept=self.n_kept, rejected=dict(self.reasons),
+                    fallback=self.fallback,
+                    thresholds={k: round(v, 3) for k, v in self.thresholds.items()},
+                    warning=self.warning)
 
 # %% ../../nbs/10_video.frames.ipynb #da510c34
 class _Medians:
@@ -352,7 +371,8 @@ def filter_frames(frames: Iterable[Frame], config: Config, report: QualityReport
         report.reasons[why] += 1
         report.dropped.append(f.t)
         f.quality['reason'] = why
-        if report.n_kept == 0 and (s := f.quality['std'] * f.quality['lap_var']) > best_score: best, best_score = f, s
+        if report.n_kept == 0 and (s := f.quality['std'] * f.quality['lap_var']) > best_score:
+            best, best_score = f, s
     for f in frames:
         report.n_frames += 1
         f.quality = frame_quality(f.rgb)
@@ -375,31 +395,44 @@ def pick_codec(prefer: str = 'auto') -> str:
     if prefer != 'auto': return prefer
     return 'libx264' if 'libx264' in av.codecs_available else 'mpeg4'
 
+# %% ../../nbs/10_video.frames.ipynb #fa57e910
+@dataclass(frozen=True)
+class Encoding:
+    "How `write_video` encodes: frame rate, quality (crf), x264 preset, codec, keyframe interval (s), threads."
+    fps: float = 10
+    crf: int = 23
+    preset: str = 'veryfast'
+    codec: str = 'auto'
+    gop_s: float | None = None
+    threads: int | None = None
+
 # %% ../../nbs/10_video.frames.ipynb #391b921c
-def _video_stream(out, codec: str, fps: float, size: tuple[int, int], crf: int, preset: str,
-                  gop_s: float | None, threads: int | None):
-    "An output video stream configured for `codec`."
-    st = out.add_stream(codec, rate=Fraction(fps).limit_denominator(1000))
+def _video_stream(out, e: Encoding, size: tuple[int, int]):
+    "An output video stream configured for `e.codec`."
+    st = out.add_stream(e.codec, rate=Fraction(e.fps).limit_denominator(1000))
     st.width, st.height, st.pix_fmt = size[0], size[1], 'yuv420p'
-    if gop_s: st.codec_context.gop_size = max(1, int(fps * gop_s))
-    if threads: st.thread_count = threads
-    opts = {'crf': str(crf), 'preset': preset} if codec == 'libx264' else {'qscale': '5'}
-    st.options = dict(opts, threads=str(threads)) if threads else opts
+    if e.gop_s: st.codec_context.gop_size = max(1, int(e.fps * e.gop_s))
+    if e.threads: st.thread_count = e.threads
+    opts = {'crf': str(e.crf), 'preset': e.preset} if e.codec == 'libx264' else {'qscale': '5'}
+    st.options = dict(opts, threads=str(e.threads)) if e.threads else opts
     return st
 
 # %% ../../nbs/10_video.frames.ipynb #55d1fb3e
-def write_video(path: str | Path, frames: Iterable[np.ndarray], fps: float = 10, crf: int = 23,
-                preset: str = 'veryfast', codec: str = 'auto', gop_s: float | None = None,
-                threads: int | None = None, total: int | None = None, progress: bool = False) -> Path:
-    "Encode RGB uint8 frames (even width and height) to an .mp4 with PyAV, atomically; returns the path."
+def write_video(path: str | Path, frames: Iterable[np.ndarray], enc: Encoding | None = None, *,
+                total: int | None = None, progress: bool = False, **kw) -> Path:
+    "Encode RGB uint8 frames (even width and height) to an .mp4 with PyAV, atomically; `kw`: `Encoding`'s fields."
     import av
-    path, codec = Path(path), pick_codec(codec)
+    path, e = Path(path), enc or Encoding(**kw)
+    e = replace(e, codec=pick_codec(e.codec))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp, st = path.with_name(f'.{path.stem}.{os.getpid()}.part.mp4'), None
     with av.open(str(tmp), 'w', format='mp4') as out:
-        for img in tqdm(frames, total=total, disable=not progress, leave=False, desc=path.name, unit='frame'):
-            st = st or _video_stream(out, codec, fps, img.shape[1::-1], crf, preset, gop_s, threads)
-            for pkt in st.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format='rgb24')): out.mux(pkt)
+        for img in tqdm(frames, total=total, disable=not progress, leave=False, desc=path.name,
+                        unit='frame'):
+            st = st or _video_stream(out, e, img.shape[1::-1])
+            for pkt in st.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img),
+                                                            format='rgb24')):
+                out.mux(pkt)
         for pkt in (st.encode() if st else []): out.mux(pkt)
     os.replace(tmp, path)
     return path

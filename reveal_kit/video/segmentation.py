@@ -24,17 +24,20 @@ class L1Segment:
     frame_times: list[float] = field(default_factory=list)
     keyframe_t: float | None = None
     keyframe_emb: np.ndarray | None = None
-    boundary_sim: float | None = None     # cosine of this segment's first frame to the previous segment's mean
+    # cosine of this segment's first frame to the previous segment's mean
+    boundary_sim: float | None = None
 
     @property
     def duration(self) -> float: return self.t_end - self.t_start
 
     def to_dict(self) -> dict:
-        return dict(idx=self.idx, t_start=self.t_start, t_end=self.t_end, frame_times=self.frame_times,
-                    keyframe_t=self.keyframe_t, boundary_sim=self.boundary_sim)
+        return dict(idx=self.idx, t_start=self.t_start, t_end=self.t_end,
+                    frame_times=self.frame_times, keyframe_t=self.keyframe_t,
+                    boundary_sim=self.boundary_sim)
 
     @classmethod
-    def from_dict(cls, d: dict, emb: np.ndarray | None = None) -> L1Segment: return cls(**d, keyframe_emb=emb)
+    def from_dict(cls, d: dict, emb: np.ndarray | None = None) -> L1Segment:
+        return cls(**d, keyframe_emb=emb)
 
 # %% ../../nbs/11_video.segmentation.ipynb #7ed62997
 def _unit(v: np.ndarray) -> np.ndarray: return v / (np.linalg.norm(v) + 1e-12)
@@ -44,16 +47,19 @@ def _close(idx: int, times: list, embs: list, t_start: float, boundary_sim=None)
     if not embs: return L1Segment(idx, t_start, t_start, list(times), None, None, boundary_sim)
     E = np.stack(embs)
     k = int(np.argmax(E @ _unit(E.mean(0))))
-    return L1Segment(idx, t_start, t_start, list(times), times[k], E[k].astype(np.float32), boundary_sim)
+    return L1Segment(idx, t_start, t_start, list(times), times[k], E[k].astype(np.float32),
+                     boundary_sim)
 
 # %% ../../nbs/11_video.segmentation.ipynb #aadf184e
-REL_K, REL_FLOOR = 3.0, 0.08   # a spike: a step this many times the segment's median step, and at least this
+# a spike: a step this many times the segment's median step, and at least this
+REL_K, REL_FLOOR = 3.0, 0.08
 RUN_MAX = 4                    # kept frames a run may hold before it is resolved without settling
 
 class AdaptiveSegmenter:
     "Streaming L1 segmentation against the open segment's running-mean embedding (rule above)."
     def __init__(self, config: Config = Config()):
-        self.theta, self.min_s, self.max_s = config.theta, config.min_segment_s, config.max_segment_s
+        self.theta, self.min_s, self.max_s = (config.theta, config.min_segment_s,
+                                              config.max_segment_s)
         self.step = 1.0 / config.fps
         self.done: list[L1Segment] = []
         self._reset([], [], None)
@@ -62,9 +68,11 @@ class AdaptiveSegmenter:
         "Open a new segment with these member frames (`bsim`: its boundary similarity; `start`: when it starts)."
         self.times, self.embs, self.bsim, self.open_start = list(times), list(embs), bsim, start
         self.sum = np.sum(embs, axis=0) if embs else None
-        self.steps = [1 - float(a @ b) for a, b in zip(self.embs, self.embs[1:])]   # members' frame-to-frame change
+        # members' frame-to-frame change
+        self.steps = [1 - float(a @ b) for a, b in zip(self.embs, self.embs[1:])]
         self.extra: list[float] = []      # kept frames in the segment's span but not in its mean
-        self.run: list = []               # held samples: (t, emb, cos to the mean) kept, (t, None, None) dropped
+        # held samples: (t, emb, cos to the mean) kept, (t, None, None) dropped
+        self.run: list = []
 
     def _start(self) -> float:
         if self.open_start is not None: return self.open_start
@@ -82,7 +90,8 @@ class AdaptiveSegmenter:
 @patch
 def _cut(self: AdaptiveSegmenter, new_times, new_embs, bsim, start=None) -> list[L1Segment]:
     "Close the open segment, open one with the given frames (from `start`); returns the segment that became final."
-    seg = _close(len(self.done), sorted(self.times + self.extra), self.embs, self._start(), self.bsim)
+    seg = _close(len(self.done), sorted(self.times + self.extra), self.embs, self._start(),
+                 self.bsim)
     if self.done: self.done[-1].t_end = seg.t_start
     self.done.append(seg)
     self._reset(new_times, new_embs, bsim, start)
@@ -94,7 +103,8 @@ def _spike(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> bool:
     "Whether `emb` moved from the last member `REL_K` times more than the members move per sample (≥ `REL_FLOOR`)."
     if len(self.steps) < 2: return False
     n = max(1.0, round((t - self.times[-1]) / self.step))
-    return 1 - float(emb @ self.embs[-1]) >= max(REL_FLOOR, REL_K * n * float(np.median(self.steps[-10:])))
+    return 1 - float(emb @ self.embs[-1]) >= max(REL_FLOOR,
+                                                 REL_K * n * float(np.median(self.steps[-10:])))
 
 # %% ../../nbs/11_video.segmentation.ipynb #14d948b4
 @patch
@@ -141,7 +151,8 @@ def _resolve(self: AdaptiveSegmenter) -> list[L1Segment]:
 def push(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
     "Add one kept frame; returns segments that are now final (closed and with their end time known)."
     emb = _unit(np.asarray(emb, dtype=np.float32))
-    if not self.times:                                                  # a segment without frames takes it
+    # a segment without frames takes it
+    if not self.times:
         self.extra += [r[0] for r in self._kept_run()]
         self.run, self.times, self.embs, self.sum = [], [t], [emb], emb.copy()
         return []
@@ -149,7 +160,8 @@ def push(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
     if t + self.step - self._start() > self.max_s + 1e-6:               # rule 1
         k = self._kept_run() + [(t, emb, sim)]
         return self._cut([r[0] for r in k], [r[1] for r in k], k[0][2], start=k[0][0])
-    if self._joins(t, emb, sim):                                        # rule 2 (+ flicker absorbed)
+    # rule 2 (+ flicker absorbed)
+    if self._joins(t, emb, sim):
         self.extra += [r[0] for r in self._kept_run()]
         self.run = []
         self._add(t, emb)
@@ -161,12 +173,15 @@ def push(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
 @patch
 def skip(self: AdaptiveSegmenter, t: float) -> list[L1Segment]:
     "Note a sample dropped by the quality filter at `t`; returns segments that are now final."
-    if t + self.step - self._start() <= self.max_s + 1e-6 or not (self.times or self.extra or self.run):
+    if t + self.step - self._start() <= self.max_s + 1e-6 or not (self.times or self.extra
+                                                                  or self.run):
         self.run.append((t, None, None))
         return []
-    k = self._kept_run()                    # held frames open the new segment; dropped ones stay in the old span
+    # held frames open the new segment; dropped ones stay in the old span
+    k = self._kept_run()
     self.run = []
-    return self._cut([r[0] for r in k], [r[1] for r in k], k[0][2] if k else None, start=k[0][0] if k else t)
+    return self._cut([r[0] for r in k], [r[1] for r in k], k[0][2] if k else None,
+                     start=k[0][0] if k else t)
 
 # %% ../../nbs/11_video.segmentation.ipynb #090b683c
 @patch
@@ -176,7 +191,8 @@ def finish(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
     self.run = []
     if not self.times and not self.done: return []
     start = self._start()
-    if self.done and duration - start < self.min_s and duration - self.done[-1].t_start <= self.max_s:
+    if (self.done and duration - start < self.min_s
+        and duration - self.done[-1].t_start <= self.max_s):
         last = self.done[-1]
         last.frame_times = sorted(last.frame_times + self.times + self.extra)
         last.t_end = duration
@@ -186,12 +202,12 @@ def finish(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
     return out + [self.done[-1]]
 
 # %% ../../nbs/11_video.segmentation.ipynb #6e354067
-def segment_adaptive(times: Sequence[float], embs: np.ndarray, duration: float, config: Config = Config(),
-                     dropped: Sequence[float] = ()) -> list[L1Segment]:
+def segment_adaptive(times: Sequence[float], embs: np.ndarray, duration: float,
+                     config: Config = Config(), dropped: Sequence[float] = ()) -> list[L1Segment]:
     "Non-streaming convenience: all L1 segments for kept frame times, their embeddings and the `dropped` times."
     s, out = AdaptiveSegmenter(config), []
-    ev = sorted([(float(t), 1, e) for t, e in zip(times, embs)] + [(float(t), 0, None) for t in dropped],
-                key=lambda x: (x[0], x[1]))
+    ev = sorted([(float(t), 1, e) for t, e in zip(times, embs)]
+                + [(float(t), 0, None) for t in dropped], key=lambda x: (x[0], x[1]))
     for t, kept, e in ev: out += s.push(t, e) if kept else s.skip(t)
     return out + s.finish(duration)
 
@@ -209,7 +225,8 @@ class FixedSegmenter:
         "Close chunk k at `end`; an empty chunk extends the previous one (while within `max_segment_s`)."
         start, self.k = self.k * self.c, self.k + 1
         p = self.prev
-        if p is not None and (not self.times or end - start < self.min_s) and end - p.t_start <= self.max_s + 1e-6:
+        if p is not None and (not self.times
+                              or end - start < self.min_s) and end - p.t_start <= self.max_s + 1e-6:
             p.t_end = end
             p.frame_times += self.times
             self.times, self.embs = [], []
@@ -231,7 +248,8 @@ class FixedSegmenter:
     def finish(self, duration: float) -> list[L1Segment]:
         "Emit the remaining chunks up to `duration` (a tail shorter than `min_segment_s` joins the previous chunk)."
         out = []
-        while self.k * self.c < duration - 1e-6: out += self._emit(min((self.k + 1) * self.c, duration))
+        while self.k * self.c < duration - 1e-6:
+            out += self._emit(min((self.k + 1) * self.c, duration))
         if self.prev is not None: out.append(self.prev)
         self.prev = None
         return out

@@ -37,7 +37,8 @@ def _plain(ev) -> str:
 def _load_latin1(p: Path):
     import pysubs2
     try: return pysubs2.load(str(p), encoding='latin-1')
-    except Exception as e: raise SubtitleError(f"malformed subtitle file {p.name}: {type(e).__name__}") from None
+    except Exception as e:
+        raise SubtitleError(f"malformed subtitle file {p.name}: {type(e).__name__}") from None
 
 def _first_line(e: Exception) -> str: return str(e).splitlines()[0][:120] if str(e) else ''
 
@@ -50,15 +51,20 @@ def load_subtitles(path: str | Path) -> list[Cue]:
     try: subs = pysubs2.load(str(p), encoding='utf-8')
     except UnicodeDecodeError: subs = _load_latin1(p)
     except Exception as e:
-        raise SubtitleError(f"malformed subtitle file {p.name}: {type(e).__name__}: {_first_line(e)}") from None
+        raise SubtitleError(f"malformed subtitle file {p.name}: {type(e).__name__}: "
+                            f"{_first_line(e)}") from None
     cues = [Cue(ev.start / 1000, ev.end / 1000, _plain(ev)) for ev in subs if not ev.is_comment]
     kept = [c for c in cues if c.text and c.end > c.start]
-    if not kept: raise SubtitleError(f"malformed subtitle file {p.name}: no timed cues found (expected SRT or WebVTT)")
+    if not kept:
+        raise SubtitleError(f"malformed subtitle file {p.name}: no timed cues found (expected SRT "
+                            f"or WebVTT)")
     arrows = sum('-->' in l for l in p.read_text(encoding='utf-8', errors='replace').splitlines())
-    unreadable, timeless = max(arrows - len(cues), 0), sum(bool(c.text) and c.end <= c.start for c in cues)
+    unreadable, timeless = max(arrows - len(cues),
+                               0), sum(bool(c.text) and c.end <= c.start for c in cues)
     if (dropped := unreadable + len(cues) - len(kept)):
-        warn(f"{p.name}: {dropped} of {max(arrows, len(cues))} subtitle cues dropped ({unreadable} with unreadable "
-             f"timestamps, {timeless} zero-length or reversed, {len(cues) - len(kept) - timeless} empty)")
+        warn(f"{p.name}: {dropped} of {max(arrows, len(cues))} subtitle cues dropped ({unreadable} "
+             f"with unreadable timestamps, {timeless} zero-length or reversed, "
+             f"{len(cues) - len(kept) - timeless} empty)")
     return sorted(kept, key=lambda c: (c.start, c.end))
 
 # %% ../../nbs/12_video.subtitles.ipynb #67ef0eb3
