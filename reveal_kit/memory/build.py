@@ -5,6 +5,7 @@
 # %% ../../nbs/14a_memory.build.ipynb #66cfb794
 from __future__ import annotations
 import contextlib, json, math, shutil, sys, time, warnings
+from typing import Iterable, Iterator
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +40,16 @@ def _sampled(video: Path | ClipFolder, info, config: Config):
     "The frames stage 1 reads: a video file's at `config.fps`, or a span of clips' (on the span's own clock)."
     return video.frames(config.fps) if isinstance(video, ClipFolder) else iter_frames(video, config.fps, info=info)
 
+def _batches(items: Iterable, n: int) -> Iterator[list]:
+    "`items` in lists of `n` (the last one shorter, none empty), each yielded as soon as it is full."
+    buf = []
+    for x in items:
+        buf.append(x)
+        if len(buf) >= n:
+            yield buf
+            buf = []
+    if buf: yield buf
+
 def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder, progress: bool, batch: int = 32,
                   ahead: ReadAhead | None = None):
     "Decode → filter → embed → segment, streamed (a video, or a span of clips), feeding `ahead`. (segments, report)"
@@ -60,17 +71,10 @@ def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder
             if ahead: ahead.frame(f.t, f.rgb)
             emit(seg.push(f.t, e))
     with _pbar(n_total, 'frames', progress) as bar:
-        buf = []
-        for f in filter_frames(prefetch(_sampled(video, info, config)), config, report):
-            buf.append(f)
-            if len(buf) >= batch:
-                run(buf)
-                buf = []
-                bar.n = report.n_frames
-                bar.refresh()
-        run(buf)
-        bar.n = report.n_frames
-        bar.refresh()
+        for buf in _batches(filter_frames(prefetch(_sampled(video, info, config)), config, report), batch):
+            run(buf)
+            bar.n = report.n_frames
+            bar.refresh()
     drops_before(math.inf)
     emit(seg.finish(info.duration))
     return segs, report
@@ -193,6 +197,21 @@ def _caption_frames(video: Path, times: list[float], where):
     "The frames at `times`, from a clip folder or a video file, 640 pixels wide at most."
     return open_clip_folder(video).frames_at(times, 640) if where else iter_frames_at(video, times, max_width=640)
 
+def _caption_requests(todo: list[L1Segment], early: dict, cap, config: Config) -> list[tuple[float, int]]:
+    "(time, segment index) of every caption frame still to decode, in time order (segments read ahead left out)."
+    return sorted((t, j) for j, s in enumerate(todo) if j not in early
+                  for t in _caption_times(s, frames_per_caption(s, cap, config)))
+
+def _caption_one(cap, where, s: L1Segment, frames: list, text: str, fut) -> MemoryItem:
+    "One L1 item: `s` captioned from `frames` (or from its reading `fut`, made ahead) with its subtitle `text`."
+    kw = dict(reading=fut.result()) if fut else {}
+    return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim, **kw), text, where)
+
+def _check_captioned(todo: list[L1Segment], nxt: int) -> None:
+    "Refuse a stage that stopped before its last segment (its caption frames could not be decoded)."
+    if nxt < len(todo):
+        raise VideoError(f"could not read caption frames after {fmt_time(todo[nxt].t_start)} (truncated video?)")
+
 def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config, ahead,
                    progress: bool, concurrency: int = 1) -> list[MemoryItem]:
     "Stage 2: a caption per L1 segment, resuming from `l1.jsonl` (`ahead`: a `ReadAhead`, or the chat model)."
@@ -202,17 +221,14 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
     ahead = ahead if isinstance(ahead, ReadAhead) else ReadAhead(make_captioner(ahead, config))
     cap, early = ahead.captioner, {j: f for j, s in enumerate(todo) if (f := ahead.take(s)) is not None}
     subs = align_cues(cues, [(s.t_start, s.t_end) for s in todo]) if cues else [[] for _ in todo]
-    reqs = sorted((t, j) for j, s in enumerate(todo) if j not in early
-                  for t in _caption_times(s, frames_per_caption(s, cap, config)))
+    reqs = _caption_requests(todo, early, cap, config)
     want, pending, nxt = Counter(j for _, j in reqs), {}, 0      # frames per segment, gathered; the next to caption
     where = open_clip_folder(video).source_meta if is_clip_folder(video) else None
-    def one(s, frames, text, fut):
-        kw = dict(reading=fut.result()) if fut else {}
-        return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim, **kw), text, where)
     def ready():
         nonlocal nxt
         while nxt < len(todo) and len(pending.get(nxt, [])) == want[nxt]:
-            line.submit(one, todo[nxt], pending.pop(nxt, []), cues_text(subs[nxt]), early.get(nxt))
+            line.submit(_caption_one, cap, where, todo[nxt], pending.pop(nxt, []), cues_text(subs[nxt]),
+                        early.get(nxt))
             nxt += 1
     def write(it):
         append_jsonl(out / 'l1.jsonl', it.to_dict())
@@ -224,8 +240,7 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
         for (t, j), fr in zip(reqs, _caption_frames(video, [t for t, _ in reqs], where)):
             pending.setdefault(j, []).append(fr.rgb)
             ready()
-    if nxt < len(todo):
-        raise VideoError(f"could not read caption frames after {fmt_time(todo[nxt].t_start)} (truncated video?)")
+    _check_captioned(todo, nxt)
     return [done[f"L1_{s.idx:04d}"] for s in segs]
 
 # %% ../../nbs/14a_memory.build.ipynb #c84d4640
