@@ -28,7 +28,7 @@ from ..reveal.induction import induce
 from .context import ROLES, RunContext, pool_meta, role_models_of
 from .run_dir import (ResultWriter, git_commit, json_or_str, locked_run_dir, parse_shard, repair_results,
                                      select_questions, write_run_json)
-from .methods import get_method, method_spec
+from .methods import get_method, method_spec, run_spelling
 from ..retrieval.choice import get_text_embedder, get_image_embedder
 
 # %% auto #0
@@ -214,6 +214,7 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path, 
     check_concurrency(concurrency)
     role_models_of(role_models or {})
     get_method(method)                                      # an unknown name fails before anything is written
+    method = run_spelling(out_dir, method)                  # `rerank_only` → `rerank-only`, unless the folder has it
     _check_max_substituted(max_substituted)
     out, (si, sn) = Path(out_dir), parse_shard(shard)
     with locked_run_dir(out):

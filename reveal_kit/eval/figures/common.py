@@ -25,6 +25,7 @@ from ...backends.models import get_chat_model
 from ..loaders import load_benchmark
 from ..runner import induce_benchmark, run_eval
 from ..context import uses_pool
+from ..methods import method_name, method_spellings
 from ..run_dir import select_questions
 from ..metrics import load_results, run_pool, embedders_line
 from ..pack_replay import open_pack, pack_chat, replayed_run
@@ -110,11 +111,12 @@ def run_methods(methods: Sequence[str], benchmark: str, root: str | Path, out_di
                 pool: str | None = None, role_models: dict | None = None) -> dict[str, Path]:
     "Run each method into the shared folder (resumable: finished questions are kept); the run folder of each."
     base, dirs = resolve(out_dir) / run_slug(benchmark, split, chat, roles), {}
-    for i, m in enumerate(methods, 1):
+    for i, m in enumerate(map(method_name, methods), 1):                         # `rerank_only` → `rerank-only`
         ov = ([f'rubric_pool={pool}'] if pool and uses_pool(m) else []) + list(overrides or [])   # REVEAL's methods
         key = _run_key(m, ov)
         key += f"-roles-{digest(role_models)[:8]}" if role_models else ''          # PACE's per-role models
-        d = base / safe_name(f"{m}-{tag}-{key}" if tag else f"{m}-{key}")
+        folder = lambda s: base / safe_name(f"{s}-{tag}-{key}" if tag else f"{s}-{key}")
+        d = next((folder(s) for s in method_spellings(m) if folder(s).exists()), folder(m))   # earlier spellings
         print(f"[{i}/{len(methods)}] {m}{f' ({tag})' if tag else ''} → {d}", flush=True)
         run_eval(benchmark, m, d, root=resolve(root), limit=limit, model=chat, split=loader_split(benchmark, split),
                  overrides=ov, progress=progress, roles=roles, only_present=only_present, role_models=role_models)
