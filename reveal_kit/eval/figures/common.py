@@ -38,7 +38,7 @@ from .caveat import caveat, offline_roles, stamp_caveat
 __all__ = ['POOL_RECIPE_KEYS', 'SYNTH_POOL', 'resolve', 'ensure_synth', 'bench_root', 'chat_model', 'run_slug', 'loader_split',
            'benchmark_questions', 'run_methods', 'load_runs', 'pool_recipe', 'ensure_pool', 'pool_override',
            'wilson_ci', 'accuracy_row', 'accuracy_table', 'write_csv', 'provenance', 'new_figure', 'bar_labels',
-           'plot_accuracy', 'plot_grouped', 'Experiment', 'packed_run_name']
+           'plot_accuracy', 'plot_grouped', 'Experiment', 'MethodRuns', 'packed_run_name']
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #4b6ad2c1
 def resolve(path: str | Path) -> Path:
@@ -340,13 +340,20 @@ def __str__(self: Experiment) -> str:
     chat = f"{self.chat.backend_name}:{self.chat.model_id}"
     return f"{len(self.qids)} questions of {self.benchmark}/{self.split}; chat model {chat}"
 
+# %% ../../../nbs/44_eval.figures.common.ipynb #3d1a0101
+class MethodRuns(dict):
+    "Runs by method under the current names; a lookup by an earlier spelling (`rerank_only`) finds the same run."
+    def __getitem__(self, m): return super().__getitem__(method_name(m))
+    def __contains__(self, m): return super().__contains__(method_name(m))
+    def get(self, m, default=None): return super().get(method_name(m), default)
+
 # %% ../../../nbs/44_eval.figures.common.ipynb #bbc76c8c
 @patch
 def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    "The runs checked against `max_substituted`, and without substituted answers when they are to be left out."
+    "The runs checked against `max_substituted`, and without substituted answers when left out; current method names."
     for m, rs in runs.items(): check_substituted(rs, self.max_substituted, m)
     self.substitutions = substitution_counts(r for rs in runs.values() for r in rs)     # before any is left out
-    return {m: scored_rows(rs, self.substituted) for m, rs in runs.items()}
+    return MethodRuns({method_name(m): scored_rows(rs, self.substituted) for m, rs in runs.items()})
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #f112b441
 @patch
@@ -379,8 +386,8 @@ def open_pack(self: Experiment) -> None:
 # %% ../../../nbs/44_eval.figures.common.ipynb #b28945ed
 def packed_run_name(names: Iterable[str], method: str, tag: str = '') -> str:
     "The one run folder name of `method` (and `tag`) among a pack's: `<method>-[<tag>-]<12-hex key>[-…]`."
-    head = re.escape(safe_name(f"{method}-{tag}" if tag else method))
-    got = [n for n in names if re.fullmatch(head + r'-[0-9a-f]{12}(-.*)?', n)]
+    heads = [re.escape(safe_name(f"{s}-{tag}" if tag else s)) for s in method_spellings(method)]   # earlier too
+    got = [n for n in names if any(re.fullmatch(h + r'-[0-9a-f]{12}(-.*)?', n) for h in heads)]
     if len(got) != 1:
         raise KeyError(f"the pack holds {len(got)} runs of {method!r}{f' tagged {tag!r}' if tag else ''} "
                        f"({', '.join(got) or 'none'}); it holds {', '.join(names)}")

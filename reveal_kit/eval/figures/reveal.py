@@ -15,7 +15,7 @@ import seaborn as sns
 from ...core import Config
 from ...reveal.verifier import EVIDENCE_TOKENS
 from ...reveal.ask import load_trace
-from ..methods import available_methods, method_spec
+from ..methods import available_methods, method_name, method_spec
 from ..metrics import compare, report
 from ..context import RunContext
 from ...memory.build import get_or_build_memory
@@ -35,6 +35,7 @@ SEPARATING = (('+onmem', 'rerank-only'), ('+onmem', 'verify-only'), ('rerank-onl
 
 def table2_pairs(methods: Sequence[str]) -> list[tuple[str, str]]:
     "The ladder's consecutive steps among `methods`, then the 2×2 contrasts whose two runs are both present."
+    methods = [method_name(m) for m in methods]                   # `rerank_only` → `rerank-only`
     steps = [m for m in LADDER if m in methods]
     return list(zip(steps, steps[1:])) + [p for p in SEPARATING if set(p) <= set(methods)]
 
