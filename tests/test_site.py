@@ -101,7 +101,7 @@ def test_check_site_finds_what_is_broken(site, tmp_path):
     page.write_text(page.read_text().replace('</head>', '<script src="https://cdn.example/x.js"></script></head>'))
     got = bs.check_site(bad, executed=True)
     assert '21_reveal.planner: no page' in got and 'gallery.html: fetches from another host' in got, got
-    assert '25b_reveal.agent: no executed output' in got                 # built with --no-exec: no outputs
+    assert '25b_reveal.agent: not executed' in got                       # built with --no-exec: nothing ran
     assert not any(p.startswith('experiments/') and 'output' in p for p in got)   # experiments are never run
 
 

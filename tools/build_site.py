@@ -6,9 +6,9 @@ Stages `nbs/` into `_docsrc/` (beside `nbs/`, so a notebook's relative paths mea
 directives into myst-nb tags (`#| hide` and `#| default_exp` cells removed, `#| slow`/`#| gpu`/`#| vllm` cells shown but
 not run), adds the committed figure(s) to each experiment notebook's page, writes the home page (the README), the
 reading-order table of contents, the figures gallery and `llms.txt`, then runs `sphinx-build`, then checks the
-result (`check_site`: every notebook has a page, no page fetches from another host, every executed page carries its
-outputs) and fails on any problem. `--check-only` checks a site already built. Component notebooks,
-tutorials and explanations are executed at build time and cached by jupyter-cache (`_site/.jupyter_cache`): a rebuild
+result and fails on any problem (`check_site`: every notebook has a page, no page fetches from another host, each
+runnable notebook was executed and its page shows the outputs that run made). `--check-only` checks a built site.
+Component notebooks, tutorials and explanations are executed at build time and cached by jupyter-cache (`_site/.jupyter_cache`): a rebuild
 re-executes only the notebooks that changed. Experiment notebooks are not executed (they rerun whole experiments);
 their pages show the committed figures and CSVs. Nothing is fetched from the network at build or view time: no MathJax,
 no widget JavaScript from a CDN, no web fonts.
@@ -230,15 +230,31 @@ def shows_outputs(nb: Path) -> bool:
     return any(map(shown_and_run, json.loads(nb.read_text(encoding='utf-8'))['cells']))
 
 
+def cached_outputs(out: Path, nb: Path) -> int | None:
+    "How many outputs the shown cells of a notebook's cached execution hold; None if it was never executed."
+    import nbformat
+    from jupyter_cache import get_cache
+    staged = SRC / nb.relative_to(ROOT / 'nbs')
+    try: rec = get_cache(str(out / '.jupyter_cache')).match_cache_notebook(nbformat.read(staged, 4))
+    except (KeyError, OSError): return None
+    cells = get_cache(str(out / '.jupyter_cache')).get_cache_bundle(rec.pk).nb.cells
+    shown = [c for c in cells if c.cell_type == 'code' and 'remove-cell' not in c.metadata.get('tags', [])]
+    return sum(len(c.get('outputs', [])) for c in shown)
+
+
+def page_problems(out: Path, nb: Path, executed: bool) -> list[str]:
+    "What is wrong with one notebook's page: missing, or (executed) never run or without the outputs its run made."
+    page, name = out / f'{doc_name(nb)}.html', doc_name(nb)
+    if not page.is_file(): return [f'{name}: no page']
+    if not (executed and shows_outputs(nb)): return []
+    n = cached_outputs(out, nb)
+    if n is None: return [f'{name}: not executed']
+    return [f'{name}: no executed output'] if n and OUTPUT not in page.read_text(encoding='utf-8') else []
+
+
 def check_site(out: Path, executed: bool = True) -> list[str]:
-    "What is wrong with a built site: a notebook without a page, a page fetching from elsewhere, no executed output."
-    problems, groups = [], notebooks()
-    for nb in [p for items in groups.values() for p in items]:
-        page = out / f'{doc_name(nb)}.html'
-        if not page.is_file(): problems.append(f'{doc_name(nb)}: no page'); continue
-        html = page.read_text(encoding='utf-8')
-        if executed and shows_outputs(nb) and OUTPUT not in html:
-            problems.append(f'{doc_name(nb)}: no executed output')
+    "What is wrong with a built site: a notebook without a page, a page fetching from elsewhere, outputs missing."
+    problems = [p for items in notebooks().values() for nb in items for p in page_problems(out, nb, executed)]
     for page in out.rglob('*.html'):
         if FETCH.search(page.read_text(encoding='utf-8')):
             problems.append(f'{page.relative_to(out)}: fetches from another host')
