@@ -96,11 +96,11 @@ def test_check_site_finds_what_is_broken(site, tmp_path):
     assert bs.check_site(site, executed=False) == []
     bad = tmp_path / 'bad'
     shutil.copytree(site, bad, ignore=shutil.ignore_patterns('.jupyter_cache'))
-    (bad / '21_reveal.planner.html').unlink()
+    (bad / '22_reveal.planner.html').unlink()
     page = bad / 'gallery.html'
     page.write_text(page.read_text().replace('</head>', '<script src="https://cdn.example/x.js"></script></head>'))
     got = bs.check_site(bad, executed=True)
-    assert '21_reveal.planner: no page' in got and 'gallery.html: fetches from another host' in got, got
+    assert '22_reveal.planner: no page' in got and 'gallery.html: fetches from another host' in got, got
     assert '25b_reveal.agent: not executed' in got                       # built with --no-exec: nothing ran
     assert not any(p.startswith('experiments/') and 'output' in p for p in got)   # experiments are never run
 
