@@ -195,6 +195,11 @@ def execute_all(groups: dict, cache_path: Path) -> None:
         for nb in items: cache.add_nb_to_project(str(SRC / nb.relative_to(ROOT / 'nbs')))
     res = load_executor('local-parallel', cache).run_and_cache(timeout=900)
     bad = res.errored + res.excepted
+    if bad:   # a notebook that starts services (Ray) can time out beside others on a loaded machine: once more, alone
+        print(f"site: rerunning {len(bad)} notebook(s) one at a time: {', '.join(Path(u).name for u in bad)}",
+              file=sys.stderr)
+        res = load_executor('local-serial', cache).run_and_cache(filter_uris=bad, timeout=900)
+        bad = res.errored + res.excepted
     for uri in bad:
         rec = cache.get_project_record(uri)
         print(f"\n--- {uri} failed:\n{(rec.traceback or '')[-3000:]}", file=sys.stderr)
