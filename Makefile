@@ -134,7 +134,9 @@ lab: install-dev
 
 ## the site: every notebook rendered with its outputs (run at build time, cached in _site/.jupyter_cache, so a rebuild
 ## reruns only what changed), experiment pages with the committed figures, a figures gallery, search, llms.txt;
-## offline at build and view time. Open _site/index.html.
+## offline at build and view time; then checks the result (a page per notebook, no fetch from another host, each
+## executed page with its outputs) and fails on a problem. First build 12 min on 2 busy cores, 2 min cached; CI runs it
+## after `make test` (.ci/run). Open _site/index.html.
 docs: install-dev
 	$(PY) tools/build_site.py --out _site
 

@@ -25,6 +25,7 @@ nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json
 
 html_theme = 'furo'
 html_title = 'reveal-kit'
-html_static_path = []
+html_static_path = ['_static']          # custom.css: room for the kit's 100-column code
+html_css_files = ['custom.css']
 html_copy_source = False
 html_show_sourcelink = False

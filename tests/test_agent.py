@@ -52,11 +52,11 @@ def test_presets_behave_as_named(hash_memory):
     assert all(it['level'] == 1 for it in t['base']['rounds'][0]['retrieved'])
     assert {it['level'] for it in t['+offmem']['rounds'][0]['retrieved']} == {1, 2, 3}
     assert not t['+offmem']['online_memory']['enabled'] and t['+onmem']['online_memory']['enabled']
-    for p in ('base', '+iter', '+offmem', '+onmem', 'rerank_only'):
+    for p in ('base', '+iter', '+offmem', '+onmem', 'rerank-only'):
         assert res[p]['sufficient'] is None and not any('verifier' in rd for rd in t[p]['rounds'])
-    for p in ('reveal', 'verify_only'):
+    for p in ('reveal', 'verify-only'):
         assert all('verifier' in rd for rd in t[p]['rounds'])
-    rankings = [t[p]['rounds'][0]['ranking'] for p in ('reveal', 'rerank_only', 'verify_only')]
+    rankings = [t[p]['rounds'][0]['ranking'] for p in ('reveal', 'rerank-only', 'verify-only')]
     assert rankings == ['rubric-offline', 'rubric-offline', 'relevance']
     spec = get_preset('reveal', fixed_rounds=2, fixed_segments=5)
     fixed = answer_question(Q_COUNT, hash_memory, None, Config(), spec)

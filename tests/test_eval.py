@@ -503,7 +503,8 @@ def test_report_counts_degraded_results():
 
 def test_pace_variants_are_in_the_registry_of_a_fresh_process_without_plugins():
     code = ("from reveal_kit.eval import methods\n"
-            "assert methods.PLUGINS == [] and {'pace', 'dvd', 'pace_noindex'} <= set(methods.METHODS)\n"
+            "assert methods.PLUGINS == [] and {'pace', 'dvd', 'pace-no-qcindex'} <= set(methods.METHODS)\n"
+            "assert methods.get_method('pace_noindex') is methods.METHODS['pace-no-qcindex']\n"
             "assert callable(methods.get_method('pace')) and callable(methods.get_method('dvd'))\n"
             "known = methods.available_methods()\n"
             "assert {'pace-no-qcindex', 'pace-factors-3', 'reveal+oracle', '+iter+oracle'} <= set(known), known\n"
@@ -665,6 +666,25 @@ def test_a_real_benchmark_run_with_the_seed_pool_warns_once_and_records_the_pool
     run_eval('videomme', 'direct', tmp_path / 'direct', root=root, split='long', backend='none', progress=False)
     assert json.loads((tmp_path / 'direct' / 'run.json').read_text())['rubric_pool_used'] is False
     assert 'rubric pool' not in format_report(report_run(tmp_path / 'direct'))
+
+
+def test_a_run_folder_written_under_an_earlier_method_spelling_resumes_and_compares(tmp_path):
+    "A folder of `verify_only` (the spelling before `verify-only`) loads, resumes under either name, compares by name."
+    from reveal_kit.eval.metrics import compare_runs, report_run
+    root, old = write_fixture('videomme', tmp_path / 'vm'), tmp_path / 'old'
+    run_eval('videomme', 'verify-only', old, root=root, split='long', limit=2, backend='none', progress=False)
+    meta = json.loads((old / 'run.json').read_text())
+    (old / 'run.json').write_text(json.dumps(dict(meta, method='verify_only')))           # as written before
+    rows = [dict(json.loads(l), method='verify_only') for l in (old / 'results.jsonl').read_text().splitlines()]
+    (old / 'results.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    for name in ('verify-only', 'verify_only'):
+        s = run_eval('videomme', name, old, root=root, split='long', limit=2, backend='none', progress=False)
+        assert (s['ran'], s['skipped_finished']) == (0, 2)
+    assert report_run(old)['n'] == 2
+    run_eval('videomme', 'rerank_only', tmp_path / 'new', root=root, split='long', limit=2, backend='none',
+             progress=False)
+    assert json.loads((tmp_path / 'new' / 'run.json').read_text())['method'] == 'rerank-only'
+    assert compare_runs(old, tmp_path / 'new', n_boot=10)['methods'] == ['verify-only', 'rerank-only']
 
 
 def test_an_induced_pool_is_named_with_its_provenance_and_not_warned_about(tmp_path, capsys):

@@ -81,6 +81,48 @@ def test_gallery_maps_each_committed_figure_to_its_notebook(site):
     assert 'experiments/reveal_table2.html' in gallery
 
 
+def load_builder():
+    "tools/build_site.py as a module."
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('build_site', ROOT / 'tools' / 'build_site.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_check_site_finds_what_is_broken(site, tmp_path):
+    "`check_site` (run by every build) passes the built site and names a missing page, a fetch, a page never run."
+    bs = load_builder()
+    assert bs.check_site(site, executed=False) == []
+    bad = tmp_path / 'bad'
+    shutil.copytree(site, bad, ignore=shutil.ignore_patterns('.jupyter_cache'))
+    (bad / '22_reveal.planner.html').unlink()
+    page = bad / 'gallery.html'
+    page.write_text(page.read_text().replace('</head>', '<script src="https://cdn.example/x.js"></script></head>'))
+    got = bs.check_site(bad, executed=True)
+    assert '22_reveal.planner: no page' in got and 'gallery.html: fetches from another host' in got, got
+    assert '25b_reveal.agent: not executed' in got                       # built with --no-exec: nothing ran
+    assert not any(p.startswith('experiments/') and 'output' in p for p in got)   # experiments are never run
+
+
+def test_staged_notebooks_do_not_export(tmp_path):
+    "The staged copy keeps no `nbdev_export()` cell (run at build time it would rewrite the library); hidden cells run."
+    bs, src = load_builder(), ROOT / 'nbs' / '42b_eval.methods.ipynb'
+    bs.stage_notebook(src, tmp_path / src.name)
+    code = [c for c in json.loads((tmp_path / src.name).read_text())['cells'] if c['cell_type'] == 'code']
+    assert any('nbdev_export' in ''.join(c['source']) for c in json.loads(src.read_text())['cells'])
+    assert code and not any('nbdev_export' in c['source'] for c in code)
+
+
+def test_ci_builds_and_checks_the_executed_site():
+    "CI (`.ci/run`) builds the executed site with `make docs` (which checks it) after the tests."
+    run = (ROOT / '.ci' / 'run').read_text()
+    assert re.search(r'^make test$', run, re.M) and re.search(r'^make docs$', run, re.M)
+    assert run.index('\nmake test\n') < run.index('\nmake docs\n')
+    make = (ROOT / 'Makefile').read_text()
+    assert re.search(r'^docs:.*\n\t\$\(PY\) tools/build_site.py --out _site$', make, re.M)
+
+
 def test_llms_txt_lists_every_page(site):
     "`llms.txt` names each notebook's page with its title and summary."
     llms = (site / 'llms.txt').read_text()

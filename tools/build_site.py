@@ -5,8 +5,10 @@
 Stages `nbs/` into `_docsrc/` (beside `nbs/`, so a notebook's relative paths mean the same), turns nbdev's cell
 directives into myst-nb tags (`#| hide` and `#| default_exp` cells removed, `#| slow`/`#| gpu`/`#| vllm` cells shown but
 not run), adds the committed figure(s) to each experiment notebook's page, writes the home page (the README), the
-reading-order table of contents, the figures gallery and `llms.txt`, then runs `sphinx-build`. Component notebooks,
-tutorials and explanations are executed at build time and cached by jupyter-cache (`_site/.jupyter_cache`): a rebuild
+reading-order table of contents, the figures gallery and `llms.txt`, then runs `sphinx-build`, then checks the
+result and fails on any problem (`check_site`: every notebook has a page, no page fetches from another host, each
+runnable notebook was executed and its page shows the outputs that run made). `--check-only` checks a built site.
+Component notebooks, tutorials and explanations are executed at build time and cached by jupyter-cache (`_site/.jupyter_cache`): a rebuild
 re-executes only the notebooks that changed. Experiment notebooks are not executed (they rerun whole experiments);
 their pages show the committed figures and CSVs. Nothing is fetched from the network at build or view time: no MathJax,
 no widget JavaScript from a CDN, no web fonts.
@@ -44,13 +46,19 @@ def directives(src: str) -> tuple[set[str], str]:
     return found, '\n'.join(keep).strip('\n')
 
 
-def stage_cell(cell: dict) -> dict:
+def exports(body: str) -> bool:
+    "Whether a cell is nbdev's closing export cell (`nbdev.nbdev_export()`)."
+    return 'nbdev_export' in body and len(body.splitlines()) <= 2
+
+
+def stage_cell(cell: dict) -> dict | None:
     "One code cell as the site shows it: hidden cells removed, slow ones shown but not run, directives dropped."
     if cell['cell_type'] != 'code': return cell
     src = ''.join(cell['source']) if isinstance(cell['source'], list) else cell['source']
     found, body = directives(src)
+    if exports(body): return None        # executed, it would rewrite the library from the staged copies
     tags = set(cell.get('metadata', {}).get('tags', []))
-    if found & {'hide', 'default_exp'} or 'nbdev_export' in body and len(body.splitlines()) <= 2: tags.add('remove-cell')
+    if found & {'hide', 'default_exp'}: tags.add('remove-cell')
     if found & NO_RUN: tags.add('skip-execution')
     cell = dict(cell, source=body, metadata=dict(cell.get('metadata', {}), tags=sorted(tags)))
     return cell
@@ -82,7 +90,7 @@ def figure_cell(nb: Path) -> dict:
 def stage_notebook(src: Path, dst: Path) -> None:
     "Copy one notebook into the staging tree with its cells prepared for the site."
     nb = json.loads(src.read_text(encoding='utf-8'))
-    nb['cells'] = [stage_cell(c) for c in nb['cells'] if c['cell_type'] != 'raw']
+    nb['cells'] = [c for c in map(stage_cell, nb['cells']) if c is not None and c['cell_type'] != 'raw']
     if src.parent.name == 'experiments': nb['cells'].insert(2, figure_cell(src))
     nb.setdefault('metadata', {})['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -196,6 +204,11 @@ def execute_all(groups: dict, cache_path: Path) -> None:
         for nb in items: cache.add_nb_to_project(str(SRC / nb.relative_to(ROOT / 'nbs')))
     res = load_executor('local-parallel', cache).run_and_cache(timeout=900)
     bad = res.errored + res.excepted
+    if bad:   # a notebook that starts services (Ray) can time out beside others on a loaded machine: once more, alone
+        print(f"site: rerunning {len(bad)} notebook(s) one at a time: {', '.join(Path(u).name for u in bad)}",
+              file=sys.stderr)
+        res = load_executor('local-serial', cache).run_and_cache(filter_uris=bad, timeout=900)
+        bad = res.errored + res.excepted
     for uri in bad:
         rec = cache.get_project_record(uri)
         print(f"\n--- {uri} failed:\n{(rec.traceback or '')[-3000:]}", file=sys.stderr)
@@ -215,14 +228,65 @@ def build(out: Path, jobs: int = 2, execute: bool = True) -> float:
     return time.time() - t0
 
 
+FETCH = re.compile(r"""<(script|link|img|iframe|source|video)[^>]+(src|href)=["']?(https?:)?//""")
+OUTPUT = 'class="cell_output'
+
+
+def shown_and_run(cell: dict) -> bool:
+    "Whether the site shows a code cell and runs it at build time."
+    staged = stage_cell(cell) if cell['cell_type'] == 'code' else None
+    return bool(staged and staged['source']) and not {'remove-cell', 'skip-execution'} & set(staged['metadata']['tags'])
+
+
+def shows_outputs(nb: Path) -> bool:
+    "Whether a notebook's page should carry executed outputs: not an experiment (those are not run), a cell run."
+    if nb.parent.name == 'experiments': return False
+    return any(map(shown_and_run, json.loads(nb.read_text(encoding='utf-8'))['cells']))
+
+
+def cached_outputs(out: Path, nb: Path) -> int | None:
+    "How many outputs the shown cells of a notebook's cached execution hold; None if it was never executed."
+    import nbformat
+    from jupyter_cache import get_cache
+    staged = SRC / nb.relative_to(ROOT / 'nbs')
+    try: rec = get_cache(str(out / '.jupyter_cache')).match_cache_notebook(nbformat.read(staged, 4))
+    except (KeyError, OSError): return None
+    cells = get_cache(str(out / '.jupyter_cache')).get_cache_bundle(rec.pk).nb.cells
+    shown = [c for c in cells if c.cell_type == 'code' and 'remove-cell' not in c.metadata.get('tags', [])]
+    return sum(len(c.get('outputs', [])) for c in shown)
+
+
+def page_problems(out: Path, nb: Path, executed: bool) -> list[str]:
+    "What is wrong with one notebook's page: missing, or (executed) never run or without the outputs its run made."
+    page, name = out / f'{doc_name(nb)}.html', doc_name(nb)
+    if not page.is_file(): return [f'{name}: no page']
+    if not (executed and shows_outputs(nb)): return []
+    n = cached_outputs(out, nb)
+    if n is None: return [f'{name}: not executed']
+    return [f'{name}: no executed output'] if n and OUTPUT not in page.read_text(encoding='utf-8') else []
+
+
+def check_site(out: Path, executed: bool = True) -> list[str]:
+    "What is wrong with a built site: a notebook without a page, a page fetching from elsewhere, outputs missing."
+    problems = [p for items in notebooks().values() for nb in items for p in page_problems(out, nb, executed)]
+    for page in out.rglob('*.html'):
+        if FETCH.search(page.read_text(encoding='utf-8')):
+            problems.append(f'{page.relative_to(out)}: fetches from another host')
+    if not (out / 'index.html').is_file(): problems.append('no index.html')
+    return problems
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--out', default='_site', help='folder of the built site (default _site)')
     ap.add_argument('--jobs', type=int, default=2, help='parallel Sphinx readers (each executes notebooks)')
     ap.add_argument('--no-exec', action='store_true', help='render notebooks as committed, without running them')
+    ap.add_argument('--check-only', action='store_true', help='check the site already built in --out, build nothing')
     a = ap.parse_args(argv)
     out = (ROOT / a.out).resolve()
-    secs = build(out, a.jobs, not a.no_exec)
+    secs = 0.0 if a.check_only else build(out, a.jobs, not a.no_exec)
+    bad = check_site(out, executed=not a.no_exec)
+    if bad: raise SystemExit(f"site: {len(bad)} problem(s):\n  " + '\n  '.join(bad))
     size = sum(p.stat().st_size for p in out.rglob('*') if p.is_file() and '.jupyter_cache' not in p.parts)
     print(f"site: {out}/index.html — {len(list(out.rglob('*.html')))} pages, {size / 2**20:.1f} MiB, built in {secs:.0f} s")
 

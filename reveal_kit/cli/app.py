@@ -101,7 +101,7 @@ RolesOpt = Annotated[str, typer.Option(help="who plays planner, verifier and ans
                                         "its replies are meaningful, else the offline implementations) | offline "
                                         "(the offline implementations, no model calls) | model (the chat model, even "
                                         "the packaged base model)")]
-PRESET_NAMES = 'reveal, base, +iter, +offmem, +onmem, rerank_only, verify_only'
+PRESET_NAMES = 'reveal, base, +iter, +offmem, +onmem, rerank-only, verify-only'
 PACE_NAMES = ('pace, pace-no-qcindex, pace-no-verify, pace-factors-1, pace-factors-2, pace-factors-3, pace-factors-4, '
               'pace-factors-5, pace-without-clipsearch, pace-without-evidenceretrieve, pace-without-frameinspect, '
               'pace-without-globalbrowse, dvd')

@@ -5,14 +5,16 @@
 # %% ../../nbs/42b_eval.methods.ipynb #b2aa81bc
 from __future__ import annotations
 import importlib
+import json
 import threading
+from pathlib import Path
 from dataclasses import asdict
 from typing import Any, Callable
 from ..core import Question
 from ..settings import check_roles
 from ..backends.chat import is_meaningful
 from .baselines import DIRECT_TEXT, blind, direct
-from ..reveal.presets import PRESETS, ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX, get_preset
+from ..reveal.presets import PRESETS, PRESET_ALIASES, ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX, get_preset, preset_name
 from ..reveal.agent import answer_question
 from .context import RunContext
 from ..pace.index import EvidenceDB, get_pace_dbs
@@ -20,8 +22,9 @@ from ..pace.roles import PaceModels, pace_settings
 from ..pace.agent import PACE_SPECS, PACE_ALIASES, answer_pace, get_pace_spec
 
 # %% auto #0
-__all__ = ['METHODS', 'PLUGINS', 'register_method', 'load_plugins', 'available_methods', 'get_method', 'method_spec',
-           'method_family', 'pace_models_for', 'plain_index_model', 'shared_plain_db']
+__all__ = ['METHODS', 'METHOD_ALIASES', 'PLUGINS', 'register_method', 'method_name', 'method_spellings', 'run_spelling',
+           'load_plugins', 'available_methods', 'get_method', 'method_spec', 'method_family', 'pace_models_for',
+           'plain_index_model', 'shared_plain_db']
 
 # %% ../../nbs/42b_eval.methods.ipynb #519d2b40
 METHODS: dict[str, Callable[[Question, RunContext], dict]] = {}
@@ -32,6 +35,30 @@ def register_method(name: str):
         METHODS[name] = fn
         return fn
     return deco
+
+# %% ../../nbs/42b_eval.methods.ipynb #3d1a0002
+METHOD_ALIASES: dict[str, str] = {**PRESET_ALIASES, **PACE_ALIASES}      # an earlier spelling → the current name
+
+def method_name(name: str) -> str:
+    "The current spelling of a method's name (`rerank_only` → `rerank-only`, `pace_noindex` → `pace-no-qcindex`)."
+    return PACE_ALIASES.get(name, preset_name(name))
+
+# %% ../../nbs/42b_eval.methods.ipynb #3d1a0004
+def method_spellings(name: str) -> list[str]:
+    "A method's current name, then each earlier spelling of it (a run folder may carry any of them)."
+    name = method_name(name)
+    for suffix in (ORACLE_FRAMES_SUFFIX, ORACLE_SUFFIX, ''):
+        base = name[:len(name) - len(suffix)]
+        if name.endswith(suffix) and base in METHOD_ALIASES.values():
+            return [name] + [old + suffix for old, new in METHOD_ALIASES.items() if new == base]
+    return [name]
+
+# %% ../../nbs/42b_eval.methods.ipynb #3d1a0006
+def run_spelling(out_dir: str | Path, name: str) -> str:
+    "The name a run into `out_dir` goes under: the folder's own earlier spelling of it (so it resumes), else the current."
+    try: old = str(json.loads((Path(out_dir) / 'run.json').read_text())['method'])
+    except (OSError, ValueError, KeyError, TypeError): old = None
+    return old if old in method_spellings(name) else method_name(name)
 
 # %% ../../nbs/42b_eval.methods.ipynb #389a11e2
 @register_method('blind')
@@ -92,7 +119,8 @@ def _is_preset(name: str) -> bool:
     return True
 
 def get_method(name: str) -> Callable[[Question, RunContext], dict]:
-    "A method by name: registered ones first, then the agent's presets, then those the plugins register."
+    "A method by name (an earlier spelling too): registered ones first, then the agent's presets, then plugins'."
+    name = method_name(name)
     if name not in METHODS and not _is_preset(name): load_plugins()
     if name in METHODS: return METHODS[name]
     if _is_preset(name): return _preset_method(name)
@@ -104,6 +132,7 @@ def get_method(name: str) -> Callable[[Question, RunContext], dict]:
 # %% ../../nbs/42b_eval.methods.ipynb #5bec0002
 def method_spec(name: str) -> dict | None:
     "The switches a method runs with (a REVEAL preset's `MethodSpec`, a PACE variant's `PaceSpec`), or None."
+    name = method_name(name)
     if _is_preset(name): return get_preset(name).to_dict()
     try: return asdict(get_pace_spec(name))
     except KeyError: return None
@@ -144,4 +173,4 @@ def _runner_method(name: str):
     run.__doc__ = f"The PACE variant {name!r} through the runner."
     return run
 
-for _n in [*PACE_SPECS, *PACE_ALIASES]: register_method(_n)(_runner_method(_n))
+for _n in PACE_SPECS: register_method(_n)(_runner_method(_n))     # earlier spellings: `method_name`

@@ -400,8 +400,9 @@ def judge_report(run_dir: str | Path, judge: str | None = None, cache_mode: str 
 
 # %% ../../nbs/43_eval.metrics.ipynb #90754038
 def _run_method(run_dir: str | Path) -> str:
-    "The method a RUN_DIR ran (its `run.json`), else the folder's name."
-    try: return str(json.loads((Path(run_dir) / 'run.json').read_text())['method'])
+    "The method a RUN_DIR ran (its `run.json`, in the current spelling), else the folder's name."
+    from reveal_kit.eval.methods import method_name              # the registry imports the metrics' neighbours
+    try: return method_name(str(json.loads((Path(run_dir) / 'run.json').read_text())['method']))
     except (OSError, ValueError, KeyError, TypeError): return Path(run_dir).name
 
 def compare_runs(run_a: str | Path, run_b: str | Path, seed: int = 0, n_boot: int = 10000,

@@ -30,7 +30,7 @@ from .loaders import load_benchmark
 from .context import RunContext, pool_meta, role_models_of
 from .run_dir import (ResultWriter, git_commit, json_or_str, locked_run_dir, parse_shard, repair_results,
                                      select_questions, write_run_json)
-from .methods import get_method, method_spec
+from .methods import get_method, method_spec, run_spelling
 from ..retrieval.choice import get_text_embedder, get_image_embedder
 
 # %% auto #0
@@ -242,6 +242,7 @@ class RunSettings(BaseModel):
         return RunSettings(**(dict(self) | kw))
 
 
+
 # %% ../../nbs/42c_eval.runner.ipynb #7aae04e8
 def run_settings(settings: RunSettings | None, out_dir: str | Path | None, **kw) -> RunSettings:
     "`settings` (or the defaults) with `out_dir` and keywords (either name) changed."
@@ -285,6 +286,7 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path |
     "Run `method` over a benchmark into `out_dir` as `settings` (or keywords) say; a summary."
     s = run_settings(settings, out_dir, **kw)
     get_method(method)                          # an unknown name fails before anything is written
+    method = run_spelling(s.out_dir, method)    # `rerank_only` → `rerank-only`, unless the folder has it
     out, shard = Path(s.out_dir), parse_shard(s.shard)
     with locked_run_dir(out):
         cfg = resolve_config(s.config, s.overrides)

@@ -10,7 +10,7 @@ from typing import Optional
 from .verifier import EVIDENCE_TOKENS
 
 # %% auto #0
-__all__ = ['PRESETS', 'ORACLE_SUFFIX', 'ORACLE_FRAMES_SUFFIX', 'MethodSpec', 'get_preset']
+__all__ = ['PRESETS', 'ORACLE_SUFFIX', 'ORACLE_FRAMES_SUFFIX', 'PRESET_ALIASES', 'MethodSpec', 'preset_name', 'get_preset']
 
 # %% ../../nbs/25_reveal.presets.ipynb #0ca3134a
 _CHOICES = {'chunking': ('adaptive', 'fixed'), 'rerank_by': ('auto', 'model', 'offline'),
@@ -71,15 +71,24 @@ PRESETS['+iter'] = PRESETS['base'].replace(name='+iter', iterative=True)
 PRESETS['+offmem'] = PRESETS['+iter'].replace(name='+offmem', chunking='adaptive')
 PRESETS['+onmem'] = PRESETS['+offmem'].replace(name='+onmem', online_memory=True)
 PRESETS['reveal'] = PRESETS['+onmem'].replace(name='reveal', verify=True, relevance_stop=False, rerank=True)
-PRESETS['rerank_only'] = PRESETS['reveal'].replace(name='rerank_only', verify=False, relevance_stop=True)
-PRESETS['verify_only'] = PRESETS['reveal'].replace(name='verify_only', rerank=False)
+PRESETS['rerank-only'] = PRESETS['reveal'].replace(name='rerank-only', verify=False, relevance_stop=True)
+PRESETS['verify-only'] = PRESETS['reveal'].replace(name='verify-only', rerank=False)
 
 # %% ../../nbs/25_reveal.presets.ipynb #84b238c1
 ORACLE_SUFFIX = '+oracle'
 ORACLE_FRAMES_SUFFIX = '+oracle-frames'
+PRESET_ALIASES = {'rerank_only': 'rerank-only', 'verify_only': 'verify-only'}     # earlier spellings
+
+def preset_name(name: str) -> str:
+    "The current spelling of a preset's name: an earlier spelling (`rerank_only`), oracle suffix kept, renamed."
+    for suffix in (ORACLE_FRAMES_SUFFIX, ORACLE_SUFFIX, ''):
+        base = name[:len(name) - len(suffix)]
+        if name.endswith(suffix) and base in PRESET_ALIASES: return PRESET_ALIASES[base] + suffix
+    return name
 
 def get_preset(preset: str | MethodSpec, **overrides) -> MethodSpec:
     "A preset by name (suffix `+oracle`: oracle evidence; `+oracle-frames`: and its frames) or a spec, with overrides."
+    if isinstance(preset, str): preset = preset_name(preset)
     if isinstance(preset, MethodSpec):
         spec = preset
     elif preset in PRESETS:

@@ -27,6 +27,7 @@ from ..loaders import load_benchmark
 from ..induce import induce_benchmark
 from ..runner import RunSettings, run_eval
 from ..context import uses_pool
+from ..methods import method_name, method_spellings
 from ..run_dir import select_questions
 from ..metrics import load_results, run_pool, embedders_line
 from ..pack_replay import open_pack, pack_chat, replayed_run
@@ -39,7 +40,7 @@ from .caveat import caveat, offline_roles, stamp_caveat
 __all__ = ['POOL_RECIPE_KEYS', 'SYNTH_POOL', 'resolve', 'ensure_synth', 'bench_root', 'chat_model', 'run_slug', 'loader_split',
            'benchmark_questions', 'run_methods', 'load_runs', 'pool_recipe', 'ensure_pool', 'pool_override',
            'wilson_ci', 'accuracy_row', 'accuracy_table', 'write_csv', 'provenance', 'new_figure', 'bar_labels',
-           'plot_accuracy', 'plot_grouped', 'Experiment', 'packed_run_name']
+           'plot_accuracy', 'plot_grouped', 'Experiment', 'MethodRuns', 'packed_run_name']
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #4b6ad2c1
 def resolve(path: str | Path) -> Path:
@@ -110,12 +111,13 @@ def run_methods(methods: Sequence[str], benchmark: str, settings: RunSettings, t
     "Run each method into the shared folder `settings.out_dir` (resumable); the run folder of each."
     s = settings
     base, dirs = resolve(s.out_dir) / run_slug(benchmark, s.split, s.model, s.roles), {}
-    for i, m in enumerate(methods, 1):
+    for i, m in enumerate(map(method_name, methods), 1):                         # `rerank_only` → `rerank-only`
         own_pool = [f'rubric_pool={pool}'] if pool and uses_pool(m) else []     # REVEAL's methods
         ov = own_pool + list(s.overrides or [])
         key = _run_key(m, ov)
         key += f"-roles-{digest(s.role_models)[:8]}" if s.role_models else ''  # PACE's role models
-        d = base / safe_name(f"{m}-{tag}-{key}" if tag else f"{m}-{key}")
+        folder = lambda x: base / safe_name(f"{x}-{tag}-{key}" if tag else f"{x}-{key}")
+        d = next((folder(x) for x in method_spellings(m) if folder(x).exists()), folder(m))   # earlier spellings
         print(f"[{i}/{len(methods)}] {m}{f' ({tag})' if tag else ''} → {d}", flush=True)
         split = loader_split(benchmark, s.split)
         run_eval(benchmark, m, d, s.replace(root=resolve(s.root), split=split, overrides=ov))
@@ -339,13 +341,20 @@ def __str__(self: Experiment) -> str:
     chat = f"{self.chat.backend_name}:{self.chat.model_id}"
     return f"{len(self.qids)} questions of {self.benchmark}/{self.split}; chat model {chat}"
 
+# %% ../../../nbs/44_eval.figures.common.ipynb #3d1a0101
+class MethodRuns(dict):
+    "Runs by method under the current names; a lookup by an earlier spelling (`rerank_only`) finds the same run."
+    def __getitem__(self, m): return super().__getitem__(method_name(m))
+    def __contains__(self, m): return super().__contains__(method_name(m))
+    def get(self, m, default=None): return super().get(method_name(m), default)
+
 # %% ../../../nbs/44_eval.figures.common.ipynb #bbc76c8c
 @patch
 def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    "The runs checked against `max_substituted`, and without substituted answers when they are to be left out."
+    "The runs checked against `max_substituted`, and without substituted answers when left out; current method names."
     for m, rs in runs.items(): check_substituted(rs, self.max_substituted, m)
     self.substitutions = substitution_counts(r for rs in runs.values() for r in rs)     # before any is left out
-    return {m: scored_rows(rs, self.substituted) for m, rs in runs.items()}
+    return MethodRuns({method_name(m): scored_rows(rs, self.substituted) for m, rs in runs.items()})
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #f112b441
 @patch
@@ -385,8 +394,8 @@ def open_pack(self: Experiment) -> None:
 # %% ../../../nbs/44_eval.figures.common.ipynb #b28945ed
 def packed_run_name(names: Iterable[str], method: str, tag: str = '') -> str:
     "The one run folder name of `method` (and `tag`) among a pack's: `<method>-[<tag>-]<12-hex key>[-…]`."
-    head = re.escape(safe_name(f"{method}-{tag}" if tag else method))
-    got = [n for n in names if re.fullmatch(head + r'-[0-9a-f]{12}(-.*)?', n)]
+    heads = [re.escape(safe_name(f"{s}-{tag}" if tag else s)) for s in method_spellings(method)]   # earlier too
+    got = [n for n in names if any(re.fullmatch(h + r'-[0-9a-f]{12}(-.*)?', n) for h in heads)]
     if len(got) != 1:
         raise KeyError(f"the pack holds {len(got)} runs of {method!r}{f' tagged {tag!r}' if tag else ''} "
                        f"({', '.join(got) or 'none'}); it holds {', '.join(names)}")

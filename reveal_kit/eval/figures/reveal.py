@@ -15,7 +15,7 @@ import seaborn as sns
 from ...core import Config
 from ...reveal.verifier import EVIDENCE_TOKENS
 from ...reveal.ask import load_trace
-from ..methods import available_methods
+from ..methods import available_methods, method_name, method_spec
 from ..metrics import compare, report
 from ..context import RunContext
 from ...memory.build import get_or_build_memory
@@ -25,16 +25,17 @@ from .common import accuracy_row, new_figure
 __all__ = ['LADDER', 'SEPARATING', 'MEMORY_ROW', 'table2_pairs', 'paired_table', 'two_by_two', 'rerank_used', 'two_by_two_csv',
            'sweep_overrides', 'mean_admitted', 'cut_share', 'rerank_fallback', 'sweep_table', 'split_available',
            'calibration_table', 'answerer_frames', 'frameless_arms', 'frameless_note', 'per_type_table', 'cost_table',
-           'timing_table', 'build_memories', 'count_table', 'fmt_p', 'plot_steps', 'plot_sweep', 'per_type_long',
-           'memory_note', 'plot_costs']
+           'timing_table', 'memory_chunkings', 'build_memories', 'count_table', 'fmt_p', 'plot_steps', 'plot_sweep',
+           'per_type_long', 'memory_note', 'plot_costs']
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #61351ebd
 LADDER = ('base', '+iter', '+offmem', '+onmem', 'reveal')
-SEPARATING = (('+onmem', 'rerank_only'), ('+onmem', 'verify_only'), ('rerank_only', 'reveal'),
-              ('verify_only', 'reveal'))
+SEPARATING = (('+onmem', 'rerank-only'), ('+onmem', 'verify-only'), ('rerank-only', 'reveal'),
+              ('verify-only', 'reveal'))
 
 def table2_pairs(methods: Sequence[str]) -> list[tuple[str, str]]:
     "The ladder's consecutive steps among `methods`, then the 2×2 contrasts whose two runs are both present."
+    methods = [method_name(m) for m in methods]                   # `rerank_only` → `rerank-only`
     steps = [m for m in LADDER if m in methods]
     return list(zip(steps, steps[1:])) + [p for p in SEPARATING if set(p) <= set(methods)]
 
@@ -52,7 +53,7 @@ def paired_table(runs: dict[str, list[dict]], pairs: Sequence[tuple[str, str]], 
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #fa04106e
-_CELLS = {('no', 'no'): '+onmem', ('yes', 'no'): 'rerank_only', ('no', 'yes'): 'verify_only', ('yes', 'yes'): 'reveal'}
+_CELLS = {('no', 'no'): '+onmem', ('yes', 'no'): 'rerank-only', ('no', 'yes'): 'verify-only', ('yes', 'yes'): 'reveal'}
 
 def two_by_two(acc: pd.DataFrame) -> pd.DataFrame:
     "The review's 2×2 as a grid: rubric rerank (rows) × verifier (columns), accuracy in each cell (NaN if not run)."
@@ -64,7 +65,7 @@ def two_by_two(acc: pd.DataFrame) -> pd.DataFrame:
 def rerank_used(runs: dict[str, list[dict]]) -> dict[str, str]:
     "Per 2×2 row ('no' / 'yes' rubric rerank): the ranking its runs' results say they used ('unknown' if unrecorded)."
     out = {}
-    for row, methods in (('no', ('+onmem', 'verify_only')), ('yes', ('rerank_only', 'reveal'))):
+    for row, methods in (('no', ('+onmem', 'verify-only')), ('yes', ('rerank-only', 'reveal'))):
         kinds = {k for m in methods for r in runs.get(m, []) for k in (r.get('rerank') or 'unknown').split('+')}
         out[row] = ' / '.join(sorted(kinds)) if kinds else 'not run'
     return out
@@ -201,17 +202,26 @@ def timing_table(runs: dict[str, list[dict]], memory: pd.DataFrame | None = None
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #f7f3b426
-def build_memories(questions: Sequence, chat, config: Config | None = None,
-                   out_dir: str | Path = 'runs') -> pd.DataFrame:
-    "Each video's memory, built (or loaded) before the methods run: per video, seconds now and its build seconds."
+def memory_chunkings(methods: Sequence[str] | None, config: Config) -> list[str]:
+    "The chunkings the methods read: each preset's own, the config's for the direct baselines (and when none is given)."
+    if methods is None: return [config.chunking]
+    specs = {m: method_spec(m) for m in methods}
+    own = {s['chunking'] for s in specs.values() if s and s.get('chunking')}
+    direct = {config.chunking for m in methods if m.startswith('direct')}
+    return sorted(own | direct)
+
+def build_memories(questions: Sequence, chat, config: Config | None = None, out_dir: str | Path = 'runs',
+                   methods: Sequence[str] | None = None) -> pd.DataFrame:
+    "Every memory the methods read, built (or loaded) before they run: per video and chunking, seconds now and build."
     ctx = RunContext('memory', 'memory', Path(out_dir), config=config or Config(), model_obj=chat)
     rows = []
     for q in {q.video_id: q for q in questions}.values():
-        t0 = time.time()
-        mem = get_or_build_memory(q.video_path, ctx.config, chat_model=chat, subtitles=ctx.subtitles(q))
-        rows.append(dict(video_id=q.video_id, seconds=round(time.time() - t0, 4),
-                         build_seconds=float(mem.manifest.get('build_seconds') or 0)))
-    return pd.DataFrame(rows, columns=['video_id', 'seconds', 'build_seconds'])
+        for ch in memory_chunkings(methods, ctx.config):
+            t0 = time.time()
+            mem = ctx.memory(q, ch)                          # the same memory the runs' `ctx.memory` finds
+            rows.append(dict(video_id=q.video_id, chunking=ch, seconds=round(time.time() - t0, 4),
+                             build_seconds=float(mem.manifest.get('build_seconds') or 0)))
+    return pd.DataFrame(rows, columns=['video_id', 'chunking', 'seconds', 'build_seconds'])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #e918c5dc
 def count_table(runs: dict[str, list[dict]], key: str, values: Iterable[int] | None = None) -> pd.DataFrame:
