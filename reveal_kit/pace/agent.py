@@ -250,7 +250,7 @@ def make_policy(spec: PaceSpec, tb: ToolBox, fq: Sequence[Factor], agent: Any, s
     letters, chars = list(tb.q.options), 4 * settings.history_tokens
     if spec.prompt == 'dvd':
         return ToolCallPolicy(agent, dvd_messages(tb.q, tb.duration), spec.tools, letters,
-                              settings.agent_max_tokens, chars)
+                              settings.agent_max_tokens, chars, last_tools='all')     # DVD's last turn
     if settings.protocol == 'tools':
         msgs = [system_message(agent_system(spec.tools, clip_s, 'tools')),
                 user_message(state_text(AgentState(tb, list(fq)), clip_s))]

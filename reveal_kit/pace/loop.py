@@ -131,9 +131,10 @@ def _refuse(st: AgentState, policy, name, args, cid) -> None:
 
 def _play(st: AgentState, policy, turn: Turn, last: bool, policy_s: float) -> None:
     "Run a turn's calls in order (until a Finish) while the budget lasts, one step each; the rest are refused."
+    free = last and getattr(policy, 'last_tools', 'finish') == 'all'     # DVD: every tool on the last turn
     for j, (name, args, cid, err) in enumerate(turn.calls or [(None, None, None, 'no tool call in the reply')]):
-        name, args = _forced(name, args, last)
-        if st.left <= 0 or (st.left == 1 and name != 'Finish'):
+        name, args = _forced(name, args, last and not free)
+        if st.left <= 0 or (st.left == 1 and name != 'Finish' and not free):
             _refuse(st, policy, name, args, cid)
             continue
         obs = st.tb.call(name, args) if name is not None and not err else invalid_obs(name, err)
@@ -143,6 +144,19 @@ def _play(st: AgentState, policy, turn: Turn, last: bool, policy_s: float) -> No
                                  turn.reasoning if first else ''))
         policy.observe(st, cid, obs)
         if st.tb.answer is not None: return
+
+# %% ../../nbs/32a_pace.loop.ipynb #fd1a0001
+def _unfinished(tb: ToolBox, policy) -> tuple[list, list]:
+    "No valid Finish: the policy's own answer (DVD's rule), else the offline best-supported one (a substitution)."
+    own = getattr(policy, 'unfinished_answer', lambda: None)()
+    if own is not None:
+        tb.answer = own[0]
+        return [own[1]], []
+    tb.answer = best_supported(tb)
+    note = 'no valid Finish within the budget; the offline best-supported answer was used'
+    if getattr(policy, 'kind', None) == 'offline': return [note], []        # the offline policy is never replaced
+    return [note], [substitution('agent', 'missing_finish', 'offline best-supported answer', note)]
+
 
 # %% ../../nbs/32a_pace.loop.ipynb #1c312580
 def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 15) -> dict:
@@ -154,12 +168,7 @@ def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 1
         _play(st, policy, turn, last, time.perf_counter() - t0)
         st.turn += 1
         if tb.answer is not None: stop = turn.reason or ('budget' if last else 'finish')
-    notes, subs = [], []
-    if tb.answer is None:
-        tb.answer = best_supported(tb)
-        notes.append('no valid Finish within the budget; the offline best-supported answer was used')
-        if getattr(policy, 'kind', None) != 'offline':     # a model that did not finish is replaced (offline: never)
-            subs.append(substitution('agent', 'missing_finish', 'offline best-supported answer', notes[-1]))
+    notes, subs = _unfinished(tb, policy) if tb.answer is None else ([], [])
     return dict(steps=st.steps, turns=st.turn, stop_reason=stop, answer=tb.answer, notes=notes, substitutions=subs,
                 contrastive_factors=[d.to_dict() for d in tb.factors] if tb.factors is not None else None,
                 invalid_calls=sum(s['invalid'] for s in st.steps),
