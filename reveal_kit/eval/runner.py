@@ -28,7 +28,7 @@ from ..reveal.induction import induce
 from .context import ROLES, RunContext, pool_meta, role_models_of
 from .run_dir import (ResultWriter, git_commit, json_or_str, locked_run_dir, parse_shard, repair_results,
                                      select_questions, write_run_json)
-from .methods import get_method, method_spec
+from .methods import get_method, method_spec, index_caps
 from ..retrieval.choice import get_text_embedder, get_image_embedder
 
 # %% auto #0
@@ -117,7 +117,8 @@ def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dic
                 config=cfg.to_dict(), model=ctx.model_id(), text_embedder=get_text_embedder().model_id,
                 image_embedder=get_image_embedder().model_id,
                 **ctx.model_base_url(), roles=ctx.roles, role_models=ctx.role_models_meta(),
-                input=dict(subtitles=cfg.subtitles, before_query=cfg.before_query), **kw,
+                input=dict(subtitles=cfg.subtitles, before_query=cfg.before_query),
+                index_caps=index_caps(method, cfg), **kw,
                 kit_version=kit_version(), git_commit=git_commit(), python=sys.version.split()[0],
                 platform=platform.platform(),
                 created=datetime.now(timezone.utc).isoformat(timespec='seconds'))

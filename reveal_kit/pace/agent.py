@@ -27,7 +27,7 @@ from .index import EvidenceDB, get_pace_dbs, build_factor_db, factor_key, tagger
 from .tools import ToolBox, PACE_TOOLS, DVD_TOOLS, TOOL_SPECS
 from .tool_args import tool_args
 from .loop import AgentState, Turn, run_agent, trace_evidence, best_supported, fit_results
-from .dvd import ToolCallPolicy, dvd_messages
+from .dvd import ToolCallPolicy, dvd_messages, dvd_index_config
 from .needle import needle_recall, judge_rows
 
 # %% auto #0
@@ -398,7 +398,8 @@ def ask_pace(video: str | Path, question: str, options: list[str], method: str =
     chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache, **cfg.thinking_settings(),
                           timeout_s=timeout_s or getattr(cfg, 'timeout_s', None)) if isinstance(backend, str) else backend
     ms = pace_models_of(chat, roles, pace_settings(cfg).vision_substitute)
-    plain = get_pace_dbs(video, (), cfg, _meaningful(ms.vision), subtitles, root, text_embedder)[0]
+    icfg = dvd_index_config(cfg) if get_pace_spec(method).prompt == 'dvd' else cfg      # DVD's caption caps
+    plain = get_pace_dbs(video, (), icfg, _meaningful(ms.vision), subtitles, root, text_embedder)[0]
     td = trace_dir or ask_trace_dir()
     return {**answer_pace(q, plain, method, chat, cfg, td, roles), 'options': q.options}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, time
 from typing import Any, Sequence
 from fastcore.basics import patch
-from ..core import Question
+from ..core import Config, Question
 from ..text import fmt_time
 from ..backends.chat import record_dict
 from ..backends.messages import system_message, user_message, message_text
@@ -15,8 +15,8 @@ from .tools import tool_schemas, DVD_TOOLS
 from .loop import AgentState, Turn, fit_results
 
 # %% auto #0
-__all__ = ['DVD_SYSTEM', 'DVD_TASK', 'FINISH_NOW', 'CALL_A_TOOL', 'LAST_TOOLS', 'dvd_messages', 'ToolCallPolicy',
-           'dvd_extract_answer']
+__all__ = ['DVD_SYSTEM', 'DVD_TASK', 'FINISH_NOW', 'CALL_A_TOOL', 'LAST_TOOLS', 'DVD_INDEX_CAPS', 'dvd_messages',
+           'ToolCallPolicy', 'dvd_extract_answer', 'dvd_index_config']
 
 # %% ../../nbs/32b_pace.dvd.ipynb #b332b7f0
 DVD_SYSTEM = (
@@ -119,3 +119,12 @@ def unfinished_answer(self: ToolCallPolicy) -> tuple[str | None, str] | None:
     a = got if got in self.letters else None
     why = 'a letter' if a else 'not an option letter: no answer'
     return a, f"no Finish within the budget; as DVD, the answer is the last message's ({(got or '')!r:.80}): {why}"
+
+# %% ../../nbs/32b_pace.dvd.ipynb #fd1b0011
+DVD_INDEX_CAPS = {'pace_caption_max_tokens': 4096,     # `_caption_clip`: `call_openai_model_with_tools`' default
+                  'pace_tool_max_tokens': 4096}        # on an index only the registry merge reads it
+
+def dvd_index_config(config: Config) -> Config:
+    "The config of DVD's plain index: captions and registry merge at DVD's 4,096 tokens, unless the run set them."
+    base = Config()
+    return config.replace(**{k: v for k, v in DVD_INDEX_CAPS.items() if getattr(config, k) == getattr(base, k)})
