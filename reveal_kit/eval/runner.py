@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from ..core import (Config, Question, load_config, parse_overrides, kit_version, trace_path, unique_qids,
                              warn)
 from ..io import atomic_write_text
-from ..record import as_row, check_substituted, format_substituted
+from ..record import as_row, check_substituted, format_substituted, run_switches
 from .metrics import load_results
 from ..backends.chat import BackendUnavailable
 from ..backends.cache import CacheMiss, MODES
@@ -62,7 +62,8 @@ def run_one(q: Question, method: str, fn: Callable, ctx: RunContext) -> dict:
     r = finalize(raw, q, method, time.time() - t0)
     if not r.get('trace'):
         tp = trace_path(ctx.trace_dir, q.qid, method)
-        atomic_write_text(tp, json.dumps(r, indent=1, default=json_or_str))
+        doc = {**r, 'switches': run_switches(ctx.config)}        # a baseline: no embedder ran
+        atomic_write_text(tp, json.dumps(doc, indent=1, default=json_or_str))
         r['trace'] = str(tp)
     return r
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 from ..core import Evidence
-from ..record import substitution
+from ..record import substitution, run_switches
 from ..reveal.rubrics import load_rubric_pool
 from ..reveal.offline_checks import EvidenceView
 from ..reveal.answerer import offline_answer
@@ -160,7 +160,7 @@ def _unfinished(tb: ToolBox, policy) -> tuple[list, list]:
 
 # %% ../../nbs/32a_pace.loop.ipynb #1c312580
 def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 15) -> dict:
-    "The loop for one question: at most `max_steps` tool calls; steps, refused calls, stop reason, answer, factors."
+    "The loop for one question: at most `max_steps` tool calls; steps, refused calls, stop, answer, factors, switches."
     st, stop = AgentState(tb, list(fq), max_steps=max_steps), 'budget'
     while st.left > 0 and tb.answer is None:
         last, t0 = st.left == 1, time.perf_counter()
@@ -173,4 +173,5 @@ def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 1
                 contrastive_factors=[d.to_dict() for d in tb.factors] if tb.factors is not None else None,
                 invalid_calls=sum(s['invalid'] for s in st.steps),
                 tool_errors=sum(not s['ok'] and not s['invalid'] for s in st.steps),
-                refused=st.refused, refused_calls=len(st.refused))
+                refused=st.refused, refused_calls=len(st.refused),
+                switches=run_switches(tb.config, getattr(tb.db, 'text_embedder', None)))
