@@ -226,7 +226,7 @@ def _model_id(e: Any) -> str | None:
     return e if e is None or isinstance(e, str) else getattr(e, 'model_id', None)
 
 def run_switches(config: Any, text_embedder: Any = None, image_embedder: Any = None) -> dict:
-    "The data switches a trace was made under: subtitles, footage before the query time, the embedders that ran."
+    "A trace's data switches: subtitles, footage before the query time, the embedders that ran."
     return dict(subtitles=bool(config.subtitles), before_query=bool(config.before_query),
                 text_embedder=_model_id(text_embedder), image_embedder=_model_id(image_embedder))
 

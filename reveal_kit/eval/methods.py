@@ -125,23 +125,23 @@ def plain_index_model(ctx: RunContext) -> Any:
 
 # %% ../../nbs/42b_eval.methods.ipynb #fd42b001
 def plain_index_config(method: str, config: Config) -> Config | None:
-    "The config a PACE method's plain index is built under (DVD: its own caption caps); None for other methods."
+    "The config a PACE method's plain index is built under (DVD: its own caps); None for others."
     try: spec = get_pace_spec(method)
     except KeyError: return None
     return dvd_index_config(config) if spec.prompt == 'dvd' else config
 
 def index_caps(method: str, config: Config) -> dict | None:
-    "What `run.json` records of a PACE method's index calls: the caption and registry-merge reply caps."
+    "What `run.json` records of a PACE method's index: its caption and registry-merge reply caps."
     c = plain_index_config(method, config)
     return None if c is None else dict(caption_max_tokens=c.pace_caption_max_tokens,
                                        registry_max_tokens=c.pace_tool_max_tokens)
 
 # %% ../../nbs/42b_eval.methods.ipynb #c0312afe
 def shared_plain_db(q: Question, ctx: RunContext, method: str = 'pace') -> EvidenceDB:
-    "The plain database of the question's video for a PACE method: built or loaded once, shared; cut at query time."
+    "A PACE method's plain database of the question's video: built or loaded once, shared, cut at query time."
     cfg = plain_index_config(method, ctx.config)
     build = lambda: get_pace_dbs(q.video_path, (), cfg, plain_index_model(ctx), ctx.subtitles(q))[0]
-    key = 'pace-plain' if cfg == ctx.config else f'pace-plain-{cfg.hash()}'      # DVD's caps: its own index
+    key = 'pace-plain' if cfg == ctx.config else f'pace-plain-{cfg.hash()}'      # DVD: its own
     return ctx.cut(q, ctx.shared(q, key, build))
 
 # %% ../../nbs/42b_eval.methods.ipynb #664adbef

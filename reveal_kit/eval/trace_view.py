@@ -233,19 +233,19 @@ def notes_html(notes: list[str] | None) -> str:
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fd45a001
 def switches_html(t: dict) -> str:
-    "The data switches the trace was made under (subtitles, before the query time, embedders); '?' where unknown."
-    s = {k: '?' if v is None else ('on' if v is True else 'off' if v is False else v)
+    "The trace's data switches (subtitles, before the query time, embedders); '?' where unknown."
+    s = {k: esc('?' if v is None else ('on' if v is True else 'off' if v is False else v))
          for k, v in trace_switches(t).items()}
-    return (f"<p>switches: subtitles {esc(s['subtitles'])}, before the query time {esc(s['before_query'])}, "
-            f"text embedder {esc(s['text_embedder'])}, image embedder {esc(s['image_embedder'])}</p>")
+    return (f"<p>switches: subtitles {s['subtitles']}, before the query time {s['before_query']}, "
+            f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}</p>")
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fc65d143
 def trace_html(trace: dict, thumbs: dict[str, str] | None = None, question: Question | dict | None = None,
                notes: list[str] | None = None) -> str:
     "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds or tool calls, evidence."
     t = trace
-    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t), switches_html(t), notes_html(notes),
-             timeline_html(t, question)]
+    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t), switches_html(t),
+             notes_html(notes), timeline_html(t, question)]
     parts += [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
     parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs)]
     if t.get('missing_evidence'):

@@ -250,7 +250,7 @@ def make_policy(spec: PaceSpec, tb: ToolBox, fq: Sequence[Factor], agent: Any, s
     letters, chars = list(tb.q.options), 4 * settings.history_tokens
     if spec.prompt == 'dvd':
         return ToolCallPolicy(agent, dvd_messages(tb.q, tb.duration), spec.tools, letters,
-                              settings.agent_max_tokens, chars, last_tools='all')     # DVD's last turn
+                              settings.agent_max_tokens, chars, last_tools='all')     # DVD's rule
     if settings.protocol == 'tools':
         msgs = [system_message(agent_system(spec.tools, clip_s, 'tools')),
                 user_message(state_text(AgentState(tb, list(fq)), clip_s))]
@@ -398,7 +398,7 @@ def ask_pace(video: str | Path, question: str, options: list[str], method: str =
     chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache, **cfg.thinking_settings(),
                           timeout_s=timeout_s or getattr(cfg, 'timeout_s', None)) if isinstance(backend, str) else backend
     ms = pace_models_of(chat, roles, pace_settings(cfg).vision_substitute)
-    icfg = dvd_index_config(cfg) if get_pace_spec(method).prompt == 'dvd' else cfg      # DVD's caption caps
+    icfg = dvd_index_config(cfg) if get_pace_spec(method).prompt == 'dvd' else cfg      # DVD's caps
     plain = get_pace_dbs(video, (), icfg, _meaningful(ms.vision), subtitles, root, text_embedder)[0]
     td = trace_dir or ask_trace_dir()
     return {**answer_pace(q, plain, method, chat, cfg, td, roles), 'options': q.options}

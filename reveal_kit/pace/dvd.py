@@ -59,8 +59,8 @@ class ToolCallPolicy:
                  last_tools: str = 'finish'):
         self.model, self.messages, self.names, self.letters = model, list(messages), tuple(names), list(letters)
         self.max_tokens, self.max_chars, self._pending, self.protocols = max_tokens, max_chars, {}, []
-        if last_tools not in LAST_TOOLS: raise ValueError(f"last_tools must be one of {LAST_TOOLS}: {last_tools!r}")
-        self.last_tools = last_tools      # the last turn offers: 'finish' (Finish only) | 'all' (DVD's code)
+        if last_tools not in LAST_TOOLS: raise ValueError(f"last_tools: one of {LAST_TOOLS}, not {last_tools!r}")
+        self.last_tools = last_tools      # the last turn offers 'finish' (Finish only) | 'all' (DVD's code)
 
     @property
     def protocol(self) -> str:
@@ -80,9 +80,10 @@ def _send(self: ToolCallPolicy) -> list[dict]:
 # %% ../../nbs/32b_pace.dvd.ipynb #a2910a58
 @patch
 def next_turn(self: ToolCallPolicy, st: AgentState, last: bool) -> Turn:
-    "Ask for the next turn's calls (the last turn: say so; Finish only, or every tool as DVD); the turn is kept."
+    "Ask for the next turn's calls (the last: say so; Finish only, or every tool as DVD); the turn is kept."
     if last: self.messages.append(user_message(FINISH_NOW))
-    tools = tool_schemas(['Finish'] if last and self.last_tools == 'finish' else self.names, self.letters)
+    names = ['Finish'] if last and self.last_tools == 'finish' else self.names
+    tools = tool_schemas(names, self.letters)
     t0 = time.perf_counter()
     res = self.model.chat_tools(self._send(), tools, tool_choice='required', role='pace_agent',
                                 max_tokens=self.max_tokens, temperature=0.0)
@@ -103,7 +104,7 @@ def observe(self: ToolCallPolicy, st: AgentState, call_id: str | None, obs) -> N
 
 # %% ../../nbs/32b_pace.dvd.ipynb #fd1b0002
 def dvd_extract_answer(message: dict) -> str | None:
-    "DVD's `extract_answer` (`dvd/utils.py`): a tool call's `answer` argument, else the message's text, else None."
+    "DVD's `extract_answer` (`dvd/utils.py`): a tool call's `answer`, else the message's text, else None."
     for c in message.get('tool_calls') or []:
         args = c.get('function', {}).get('arguments') or '{}'
         a = (json.loads(args) if isinstance(args, str) else args).get('answer')
@@ -113,18 +114,20 @@ def dvd_extract_answer(message: dict) -> str | None:
 # %% ../../nbs/32b_pace.dvd.ipynb #fd1b0004
 @patch
 def unfinished_answer(self: ToolCallPolicy) -> tuple[str | None, str] | None:
-    "Under DVD's rule, the answer of a conversation without Finish (its last message's, a letter or none) and why."
-    if self.last_tools != 'all': return None                          # the kit's rule: the loop's offline answer
+    "DVD's rule: a conversation's answer without Finish (its last message's: a letter or none), and why."
+    if self.last_tools != 'all': return None                  # the kit's rule: the loop's offline answer
     got = dvd_extract_answer(self.messages[-1]) if self.messages else None
     a = got if got in self.letters else None
     why = 'a letter' if a else 'not an option letter: no answer'
-    return a, f"no Finish within the budget; as DVD, the answer is the last message's ({(got or '')!r:.80}): {why}"
+    said = repr(got or '')[:80]
+    return a, f"no Finish within the budget; as DVD, the answer is the last message's ({said}): {why}"
 
 # %% ../../nbs/32b_pace.dvd.ipynb #fd1b0011
-DVD_INDEX_CAPS = {'pace_caption_max_tokens': 4096,     # `_caption_clip`: `call_openai_model_with_tools`' default
-                  'pace_tool_max_tokens': 4096}        # on an index only the registry merge reads it
+DVD_INDEX_CAPS = {'pace_caption_max_tokens': 4096,   # `_caption_clip`: the call's default
+                  'pace_tool_max_tokens': 4096}      # on an index only the registry merge reads it
 
 def dvd_index_config(config: Config) -> Config:
-    "The config of DVD's plain index: captions and registry merge at DVD's 4,096 tokens, unless the run set them."
+    "The config of DVD's plain index: captions and merge at DVD's 4,096 tokens, unless the run set them."
     base = Config()
-    return config.replace(**{k: v for k, v in DVD_INDEX_CAPS.items() if getattr(config, k) == getattr(base, k)})
+    dvd = {k: v for k, v in DVD_INDEX_CAPS.items() if getattr(config, k) == getattr(base, k)}
+    return config.replace(**dvd)

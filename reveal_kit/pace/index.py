@@ -197,10 +197,10 @@ PACE_FIELDS = ('pace_clip_s', 'pace_fps', 'ocr_every_s', 'theta')
 INDEX_CAPS = ('pace_caption_max_tokens', 'pace_tool_max_tokens')     # captions; the registry merge
 
 def index_config(config: Config = Config()) -> dict:
-    "The settings a PACE index depends on: the `PACE_FIELDS`, the frame height, and reply caps set off the default."
+    "What a PACE index depends on: the `PACE_FIELDS`, the frame height, the reply caps set off the default."
     caps = {k: getattr(config, k) for k in INDEX_CAPS if getattr(config, k) != getattr(Config(), k)}
-    return {**{k: getattr(config, k) for k in PACE_FIELDS}, 'pace_frame_height': pace_settings(config).frame_height,
-            **caps}
+    fixed = {k: getattr(config, k) for k in PACE_FIELDS}
+    return {**fixed, 'pace_frame_height': pace_settings(config).frame_height, **caps}
 
 # %% ../../nbs/31_pace.index.ipynb #7f9d4f9a
 def pace_models(chat_model=None, text_embedder=None) -> dict:

@@ -131,7 +131,7 @@ def _refuse(st: AgentState, policy, name, args, cid) -> None:
 
 def _play(st: AgentState, policy, turn: Turn, last: bool, policy_s: float) -> None:
     "Run a turn's calls in order (until a Finish) while the budget lasts, one step each; the rest are refused."
-    free = last and getattr(policy, 'last_tools', 'finish') == 'all'     # DVD: every tool on the last turn
+    free = last and getattr(policy, 'last_tools', 'finish') == 'all'     # DVD: every tool offered
     for j, (name, args, cid, err) in enumerate(turn.calls or [(None, None, None, 'no tool call in the reply')]):
         name, args = _forced(name, args, last and not free)
         if st.left <= 0 or (st.left == 1 and name != 'Finish' and not free):
@@ -147,20 +147,20 @@ def _play(st: AgentState, policy, turn: Turn, last: bool, policy_s: float) -> No
 
 # %% ../../nbs/32a_pace.loop.ipynb #fd1a0001
 def _unfinished(tb: ToolBox, policy) -> tuple[list, list]:
-    "No valid Finish: the policy's own answer (DVD's rule), else the offline best-supported one (a substitution)."
+    "No valid Finish: the policy's own answer (DVD's rule), else the offline best-supported one, marked."
     own = getattr(policy, 'unfinished_answer', lambda: None)()
     if own is not None:
         tb.answer = own[0]
         return [own[1]], []
     tb.answer = best_supported(tb)
     note = 'no valid Finish within the budget; the offline best-supported answer was used'
-    if getattr(policy, 'kind', None) == 'offline': return [note], []        # the offline policy is never replaced
+    if getattr(policy, 'kind', None) == 'offline': return [note], []        # never replaced
     return [note], [substitution('agent', 'missing_finish', 'offline best-supported answer', note)]
 
 
 # %% ../../nbs/32a_pace.loop.ipynb #1c312580
 def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 15) -> dict:
-    "The loop for one question: at most `max_steps` tool calls; steps, refused calls, stop, answer, factors, switches."
+    "One question's loop: at most `max_steps` tool calls; steps, refusals, stop, answer, factors, switches."
     st, stop = AgentState(tb, list(fq), max_steps=max_steps), 'budget'
     while st.left > 0 and tb.answer is None:
         last, t0 = st.left == 1, time.perf_counter()

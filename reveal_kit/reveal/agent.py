@@ -13,7 +13,8 @@ from typing import Any, Callable
 import numpy as np
 from ..core import Config, Question, Evidence, MemoryItem, kit_version, trace_path
 from ..io import atomic_write_text
-from ..record import Result, RevealPart, call_marks, mark, substitution, usage_fields, run_switches
+from ..record import (Result, RevealPart, call_marks, mark, substitution, usage_fields,
+                               run_switches)
 from ..backends.chat import BackendUnavailable, offline_role, models_record, call_totals
 from ..backends.cache import CacheMiss
 from .online_memory import OnlineMemory
@@ -370,7 +371,8 @@ def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dic
     return {**{k: res[k] for k in _TRACE_KEYS}, **subs,
             'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'kit_version': kit_version(),
             'tau': config.tau, 'thresholds': thr, 'memory_chunking': chunk_mem, 'warnings': warn,
-            'switches': run_switches(config, res['models'].get('text_embedder'), _image_embedder(man)),
+            'switches': run_switches(config, res['models'].get('text_embedder'),
+                                     _image_embedder(man)),
             **{k: v for k, v in tr.items() if k not in ('answer', 'sufficient', 'rho', 'stop_reason', 'rerank')},
             'totals': {'rounds': res['rounds'], **tot, 'seconds': res['seconds'], 'loop_seconds': res['loop_seconds']}}
 
