@@ -71,6 +71,10 @@ def test_a_run_through_the_http_backend_records_the_switches(work, method):
                                      str(out), '--backend', 'http', '--base-url', srv.url, '--model', 'sim-vlm',
                                      '--cache', 'off', '--timeout', '20', '--quiet', '--set', 'subtitles=false'])
     assert r.exit_code == 0, r.output
+    if method == 'dvd':                            # DVD's plain index, captioned by the served VLM: DVD's caps
+        row = json.loads((out / 'results.jsonl').read_text().splitlines()[0])
+        man = json.loads((Path(row['index']['plain_path']) / 'manifest.json').read_text())
+        assert man['config']['pace_caption_max_tokens'] == man['config']['pace_tool_max_tokens'] == 4096
     for t in traces(out):
         assert (t['switches']['subtitles'], t['switches']['before_query']) == (False, True)
         assert t['models']['chat'].startswith('http:') or method == 'direct'

@@ -139,10 +139,11 @@ def index_caps(method: str, config: Config) -> dict | None:
 # %% ../../nbs/42b_eval.methods.ipynb #c0312afe
 def shared_plain_db(q: Question, ctx: RunContext, method: str = 'pace') -> EvidenceDB:
     "A PACE method's plain database of the question's video: built or loaded once, shared, cut at query time."
-    cfg = plain_index_config(method, ctx.config)
-    build = lambda: get_pace_dbs(q.video_path, (), cfg, plain_index_model(ctx), ctx.subtitles(q))[0]
-    key = 'pace-plain' if cfg == ctx.config else f'pace-plain-{cfg.hash()}'      # DVD: its own
-    return ctx.cut(q, ctx.shared(q, key, build))
+    def build():
+        model = plain_index_model(ctx)                        # offline captions have no reply cap
+        cfg = ctx.config if model is None else plain_index_config(method, ctx.config)
+        return get_pace_dbs(q.video_path, (), cfg, model, ctx.subtitles(q))[0]
+    return ctx.cut(q, ctx.shared(q, 'pace-plain', build))     # a run is one method: one plain index
 
 # %% ../../nbs/42b_eval.methods.ipynb #664adbef
 def _runner_method(name: str):

@@ -398,8 +398,9 @@ def ask_pace(video: str | Path, question: str, options: list[str], method: str =
     chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache, **cfg.thinking_settings(),
                           timeout_s=timeout_s or getattr(cfg, 'timeout_s', None)) if isinstance(backend, str) else backend
     ms = pace_models_of(chat, roles, pace_settings(cfg).vision_substitute)
-    icfg = dvd_index_config(cfg) if get_pace_spec(method).prompt == 'dvd' else cfg      # DVD's caps
-    plain = get_pace_dbs(video, (), icfg, _meaningful(ms.vision), subtitles, root, text_embedder)[0]
+    vlm = _meaningful(ms.vision)
+    icfg = dvd_index_config(cfg) if vlm and get_pace_spec(method).prompt == 'dvd' else cfg      # DVD's caps
+    plain = get_pace_dbs(video, (), icfg, vlm, subtitles, root, text_embedder)[0]
     td = trace_dir or ask_trace_dir()
     return {**answer_pace(q, plain, method, chat, cfg, td, roles), 'options': q.options}
 
