@@ -11,10 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .core import warn
 
 # %% auto #0
-__all__ = ['REASONS', 'PARTS', 'SUBSTITUTED', 'Substitution', 'reason_of', 'substitution', 'call_substitution', 'mark',
-           'call_marks', 'merge_marks', 'RevealPart', 'PacePart', 'BaselinePart', 'part_kind', 'source_of', 'settle',
-           'Result', 'usage_fields', 'as_record', 'as_row', 'read_row', 'substitution_counts', 'format_substituted',
-           'TooManySubstituted', 'check_substituted', 'scored_rows']
+__all__ = ['REASONS', 'PARTS', 'SWITCHES', 'SUBSTITUTED', 'Substitution', 'reason_of', 'substitution', 'call_substitution',
+           'mark', 'call_marks', 'merge_marks', 'RevealPart', 'PacePart', 'BaselinePart', 'part_kind', 'source_of',
+           'settle', 'Result', 'usage_fields', 'as_record', 'as_row', 'run_switches', 'trace_switches', 'read_row',
+           'substitution_counts', 'format_substituted', 'TooManySubstituted', 'check_substituted', 'scored_rows']
 
 # %% ../nbs/00c_record.ipynb #d2b157ec
 REASONS = ('failed_call', 'cut_reply', 'invalid_json', 'schema_mismatch', 'refused_request', 'missing_finish',
@@ -217,6 +217,24 @@ def as_record(row: dict | Result) -> Result:
 def as_row(rec: dict | Result) -> dict:
     "The flat row of a record or a row (a row is read through the record, so old rows come out in today's shape)."
     return as_record(rec).to_row()
+
+# %% ../nbs/00c_record.ipynb #fd00c002
+SWITCHES = ('subtitles', 'before_query', 'text_embedder', 'image_embedder')
+
+def _model_id(e: Any) -> str | None:
+    "An embedder's id (an id as given, None for none)."
+    return e if e is None or isinstance(e, str) else getattr(e, 'model_id', None)
+
+def run_switches(config: Any, text_embedder: Any = None, image_embedder: Any = None) -> dict:
+    "A trace's data switches: subtitles, footage before the query time, the embedders that ran."
+    return dict(subtitles=bool(config.subtitles), before_query=bool(config.before_query),
+                text_embedder=_model_id(text_embedder), image_embedder=_model_id(image_embedder))
+
+# %% ../nbs/00c_record.ipynb #fd00c004
+def trace_switches(trace: dict) -> dict:
+    "A trace's switches, each None (unknown) where the trace, of an older kit, does not record it."
+    got = trace.get('switches') if isinstance(trace.get('switches'), dict) else {}
+    return {k: got.get(k) for k in SWITCHES}
 
 # %% ../nbs/00c_record.ipynb #fadbf6b6
 def read_row(row: dict) -> dict:

@@ -180,7 +180,8 @@ def stand_in_expected(row: dict, r: dict) -> tuple[bool, bool]:
     "`(some output is a stand-in, the answer is one)` — from what the simulated server did, not from the row."
     b, answered = behaviour(row['qid']), row.get('answer') is not None
     # `many_calls` and `never_finish` are not stand-ins: calls past the budget are refused (an error tool message, in the
-    # trace), and the last call offers Finish alone, which the simulated model then calls (its own answer)
+    # trace), and the last call offers Finish alone, which the simulated model then calls (its own answer); DVD keeps
+    # every tool on offer, as its code, and a DVD run without Finish has no answer (nothing stood in)
     abuse = r['method'] in PACE_FAMILY and b in ('bad_arguments', 'unknown_tool')
     some = answered and (b in r['broken'] or abuse)                                   # no answer: nothing stood in
     answer = answered and (b == 'cut' or abuse)                                       # no reply, no Finish

@@ -13,6 +13,7 @@ from ..backends.models import get_chat_model
 from ..pace.roles import pace_settings
 from ..pace.index import EvidenceDB, get_pace_dbs
 from ..pace.variants import get_pace_spec
+from ..pace.dvd import dvd_index_config
 from ..pace.agent import answer_pace, pace_models_of
 
 # %% auto #0
@@ -44,11 +45,12 @@ def ask_chat_model(s: PaceAskSettings, cfg: Config) -> Any:
                           **cfg.thinking_settings(), timeout_s=timeout)
 
 # %% ../../nbs/90g_cli.pace_ask.ipynb #9966f462
-def _plain_db(video: str | Path, chat: Any, cfg: Config, s: PaceAskSettings) -> EvidenceDB:
-    "The video's plain database, captioned by the vision group's model when it is meaningful."
+def _plain_db(video: str | Path, chat: Any, cfg: Config, s: PaceAskSettings, method: str) -> EvidenceDB:
+    "The video's plain database, captioned by the vision group's model when it is meaningful (DVD: at DVD's caps)."
     vision = pace_models_of(chat, s.roles, pace_settings(cfg).vision_substitute).vision
     vision = vision if is_meaningful(vision) else None
-    return get_pace_dbs(video, (), cfg, vision, s.subtitles, s.root, s.text_embedder)[0]
+    icfg = dvd_index_config(cfg) if vision and get_pace_spec(method).prompt == 'dvd' else cfg   # DVD's caps
+    return get_pace_dbs(video, (), icfg, vision, s.subtitles, s.root, s.text_embedder)[0]
 
 def ask_pace(video: str | Path, question: str, options: list[str], method: str = 'pace',
              settings: PaceAskSettings | None = None, **kw) -> dict:
@@ -58,6 +60,6 @@ def ask_pace(video: str | Path, question: str, options: list[str], method: str =
     cfg = load_config(s.config, s.overrides or [])
     q = Question('ask', Path(video).stem, question, list(options))
     chat = ask_chat_model(s, cfg)
-    plain = _plain_db(video, chat, cfg, s)
+    plain = _plain_db(video, chat, cfg, s, method)
     td = s.trace_dir or ask_trace_dir()
     return {**answer_pace(q, plain, method, chat, cfg, td, s.roles), 'options': q.options}

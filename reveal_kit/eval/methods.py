@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from dataclasses import asdict
 from typing import Any, Callable
-from ..core import Question
+from ..core import Config, Question
 from ..settings import check_roles
 from ..backends.chat import is_meaningful
 from .baselines import DIRECT_TEXT, blind, direct
@@ -20,11 +20,12 @@ from .context import RunContext
 from ..pace.index import EvidenceDB, get_pace_dbs
 from ..pace.roles import PaceModels, pace_settings
 from ..pace.agent import PACE_SPECS, PACE_ALIASES, answer_pace, get_pace_spec
+from ..pace.dvd import dvd_index_config
 
 # %% auto #0
 __all__ = ['METHODS', 'METHOD_ALIASES', 'PLUGINS', 'register_method', 'method_name', 'method_spellings', 'run_spelling',
            'load_plugins', 'available_methods', 'get_method', 'method_spec', 'method_family', 'pace_models_for',
-           'plain_index_model', 'shared_plain_db']
+           'plain_index_model', 'plain_index_config', 'index_caps', 'shared_plain_db']
 
 # %% ../../nbs/42b_eval.methods.ipynb #519d2b40
 METHODS: dict[str, Callable[[Question, RunContext], dict]] = {}
@@ -158,17 +159,33 @@ def plain_index_model(ctx: RunContext) -> Any:
     v = pace_models_for(ctx).vision
     return v if is_meaningful(v) else None
 
+# %% ../../nbs/42b_eval.methods.ipynb #fd42b001
+def plain_index_config(method: str, config: Config) -> Config | None:
+    "The config a PACE method's plain index is built under (DVD: its own caps); None for others."
+    try: spec = get_pace_spec(method)
+    except KeyError: return None
+    return dvd_index_config(config) if spec.prompt == 'dvd' else config
+
+def index_caps(method: str, config: Config) -> dict | None:
+    "What `run.json` records of a PACE method's index: its caption and registry-merge reply caps."
+    c = plain_index_config(method, config)
+    return None if c is None else dict(caption_max_tokens=c.pace_caption_max_tokens,
+                                       registry_max_tokens=c.pace_tool_max_tokens)
+
 # %% ../../nbs/42b_eval.methods.ipynb #c0312afe
-def shared_plain_db(q: Question, ctx: RunContext) -> EvidenceDB:
-    "The plain PACE database of the question's video in this run: built or loaded once, shared; cut at its query time."
-    build = lambda: get_pace_dbs(q.video_path, (), ctx.config, plain_index_model(ctx), ctx.subtitles(q))[0]
-    return ctx.cut(q, ctx.shared(q, 'pace-plain', build))
+def shared_plain_db(q: Question, ctx: RunContext, method: str = 'pace') -> EvidenceDB:
+    "A PACE method's plain database of the question's video: built or loaded once, shared, cut at query time."
+    def build():
+        model = plain_index_model(ctx)                        # offline captions have no reply cap
+        cfg = ctx.config if model is None else plain_index_config(method, ctx.config)
+        return get_pace_dbs(q.video_path, (), cfg, model, ctx.subtitles(q))[0]
+    return ctx.cut(q, ctx.shared(q, 'pace-plain', build))     # a run is one method: one plain index
 
 # %% ../../nbs/42b_eval.methods.ipynb #664adbef
 def _runner_method(name: str):
     "A runner method `fn(question, ctx) -> result` for one PACE variant."
     def run(q: Question, ctx: RunContext) -> dict:
-        return answer_pace(q, shared_plain_db(q, ctx), name, pace_models_for(ctx), ctx.config,
+        return answer_pace(q, shared_plain_db(q, ctx, name), name, pace_models_for(ctx), ctx.config,
                            trace_dir=ctx.trace_dir, roles=ctx.roles)
     run.__doc__ = f"The PACE variant {name!r} through the runner."
     return run

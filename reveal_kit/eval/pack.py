@@ -373,11 +373,12 @@ def canonical_results(run_dir: str | Path) -> bytes:
     return ''.join(out).encode()
 
 # %% ../../nbs/48_eval.pack.ipynb #db941f13
-def canonical_traces(run_dir: str | Path) -> dict[str, bytes]:
-    "Every trace of a run (JSON files under traces/) in canonical form, by file name; error traces as they are."
+def canonical_traces(run_dir: str | Path, drop: tuple = ()) -> dict[str, bytes]:
+    "Every trace of a run (JSON files under traces/) in canonical form, by name, without `drop`; error traces as is."
     out = {}
     for f in sorted((Path(run_dir) / 'traces').glob('*')):
-        if f.suffix == '.json': out[f.name] = _line(portable(json.loads(f.read_text()))).encode()
+        t = json.loads(f.read_text()) if f.suffix == '.json' else None
+        if t is not None: out[f.name] = _line(portable({k: v for k, v in t.items() if k not in drop})).encode()
         elif f.is_file(): out[f.name] = f.read_bytes()
     return out
 
@@ -399,6 +400,8 @@ def run_differences(run_a: str | Path, run_b: str | Path, limit: int = 5) -> lis
     out += [f"results differ: {x[:160].decode()} … vs {y[:160].decode()} …" for x, y in zip(ra, rb)
             if x != y]
     ta, tb = canonical_traces(a), canonical_traces(b)
+    if any(ts and not any(b'"switches"' in t for t in ts.values()) for ts in (ta, tb)):   # a kit's traces before
+        ta, tb = canonical_traces(a, ('switches',)), canonical_traces(b, ('switches',))   # they had their switches
     out += [f"trace {n} only in {a if n in ta else b}" for n in sorted(set(ta) ^ set(tb))]
     out += [f"trace {n} differs" for n in sorted(set(ta) & set(tb)) if ta[n] != tb[n]]
     if canonical_report(a) != canonical_report(b): out.append('report differs')

@@ -20,7 +20,7 @@ from ..core import (Config, Question, load_config, parse_overrides, kit_version,
                              warn)
 from ..settings import check_roles, invalid_line
 from ..io import atomic_write_text
-from ..record import as_row, check_substituted, format_substituted
+from ..record import as_row, check_substituted, format_substituted, run_switches
 from ..protocols import ChatModel
 from .metrics import load_results
 from ..backends.chat import BackendUnavailable
@@ -30,7 +30,7 @@ from .loaders import load_benchmark
 from .context import RunContext, pool_meta, role_models_of
 from .run_dir import (ResultWriter, git_commit, json_or_str, locked_run_dir, parse_shard, repair_results,
                                      select_questions, write_run_json)
-from .methods import get_method, method_spec, run_spelling
+from .methods import get_method, method_spec, run_spelling, index_caps
 from ..retrieval.choice import get_text_embedder, get_image_embedder
 
 # %% auto #0
@@ -63,7 +63,8 @@ def run_one(q: Question, method: str, fn: Callable, ctx: RunContext) -> dict:
     r = finalize(raw, q, method, time.time() - t0)
     if not r.get('trace'):
         tp = trace_path(ctx.trace_dir, q.qid, method)
-        atomic_write_text(tp, json.dumps(r, indent=1, default=json_or_str))
+        doc = {**r, 'switches': run_switches(ctx.config)}        # a baseline: no embedder ran
+        atomic_write_text(tp, json.dumps(doc, indent=1, default=json_or_str))
         r['trace'] = str(tp)
     return r
 
@@ -118,7 +119,8 @@ def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dic
                 config=cfg.to_dict(), model=ctx.model_id(), text_embedder=get_text_embedder().model_id,
                 image_embedder=get_image_embedder().model_id,
                 **ctx.model_base_url(), roles=ctx.roles, role_models=ctx.role_models_meta(),
-                input=dict(subtitles=cfg.subtitles, before_query=cfg.before_query), **kw,
+                input=dict(subtitles=cfg.subtitles, before_query=cfg.before_query),
+                index_caps=index_caps(method, cfg), **kw,
                 kit_version=kit_version(), git_commit=git_commit(), python=sys.version.split()[0],
                 platform=platform.platform(),
                 created=datetime.now(timezone.utc).isoformat(timespec='seconds'))

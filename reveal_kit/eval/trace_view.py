@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from fastcore.xml import Div, Span, to_xml
 from ..core import Question
+from ..record import trace_switches
 from ..text import fmt_time, printable
 from ..io import atomic_write_text, read_jsonl_rows
 from .metrics import load_results
@@ -22,9 +23,9 @@ from .trace_steps import evidence_html, item_spans, step_lines, step_spans, step
 # %% auto #0
 __all__ = ['esc', 'score_colour', 'html_table', 'trace_rounds', 'item_rows', 'verifier_html', 'round_html', 'trace_calls',
            'calls_html', 'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'header_html', 'notes_html',
-           'trace_html', 'keyframe_thumbs', 'run_questions', 'filter_questions', 'run_trace', 'benchmark_root',
-           'run_question_source', 'run_question_index', 'run_videos', 'page_notes', 'trace_fragment', 'html_page',
-           'trace_page', 'trace_text', 'show_trace', 'TraceViewer']
+           'switches_html', 'trace_html', 'keyframe_thumbs', 'run_questions', 'filter_questions', 'run_trace',
+           'benchmark_root', 'run_question_source', 'run_question_index', 'run_videos', 'page_notes', 'trace_fragment',
+           'html_page', 'trace_page', 'trace_text', 'show_trace', 'TraceViewer']
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7bc1e1a
 def esc(x: Any) -> str:
@@ -255,13 +256,21 @@ def notes_html(notes: list[str] | None) -> str:
     "What the page cannot show and why (a benchmark or video that cannot be found from here), one notice each."
     return ''.join(f"<p class='notice'>{esc(n)}</p>" for n in notes or [])
 
+# %% ../../nbs/45_eval.trace_view.ipynb #fd45a001
+def switches_html(t: dict) -> str:
+    "The trace's data switches (subtitles, before the query time, embedders); '?' where unknown."
+    s = {k: esc('?' if v is None else ('on' if v is True else 'off' if v is False else v))
+         for k, v in trace_switches(t).items()}
+    return (f"<p>switches: subtitles {s['subtitles']}, before the query time {s['before_query']}, "
+            f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}</p>")
+
 # %% ../../nbs/45_eval.trace_view.ipynb #fc65d143
 def trace_html(trace: dict, thumbs: dict[str, str] | None = None,
                question: Question | dict | None = None, notes: list[str] | None = None) -> str:
     "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds or tool calls, evidence."
     t = trace
-    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t), notes_html(notes),
-             timeline_html(t, question)]
+    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t), switches_html(t),
+             notes_html(notes), timeline_html(t, question)]
     parts += [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
     parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs)]
     if t.get('missing_evidence'):

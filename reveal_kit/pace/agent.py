@@ -20,6 +20,7 @@ from .variants import PaceSpec, PACE_SPECS, PACE_ALIASES, get_pace_spec
 from .policies import make_policy
 from .accounting import PaceEpisode, pace_marks, pace_result, pace_trace, step_totals
 
+
 # %% auto #0
 __all__ = ['pace_models_of', 'answer_pace']
 

@@ -4,19 +4,20 @@
 
 # %% ../../nbs/32b_pace.dvd.ipynb #05b8d90c
 from __future__ import annotations
-import time
+import json, time
 from typing import Any, Sequence
 from fastcore.basics import patch
-from ..core import Question
+from ..core import Config, Question
 from ..text import fmt_time
 from ..protocols import ChatModel
 from ..backends.chat import record_dict
-from ..backends.messages import system_message, user_message
+from ..backends.messages import system_message, user_message, message_text
 from .tools import tool_schemas, DVD_TOOLS
 from .loop import AgentState, Turn, fit_results
 
 # %% auto #0
-__all__ = ['DVD_SYSTEM', 'DVD_TASK', 'FINISH_NOW', 'CALL_A_TOOL', 'dvd_messages', 'ToolCallPolicy']
+__all__ = ['DVD_SYSTEM', 'DVD_TASK', 'FINISH_NOW', 'CALL_A_TOOL', 'LAST_TOOLS', 'DVD_INDEX_CAPS', 'dvd_messages',
+           'ToolCallPolicy', 'dvd_extract_answer', 'dvd_index_config']
 
 # %% ../../nbs/32b_pace.dvd.ipynb #b332b7f0
 DVD_SYSTEM = (
@@ -48,15 +49,19 @@ def dvd_messages(q: Question, duration: float) -> list[dict]:
 # %% ../../nbs/32b_pace.dvd.ipynb #1739970b
 FINISH_NOW = "This is your last turn: call Finish with the letter of the best option."
 CALL_A_TOOL = "Your reply had no tool call. Call one of the tools (Finish once you know the answer)."
+LAST_TOOLS = ('finish', 'all')
 
 class ToolCallPolicy:
     "Turns from a chat model by OpenAI function calling: one conversation per episode, several calls per turn."
     kind = 'model'
 
     def __init__(self, model: ChatModel, messages: list[dict], names: Sequence[str] = DVD_TOOLS,
-                 letters: Sequence[str] = (), max_tokens: int = 400, max_chars: int | None = None):
+                 letters: Sequence[str] = (), max_tokens: int = 400, max_chars: int | None = None,
+                 last_tools: str = 'finish'):
         self.model, self.messages, self.names, self.letters = model, list(messages), tuple(names), list(letters)
         self.max_tokens, self.max_chars, self._pending, self.protocols = max_tokens, max_chars, {}, []
+        if last_tools not in LAST_TOOLS: raise ValueError(f"last_tools: one of {LAST_TOOLS}, not {last_tools!r}")
+        self.last_tools = last_tools      # the last turn offers 'finish' (Finish only) | 'all' (DVD's code)
 
     @property
     def protocol(self) -> str:
@@ -76,9 +81,10 @@ def _send(self: ToolCallPolicy) -> list[dict]:
 # %% ../../nbs/32b_pace.dvd.ipynb #a2910a58
 @patch
 def next_turn(self: ToolCallPolicy, st: AgentState, last: bool) -> Turn:
-    "Ask for the next turn's calls (on the last turn: Finish only, and say so); the assistant turn is kept."
+    "Ask for the next turn's calls (the last: say so; Finish only, or every tool as DVD); the turn is kept."
     if last: self.messages.append(user_message(FINISH_NOW))
-    tools = tool_schemas(['Finish'] if last else self.names, self.letters)
+    names = ['Finish'] if last and self.last_tools == 'finish' else self.names
+    tools = tool_schemas(names, self.letters)
     t0 = time.perf_counter()
     res = self.model.chat_tools(self._send(), tools, tool_choice='required', role='pace_agent',
                                 max_tokens=self.max_tokens, temperature=0.0)
@@ -96,3 +102,33 @@ def observe(self: ToolCallPolicy, st: AgentState, call_id: str | None, obs) -> N
     "Answer the call `call_id` of the last turn with a `tool` message holding the whole result."
     c = self._pending.get(call_id)
     if c is not None: self.messages.append(c.reply(obs.summary))
+
+# %% ../../nbs/32b_pace.dvd.ipynb #fd1b0002
+def dvd_extract_answer(message: dict) -> str | None:
+    "DVD's `extract_answer` (`dvd/utils.py`): a tool call's `answer`, else the message's text, else None."
+    for c in message.get('tool_calls') or []:
+        args = c.get('function', {}).get('arguments') or '{}'
+        a = (json.loads(args) if isinstance(args, str) else args).get('answer')
+        if a: return a
+    return message_text(message).strip() or None
+
+# %% ../../nbs/32b_pace.dvd.ipynb #fd1b0004
+@patch
+def unfinished_answer(self: ToolCallPolicy) -> tuple[str | None, str] | None:
+    "DVD's rule: a conversation's answer without Finish (its last message's: a letter or none), and why."
+    if self.last_tools != 'all': return None                  # the kit's rule: the loop's offline answer
+    got = dvd_extract_answer(self.messages[-1]) if self.messages else None
+    a = got if got in self.letters else None
+    why = 'a letter' if a else 'not an option letter: no answer'
+    said = repr(got or '')[:80]
+    return a, f"no Finish within the budget; as DVD, the answer is the last message's ({said}): {why}"
+
+# %% ../../nbs/32b_pace.dvd.ipynb #fd1b0011
+DVD_INDEX_CAPS = {'pace_caption_max_tokens': 4096,   # `_caption_clip`: the call's default
+                  'pace_tool_max_tokens': 4096}      # on an index only the registry merge reads it
+
+def dvd_index_config(config: Config) -> Config:
+    "The config of DVD's plain index: captions and merge at DVD's 4,096 tokens, unless the run set them."
+    base = Config()
+    dvd = {k: v for k, v in DVD_INDEX_CAPS.items() if getattr(config, k) == getattr(base, k)}
+    return config.replace(**dvd)

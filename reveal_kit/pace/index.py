@@ -28,10 +28,10 @@ from types import SimpleNamespace
 from .captions import plain_caption, model_record, merge_registry, union_subjects
 
 # %% auto #0
-__all__ = ['TAG_MIN_COVER', 'PACE_FIELDS', 'pace_models', 'clip_spans', 'frame_width', 'clip_frames', 'time_label', 'ClipRecord',
-           'tag_factors', 'factor_text', 'EvidenceDB', 'index_config', 'pace_index_models', 'PaceIndexError',
-           'pace_dir_for', 'factor_key', 'load_db', 'build_plain_db', 'offline_records', 'tagger_kind',
-           'build_factor_db', 'get_pace_dbs']
+__all__ = ['TAG_MIN_COVER', 'PACE_FIELDS', 'INDEX_CAPS', 'pace_models', 'clip_spans', 'frame_width', 'clip_frames', 'time_label',
+           'ClipRecord', 'tag_factors', 'factor_text', 'EvidenceDB', 'index_config', 'pace_index_models',
+           'PaceIndexError', 'pace_dir_for', 'factor_key', 'load_db', 'build_plain_db', 'offline_records',
+           'tagger_kind', 'build_factor_db', 'get_pace_dbs']
 
 # %% ../../nbs/31_pace.index.ipynb #f3581a85
 def clip_spans(duration: float, clip_s: float = 10.0) -> list[tuple[float, float]]:
@@ -196,10 +196,13 @@ def from_records(cls: EvidenceDB, records: Sequence[ClipRecord], text_embedder=N
 
 # %% ../../nbs/31_pace.index.ipynb #de5cb737
 PACE_FIELDS = ('pace_clip_s', 'pace_fps', 'ocr_every_s', 'theta')
+INDEX_CAPS = ('pace_caption_max_tokens', 'pace_tool_max_tokens')     # captions; the registry merge
 
 def index_config(config: Config = Config()) -> dict:
-    "The settings a PACE index depends on: the `PACE_FIELDS` of the Config and the frame height."
-    return {**{k: getattr(config, k) for k in PACE_FIELDS}, 'pace_frame_height': pace_settings(config).frame_height}
+    "What a PACE index depends on: the `PACE_FIELDS`, the frame height, the reply caps set off the default."
+    caps = {k: getattr(config, k) for k in INDEX_CAPS if getattr(config, k) != getattr(Config(), k)}
+    fixed = {k: getattr(config, k) for k in PACE_FIELDS}
+    return {**fixed, 'pace_frame_height': pace_settings(config).frame_height, **caps}
 
 # %% ../../nbs/31_pace.index.ipynb #7f9d4f9a
 def pace_index_models(chat_model=None, text_embedder=None) -> dict:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 from ..core import Evidence
-from ..record import substitution
+from ..record import substitution, run_switches
 from ..reveal.offline_checks import EvidenceView
 from ..reveal.answerer import offline_answer
 from .factors import Factor
@@ -130,9 +130,10 @@ def _refuse(st: AgentState, policy, name, args, cid) -> None:
 
 def _play(st: AgentState, policy, turn: Turn, last: bool, policy_s: float) -> None:
     "Run a turn's calls in order (until a Finish) while the budget lasts, one step each; the rest are refused."
+    free = last and getattr(policy, 'last_tools', 'finish') == 'all'     # DVD: every tool offered
     for j, (name, args, cid, err) in enumerate(turn.calls or [(None, None, None, 'no tool call in the reply')]):
-        name, args = _forced(name, args, last)
-        if st.left <= 0 or (st.left == 1 and name != 'Finish'):
+        name, args = _forced(name, args, last and not free)
+        if st.left <= 0 or (st.left == 1 and name != 'Finish' and not free):
             _refuse(st, policy, name, args, cid)
             continue
         obs = st.tb.call(name, args) if name is not None and not err else invalid_obs(name, err)
@@ -143,9 +144,22 @@ def _play(st: AgentState, policy, turn: Turn, last: bool, policy_s: float) -> No
         policy.observe(st, cid, obs)
         if st.tb.answer is not None: return
 
+# %% ../../nbs/32a_pace.loop.ipynb #fd1a0001
+def _unfinished(tb: ToolBox, policy) -> tuple[list, list]:
+    "No valid Finish: the policy's own answer (DVD's rule), else the offline best-supported one, marked."
+    own = getattr(policy, 'unfinished_answer', lambda: None)()
+    if own is not None:
+        tb.answer = own[0]
+        return [own[1]], []
+    tb.answer = best_supported(tb)
+    note = 'no valid Finish within the budget; the offline best-supported answer was used'
+    if getattr(policy, 'kind', None) == 'offline': return [note], []        # never replaced
+    return [note], [substitution('agent', 'missing_finish', 'offline best-supported answer', note)]
+
+
 # %% ../../nbs/32a_pace.loop.ipynb #1c312580
 def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 15) -> dict:
-    "The loop for one question: at most `max_steps` tool calls; steps, refused calls, stop reason, answer, factors."
+    "One question's loop: at most `max_steps` tool calls; steps, refusals, stop, answer, factors, switches."
     st, stop = AgentState(tb, list(fq), max_steps=max_steps), 'budget'
     while st.left > 0 and tb.answer is None:
         last, t0 = st.left == 1, time.perf_counter()
@@ -153,14 +167,10 @@ def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 1
         _play(st, policy, turn, last, time.perf_counter() - t0)
         st.turn += 1
         if tb.answer is not None: stop = turn.reason or ('budget' if last else 'finish')
-    notes, subs = [], []
-    if tb.answer is None:
-        tb.answer = best_supported(tb)
-        notes.append('no valid Finish within the budget; the offline best-supported answer was used')
-        if getattr(policy, 'kind', None) != 'offline':     # a model that did not finish is replaced (offline: never)
-            subs.append(substitution('agent', 'missing_finish', 'offline best-supported answer', notes[-1]))
+    notes, subs = _unfinished(tb, policy) if tb.answer is None else ([], [])
     return dict(steps=st.steps, turns=st.turn, stop_reason=stop, answer=tb.answer, notes=notes, substitutions=subs,
                 contrastive_factors=[d.to_dict() for d in tb.factors] if tb.factors is not None else None,
                 invalid_calls=sum(s['invalid'] for s in st.steps),
                 tool_errors=sum(not s['ok'] and not s['invalid'] for s in st.steps),
-                refused=st.refused, refused_calls=len(st.refused))
+                refused=st.refused, refused_calls=len(st.refused),
+                switches=run_switches(tb.config, getattr(tb.db, 'text_embedder', None)))

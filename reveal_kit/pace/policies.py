@@ -136,7 +136,8 @@ def make_policy(spec: PaceSpec, tb: ToolBox, fq: Sequence[Factor], agent: Any,
     if agent is None: return OfflinePolicy()
     letters, chars, n = list(tb.q.options), 4 * settings.history_tokens, settings.agent_max_tokens
     if spec.prompt == 'dvd':
-        return ToolCallPolicy(agent, dvd_messages(tb.q, tb.duration), spec.tools, letters, n, chars)
+        return ToolCallPolicy(agent, dvd_messages(tb.q, tb.duration), spec.tools, letters, n, chars,
+                              last_tools='all')                              # DVD's rule
     if settings.protocol == 'tools':
         msgs = [system_message(agent_system(spec.tools, clip_s, 'tools')),
                 user_message(state_text(AgentState(tb, list(fq)), clip_s))]

@@ -13,8 +13,9 @@ from typing import Any, Callable
 import numpy as np
 from ..core import Config, Question, Evidence, MemoryItem, kit_version, trace_path
 from ..io import atomic_write_text
-from ..record import Result, RevealPart, call_marks, mark, substitution, usage_fields
 from ..protocols import ChatModel, Memory
+from ..record import (Result, RevealPart, call_marks, mark, substitution, usage_fields,
+                               run_switches)
 from ..backends.chat import BackendUnavailable, offline_role, models_record, call_totals
 from ..backends.cache import CacheMiss
 from .online_memory import OnlineMemory
@@ -379,6 +380,10 @@ def thresholds_record(config: Config, spec: MethodSpec,
                         f"this run embeds with {embedder}")
     return rec, warn
 
+def _image_embedder(man: Any) -> str | None:
+    "The image embedder a memory was built with, from its manifest (None: not recorded)."
+    return ((man.get('models') or {}) if isinstance(man, dict) else {}).get('image_embedder')
+
 def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dict, tot: dict,
                memory: Memory) -> dict:
     "The trace document of one question: the result's identity, the loop's record, thresholds, warnings and totals."
@@ -391,6 +396,8 @@ def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dic
     return {**{k: res[k] for k in _TRACE_KEYS}, **subs,
             'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'kit_version': kit_version(),
             'tau': config.tau, 'thresholds': thr, 'memory_chunking': chunk_mem, 'warnings': warn,
+            'switches': run_switches(config, res['models'].get('text_embedder'),
+                                     _image_embedder(man)),
             **{k: v for k, v in tr.items() if k not in ('answer', 'sufficient', 'rho', 'stop_reason', 'rerank')},
             'totals': {'rounds': res['rounds'], **tot, 'seconds': res['seconds'], 'loop_seconds': res['loop_seconds']}}
 
