@@ -47,7 +47,8 @@ class Question:
         if self.answer is not None:
             self.answer = str(self.answer).strip().upper()
             if self.answer not in self.options:
-                raise ValueError(f"question {self.qid}: gold {self.answer!r} is not one of {list(self.options)}")
+                raise ValueError(f"question {self.qid}: gold {self.answer!r} is not one of "
+                                 f"{list(self.options)}")
         self.evidence_spans = [tuple(map(float, s)) for s in self.evidence_spans]
         self.distractor_spans = [tuple(map(float, s)) for s in self.distractor_spans]
 
@@ -67,19 +68,23 @@ class Question:
 # %% ../nbs/00_core.ipynb #d0b1e002
 DUPLICATE_QIDS = ('refuse', 'rename')
 
-def unique_qids(questions: list[Question], wheres: list[str] | None = None, mode: str | None = None) -> list[Question]:
+def unique_qids(questions: list[Question], wheres: list[str] | None = None,
+                mode: str | None = None) -> list[Question]:
     "One question per id: a repeated qid refused (naming both records) or, with `mode='rename'`, renamed `qid#2` …"
     mode = mode or os.environ.get('REVEAL_DUPLICATE_QIDS') or 'refuse'
-    if mode not in DUPLICATE_QIDS: raise ValueError(f"duplicate-qid mode must be one of {DUPLICATE_QIDS}, got {mode!r}")
+    if mode not in DUPLICATE_QIDS:
+        raise ValueError(f"duplicate-qid mode must be one of {DUPLICATE_QIDS}, got {mode!r}")
     wheres, seen, out = wheres or [f"question {i + 1}" for i in range(len(questions))], {}, []
     for q, w in zip(questions, wheres):
         if q.qid in seen and mode == 'refuse':
-            raise ValueError(f"{seen[q.qid]} and {w} share the qid {q.qid!r}: give each question its own id "
+            raise ValueError(f"{seen[q.qid]} and {w} share the qid {q.qid!r}: give each question "
+                             f"its own id "
                              "(or set REVEAL_DUPLICATE_QIDS=rename)")
         n, qid = 2, q.qid
         while qid in seen: qid, n = f"{q.qid}#{n}", n + 1
         seen[qid] = w
-        out.append(q if qid == q.qid else dataclasses.replace(q, qid=qid, meta={**q.meta, 'qid_renamed_from': q.qid}))
+        out.append(q if qid == q.qid
+                   else dataclasses.replace(q, qid=qid, meta={**q.meta, 'qid_renamed_from': q.qid}))
     return out
 
 # %% ../nbs/00_core.ipynb #fe074ef8
@@ -139,9 +144,11 @@ class Evidence:
         return asdict(self)
 
     @classmethod
-    def from_item(cls, item: MemoryItem, round: int = 0, score: float = 0.0, source: str = 'text') -> Evidence:
+    def from_item(cls, item: MemoryItem, round: int = 0, score: float = 0.0,
+                  source: str = 'text') -> Evidence:
         "Evidence made from a memory item."
-        return cls(item.item_id, item.level, item.t_start, item.t_end, item.narrative, round, score, source)
+        return cls(item.item_id, item.level, item.t_start, item.t_end, item.narrative, round, score,
+                   source)
 
 # %% ../nbs/00_core.ipynb #02dcba59
 class MemoryBuildError(ValueError):
@@ -165,7 +172,8 @@ _python_format = warnings.formatwarning
 
 def _one_line_format(message, category, filename, lineno, line=None) -> str:
     "`KitWarning`s as one line; any other warning as Python formats it."
-    if issubclass(category, KitWarning): return f"reveal: warning: {' '.join(str(message).split())}\n"
+    if issubclass(category, KitWarning):
+        return f"reveal: warning: {' '.join(str(message).split())}\n"
     return _python_format(message, category, filename, lineno, line)
 
 warnings.formatwarning = _one_line_format
@@ -173,8 +181,8 @@ warnings.formatwarning = _one_line_format
 # %% ../nbs/00_core.ipynb #2ac199d2
 REPLY_TOKENS = {           # role → the most tokens of its reply (before any reasoning allowance)
     'blind': 32, 'direct': 256, 'answerer': 256, 'relevance': 128, 'teacher': 256, 'proposer': 1024,
-    'verifier': 768, 'verifier_select': 512, 'reranker': 768, 'planner': 512, 'planner_decompose': 512,
-    'caption': 300, 'needle_judge': 512,
+    'verifier': 768, 'verifier_select': 512, 'reranker': 768, 'planner': 512,
+                'planner_decompose': 512, 'caption': 300, 'needle_judge': 512,
     'pace_agent': 'pace_agent_max_tokens', 'pace_factors': 'pace_factor_max_tokens',
     'pace_decompose': 'pace_decompose_max_tokens', 'pace_caption': 'pace_caption_max_tokens',
     'pace_index': 'pace_caption_max_tokens', 'pace_browse': 'pace_tool_max_tokens',
@@ -200,7 +208,8 @@ def check_config(cfg: Any) -> Any:
 _UNHASHED = ('timeout_s',)                # Config fields that cannot change a result
 # added later: hashed only when set away from their defaults, so older run folders keep their key
 _HASHED_WHEN_SET = ('thinking', 'reasoning_allowance', 'subtitles', 'before_query')
-_Fields = dataclasses.make_dataclass('_Fields', [(n, t, field(default=d)) for n, t, d in flat_fields()],
+_Fields = dataclasses.make_dataclass('_Fields',
+                                     [(n, t, field(default=d)) for n, t, d in flat_fields()],
                                      frozen=True)
 
 @dataclass(frozen=True)
@@ -261,7 +270,8 @@ def parse_overrides(pairs: Iterable[str] | None) -> dict[str, str]:
     return out
 
 # %% ../nbs/00_core.ipynb #a6a2dea4
-def load_config(path: str | Path | None = None, overrides: Iterable[str] | dict | None = None) -> Config:
+def load_config(path: str | Path | None = None,
+                overrides: Iterable[str] | dict | None = None) -> Config:
     "Config from defaults, then an optional YAML file (flat or by section), then `key=value` overrides."
     cfg = Config()
     if path:

@@ -18,7 +18,8 @@ _WH = ('which', 'what', 'how', 'why', 'when', 'where', 'who', 'whom', 'whose', '
 
 def focus(question: str) -> str:
     "The question's content words in order (wh-words, negations and stopwords removed): the thing to look for."
-    ws = [w for w in tokens(question) if w not in STOPWORDS and w not in _WH and not w.endswith("n't")]
+    ws = [w for w in tokens(question) if w not in STOPWORDS and w not in _WH
+          and not w.endswith("n't")]
     return ' '.join(ws)
 
 # %% ../nbs/00e_question.ipynb #b37376f0
@@ -26,21 +27,30 @@ QUESTION_TYPES = ('temporal_order', 'counting', 'action', 'negation', 'causal', 
                   'attribute', 'other')
 
 _VERB = r'(?:is|are|was|were|does|do|did|has|have|had|can|could|will|would|should)'
-_NEG = re.compile(r"\bexcept\b|\bnone of\b|(?:^|[,.:;]\s*)(?:which|what)(?:\s+\w+){0,4}?\s+" + _VERB +
-                  r"(?:\s+\w+){0,2}?(?:n['’]t|['’]t|\s*not|\s+never)\b", re.I)   # "which … is NOT shown" only
+_NEG = re.compile(r"\bexcept\b|\bnone of\b|(?:^|[,.:;]\s*)(?:which|what)(?:\s+\w+){0,4}?\s+"
+                  + _VERB +
+                  # "which … is NOT shown" only
+                  r"(?:\s+\w+){0,2}?(?:n['’]t|['’]t|\s*not|\s+never)\b", re.I)
 _TYPE_RULES = [  # (type, regex on the question text), first match wins after negation
-    ('counting', re.compile(r'\bhow many\b|\bhow often\b|\bnumber of\b|\bcount\b|\bhow much\b', re.I)),
-    ('temporal_order', re.compile(r'\b(before|after|first|last|order|sequence|earlier|later|then|followed|next|'
+    ('counting',
+     re.compile(r'\bhow many\b|\bhow often\b|\bnumber of\b|\bcount\b|\bhow much\b', re.I)),
+    ('temporal_order',
+     re.compile(r'\b(before|after|first|last|order|sequence|earlier|later|then|followed|next|'
                                   r'previous|chronolog)\w*', re.I)),
-    ('causal', re.compile(r'\bwhy\b|\bcaus|\breason\b|\bbecause\b|\bresult\b|\bpurpose\b|\blead to\b', re.I)),
-    ('global', re.compile(r'\b(overall|main(ly)?|mostly|summar|theme|whole video|entire video|video about|throughout|'
-                          r'primarily)\b', re.I)),
+    ('causal',
+     re.compile(r'\bwhy\b|\bcaus|\breason\b|\bbecause\b|\bresult\b|\bpurpose\b|\blead to\b', re.I)),
+    ('global', re.compile(r'\b(overall|main(ly)?|mostly|summar|theme|whole video|entire '
+                          r'video|video about|throughout|primarily)\b', re.I)),
     ('action', re.compile(r'\b(doing|do|does|did|action|activity|perform|happen)\w*', re.I)),
-    ('attribute', re.compile(r'\b(colou?r|what kind|wear|size|shape|which object|what object|where)\b', re.I)),
+    ('attribute',
+     re.compile(r'\b(colou?r|what kind|wear|size|shape|which object|what object|where)\b', re.I)),
 ]
-_QTYPE_ALIASES = [('negation', ('negat', 'not', 'exclu', 'absen')), ('counting', ('count', 'number', 'how many')),
-                  ('temporal_order', ('order', 'tempor', 'sequen', 'chrono')), ('causal', ('caus', 'reason', 'why')),
-                  ('global', ('global', 'summar', 'theme', 'gist', 'overall')), ('action', ('action', 'activity')),
+_QTYPE_ALIASES = [('negation', ('negat', 'not', 'exclu', 'absen')),
+                  ('counting', ('count', 'number', 'how many')),
+                  ('temporal_order', ('order', 'tempor', 'sequen', 'chrono')),
+                  ('causal', ('caus', 'reason', 'why')),
+                  ('global', ('global', 'summar', 'theme', 'gist', 'overall')),
+                  ('action', ('action', 'activity')),
                   ('attribute', ('attrib', 'colo', 'object', 'spatial', 'percept'))]
 
 def question_type(question: Question | str, qtype: str | None = None) -> str:
@@ -67,8 +77,9 @@ def option_common_words(options: list[str]) -> set[str]:
     return set.intersection(*sets) if len(sets) > 1 else set()
 
 # %% ../nbs/00e_question.ipynb #9848725a
-_NUMS = {w: i for i, w in enumerate('zero one two three four five six seven eight nine ten eleven twelve thirteen '
-                                      'fourteen fifteen sixteen seventeen eighteen nineteen twenty'.split())}
+_NUMS = {w: i for i, w in enumerate('zero one two three four five six seven eight nine ten eleven '
+                                      'twelve thirteen fourteen fifteen sixteen seventeen eighteen '
+                                    'nineteen twenty'.split())}
 _NUMS.update(once=1, twice=2, thrice=3, none=0, no=0)
 
 def option_number(text: str) -> int | None:

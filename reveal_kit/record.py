@@ -17,8 +17,8 @@ __all__ = ['REASONS', 'PARTS', 'SWITCHES', 'SUBSTITUTED', 'Substitution', 'reaso
            'substitution_counts', 'format_substituted', 'TooManySubstituted', 'check_substituted', 'scored_rows']
 
 # %% ../nbs/00c_record.ipynb #d2b157ec
-REASONS = ('failed_call', 'cut_reply', 'invalid_json', 'schema_mismatch', 'refused_request', 'missing_finish',
-           'invalid_tool_call', 'over_budget', 'other')
+REASONS = ('failed_call', 'cut_reply', 'invalid_json', 'schema_mismatch', 'refused_request',
+           'missing_finish', 'invalid_tool_call', 'over_budget', 'other')
 
 class Substitution(BaseModel):
     "One output of a model role that did not come from the configured model: role, reason, what replaced it."
@@ -29,22 +29,25 @@ class Substitution(BaseModel):
     detail: str = ''
 
 # %% ../nbs/00c_record.ipynb #7b048d48
-_REASON_WORDS = (('refused_request', ('rejected the request', 'http 4')), ('cut_reply', ('cut off', 'max_tokens')),
-                 ('invalid_tool_call', ('tool call',)), ('schema_mismatch', ('does not match the schema',)),
+_REASON_WORDS = (('refused_request', ('rejected the request', 'http 4')),
+                 ('cut_reply', ('cut off', 'max_tokens')), ('invalid_tool_call', ('tool call',)),
+                 ('schema_mismatch', ('does not match the schema',)),
                  ('invalid_json', ('invalid json', 'not json')))
 
 def reason_of(call: dict) -> str:
     "The `REASONS` entry of a failed call record, read from its finish reason and error text."
     if call.get('finish_reason') == 'length': return 'cut_reply'
     err = str(call.get('error') or '').lower()
-    if not err and call.get('ok') is not False: return 'schema_mismatch'      # parsed, but not a usable reply
+    if not err and call.get('ok') is not False:
+        return 'schema_mismatch'      # parsed, but not a usable reply
     return next((r for r, words in _REASON_WORDS if any(w in err for w in words)), 'failed_call')
 
 # %% ../nbs/00c_record.ipynb #3eab88be
 def substitution(role: str, reason: str, replaced_by: str, detail: Any = '') -> dict:
     "A mark as the plain dict results carry (checked by `Substitution`)."
     detail = ' '.join(str(detail or '').split())[:300]
-    return Substitution(role=role, reason=reason, replaced_by=replaced_by, detail=detail).model_dump()
+    return Substitution(role=role, reason=reason, replaced_by=replaced_by,
+                        detail=detail).model_dump()
 
 # %% ../nbs/00c_record.ipynb #d4185c38
 def call_substitution(call: dict, replaced_by: str) -> dict:
@@ -67,7 +70,8 @@ def merge_marks(marks: Iterable[dict], unit: str = 'clips') -> list[dict]:
     "Marks with the same role, reason and stand-in merged into one that counts them (the first detail kept)."
     groups: dict[tuple, list[dict]] = {}
     for m in marks: groups.setdefault((m['role'], m['reason'], m['replaced_by']), []).append(m)
-    return [substitution(*k, f"{len(ms)} {unit}; first: {ms[0]['detail']}" if len(ms) > 1 else ms[0]['detail'])
+    return [substitution(*k, f"{len(ms)} {unit}; first: {ms[0]['detail']}" if len(ms) > 1
+                         else ms[0]['detail'])
             for k, ms in groups.items()]
 
 # %% ../nbs/00c_record.ipynb #942a61b7
@@ -109,23 +113,27 @@ def part_kind(row: dict) -> str:
     return 'reveal' if 'negation' in row else 'baseline'
 
 # %% ../nbs/00c_record.ipynb #459bb609
-_SOURCES = {'model': 'model', 'offline': 'offline', 'fallback': 'substituted', 'substituted': 'substituted'}
+_SOURCES = {'model': 'model', 'offline': 'offline', 'fallback': 'substituted',
+            'substituted': 'substituted'}
 
 def source_of(row: dict) -> str:
     "The answer source a row states, or the one its models record implies (rows of older kits)."
     if row.get('answer_source') in _SOURCES: return _SOURCES[row['answer_source']]
     m = row.get('models') if isinstance(row.get('models'), dict) else {}
     if m.get('answerer') in _SOURCES: return _SOURCES[m['answerer']]
-    if m.get('roles') == 'offline' or m.get('meaningful') is False or not m.get('chat'): return 'offline'
+    if m.get('roles') == 'offline' or m.get('meaningful') is False or not m.get('chat'):
+        return 'offline'
     return 'model'
 
 # %% ../nbs/00c_record.ipynb #7b16fe70
 def settle(r: Any) -> Any:
     "Derive `correct`, `answer_source` and `degraded` from the record's own fields (the one place they are computed)."
     if r.substitutions: r.answer_source = 'substituted'
-    if 'correct' not in r.model_fields_set: r.correct = None if r.gold is None else r.answer == r.gold
+    if 'correct' not in r.model_fields_set:
+        r.correct = None if r.gold is None else r.answer == r.gold
     subst = r.answer_source == 'substituted'
-    if subst and r.gold is not None: r.correct = False          # a stand-in's answer scores 0 (`report` can exclude)
+    if subst and r.gold is not None:
+        r.correct = False          # a stand-in's answer scores 0 (`report` can exclude)
     r.degraded = bool(r.degraded or r.failed_calls or subst or r.memory_fallbacks)
     return r
 
@@ -170,7 +178,8 @@ class Result(BaseModel):
     trace_error: str | None = None
     config_hash: str | None = None
     models: dict = {}
-    part: RevealPart | PacePart | BaselinePart = Field(default_factory=BaselinePart, discriminator='kind')
+    part: RevealPart | PacePart | BaselinePart = Field(default_factory=BaselinePart,
+                                                       discriminator='kind')
 
     @model_validator(mode='after')
     def _settled(self): return settle(self)
@@ -184,7 +193,8 @@ def from_row(cls: Result, row: dict) -> Result:
     kind = row.get('part', {}).get('kind') if isinstance(row.get('part'), dict) else part_kind(row)
     P = PARTS[kind]
     mine = set(P.model_fields) - {'kind'}
-    keys = mine | (set() if P is not BaselinePart else set(row) - set(cls.model_fields) - set(_RETIRED))
+    keys = mine | (set() if P is not BaselinePart
+                   else set(row) - set(cls.model_fields) - set(_RETIRED))
     part = {k: row[k] for k in keys if k in row}
     common = {k: v for k, v in row.items() if k not in keys and k not in _RETIRED and k != 'part'}
     common.update(answer_source=source_of(row), degraded=bool(row.get('degraded')))
@@ -203,10 +213,12 @@ def to_row(self: Result) -> dict:
 # %% ../nbs/00c_record.ipynb #aa3acfbe
 def usage_fields(tot: dict, seconds: float) -> dict:
     "A result's calls, cache hits, tokens and times from call totals and the question's wall seconds."
-    return dict(llm_calls=tot['llm_calls'], cache_hits=tot['cache_hits'], calls_by_role=tot['calls_by_role'],
-                prompt_tokens=tot['prompt_tokens'], completion_tokens=tot['completion_tokens'],
+    return dict(llm_calls=tot['llm_calls'], cache_hits=tot['cache_hits'],
+                calls_by_role=tot['calls_by_role'], prompt_tokens=tot['prompt_tokens'],
+                completion_tokens=tot['completion_tokens'],
                 tokens=tot['prompt_tokens'] + tot['completion_tokens'], seconds=round(seconds, 6),
-                model_seconds=tot['model_seconds'], loop_seconds=round(max(seconds - tot['model_seconds'], 0.0), 6))
+                model_seconds=tot['model_seconds'],
+                loop_seconds=round(max(seconds - tot['model_seconds'], 0.0), 6))
 
 # %% ../nbs/00c_record.ipynb #771ef432
 def as_record(row: dict | Result) -> Result:
@@ -241,7 +253,8 @@ def read_row(row: dict) -> dict:
     "A results-file row read through the record; a row it cannot read comes back as it is, with a warning."
     try: return as_row(row)
     except ValidationError as e:
-        warn(f"result row {row.get('qid')!r} kept as written: {e.errors()[0]['loc']} {e.errors()[0]['msg']}")
+        warn(f"result row {row.get('qid')!r} kept as written: {e.errors()[0]['loc']} "
+             f"{e.errors()[0]['msg']}")
         return row
 
 # %% ../nbs/00c_record.ipynb #5398b937
@@ -250,7 +263,8 @@ def substitution_counts(rows: Iterable[dict]) -> dict:
     rows = list(rows)
     sub = [r for r in rows if r.get('answer_source') == 'substituted']
     by = Counter(f"{m['role']}/{m['reason']}" for r in sub for m in r.get('substitutions') or [])
-    unmarked = sum(not r.get('substitutions') for r in sub)           # rows of older kits (direct's 'fallback')
+    # rows of older kits (direct's 'fallback')
+    unmarked = sum(not r.get('substitutions') for r in sub)
     if unmarked: by['unmarked'] += unmarked
     offline = bool(rows) and all(r.get('answer_source', 'offline') == 'offline' for r in rows)
     return dict(n=len(rows), substituted=len(sub), by=dict(by.most_common()), offline=offline)
@@ -267,11 +281,13 @@ class TooManySubstituted(ValueError):
     "More of a run's answers came from stand-ins than its `max_substituted` allows."
 
 # %% ../nbs/00c_record.ipynb #82c17c72
-def check_substituted(rows: Iterable[dict], max_fraction: float | None, what: str = 'the run') -> dict:
+def check_substituted(rows: Iterable[dict], max_fraction: float | None,
+                      what: str = 'the run') -> dict:
     "The substitution counts of `rows`; raises `TooManySubstituted` when their share is above `max_fraction`."
     c = substitution_counts(rows)
     if max_fraction is not None and c['n'] and c['substituted'] / c['n'] > max_fraction:
-        raise TooManySubstituted(f"{what}: {format_substituted(c)}, above --max-substituted {max_fraction:g}")
+        raise TooManySubstituted(f"{what}: {format_substituted(c)}, above --max-substituted "
+                                 f"{max_fraction:g}")
     return c
 
 # %% ../nbs/00c_record.ipynb #2ae0b10b
@@ -279,6 +295,8 @@ SUBSTITUTED = ('wrong', 'exclude')
 
 def scored_rows(rows: Iterable[dict], substituted: str = 'wrong') -> list[dict]:
     "The rows accuracy is computed on: all (a substituted answer is wrong), or without the substituted ones."
-    if substituted not in SUBSTITUTED: raise ValueError(f"substituted must be one of {SUBSTITUTED}: {substituted!r}")
+    if substituted not in SUBSTITUTED:
+        raise ValueError(f"substituted must be one of {SUBSTITUTED}: {substituted!r}")
     rows = list(rows)
-    return rows if substituted == 'wrong' else [r for r in rows if r.get('answer_source') != 'substituted']
+    return (rows if substituted == 'wrong'
+            else [r for r in rows if r.get('answer_source') != 'substituted'])

@@ -77,7 +77,8 @@ class MemorySection(Section):
     dark_max_mean: Amount = about(12.0, 'frame mean luma below this: near-black (B.2)')
     bright_min_mean: Amount = about(243.0, 'frame mean luma above this: near-white (B.2)')
     uniform_max_std: Amount = about(4.0, 'luma std below this: nearly uniform (B.2)')
-    min_jpeg_bytes_per_kpx: Amount = about(2.0, 'JPEG bytes per kilopixel below this: uniform (B.2)')
+    min_jpeg_bytes_per_kpx: Amount = about(2.0,
+                                           'JPEG bytes per kilopixel below this: uniform (B.2)')
     blur_min_laplacian_var: Amount = about(15.0, 'Laplacian variance below this: blurred (B.2)')
     theta: Unit = about(0.8, 'θ, the visual cosine that grows an L1 segment (§3.1)')
     min_segment_s: Amount = about(2.0, 'shortest L1 segment in seconds (§3.1)')
@@ -152,7 +153,8 @@ class RunSection(Section):
 # %% ../nbs/00g_settings.ipynb #6b4a71dd
 class BackendSection(Section):
     "How model servers are asked: thinking, its allowance, how long to wait."
-    thinking: Literal['auto', 'on', 'off'] = about('auto', 'auto: send nothing | on / off: enable_thinking')
+    thinking: Literal['auto', 'on', 'off'] = about('auto',
+                                                   'auto: send nothing | on / off: enable_thinking')
     reasoning_allowance: Whole = about(4096, "thinking 'on': tokens added to every reply budget")
     timeout_s: Positive = about(120.0, 'longest wait in seconds for one reply (not hashed)')
 

@@ -26,9 +26,9 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     from reveal_kit.backends.cache import CacheMiss
     from reveal_kit.eval.run_dir import RunLocked
     from reveal_kit.eval.ray import RayUnavailable, RayRunFailed
-    return (MemoryBuildError, ValueError, KeyError, FileNotFoundError, PermissionError, IsADirectoryError,
-            NotADirectoryError, yaml.YAMLError, BackendError, CacheMiss, RunMismatch, RunLocked, RayUnavailable,
-            RayRunFailed)
+    return (MemoryBuildError, ValueError, KeyError, FileNotFoundError, PermissionError,
+            IsADirectoryError, NotADirectoryError, yaml.YAMLError, BackendError, CacheMiss,
+            RunMismatch, RunLocked, RayUnavailable, RayRunFailed)
 
 # %% ../../nbs/90_cli.app.ipynb #5a70e002
 def say(text: object = '', err: bool = False) -> None:
@@ -42,11 +42,16 @@ def one_line(e: BaseException) -> str:
     return msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
 
 # %% ../../nbs/90_cli.app.ipynb #f5e0f002
-_DISK_ERRORS = {errno.ENOSPC: "no space left on the device: free some space and rerun (finished work is kept)",
-                errno.EDQUOT: "disk quota exceeded: free some space and rerun (finished work is kept)",
-                errno.EROFS: "the file system is read-only: write elsewhere (--out, REVEAL_RUNS) and rerun",
-                errno.ENAMETOOLONG: "a file name is too long for this file system: rename the input to a shorter name",
-                errno.EACCES: "permission denied: write elsewhere (--out, REVEAL_RUNS) or change the folder's rights"}
+_DISK_ERRORS = {errno.ENOSPC: "no space left on the device: free some space and rerun (finished "
+                "work is kept)",
+                errno.EDQUOT: "disk quota exceeded: free some space and rerun (finished work is "
+                "kept)",
+                errno.EROFS: "the file system is read-only: write elsewhere (--out, REVEAL_RUNS) "
+                "and rerun",
+                errno.ENAMETOOLONG: "a file name is too long for this file system: rename the "
+                "input to a shorter name",
+                errno.EACCES: "permission denied: write elsewhere (--out, REVEAL_RUNS) or change "
+                "the folder's rights"}
 
 def disk_error(e: OSError) -> str | None:
     "The one line for a file-system error (full disk, read-only, name too long, no permission), naming the path."
@@ -71,39 +76,49 @@ def cli_errors() -> Iterator[None]:
         raise typer.Exit(2)
 
 # %% ../../nbs/90_cli.app.ipynb #3a9849d0
-def chat_model_from_options(backend: str | None, model: str | None = None, base_url: str | None = None,
-                            cache: str = 'readwrite', timeout: float | None = None):
+def chat_model_from_options(backend: str | None, model: str | None = None,
+                            base_url: str | None = None, cache: str = 'readwrite',
+                            timeout: float | None = None):
     "The chat model named by `--backend/--model/--base-url/--cache/--timeout`; None for backend `none`."
     if backend == 'none': return None
     from reveal_kit.backends.models import get_chat_model
-    return get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache, timeout_s=timeout)
+    return get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache,
+                          timeout_s=timeout)
 
 # %% ../../nbs/90_cli.app.ipynb #567d8002
 CacheOpt = Annotated[str, typer.Option('--cache', help="call cache: readwrite | replay | off")]
-TimeoutOpt = Annotated[Optional[float], typer.Option('--timeout', help="seconds to wait for one model reply "
+TimeoutOpt = Annotated[Optional[float],
+                       typer.Option('--timeout', help="seconds to wait for one model reply "
                                                      "(default Config.timeout_s)")]
-BaseUrlOpt = Annotated[Optional[str], typer.Option('--base-url', help="OpenAI-compatible server URL; several "
+BaseUrlOpt = Annotated[Optional[str],
+                       typer.Option('--base-url', help="OpenAI-compatible server URL; several "
                                                    "replicas of one model: comma-separated")]
-RayOpt = Annotated[Optional[str], typer.Option('--ray', help="run on Ray: `local` (a cluster in this machine) or a "
-                                               "cluster ADDRESS (needs the `ray` extra)")]
+RayOpt = Annotated[Optional[str], typer.Option('--ray', help="run on Ray: `local` (a cluster in "
+                                               "this machine) or a cluster ADDRESS (needs the "
+                                               "`ray` extra)")]
 WorkerCpusOpt = Annotated[float, typer.Option(help="CPUs per Ray worker")]
-RetriesOpt = Annotated[Optional[int], typer.Option(help="Ray retries of a lost worker's task (default Ray's)")]
+RetriesOpt = Annotated[Optional[int],
+                       typer.Option(help="Ray retries of a lost worker's task (default Ray's)")]
 BenchmarkArg = Annotated[str, typer.Argument(help="benchmark name (see `reveal data check`)")]
-RootOpt = Annotated[Optional[Path], typer.Option(help="data root (default $REVEAL_DATA/<benchmark>)")]
+RootOpt = Annotated[Optional[Path],
+                    typer.Option(help="data root (default $REVEAL_DATA/<benchmark>)")]
 SplitOpt = Annotated[Optional[str], typer.Option(help="benchmark split, where it has several")]
 LimitOpt = Annotated[Optional[int], typer.Option(help="first N questions of the benchmark")]
 ShardOpt = Annotated[str, typer.Option(help="i/n: this machine's share, split by video")]
 OnlyPresentOpt = Annotated[bool, typer.Option(help="only questions whose video file is present")]
 ConfigOpt = Annotated[Optional[Path], typer.Option(help="Config YAML")]
-SetOpt = Annotated[Optional[List[str]], typer.Option('--set', help="Config override key=value (repeatable)")]
+SetOpt = Annotated[Optional[List[str]],
+                   typer.Option('--set', help="Config override key=value (repeatable)")]
 ModelOpt = Annotated[Optional[str], typer.Option(help="model id for the backend")]
-RolesOpt = Annotated[str, typer.Option(help="who plays planner, verifier and answerer: auto (the chat model where "
-                                        "its replies are meaningful, else the offline implementations) | offline "
-                                        "(the offline implementations, no model calls) | model (the chat model, even "
-                                        "the packaged base model)")]
+RolesOpt = Annotated[str, typer.Option(help="who plays planner, verifier and answerer: auto (the "
+                                        "chat model where its replies are meaningful, else the "
+                                        "offline implementations) | offline (the offline "
+                                        "implementations, no model calls) | model (the chat model, "
+                                       "even the packaged base model)")]
 PRESET_NAMES = 'reveal, base, +iter, +offmem, +onmem, rerank-only, verify-only'
-PACE_NAMES = ('pace, pace-no-qcindex, pace-no-verify, pace-factors-1, pace-factors-2, pace-factors-3, pace-factors-4, '
-              'pace-factors-5, pace-without-clipsearch, pace-without-evidenceretrieve, pace-without-frameinspect, '
+PACE_NAMES = ('pace, pace-no-qcindex, pace-no-verify, pace-factors-1, pace-factors-2, '
+              'pace-factors-3, pace-factors-4, pace-factors-5, pace-without-clipsearch, '
+              'pace-without-evidenceretrieve, pace-without-frameinspect, '
               'pace-without-globalbrowse, dvd')
 BASELINE_NAMES = 'blind, direct, direct-subs, direct-captions'
 RunDirArg = Annotated[Path, typer.Argument(help="a RUN_DIR")]
@@ -112,9 +127,11 @@ JsonSummaryOpt = Annotated[bool, typer.Option('--json', help="print a JSON summa
 QuietOpt = Annotated[bool, typer.Option(help="no progress bar")]
 
 # %% ../../nbs/90_cli.app.ipynb #862fbb62
-PLAIN_HELP = dict(no_args_is_help=True, rich_markup_mode=None)     # plain help: Rich's import alone is slower than the rest
+# plain help: Rich's import alone is slower than the rest
+PLAIN_HELP = dict(no_args_is_help=True, rich_markup_mode=None)
 app = typer.Typer(help="reveal-kit: long-video QA with REVEAL — memories, questions, evaluation.",
                   add_completion=False, **PLAIN_HELP)
 backends_app = typer.Typer(help="Which models the kit would use here, and why.", **PLAIN_HELP)
-memory_app = typer.Typer(help="Build and inspect offline video memories (REVEAL §3.1).", **PLAIN_HELP)
+memory_app = typer.Typer(help="Build and inspect offline video memories (REVEAL §3.1).",
+                         **PLAIN_HELP)
 data_app = typer.Typer(help="Benchmark data: what is present under a data root.", **PLAIN_HELP)

@@ -16,8 +16,8 @@ __all__ = ['backends_report', 'backends_check', 'memory_build', 'memory_show', '
            'data_check']
 
 # %% ../../nbs/90a_cli.data.ipynb #fe11c4df
-def backends_report(backend: str | None = None, model: str | None = None, base_url: str | None = None,
-                    text: str = 'auto', vision: str = 'auto') -> dict:
+def backends_report(backend: str | None = None, model: str | None = None,
+                    base_url: str | None = None, text: str = 'auto', vision: str = 'auto') -> dict:
     "The chat model, text embedder and vision embedder in use: which, whether a fallback, and why."
     from reveal_kit.backends.models import get_chat_model, describe_chat_model
     from reveal_kit.cli.present import describe_embedders
@@ -36,10 +36,12 @@ def _backends():
 def backends_check(
         backend: Annotated[Optional[str], typer.Option(help="embedded | http | vllm | scripted "
                                                        "(default $REVEAL_BACKEND)")] = None,
-        model: Annotated[Optional[str], typer.Option(help="model id or path for the backend")] = None,
+        model: Annotated[Optional[str],
+                         typer.Option(help="model id or path for the backend")] = None,
         base_url: BaseUrlOpt = None,
         text: Annotated[str, typer.Option(help="text embedder: auto | bge-m3 | minilm")] = 'auto',
-        vision: Annotated[str, typer.Option(help="vision embedder: auto | siglip | descriptor")] = 'auto',
+        vision: Annotated[str, typer.Option(help="vision embedder: auto | siglip | "
+                                            "descriptor")] = 'auto',
         as_json: JsonOpt = False):
     "Report the chat model, text embedder and vision embedder in use (fallback or not, and why)."
     rep = backends_report(backend, model, base_url, text, vision)
@@ -50,8 +52,8 @@ def backends_check(
         name, why = d.get('model_id') or d.get('backend'), d.get('why') or d.get('error') or ''
         say(f"{k:7s} {name}  {'(fallback) ' if d.get('is_fallback') else ''}{why}")
         for r in d.get('replicas') or []:
-            say(f"  replica {r['url']}  {'healthy' if r['healthy'] else 'down'}, {r['in_flight']} in flight, "
-                       f"{r['served']} served, {r['failures']} failures")
+            say(f"  replica {r['url']}  {'healthy' if r['healthy'] else 'down'}, {r['in_flight']} "
+                       f"in flight, {r['served']} served, {r['failures']} failures")
 
 app.add_typer(backends_app, name='backends')
 
@@ -60,17 +62,20 @@ app.add_typer(backends_app, name='backends')
 def memory_build(
         video: Annotated[Path, typer.Argument(help="video file, or a folder of time-stamped clips "
                                                    "(EgoLife: DAYn/DAYn_<identity>_HHMMSSFF.mp4)")],
-        subtitles: Annotated[Optional[Path], typer.Option(help="SRT or WebVTT file aligned to the video")] = None,
+        subtitles: Annotated[Optional[Path],
+                             typer.Option(help="SRT or WebVTT file aligned to the video")] = None,
         out: Annotated[Optional[Path], typer.Option(help="memory directory (default: "
                                                     "runs/memories/<stem>-<sha8>-<key>)")] = None,
         chunking: Annotated[str, typer.Option(help="adaptive | fixed")] = 'adaptive',
         config: ConfigOpt = None, set_: SetOpt = None,
-        backend: Annotated[str, typer.Option(help="captioning model: none (offline captioner) | embedded | http | "
-                                                  "vllm")] = 'none',
+        backend: Annotated[str, typer.Option(help="captioning model: none (offline captioner) | "
+                                                  "embedded | http | vllm")] = 'none',
         model: ModelOpt = None, base_url: BaseUrlOpt = None,
-        rebuild: Annotated[bool, typer.Option(help="replace a memory built with other settings")] = False,
-        concurrency: Annotated[Optional[int], typer.Option(help="model calls in flight (default 4 per HTTP replica, "
-                                                           "1 in-process); the memory is the same")] = None,
+        rebuild: Annotated[bool,
+                           typer.Option(help="replace a memory built with other settings")] = False,
+        concurrency: Annotated[Optional[int], typer.Option(help="model calls in flight (default 4 "
+                                                           "per HTTP replica, 1 in-process); the "
+                                                           "memory is the same")] = None,
         cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None, as_json: JsonSummaryOpt = False):
     "Build (or resume, or reuse) the offline memory of VIDEO (a folder of clips: one memory on one timeline)."
     from reveal_kit.core import load_config
@@ -78,9 +83,10 @@ def memory_build(
     from reveal_kit.cli.present import format_build_summary
     with cli_errors():
         cfg = load_config(config, set_ or [])
-        cm = chat_model_from_options(backend, model, base_url, cache, timeout or getattr(cfg, 'timeout_s', None))
-        s = build_memory(video, out, cfg, chat_model=cm, subtitles=subtitles, chunking=chunking, rebuild=rebuild,
-                         progress=not as_json, concurrency=concurrency)
+        cm = chat_model_from_options(backend, model, base_url, cache,
+                                     timeout or getattr(cfg, 'timeout_s', None))
+        s = build_memory(video, out, cfg, chat_model=cm, subtitles=subtitles, chunking=chunking,
+                         rebuild=rebuild, progress=not as_json, concurrency=concurrency)
     say(json.dumps(s) if as_json else format_build_summary(s))
 
 app.add_typer(memory_app, name='memory')
@@ -89,7 +95,8 @@ app.add_typer(memory_app, name='memory')
 @memory_app.command('show')
 def memory_show(path: Annotated[Path, typer.Argument(help="memory directory")],
                 n: Annotated[int, typer.Option(help="L1 narratives to show")] = 3,
-                as_json: Annotated[bool, typer.Option('--json', help="print the manifest as JSON")] = False):
+                as_json: Annotated[bool, typer.Option('--json',
+                                                      help="print the manifest as JSON")] = False):
     "Summarize a memory: levels, time coverage, a few narratives."
     from reveal_kit.memory.store import OfflineMemory
     from reveal_kit.cli.present import describe
@@ -131,7 +138,8 @@ def check_synth_options(minutes: float, width: int, height: int, fps: float) -> 
         raise ValueError(f"--minutes must be a finite number of minutes > 0, got {minutes!r}")
     for k, v in (('--width', width), ('--height', height)):
         if v < 16 or v % 2:
-            raise ValueError(f"{k} must be an even number of pixels ≥ 16 (H.264 needs even sizes), got {v}")
+            raise ValueError(f"{k} must be an even number of pixels ≥ 16 (H.264 needs even sizes), "
+                             f"got {v}")
     if not (math.isfinite(fps) and fps > 0):
         raise ValueError(f"--fps must be a finite number of frames per second > 0, got {fps!r}")
 
@@ -140,17 +148,21 @@ def check_synth_options(minutes: float, width: int, height: int, fps: float) -> 
 def synth(out_dir: Annotated[Path, typer.Argument(help="folder to write the benchmark into")],
           minutes: Annotated[float, typer.Option(help="length of each video in minutes")] = 10.0,
           videos: Annotated[int, typer.Option(help="number of videos")] = 4,
-          questions_per_video: Annotated[int, typer.Option(help="questions per video (spread over the 6 types)")] = 12,
+          questions_per_video: Annotated[int, typer.Option(help="questions per video (spread over "
+                                                           "the 6 types)")] = 12,
           seed: Annotated[int, typer.Option(help="benchmark seed")] = 0,
-          split: Annotated[str, typer.Option(help="train | dev | test (disjoint seeds and video ids)")] = 'test',
+          split: Annotated[str, typer.Option(help="train | dev | test (disjoint seeds and video "
+                                             "ids)")] = 'test',
           width: Annotated[int, typer.Option(help="frame width")] = 640,
           height: Annotated[int, typer.Option(help="frame height")] = 360,
           fps: Annotated[float, typer.Option(help="output frame rate")] = 2.0,
           workers: Annotated[int, typer.Option(help="videos rendered in parallel")] = 1,
-          subtitle_rate: Annotated[float, typer.Option(help="share of events also in the subtitles (causal: "
-                                                       "always)")] = 0.5,
-          no_render: Annotated[bool, typer.Option('--no-render', help="write questions and subtitles only")] = False,
-          overwrite: Annotated[bool, typer.Option(help="re-render videos that are already complete")] = False):
+          subtitle_rate: Annotated[float, typer.Option(help="share of events also in the subtitles "
+                                                       "(causal: always)")] = 0.5,
+          no_render: Annotated[bool, typer.Option('--no-render', help="write questions and "
+                                                  "subtitles only")] = False,
+          overwrite: Annotated[bool, typer.Option(help="re-render videos that are already "
+                                                  "complete")] = False):
     "Generate a long-video QA benchmark with exact ground truth."
     from reveal_kit.synth.bench import generate_benchmark, SPLITS
     from reveal_kit.cli.present import describe_benchmark
@@ -158,9 +170,9 @@ def synth(out_dir: Annotated[Path, typer.Argument(help="folder to write the benc
         raise typer.BadParameter(f"split must be one of {list(SPLITS)}", param_hint='--split')
     with cli_errors():
         check_synth_options(minutes, width, height, fps)
-        man = generate_benchmark(out_dir, minutes, videos, questions_per_video, seed, split, (width, height), fps,
-                                 render=not no_render, workers=workers, overwrite=overwrite,
-                                 subtitle_rate=subtitle_rate)
+        man = generate_benchmark(out_dir, minutes, videos, questions_per_video, seed, split,
+                                 (width, height), fps, render=not no_render, workers=workers,
+                                 overwrite=overwrite, subtitle_rate=subtitle_rate)
     say(describe_benchmark(man, out_dir))
 
 # %% ../../nbs/90a_cli.data.ipynb #b6add846
@@ -172,7 +184,8 @@ def _data():
 def data_check(benchmark: Annotated[str, typer.Argument(help="a benchmark name (see "
                                                              "reveal_kit.eval.loaders.LOADERS)")],
                root: RootOpt = None,
-               split: Annotated[Optional[str], typer.Option(help="split, where the benchmark has several")] = None,
+               split: Annotated[Optional[str],
+                                typer.Option(help="split, where the benchmark has several")] = None,
                as_json: JsonOpt = False):
     "Report present/missing annotations, videos and subtitles, with counts against the manifest."
     from reveal_kit.eval.data_check import check_data

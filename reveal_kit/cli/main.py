@@ -14,5 +14,6 @@ __all__ = ['main']
 # %% ../../nbs/90d_cli.main.ipynb #4f21074b
 def main():
     "Console entry point `reveal`."
-    sys.modules.setdefault('rfc3987_syntax', None)     # jsonschema's optional IRI checker: ~1 s to import, never used
+    # jsonschema's optional IRI checker: ~1 s to import, never used
+    sys.modules.setdefault('rfc3987_syntax', None)
     app()

@@ -45,11 +45,13 @@ def ask_chat_model(s: PaceAskSettings, cfg: Config) -> Any:
                           **cfg.thinking_settings(), timeout_s=timeout)
 
 # %% ../../nbs/90g_cli.pace_ask.ipynb #9966f462
-def _plain_db(video: str | Path, chat: Any, cfg: Config, s: PaceAskSettings, method: str) -> EvidenceDB:
+def _plain_db(video: str | Path, chat: Any, cfg: Config, s: PaceAskSettings,
+              method: str) -> EvidenceDB:
     "The video's plain database, captioned by the vision group's model when it is meaningful (DVD: at DVD's caps)."
     vision = pace_models_of(chat, s.roles, pace_settings(cfg).vision_substitute).vision
     vision = vision if is_meaningful(vision) else None
-    icfg = dvd_index_config(cfg) if vision and get_pace_spec(method).prompt == 'dvd' else cfg   # DVD's caps
+    # DVD's caps
+    icfg = dvd_index_config(cfg) if vision and get_pace_spec(method).prompt == 'dvd' else cfg
     return get_pace_dbs(video, (), icfg, vision, s.subtitles, s.root, s.text_embedder)[0]
 
 def ask_pace(video: str | Path, question: str, options: list[str], method: str = 'pace',

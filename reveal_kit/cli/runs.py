@@ -17,16 +17,17 @@ __all__ = ['eval_app', 'SubstitutedOpt', 'rubrics_app', 'ask_pace_method', 'ask'
            'eval_compare', 'eval_cost', 'rubrics_induce', 'rubrics_show']
 
 # %% ../../nbs/90b_cli.runs.ipynb #508fce74
-def ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles, trace_dir, config,
-                    overrides, cache, timeout) -> tuple[dict, str, tuple]:
+def ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles,
+                    trace_dir, config, overrides, cache, timeout) -> tuple[dict, str, tuple]:
     "`reveal ask` with a PACE method: the result, its summary text and the keys `--json` prints."
     from reveal_kit.cli.pace_ask import ask_pace
     from reveal_kit.cli.present_pace import format_pace_summary
     from reveal_kit.reveal.ask import ASK_JSON_KEYS
     with cli_errors():
-        res = ask_pace(video, question, list(option), method=method, subtitles=subtitles, backend=backend,
-                       model=model, base_url=base_url, roles=roles, trace_dir=trace_dir, config=config,
-                       overrides=overrides or [], cache=cache, timeout_s=timeout)
+        res = ask_pace(video, question, list(option), method=method, subtitles=subtitles,
+                       backend=backend, model=model, base_url=base_url, roles=roles,
+                       trace_dir=trace_dir, config=config, overrides=overrides or [], cache=cache,
+                       timeout_s=timeout)
     keys = tuple(ASK_JSON_KEYS) + ('steps', 'tool_calls', 'factors', 'needle_recall', 'index')
     return res, format_pace_summary(res), keys
 
@@ -79,17 +80,19 @@ def ask(video: Annotated[Path, typer.Argument(help="video file")],
 class DefaultToRun(TyperGroup):
     "A group whose unknown first word means `run <that word> …`."
     def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and not args[0].startswith('-'): args = ['run', *args]
+        if args and args[0] not in self.commands and not args[0].startswith('-'):
+            args = ['run', *args]
         return super().parse_args(ctx, args)
 
 eval_app = typer.Typer(cls=DefaultToRun, **PLAIN_HELP,
-                       help="Evaluate a method on a benchmark (`reveal eval BENCHMARK --method M --out RUN_DIR`), "
-                            "then `report` / `compare` runs.")
+                       help="Evaluate a method on a benchmark (`reveal eval BENCHMARK --method M "
+                            "--out RUN_DIR`), then `report` / `compare` runs.")
 app.add_typer(eval_app, name='eval')
 
 # %% ../../nbs/90b_cli.runs.ipynb #9aa82e2f
-SubstitutedOpt = Annotated[str, typer.Option(help="how accuracy counts an answer a stand-in gave: 'wrong' (scored 0, "
-                                                  "the default) or 'exclude' (the question left out)")]
+SubstitutedOpt = Annotated[str, typer.Option(help="how accuracy counts an answer a stand-in gave: "
+                                                  "'wrong' (scored 0, the default) or 'exclude' "
+                                             "(the question left out)")]
 
 # %% ../../nbs/90b_cli.runs.ipynb #1642a723
 def _eval_run_summary(benchmark: str, method: str, settings: dict, ray: dict) -> str:
@@ -135,8 +138,10 @@ def eval_run(benchmark: BenchmarkArg,
 # %% ../../nbs/90b_cli.runs.ipynb #ecce2e63
 @eval_app.command('report')
 def eval_report(run_dir: RunDirArg, as_json: JsonOpt = False, cache: CacheOpt = 'readwrite',
-                judge: Annotated[Optional[str], typer.Option(help="needle judge model URL[,NAME]: judge the "
-                                                             "run's cues first (cached; RUN_DIR/needles)")] = None,
+                judge: Annotated[Optional[str],
+                                 typer.Option(help="needle judge model URL[,NAME]: judge the "
+                                                             "run's cues first (cached; "
+                                              "RUN_DIR/needles)")] = None,
                 substituted: SubstitutedOpt = 'wrong'):
     "Accuracy (overall, by type, by duration group), failures, rounds, calls, tokens, time, stop reasons."
     from reveal_kit.eval.metrics import judge_report, format_report
@@ -161,11 +166,14 @@ def eval_compare(run_a: Annotated[Path, typer.Argument(help="the first RUN_DIR")
 # %% ../../nbs/90b_cli.runs.ipynb #afa72c3b
 @eval_app.command('cost')
 def eval_cost(run_dir: RunDirArg,
-              profile: Annotated[Optional[Path], typer.Option(help="throughput profile JSON: tokens/s by concurrency "
+              profile: Annotated[Optional[Path], typer.Option(help="throughput profile JSON: "
+                                                              "tokens/s by concurrency "
                                                               "(benchmarks/vllm_bench.py)")] = None,
-              questions: Annotated[Optional[int], typer.Option(help="questions to project (default: the run's)")] = None,
+              questions: Annotated[Optional[int], typer.Option(help="questions to project "
+                                                               "(default: the run's)")] = None,
               gpus: Annotated[int, typer.Option(help="GPUs to project for, one engine each")] = 1,
-              concurrency: Annotated[Optional[float], typer.Option(help="requests in flight per GPU (default: the "
+              concurrency: Annotated[Optional[float],
+                                     typer.Option(help="requests in flight per GPU (default: the "
                                                                    "profile's fastest)")] = None,
               as_json: JsonOpt = False):
     "Calls, tokens and depth per question and role; with --profile, a benchmark's projected hours and GPU-hours."

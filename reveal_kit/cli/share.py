@@ -18,19 +18,25 @@ trace_app = typer.Typer(help="Per-question traces: why each answer was given.", 
 
 @trace_app.command('show')
 def trace_show(run_dir: RunDirArg,
-               qid: Annotated[Optional[str], typer.Argument(help="a question id of that run (none: the run page)")] = None,
-               html: Annotated[Optional[Path], typer.Option('--html', help="also write a standalone HTML page")] = None,
-               compare: Annotated[Optional[Path], typer.Option(help="RUN_B beside RUN_DIR on the run page")] = None,
-               thumbs: Annotated[bool, typer.Option(help="keyframe thumbnails in the HTML pages")] = True):
+               qid: Annotated[Optional[str], typer.Argument(help="a question id of that run (none: "
+                                                            "the run page)")] = None,
+               html: Annotated[Optional[Path], typer.Option('--html', help="also write a "
+                                                            "standalone HTML page")] = None,
+               compare: Annotated[Optional[Path],
+                                  typer.Option(help="RUN_B beside RUN_DIR on the run page")] = None,
+               thumbs: Annotated[bool, typer.Option(help="keyframe thumbnails in the HTML "
+                                                    "pages")] = True):
     "Print a question's trace (rounds, queries, evidence, verifier, stop, calls); no QID: write the run browser."
     with cli_errors():
-        if run_dir.is_file() and qid is None and html is None:      # a trace file, as `reveal ask` prints it
+        # a trace file, as `reveal ask` prints it
+        if run_dir.is_file() and qid is None and html is None:
             from reveal_kit.reveal.ask import load_trace, format_trace
             return say(format_trace(load_trace(run_dir)))
         if qid is not None and compare is None:
             from reveal_kit.eval.trace_view import show_trace
             return say(show_trace(run_dir, qid, html_out=html, thumbs=thumbs))
-        if qid is not None or html is None: raise ValueError("the run page takes no QID and needs --html OUT.html")
+        if qid is not None or html is None:
+            raise ValueError("the run page takes no QID and needs --html OUT.html")
         from reveal_kit.eval.browser import write_run_browser
         from reveal_kit.cli.present import format_browser_summary
         say(format_browser_summary(write_run_browser(run_dir, html, compare, thumbs)))
@@ -40,25 +46,29 @@ app.add_typer(trace_app, name='trace')
 # %% ../../nbs/90c_cli.share.ipynb #87902118
 @app.command('pack')
 def pack(run_dirs: Annotated[List[Path], typer.Argument(help="the RUN_DIRs to pack")],
-         out: Annotated[Path, typer.Option('--out', '-o', help="NAME.tar.gz, or NAME.tar.zst (needs zstandard)")],
-         cache: Annotated[Optional[Path], typer.Option(help="the runs' call cache, only read (default "
+         out: Annotated[Path, typer.Option('--out', '-o',
+                                           help="NAME.tar.gz, or NAME.tar.zst (needs zstandard)")],
+         cache: Annotated[Optional[Path],
+                          typer.Option(help="the runs' call cache, only read (default "
                                                      "runs/cache/calls)")] = None,
-         memories: Annotated[Optional[Path], typer.Option(help="the runs' memories (default runs/memories)")] = None,
-         videos: Annotated[bool, typer.Option(help="pack the videos too (packed anyway when a rerun needs "
-                                                   "them)")] = False,
-         partial: Annotated[bool, typer.Option(help="pack a run that is still running as it is now, marked "
-                                                    "partial")] = False):
+         memories: Annotated[Optional[Path], typer.Option(help="the runs' memories (default "
+                                                          "runs/memories)")] = None,
+         videos: Annotated[bool, typer.Option(help="pack the videos too (packed anyway when a "
+                                                   "rerun needs them)")] = False,
+         partial: Annotated[bool, typer.Option(help="pack a run that is still running as it is "
+                                                    "now, marked partial")] = False):
     "Pack runs with the memories, PACE databases and cached calls they used, once a rerun shows that they replay."
     from reveal_kit.eval.replay import pack_runs
     from reveal_kit.cli.present import format_pack_summary
     with cli_errors():
-        say(format_pack_summary(pack_runs(run_dirs, out, cache=cache, memories=memories, videos=videos,
-                                          partial=partial)))
+        say(format_pack_summary(pack_runs(run_dirs, out, cache=cache, memories=memories,
+                                          videos=videos, partial=partial)))
 
 # %% ../../nbs/90c_cli.share.ipynb #ba24806b
 @app.command('replay')
 def replay(pack_file: Annotated[Path, typer.Argument(help="a pack (NAME.tar.gz or NAME.tar.zst)")],
-           out: Annotated[Optional[Path], typer.Option('--out', '-o', help="a new folder (default NAME-replay)")] = None):
+           out: Annotated[Optional[Path], typer.Option('--out', '-o', help="a new folder (default "
+                                                       "NAME-replay)")] = None):
     "Replay a pack's runs without a model (cache in replay mode) and compare them with it; exit 1 if one differs."
     from reveal_kit.eval.pack_replay import replay_pack
     from reveal_kit.cli.present import format_replay_summary
@@ -73,15 +83,18 @@ def demo_memories(bench: Path, methods: list[str]) -> None:
     from reveal_kit.core import Config
     from reveal_kit.eval.methods import method_spec
     from reveal_kit.memory.build import get_or_build_memory
-    rows = [json.loads(l) for l in (bench / 'questions.jsonl').read_text().splitlines() if l.strip()]
+    rows = [json.loads(l) for l in (bench / 'questions.jsonl').read_text().splitlines()
+            if l.strip()]
     videos = {r['video_path']: r.get('subtitle_path') for r in rows}
-    chunkings = sorted({s['chunking'] for s in map(method_spec, methods) if s and s.get('chunking')})
-    say(f"[2/4] building the memories: {len(videos)} videos × {', '.join(chunkings) or 'no'} segments")
+    chunkings = sorted({s['chunking'] for s in map(method_spec, methods) if s
+                        and s.get('chunking')})
+    say(f"[2/4] building the memories: {len(videos)} videos × {', '.join(chunkings) or 'no'} "
+        f"segments")
     for v, sub in videos.items():
         for ch in chunkings:
             t = time.time()
-            get_or_build_memory(bench / v, Config(chunking=ch), subtitles=bench / sub if sub else None,
-                                progress=True)
+            get_or_build_memory(bench / v, Config(chunking=ch),
+                                subtitles=bench / sub if sub else None, progress=True)
             say(f"      {Path(v).name}, {ch}: {time.time() - t:.1f}s")
 
 # %% ../../nbs/90c_cli.share.ipynb #5e24064f

@@ -38,7 +38,8 @@ def register_method(name: str):
     return deco
 
 # %% ../../nbs/42b_eval.methods.ipynb #3d1a0002
-METHOD_ALIASES: dict[str, str] = {**PRESET_ALIASES, **PACE_ALIASES}      # an earlier spelling → the current name
+# an earlier spelling → the current name
+METHOD_ALIASES: dict[str, str] = {**PRESET_ALIASES, **PACE_ALIASES}
 
 def method_name(name: str) -> str:
     "The current spelling of a method's name (`rerank_only` → `rerank-only`, `pace_noindex` → `pace-no-qcindex`)."
@@ -65,7 +66,8 @@ def run_spelling(out_dir: str | Path, name: str) -> str:
 @register_method('blind')
 def _blind(q: Question, ctx: RunContext) -> dict:
     "The blind baseline; the embedded model is not asked (its replies are not meaningful)."
-    m = ctx.model if ctx.backend not in ('embedded', None, 'none') or ctx.model_obj is not None else None
+    m = (ctx.model if ctx.backend not in ('embedded', None, 'none') or ctx.model_obj is not None
+         else None)
     return blind(q, m, ctx.config)
 
 # %% ../../nbs/42b_eval.methods.ipynb #440bc543
@@ -85,12 +87,13 @@ def _preset_method(name: str) -> Callable[[Question, RunContext], dict]:
     spec = get_preset(name)
     def run(q: Question, ctx: RunContext) -> dict:
         mem = ctx.memory(q, spec.chunking)
-        return answer_question(q, mem, ctx.model, ctx.config, preset=name, trace_dir=ctx.trace_dir, roles=ctx.roles,
-                               pool=ctx.rubric_pool())
+        return answer_question(q, mem, ctx.model, ctx.config, preset=name, trace_dir=ctx.trace_dir,
+                               roles=ctx.roles, pool=ctx.rubric_pool())
     return run
 
 # %% ../../nbs/42b_eval.methods.ipynb #75b859e6
-PLUGINS: list[str] = []       # modules that register further methods when imported (e.g. in Ray workers)
+# modules that register further methods when imported (e.g. in Ray workers)
+PLUGINS: list[str] = []
 _PLUGIN_ERRORS: dict[str, str] = {}
 _PLUGINS_TRIED: set[str] = set()
 _PLUGIN_LOCK = threading.RLock()
@@ -125,10 +128,11 @@ def get_method(name: str) -> Callable[[Question, RunContext], dict]:
     if name not in METHODS and not _is_preset(name): load_plugins()
     if name in METHODS: return METHODS[name]
     if _is_preset(name): return _preset_method(name)
-    known = [m for m in available_methods() if not m.endswith((ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX))]
+    known = [m for m in available_methods()
+             if not m.endswith((ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX))]
     why = ''.join(f"; {m} did not import ({e})" for m, e in load_plugins().items())
-    raise KeyError(f"unknown method {name!r}; known: {', '.join(known)} (each preset also with the suffix "
-                   f"{ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX}){why}")
+    raise KeyError(f"unknown method {name!r}; known: {', '.join(known)} (each preset also with the "
+                   f"suffix {ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX}){why}")
 
 # %% ../../nbs/42b_eval.methods.ipynb #5bec0002
 def method_spec(name: str) -> dict | None:
@@ -149,7 +153,8 @@ def pace_models_for(ctx: RunContext) -> PaceModels:
     "A run's PACE models: none under the offline roles, else each role group's model (`role_models`, else the run's)."
     if ctx.roles == 'offline': return PaceModels()
     check_roles(ctx.roles, ctx.model_for('agent'))
-    pick = lambda g: ctx.model_for(g) if ctx.roles == 'model' or is_meaningful(ctx.model_for(g)) else None
+    pick = (lambda g: ctx.model_for(g) if ctx.roles == 'model' or is_meaningful(ctx.model_for(g))
+            else None)
     return PaceModels(pick('agent'), pick('vision'), pace_settings(ctx.config).vision_substitute)
 
 # %% ../../nbs/42b_eval.methods.ipynb #a379f7f7
@@ -166,6 +171,7 @@ def plain_index_config(method: str, config: Config) -> Config | None:
     except KeyError: return None
     return dvd_index_config(config) if spec.prompt == 'dvd' else config
 
+# %% ../../nbs/42b_eval.methods.ipynb #e86c285d
 def index_caps(method: str, config: Config) -> dict | None:
     "What `run.json` records of a PACE method's index: its caption and registry-merge reply caps."
     c = plain_index_config(method, config)

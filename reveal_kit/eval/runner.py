@@ -42,10 +42,11 @@ def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
     "A method's result completed with the question's fields and the gold letter, scored by the record."
     r, ans = {k: v for k, v in raw.items() if k != 'correct'}, raw.get('answer')
     if ans is not None and ans not in q.options: r['raw_answer'], ans = ans, None
-    r = dict(rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0, stop_reason=None, error=None,
-             seconds=seconds) | r
-    r.update(qid=q.qid, video_id=q.video_id, qtype=q.qtype, duration_group=q.duration_group, gold=q.answer, answer=ans,
-             method=method, failed=bool(r.get('failed', False)), wall_seconds=seconds)
+    r = dict(rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0, stop_reason=None,
+             error=None, seconds=seconds) | r
+    r.update(qid=q.qid, video_id=q.video_id, qtype=q.qtype, duration_group=q.duration_group,
+             gold=q.answer, answer=ans, method=method, failed=bool(r.get('failed', False)),
+             wall_seconds=seconds)
     return as_row(r)
 
 # %% ../../nbs/42c_eval.runner.ipynb #dc58ac20
@@ -55,11 +56,13 @@ def run_one(q: Question, method: str, fn: Callable, ctx: RunContext) -> dict:
     "Run one question; an exception becomes a failed record with the error (and its traceback in a trace file)."
     t0 = time.time()
     try: raw = fn(q, ctx)
-    except ABORT_ERRORS: raise          # an unreachable server fails every question: stop, keep what is done
+    except ABORT_ERRORS:
+        raise          # an unreachable server fails every question: stop, keep what is done
     except Exception as e:
         tp = trace_path(ctx.trace_dir, q.qid, method).with_suffix('.error.txt')
         atomic_write_text(tp, traceback.format_exc())
-        raw = dict(answer=None, failed=True, error=f"{type(e).__name__}: {e}", trace=str(tp), stop_reason='error')
+        raw = dict(answer=None, failed=True, error=f"{type(e).__name__}: {e}", trace=str(tp),
+                   stop_reason='error')
     r = finalize(raw, q, method, time.time() - t0)
     if not r.get('trace'):
         tp = trace_path(ctx.trace_dir, q.qid, method)
@@ -69,7 +72,8 @@ def run_one(q: Question, method: str, fn: Callable, ctx: RunContext) -> dict:
     return r
 
 # %% ../../nbs/42c_eval.runner.ipynb #9f7c7918
-def resolve_config(config: Config | dict | str | Path | None, overrides: Iterable[str] | None = None) -> Config:
+def resolve_config(config: Config | dict | str | Path | None,
+                   overrides: Iterable[str] | None = None) -> Config:
     "A Config from a Config, a dict of values, a YAML path or None, then `key=value` overrides."
     if isinstance(config, Config): cfg = config
     elif isinstance(config, dict): cfg = Config().replace(**config)
@@ -77,14 +81,16 @@ def resolve_config(config: Config | dict | str | Path | None, overrides: Iterabl
     return cfg.replace(**parse_overrides(overrides)) if overrides else cfg
 
 # %% ../../nbs/42c_eval.runner.ipynb #3ec8f62b
-def load_run_questions(benchmark: str | list[Question], root, split) -> tuple[str, list[Question], dict]:
+def load_run_questions(benchmark: str | list[Question], root, split) -> tuple[str, list[Question],
+                                                                              dict]:
     "Questions of a benchmark name (via its loader) or a given list."
     if not isinstance(benchmark, str): return 'custom', unique_qids(list(benchmark)), {}
     qs, rep = load_benchmark(benchmark, root, **({'split': split} if split else {}))
     return benchmark, qs, rep.to_dict()
 
 # %% ../../nbs/42c_eval.runner.ipynb #4b2019e9
-def answer_in_process(todo: list[Question], method: str, ctx: RunContext, concurrency: int = 1) -> Iterator[dict]:
+def answer_in_process(todo: list[Question], method: str, ctx: RunContext,
+                      concurrency: int = 1) -> Iterator[dict]:
     "Each question's result row as it finishes, from a bounded thread pool; on an abort, cancel what has not started."
     fn = get_method(method)
     pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)))
@@ -95,8 +101,8 @@ def answer_in_process(todo: list[Question], method: str, ctx: RunContext, concur
         pool.shutdown(wait=False, cancel_futures=True)
 
 # %% ../../nbs/42c_eval.runner.ipynb #b6ee4372
-def _record(rows: Iterable[dict], todo: list[Question], ctx: RunContext, writer: ResultWriter, stats: dict,
-            bar) -> None:
+def _record(rows: Iterable[dict], todo: list[Question], ctx: RunContext, writer: ResultWriter,
+            stats: dict, bar) -> None:
     "Append each row of a question still to do, once (any other row is dropped), freeing memories and counting."
     left, by_qid = Counter(q.qid for q in todo), {q.qid: q for q in todo}
     for r in rows:
@@ -115,13 +121,14 @@ def _record(rows: Iterable[dict], todo: list[Question], ctx: RunContext, writer:
 # %% ../../nbs/42c_eval.runner.ipynb #387fd906
 def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dict:
     "What `run.json` records about this run."
-    return dict(benchmark=name, method=method, method_spec=method_spec(method), config_hash=cfg.hash(),
-                config=cfg.to_dict(), model=ctx.model_id(), text_embedder=get_text_embedder().model_id,
-                image_embedder=get_image_embedder().model_id,
-                **ctx.model_base_url(), roles=ctx.roles, role_models=ctx.role_models_meta(),
+    return dict(benchmark=name, method=method, method_spec=method_spec(method),
+                config_hash=cfg.hash(), config=cfg.to_dict(), model=ctx.model_id(),
+                text_embedder=get_text_embedder().model_id,
+                image_embedder=get_image_embedder().model_id, **ctx.model_base_url(),
+                roles=ctx.roles, role_models=ctx.role_models_meta(),
                 input=dict(subtitles=cfg.subtitles, before_query=cfg.before_query),
-                index_caps=index_caps(method, cfg), **kw,
-                kit_version=kit_version(), git_commit=git_commit(), python=sys.version.split()[0],
+                index_caps=index_caps(method, cfg), **kw, kit_version=kit_version(),
+                git_commit=git_commit(), python=sys.version.split()[0],
                 platform=platform.platform(),
                 created=datetime.now(timezone.utc).isoformat(timespec='seconds'))
 
@@ -131,23 +138,27 @@ def check_run_options(cache_mode: str | None, timeout_s: float | None, roles: st
     "Refuse a cache mode, timeout, roles, backend or model value at once (later, every question would fail on it)."
     if cache_mode is not None and cache_mode not in MODES:
         raise ValueError(f"cache mode must be one of {', '.join(MODES)}, got {cache_mode!r}")
-    if timeout_s is not None and not timeout_s > 0: raise ValueError(f"timeout must be > 0 seconds, got {timeout_s!r}")
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout_s!r}")
     check_roles(roles)
     if roles == 'model' and backend in (None, 'none') and model is None:
         raise ValueError("roles='model' needs a chat model; backend 'none' has none")
     if backend not in (None, 'none', *BACKENDS):
         raise ValueError(f"unknown backend {backend!r}: choose one of none, {', '.join(BACKENDS)}")
-    if backend == 'vllm' and model is None: raise ValueError("backend 'vllm' needs --model (a Hugging Face id or path)")
+    if backend == 'vllm' and model is None:
+        raise ValueError("backend 'vllm' needs --model (a Hugging Face id or path)")
 
 # %% ../../nbs/42c_eval.runner.ipynb #bb641d9e
 def check_concurrency(concurrency: Any) -> int:
     "The number of questions in flight, checked: a whole number ≥ 1 (0 used to run one silently)."
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency must be a whole number of questions in flight ≥ 1, got {concurrency!r}")
+        raise ValueError(f"concurrency must be a whole number of questions in flight ≥ 1, got "
+                         f"{concurrency!r}")
     return concurrency
 
 # %% ../../nbs/42c_eval.runner.ipynb #eeab2637
-def _todo(sel: list[Question], results: Path, retry_failed: bool) -> tuple[list[Question], list[dict], int]:
+def _todo(sel: list[Question], results: Path, retry_failed: bool) -> tuple[list[Question],
+                                                                           list[dict], int]:
     "The selected questions still to do (ordered by video), the finished rows of the others, the broken lines dropped."
     done, dropped = repair_results(results)
     last = {r['qid']: r for r in done}
@@ -156,30 +167,35 @@ def _todo(sel: list[Question], results: Path, retry_failed: bool) -> tuple[list[
     return todo, [last[q.qid] for q in sel if q.qid in finished], dropped
 
 # %% ../../nbs/42c_eval.runner.ipynb #8dac9472
-def _answer_all(todo: list[Question], prev: list[dict], total: int, method: str, ctx: RunContext, concurrency: int,
-                answer: Callable[..., Iterable[dict]] | None, progress: bool) -> dict:
+def _answer_all(todo: list[Question], prev: list[dict], total: int, method: str, ctx: RunContext,
+                concurrency: int, answer: Callable[..., Iterable[dict]] | None,
+                progress: bool) -> dict:
     "Answer `todo` (in this process unless `answer` says who), appending each row; the counts of the run so far."
-    stats = dict(n=len(prev), correct=sum(bool(r.get('correct')) for r in prev), failed=0, degraded=0, new=0)
-    bar = tqdm(total=total, initial=stats['n'], desc=f"{ctx.benchmark}/{method}", disable=not progress,
-               dynamic_ncols=True)
+    stats = dict(n=len(prev), correct=sum(bool(r.get('correct')) for r in prev), failed=0,
+                 degraded=0, new=0)
+    bar = tqdm(total=total, initial=stats['n'], desc=f"{ctx.benchmark}/{method}",
+               disable=not progress, dynamic_ncols=True)
     with bar:
         rows = (answer or answer_in_process)(todo, method, ctx, concurrency)
         _record(rows, todo, ctx, ResultWriter(Path(ctx.out_dir) / 'results.jsonl'), stats, bar)
     return stats
 
 # %% ../../nbs/42c_eval.runner.ipynb #351dd041
-def _summary(out: Path, sel: list[Question], todo: list[Question], stats: dict, dropped: int, t0: float) -> dict:
+def _summary(out: Path, sel: list[Question], todo: list[Question], stats: dict, dropped: int,
+             t0: float) -> dict:
     "What `run_eval` returns about this invocation (and records in `run.json`)."
-    return dict(out_dir=str(out), selected=len(sel), skipped_finished=len(sel) - len(todo), ran=stats['new'],
-                failed=stats['failed'], degraded=stats['degraded'], accuracy=stats['correct'] / max(stats['n'], 1),
-                repaired_lines=dropped, seconds=time.time() - t0)
+    return dict(out_dir=str(out), selected=len(sel), skipped_finished=len(sel) - len(todo),
+                ran=stats['new'], failed=stats['failed'], degraded=stats['degraded'],
+                accuracy=stats['correct'] / max(stats['n'], 1), repaired_lines=dropped,
+                seconds=time.time() - t0)
 
 # %% ../../nbs/42c_eval.runner.ipynb #eff5b9e2
 def substituted_end(out: Path, max_substituted: float | None = None) -> int:
     "How many of the run's answers a stand-in gave: one warning line of counts if any; above the limit, an error."
     rows = load_results(out) if (Path(out) / 'results.jsonl').exists() else []
     c = check_substituted(rows, None)
-    if c['substituted']: warn(f"{format_substituted(c)}: scored as wrong (`eval report --substituted exclude` "
+    if c['substituted']:
+        warn(f"{format_substituted(c)}: scored as wrong (`eval report --substituted exclude` "
                               "leaves them out)")
     check_substituted(rows, max_substituted, str(out))
     return c['substituted']
@@ -188,7 +204,8 @@ def substituted_end(out: Path, max_substituted: float | None = None) -> int:
 def _check_max_substituted(max_substituted: float | None) -> None:
     "Refuse a `--max-substituted` that is not a fraction between 0 and 1."
     if max_substituted is not None and not 0 <= max_substituted <= 1:
-        raise ValueError(f"--max-substituted is a fraction between 0 and 1, got {max_substituted!r}")
+        raise ValueError(f"--max-substituted is a fraction between 0 and 1, got "
+                         f"{max_substituted!r}")
 
 RUN_ALIASES = dict(out='out_dir', cache='cache_mode', set_='overrides', role_model='role_models',
                    timeout='timeout_s')           # the CLI's names of run settings
@@ -280,7 +297,8 @@ def _answer_todo(sel: list[Question], method: str, ctx: RunContext, s: RunSettin
 def _end_run_json(out: Path, meta: dict, ctx: RunContext, summary: dict) -> None:
     "Write the run's metadata again with this invocation's summary and the time."
     updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
-    write_run_json(out, dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
+    write_run_json(out,
+                   dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
 
 def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path | None = None,
              settings: RunSettings | None = None,
@@ -288,7 +306,8 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path |
     "Run `method` over a benchmark into `out_dir` as `settings` (or keywords) say; a summary."
     s = run_settings(settings, out_dir, **kw)
     get_method(method)                          # an unknown name fails before anything is written
-    method = run_spelling(s.out_dir, method)    # `rerank_only` → `rerank-only`, unless the folder has it
+    # `rerank_only` → `rerank-only`, unless the folder has it
+    method = run_spelling(s.out_dir, method)
     out, shard = Path(s.out_dir), parse_shard(s.shard)
     with locked_run_dir(out):
         cfg = resolve_config(s.config, s.overrides)

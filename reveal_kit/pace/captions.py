@@ -68,11 +68,12 @@ def caption_reply(max_chars: int = 2400) -> type[ReplyModel]:
 
 # %% ../../nbs/30b_pace.captions.ipynb #b5576cb6
 CAPTION_TASK = (
-    'Return JSON with "subjects": every person, animal or notable object seen in the clip, each with a short "name" '
-    '(a short identity when the name is unknown), "appearance" (a list of how it looks), "identity" (a list of who or '
-    'what it is: role, relation to others) and "first_seen" (HH:MM:SS, when it first appears); and "description": '
-    "a fluent, detailed narration of the clip — the events in order and what causes them, objects and how they move, "
-    "people's actions and poses, any text on screen.")
+    'Return JSON with "subjects": every person, animal or notable object seen in the clip, each '
+    'with a short "name" (a short identity when the name is unknown), "appearance" (a list of how '
+    'it looks), "identity" (a list of who or what it is: role, relation to others) and '
+                '"first_seen" (HH:MM:SS, when it first appears); and "description": '
+    "a fluent, detailed narration of the clip — the events in order and what causes them, objects "
+    "and how they move, people's actions and poses, any text on screen.")
 
 def caption_schema(max_chars: int = 2400) -> dict:
     "JSON schema of a plain caption: the clip's subjects, a narration of ≤ `max_chars` characters."
@@ -119,9 +120,10 @@ class RegistryReply(ReplyModel):
 
 # %% ../../nbs/30b_pace.captions.ipynb #c1c796a6
 REGISTRY_SYSTEM = (
-    "You are given the subject lists recorded for the clips of one video, in time order. Merge them into one registry "
-    "of the video's subjects: keep every distinct subject; when two entries clearly name the same subject, make them "
-    "one entry with the earliest first_seen and all their appearance and identity descriptions. Answer with JSON only.")
+    "You are given the subject lists recorded for the clips of one video, in time order. Merge "
+    "them into one registry of the video's subjects: keep every distinct subject; when two entries "
+    "clearly name the same subject, make them one entry with the earliest first_seen and all their "
+                   "appearance and identity descriptions. Answer with JSON only.")
 
 def registry_schema() -> dict:
     "JSON schema of a merged registry `{subjects: [...]}` (the clips' subject format)."
@@ -155,8 +157,10 @@ def merge_registry(model: ChatModel, lists: Sequence[Sequence[dict]], max_tokens
     while len(parts) > 1 or (parts and not calls):
         merged = []
         for b in _batches(parts, max_chars):
-            user = "Subject lists of the clips, in time order:\n" + json.dumps(b, ensure_ascii=False)
-            data, rec = role_call(model, 'pace_registry', REGISTRY_SYSTEM, user, registry_schema(), max_tokens)
+            user = ("Subject lists of the clips, in time order:\n"
+                    + json.dumps(b, ensure_ascii=False))
+            data, rec = role_call(model, 'pace_registry', REGISTRY_SYSTEM, user, registry_schema(),
+                                  max_tokens)
             calls.append(rec)
             ok = parse_reply(RegistryReply, data) is not None
             merged.append(data['subjects'] if ok else union_subjects(b))
@@ -191,9 +195,12 @@ def factor_record_reply(fids: tuple[str, ...], max_chars: int = 2400) -> type[Re
 
 # %% ../../nbs/30b_pace.captions.ipynb #e9abd423
 RECORD_TASK = (
-    "The question this index is built for asks about the factors below (its answer options are not given):\n"
-    '{factors}\nReturn JSON with "description": a fluent, detailed narration of the clip (the events in order, objects '
-    "and how they move, people's actions and poses, text on screen); and \"factors\": for every factor, its id, "
+    "The question this index is built for asks about the factors below (its answer options are not "
+               "given):\n"
+    '{factors}\nReturn JSON with "description": a fluent, detailed narration of the clip (the '
+               'events in order, objects '
+    "and how they move, people's actions and poses, text on screen); and \"factors\": for every "
+               "factor, its id, "
     'whether it is observed in this clip, and how.')
 
 def factor_record_schema(factors: Sequence[Factor], max_chars: int = 2400) -> dict:

@@ -21,29 +21,30 @@ __all__ = ['DVD_SYSTEM', 'DVD_TASK', 'FINISH_NOW', 'CALL_A_TOOL', 'LAST_TOOLS', 
 
 # %% ../../nbs/32b_pace.dvd.ipynb #b332b7f0
 DVD_SYSTEM = (
-    "You answer questions about a long video by calling functions, in a loop of thought, action and observation: "
-    "before each call, think step by step about which function brings you closer to the answer; then call exactly "
-    "one function, the one that moves you closer to the final answer; then summarize what it returned. Plan before "
-    "every call and reflect on every result; do not call functions blindly. Pass only arguments taken from the "
-    "question or from earlier results, never invented ones. Keep going until the question is fully resolved, then "
-    "end with the final answer. When you are unsure about what the video shows, look with the tools instead of "
-    "guessing. Times are written HH:MM:SS (or MM:SS).")
+    "You answer questions about a long video by calling functions, in a loop of thought, action "
+    "and observation: before each call, think step by step about which function brings you closer "
+    "to the answer; then call exactly one function, the one that moves you closer to the final "
+    "answer; then summarize what it returned. Plan before every call and reflect on every result; "
+    "do not call functions blindly. Pass only arguments taken from the question or from earlier "
+    "results, never invented ones. Keep going until the question is fully resolved, then end with "
+    "the final answer. When you are unsure about what the video shows, look with the tools instead "
+              "of guessing. Times are written HH:MM:SS (or MM:SS).")
 DVD_TASK = (
-    "Read the time-stamped clip descriptions the tools return closely: the causal order of events, objects and how "
-    "they move, people's actions and poses.\n\nTools:\n"
-    "- GlobalBrowse: the subjects of the whole video and the events related to a query. Start with it.\n"
-    "- ClipSearch: clip descriptions matching an event, when you have no timestamp.\n"
-    "- FrameInspect: the frames of time ranges [[HH:MM:SS, HH:MM:SS], ...], when the descriptions lack a precise "
-    "detail the question needs (a name, say), or whenever you are unsure after searching. Once the descriptions point "
-    "to an answer, always confirm it with FrameInspect.\n"
+    "Read the time-stamped clip descriptions the tools return closely: the causal order of events, "
+    "objects and how they move, people's actions and poses.\n\nTools:\n"
+    "- GlobalBrowse: the subjects of the whole video and the events related to a query. Start with "
+    "it.\n- ClipSearch: clip descriptions matching an event, when you have no timestamp.\n"
+    "- FrameInspect: the frames of time ranges [[HH:MM:SS, HH:MM:SS], ...], when the descriptions "
+    "lack a precise detail the question needs (a name, say), or whenever you are unsure after "
+    "searching. Once the descriptions point to an answer, always confirm it with FrameInspect.\n"
     "- Finish: the letter of the best option, once you have confirmed it.\n\n"
     "The video is {seconds:g} seconds long ({hms}).\n\nQuestion: {question}\nOptions:\n{options}\n"
     "Choose the option that best answers the question and give its letter to Finish.")
 
 def dvd_messages(q: Question, duration: float) -> list[dict]:
     "The start of a DVD conversation: the system prompt and the request with the video's length and the question."
-    task = DVD_TASK.format(seconds=round(duration, 1), hms=fmt_time(duration, hours=True), question=q.question,
-                           options=q.options_text())
+    task = DVD_TASK.format(seconds=round(duration, 1), hms=fmt_time(duration, hours=True),
+                           question=q.question, options=q.options_text())
     return [system_message(DVD_SYSTEM), user_message(task)]
 
 # %% ../../nbs/32b_pace.dvd.ipynb #1739970b
@@ -58,10 +59,14 @@ class ToolCallPolicy:
     def __init__(self, model: ChatModel, messages: list[dict], names: Sequence[str] = DVD_TOOLS,
                  letters: Sequence[str] = (), max_tokens: int = 400, max_chars: int | None = None,
                  last_tools: str = 'finish'):
-        self.model, self.messages, self.names, self.letters = model, list(messages), tuple(names), list(letters)
-        self.max_tokens, self.max_chars, self._pending, self.protocols = max_tokens, max_chars, {}, []
-        if last_tools not in LAST_TOOLS: raise ValueError(f"last_tools: one of {LAST_TOOLS}, not {last_tools!r}")
-        self.last_tools = last_tools      # the last turn offers 'finish' (Finish only) | 'all' (DVD's code)
+        self.model, self.messages, self.names, self.letters = (model, list(messages), tuple(names),
+                                                               list(letters))
+        self.max_tokens, self.max_chars, self._pending, self.protocols = (max_tokens, max_chars, {},
+                                                                          [])
+        if last_tools not in LAST_TOOLS:
+            raise ValueError(f"last_tools: one of {LAST_TOOLS}, not {last_tools!r}")
+        # the last turn offers 'finish' (Finish only) | 'all' (DVD's code)
+        self.last_tools = last_tools
 
     @property
     def protocol(self) -> str:
@@ -88,7 +93,8 @@ def next_turn(self: ToolCallPolicy, st: AgentState, last: bool) -> Turn:
     t0 = time.perf_counter()
     res = self.model.chat_tools(self._send(), tools, tool_choice='required', role='pace_agent',
                                 max_tokens=self.max_tokens, temperature=0.0)
-    rec = {**record_dict(res.record), 'role': 'pace_agent', 'wall_s': round(time.perf_counter() - t0, 6)}
+    rec = {**record_dict(res.record), 'role': 'pace_agent',
+           'wall_s': round(time.perf_counter() - t0, 6)}
     self.protocols.append(rec.get('protocol'))
     self.messages.append(res.message())
     self._pending = {c.id: c for c in res.calls}
@@ -116,12 +122,14 @@ def dvd_extract_answer(message: dict) -> str | None:
 @patch
 def unfinished_answer(self: ToolCallPolicy) -> tuple[str | None, str] | None:
     "DVD's rule: a conversation's answer without Finish (its last message's: a letter or none), and why."
-    if self.last_tools != 'all': return None                  # the kit's rule: the loop's offline answer
+    if self.last_tools != 'all':
+        return None                  # the kit's rule: the loop's offline answer
     got = dvd_extract_answer(self.messages[-1]) if self.messages else None
     a = got if got in self.letters else None
     why = 'a letter' if a else 'not an option letter: no answer'
     said = repr(got or '')[:80]
-    return a, f"no Finish within the budget; as DVD, the answer is the last message's ({said}): {why}"
+    return (a, f"no Finish within the budget; as DVD, the answer is the last message's ({said}): "
+            f"{why}")
 
 # %% ../../nbs/32b_pace.dvd.ipynb #fd1b0011
 DVD_INDEX_CAPS = {'pace_caption_max_tokens': 4096,   # `_caption_clip`: the call's default

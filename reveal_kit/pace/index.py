@@ -36,7 +36,8 @@ __all__ = ['TAG_MIN_COVER', 'PACE_FIELDS', 'INDEX_CAPS', 'pace_models', 'clip_sp
 # %% ../../nbs/31_pace.index.ipynb #f3581a85
 def clip_spans(duration: float, clip_s: float = 10.0) -> list[tuple[float, float]]:
     "Uniform `clip_s` clips covering [0, duration); the last one ends at the video's end."
-    if duration <= 0 or clip_s <= 0: raise ValueError(f"need duration > 0 and clip_s > 0, got {duration}, {clip_s}")
+    if duration <= 0 or clip_s <= 0:
+        raise ValueError(f"need duration > 0 and clip_s > 0, got {duration}, {clip_s}")
     n = max(1, math.ceil(duration / clip_s - 1e-9))
     return [(i * clip_s, min((i + 1) * clip_s, duration)) for i in range(n)]
 
@@ -53,7 +54,8 @@ def clip_frames(video: str | Path, config: Config = Config(), info=None,
     info = info or probe_video(video)
     spans = clip_spans(info.duration, config.pace_clip_s)
     cur, frames = 0, []
-    for fr in iter_frames(video, fps=config.pace_fps, max_width=frame_width(info, max_height), info=info):
+    for fr in iter_frames(video, fps=config.pace_fps, max_width=frame_width(info, max_height),
+                          info=info):
         i = min(int(fr.t // config.pace_clip_s), len(spans) - 1)
         while i > cur:
             yield cur, *spans[cur], frames
@@ -112,33 +114,38 @@ def tag_factors(factors: Sequence[Factor], text: str, meta: dict | None = None,
         obs = bool(fw) and cover >= TAG_MIN_COVER
         how = f"{', '.join(hit)} in the {_where(set(hit), meta or {})}" if obs else ''
         cos = float(cosines[j]) if cosines is not None else None
-        out[f.fid] = dict(observed=obs, how=how, cover=round(cover, 3), score=None if cos is None else round(cos, 4))
+        out[f.fid] = dict(observed=obs, how=how, cover=round(cover, 3),
+                          score=None if cos is None else round(cos, 4))
     return out
 
 # %% ../../nbs/31_pace.index.ipynb #069c6fe0
 def factor_text(text: str, factors: Sequence[Factor], tags: dict) -> str:
     "A record's text: the description plus how each observed factor is seen (not unobserved ones)."
-    obs = [f"{f.fid} ({tags[f.fid]['how'] or 'observed'})" for f in factors if tags.get(f.fid, {}).get('observed')]
+    obs = [f"{f.fid} ({tags[f.fid]['how'] or 'observed'})" for f in factors
+           if tags.get(f.fid, {}).get('observed')]
     return f"{text} Question factors observed: {'; '.join(obs)}." if obs else text
 
 # %% ../../nbs/31_pace.index.ipynb #0cc5733d
 class EvidenceDB:
     "The evidence database M of a video: clip records, their text embeddings, the factors."
-    def __init__(self, records: list[ClipRecord], vectors: np.ndarray, text_embedder, factors: Sequence[Factor] = (),
-                 manifest: dict | None = None, path: Path | None = None):
+    def __init__(self, records: list[ClipRecord], vectors: np.ndarray, text_embedder,
+                 factors: Sequence[Factor] = (), manifest: dict | None = None,
+                 path: Path | None = None):
         self.records, self.factors, self.text_embedder = list(records), list(factors), text_embedder
         self.manifest, self.path = dict(manifest or {}), path
         self._by_id = {r.clip_id: i for i, r in enumerate(self.records)}
         v = np.asarray(vectors, dtype=np.float32)
         self.vectors = v if v.ndim == 2 else v.reshape(len(self.records), -1)
-        self.index = VectorIndex(self.vectors.shape[1], model_id=getattr(text_embedder, 'model_id', None))
+        self.index = VectorIndex(self.vectors.shape[1],
+                                 model_id=getattr(text_embedder, 'model_id', None))
         if self.records: self.index.add([r.clip_id for r in self.records], self.vectors)
 
     @property
     def kind(self) -> str: return 'factor' if self.factors else 'plain'
     @property
     def duration(self) -> float:
-        return float(self.manifest.get('duration', max((r.t_end for r in self.records), default=0.0)))
+        return float(self.manifest.get('duration',
+                                       max((r.t_end for r in self.records), default=0.0)))
     def __len__(self) -> int: return len(self.records)
     def __repr__(self) -> str:
         return f"EvidenceDB({self.kind}, {len(self)} clips, {fmt_time(self.duration)}, factors={len(self.factors)})"
@@ -156,10 +163,12 @@ def before(self: EvidenceDB, t: float) -> EvidenceDB:
     "A view of the clips that end by time `t` (a question asked at `t`); `whole`: what it cuts."
     keep = [i for i, r in enumerate(self.records) if r.t_end <= t]
     man = dict(self.manifest, duration=min(self.duration, float(t)), before=float(t))
-    if man.get('subject_registry') is not None and len(keep) < len(self.records):   # the week's registry: the future
-        man['subject_registry'] = union_subjects([self.records[i].meta.get('subjects', []) for i in keep])
-    view = EvidenceDB([self.records[i] for i in keep], self.vectors[keep], self.text_embedder, self.factors, man,
-                      self.path)
+    # the week's registry: the future
+    if man.get('subject_registry') is not None and len(keep) < len(self.records):
+        man['subject_registry'] = union_subjects([self.records[i].meta.get('subjects', [])
+                                                  for i in keep])
+    view = EvidenceDB([self.records[i] for i in keep], self.vectors[keep], self.text_embedder,
+                      self.factors, man, self.path)
     view.whole = getattr(self, 'whole', self)
     return view
 
@@ -171,11 +180,13 @@ def embed(self: EvidenceDB, texts: Sequence[str]) -> np.ndarray:
 
 # %% ../../nbs/31_pace.index.ipynb #6f3af25b
 @patch
-def search(self: EvidenceDB, query: str | np.ndarray, k: int = 16) -> list[tuple[ClipRecord, float]]:
+def search(self: EvidenceDB, query: str | np.ndarray,
+           k: int = 16) -> list[tuple[ClipRecord, float]]:
     "Top-k (record, cosine) for a text or a vector, best first."
     if not self.records: return []
     v = self.embed([query])[0] if isinstance(query, str) else np.asarray(query, dtype=np.float32)
-    return [(self.get(cid), s) for cid, s in self.index.search(v, max(1, min(int(k), len(self))))[0]]
+    return [(self.get(cid), s)
+            for cid, s in self.index.search(v, max(1, min(int(k), len(self))))[0]]
 
 # %% ../../nbs/31_pace.index.ipynb #178ab8f2
 @patch
@@ -185,13 +196,15 @@ def by_tag(self: EvidenceDB, fid: str) -> list[ClipRecord]:
 
 # %% ../../nbs/31_pace.index.ipynb #e28ed44e
 @patch(cls_method=True)
-def from_records(cls: EvidenceDB, records: Sequence[ClipRecord], text_embedder=None, factors: Sequence[Factor] = (),
-                 manifest: dict | None = None) -> EvidenceDB:
+def from_records(cls: EvidenceDB, records: Sequence[ClipRecord], text_embedder=None,
+                 factors: Sequence[Factor] = (), manifest: dict | None = None) -> EvidenceDB:
     "An in-memory database of given records (text vectors computed now)."
     te = text_embedder or get_text_embedder()
     recs = sorted(records, key=lambda r: r.t_start)
-    vecs = te.encode([r.text for r in recs]) if recs else np.zeros((0, getattr(te, 'dim', 1)), np.float32)
-    man = dict(manifest or {}, duration=(manifest or {}).get('duration', max((r.t_end for r in recs), default=0)))
+    vecs = (te.encode([r.text for r in recs]) if recs
+            else np.zeros((0, getattr(te, 'dim', 1)), np.float32))
+    man = dict(manifest or {},
+               duration=(manifest or {}).get('duration', max((r.t_end for r in recs), default=0)))
     return cls(recs, vecs, te, factors, man)
 
 # %% ../../nbs/31_pace.index.ipynb #de5cb737
@@ -208,7 +221,8 @@ def index_config(config: Config = Config()) -> dict:
 def pace_index_models(chat_model=None, text_embedder=None) -> dict:
     "The model ids a PACE index depends on: its captioner (with +ocr-facts) and text embedder."
     te = text_embedder or get_text_embedder()
-    sub = '+ocr-facts' if not offline_role(chat_model) and not getattr(chat_model, 'supports_images', False) else ''
+    sub = ('+ocr-facts' if not offline_role(chat_model)
+           and not getattr(chat_model, 'supports_images', False) else '')
     return dict(captioner=captioner_kind(chat_model) + sub, text_embedder=te.model_id)
 
 pace_models = pace_index_models       # the old name, for callers outside the kit
@@ -239,16 +253,19 @@ def _start(out: Path, ident: dict) -> dict[str, ClipRecord]:
     if bj.exists():
         old = json.loads(bj.read_text())
         if {k: old.get(k) for k in ident} != ident:
-            raise PaceIndexError(f"{out} holds a PACE index built differently; delete it or use another root")
+            raise PaceIndexError(f"{out} holds a PACE index built differently; delete it or use "
+                                 f"another root")
     else: atomic_write_json(bj, dict(ident, started=build_stamp()))
-    return {r['clip_id']: ClipRecord.from_dict(r) for r in read_jsonl_rows(out / 'clips.jsonl', repair=True)}
+    return {r['clip_id']: ClipRecord.from_dict(r)
+            for r in read_jsonl_rows(out / 'clips.jsonl', repair=True)}
 
 # %% ../../nbs/31_pace.index.ipynb #7bea7dbe
 def _call_totals(recs: list[ClipRecord], more: Sequence[dict] = ()) -> dict:
     "Indexing calls and tokens over the records' `meta['calls']` and `more` (the registry merge)."
     cs = [c for r in recs for c in r.meta.get('calls', [])] + list(more)
     tok = lambda k: sum(int(c.get(k) or 0) for c in cs)
-    return dict(calls=len(cs), prompt_tokens=tok('prompt_tokens'), completion_tokens=tok('completion_tokens'),
+    return dict(calls=len(cs), prompt_tokens=tok('prompt_tokens'),
+                completion_tokens=tok('completion_tokens'),
                 reasoning_tokens=tok('reasoning_tokens'))
 
 def _finish(out: Path, ident: dict, recs: list[ClipRecord], te, factors, extra: dict, t0: float,
@@ -257,7 +274,8 @@ def _finish(out: Path, ident: dict, recs: list[ClipRecord], te, factors, extra: 
     vecs = te.encode([r.text for r in recs]).astype(np.float32)
     atomic_save_npy(out / 'text_emb.npy', vecs)
     man = dict(ident, **extra, n_clips=len(recs), index_calls=_call_totals(recs, more_calls),
-               kit_version=kit_version(), build_seconds=round(time.time() - t0, 2), created=build_stamp())
+               kit_version=kit_version(), build_seconds=round(time.time() - t0, 2),
+               created=build_stamp())
     atomic_write_json(out / 'manifest.json', man)
     return EvidenceDB(recs, vecs, te, factors, man, out)
 
@@ -266,15 +284,19 @@ def load_db(path: str | Path, text_embedder=None) -> EvidenceDB:
     "Load a complete evidence database; refuses an unfinished one or one of another text embedder."
     p = Path(path)
     if not (p / 'manifest.json').exists():
-        raise PaceIndexError(f"not a complete PACE index: {p} has no manifest.json (build it again to resume)")
+        raise PaceIndexError(f"not a complete PACE index: {p} has no manifest.json (build it again "
+                             f"to resume)")
     man = json.loads((p / 'manifest.json').read_text())
     te = text_embedder or get_text_embedder()
     if man['models']['text_embedder'] != te.model_id:
-        raise PaceIndexError(f"{p} was embedded with {man['models']['text_embedder']!r}, not {te.model_id!r}")
-    recs = sorted((ClipRecord.from_dict(r) for r in read_jsonl_rows(p / 'clips.jsonl')), key=lambda r: r.t_start)
-    if len(recs) != man['n_clips']: raise PaceIndexError(f"corrupt PACE index at {p}: clips and manifest disagree")
-    return EvidenceDB(recs, np.load(p / 'text_emb.npy'), te, [Factor.from_dict(d) for d in man.get('factors', [])],
-                      man, p)
+        raise PaceIndexError(f"{p} was embedded with {man['models']['text_embedder']!r}, not "
+                             f"{te.model_id!r}")
+    recs = sorted((ClipRecord.from_dict(r) for r in read_jsonl_rows(p / 'clips.jsonl')),
+                  key=lambda r: r.t_start)
+    if len(recs) != man['n_clips']:
+        raise PaceIndexError(f"corrupt PACE index at {p}: clips and manifest disagree")
+    return EvidenceDB(recs, np.load(p / 'text_emb.npy'), te,
+                      [Factor.from_dict(d) for d in man.get('factors', [])], man, p)
 
 # %% ../../nbs/31_pace.index.ipynb #760880cc
 def _subs_for(subtitles, spans) -> list[str]:
@@ -282,14 +304,16 @@ def _subs_for(subtitles, spans) -> list[str]:
     if not subtitles: return ['' for _ in spans]
     return [cues_text(c) for c in align_cues(load_subtitles(subtitles), spans)]
 
-def _caption_clips(video, info, config, model, subtitles, done: dict, out: Path, st: PaceSettings) -> list:
+def _caption_clips(video, info, config, model, subtitles, done: dict, out: Path,
+                   st: PaceSettings) -> list:
     "Every clip's plain caption in order, one flushed line per clip not already `done`."
     spans = clip_spans(info.duration, config.pace_clip_s)
     subs = _subs_for(subtitles, spans)
     for i, a, b, frames in clip_frames(video, config, info, st.frame_height):
         cid = f"C{i:04d}"
         if cid in done: continue
-        text, meta, calls = plain_caption(frames, a, b, subs[i], model, config, st.caption_max_tokens)
+        text, meta, calls = plain_caption(frames, a, b, subs[i], model, config,
+                                          st.caption_max_tokens)
         done[cid] = ClipRecord(cid, a, b, text, {}, dict(meta, calls=calls, n_frames=len(frames)))
         append_jsonl(out / 'clips.jsonl', done[cid].to_dict())
     return [done[f"C{i:04d}"] for i in range(len(spans))]
@@ -301,12 +325,14 @@ def _registry(recs: list[ClipRecord], model, st: PaceSettings) -> tuple[list | N
                           4 * st.history_tokens)
 
 def build_plain_db(video: str | Path, out: str | Path, config: Config = Config(),
-                   model: ChatModel | None = None, subtitles: str | Path | None = None, text_embedder=None) -> EvidenceDB:
+                   model: ChatModel | None = None, subtitles: str | Path | None = None,
+                   text_embedder=None) -> EvidenceDB:
     "Build (or resume, or reuse) a video's plain per-clip captions in `out`, its subject registry."
     t0, video, out, te = time.time(), Path(video), Path(out), text_embedder or get_text_embedder()
     info, st = probe_video(video), pace_settings(config)
     ident = dict(kind='plain', video_sha256=content_sha256(video), config=index_config(config),
-                 models=pace_index_models(model, te), subtitles_sha256=content_sha256(subtitles) if subtitles else None)
+                 models=pace_index_models(model, te),
+                 subtitles_sha256=content_sha256(subtitles) if subtitles else None)
     with locked_dir(out):
         if (out / 'manifest.json').exists(): return load_db(out, te)
         recs = _caption_clips(video, info, config, model, subtitles, _start(out, ident), out, st)
@@ -318,18 +344,21 @@ def build_plain_db(video: str | Path, out: str | Path, config: Config = Config()
 # %% ../../nbs/31_pace.index.ipynb #7df95f5d
 def offline_records(plain: EvidenceDB, factors: Sequence[Factor]) -> list[ClipRecord]:
     "Factor-conditioned records by the offline tagger over the plain captions."
-    cos = plain.vectors @ plain.embed([f.text for f in factors]).T if len(plain) else np.zeros((0, len(factors)))
+    cos = (plain.vectors @ plain.embed([f.text for f in factors]).T if len(plain)
+           else np.zeros((0, len(factors))))
     out = []
     for r, c in zip(plain.records, cos):
         tags = tag_factors(factors, r.text, r.meta, c)
-        out.append(ClipRecord(r.clip_id, r.t_start, r.t_end, factor_text(r.text, factors, tags), tags,
+        out.append(ClipRecord(r.clip_id, r.t_start, r.t_end, factor_text(r.text, factors, tags),
+                              tags,
                               {k: v for k, v in r.meta.items() if k != 'calls'} | {'calls': []}))
     return out
 
 # %% ../../nbs/31_pace.index.ipynb #5ed2dc41
 def tagger_kind(model: ChatModel | None = None) -> str:
     "'offline-tagger' without a meaningful model, else its captioner kind (`+ocr-facts`)."
-    return 'offline-tagger' if offline_role(model) else pace_index_models(model, SimpleNamespace(model_id=''))['captioner']
+    return ('offline-tagger' if offline_role(model)
+            else pace_index_models(model, SimpleNamespace(model_id=''))['captioner'])
 
 # %% ../../nbs/31_pace.index.ipynb #8387a26a
 def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict, out: Path) -> None:
@@ -338,11 +367,13 @@ def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict,
     for i, a, b, frames in clip_frames(video, config, max_height=st.frame_height):
         p = plain.records[i]
         if p.clip_id in done: continue
-        text, tags, calls = model_record(model, frames, a, b, factors, p.meta.get('subtitles', ''), p.text,
-                                         st.caption_max_tokens)
-        fb = {} if text is not None else {'fallback': 'offline tagger'}     # in meta: tags hold factors only
+        text, tags, calls = model_record(model, frames, a, b, factors, p.meta.get('subtitles', ''),
+                                         p.text, st.caption_max_tokens)
+        # in meta: tags hold factors only
+        fb = {} if text is not None else {'fallback': 'offline tagger'}
         if text is None:
-            r = offline_records(EvidenceDB([p], plain.vectors[i:i + 1], plain.text_embedder), factors)[0]
+            r = offline_records(EvidenceDB([p], plain.vectors[i:i + 1], plain.text_embedder),
+                                factors)[0]
             text, tags = r.text, r.tags
         else: text = factor_text(text, factors, tags)
         done[p.clip_id] = ClipRecord(p.clip_id, a, b, text, tags, dict(p.meta, calls=calls, **fb))
@@ -353,7 +384,8 @@ def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Pat
     "Build (or resume, or reuse) the factor-conditioned database of a factor set from the plain."
     if not factors: raise ValueError("a factor-conditioned index needs at least one factor")
     t0, out, te = time.time(), Path(out), plain.text_embedder
-    ident = dict(kind='factor', plain=plain.manifest.get('video_sha256'), config=plain.manifest.get('config'),
+    ident = dict(kind='factor', plain=plain.manifest.get('video_sha256'),
+                 config=plain.manifest.get('config'),
                  models=dict(plain.manifest.get('models', {}), tagger=tagger_kind(model)),
                  factors=[f.to_dict() for f in factors])
     with locked_dir(out):
@@ -365,7 +397,8 @@ def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Pat
             recs = [done[r.clip_id] for r in plain.records]
         for r in recs:
             if r.clip_id not in done: append_jsonl(out / 'clips.jsonl', r.to_dict())
-        extra = {k: plain.manifest.get(k) for k in ('video_id', 'video_path', 'duration', 'subject_registry')}
+        extra = {k: plain.manifest.get(k)
+                 for k in ('video_id', 'video_path', 'duration', 'subject_registry')}
         return _finish(out, ident, recs, te, factors, extra, t0)
 
 # %% ../../nbs/31_pace.index.ipynb #65abb67b
@@ -378,5 +411,6 @@ def get_pace_dbs(video: str | Path, factors: Sequence[Factor] = (), config: Conf
     d = pace_dir_for(video, config, pace_index_models(model, te), subtitles, root)
     plain = build_plain_db(video, d / 'plain', config, model, subtitles, te)
     if not factors: return plain, None
-    return plain, build_factor_db(plain, factors, d / f"factors-{factor_key(factors, tagger_kind(model))}", config,
+    return plain, build_factor_db(plain, factors,
+                                  d / f"factors-{factor_key(factors, tagger_kind(model))}", config,
                                   model)

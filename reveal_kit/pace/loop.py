@@ -51,21 +51,24 @@ class Turn:
     records: list[dict] = field(default_factory=list)
     thought: str = ''
     reasoning: str = ''
-    reason: str | None = None       # why a Finish was called, when a rule called it (the offline policy)
+    # why a Finish was called, when a rule called it (the offline policy)
+    reason: str | None = None
 
 # %% ../../nbs/32a_pace.loop.ipynb #a628ad29
 def trace_evidence(tb: ToolBox) -> list[dict]:
     "The localized evidence a trajectory surfaced: one row per item (best score), in time order."
     best: dict[str, dict] = {}
     for d in tb.evidence.values():
-        if d['item_id'] not in best or d['score'] > best[d['item_id']]['score']: best[d['item_id']] = d
+        if d['item_id'] not in best or d['score'] > best[d['item_id']]['score']:
+            best[d['item_id']] = d
     return sorted(best.values(), key=lambda d: (d['t_start'], d['item_id']))
 
 # %% ../../nbs/32a_pace.loop.ipynb #9933b6e9
 def best_supported(tb: ToolBox) -> str:
     "The offline answer: `answerer.offline_answer` over the trajectory's localized evidence (a letter; no rubric pool)."
     rows = trace_evidence(tb)
-    ev = [Evidence(d['item_id'], 1, d['t_start'], d['t_end'], d['text'], 0, d['score'], 'text') for d in rows]
+    ev = [Evidence(d['item_id'], 1, d['t_start'], d['t_end'], d['text'], 0, d['score'], 'text')
+          for d in rows]
     vecs = tb.db.embed([e.text for e in ev]) if ev else None
     view = EvidenceView(ev, vecs, tb.db.embed, 0, tb.duration)
     return offline_answer(tb.q, view).answer
@@ -78,7 +81,8 @@ def fit_results(texts: Sequence[str], max_chars: int | None) -> list[str]:
     for t in reversed(texts):
         keep = max(0, min(len(t), left))
         left -= keep
-        out.append(t if keep == len(t) else f"{t[:keep]}… [shortened: {keep} of {len(t)} characters shown]")
+        out.append(t if keep == len(t)
+                   else f"{t[:keep]}… [shortened: {keep} of {len(t)} characters shown]")
     return out[::-1]
 
 # %% ../../nbs/32a_pace.loop.ipynb #3a76c38c
@@ -86,24 +90,28 @@ def _tokens(recs: list[dict], key: str) -> int:
     "The sum of one token count over call records."
     return sum(int(c.get(key) or 0) for c in recs)
 
-def step_row(i: int, turn: int, name, obs: Observation, calls: list[dict], policy_s: float, thought: str = '',
-             reasoning: str = '') -> dict:
+def step_row(i: int, turn: int, name, obs: Observation, calls: list[dict], policy_s: float,
+             thought: str = '', reasoning: str = '') -> dict:
     "One trace step: turn, tool, arguments, ok/error, the whole result, evidence rows, thought, tokens, latency, data."
     recs = calls + obs.calls
-    return dict(step=i, turn=turn, tool=name if isinstance(name, str) else repr(name), arguments=obs.arguments,
-                ok=obs.ok, error=obs.error, invalid=bool(obs.data.get('invalid')), summary=obs.summary,
-                records=[{k: d[k] for k in ('item_id', 't_start', 't_end', 'source', 'score')} for d in obs.records],
-                thought=thought, reasoning=reasoning, prompt_tokens=_tokens(recs, 'prompt_tokens'),
+    return dict(step=i, turn=turn, tool=name if isinstance(name, str) else repr(name),
+                arguments=obs.arguments, ok=obs.ok, error=obs.error,
+                invalid=bool(obs.data.get('invalid')), summary=obs.summary,
+                records=[{k: d[k] for k in ('item_id', 't_start', 't_end', 'source', 'score')}
+                         for d in obs.records], thought=thought, reasoning=reasoning,
+                prompt_tokens=_tokens(recs, 'prompt_tokens'),
                 completion_tokens=_tokens(recs, 'completion_tokens'),
                 reasoning_tokens=_tokens(recs, 'reasoning_tokens'),
                 latency_s=round(policy_s + obs.data.get('latency_s', 0.0), 6), calls=recs,
                 data={k: v for k, v in obs.data.items()
-                      if isinstance(v, (bool, int, float, str)) and k not in ('latency_s', 'invalid')})
+                      if isinstance(v, (bool, int, float, str))
+                      and k not in ('latency_s', 'invalid')})
 
 # %% ../../nbs/32a_pace.loop.ipynb #d297cef9
 def invalid_obs(name, error: str | None) -> Observation:
     "The observation of a reply that held no usable tool call."
-    return Observation(str(name), {}, ok=False, summary=f"ERROR: invalid tool call ({error or 'no tool call'})",
+    return Observation(str(name), {}, ok=False,
+                       summary=f"ERROR: invalid tool call ({error or 'no tool call'})",
                        error=str(error or 'no tool call'), data={'invalid': True})
 
 # %% ../../nbs/32a_pace.loop.ipynb #dbd762ed
@@ -112,7 +120,8 @@ def refused_obs(name, args, n: int, spent: bool) -> Observation:
     why = (f"the budget of {n} tool calls is spent" if spent else
            f"only one of the {n} tool calls is left, and it is kept for Finish")
     return Observation(str(name), args if isinstance(args, dict) else {}, ok=False,
-                       summary=f"ERROR: not run: {why}. Call Finish with the letter of the best option.",
+                       summary=f"ERROR: not run: {why}. Call Finish with the letter of the best "
+                       f"option.",
                        error=f"over_budget: {why}", data={'refused': True})
 
 # %% ../../nbs/32a_pace.loop.ipynb #66513fa3
@@ -124,14 +133,15 @@ def _forced(name, args, last: bool) -> tuple[Any, Any]:
 def _refuse(st: AgentState, policy, name, args, cid) -> None:
     "Refuse a call over the budget: a `refused` trace row, and an error result the policy reads."
     obs = refused_obs(name, args, st.max_steps, spent=st.left <= 0)
-    st.refused.append(dict(turn=st.turn, after_step=len(st.steps) - 1, tool=obs.tool, arguments=obs.arguments,
-                           error=obs.error))
+    st.refused.append(dict(turn=st.turn, after_step=len(st.steps) - 1, tool=obs.tool,
+                           arguments=obs.arguments, error=obs.error))
     policy.observe(st, cid, obs)
 
 def _play(st: AgentState, policy, turn: Turn, last: bool, policy_s: float) -> None:
     "Run a turn's calls in order (until a Finish) while the budget lasts, one step each; the rest are refused."
     free = last and getattr(policy, 'last_tools', 'finish') == 'all'     # DVD: every tool offered
-    for j, (name, args, cid, err) in enumerate(turn.calls or [(None, None, None, 'no tool call in the reply')]):
+    for j, (name, args, cid,
+            err) in enumerate(turn.calls or [(None, None, None, 'no tool call in the reply')]):
         name, args = _forced(name, args, last and not free)
         if st.left <= 0 or (st.left == 1 and name != 'Finish' and not free):
             _refuse(st, policy, name, args, cid)
@@ -168,8 +178,9 @@ def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 1
         st.turn += 1
         if tb.answer is not None: stop = turn.reason or ('budget' if last else 'finish')
     notes, subs = _unfinished(tb, policy) if tb.answer is None else ([], [])
-    return dict(steps=st.steps, turns=st.turn, stop_reason=stop, answer=tb.answer, notes=notes, substitutions=subs,
-                contrastive_factors=[d.to_dict() for d in tb.factors] if tb.factors is not None else None,
+    return dict(steps=st.steps, turns=st.turn, stop_reason=stop, answer=tb.answer, notes=notes,
+                substitutions=subs, contrastive_factors=[d.to_dict() for d in tb.factors]
+                if tb.factors is not None else None,
                 invalid_calls=sum(s['invalid'] for s in st.steps),
                 tool_errors=sum(not s['ok'] and not s['invalid'] for s in st.steps),
                 refused=st.refused, refused_calls=len(st.refused),

@@ -45,7 +45,8 @@ def needle_recall(q: Question, rows: Sequence[dict], min_cover: float = NEEDLE_M
                   spans: bool = True) -> float | None:
     "The lexical judge's fraction of the question's cues the rows recover (`spans`: within their spans); None: no cues."
     if not q.cues: return None
-    sp = q.evidence_spans if spans and len(q.evidence_spans) == len(q.cues) else [None] * len(q.cues)
+    sp = (q.evidence_spans if spans and len(q.evidence_spans) == len(q.cues)
+          else [None] * len(q.cues))
     return sum(cue_recovered(c, s, rows, min_cover) for c, s in zip(q.cues, sp)) / len(q.cues)
 
 # %% ../../nbs/32c_pace.needle.ipynb #ba086043
@@ -60,8 +61,8 @@ def browse_rows(d: dict) -> list[dict]:
     if bits[0].strip(): parts.append(dict(t_start=None, t_end=None, text=bits[0].strip()))
     for a, b, t in zip(bits[1::3], bits[2::3], bits[3::3]):
         parts.append(dict(t_start=hms_to_seconds(a), t_end=hms_to_seconds(b), text=t.strip()))
-    reg = dict(t_start=None, t_end=None, text=json.dumps(got.get('subject_registry'), ensure_ascii=False),
-               registry=True)
+    reg = dict(t_start=None, t_end=None,
+               text=json.dumps(got.get('subject_registry'), ensure_ascii=False), registry=True)
     return [dict(p, source='GlobalBrowse') for p in parts] + [dict(reg, source='GlobalBrowse')]
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0022
@@ -82,9 +83,10 @@ JUDGE_SCHEMA = reply_schema(JudgeReply)
 
 # %% ../../nbs/32c_pace.needle.ipynb #b47b532a
 JUDGE_SYSTEM = (
-    "You check whether the evidence a video question-answering system collected contains a given visual cue. The cue "
-    "counts as found when some evidence describes what the cue describes (the same event, object or detail, in any "
-    "words), whether or not the system answered correctly. Answer with JSON only.")
+    "You check whether the evidence a video question-answering system collected contains a given "
+    "visual cue. The cue counts as found when some evidence describes what the cue describes (the "
+    "same event, object or detail, in any words), whether or not the system answered correctly. "
+                "Answer with JSON only.")
 def _row_line(d: dict) -> str:
     "One evidence row for the judge, with its time range when it has one."
     text = ' '.join(str(d.get('text', '')).split())
@@ -94,8 +96,10 @@ def _row_line(d: dict) -> str:
 def judge_prompt(q: Question, cue: str, rows: Sequence[dict], max_chars: int = 64000) -> str:
     "The judge's user message: the question, the cue and the evidence (cut at `max_chars`, saying so); no options."
     ev = '\n'.join(_row_line(d) for d in rows) or '(no evidence)'
-    if len(ev) > max_chars: ev = ev[:max_chars] + f"… [cut: {max_chars} of {len(ev)} characters shown]"
-    return f"Question: {q.question}\n\nCue: {cue}\n\nEvidence:\n{ev}"            # PACE §4.3: no options
+    if len(ev) > max_chars:
+        ev = ev[:max_chars] + f"… [cut: {max_chars} of {len(ev)} characters shown]"
+    # PACE §4.3: no options
+    return f"Question: {q.question}\n\nCue: {cue}\n\nEvidence:\n{ev}"
 
 # %% ../../nbs/32c_pace.needle.ipynb #ba0841ec
 def model_judge(model: ChatModel, q: Question, rows: Sequence[dict],
@@ -105,8 +109,8 @@ def model_judge(model: ChatModel, q: Question, rows: Sequence[dict],
     if not q.cues: return None, [], []
     verdicts, calls = [], []
     for cue in q.cues:
-        data, rec = role_call(model, 'needle_judge', JUDGE_SYSTEM, judge_prompt(q, cue, rows, max_chars), JUDGE_SCHEMA,
-                              max_tokens)
+        data, rec = role_call(model, 'needle_judge', JUDGE_SYSTEM,
+                              judge_prompt(q, cue, rows, max_chars), JUDGE_SCHEMA, max_tokens)
         calls.append(rec)
         r = parse_reply(JudgeReply, data)
         verdicts.append(None if r is None else dict(cue=cue, found=r.found, why=r.why))
@@ -124,10 +128,11 @@ def judge_result(q: Question, result: dict, model: ChatModel | None = None, span
     "A result's needle recall by a judge model (else the lexical judge), with the judge's name, verdicts and calls."
     rows = judge_rows(result)
     if not is_meaningful(model):
-        return dict(qid=q.qid, needle_recall=needle_recall(q, rows, spans=spans), needle_judge='lexical',
-                    verdicts=[], calls=[])
+        return dict(qid=q.qid, needle_recall=needle_recall(q, rows, spans=spans),
+                    needle_judge='lexical', verdicts=[], calls=[])
     rec, verdicts, calls = model_judge(model, q, rows, max_tokens)
-    return dict(qid=q.qid, needle_recall=rec, needle_judge=judge_name(model), verdicts=verdicts, calls=calls)
+    return dict(qid=q.qid, needle_recall=rec, needle_judge=judge_name(model), verdicts=verdicts,
+                calls=calls)
 
 # %% ../../nbs/32c_pace.needle.ipynb #d6fdf419
 def needles_path(run_dir: str | Path, judge: str) -> Path:
@@ -137,7 +142,8 @@ def needles_path(run_dir: str | Path, judge: str) -> Path:
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0004
 def judge_failed(row: dict) -> bool:
     "Whether a judged row is a model judge's failure (a cue without a usable verdict): never kept, asked again."
-    return row.get('needle_judge') != 'lexical' and row.get('needle_recall') is None and bool(row.get('verdicts'))
+    return (row.get('needle_judge') != 'lexical' and row.get('needle_recall') is None
+            and bool(row.get('verdicts')))
 
 # %% ../../nbs/32c_pace.needle.ipynb #3eb829d0
 def judge_run(run_dir: str | Path, questions: Sequence[Question], model: ChatModel | None = None,

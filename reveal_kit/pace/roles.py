@@ -36,7 +36,8 @@ class PaceSettings:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}: {self.protocol!r}")
         if self.vision_substitute not in SUBSTITUTES:
-            raise ValueError(f"vision_substitute must be '' or 'ocr', got {self.vision_substitute!r}")
+            raise ValueError(f"vision_substitute must be '' or 'ocr', got "
+                             f"{self.vision_substitute!r}")
 
 # %% ../../nbs/30a_pace.roles.ipynb #b4e76098
 def pace_settings(config: Config | None = None, **overrides) -> PaceSettings:
@@ -108,4 +109,5 @@ def sees_frames(self: PaceModels) -> bool:
 def record(self: PaceModels) -> dict:
     "What results and traces record of the models: each group's model, the substitution (or None)."
     sub = 'ocr-facts' if self.vision is not None and not self.sees_frames else None
-    return dict(agent=_model_name(self.agent), vision=_model_name(self.vision), vision_substitute=sub)
+    return dict(agent=_model_name(self.agent), vision=_model_name(self.vision),
+                vision_substitute=sub)

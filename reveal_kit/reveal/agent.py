@@ -61,7 +61,8 @@ def make_roles(model: ChatModel | None, config: Config, roles: str = 'auto',
     if roles == 'model' and model is None:
         raise ValueError("roles='model' needs a chat model")
     offline = offline_role(model, roles)
-    pool = pool or load_rubric_pool(config.rubric_pool or None)        # the configured pool, else the default
+    # the configured pool, else the default
+    pool = pool or load_rubric_pool(config.rubric_pool or None)
     return Roles(Planner(model, config, offline),
                  Verifier(pool, model, config, offline, evidence_tokens),
                  Answerer(pool, model, config, offline, evidence_tokens), offline)
@@ -74,7 +75,8 @@ def _uniform_candidates(q: Question, memory: Memory, om: OnlineMemory, config: C
     if embed is not None and 'q' not in qvec_cache:
         qvec_cache['q'] = embed([q.question])[0]
     qvec = qvec_cache.get('q')
-    return [Candidate(it, float(memory.text_vector(it.item_id) @ qvec) if qvec is not None else 0.0, None, 'uniform')
+    return [Candidate(it, float(memory.text_vector(it.item_id) @ qvec) if qvec is not None else 0.0,
+                      None, 'uniform')
             for it in items]
 
 def _candidates(q, memory, om, action, round_, spec, config, embed,
@@ -142,7 +144,8 @@ def oracle_evidence(q: Question, memory: Memory, cap: int) -> tuple[list[MemoryI
     hits = [it for it in memory.level(1) if ov(it) > 0]
     kept = sorted(sorted(hits, key=lambda it: (-ov(it), it.t_start))[:cap],
                   key=lambda it: it.t_start)
-    rows = [{'item_id': it.item_id, 'level': 1, 't_start': it.t_start, 't_end': it.t_end, 'overlap_s': round(ov(it), 3)}
+    rows = [{'item_id': it.item_id, 'level': 1, 't_start': it.t_start, 't_end': it.t_end,
+             'overlap_s': round(ov(it), 3)}
             for it in kept]
     note = None if spans else 'the question has no evidence_spans: no oracle evidence'
     return kept, {'spans': [list(s) for s in spans], 'cap': cap, 'items': rows,
@@ -154,7 +157,8 @@ def _rerank_kind(spec: MethodSpec, roles: Roles) -> str:
     if not spec.rerank:
         return 'relevance'
     if spec.rerank_by == 'model' and roles.offline:
-        raise ValueError("rerank_by='model' needs the roles to run on a model (roles='model' or a meaningful model)")
+        raise ValueError("rerank_by='model' needs the roles to run on a model (roles='model' or a "
+                         "meaningful model)")
     by_model = spec.rerank_by == 'model' or (spec.rerank_by == 'auto' and not roles.offline)
     return 'rubric-model' if by_model else 'rubric-offline'
 
@@ -284,7 +288,8 @@ def _oracle_run(q: Question, memory: Memory, spec: MethodSpec, config: Config, r
     if spec.oracle_frames:
         ans, frames = _answer_step(q, memory, spec, config, roles, om, embed, 0, items)
     else:
-        ans = roles.answerer.answer(q, EvidenceView(*om.view(), embed, 0, getattr(memory, 'duration', None)))
+        ans = roles.answerer.answer(q, EvidenceView(*om.view(), embed, 0,
+                                                    getattr(memory, 'duration', None)))
         frames = {'route': 'none', 'frames': 0, 'items': [],
                   'note': 'captions-only oracle arm: no frames'}
     return _loop_trace({'names': [], 'source': None}, [], list(ans.calls), 'oracle', ans, None,
@@ -347,12 +352,14 @@ def _caption_marks(fallbacks: int | None) -> list[dict]:
 def _result(q: Question, spec: MethodSpec, tr: dict, tot: dict, seconds: float, config: Config,
             models: dict, error: str | None, fallbacks: int | None = None) -> dict:
     "The result row of one question (see above), built through the record."
-    return Result(qid=q.qid, video_id=q.video_id, preset=spec.name, qtype=question_type(q), answer=tr.get('answer'),
-                  gold=q.answer, rounds=len(tr.get('rounds', [])), **usage_fields(tot, seconds),
-                  stop_reason=tr.get('stop_reason'), missing_evidence=tr.get('missing_evidence', []),
+    return Result(qid=q.qid, video_id=q.video_id, preset=spec.name, qtype=question_type(q),
+                  answer=tr.get('answer'), gold=q.answer, rounds=len(tr.get('rounds', [])),
+                  **usage_fields(tot, seconds), stop_reason=tr.get('stop_reason'),
+                  missing_evidence=tr.get('missing_evidence', []),
                   evidence=[{k: e[k] for k in _EVIDENCE_KEYS} for e in tr.get('evidence', [])],
-                  trace=None, config_hash=config.hash(), models=models, failed=error is not None, error=error,
-                  failed_calls=tot['failed_calls'], **({'memory_fallbacks': fallbacks} if fallbacks else {}),
+                  trace=None, config_hash=config.hash(), models=models, failed=error is not None,
+                  error=error, failed_calls=tot['failed_calls'],
+                  **({'memory_fallbacks': fallbacks} if fallbacks else {}),
                   substitutions=call_marks(tr.get('calls', [])) + _caption_marks(fallbacks),
                   answer_source='offline' if models.get('roles') == 'offline' else 'model',
                   part=_reveal_part(q, tr)).to_row()
@@ -370,14 +377,16 @@ def thresholds_record(config: Config, spec: MethodSpec,
            'query_cosine_reject': config.query_cosine_reject, 'paper_embedder': PAPER_EMBEDDER,
            'text_embedder': embedder}
     warn = []
-    if embedder and PAPER_EMBEDDER.lower().replace('-', '') not in embedder.lower().replace('-', ''):
-        warn.append(f"the {config.admit_dedup_cosine} / {config.query_cosine_reject} cosine thresholds are the paper's "
-                    f"for {PAPER_EMBEDDER}; this run embeds with {embedder}")
+    if (embedder
+        and PAPER_EMBEDDER.lower().replace('-', '') not in embedder.lower().replace('-', '')):
+        warn.append(f"the {config.admit_dedup_cosine} / {config.query_cosine_reject} cosine "
+                    f"thresholds are the paper's for {PAPER_EMBEDDER}; this run embeds with "
+                    f"{embedder}")
     if spec.relevance_stop and not spec.verify:
         rec.update(relevance_cosine=RELEVANCE_COSINE, relevance_embedder=RELEVANCE_EMBEDDER)
         if embedder and embedder != RELEVANCE_EMBEDDER:
-            warn.append(f"the relevance threshold {RELEVANCE_COSINE} was chosen on dev with {RELEVANCE_EMBEDDER}; "
-                        f"this run embeds with {embedder}")
+            warn.append(f"the relevance threshold {RELEVANCE_COSINE} was chosen on dev with "
+                        f"{RELEVANCE_EMBEDDER}; this run embeds with {embedder}")
     return rec, warn
 
 def _image_embedder(man: Any) -> str | None:
@@ -394,12 +403,15 @@ def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dic
     warn = ([f"method needs a {spec.chunking} memory, got {chunk_mem}"] if mismatch else []) + warn
     subs = {'substitutions': res['substitutions']} if res['substitutions'] else {}
     return {**{k: res[k] for k in _TRACE_KEYS}, **subs,
-            'question': q.question, 'options': q.options, 'spec': spec.to_dict(), 'kit_version': kit_version(),
-            'tau': config.tau, 'thresholds': thr, 'memory_chunking': chunk_mem, 'warnings': warn,
+            'question': q.question, 'options': q.options, 'spec': spec.to_dict(),
+            'kit_version': kit_version(), 'tau': config.tau, 'thresholds': thr,
+            'memory_chunking': chunk_mem, 'warnings': warn,
             'switches': run_switches(config, res['models'].get('text_embedder'),
                                      _image_embedder(man)),
-            **{k: v for k, v in tr.items() if k not in ('answer', 'sufficient', 'rho', 'stop_reason', 'rerank')},
-            'totals': {'rounds': res['rounds'], **tot, 'seconds': res['seconds'], 'loop_seconds': res['loop_seconds']}}
+            **{k: v for k, v in tr.items()
+               if k not in ('answer', 'sufficient', 'rho', 'stop_reason', 'rerank')},
+            'totals': {'rounds': res['rounds'], **tot, 'seconds': res['seconds'],
+                       'loop_seconds': res['loop_seconds']}}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0025
 def answer_question(question: Question, memory: Memory, model: ChatModel | None = None,
@@ -415,7 +427,8 @@ def answer_question(question: Question, memory: Memory, model: ChatModel | None 
     seconds = time.perf_counter() - t0
     tot = call_totals(tr.get('calls', []))
     models = models_record(model, rl.offline, getattr(memory, 'text_embedder', None))
-    n = caption_fallbacks(getattr(memory, 'manifest', None) or {})     # a memory kept with fallback captions
+    # a memory kept with fallback captions
+    n = caption_fallbacks(getattr(memory, 'manifest', None) or {})
     res = _result(question, spec, tr, tot, seconds, config, models, error, n)
     trace = _trace_doc(question, spec, config, res, tr, tot, memory)
     read = rl.verifier.pool                                                # the pool the roles read

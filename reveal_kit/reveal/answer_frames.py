@@ -18,9 +18,11 @@ ROUTE_LONG_S = 600.0
 
 def frame_plan(items: list[MemoryItem], fps: float, cap: int) -> list[tuple[MemoryItem, int]]:
     "Frames per segment at `fps` (≥ 1 each), uniformly subsampled to at most `cap` in all; segments with 0 left out."
-    ticks = [i for i, it in enumerate(items) for _ in range(max(1, round((it.t_end - it.t_start) * fps)))]
+    ticks = [i for i, it in enumerate(items)
+             for _ in range(max(1, round((it.t_end - it.t_start) * fps)))]
     if len(ticks) > cap:
-        ticks = [ticks[j] for j in np.unique(np.round(np.linspace(0, len(ticks) - 1, cap)).astype(int))]
+        ticks = [ticks[j]
+                 for j in np.unique(np.round(np.linspace(0, len(ticks) - 1, cap)).astype(int))]
     counts = np.bincount(ticks, minlength=len(items)) if ticks else np.zeros(len(items), int)
     return [(it, int(k)) for it, k in zip(items, counts) if k > 0]
 
@@ -33,7 +35,8 @@ def route_items(memory: Memory, evidence: list[Evidence],
         return 'uniform', l1
     ids = {e.item_id for e in evidence if e.level == 1}
     spans = [(e.t_start, e.t_end) for e in evidence]
-    hit = [it for it in l1 if it.item_id in ids] or [it for it in l1 if any(it.t_start < b and it.t_end > a
+    hit = [it for it in l1 if it.item_id in ids] or [it for it in l1
+                                                     if any(it.t_start < b and it.t_end > a
                                                                              for a, b in spans)]
     return 'spans', hit
 
@@ -46,7 +49,8 @@ def cut_frames(memory: Memory,
         for it, k in plan:
             fr = memory.frames(it, k)[:k]
             frames += fr
-            rows.append({'item_id': it.item_id, 't_start': it.t_start, 't_end': it.t_end, 'frames': len(fr)})
+            rows.append({'item_id': it.item_id, 't_start': it.t_start, 't_end': it.t_end,
+                         'frames': len(fr)})
     except Exception as e:   # no video to cut frames from: text only, and say so
         return [], rows, f'no frames ({type(e).__name__}: {e}): text only'
     return frames, rows, None
@@ -67,8 +71,9 @@ def frame_cap(spec: MethodSpec, config: Config) -> int:
     return int(spec.answer_max_frames or config.direct_max_frames)
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #3cc61693
-FRAMES_NOTES = {'uniform': '1 fps over the whole video', 'spans': '1 fps inside the retrieved segments',
-                'oracle': '1 fps inside the annotated segments', 'visual': 'segments found by the visual channel'}
+FRAMES_NOTES = {'uniform': '1 fps over the whole video',
+                'spans': '1 fps inside the retrieved segments', 'oracle': '1 fps inside the '
+                'annotated segments', 'visual': 'segments found by the visual channel'}
 
 def answer_frames(q: Question, memory: Memory, evidence: list[Evidence], spec: MethodSpec,
                   config: Config, model: ChatModel | None, offline: bool,

@@ -107,8 +107,8 @@ def _guess(q: Question, view: EvidenceView) -> AnswerResult:
     best, rule = _pick(q, view, support)
     if best is None:
         best, rule = max(q.options, key=lambda o: (round(support[o], 9), -ord(o))), 'best supported'
-    why = (f"{'no evidence; ' if not view.evidence else ''}a guess (the evidence does not determine the answer): "
-           f"option {best} ({rule}): support={support[best]:.2f}")
+    why = (f"{'no evidence; ' if not view.evidence else ''}a guess (the evidence does not "
+           f"determine the answer): option {best} ({rule}): support={support[best]:.2f}")
     return AnswerResult(best, why, 'offline',
                         scores={'support': support, 'rule': rule, 'determined': False})
 
@@ -117,9 +117,11 @@ def offline_answer(q: Question, view: EvidenceView, pool: RubricPool | None = No
     r = read_rounds(q, view.evidence, view.duration, view.round)
     if r.answer is None:
         return _guess(q, view)
-    how = 'the evidence determines it' if r.determined else 'the best reading, a guess: the evidence does not determine it'
+    how = ('the evidence determines it' if r.determined
+           else 'the best reading, a guess: the evidence does not determine it')
     return AnswerResult(r.answer, f"option {r.answer} (reader, {r.kind}): {how}", 'offline',
-                        scores={'rule': 'reader', 'determined': r.determined, 'directions': r.directions})
+                        scores={'rule': 'reader', 'determined': r.determined,
+                                'directions': r.directions})
 
 # %% ../../nbs/24_reveal.answerer.ipynb #ab04c0d1
 @functools.lru_cache(maxsize=64)
@@ -130,9 +132,9 @@ def answer_reply(letters: tuple[str, ...]) -> type[ReplyModel]:
 
 # %% ../../nbs/24_reveal.answerer.ipynb #dccdee94
 ANSWER_SYSTEM = (
-    "You answer a multiple-choice question about a long video using only the evidence given: time-stamped "
-    "descriptions of video segments (L1 local segments, L2 event timelines, L3 global narratives) and, when present, "
-    "frames. Choose the single best option. Answer with JSON only.")
+    "You answer a multiple-choice question about a long video using only the evidence given: "
+    "time-stamped descriptions of video segments (L1 local segments, L2 event timelines, L3 global "
+    "narratives) and, when present, frames. Choose the single best option. Answer with JSON only.")
 
 def answer_schema(letters: list[str]) -> dict:
     "JSON schema of the answerer's reply."
@@ -154,7 +156,8 @@ class Answerer:
     def __init__(self, pool: RubricPool | None = None, model: ChatModel | None = None,
                  config: Config = Config(), offline: bool | None = None,
                  evidence_tokens: int = EVIDENCE_TOKENS):
-        self.pool, self.model, self.config = pool, model, config      # pool: accepted, not read by the answer
+        # pool: accepted, not read by the answer
+        self.pool, self.model, self.config = pool, model, config
         self.offline = offline if offline is not None else offline_role(model)
         self.evidence_tokens = evidence_tokens
 
@@ -173,6 +176,7 @@ def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None 
     if r is None:
         a = offline_answer(q, view)
         a.source, a.calls = 'fallback', [mark(rec, 'offline answer')]
-        a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); offline answer")
+        a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); "
+                       f"offline answer")
         return a
     return AnswerResult(r.answer, r.reasoning, 'model', [rec])

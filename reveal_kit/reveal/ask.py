@@ -26,44 +26,51 @@ def load_trace(path: str | Path) -> dict:
 # %% ../../nbs/25c_reveal.ask.ipynb #9a7e0027
 def _round_lines(rd: dict, max_items: int) -> list[str]:
     "One round of a trace: plan, admitted items, verifier table."
-    L = [f"round {rd['round']}: {rd['strategy_executed']} ({rd.get('plan_source')}) queries={rd.get('kept')} "
-         f"rejected={len(rd.get('rejected', []))} admitted={rd.get('new_evidence')}"]
+    L = [f"round {rd['round']}: {rd['strategy_executed']} ({rd.get('plan_source')}) "
+         f"queries={rd.get('kept')} rejected={len(rd.get('rejected', []))} "
+         f"admitted={rd.get('new_evidence')}"]
     for a in rd.get('admitted', [])[:max_items]:
-        L.append(f"   + {a['item_id']} L{a['level']} {fmt_time(a['t_start'])}-{fmt_time(a['t_end'])} "
-                 f"score={a['rank_score']}")
+        L.append(f"   + {a['item_id']} L{a['level']} "
+                 f"{fmt_time(a['t_start'])}-{fmt_time(a['t_end'])} score={a['rank_score']}")
     v = rd.get('verifier')
     if v:
-        L.append(f"   verifier: rho={v['rho']:.3f} sufficient={v['sufficient']} unknown={v['unknown_options']} "
-                 f"missing={v['missing']}")
+        L.append(f"   verifier: rho={v['rho']:.3f} sufficient={v['sufficient']} "
+                 f"unknown={v['unknown_options']} missing={v['missing']}")
         for o, row in v['table'].items():
-            L.append(f"     {o}: " + ' '.join(f"{k}={x:g}" for k, x in row.items()) + f"  rho_o={v['rho_o'][o]:.3f}")
+            L.append(f"     {o}: " + ' '.join(f"{k}={x:g}" for k, x in row.items())
+                     + f"  rho_o={v['rho_o'][o]:.3f}")
     return L
 
 def format_trace(t: dict, max_items: int = 5) -> str:
     "A readable summary of a trace: rounds, queries, admitted items, verifier table, stop reason, answer."
     L = [f"{t.get('qid')} [{t.get('preset')}] {t.get('question', '')}"]
-    for rd in (t['rounds'] if isinstance(t.get('rounds'), list) else []):   # baselines record a count
+    # baselines record a count
+    for rd in (t['rounds'] if isinstance(t.get('rounds'), list) else []):
         L += _round_lines(rd, max_items)
     tot = t.get('totals', {})
     toks = tot.get('prompt_tokens', 0) + tot.get('completion_tokens', 0)
-    L.append(f"stop={t.get('stop_reason')} answer={t.get('answer')} gold={t.get('gold')} calls={tot.get('llm_calls')} "
-             f"tokens={toks}")
+    L.append(f"stop={t.get('stop_reason')} answer={t.get('answer')} gold={t.get('gold')} "
+             f"calls={tot.get('llm_calls')} tokens={toks}")
     return '\n'.join(L)
 
 # %% ../../nbs/25c_reveal.ask.ipynb #708f518d
 def subtitles_beside(video: str | Path) -> Path | None:
     "The subtitle file beside a video (same stem, `.srt`, else `.vtt`), as benchmark runs use; None if there is none."
     v = Path(video)
-    return next((p for p in (v.with_suffix('.srt'), v.with_suffix('.vtt')) if v.is_file() and p.is_file()), None)
+    return next((p for p in (v.with_suffix('.srt'), v.with_suffix('.vtt')) if v.is_file()
+                 and p.is_file()), None)
 
-def _memory_under(memory_dir: Path, video: Path, config: Config, chat: Any, subtitles: Path | None) -> Path:
+def _memory_under(memory_dir: Path, video: Path, config: Config, chat: Any,
+                  subtitles: Path | None) -> Path:
     "`memory_dir` itself when it holds this video's memory with these settings, else its `<stem>-<sha8>-<key>` folder."
     d = memory_dir_for(video, config, memory_models(chat), subtitles, root=memory_dir)
     key, vsha = d.name.rsplit('-', 1)[-1], content_sha256(video)
     for f in ('manifest.json', 'build.json'):
         try: old = json.loads((memory_dir / f).read_text())
         except (OSError, ValueError): continue
-        if isinstance(old, dict) and old.get('memory_key') == key and old.get('video_sha256') == vsha: return memory_dir
+        if (isinstance(old, dict) and old.get('memory_key') == key
+            and old.get('video_sha256') == vsha):
+            return memory_dir
     return d
 
 def _announce(d: Path, video: Path) -> float | None:
@@ -73,36 +80,45 @@ def _announce(d: Path, video: Path) -> float | None:
           file=sys.stderr, flush=True)
     return time.time()
 
-def _get_memory(video: Path, memory_dir: Path | None, config: Config, chat: Any, subtitles: Path | None) -> tuple:
+def _get_memory(video: Path, memory_dir: Path | None, config: Config, chat: Any,
+                subtitles: Path | None) -> tuple:
     "(memory, seconds its build took or None if reused): under `memory_dir` when given, else the default place."
     d = (memory_dir_for(video, config, memory_models(chat), subtitles) if memory_dir is None
          else _memory_under(memory_dir, video, config, chat, subtitles))
     t0 = _announce(d, video)
-    if memory_dir is None: mem = get_or_build_memory(video, config, chat_model=chat, subtitles=subtitles, progress=True)
-    else: mem = OfflineMemory.build(video, d, config, chat_model=chat, subtitles=subtitles, progress=True)
+    if memory_dir is None:
+        mem = get_or_build_memory(video, config, chat_model=chat, subtitles=subtitles,
+                                  progress=True)
+    else:
+        mem = OfflineMemory.build(video, d, config, chat_model=chat, subtitles=subtitles,
+                                  progress=True)
     return mem, None if t0 is None else round(time.time() - t0, 1)
 
 # %% ../../nbs/25c_reveal.ask.ipynb #a5ca11ed
-ASK_JSON_KEYS = ('answer', 'sufficient', 'rho', 'rounds', 'llm_calls', 'tokens', 'stop_reason', 'evidence', 'trace',
-                 'trace_error', 'degraded', 'failed_calls', 'memory_dir', 'memory_build_s', 'subtitles')
+ASK_JSON_KEYS = ('answer', 'sufficient', 'rho', 'rounds', 'llm_calls', 'tokens', 'stop_reason',
+                 'evidence', 'trace', 'trace_error', 'degraded', 'failed_calls', 'memory_dir',
+                 'memory_build_s', 'subtitles')
 
 
-def ask(video: str | Path, question: str, options: list[str], method: str = 'reveal', memory: str | Path | None = None,
-        subtitles: str | Path | None = None, backend: str = 'embedded', model: str | None = None,
-        base_url: str | None = None, roles: str = 'auto', trace_dir: str | Path | None = None,
-        config: str | Path | None = None, overrides: list[str] | None = None, cache: str = 'readwrite',
+def ask(video: str | Path, question: str, options: list[str], method: str = 'reveal',
+        memory: str | Path | None = None, subtitles: str | Path | None = None,
+        backend: str = 'embedded', model: str | None = None, base_url: str | None = None,
+        roles: str = 'auto', trace_dir: str | Path | None = None, config: str | Path | None = None,
+        overrides: list[str] | None = None, cache: str = 'readwrite',
         timeout_s: float | None = None) -> dict:
     "Answer one question about one video with a REVEAL method; the result of `answer_question` + options, tau, memory."
     spec = get_preset(method)
     cfg = load_config(config, overrides or []).replace(chunking=spec.chunking)
     q = Question('ask', Path(video).stem, question, list(options))
     chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache,
-                          timeout_s=timeout_s or getattr(cfg, 'timeout_s', None), **cfg.thinking_settings())
+                          timeout_s=timeout_s or getattr(cfg, 'timeout_s', None),
+                          **cfg.thinking_settings())
     subs = Path(subtitles) if subtitles else subtitles_beside(video)
     mem, built_s = _get_memory(Path(video), Path(memory) if memory else None, cfg, chat, subs)
     td = trace_dir or ask_trace_dir()
     res = answer_question(q, mem, chat, cfg, spec, trace_dir=td, roles=roles)
-    if td is None: res['trace_error'] = "trace not written: the runs folder cannot be created (set $REVEAL_RUNS)"
+    if td is None:
+        res['trace_error'] = "trace not written: the runs folder cannot be created (set $REVEAL_RUNS)"
     return {'trace_error': None, **res, 'options': q.options, 'tau': cfg.tau,
             'memory_dir': str(getattr(mem, 'path', '') or '') or None, 'memory_build_s': built_s,
             'subtitles': str(subs) if subs else None}

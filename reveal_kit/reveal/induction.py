@@ -50,7 +50,8 @@ def merge_criteria(criteria: list[Criterion], embed: Callable,
     heads: list[int] = []
     members: dict[int, list[int]] = {}
     for i, c in enumerate(criteria):
-        h = next((h for h in heads if criteria[h].check == c.check and V[h] @ V[i] >= threshold), None)
+        h = next((h for h in heads if criteria[h].check == c.check and V[h] @ V[i] >= threshold),
+                 None)
         if h is None:
             heads.append(i)
             members[i] = [i]
@@ -62,51 +63,55 @@ def merge_criteria(criteria: list[Criterion], embed: Callable,
         types = list(dict.fromkeys(t for m in ms for t in m.question_types))
         cues = list(dict.fromkeys(x for m in ms for x in m.cues))
         w = float(np.mean([m.weight for m in ms]))
-        out.append(Criterion(ms[0].name, ms[0].description, w, dict(ms[0].boundaries), types, cues, ms[0].check))
+        out.append(Criterion(ms[0].name, ms[0].description, w, dict(ms[0].boundaries), types, cues,
+                             ms[0].check))
     return out, [[criteria[i].name for i in members[h]] for h in heads if len(members[h]) > 1]
 
 # %% ../../nbs/26b_reveal.induction.ipynb #a2cd4961
 def normalize_weights(criteria: list[Criterion]) -> list[Criterion]:
     "Weights scaled to mean 1 (rounded to 3 decimals)."
     m = float(np.mean([c.weight for c in criteria])) if criteria else 1.0
-    return [Criterion(c.name, c.description, round(c.weight / m, 3), dict(c.boundaries), list(c.question_types),
-                      list(c.cues), c.check) for c in criteria]
+    return [Criterion(c.name, c.description, round(c.weight / m, 3), dict(c.boundaries),
+                      list(c.question_types), list(c.cues), c.check) for c in criteria]
 
 # %% ../../nbs/26b_reveal.induction.ipynb #fabd0b5b
-def merge_pool(pool: RubricPool, embed: Callable, threshold: float = 0.9) -> tuple[RubricPool, list[list[str]]]:
+def merge_pool(pool: RubricPool, embed: Callable, threshold: float = 0.9) -> tuple[RubricPool,
+                                                                                   list[list[str]]]:
     "The pool with near-duplicates merged and weights normalized; also the merged clusters."
     crits, clusters = merge_criteria(pool.criteria, embed, threshold)
-    return RubricPool(normalize_weights(crits), pool.name, pool.version, pool.seed, pool.description,
-                      pool.question_types), clusters
+    return RubricPool(normalize_weights(crits), pool.name, pool.version, pool.seed,
+                      pool.description, pool.question_types), clusters
 
 # %% ../../nbs/26b_reveal.induction.ipynb #6ed8fd8c
 class SplitRefused(ValueError):
     "Induction was asked to run on a test split (or an unknown one without permission)."
 
 # %% ../../nbs/26b_reveal.induction.ipynb #371b880f
-def refuse_test_split(split: str | None, questions: list[Question], allow_unknown: bool = False) -> str:
+def refuse_test_split(split: str | None, questions: list[Question],
+                      allow_unknown: bool = False) -> str:
     "The split induction runs on; raises SplitRefused for a test split or an unknown one (unless allowed)."
     recorded = sorted({str(q.meta.get('split')) for q in questions if q.meta.get('split')})
     names = [s.lower() for s in ([split] if split else []) + recorded]
     if any(s.startswith('test') for s in names):
-        raise SplitRefused("refusing to induce a rubric pool on a test split: induce on a development split and "
-                           "evaluate on the test split")
+        raise SplitRefused("refusing to induce a rubric pool on a test split: induce on a "
+                           "development split and evaluate on the test split")
     if split and recorded and recorded != [split]:
         raise SplitRefused(f"split {split!r} given, but the questions are from split(s) {recorded}")
     if not names:
         if not allow_unknown:
-            raise SplitRefused("the benchmark's split is unknown: pass --split (not test) or --allow-unknown-split")
+            raise SplitRefused("the benchmark's split is unknown: pass --split (not test) or "
+                               "--allow-unknown-split")
         return 'unknown'
     return split or recorded[0]
 
 # %% ../../nbs/26b_reveal.induction.ipynb #3e653d39
-def pool_provenance(benchmark: str, split: str, questions: list[Question], teacher: str, proposer: str,
-                    models: dict, config: Config, **extra) -> dict:
+def pool_provenance(benchmark: str, split: str, questions: list[Question], teacher: str,
+                    proposer: str, models: dict, config: Config, **extra) -> dict:
     "What the induced pool records about how it was made."
     ids = hashlib.sha256('\n'.join(sorted(q.qid for q in questions)).encode()).hexdigest()[:16]
-    return {'benchmark': benchmark, 'split': split, 'n_questions': len(questions), 'question_ids_sha256': ids,
-            'teacher': teacher, 'proposer': proposer, 'models': models, 'config_hash': config.hash(),
-            'kit_version': kit_version(), **extra}
+    return {'benchmark': benchmark, 'split': split, 'n_questions': len(questions),
+            'question_ids_sha256': ids, 'teacher': teacher, 'proposer': proposer, 'models': models,
+            'config_hash': config.hash(), 'kit_version': kit_version(), **extra}
 
 # %% ../../nbs/26b_reveal.induction.ipynb #4176860b
 def write_pool(pool: RubricPool, path: str | Path, provenance: dict) -> RubricPool:
@@ -126,13 +131,15 @@ def read_provenance(path: str | Path) -> dict:
 def show_pool(path: str | Path) -> str:
     "`reveal rubrics show POOL`: provenance, then one line per criterion (name, weight, check, types, description)."
     pool, prov = RubricPool.load(path), read_provenance(path)
-    lines = [f"{pool.name} v{pool.version} ({'seed, hand-written' if pool.seed else 'induced'}): {len(pool)} criteria"]
+    lines = [f"{pool.name} v{pool.version} ({'seed, hand-written' if pool.seed else 'induced'}): "
+             f"{len(pool)} criteria"]
     lines += [f"  {k}: {v}" for k, v in prov.items() if not isinstance(v, (dict, list))]
-    lines += [f"  {k}: {json.dumps(v)}" for k, v in prov.items() if isinstance(v, (dict, list)) and k != 'iterations']
+    lines += [f"  {k}: {json.dumps(v)}" for k, v in prov.items() if isinstance(v, (dict, list))
+              and k != 'iterations']
     w = max(len(n) for n in pool.names)
     for c in pool.criteria:
-        lines.append(f"- {c.name:<{w}}  w={c.weight:<5g} check={c.check:<21} [{', '.join(c.question_types)}] "
-                     f"{c.description}")
+        lines.append(f"- {c.name:<{w}}  w={c.weight:<5g} check={c.check:<21} "
+                     f"[{', '.join(c.question_types)}] {c.description}")
     return '\n'.join(lines)
 
 # %% ../../nbs/26b_reveal.induction.ipynb #094abe3b
@@ -142,14 +149,17 @@ def pool_eval_warning(pool_path: str | Path, benchmark: str, split: str | None,
     prov = read_provenance(pool_path)
     if not prov:
         return None
-    splits = {split} if split else {str(q.meta.get('split')) for q in questions or [] if q.meta.get('split')}
+    splits = ({split} if split
+              else {str(q.meta.get('split')) for q in questions or [] if q.meta.get('split')})
     if prov.get('benchmark') == benchmark and prov.get('split') in splits:
-        return (f"rubric pool {pool_path} was induced on {benchmark}/{prov['split']}, the split being evaluated: "
+        return (f"rubric pool {pool_path} was induced on {benchmark}/{prov['split']}, the split "
+                f"being evaluated: "
                 "its accuracy here is not a held-out result")
     return None
 
 # %% ../../nbs/26b_reveal.induction.ipynb #b5fae718
-def split_pairs(pairs: list[Pair], val_frac: float = 0.5, seed: int = 0) -> tuple[list[Pair], list[Pair]]:
+def split_pairs(pairs: list[Pair], val_frac: float = 0.5, seed: int = 0) -> tuple[list[Pair],
+                                                                                  list[Pair]]:
     "(training, held-out) pairs: per question type, a seeded shuffle, `val_frac` held out (at least one when ≥ 2)."
     train, val, by = [], [], {}
     for p in sorted(pairs, key=lambda p: p.qid):
@@ -181,22 +191,25 @@ def collect_pairs(questions: list[Question], teacher: Any, answerer: Answerer, m
 # %% ../../nbs/26b_reveal.induction.ipynb #6d78dce0
 NEXT_FROM = ('held_out', 'train')
 
-def iteration_row(i: int, pool: RubricPool, prev: RubricPool | None, val: list[dict], train: list[dict],
-                  clusters: list, working: list[str], next_from: str = 'held_out') -> dict:
+def iteration_row(i: int, pool: RubricPool, prev: RubricPool | None, val: list[dict],
+                  train: list[dict], clusters: list, working: list[str],
+                  next_from: str = 'held_out') -> dict:
     "One line of iterations.jsonl; `next_working`: the misjudged held-out pairs (B.4), or training pairs."
-    d = pool_diff(prev, pool) if prev is not None else {k: [] for k in ('added', 'deleted', 'reweighted', 'rewritten')}
+    d = (pool_diff(prev, pool) if prev is not None
+         else {k: [] for k in ('added', 'deleted', 'reweighted', 'rewritten')})
     nxt = val if next_from == 'held_out' else train
-    return {'iteration': i, 'val_accuracy': separation_accuracy(val), 'train_accuracy': separation_accuracy(train),
-            'n_val': len(val), 'n_train': len(train), 'n_working': len(working), 'n_criteria': len(pool),
-            **{k: len(v) for k, v in d.items()}, 'edits': d, 'merged_clusters': clusters, 'rejected': [],
+    return {'iteration': i, 'val_accuracy': separation_accuracy(val),
+            'train_accuracy': separation_accuracy(train), 'n_val': len(val), 'n_train': len(train),
+            'n_working': len(working), 'n_criteria': len(pool), **{k: len(v) for k, v in d.items()},
+            'edits': d, 'merged_clusters': clusters, 'rejected': [],
             'next_working': [r['qid'] for r in nxt if not r['correct']], 'stale': 0, 'stop': None}
 
 # %% ../../nbs/26b_reveal.induction.ipynb #709faab8
 def write_report(report: dict, path_json: Path, path_csv: Path) -> None:
     "The induction report as JSON, and its per-iteration table as CSV."
     atomic_write_json(path_json, report)
-    cols = ['iteration', 'val_accuracy', 'train_accuracy', 'n_val', 'n_train', 'n_working', 'n_criteria',
-            'added', 'rewritten', 'deleted', 'reweighted']
+    cols = ['iteration', 'val_accuracy', 'train_accuracy', 'n_val', 'n_train', 'n_working',
+            'n_criteria', 'added', 'rewritten', 'deleted', 'reweighted']
     buf = io.StringIO()
     w = csv.DictWriter(buf, cols, extrasaction='ignore')
     w.writeheader()
@@ -223,8 +236,10 @@ def _roles(teacher: str | Any, proposer: str | Any, model: ChatModel | None, con
 # %% ../../nbs/26b_reveal.induction.ipynb #433919fc
 def _resume(work: Path) -> tuple[list[dict], RubricPool | None]:
     "Finished iteration rows and the pool of the last one (None when nothing is finished)."
-    rows = read_jsonl_rows(work / 'iterations.jsonl', repair=True) if (work / 'iterations.jsonl').exists() else []
-    return rows, (RubricPool.load(work / f"pool_iter{rows[-1]['iteration']}.yaml") if rows else None)
+    rows = (read_jsonl_rows(work / 'iterations.jsonl', repair=True)
+            if (work / 'iterations.jsonl').exists() else [])
+    return (rows,
+            (RubricPool.load(work / f"pool_iter{rows[-1]['iteration']}.yaml") if rows else None))
 
 # %% ../../nbs/26b_reveal.induction.ipynb #4ec6bfe4
 def claim_work_dir(work: str | Path, setup: dict) -> None:
@@ -236,7 +251,8 @@ def claim_work_dir(work: str | Path, setup: dict) -> None:
     old = json.loads(p.read_text())
     diff = sorted(k for k in set(old) | set(setup) if old.get(k) != setup.get(k))
     if diff:
-        raise RunMismatch(f"{work} holds an induction with another {', '.join(diff)}: rerun with the same settings to "
+        raise RunMismatch(f"{work} holds an induction with another {', '.join(diff)}: rerun with "
+                          f"the same settings to "
                           "resume it, pass another --work-dir, or delete the folder to start over")
 
 # %% ../../nbs/26b_reveal.induction.ipynb #55972a9c
@@ -248,14 +264,16 @@ def _checkpoint(work: Path, pool: RubricPool, row: dict) -> dict:
 
 def _mark_stop(row: dict, rows: list[dict], max_iters: int, patience: int) -> dict:
     "A new row's `stale` count (iterations not beating the best so far, iteration 0 too) and why the loop stops."
-    i, best = row['iteration'], max(r['val_accuracy'] or 0.0 for r in rows)          # the start pool included
+    # the start pool included
+    i, best = row['iteration'], max(r['val_accuracy'] or 0.0 for r in rows)
     row['stale'] = 0 if (row['val_accuracy'] or 0.0) > best else rows[-1].get('stale', 0) + 1
     row['stop'] = ('patience' if row['stale'] >= patience else 'max_iters' if i >= max_iters
                    else 'separated' if not row['next_working'] else None)
     return row
 
 # %% ../../nbs/26b_reveal.induction.ipynb #3f7e588b
-def _propose(pool, working, train, views, proposer, embed, loop, model, config) -> tuple[RubricPool, dict]:
+def _propose(pool, working, train, views, proposer, embed, loop, model, config) -> tuple[RubricPool,
+                                                                                         dict]:
     "One iteration's new pool: propose, reject the proposals that separate none of their own pairs, merge."
     new, info = proposer.propose(pool, working, train, views)
     rejected, calls = [], list(info.get('calls', []))
@@ -266,23 +284,26 @@ def _propose(pool, working, train, views, proposer, embed, loop, model, config) 
     new, clusters = merge_pool(new, embed, loop['merge_threshold'])
     return new, dict(rejected=rejected, clusters=clusters, calls=len(calls))
 
-def _iterate(pool, train, val, views, proposer, embed, config, model, work, rows, loop, progress) -> list[dict]:
+def _iterate(pool, train, val, views, proposer, embed, config, model, work, rows, loop,
+             progress) -> list[dict]:
     "Propose → reject → merge → validate until a stop; every finished iteration is written before the next."
     vm = None if offline_role(model) else model
     sep = lambda pl, ps: separation(pl, ps, views, vm, config)
-    row_of = lambda i, new, old, info, w: iteration_row(i, new, old, sep(new, val), sep(new, train), info, w,
-                                                        loop['next_from'])
+    row_of = lambda i, new, old, info, w: iteration_row(i, new, old, sep(new, val), sep(new, train),
+                                                        info, w, loop['next_from'])
     if not rows: rows.append(_checkpoint(work, pool, row_of(0, pool, None, [], [])))
     by = {p.qid: p for p in train + val}
-    with tqdm(total=loop['max_iters'], initial=min(rows[-1]['iteration'], loop['max_iters']), desc='induce',
-              disable=not progress) as bar:
+    with tqdm(total=loop['max_iters'], initial=min(rows[-1]['iteration'], loop['max_iters']),
+              desc='induce', disable=not progress) as bar:
         while rows[-1]['iteration'] < loop['max_iters'] and not rows[-1].get('stop'):
             i = rows[-1]['iteration'] + 1
-            working = [by[q] for q in (rows[-1]['next_working'] if i > 1 else [p.qid for p in train]) if q in by]
+            working = [by[q] for q in (rows[-1]['next_working'] if i > 1
+                                       else [p.qid for p in train]) if q in by]
             new, info = _propose(pool, working, train, views, proposer, embed, loop, vm, config)
-            row = dict(row_of(i, new, pool, info['clusters'], [p.qid for p in working]), rejected=info['rejected'],
-                       calls=info['calls'])
-            rows.append(_checkpoint(work, new, _mark_stop(row, rows, loop['max_iters'], loop['patience'])))
+            row = dict(row_of(i, new, pool, info['clusters'], [p.qid for p in working]),
+                       rejected=info['rejected'], calls=info['calls'])
+            rows.append(_checkpoint(work, new,
+                                    _mark_stop(row, rows, loop['max_iters'], loop['patience'])))
             pool = new
             bar.update(1)
     return rows
@@ -305,7 +326,8 @@ def _kept_pairs(pairs: list[Pair]) -> list[Pair]:
     "The pairs the filter kept; at least two are needed (one to train on, one to validate)."
     kept = [p for p in pairs if p.kept]
     if len(kept) < 2:
-        raise ValueError(f"only {len(kept)} contrastive pair(s) survived the filter {filter_counts(pairs)}; "
+        raise ValueError(f"only {len(kept)} contrastive pair(s) survived the filter "
+                         f"{filter_counts(pairs)}; "
                          "use more development questions")
     return kept
 
@@ -320,19 +342,20 @@ def _where(root: str | Path | None) -> str | None:
     p = Path(root).resolve()
     return str(p.relative_to(project_root())) if p.is_relative_to(project_root()) else str(root)
 
-def _finish(out: Path, work: Path, rows: list[dict], ident: tuple, start: RubricPool, pairs: list[Pair],
-            kept: list[Pair], train: list[Pair], val: list[Pair], root: str | Path | None, **loop) -> dict:
+def _finish(out: Path, work: Path, rows: list[dict], ident: tuple, start: RubricPool,
+            pairs: list[Pair], kept: list[Pair], train: list[Pair], val: list[Pair],
+            root: str | Path | None, **loop) -> dict:
     "Write the best iteration's pool (the start pool when nothing beats it) with its provenance, and the report."
     best = best_iteration(rows)
     pool = RubricPool.load(work / f"pool_iter{best['iteration']}.yaml")
     pool.name = out.stem
     prov = pool_provenance(*ident, start_pool=start.name, iteration=best['iteration'],
-                           val_accuracy=best['val_accuracy'], start_val_accuracy=rows[0]['val_accuracy'],
-                           n_pairs=len(kept), n_train=len(train), n_val=len(val), root=_where(root),
-                           **loop)
+                           val_accuracy=best['val_accuracy'],
+                           start_val_accuracy=rows[0]['val_accuracy'], n_pairs=len(kept),
+                           n_train=len(train), n_val=len(val), root=_where(root), **loop)
     write_pool(pool, out, prov)
-    report = {'pool': str(out), 'provenance': prov, 'filter': filter_counts(pairs), 'iterations': rows,
-              'best_iteration': best['iteration'], 'work_dir': str(work)}
+    report = {'pool': str(out), 'provenance': prov, 'filter': filter_counts(pairs),
+              'iterations': rows, 'best_iteration': best['iteration'], 'work_dir': str(work)}
     write_report(report, out.with_suffix('.report.json'), out.with_suffix('.report.csv'))
     return report
 

@@ -111,7 +111,8 @@ def _located(view: EvidenceView, events: list[str]) -> list[tuple[str, float | N
 def _order_direction(loc: list[tuple[str, float | None, str]]) -> tuple[float, str, float | None]:
     "(order_consistent z, direction, gap of a two-event option) of an option whose events are all located in L1 items."
     times, ids = [t for _, t, _ in loc], [i for _, _, i in loc]
-    if any(a == b for a, b in zip(ids, ids[1:])):          # two events in one segment: their order is not shown
+    # two events in one segment: their order is not shown
+    if any(a == b for a, b in zip(ids, ids[1:])):
         return 0.5, 'unknown', None
     ok = len(times) < 2 or all(a < b for a, b in zip(times, times[1:]))
     gap = times[1] - times[0] if ok and len(times) == 2 else None
@@ -228,7 +229,8 @@ def _check(name: str, opts: dict, best: dict, arg: dict, fS: np.ndarray,
 def _negation_dirs(opts: dict, best: dict) -> tuple[dict, list[str]]:
     "Negation: shown options are ruled out; the one unsupported option (if only one) is the answer."
     unsup = [o for o in opts if best[o] < SUPPORT_HI]
-    dirs = {o: 'ruled_out' if best[o] >= SUPPORT_HI else ('supported' if len(unsup) == 1 else 'unknown') for o in opts}
+    dirs = {o: 'ruled_out' if best[o] >= SUPPORT_HI
+            else ('supported' if len(unsup) == 1 else 'unknown') for o in opts}
     return dirs, [f'evidence showing {opts[o]}' for o in opts if dirs[o] == 'unknown']
 
 _MOST = re.compile(r'\bmost\b|\bmore often\b|\bmost often\b|\bmost frequently\b', re.I)
@@ -247,8 +249,8 @@ def _support_dirs(opts: dict, best: dict, foc: str) -> tuple[dict, list[str]]:
     "Other types: the top option, if supported, is the answer; unsupported options are ruled out against it."
     top = max(opts, key=lambda o: best[o])
     strong = best[top] >= SUPPORT_HI
-    dirs = {o: 'supported' if (o == top and strong) else 'ruled_out' if (strong and best[o] < SUPPORT_LO) else 'unknown'
-            for o in opts}
+    dirs = {o: 'supported' if (o == top and strong) else 'ruled_out'
+            if (strong and best[o] < SUPPORT_LO) else 'unknown' for o in opts}
     return dirs, [f'evidence showing {opts[o]} {foc}'.strip() for o in opts if dirs[o] == 'unknown']
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #c4ea8945
@@ -326,16 +328,20 @@ def _typed_z(check: str, r: Reading, o: str, view: EvidenceView) -> float:
     "The checks of counting, temporal order, negation and causal questions, from the reader's facts."
     f, k = r.facts, r.facts.get('options', {}).get(o)
     n, unread = f.get('count', 0), f.get('unread', [])
-    if check == 'distinct_instances': return 1.0 if n and k == n else 0.5 if n and k and abs(k - n) == 1 else 0.0
+    if check == 'distinct_instances':
+        return 1.0 if n and k == n else 0.5 if n and k and abs(k - n) == 1 else 0.0
     if check == 'instance_attributes': return 1.0 if n else 0.0
     if check == 'excludes_alternatives': return 1.0 if f.get('closed') else 0.0
     if check == 'events_located':
         both = f.get('anchor', False) + f.get('located', {}).get(o, False)
         return 1.0 if both == 2 and f.get('fixed') else 0.5 if both else 0.0
-    if check == 'exclusion_coverage': return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
+    if check == 'exclusion_coverage':
+        return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
     if check == 'absence_check':
-        return 0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3 else 0.5
-    if check == 'cause_effect_link': return 1.0 if f.get('cause') and k == f['cause'] else 0.5 if f.get('event') else 0.0
+        return (0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3
+                else 0.5)
+    if check == 'cause_effect_link':
+        return 1.0 if f.get('cause') and k == f['cause'] else 0.5 if f.get('event') else 0.0
     return 1.0 if r.directions[o] == 'supported' else 0.0
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #b9d2c3a4
@@ -343,9 +349,11 @@ def reading_scores(q: Question, criteria: list[Criterion],
                    view: EvidenceView) -> OfflineScores | None:
     "Scores from what the offline reader establishes (table above); None where the reader does not apply."
     r = read_rounds(q, view.evidence, view.duration, view.round)
-    if r.kind is None or not r.events or any(option_fact(r.kind, t) is None for t in q.options.values()):
+    if (r.kind is None or not r.events
+        or any(option_fact(r.kind, t) is None for t in q.options.values())):
         return None
-    z = lambda ch, o: (v if (v := _candidate_z(ch, r, o, view)) is not None else _typed_z(ch, r, o, view))
+    z = (lambda ch,
+         o: (v if (v := _candidate_z(ch, r, o, view)) is not None else _typed_z(ch, r, o, view)))
     table = {o: {c.name: z(_check_name(c), o) for c in criteria} for o in q.options}
     unknown = [o for o in q.options if r.directions[o] == 'unknown']
     details = {'qtype': r.kind,

@@ -113,7 +113,8 @@ def planner_view(self: OnlineMemory) -> dict:
     "What the planner may see: (H_t, N_t, A_t), retrieval-quality records and covered timestamps — nothing else."
     if not self.enabled: return {'history': [], 'new_evidence': [], 'quality': [], 'missing': [],
                                  'covered': []}
-    quality = [{'query': a.query or '(uniform sampling)', 'retrieved': a.retrieved, 'new': a.admitted}
+    quality = [{'query': a.query or '(uniform sampling)', 'retrieved': a.retrieved,
+                'new': a.admitted}
                for a in self.attempts]
     return {'history': self.history, 'new_evidence': self.new_flags, 'quality': quality,
             'missing': list(self.missing), 'covered': self.covered()}

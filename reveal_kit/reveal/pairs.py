@@ -67,7 +67,8 @@ class OracleTeacher:
         "E⁺: L1 candidates overlapping a decisive span; E⁻: those overlapping only a distractor span."
         l1 = [c for c in cands if c.level == 1]
         pos = [c.item_id for c in l1 if span_overlap(c.t_start, c.t_end, q.evidence_spans)]
-        neg = [c.item_id for c in l1 if c.item_id not in pos and span_overlap(c.t_start, c.t_end, q.distractor_spans)]
+        neg = [c.item_id for c in l1 if c.item_id not in pos
+               and span_overlap(c.t_start, c.t_end, q.distractor_spans)]
         return Labels(pos, neg, 'oracle')
 
 # %% ../../nbs/26_reveal.pairs.ipynb #ab06c0d1
@@ -81,11 +82,12 @@ def teacher_reply(n: int) -> type[ReplyModel]:
 
 # %% ../../nbs/26_reveal.pairs.ipynb #06568153
 TEACHER_SYSTEM = (
-    "You label video evidence for building evidence-sufficiency rubrics. You get a multiple-choice question, its "
-    "options, the correct answer and numbered candidate evidence. List under `decisive` the numbers of the evidence "
-    "that settles the correct answer, and under `misleading` the numbers of evidence that is topically relevant but "
-    "omits the critical action, transition, relation, causal clue or exclusion. An item is in at most one list. "
-    "Answer with JSON only.")
+    "You label video evidence for building evidence-sufficiency rubrics. You get a multiple-choice "
+    "question, its options, the correct answer and numbered candidate evidence. List under "
+    "`decisive` the numbers of the evidence that settles the correct answer, and under "
+    "`misleading` the numbers of evidence that is topically relevant but omits the critical "
+    "action, transition, relation, causal clue or exclusion. An item is in at most one list. "
+                  "Answer with JSON only.")
 
 def teacher_schema(n: int) -> dict:
     "JSON schema of the teacher's reply over n candidates."
@@ -94,8 +96,8 @@ def teacher_schema(n: int) -> dict:
 # %% ../../nbs/26_reveal.pairs.ipynb #584a6c29
 def teacher_prompt(q: Question, cands: list[Evidence]) -> str:
     "The teacher's user message: question, options, gold answer, numbered candidates."
-    return (f"Question: {q.question}\nOptions:\n{q.options_text()}\nCorrect answer: {q.answer}. {q.options[q.answer]}"
-            f"\n\nCandidates:\n{evidence_block(cands, 80)}\n\n"
+    return (f"Question: {q.question}\nOptions:\n{q.options_text()}\nCorrect answer: {q.answer}. "
+            f"{q.options[q.answer]}\n\nCandidates:\n{evidence_block(cands, 80)}\n\n"
             'Reply as {"decisive": [0, 3], "misleading": [5], "reasoning": "one sentence"}.')
 
 # %% ../../nbs/26_reveal.pairs.ipynb #dc0d95ba
@@ -112,7 +114,8 @@ class ModelTeacher:
                               teacher_schema(len(cands)), reply_tokens('teacher'))
         r = parse_reply(teacher_reply(len(cands)), data)
         if r is None:
-            return Labels([], [], 'fallback', [rec], [f"teacher reply unusable ({rec.get('error') or 'invalid'})"])
+            return Labels([], [], 'fallback', [rec],
+                          [f"teacher reply unusable ({rec.get('error') or 'invalid'})"])
         ids = lambda xs: list(dict.fromkeys(cands[i].item_id for i in xs))
         pos = ids(r.decisive)
         return Labels(pos, [i for i in ids(r.misleading) if i not in pos], 'model', [rec])
@@ -129,18 +132,22 @@ def teacher_agreement(pred: dict[str, list[str]], gold: dict[str, list[str]]) ->
 # %% ../../nbs/26_reveal.pairs.ipynb #ae38d341
 FILTER_CONDITIONS = ('no_pair', 'wrong_with_pos', 'right_without_evidence', 'right_with_neg')
 
-def evidence_view(evidence: list[Evidence], embed: Callable | None, duration: float | None = None) -> EvidenceView:
+def evidence_view(evidence: list[Evidence], embed: Callable | None,
+                  duration: float | None = None) -> EvidenceView:
     "An EvidenceView at round 0 with the evidence texts embedded by `embed`."
-    vecs = np.asarray(embed([e.text for e in evidence]), dtype=np.float64) if (embed and evidence) else None
+    vecs = (np.asarray(embed([e.text for e in evidence]), dtype=np.float64) if (embed and evidence)
+            else None)
     return EvidenceView(list(evidence), vecs, embed, 0, duration)
 
 # %% ../../nbs/26_reveal.pairs.ipynb #953138e5
-def answer_outcome(q: Question, evidence: list[Evidence], answerer: Answerer, embed: Callable | None) -> dict:
+def answer_outcome(q: Question, evidence: list[Evidence], answerer: Answerer,
+                   embed: Callable | None) -> dict:
     "The answerer's letter on this evidence, whether it is right, and whether its option is supported."
     res = answerer.answer(q, evidence_view(evidence, embed, q.duration))
     direction = (res.scores.get('directions') or {}).get(res.answer)
     supported = res.source == 'model' or direction == 'supported'
-    return {'answer': res.answer, 'correct': res.answer == q.answer, 'supported': supported, 'source': res.source}
+    return {'answer': res.answer, 'correct': res.answer == q.answer, 'supported': supported,
+            'source': res.source}
 
 # %% ../../nbs/26_reveal.pairs.ipynb #3c5db80f
 def filter_conditions(outcomes: dict | None) -> list[str]:
@@ -185,13 +192,15 @@ class Pair:
                    list(d.get('removed_by', [])), d.get('n_candidates', 0))
 
 # %% ../../nbs/26_reveal.pairs.ipynb #c5622f0b
-def make_pair(q: Question, cands: list[Evidence], labels: Labels, answerer: Answerer, embed: Callable | None) -> Pair:
+def make_pair(q: Question, cands: list[Evidence], labels: Labels, answerer: Answerer,
+              embed: Callable | None) -> Pair:
     "Label → three answerer outcomes → filter: one `Pair`, kept or with the conditions that removed it."
     by = {c.item_id: c for c in cands}
     pos, neg = [by[i] for i in labels.pos if i in by], [by[i] for i in labels.neg if i in by]
     if not pos or not neg:
         return Pair(q, pos, neg, labels.source, None, ['no_pair'], len(cands))
-    outcomes = {k: answer_outcome(q, ev, answerer, embed) for k, ev in (('pos', pos), ('none', []), ('neg', neg))}
+    outcomes = {k: answer_outcome(q, ev, answerer, embed)
+                for k, ev in (('pos', pos), ('none', []), ('neg', neg))}
     return Pair(q, pos, neg, labels.source, outcomes, filter_conditions(outcomes), len(cands))
 
 # %% ../../nbs/26_reveal.pairs.ipynb #e9659592
@@ -199,14 +208,17 @@ def filter_counts(pairs: list[Pair]) -> dict:
     "Candidates → kept; per condition how many it fails (`by_condition`) and how many it removes first (`first`)."
     n, kept = len(pairs), sum(p.kept for p in pairs)
     by = {c: sum(c in p.removed_by for p in pairs) for c in FILTER_CONDITIONS}
-    first = {c: sum(bool(p.removed_by) and p.removed_by[0] == c for p in pairs) for c in FILTER_CONDITIONS}
-    return {'candidates': n, 'kept': kept, 'removed': n - kept, 'removed_frac': (n - kept) / n if n else 0.0,
-            'by_condition': by, 'first': first}
+    first = {c: sum(bool(p.removed_by) and p.removed_by[0] == c for p in pairs)
+             for c in FILTER_CONDITIONS}
+    return {'candidates': n, 'kept': kept, 'removed': n - kept,
+            'removed_frac': (n - kept) / n if n else 0.0, 'by_condition': by, 'first': first}
 
 # %% ../../nbs/26_reveal.pairs.ipynb #06e334a5
-def pair_views(pairs: list[Pair], embed: Callable | None) -> dict[str, tuple[EvidenceView, EvidenceView]]:
+def pair_views(pairs: list[Pair],
+               embed: Callable | None) -> dict[str, tuple[EvidenceView, EvidenceView]]:
     "`{qid: (view of E⁺, view of E⁻)}`."
-    return {p.qid: (evidence_view(p.pos, embed, p.question.duration), evidence_view(p.neg, embed, p.question.duration))
+    return {p.qid: (evidence_view(p.pos, embed, p.question.duration),
+                    evidence_view(p.neg, embed, p.question.duration))
             for p in pairs}
 
 # %% ../../nbs/26_reveal.pairs.ipynb #99d7477e
@@ -217,8 +229,8 @@ def separation(pool: RubricPool, pairs: list[Pair], views: dict, model: ChatMode
     rows = []
     for p in pairs:
         rp, rn = (v.verify(p.question, view) for view in views[p.qid])
-        rows.append({'qid': p.qid, 'qtype': question_type(p.question), 'rho_pos': rp.rho, 'rho_neg': rn.rho,
-                     'suff_pos': rp.sufficient, 'suff_neg': rn.sufficient,
+        rows.append({'qid': p.qid, 'qtype': question_type(p.question), 'rho_pos': rp.rho,
+                     'rho_neg': rn.rho, 'suff_pos': rp.sufficient, 'suff_neg': rn.sufficient,
                      'correct': rp.sufficient and not rn.sufficient})
     return rows
 

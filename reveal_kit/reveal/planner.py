@@ -38,7 +38,8 @@ def join_query(a: str, b: str, n: int = 15) -> str:
     return clip_words(' '.join([a.strip()] + [w for w in b.split() if w.lower() not in seen]), n)
 
 # %% ../../nbs/22_reveal.planner.ipynb #d6fc77b8
-_SPLIT = re.compile(r'\s*(?:,?\s*\bthen\b|\bbefore\b|\bafter\b|\bfollowed by\b|;|,|->|→|\band then\b)\s*', re.I)
+_SPLIT = re.compile(r'\s*(?:,?\s*\bthen\b|\bbefore\b|\bafter\b|\bfollowed by\b|;|,|->|→|\band '
+                    r'then\b)\s*', re.I)
 
 def option_events(option: str) -> list[str]:
     "The events an option names, in the order it states them (split on then / before / after / commas / arrows)."
@@ -118,10 +119,11 @@ def decompose_reply(max_queries: int) -> type[ReplyModel]:
 
 # %% ../../nbs/22_reveal.planner.ipynb #1a16f659
 DECOMPOSE_SYSTEM = (
-    "You decompose a multiple-choice question about a long video into short search queries for a video "
-    "memory of time-stamped segment descriptions. Return 2-4 self-contained sub-queries of at most 15 words each, each "
-    "naming concrete entities, actions or events to look for. If the question asks which option is NOT shown / did NOT "
-    "happen, return exactly one query per option describing that option. Answer with JSON only.")
+    "You decompose a multiple-choice question about a long video into short search queries for a "
+    "video memory of time-stamped segment descriptions. Return 2-4 self-contained sub-queries of "
+    "at most 15 words each, each naming concrete entities, actions or events to look for. If the "
+    "question asks which option is NOT shown / did NOT happen, return exactly one query per option "
+                    "describing that option. Answer with JSON only.")
 
 def decompose_schema(n_options: int, config: Config = Config()) -> dict:
     "JSON schema of the decomposer's reply (bounded strings and arrays)."
@@ -154,10 +156,12 @@ class PlanAction:
 def _clean_decomposition(q: Question, raw: list, config: Config) -> tuple[list[str], list[str]]:
     "Enforce the round-0 contract on a model's sub-queries; returns (queries, notes on what was changed)."
     notes, n, thr = [], config.subquery_max_words, config.query_jaccard_reject
-    qs = _dedup_queries([clip_words(str(x), n) for x in raw if tokens(str(x))], thr)   # '...' is no query
+    # '...' is no query
+    qs = _dedup_queries([clip_words(str(x), n) for x in raw if tokens(str(x))], thr)
     if is_negation(q):
         if len(qs) != len(q.options):
-            notes.append(f'negation: {len(qs)} queries for {len(q.options)} options; used one per option')
+            notes.append(f'negation: {len(qs)} queries for {len(q.options)} options; used one per '
+                         f'option')
             return offline_decompose(q, config), notes
         return qs, notes
     if len(qs) > config.max_subqueries:
@@ -183,12 +187,13 @@ def repair_reply(max_queries: int) -> type[ReplyModel]:
 
 # %% ../../nbs/22_reveal.planner.ipynb #ea19af12
 REPAIR_SYSTEM = (
-    "You plan the next retrieval step for answering a multiple-choice question about a long video from a memory "
-    "of time-stamped segment descriptions. Exactly two actions exist: 'Text Retrieval' with 1-4 focused queries "
-    "(at most 15 words each) that target the missing evidence, or 'Uniform Sampling' with an empty query list, which "
-    "samples unvisited segments across the whole timeline. Prefer Uniform Sampling for global summaries, events "
-    "distributed across the video, chronological questions, or when targeted retrieval has repeatedly failed. Do not "
-    "repeat queries listed under 'Already tried'. Answer with JSON only.")
+    "You plan the next retrieval step for answering a multiple-choice question about a long video "
+    "from a memory of time-stamped segment descriptions. Exactly two actions exist: 'Text "
+    "Retrieval' with 1-4 focused queries (at most 15 words each) that target the missing evidence, "
+    "or 'Uniform Sampling' with an empty query list, which samples unvisited segments across the "
+    "whole timeline. Prefer Uniform Sampling for global summaries, events distributed across the "
+    "video, chronological questions, or when targeted retrieval has repeatedly failed. Do not "
+                 "repeat queries listed under 'Already tried'. Answer with JSON only.")
 
 def repair_schema(config: Config = Config()) -> dict:
     "JSON schema of the repair planner's reply."
@@ -202,7 +207,8 @@ def repair_prompt(q: Question, view: dict) -> str:
     cov = ', '.join(f"{fmt_time(s)}-{fmt_time(e)}" for s, e in view.get('covered', [])) or '(none)'
     miss = '\n'.join(view.get('missing', [])) or '(no analysis)'
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nAlready tried:\n{tried}\n\n"
-            f"Timestamps covered by current evidence: {cov}\n\n<missing_evidence>\n{miss}\n</missing_evidence>\n\n"
+            f"Timestamps covered by current evidence: "
+            f"{cov}\n\n<missing_evidence>\n{miss}\n</missing_evidence>\n\n"
             'Reply as {"strategy": "Text Retrieval" | "Uniform Sampling", "queries": ["..."], '
             '"reasoning": "one sentence"}.')
 

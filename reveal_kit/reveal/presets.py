@@ -40,7 +40,8 @@ class MethodSpec:
     def __post_init__(self):
         for k, ok in _CHOICES.items():
             if getattr(self, k) not in ok:
-                raise ValueError(f"{k} must be one of {', '.join(map(repr, ok))}, got {getattr(self, k)!r}")
+                raise ValueError(f"{k} must be one of {', '.join(map(repr, ok))}, got "
+                                 f"{getattr(self, k)!r}")
         for k in ('fixed_rounds', 'fixed_segments', 'answer_max_frames'):
             if getattr(self, k) is not None and getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1")
@@ -53,7 +54,8 @@ class MethodSpec:
     @property
     def search_levels(self) -> tuple:
         "Memory levels the loop searches."
-        return tuple(self.levels) if self.levels else ((1, 2, 3) if self.chunking == 'adaptive' else (1,))
+        return (tuple(self.levels) if self.levels
+                else ((1, 2, 3) if self.chunking == 'adaptive' else (1,)))
 
     def replace(self, **kw) -> MethodSpec:
         "A copy with some switches changed."
@@ -64,20 +66,23 @@ class MethodSpec:
         return asdict(self)
 
 # %% ../../nbs/25_reveal.presets.ipynb #9a7e0003
-_base = MethodSpec('base', iterative=False, chunking='fixed', online_memory=False, verify=False, relevance_stop=True,
-                   rerank=False)
+_base = MethodSpec('base', iterative=False, chunking='fixed', online_memory=False, verify=False,
+                   relevance_stop=True, rerank=False)
 PRESETS: dict[str, MethodSpec] = {'base': _base}
 PRESETS['+iter'] = PRESETS['base'].replace(name='+iter', iterative=True)
 PRESETS['+offmem'] = PRESETS['+iter'].replace(name='+offmem', chunking='adaptive')
 PRESETS['+onmem'] = PRESETS['+offmem'].replace(name='+onmem', online_memory=True)
-PRESETS['reveal'] = PRESETS['+onmem'].replace(name='reveal', verify=True, relevance_stop=False, rerank=True)
-PRESETS['rerank-only'] = PRESETS['reveal'].replace(name='rerank-only', verify=False, relevance_stop=True)
+PRESETS['reveal'] = PRESETS['+onmem'].replace(name='reveal', verify=True, relevance_stop=False,
+                                              rerank=True)
+PRESETS['rerank-only'] = PRESETS['reveal'].replace(name='rerank-only', verify=False,
+                                                   relevance_stop=True)
 PRESETS['verify-only'] = PRESETS['reveal'].replace(name='verify-only', rerank=False)
 
 # %% ../../nbs/25_reveal.presets.ipynb #84b238c1
 ORACLE_SUFFIX = '+oracle'
 ORACLE_FRAMES_SUFFIX = '+oracle-frames'
-PRESET_ALIASES = {'rerank_only': 'rerank-only', 'verify_only': 'verify-only'}     # earlier spellings
+# earlier spellings
+PRESET_ALIASES = {'rerank_only': 'rerank-only', 'verify_only': 'verify-only'}
 
 def preset_name(name: str) -> str:
     "The current spelling of a preset's name: an earlier spelling (`rerank_only`), oracle suffix kept, renamed."
@@ -86,6 +91,7 @@ def preset_name(name: str) -> str:
         if name.endswith(suffix) and base in PRESET_ALIASES: return PRESET_ALIASES[base] + suffix
     return name
 
+# %% ../../nbs/25_reveal.presets.ipynb #7b553452
 def get_preset(preset: str | MethodSpec, **overrides) -> MethodSpec:
     "A preset by name (suffix `+oracle`: oracle evidence; `+oracle-frames`: and its frames) or a spec, with overrides."
     if isinstance(preset, str): preset = preset_name(preset)
@@ -95,9 +101,11 @@ def get_preset(preset: str | MethodSpec, **overrides) -> MethodSpec:
         spec = PRESETS[preset]
     elif isinstance(preset, str) and preset.endswith(ORACLE_FRAMES_SUFFIX) and \
             preset[:-len(ORACLE_FRAMES_SUFFIX)] in PRESETS:
-        spec = PRESETS[preset[:-len(ORACLE_FRAMES_SUFFIX)]].replace(name=preset, oracle_evidence=True,
+        spec = PRESETS[preset[:-len(ORACLE_FRAMES_SUFFIX)]].replace(name=preset,
+                                                                    oracle_evidence=True,
                                                                     oracle_frames=True)
-    elif isinstance(preset, str) and preset.endswith(ORACLE_SUFFIX) and preset[:-len(ORACLE_SUFFIX)] in PRESETS:
+    elif (isinstance(preset, str) and preset.endswith(ORACLE_SUFFIX)
+          and preset[:-len(ORACLE_SUFFIX)] in PRESETS):
         spec = PRESETS[preset[:-len(ORACLE_SUFFIX)]].replace(name=preset, oracle_evidence=True)
     else:
         raise KeyError(f"unknown method {preset!r}; presets: {', '.join(sorted(PRESETS))} "

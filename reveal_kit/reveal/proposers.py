@@ -34,12 +34,14 @@ def pool_diff(old: RubricPool, new: RubricPool) -> dict[str, list[str]]:
     r = float(np.median([b[n].weight / a[n].weight for n in both])) if both else 1.0
     def text(c): return (c.description, c.boundaries, sorted(c.question_types), c.check)
     return {'added': [n for n in b if n not in a], 'deleted': [n for n in a if n not in b],
-            'reweighted': [n for n in both if abs(b[n].weight / r - a[n].weight) > 0.01 * a[n].weight],
+            'reweighted': [n for n in both
+                           if abs(b[n].weight / r - a[n].weight) > 0.01 * a[n].weight],
             'rewritten': [n for n in both if text(a[n]) != text(b[n])]}
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #653922f8
 WEIGHT_GRID = (0.5, 1.0, 1.5, 2.0, 3.0)
-_ALL_CHECKS = [Criterion(c, c, 1.0, {'1': '-', '0.5': '-', '0': '-'}, ['all'], [], c) for c in OFFLINE_CHECKS]
+_ALL_CHECKS = [Criterion(c, c, 1.0, {'1': '-', '0.5': '-', '0': '-'}, ['all'], [], c)
+               for c in OFFLINE_CHECKS]
 
 def check_table(q: Question, view: EvidenceView, n_options: int = 5) -> np.ndarray:
     "(n_options, n_checks) offline z of every check for every option (rows beyond q's options are 0)."
@@ -53,7 +55,8 @@ def check_table(q: Question, view: EvidenceView, n_options: int = 5) -> np.ndarr
 def pair_tables(pairs: list[Pair], views: dict) -> np.ndarray:
     "(n_pairs, 2, n_options, n_checks) check tables for E⁺ (index 0) and E⁻ (index 1)."
     n = max([len(p.question.options) for p in pairs] + [1])
-    return np.stack([np.stack([check_table(p.question, v, n) for v in views[p.qid]]) for p in pairs]) if pairs else \
+    return np.stack([np.stack([check_table(p.question, v, n) for v in views[p.qid]])
+                     for p in pairs]) if pairs else \
         np.zeros((0, 2, n, len(OFFLINE_CHECKS)))
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #acaa6e7e
@@ -81,7 +84,8 @@ def weight_candidates(n_checks: int, max_checks: int = 3, grid: tuple = WEIGHT_G
     return np.array(rows)
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #1a7dd201
-def search_type(Z: np.ndarray, pair_w: np.ndarray, tau: float, W: np.ndarray) -> tuple[np.ndarray, float]:
+def search_type(Z: np.ndarray, pair_w: np.ndarray, tau: float, W: np.ndarray) -> tuple[np.ndarray,
+                                                                                       float]:
     "The best weight vector (first among equals) for one question type's pairs, and its score."
     s = table_scores(Z, W, pair_w, tau)
     i = int(np.argmax(s))
@@ -95,7 +99,8 @@ def reconcile_weights(choices: dict[str, np.ndarray], Zs: dict, ws: dict, tau: f
     used = {c: [v[c] for v in choices.values() if v[c] > 0] for c in range(C)}
     g = np.array([float(np.median(used[c])) if used[c] else 0.0 for c in range(C)])
     def total(gv):
-        return sum(table_scores(Zs[t], (gv * (choices[t] > 0))[None], ws[t], tau)[0] for t in choices)
+        return sum(table_scores(Zs[t], (gv * (choices[t] > 0))[None], ws[t], tau)[0]
+                   for t in choices)
     for _ in range(passes):
         for c in [c for c in range(C) if used[c]]:
             trials = [g.copy() for _ in grid]
@@ -105,8 +110,8 @@ def reconcile_weights(choices: dict[str, np.ndarray], Zs: dict, ws: dict, tau: f
     return g
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #34938122
-_GENERIC = {'1': 'The evidence fully meets this check for the option.', '0.5': 'The evidence partly meets it.',
-            '0': 'The evidence does not meet it.'}
+_GENERIC = {'1': 'The evidence fully meets this check for the option.',
+            '0.5': 'The evidence partly meets it.', '0': 'The evidence does not meet it.'}
 
 def check_templates(pool: RubricPool) -> dict[str, Criterion]:
     "Per offline check, the pool criterion whose text the offline proposer reuses (named after the check, else first)."
@@ -115,8 +120,8 @@ def check_templates(pool: RubricPool) -> dict[str, Criterion]:
         if c.check not in out or c.name == c.check:
             out[c.check] = c
     for ch in OFFLINE_CHECKS:
-        out.setdefault(ch, Criterion(ch, f"The evidence passes the {ch.replace('_', ' ')} check.", 1.0, _GENERIC,
-                                     ['other'], [], ch))
+        out.setdefault(ch, Criterion(ch, f"The evidence passes the {ch.replace('_', ' ')} check.",
+                                     1.0, _GENERIC, ['other'], [], ch))
     return out
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #7c0bd1b9
@@ -124,7 +129,8 @@ def type_weights(pool: RubricPool, qtype: str) -> np.ndarray:
     "The pool's criteria for a question type as a weight vector over the checks (weights of one check add up)."
     w = np.zeros(len(OFFLINE_CHECKS))
     for c in pool.for_type(qtype):
-        w[OFFLINE_CHECKS.index(c.check if c.check in OFFLINE_CHECKS else 'direct_support')] += c.weight
+        w[OFFLINE_CHECKS.index(c.check if c.check in OFFLINE_CHECKS
+                               else 'direct_support')] += c.weight
     return w
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #a8c7ba13
@@ -135,7 +141,8 @@ def _carry(pool: RubricPool, searched: set[str]) -> list[Criterion]:
         types = [t for t in (pool.question_types if 'all' in c.question_types else c.question_types)
                  if t not in searched and t != 'all']
         if types:
-            out.append(Criterion(c.name, c.description, c.weight, dict(c.boundaries), types, list(c.cues), c.check))
+            out.append(Criterion(c.name, c.description, c.weight, dict(c.boundaries), types,
+                                 list(c.cues), c.check))
     return out
 
 class OfflineProposer:
@@ -162,7 +169,8 @@ def propose(self: OfflineProposer, pool: RubricPool, working: list[Pair], contex
     for t in Zs:
         best, s_best = search_type(Zs[t], ws[t], self.tau, self.W)
         s_cur = table_scores(Zs[t], type_weights(pool, t)[None], ws[t], self.tau)[0]
-        if s_best - s_cur >= 0.99:          # change a type's criteria only for at least one more separated pair
+        # change a type's criteria only for at least one more separated pair
+        if s_best - s_cur >= 0.99:
             choices[t] = best
     g = reconcile_weights(choices, Zs, ws, self.tau, self.grid)
     tpl, crits = check_templates(pool), _carry(pool, set(choices))
@@ -173,7 +181,8 @@ def propose(self: OfflineProposer, pool: RubricPool, working: list[Pair], contex
             t = tpl[ch]
             name = t.name if t.name not in taken else f"{t.name}_{'_'.join(types)}"[:64]
             taken.add(name)
-            crits.append(Criterion(name, t.description, float(g[i]), dict(t.boundaries), types, list(t.cues), ch))
+            crits.append(Criterion(name, t.description, float(g[i]), dict(t.boundaries), types,
+                                   list(t.cues), ch))
     new = RubricPool(crits, pool.name, pool.version, False, pool.description, pool.question_types)
     return new, {'types': sorted(choices), 'calls': []}
 
@@ -215,12 +224,13 @@ class ProposerReply(BaseModel):
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #1f7a61d3
 PROPOSER_SYSTEM = (
-    "You refine a rubric pool that decides whether video evidence is sufficient to answer a multiple-choice question. "
-    "You get the pool and contrastive pairs: sufficient evidence E+ that leads to the correct answer and misleading "
-    "evidence E- that is topically relevant but lacks the decisive detail. Propose edits (add, rewrite, decompose, "
-    "delete, reweight) so that every criterion scores E+ higher than E-. A criterion has a snake_case name, a "
-    "description, a positive weight, boundaries for the scores 1, 0.5 and 0, and the question types it applies to. "
-    "Answer with JSON only.")
+    "You refine a rubric pool that decides whether video evidence is sufficient to answer a "
+    "multiple-choice question. You get the pool and contrastive pairs: sufficient evidence E+ that "
+    "leads to the correct answer and misleading evidence E- that is topically relevant but lacks "
+    "the decisive detail. Propose edits (add, rewrite, decompose, delete, reweight) so that every "
+    "criterion scores E+ higher than E-. A criterion has a snake_case name, a description, a "
+    "positive weight, boundaries for the scores 1, 0.5 and 0, and the question types it applies "
+                   "to. Answer with JSON only.")
 
 def proposer_schema() -> dict:
     "JSON schema of the proposer's reply: a list of edits."
@@ -234,10 +244,11 @@ def reply_edits(r: ProposerReply) -> list[dict]:
 # %% ../../nbs/26a_reveal.proposers.ipynb #769696d0
 def _new_criterion(e: dict, old: Criterion | None = None) -> Criterion:
     "A criterion from an edit's fields, defaults from `old`; raises ValueError when incomplete."
-    def get(k, d=None): return e.get(k) if e.get(k) not in (None, '', []) else (getattr(old, k) if old else d)
+    def get(k, d=None):
+        return e.get(k) if e.get(k) not in (None, '', []) else (getattr(old, k) if old else d)
     c = {'name': e['name'], 'description': get('description'), 'weight': get('weight', 1.0),
-         'boundaries': get('boundaries'), 'question_types': get('question_types'), 'cues': get('cues', []),
-         'check': get('check', 'direct_support')}
+         'boundaries': get('boundaries'), 'question_types': get('question_types'),
+         'cues': get('cues', []), 'check': get('check', 'direct_support')}
     return RubricPool.validate({'name': 'edit', 'criteria': [c]}).criteria[0]
 
 def apply_edits(pool: RubricPool, edits: list[dict]) -> tuple[RubricPool, list[str]]:
@@ -250,9 +261,11 @@ def apply_edits(pool: RubricPool, edits: list[dict]) -> tuple[RubricPool, list[s
                 crits.pop(name)
             elif op == 'decompose':
                 old = crits.pop(name)
-                crits.update({c.name: c for c in (_new_criterion(p, old) for p in e.get('parts') or [])})
+                crits.update({c.name: c
+                              for c in (_new_criterion(p, old) for p in e.get('parts') or [])})
             elif op in ('rewrite', 'reweight') and name in crits:
-                crits[name] = _new_criterion(e if op == 'rewrite' else {'name': name, 'weight': e.get('weight')},
+                crits[name] = _new_criterion(e if op == 'rewrite'
+                                             else {'name': name, 'weight': e.get('weight')},
                                              crits[name])
             elif op == 'add' and name not in crits:
                 crits[name] = _new_criterion(e)
@@ -262,18 +275,21 @@ def apply_edits(pool: RubricPool, edits: list[dict]) -> tuple[RubricPool, list[s
             notes.append(f"skipped {op} {name!r}: {err}")
     if not crits:
         return pool, notes + ['all criteria deleted; pool kept']
-    new = RubricPool(list(crits.values()), pool.name, pool.version, False, pool.description, pool.question_types)
+    new = RubricPool(list(crits.values()), pool.name, pool.version, False, pool.description,
+                     pool.question_types)
     return new, notes
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #36ea65ee
 def proposer_prompt(pool: RubricPool, pairs: list[Pair]) -> str:
     "The proposer's user message: the pool with boundaries and the contrastive pairs."
-    blocks = [f"Pair {i + 1} (type {question_type(p.question)}): {p.question.question}\n{p.question.options_text()}\n"
-              f"Correct: {p.question.answer}\nE+:\n{evidence_block(p.pos, 60)}\nE-:\n{evidence_block(p.neg, 60)}"
+    blocks = [f"Pair {i + 1} (type {question_type(p.question)}): "
+              f"{p.question.question}\n{p.question.options_text()}\nCorrect: "
+              f"{p.question.answer}\nE+:\n{evidence_block(p.pos, 60)}\nE-:\n{evidence_block(p.neg, 60)}"
               for i, p in enumerate(pairs)]
     return (f"Rubric pool:\n{pool.catalog(boundaries=True)}\n\n" + '\n\n'.join(blocks) +
-            '\n\nReply as {"edits": [{"op": "add", "name": "...", "description": "...", "weight": 1.0, '
-            '"boundaries": {"1": "...", "0.5": "...", "0": "..."}, "question_types": ["..."]}]}.')
+            '\n\nReply as {"edits": [{"op": "add", "name": "...", "description": "...", "weight": '
+            '1.0, "boundaries": {"1": "...", "0.5": "...", "0": "..."}, "question_types": '
+            '["..."]}]}.')
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #3bc66f5f
 def proposed_criteria(old: RubricPool, new: RubricPool) -> list[str]:
@@ -285,7 +301,8 @@ def proposed_criteria(old: RubricPool, new: RubricPool) -> list[str]:
 def criterion_rho(c: Criterion, pair: Pair, views: dict, model: ChatModel | None = None,
                   config: Config | None = None) -> tuple[float, float, list[dict]]:
     "ρ⁺ and ρ⁻ of the criterion alone on a pair's E⁺ and E⁻ (the max over options of its score), and the calls made."
-    v = Verifier(RubricPool([c], 'one'), model, config or Config(), offline=None if model is not None else True)
+    v = Verifier(RubricPool([c], 'one'), model, config or Config(),
+                 offline=None if model is not None else True)
     rp, rn = (v.verify(pair.question, view, names=[c.name]) for view in views[pair.qid])
     return rp.rho, rn.rho, rp.calls + rn.calls
 
@@ -303,7 +320,8 @@ def own_pairs(names: list[str], pool: RubricPool, working: list[Pair],
 # %% ../../nbs/26a_reveal.proposers.ipynb #9356109e
 def _restore(old: RubricPool, new: RubricPool, drop: set[str]) -> RubricPool:
     "`new` with the criteria in `drop` undone: a rewrite back to its old version, an addition removed."
-    crits = [old[c.name] if c.name in drop else c for c in new.criteria if c.name not in drop or c.name in old]
+    crits = [old[c.name] if c.name in drop else c for c in new.criteria if c.name not in drop
+             or c.name in old]
     return RubricPool(crits, new.name, new.version, new.seed, new.description, new.question_types)
 
 def reject_unseparating(old: RubricPool, new: RubricPool, own: dict[str, list[Pair]], views: dict,

@@ -17,7 +17,8 @@ __all__ = ['NAMES', 'VERBS', 'EVENT_RE', 'CAUSE_RE', 'UNITS', 'MAX_EVENT_S', 'no
            'read_causal', 'thirds_reached', 'read_global', 'read_question', 'read_rounds']
 
 # %% ../../nbs/22a_reveal.reader.ipynb #3b0a63fd
-def _alt(words) -> str: return '|'.join(sorted((re.escape(w) for w in words), key=len, reverse=True))
+def _alt(words) -> str:
+    return '|'.join(sorted((re.escape(w) for w in words), key=len, reverse=True))
 
 NAMES = {lab.lower(): k for k, (_, lab, _, _) in ENTITIES.items()}
 VERBS = {f: k for k, v in ACTIONS.items() for f in (k, *v)}
@@ -125,13 +126,14 @@ MAX_EVENT_S = 5.0     # an event is on screen at most this long (dev: 3.5-5 s)
 
 def read_events(evidence: list[Evidence], gap: float = 0.01) -> list[ReadEvent]:
     "The events the evidence states, in time order: mentions of one triple merged while one event could span them."
-    ms = sorted((a, b, i, tr, c, e.item_id, tr in said_triples(t)) for e in evidence for a, b, t in timed_chunks(e)
-                for i, (tr, c) in enumerate(event_mentions(t)))
+    ms = sorted((a, b, i, tr, c, e.item_id, tr in said_triples(t)) for e in evidence
+                for a, b, t in timed_chunks(e) for i, (tr, c) in enumerate(event_mentions(t)))
     out: list[ReadEvent] = []
     reach, said = {}, {}
     for a, b, i, tr, c, iid, s in ms:
         prev = next((x for x in reversed(out) if x.triple == tr), None)
-        if prev and a <= prev.t_end + gap and a < reach[id(prev)] and (s == said[id(prev)] or b <= prev.t_end):
+        if (prev and a <= prev.t_end + gap and a < reach[id(prev)]
+            and (s == said[id(prev)] or b <= prev.t_end)):
             prev.t_end, prev.cause = max(prev.t_end, b), prev.cause or c
             prev.items += [iid] if iid not in prev.items else []
         else:
@@ -147,8 +149,9 @@ _BECAUSE = re.compile(rf"because ({_alt(CAUSES)})")
 def question_kind(question: str) -> str | None:
     "The benchmark question type its wording states, or None for a question outside the language."
     t = norm_text(question)
-    for kind, pat in (('counting', r'^how many times does '), ('temporal_order', r'\bright after\b'),
-                      ('negation', r'\bnot\b'), ('action', r'^what does .* do with the '), ('causal', r'^why does '),
+    for kind, pat in (('counting', r'^how many times does '),
+                      ('temporal_order', r'\bright after\b'), ('negation', r'\bnot\b'),
+                      ('action', r'^what does .* do with the '), ('causal', r'^why does '),
                       ('global', r'\bthe most\b')):
         if re.search(pat, t): return kind
     return None
@@ -203,7 +206,8 @@ def read_counting(q: Question, target: tuple, r: Reading, searched: bool) -> Non
     top = max([k for k in facts.values() if k is not None] or [0])
     closed = n > 0 and (searched or n >= top)
     r.directions = {o: 'supported' if k == n and closed else
-                    'ruled_out' if k is None or k < n or closed else 'unknown' for o, k in facts.items()}
+                    'ruled_out' if k is None or k < n or closed else 'unknown'
+                    for o, k in facts.items()}
     r.answer = next((o for o, k in facts.items() if k == n), None)
     r.facts = dict(count=n, closed=closed, options=facts)
     r.missing = [] if closed else [f'{_ph(target)} again'] if n else [_ph(target)]
@@ -214,7 +218,8 @@ def read_temporal(q: Question, anchor: tuple, r: Reading, evidence: list[Evidenc
     facts = {o: option_fact('temporal_order', t) for o, t in q.options.items()}
     seen = {e.triple for e in r.events}
     A = next((e for e in r.events if e.triple == anchor), None)
-    after = [e for e in r.events if A and (e.t_start, e.pos) > (A.t_start, A.pos) and e.triple != anchor]
+    after = [e for e in r.events if A and (e.t_start, e.pos) > (A.t_start, A.pos)
+             and e.triple != anchor]
     nxt = after[0] if after else None
     fixed = bool(nxt) and _covered(evidence, A.t_start, nxt.t_start)
     r.directions = _dirs(facts, nxt.triple if nxt else None, fixed)
@@ -229,8 +234,8 @@ def read_negation(q: Question, r: Reading) -> None:
     facts = {o: option_fact('negation', t) for o, t in q.options.items()}
     seen = {e.triple for e in r.events}
     unread = [o for o, f in facts.items() if f not in seen]
-    r.directions = {o: 'ruled_out' if o not in unread else 'supported' if len(unread) == 1 else 'unknown'
-                    for o in facts}
+    r.directions = {o: 'ruled_out' if o not in unread else 'supported' if len(unread) == 1
+                    else 'unknown' for o in facts}
     r.answer = unread[0] if len(unread) == 1 else None
     r.facts = dict(unread=unread, options=facts)
     r.missing = [_ph(facts[o]) for o in unread if facts[o]] if len(unread) > 1 else []
@@ -238,7 +243,8 @@ def read_negation(q: Question, r: Reading) -> None:
 # %% ../../nbs/22a_reveal.reader.ipynb #a0a95802
 def read_action(q: Question, r: Reading) -> None:
     "Action: the event of the question's entity with its object; its action decides."
-    m = re.search(rf"what does the ({_alt(NAMES)}) do with the ({_alt(OBJECTS)})", norm_text(q.question))
+    m = re.search(rf"what does the ({_alt(NAMES)}) do with the ({_alt(OBJECTS)})",
+                  norm_text(q.question))
     facts = {o: option_fact('action', t) for o, t in q.options.items()}
     hits = {e.triple for e in r.events if m and (e.entity, e.obj) == (NAMES[m[1]], m[2])}
     good = next(iter(hits)) if len(hits) == 1 else None
@@ -263,7 +269,8 @@ def thirds_reached(evidence: list[Evidence], duration: float | None) -> int:
     "How many thirds of the video the evidence reaches (3 with an L3 item)."
     if any(e.level == 3 for e in evidence): return 3
     dur = duration or max([e.t_end for e in evidence] or [0.0])
-    return len({min(int(3 * (e.t_start + e.t_end) / 2 / dur), 2) for e in evidence}) if dur > 0 else 0
+    return (len({min(int(3 * (e.t_start + e.t_end) / 2 / dur), 2) for e in evidence}) if dur > 0
+            else 0)
 
 # %% ../../nbs/22a_reveal.reader.ipynb #32aca9ee
 def read_global(q: Question, r: Reading, evidence: list[Evidence], duration: float | None) -> None:
@@ -302,7 +309,8 @@ def read_question(q: Question, evidence: list[Evidence], duration: float | None 
     return r
 
 # %% ../../nbs/22a_reveal.reader.ipynb #4e930973
-def read_rounds(q: Question, evidence: list[Evidence], duration: float | None = None, round: int = 0) -> Reading:
+def read_rounds(q: Question, evidence: list[Evidence], duration: float | None = None,
+                round: int = 0) -> Reading:
     "`read_question`, with `searched` set when round > 0 retrieved again and added no instance of a counted target."
     r = read_question(q, evidence, duration)
     if round > 0 and r.kind == 'counting' and r.facts.get('count'):

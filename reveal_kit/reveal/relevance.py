@@ -23,7 +23,8 @@ __all__ = ['RELEVANCE_SYSTEM', 'RELEVANCE_COSINE', 'RELEVANCE_EMBEDDER', 'releva
 # %% ../../nbs/23b_reveal.relevance.ipynb #11a3b720
 def relevance_texts(q: Question) -> list[str]:
     "The question, its content words and each option (distinct, non-empty): what evidence can be relevant to."
-    return [t for t in dict.fromkeys([q.question, focus(q.question), *q.options.values()]) if t.strip()]
+    return [t for t in dict.fromkeys([q.question, focus(q.question), *q.options.values()])
+            if t.strip()]
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #af85e091
 def relevance_score(q: Question, view: EvidenceView) -> float:
@@ -41,23 +42,25 @@ class RelevanceReply(ReplyModel):
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #fda223de
 RELEVANCE_SYSTEM = (
-    "You judge whether evidence retrieved from a long video's memory is relevant to a multiple-choice question: "
-    "whether it concerns the people, objects, actions or events the question and its options ask about. It need not "
-    "be enough to answer. Answer with JSON only.")
+    "You judge whether evidence retrieved from a long video's memory is relevant to a "
+    "multiple-choice question: whether it concerns the people, objects, actions or events the "
+    "question and its options ask about. It need not be enough to answer. Answer with JSON only.")
 
 def relevance_schema() -> dict:
     "JSON schema of the relevance judge's reply."
     return reply_schema(RelevanceReply)
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #f2631336
-def relevance_prompt(q: Question, evidence: list[Evidence], token_budget: int | None = EVIDENCE_TOKENS) -> str:
+def relevance_prompt(q: Question, evidence: list[Evidence],
+                     token_budget: int | None = EVIDENCE_TOKENS) -> str:
     "The relevance judge's user message: question, options, the evidence retrieved so far."
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
             f"Evidence:\n{evidence_block(evidence, token_budget=token_budget)}\n\n"
             'Reply as {"relevant": true | false, "reasoning": "one sentence"}.')
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #8bf226c4
-RELEVANCE_COSINE = 0.5                                        # chosen on a generated dev split (below)
+# chosen on a generated dev split (below)
+RELEVANCE_COSINE = 0.5
 RELEVANCE_EMBEDDER = 'sentence-transformers/all-MiniLM-L6-v2'   # ... with this embedder
 
 def judge_relevance(q: Question, view: EvidenceView, model: ChatModel | None = None,
@@ -65,11 +68,13 @@ def judge_relevance(q: Question, view: EvidenceView, model: ChatModel | None = N
                     token_budget: int | None = EVIDENCE_TOKENS) -> tuple[dict, list[dict]]:
     "Whether the evidence so far is relevant to the question: (record for the trace, model calls)."
     s = relevance_score(q, view)
-    rec = {'relevant': s >= threshold, 'score': round(s, 4), 'threshold': threshold, 'source': 'offline'}
+    rec = {'relevant': s >= threshold, 'score': round(s, 4), 'threshold': threshold,
+           'source': 'offline'}
     if offline:
         return rec, []
-    data, call = role_call(model, 'relevance', RELEVANCE_SYSTEM, relevance_prompt(q, view.evidence, token_budget),
-                           relevance_schema(), reply_tokens('relevance'))
+    data, call = role_call(model, 'relevance', RELEVANCE_SYSTEM,
+                           relevance_prompt(q, view.evidence, token_budget), relevance_schema(),
+                           reply_tokens('relevance'))
     r = parse_reply(RelevanceReply, data)
     if r is None:
         return {**rec, 'source': 'fallback'}, [mark(call, 'cosine relevance')]
@@ -93,7 +98,8 @@ def relevance_rows(q: Question, trace: dict, embed: Callable[[list[str]], np.nda
     for r in range(len(trace['rounds'])):
         got = [e for e in ev if e.round <= r]
         vecs = np.asarray(embed([e.text for e in got]), np.float64) if got else None
-        truth = judged.video_id == q.video_id and span_relevant(judged, got)   # another video's evidence: never
+        # another video's evidence: never
+        truth = judged.video_id == q.video_id and span_relevant(judged, got)
         rows.append({'qid': q.qid, 'judged': judged.qid, 'round': r, 'relevant': truth,
                      'score': relevance_score(judged, EvidenceView(got, vecs, embed))})
     return rows
@@ -101,12 +107,14 @@ def relevance_rows(q: Question, trace: dict, embed: Callable[[list[str]], np.nda
 # %% ../../nbs/23b_reveal.relevance.ipynb #98a52ced
 def partner_question(q: Question, questions: list[Question]) -> Question | None:
     "A question of q's type about the next other video (in video order, cyclic), at q's position among its type."
-    vids = sorted({x.video_id for x in questions if x.qtype == q.qtype and x.video_id != q.video_id})
+    vids = sorted({x.video_id for x in questions if x.qtype == q.qtype
+                   and x.video_id != q.video_id})
     if not vids:
         return None
     nxt = next((v for v in vids if v > q.video_id), vids[0])
     mine = sorted(x.qid for x in questions if x.qtype == q.qtype and x.video_id == q.video_id)
-    theirs = sorted((x for x in questions if x.qtype == q.qtype and x.video_id == nxt), key=lambda x: x.qid)
+    theirs = sorted((x for x in questions if x.qtype == q.qtype and x.video_id == nxt),
+                    key=lambda x: x.qid)
     return theirs[mine.index(q.qid) % len(theirs)]
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #852aed2b
@@ -119,6 +127,7 @@ def choose_threshold(rows: list[dict], grid: list[float]) -> tuple[float, list[d
         tnr = sum(r['score'] < t for r in neg) / len(neg) if neg else 1.0
         stop = sum(r['score'] >= t for r in rows) / max(len(rows), 1)
         table.append({'threshold': t, 'tpr': round(tpr, 4), 'tnr': round(tnr, 4),
-                      'balanced_accuracy': round((tpr + tnr) / 2, 4), 'judged_relevant': round(stop, 4)})
+                      'balanced_accuracy': round((tpr + tnr) / 2, 4),
+                      'judged_relevant': round(stop, 4)})
     best = max(table, key=lambda x: (x['balanced_accuracy'], -x['threshold']))
     return best['threshold'], table

@@ -50,7 +50,8 @@ def retrieve(memory: Memory, queries: list[str], k: dict[int, int],
     merged: dict[str, Candidate] = {}
     per_query: dict[str, int] = {}
     for i, q in enumerate(queries):
-        hits = memory.search_text(q if qvecs is None else np.asarray(qvecs[i], dtype=np.float32), k=k)
+        hits = memory.search_text(q if qvecs is None else np.asarray(qvecs[i], dtype=np.float32),
+                                  k=k)
         per_query[q] = len(hits)
         for h in hits:
             c = merged.get(h.item.item_id)
@@ -68,13 +69,15 @@ def rerank_targets(q: Question, missing: list[str]) -> list[str]:
         base = list(dict.fromkeys(e for o in q.options.values() for e in option_events(o)))
     else:
         base = list(q.options.values())
-    return [t for t in dict.fromkeys(base + ([anchor[1]] if anchor else []) + list(missing)) if t.strip()]
+    return [t for t in dict.fromkeys(base + ([anchor[1]] if anchor else []) + list(missing))
+            if t.strip()]
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #9a7e0009
 RERANK_WEIGHTS = (0.4, 0.4, 0.2)
 
-def rubric_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: list[str], missing: list[str],
-                  vecs: np.ndarray | None, embed: Callable | None) -> list[Candidate]:
+def rubric_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: list[str],
+                  missing: list[str], vecs: np.ndarray | None,
+                  embed: Callable | None) -> list[Candidate]:
     "Score candidates against the selected rubric (formula above), best first."
     if not cands:
         return []
@@ -105,36 +108,41 @@ def rerank_reply(n: int) -> type[ReplyModel]:
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #01cff3b4
 RERANK_SYSTEM = (
-    "You rerank evidence retrieved from a long video's memory for a multiple-choice question. Score every numbered "
-    "candidate against the selected sufficiency criteria: 1 if it is decisive for at least one criterion (evidence "
-    "that rules out an option counts as much as evidence that confirms one), 0.5 if it is relevant but only partial, "
-    "0 if it does not help decide among the options. Do not answer the question. Answer with JSON only.")
+    "You rerank evidence retrieved from a long video's memory for a multiple-choice question. "
+    "Score every numbered candidate against the selected sufficiency criteria: 1 if it is decisive "
+    "for at least one criterion (evidence that rules out an option counts as much as evidence that "
+    "confirms one), 0.5 if it is relevant but only partial, 0 if it does not help decide among the "
+                 "options. Do not answer the question. Answer with JSON only.")
 
 def rerank_schema(n: int) -> dict:
     "JSON schema of the rerank reply: a score in {0, 0.5, 1} for each candidate number 0…n−1."
     return reply_schema(rerank_reply(n))
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #ad94039f
-def rerank_prompt(q: Question, pool: RubricPool, names: list[str], missing: list[str], cands: list[Candidate],
-                  token_budget: int | None = EVIDENCE_TOKENS) -> str:
+def rerank_prompt(q: Question, pool: RubricPool, names: list[str], missing: list[str],
+                  cands: list[Candidate], token_budget: int | None = EVIDENCE_TOKENS) -> str:
     "The rerank call's user message: question, options, the selected rubric, A_t, the numbered candidates."
     miss, anchor = ''.join(f"\n- {m}" for m in missing), question_anchor(q)
     block = evidence_block([Evidence.from_item(c.item) for c in cands], token_budget=token_budget)
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
             f"Rubric:\n{pool.catalog(names, boundaries=True)}\n\n"
             + (f"Still missing:{miss}\n\n" if miss else '')
-            + (f"The question is anchored on: {anchor[1]}. A candidate that shows this anchor event is a "
-               "target too (it places the options in time): score it as one that shows an option.\n\n"
+            + (f"The question is anchored on: {anchor[1]}. A candidate that shows this anchor "
+               f"event is a "
+               "target too (it places the options in time): score it as one that shows an "
+               "option.\n\n"
                if anchor else '')
             + f"Candidates:\n{block}\n\n"
-            'Reply as {"scores": {"0": 1, "1": 0.5, "2": 0, ...}} with one score per candidate number.')
+            'Reply as {"scores": {"0": 1, "1": 0.5, "2": 0, ...}} with one score per candidate '
+            'number.')
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #0334238f
 def model_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: list[str],
                  missing: list[str], model: ChatModel,
                  token_budget: int | None = EVIDENCE_TOKENS) -> tuple[list[Candidate] | None, dict]:
     "One call scoring every candidate against the selected rubric: (candidates best first, or None if unusable; call)."
-    data, rec = role_call(model, 'reranker', RERANK_SYSTEM, rerank_prompt(q, pool, names, missing, cands, token_budget),
+    data, rec = role_call(model, 'reranker', RERANK_SYSTEM,
+                          rerank_prompt(q, pool, names, missing, cands, token_budget),
                           rerank_schema(len(cands)), reply_tokens('reranker'))
     r = parse_reply(rerank_reply(len(cands)), data)
     if r is None:

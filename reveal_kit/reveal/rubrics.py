@@ -76,7 +76,8 @@ POOL_SCHEMA = {
         'seed': {'type': 'boolean'}, 'description': {'type': 'string'},
         'question_types': {'type': 'array', 'items': {'type': 'string'}},
         'criteria': {'type': 'array', 'minItems': 1, 'items': {
-            'type': 'object', 'required': ['name', 'description', 'weight', 'boundaries', 'question_types'],
+            'type': 'object', 'required': ['name', 'description', 'weight', 'boundaries',
+                                           'question_types'],
             'properties': {
                 'name': {'type': 'string', 'pattern': r'^[a-z][a-z0-9_]*$', 'maxLength': 64},
                 'description': {'type': 'string', 'minLength': 1},
@@ -114,10 +115,13 @@ def _criterion(c: dict, vocab: set[str], where: str) -> Criterion:
     "One criterion from its parsed mapping; its question types must come from `vocab`."
     bad = [t for t in c['question_types'] if t not in vocab]
     if bad:
-        raise ValueError(f"{where}criterion {c['name']!r}: unknown question types {bad} (vocabulary: {sorted(vocab)})")
+        raise ValueError(f"{where}criterion {c['name']!r}: unknown question types {bad} "
+                         f"(vocabulary: {sorted(vocab)})")
     w = float(c['weight'])
-    if not (math.isfinite(w) and w > 0):        # NaN passes the schema's minimum, and makes every ρ NaN
-        raise ValueError(f"{where}criterion {c['name']!r}: weight must be a finite number > 0, got {c['weight']!r}")
+    # NaN passes the schema's minimum, and makes every ρ NaN
+    if not (math.isfinite(w) and w > 0):
+        raise ValueError(f"{where}criterion {c['name']!r}: weight must be a finite number > 0, got "
+                         f"{c['weight']!r}")
     return Criterion(c['name'], c['description'].strip(), w,
                      _boundaries(c['name'], c['boundaries']), list(c['question_types']),
                      [str(x).lower() for x in c.get('cues', [])], c.get('check', 'direct_support'))
@@ -161,7 +165,8 @@ def load(cls: RubricPool, path: str | Path) -> RubricPool:
 @patch
 def to_yaml(self: RubricPool) -> str:
     "The pool as YAML in the same schema (round-trips through `load`)."
-    crits = [{**c.to_dict(), 'boundaries': {1: c.boundaries['1'], 0.5: c.boundaries['0.5'], 0: c.boundaries['0']}}
+    crits = [{**c.to_dict(),
+              'boundaries': {1: c.boundaries['1'], 0.5: c.boundaries['0.5'], 0: c.boundaries['0']}}
              for c in self.criteria]
     d = {'name': self.name, 'version': self.version, 'seed': self.seed,
          'description': self.description, 'question_types': self.question_types, 'criteria': crits}
@@ -220,10 +225,12 @@ def pool_label(origin: dict, short: bool = False) -> str:
                                               else 'hand-written, no induction provenance')
         return f"{'pool' if short else 'rubric pool'} {origin['name']} ({what})"
     it = p.get('iteration')
-    chosen = ('start pool kept' if short else 'start pool kept: no iteration beat it') if it == 0 else f"iteration {it}"
-    if short: return f"pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, {chosen})"
-    return (f"rubric pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, teacher "
-            f"{p.get('teacher')}, proposer {p.get('proposer')}, {chosen})")
+    chosen = (('start pool kept' if short else 'start pool kept: no iteration beat it') if it == 0
+              else f"iteration {it}")
+    if short:
+        return f"pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, {chosen})"
+    return (f"rubric pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, "
+            f"teacher {p.get('teacher')}, proposer {p.get('proposer')}, {chosen})")
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #e6c50c2e
 @patch

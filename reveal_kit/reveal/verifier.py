@@ -37,12 +37,14 @@ def snap_score(x: Any) -> float:
     return min((0.0, 0.5, 1.0), key=lambda s: abs(s - v))
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0002
-def sufficiency_score(table: dict[str, dict[str, float]], weights: dict[str, float]) -> tuple[dict[str, float], float]:
+def sufficiency_score(table: dict[str, dict[str, float]],
+                      weights: dict[str, float]) -> tuple[dict[str, float], float]:
     "ρ_o = Σ_k w_k z_{o,k} / Σ_k w_k for every option, and ρ = max_o ρ_o (missing scores count as 0)."
     wsum = sum(weights.values())
     if wsum <= 0 or not table:
         return {o: 0.0 for o in table}, 0.0
-    rho_o = {o: sum(w * float(row.get(k, 0.0)) for k, w in weights.items()) / wsum for o, row in table.items()}
+    rho_o = {o: sum(w * float(row.get(k, 0.0)) for k, w in weights.items()) / wsum
+             for o, row in table.items()}
     return rho_o, max(rho_o.values())
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0003
@@ -60,9 +62,9 @@ def select_reply(names: tuple[str, ...]) -> type[ReplyModel]:
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #84774595
 SELECT_SYSTEM = (
-    "You select evidence-sufficiency criteria for a multiple-choice question about a long video. From the "
-    "criterion catalog, return the names of the criteria that the evidence must satisfy to decide among the options "
-    "(usually 2-5). Answer with JSON only.")
+    "You select evidence-sufficiency criteria for a multiple-choice question about a long video. "
+    "From the criterion catalog, return the names of the criteria that the evidence must satisfy "
+    "to decide among the options (usually 2-5). Answer with JSON only.")
 
 def select_schema(pool: RubricPool) -> dict:
     "JSON schema of call 1: criterion names from the pool."
@@ -81,11 +83,12 @@ def score_reply(letters: tuple[str, ...], names: tuple[str, ...]) -> type[ReplyM
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c001f
 SCORE_SYSTEM = (
-    "You verify whether accumulated video evidence is sufficient to decide a multiple-choice question. For every "
-    "option and every criterion, give a score of 1, 0.5 or 0 following the criterion's boundaries. Evidence that "
-    "clearly rules out an option is as sufficient as evidence that confirms it. List the options the evidence neither "
-    "confirms nor rules out under unknown_options, and name the specific facts still to retrieve under "
-    "missing_evidence_analysis. Do not answer the question. Answer with JSON only.")
+    "You verify whether accumulated video evidence is sufficient to decide a multiple-choice "
+    "question. For every option and every criterion, give a score of 1, 0.5 or 0 following the "
+    "criterion's boundaries. Evidence that clearly rules out an option is as sufficient as "
+    "evidence that confirms it. List the options the evidence neither confirms nor rules out under "
+    "unknown_options, and name the specific facts still to retrieve under "
+                "missing_evidence_analysis. Do not answer the question. Answer with JSON only.")
 
 def score_schema(letters: list[str], names: list[str]) -> dict:
     "JSON schema of call 2 (the paper's strict output: option × criterion scores, unknown options, missing evidence)."
@@ -109,7 +112,8 @@ def token_cap(lengths: list[int], budget: int) -> int | None:
 def evidence_block(evidence: list[Evidence], max_words: int | None = None,
                    token_budget: int | None = EVIDENCE_TOKENS) -> str:
     "Evidence as numbered lines `[i] (L1 1:02-1:12) text` for prompts, within a token budget for the whole block."
-    texts = [' '.join(e.text.split()[:max_words]) if max_words else e.text.strip() for e in evidence]
+    texts = [' '.join(e.text.split()[:max_words]) if max_words else e.text.strip()
+             for e in evidence]
     cap = token_cap([estimate_tokens(t) for t in texts], token_budget) if token_budget else None
     if cap is not None:
         texts = [t if estimate_tokens(t) <= cap else cut_to_tokens(t, cap) + ' …' for t in texts]
@@ -125,7 +129,8 @@ def score_prompt(q: Question, pool: RubricPool, names: list[str], evidence: list
             f"Rubric:\n{pool.catalog(names, boundaries=True)}\n\n"
             f"Evidence:\n{evidence_block(evidence, token_budget=token_budget)}\n\n"
             'Reply as {"rubric_criteria_scores": {"A": {"criterion_name": 0.0}, ...}, '
-            '"unknown_options": ["A"], "missing_evidence_analysis": ["specific fact to retrieve"]}.')
+            '"unknown_options": ["A"], "missing_evidence_analysis": ["specific fact to '
+            'retrieve"]}.')
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #df273ff1
 @dataclass
@@ -171,10 +176,11 @@ def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
     if self.offline:
         self._selected[key] = (offline_names, 'offline')
         return offline_names, 'offline', []
-    user = (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCriterion catalog:\n{self.pool.catalog()}\n\n"
+    user = (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCriterion "
+            f"catalog:\n{self.pool.catalog()}\n\n"
             'Reply as {"criteria": ["name", ...]}.')
-    data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, user, select_schema(self.pool),
-                          reply_tokens('verifier_select'))
+    data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, user,
+                          select_schema(self.pool), reply_tokens('verifier_select'))
     r = parse_reply(select_reply(tuple(self.pool.names)), data)
     names = list(dict.fromkeys(r.criteria)) if r else []
     src = 'model' if names else 'fallback'
@@ -194,7 +200,8 @@ def _model_table(r: BaseModel) -> tuple[dict, list[str], list[str]]:
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c002a
 @patch
-def verify(self: Verifier, q: Question, view: EvidenceView, names: list[str] | None = None) -> VerifierReport:
+def verify(self: Verifier, q: Question, view: EvidenceView,
+           names: list[str] | None = None) -> VerifierReport:
     "Call 2 on the accumulated evidence, then ρ and the verdict in code."
     calls, notes = [], []
     if names is None:
@@ -211,9 +218,11 @@ def verify(self: Verifier, q: Question, view: EvidenceView, names: list[str] | N
         if r is None:
             src = 'fallback'
             mark(rec, 'offline scores')
-            notes.append(f"verifier reply unusable ({rec.get('error') or 'invalid'}); offline scores used")
+            notes.append(f"verifier reply unusable ({rec.get('error') or 'invalid'}); offline "
+                         f"scores used")
         else:
             (table, unknown, missing), src = _model_table(r), 'model'
     rho_o, rho = sufficiency_score(table, weights)
-    return VerifierReport(names, weights, table, rho_o, rho, is_sufficient(rho, self.config.tau), unknown, missing, src,
-                          calls, notes, off.directions if src != 'model' else {})
+    return VerifierReport(names, weights, table, rho_o, rho, is_sufficient(rho, self.config.tau),
+                          unknown, missing, src, calls, notes,
+                          off.directions if src != 'model' else {})

@@ -58,8 +58,8 @@ def summary_prompt(level: int, children: Sequence[tuple[float, float, str]], wor
     return SUMMARY_PROMPTS[level].format(t0=t0, t1=t1, words=words, items=items)
 
 # %% ../../nbs/13_video.captioning.ipynb #59b4d41e
-_HUES = [(15, 'red'), (40, 'orange'), (70, 'yellow'), (160, 'green'), (195, 'cyan'), (255, 'blue'), (290, 'purple'),
-         (335, 'pink'), (360, 'red')]
+_HUES = [(15, 'red'), (40, 'orange'), (70, 'yellow'), (160, 'green'), (195, 'cyan'), (255, 'blue'),
+         (290, 'purple'), (335, 'pink'), (360, 'red')]
 
 def _thumb(rgb: np.ndarray, w: int = 64) -> np.ndarray:
     import cv2
@@ -99,7 +99,8 @@ def motion_level(frames: Sequence[np.ndarray]) -> float:
     return float(np.mean([np.abs(a - b).mean() for a, b in zip(g, g[1:])])) if len(g) > 1 else 0.0
 
 # %% ../../nbs/13_video.captioning.ipynb #96f72ee1
-OCR_OPTIONS = dict(det_limit_type='max', det_limit_side_len=640, use_cls=False, intra_op_num_threads=1)
+OCR_OPTIONS = dict(det_limit_type='max', det_limit_side_len=640, use_cls=False,
+                   intra_op_num_threads=1)
 _ENGINES = threading.local()
 
 def get_ocr():
@@ -142,15 +143,18 @@ class PerceptualCaptioner:
         return max(1, min(4, os.cpu_count() or 1))
 
 # %% ../../nbs/13_video.captioning.ipynb #cfe41845
-def _light(luma: float) -> str: return 'dark' if luma < 60 else 'bright' if luma > 180 else 'medium brightness'
-def _move(mot: float) -> str: return 'static' if mot < 2 else 'some motion' if mot < 12 else 'strong motion'
+def _light(luma: float) -> str:
+    return 'dark' if luma < 60 else 'bright' if luma > 180 else 'medium brightness'
+def _move(mot: float) -> str:
+    return 'static' if mot < 2 else 'some motion' if mot < 12 else 'strong motion'
 
 @patch
 def facts(self: PerceptualCaptioner, frames: Sequence[np.ndarray],
           boundary_sim: float | None = None) -> tuple[str, dict]:
     "The visual-facts sentence(s) and their raw values."
     cols = [c for f in frames for c in colour_names(f)]
-    top = [c for c, _ in sorted({c: cols.count(c) for c in cols}.items(), key=lambda kv: -kv[1])][:3]
+    top = [c
+           for c, _ in sorted({c: cols.count(c) for c in cols}.items(), key=lambda kv: -kv[1])][:3]
     luma = float(np.mean([f.mean() for f in frames])) if frames else 0.0
     mot = motion_level(frames)
     s = f"Scene colours: {' and '.join(top) if top else 'mixed'}; {_light(luma)}; {_move(mot)}."
@@ -176,7 +180,8 @@ def ocr(self: PerceptualCaptioner, frames: Sequence[np.ndarray]) -> list[str]:
     idx = sorted(set(np.linspace(0, len(frames) - 1, n).round().astype(int)))
     lines, read, seen = [], None, []
     for i in idx:
-        if read is None or not same_picture(read, frames[i]): read, seen = frames[i], ocr_text(frames[i])
+        if read is None or not same_picture(read, frames[i]):
+            read, seen = frames[i], ocr_text(frames[i])
         lines += [l for l in seen if l not in lines]
     return lines
 
@@ -191,7 +196,8 @@ def read(self: PerceptualCaptioner, frames: Sequence[np.ndarray],
 # %% ../../nbs/13_video.captioning.ipynb #dd10355e
 @patch
 def caption(self: PerceptualCaptioner, frames: Sequence[np.ndarray], t_start: float, t_end: float,
-            subtitles: str = '', boundary_sim: float | None = None, reading: tuple | None = None) -> Caption:
+            subtitles: str = '', boundary_sim: float | None = None,
+            reading: tuple | None = None) -> Caption:
     "An L1 narrative: time span, visual facts, on-screen text, subtitles (from `reading`, or a `read` of `frames`)."
     facts, meta = reading or self.read(frames, boundary_sim)
     parts = [f"[{fmt_time(t_start)}-{fmt_time(t_end)}] {facts}"]
@@ -223,8 +229,10 @@ def segment(self: ReadAhead, s) -> None:
     if any(f is None for f in frames): return
     self.ex = self.ex or ThreadPoolExecutor(self.captioner.workers)
     self.jobs[s.idx] = (self._key(s), self.ex.submit(self.captioner.read, frames, s.boundary_sim))
-    while len(busy := [f for _, f in self.jobs.values() if not f.done()]) > 2 * self.captioner.workers:
-        wait(busy, return_when=FIRST_COMPLETED)                    # each queued reading holds its frames
+    while len(busy := [f for _, f in self.jobs.values()
+                       if not f.done()]) > 2 * self.captioner.workers:
+        # each queued reading holds its frames
+        wait(busy, return_when=FIRST_COMPLETED)
 
 # %% ../../nbs/13_video.captioning.ipynb #e818ca5e
 @patch
@@ -263,8 +271,8 @@ class VLMCaptioner:
         facts += [f'On-screen text: {_q(l)}.' for l in self.fallback.ocr(frames)]
         return user_message(caption_prompt(t_start, t_end, subtitles, ' '.join(facts)))
 
-    def caption(self, frames: Sequence[np.ndarray], t_start: float, t_end: float, subtitles: str = '',
-                boundary_sim: float | None = None) -> Caption:
+    def caption(self, frames: Sequence[np.ndarray], t_start: float, t_end: float,
+                subtitles: str = '', boundary_sim: float | None = None) -> Caption:
         "Ask the model for the segment's narrative; on a failed call, the perceptual caption (marked in meta)."
         msg = self._message(frames, t_start, t_end, subtitles, boundary_sim)
         r = self.model.chat([msg], role='caption', max_tokens=self.max_tokens)
@@ -274,7 +282,8 @@ class VLMCaptioner:
             return Caption(f"{span} {text}", self.kind, dict(subtitles=bool(subtitles)))
         c = self.fallback.caption(frames, t_start, t_end, subtitles, boundary_sim)
         err = getattr(getattr(r, 'record', None), 'error', None) or 'empty reply'
-        return Caption(c.text, self.kind, dict(c.meta, fallback='offline-perceptual', error=str(err)[:200]))
+        return Caption(c.text, self.kind,
+                       dict(c.meta, fallback='offline-perceptual', error=str(err)[:200]))
 
 # %% ../../nbs/13_video.captioning.ipynb #4860c2df
 def make_captioner(model=None, config: Config = Config()):
@@ -283,12 +292,13 @@ def make_captioner(model=None, config: Config = Config()):
     return PerceptualCaptioner(theta=config.theta)
 
 # %% ../../nbs/13_video.captioning.ipynb #8f17ba50
-_BOILER = set('scene colours colour medium brightness bright dark static motion strong some new begins visual change '
-              'previous segment on-screen text subtitles'.split())
+_BOILER = set('scene colours colour medium brightness bright dark static motion strong some new '
+              'begins visual change previous segment on-screen text subtitles'.split())
 
 def _content(s: str) -> set[str]:
     "The content words of a sentence: lower-case words that are neither stop words nor captioner boilerplate."
-    return {w for w in re.findall(r"[a-z0-9']+", s.lower()) if w not in STOPWORDS and w not in _BOILER}
+    return {w for w in re.findall(r"[a-z0-9']+", s.lower()) if w not in STOPWORDS
+            and w not in _BOILER}
 
 # %% ../../nbs/13_video.captioning.ipynb #0ebfa11a
 _SENT = re.compile(r'(?<=[.!?])\s+(?=[A-Z"\[])')
@@ -331,7 +341,8 @@ def _pick_round(units, children, chosen: set, seen: set, labels: set, budget: in
 def extractive_summary(children: Sequence[tuple[float, float, str]], words: int) -> str:
     "Time-labelled sentences of the children, chosen greedily by new content words within `words`, in time order."
     units, chosen, seen, labels, budget = _units(children), set(), set(), set(), words
-    while True:                                 # one sentence per child per round: every child is represented early
+    # one sentence per child per round: every child is represented early
+    while True:
         n = len(chosen)
         budget = _pick_round(units, children, chosen, seen, labels, budget)
         if len(chosen) == n: break
@@ -363,11 +374,12 @@ class ModelSummarizer:
 
     def summarize(self, level: int, children: Sequence[tuple[float, float, str]]) -> Caption:
         "The model's summary of the children."
-        r = self.model.chat([user_message(summary_prompt(level, children, self.words))], role=f'summarize_l{level}',
-                            max_tokens=int(self.words * 2.2) + 32)
+        r = self.model.chat([user_message(summary_prompt(level, children, self.words))],
+                            role=f'summarize_l{level}', max_tokens=int(self.words * 2.2) + 32)
         text = (getattr(r, 'text', '') or '').strip()
         if getattr(r, 'ok', False) and text: return Caption(text, self.kind)
-        return Caption(self.fallback.summarize(level, children).text, self.kind, dict(fallback='extractive'))
+        return Caption(self.fallback.summarize(level, children).text, self.kind,
+                       dict(fallback='extractive'))
 
 # %% ../../nbs/13_video.captioning.ipynb #a729b063
 def make_summarizer(model, level: int, config: Config = Config()):

@@ -23,7 +23,8 @@ def offline_roles(runs: dict[str, list[dict]], roles: str = 'auto') -> bool:
 # %% ../../../nbs/44d_eval.figures.caveat.ipynb #df052499
 def caveat(benchmark: str, offline: bool) -> str:
     "A figure's banner: 'generated benchmark, offline roles — not a reproduction' (either part), '' otherwise."
-    why = [w for w, on in (('generated benchmark', benchmark == 'synth'), ('offline roles', offline)) if on]
+    why = [w for w, on in (('generated benchmark', benchmark == 'synth'),
+                           ('offline roles', offline)) if on]
     return f"{', '.join(why)} — {NOT_A_REPRODUCTION}" if why else ''
 
 # %% ../../../nbs/44d_eval.figures.caveat.ipynb #887e7fb2
@@ -37,4 +38,5 @@ def face_text(fig) -> str:
 def stamp_caveat(fig, line: str) -> None:
     "Write the banner at the top of a figure whose face does not say it yet (nothing when there is none)."
     if line and line not in face_text(fig):
-        fig.text(0.5, 1.0, line, ha='center', va='bottom', color='firebrick', fontsize=10, weight='bold')
+        fig.text(0.5, 1.0, line, ha='center', va='bottom', color='firebrick', fontsize=10,
+                 weight='bold')

@@ -16,8 +16,8 @@ from .reveal import fmt_p
 __all__ = ['CURVE_COLUMNS', 'FILTER_MEANING', 'induction_curve', 'filter_table', 'pool_report', 'plot_induction']
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #daab5e8d
-CURVE_COLUMNS = ('iteration', 'val_accuracy', 'train_accuracy', 'n_val', 'n_train', 'n_working', 'n_criteria',
-                 'added', 'rewritten', 'deleted', 'reweighted')
+CURVE_COLUMNS = ('iteration', 'val_accuracy', 'train_accuracy', 'n_val', 'n_train', 'n_working',
+                 'n_criteria', 'added', 'rewritten', 'deleted', 'reweighted')
 
 def induction_curve(report: dict) -> pd.DataFrame:
     "An induction report's validation curve: per iteration, held-out and training accuracy, pool size and edits."
@@ -34,9 +34,11 @@ def filter_table(report: dict) -> pd.DataFrame:
     "Per filter condition: questions failing it and those it removed first (its share of the candidates); then kept."
     f = report['filter']
     n = max(int(f['candidates']), 1)
-    rows = [dict(condition=c, meaning=FILTER_MEANING.get(c, c), failing=int(f['by_condition'].get(c, 0)),
-                 questions=int(f['first'].get(c, 0))) for c in FILTER_CONDITIONS]
-    rows.append(dict(condition='kept', meaning='kept (a pair)', failing=0, questions=int(f['kept'])))
+    rows = [dict(condition=c, meaning=FILTER_MEANING.get(c, c),
+                 failing=int(f['by_condition'].get(c, 0)), questions=int(f['first'].get(c, 0)))
+            for c in FILTER_CONDITIONS]
+    rows.append(dict(condition='kept', meaning='kept (a pair)', failing=0,
+                     questions=int(f['kept'])))
     for r in rows: r['share'] = r['questions'] / n
     return pd.DataFrame(rows)
 
@@ -46,8 +48,10 @@ def pool_report(path: str | Path) -> dict:
     p = Path(path)
     rp = p.with_suffix('.report.json')
     if not rp.exists():
-        raise FileNotFoundError(f"{p} has no induction report ({rp.name}): the induction figure needs a pool made by "
-                                "`reveal rubrics induce` (give the experiment's rubric_pool a recipe)")
+        raise FileNotFoundError(f"{p} has no induction report ({rp.name}): the induction figure "
+                                f"needs a pool made by "
+                                "`reveal rubrics induce` (give the experiment's rubric_pool a "
+                                "recipe)")
     return json.loads(rp.read_text())
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #db7e6664
@@ -57,11 +61,13 @@ def _plot_curve(ax, curve: pd.DataFrame):
         ax.plot(curve.iteration, 100 * curve[col], marker='o', label=lab)
     b = curve[curve.best]
     held = b.val_accuracy.notna().all()
-    ax.scatter(b.iteration, 100 * (b.val_accuracy if held else b.train_accuracy), s=180, facecolors='none',
-               edgecolors='C3', label='chosen pool')
+    ax.scatter(b.iteration, 100 * (b.val_accuracy if held else b.train_accuracy), s=180,
+               facecolors='none', edgecolors='C3', label='chosen pool')
     if curve.val_accuracy.isna().all():
-        ax.text(0.5, 0.9, 'no held-out pairs', ha='center', va='top', fontsize=8.5, transform=ax.transAxes)
-    ax.set(xlabel='induction iteration', ylabel='pairs separated (%)', ylim=(-5, 105), xticks=list(curve.iteration))
+        ax.text(0.5, 0.9, 'no held-out pairs', ha='center', va='top', fontsize=8.5,
+                transform=ax.transAxes)
+    ax.set(xlabel='induction iteration', ylabel='pairs separated (%)', ylim=(-5, 105),
+           xticks=list(curve.iteration))
     ax.set_title('validation curve', fontsize=9.5)
     ax.legend(fontsize=8, loc='lower right')
 
@@ -78,15 +84,19 @@ def _plot_filters(ax, filters: pd.DataFrame):
 def _plot_pools(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
     "Seed against induced pool on the test split, with 95 % whiskers and the paired change in the title."
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
-    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low, acc.ci_high - acc.accuracy]).astype(float))
+    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low,
+                                  acc.ci_high - acc.accuracy]).astype(float))
     ax.bar(x, y, yerr=err, capsize=4, color=['C0', 'C1'][:len(acc)])
     bar_labels(ax, x, y, 100 * acc.ci_high.to_numpy(float))
-    if len(pairs): ax.set_title(f"test split: {100 * pairs['diff'][0]:+.1f} points, {fmt_p(pairs.mcnemar_p[0])}",
+    if len(pairs):
+        ax.set_title(f"test split: {100 * pairs['diff'][0]:+.1f} points, "
+                     f"{fmt_p(pairs.mcnemar_p[0])}",
                                 fontsize=9.5)
     ax.set(xticks=x, ylim=(0, 112), xlabel='rubric pool', ylabel='accuracy (%) with 95 % CI')
     ax.set_xticklabels(acc.method)
 
-def plot_induction(curve: pd.DataFrame, filters: pd.DataFrame, acc: pd.DataFrame, pairs: pd.DataFrame, title: str):
+def plot_induction(curve: pd.DataFrame, filters: pd.DataFrame, acc: pd.DataFrame,
+                   pairs: pd.DataFrame, title: str):
     "Three panels: the validation curve per iteration, the filter counts, and seed vs induced pool on the test split."
     fig, (ax, ax2, ax3) = new_figure(title, ncols=3, width=4.4)
     _plot_curve(ax, curve)

@@ -38,19 +38,23 @@ def _delta_label(m: str, reference: str, pairs: pd.DataFrame) -> str:
     if m == reference: return 'reference'
     return f"{100 * d[m].diff:+.1f}\n{fmt_p(d[m].mcnemar_p)}" if m in d else ''
 
-def plot_versus(acc: pd.DataFrame, pairs: pd.DataFrame, cost: pd.DataFrame, title: str, reference: str):
+def plot_versus(acc: pd.DataFrame, pairs: pd.DataFrame, cost: pd.DataFrame, title: str,
+                reference: str):
     "Accuracy (%) per method with 95 % whiskers and its change against `reference`; steps and model calls per question."
     fig, (ax, ax2) = new_figure(title, ncols=2, width=max(5.0, 0.8 * len(acc) + 2.5))
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
-    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low, acc.ci_high - acc.accuracy]).astype(float))
+    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low,
+                                  acc.ci_high - acc.accuracy]).astype(float))
     ax.bar(x, y, yerr=err, capsize=3, color=['C3' if m == reference else 'C0' for m in acc.method])
     for xi, m, top in zip(x, acc.method, 100 * acc.ci_high.to_numpy(float)):
-        ax.text(xi, top + 2, _delta_label(m, reference, pairs), ha='center', va='bottom', fontsize=7.5)
+        ax.text(xi, top + 2, _delta_label(m, reference, pairs), ha='center', va='bottom',
+                fontsize=7.5)
     ax.set(xticks=x, ylim=(0, 125), xlabel='method', ylabel='accuracy (%) with 95 % CI')
     ax.set_xticklabels(acc.method, rotation=30, ha='right')
     ax.set_title(f'change against {reference} (points) and McNemar p', fontsize=9.5)
     c = cost.melt(id_vars='method', value_vars=['rounds_mean', 'llm_calls_mean']).fillna(0)
-    c['variable'] = c.variable.map({'rounds_mean': 'agent steps / rounds', 'llm_calls_mean': 'model calls'})
+    c['variable'] = c.variable.map({'rounds_mean': 'agent steps / rounds',
+                                    'llm_calls_mean': 'model calls'})
     sns.barplot(c, x='method', y='value', hue='variable', ax=ax2)
     ax2.set(xlabel='method', ylabel='per question (mean)')
     ax2.set_title('tool steps (PACE, DVD) or rounds (REVEAL); model calls', fontsize=9.5)
@@ -64,13 +68,14 @@ def plot_versus(acc: pd.DataFrame, pairs: pd.DataFrame, cost: pd.DataFrame, titl
     return fig
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d2ef8f05
-def bootstrap_ci(x: Sequence[float], seed: int = 0, n_boot: int = 2000, level: float = 0.95) -> tuple[float, float]:
+def bootstrap_ci(x: Sequence[float], seed: int = 0, n_boot: int = 2000,
+                 level: float = 0.95) -> tuple[float, float]:
     "Percentile bootstrap interval of the mean of `x` (scipy, seeded: a rerun gives the same bounds); nan if empty."
     x = np.asarray(x, float)
     if len(x) == 0: return (math.nan, math.nan)
     if np.all(x == x[0]): return (float(x[0]),) * 2          # every resample is the same
-    res = bootstrap((x,), np.mean, vectorized=True, n_resamples=n_boot, confidence_level=level, method='percentile',
-                    rng=np.random.default_rng(seed))
+    res = bootstrap((x,), np.mean, vectorized=True, n_resamples=n_boot, confidence_level=level,
+                    method='percentile', rng=np.random.default_rng(seed))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d10ab799
@@ -81,8 +86,8 @@ def question_needle(r: dict, q: Question, judged: dict | None = None) -> float |
     return needle_recall(q, judge_rows(r))
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #0668f4b4
-def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], seed: int = 0, n_boot: int = 2000,
-                 verdicts: dict[str, dict] | None = None) -> pd.DataFrame:
+def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], seed: int = 0,
+                 n_boot: int = 2000, verdicts: dict[str, dict] | None = None) -> pd.DataFrame:
     "Per method, on the questions with cues: mean needle recall (bootstrap 95 % CI), its judge, accuracy (Wilson)."
     Q, rows = {q.qid: q for q in questions if q.cues}, []
     for m, rs in runs.items():
@@ -91,9 +96,11 @@ def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], see
         rec = [x for x in (question_needle(r, Q[r['qid']], j) for r in got) if x is not None]
         lo, hi = bootstrap_ci(rec, seed, n_boot)
         acc = accuracy_row(got)
-        rows.append(dict(method=m, n=len(rec), needle_recall=float(np.mean(rec)) if rec else math.nan,
-                         recall_ci_low=lo, recall_ci_high=hi, judge=next(iter(v.values()))['needle_judge'] if v
-                         else 'lexical', accuracy=acc['accuracy'], ci_low=acc['ci_low'], ci_high=acc['ci_high']))
+        rows.append(dict(method=m, n=len(rec),
+                         needle_recall=float(np.mean(rec)) if rec else math.nan, recall_ci_low=lo,
+                         recall_ci_high=hi,
+                         judge=next(iter(v.values()))['needle_judge'] if v else 'lexical',
+                         accuracy=acc['accuracy'], ci_low=acc['ci_low'], ci_high=acc['ci_high']))
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a01
@@ -125,9 +132,11 @@ def _mean_factors(rs: list[dict]) -> float:
     "The mean number of question factors |F_Q| the results used."
     return float(np.mean([len(r.get('factors') or []) for r in rs])) if rs else math.nan
 
-def factor_table(sweep: dict[int, list[dict]], reference: dict[str, list[dict]] | None = None) -> pd.DataFrame:
+def factor_table(sweep: dict[int, list[dict]],
+                 reference: dict[str, list[dict]] | None = None) -> pd.DataFrame:
     "Accuracy per forced factor budget k (with the factors really used), then each free-budget reference arm."
-    rows = [dict(arm='forced', k=k, factors=_mean_factors(rs), **accuracy_row(rs)) for k, rs in sorted(sweep.items())]
+    rows = [dict(arm='forced', k=k, factors=_mean_factors(rs), **accuracy_row(rs))
+            for k, rs in sorted(sweep.items())]
     rows += [dict(arm=name, k=None, factors=_mean_factors(rs), **accuracy_row(rs))
              for name, rs in (reference or {}).items()]
     df = pd.DataFrame(rows)
@@ -140,20 +149,24 @@ def plot_factors(ft: pd.DataFrame, title: str):
     fig, (ax,) = new_figure(title, width=8.0)
     f, refs = ft[ft.arm == 'forced'], ft[ft.arm != 'forced']
     err = 100 * np.abs(np.vstack([f.accuracy - f.ci_low, f.ci_high - f.accuracy]).astype(float))
-    ax.errorbar(f.k.astype(float), 100 * f.accuracy, yerr=err, marker='o', capsize=3, label='forced |F_Q| = k')
+    ax.errorbar(f.k.astype(float), 100 * f.accuracy, yerr=err, marker='o', capsize=3,
+                label='forced |F_Q| = k')
     for j, r in enumerate(refs.itertuples()):
-        ax.scatter([r.factors + 0.07 * j], [100 * r.accuracy], marker='*Dv^s'[j % 5], s=200, zorder=3 + j,
-                   color=f"C{j + 1}", edgecolors='white', label=f"{r.arm} (free |F_Q|, mean {r.factors:.1f})")
+        ax.scatter([r.factors + 0.07 * j], [100 * r.accuracy], marker='*Dv^s'[j % 5], s=200,
+                   zorder=3 + j, color=f"C{j + 1}", edgecolors='white',
+                   label=f"{r.arm} (free |F_Q|, mean {r.factors:.1f})")
     ax.set(xlabel='question factors |F_Q|', ylabel='accuracy (%) with 95 % CI', ylim=(0, 105),
            xticks=sorted(set(f.k.dropna().astype(int)) | {1}))
-    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))     # beside the axes: no whisker hidden
+    # beside the axes: no whisker hidden
+    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #87e0272d
 def _pass_rows(m: str, rs: list[dict]) -> list[dict]:
     "Table 6's indexing in two passes, per clip: the shared plain captions (once per video), each question's own."
-    idx = [r['index'] for r in rs if isinstance(r.get('index'), dict) and 'shared_prompt_tokens_per_clip' in r['index']]
+    idx = [r['index'] for r in rs if isinstance(r.get('index'), dict)
+           and 'shared_prompt_tokens_per_clip' in r['index']]
     shared = list({i.get('plain_path'): i for i in idx}.values())
     mean = lambda xs, k: float(np.mean([x[k] for x in xs]))
     row = lambda stage, xs, k: dict(method=m, stage=stage, n=len(xs), calls=math.nan,
@@ -172,12 +185,14 @@ def index_cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
         clips = sum(int(d.get('n_clips') or 0) for d in dbs.values())
         per = lambda k: sum(int(d.get(k) or 0) for d in dbs.values()) / clips if clips else math.nan
         rows.append(dict(method=m, stage='indexing (per clip)', n=clips, calls=per('calls'),
-                         prompt_tokens=per('prompt_tokens'), completion_tokens=per('completion_tokens'),
+                         prompt_tokens=per('prompt_tokens'),
+                         completion_tokens=per('completion_tokens'),
                          reasoning_tokens=per('reasoning_tokens')))
         rows += _pass_rows(m, rs)
         mean = lambda k: float(np.mean([float(r.get(k) or 0) for r in rs])) if rs else math.nan
-        rows.append(dict(method=m, stage='reasoning (per query)', n=len(rs), calls=mean('llm_calls'),
-                         prompt_tokens=mean('prompt_tokens'), completion_tokens=mean('completion_tokens'),
+        rows.append(dict(method=m, stage='reasoning (per query)', n=len(rs),
+                         calls=mean('llm_calls'), prompt_tokens=mean('prompt_tokens'),
+                         completion_tokens=mean('completion_tokens'),
                          reasoning_tokens=mean('reasoning_tokens')))
     return pd.DataFrame(rows)
 
@@ -190,15 +205,18 @@ def tool_use_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
         seen = {t for u in used for t in u}
         names = [t for t in PACE_TOOLS if t in seen] + sorted(seen - set(PACE_TOOLS))
         n = max(len(used), 1)
-        rows += [dict(method=m, tool=t, episodes=len(used), calls_per_episode=sum(u.get(t, 0) for u in used) / n,
+        rows += [dict(method=m, tool=t, episodes=len(used),
+                      calls_per_episode=sum(u.get(t, 0) for u in used) / n,
                       episodes_using=sum(t in u for u in used) / n) for t in names]
-    return pd.DataFrame(rows, columns=['method', 'tool', 'episodes', 'calls_per_episode', 'episodes_using'])
+    return pd.DataFrame(rows, columns=['method', 'tool', 'episodes', 'calls_per_episode',
+                                       'episodes_using'])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d8877b81
 def plot_pace_cost(tok: pd.DataFrame, tools: pd.DataFrame, title: str):
     "Table 6 as bars (tokens per clip for indexing, per query for reasoning) and Fig. 5's tool calls per episode."
     fig, (ax, ax2) = new_figure(title, ncols=2, width=5.6)
-    t = tok.melt(id_vars=['method', 'stage'], value_vars=['prompt_tokens', 'completion_tokens']).fillna(0)
+    t = tok.melt(id_vars=['method', 'stage'],
+                 value_vars=['prompt_tokens', 'completion_tokens']).fillna(0)
     t['what'] = t.stage.str.split(' ').str[0] + '\n' + t.variable.str.replace('_tokens', '')
     order = [f"{s}\n{k}" for s in ('indexing', 'reasoning') for k in ('prompt', 'completion')]
     sns.barplot(t, x='what', y='value', hue='method', order=order, ax=ax)
@@ -206,7 +224,8 @@ def plot_pace_cost(tok: pd.DataFrame, tools: pd.DataFrame, title: str):
     ax.set_title('token cost (Table 6): indexing per clip, reasoning per query', fontsize=9.5)
     if not t.value.any():
         ax.set_ylim(0, 1)
-        ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center', transform=ax.transAxes)
+        ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
+                transform=ax.transAxes)
     sns.barplot(tools, x='tool', y='calls_per_episode', hue='method', ax=ax2)
     ax2.set(xlabel='tool', ylabel='calls per episode (mean)')
     ax2.set_title('tool use (Fig. 5)', fontsize=9.5)
@@ -219,17 +238,21 @@ def episode_lengths(runs: dict[str, list[dict]]) -> pd.DataFrame:
     "Per method: the share of episodes that took each number of steps (PACE Fig. 5: 83.4 % end in exactly four)."
     rows = []
     for m, rs in runs.items():
-        n = Counter(int(r.get('steps') or 0) for r in rs if not r.get('failed') and r.get('tool_calls') is not None)
-        rows += [dict(method=m, steps=k, episodes=v, share=v / sum(n.values())) for k, v in sorted(n.items())]
+        n = Counter(int(r.get('steps') or 0) for r in rs if not r.get('failed')
+                    and r.get('tool_calls') is not None)
+        rows += [dict(method=m, steps=k, episodes=v, share=v / sum(n.values()))
+                 for k, v in sorted(n.items())]
     return pd.DataFrame(rows, columns=['method', 'steps', 'episodes', 'share'])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a21
-def backbone_table(runs: dict[str, dict[str, list[dict]]], base: str = 'dvd', method: str = 'pace') -> pd.DataFrame:
+def backbone_table(runs: dict[str, dict[str, list[dict]]], base: str = 'dvd',
+                   method: str = 'pace') -> pd.DataFrame:
     "Per backbone setup: `base` and `method` accuracy (95 % Wilson intervals) and the difference (Table 3's Delta)."
     rows = []
     for name, rs in runs.items():
         a, b = accuracy_row(rs.get(base, [])), accuracy_row(rs.get(method, []))
-        rows.append(dict(backbone=name, n=b['n'], **{f"{base}_{k}": a[k] for k in ('accuracy', 'ci_low', 'ci_high')},
+        rows.append(dict(backbone=name, n=b['n'],
+                         **{f"{base}_{k}": a[k] for k in ('accuracy', 'ci_low', 'ci_high')},
                          **{f"{method}_{k}": b[k] for k in ('accuracy', 'ci_low', 'ci_high')},
                          delta=b['accuracy'] - a['accuracy']))
     return pd.DataFrame(rows)
@@ -237,18 +260,22 @@ def backbone_table(runs: dict[str, dict[str, list[dict]]], base: str = 'dvd', me
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a23
 def plot_backbones(bt: pd.DataFrame, title: str, base: str = 'dvd', method: str = 'pace'):
     "Table 3 as grouped bars: per backbone setup, `base` and `method` accuracy (%) with 95 % whiskers and the delta."
-    long = pd.concat([pd.DataFrame(dict(backbone=bt.backbone, n=bt.n, method=m, accuracy=bt[f"{m}_accuracy"],
-                                        ci_low=bt[f"{m}_ci_low"], ci_high=bt[f"{m}_ci_high"])) for m in (base, method)])
-    fig = plot_grouped(long.reset_index(drop=True), 'backbone', 'method', title, 'backbone setup (Δ: the gain)')
+    long = pd.concat([pd.DataFrame(dict(backbone=bt.backbone, n=bt.n, method=m,
+                                        accuracy=bt[f"{m}_accuracy"], ci_low=bt[f"{m}_ci_low"],
+                                        ci_high=bt[f"{m}_ci_high"])) for m in (base, method)])
+    fig = plot_grouped(long.reset_index(drop=True), 'backbone', 'method', title,
+                       'backbone setup (Δ: the gain)')
     ax = fig.axes[0]
-    ax.set_xticks(ax.get_xticks(), [f"{t.get_text()}\nΔ {100 * d:+.1f}" for t, d in zip(ax.get_xticklabels(), bt.delta)])
+    ax.set_xticks(ax.get_xticks(), [f"{t.get_text()}\nΔ {100 * d:+.1f}"
+                                    for t, d in zip(ax.get_xticklabels(), bt.delta)])
     fig.tight_layout()
     return fig
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a31
 def tool_subsets(rs: list[dict], tools: Sequence[str]) -> dict[str, list[str]]:
     "For each tool, the questions (qids, sorted) on which the results called it at least once."
-    return {t: sorted(r['qid'] for r in rs if (r.get('tool_calls') or {}).get(t) and not r.get('failed'))
+    return {t: sorted(r['qid'] for r in rs if (r.get('tool_calls') or {}).get(t)
+                      and not r.get('failed'))
             for t in tools}
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a33
@@ -260,8 +287,9 @@ def conditional_table(with_tool: list[dict], without: dict[str, list[dict]],
         keep = set(qids)
         a = accuracy_row([r for r in with_tool if r['qid'] in keep])
         b = accuracy_row([r for r in without.get(t, []) if r['qid'] in keep])
-        rows.append(dict(tool=t, samples=len(keep), with_tool=a['accuracy'], without_tool=b['accuracy'],
-                         delta=b['accuracy'] - a['accuracy'], with_ci_low=a['ci_low'], with_ci_high=a['ci_high'],
+        rows.append(dict(tool=t, samples=len(keep), with_tool=a['accuracy'],
+                         without_tool=b['accuracy'], delta=b['accuracy'] - a['accuracy'],
+                         with_ci_low=a['ci_low'], with_ci_high=a['ci_high'],
                          without_ci_low=b['ci_low'], without_ci_high=b['ci_high']))
     return pd.DataFrame(rows)
 
@@ -269,25 +297,29 @@ def conditional_table(with_tool: list[dict], without: dict[str, list[dict]],
 def with_usage(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> pd.DataFrame:
     "The conditional table with each tool's calls per episode and share of episodes using it in `method`'s run."
     u = usage[usage.method == method].set_index('tool')[['calls_per_episode', 'episodes_using']]
-    return ct.drop(columns=list(u), errors='ignore').join(u, on='tool').fillna({'calls_per_episode': 0.0, 'episodes_using': 0.0})
+    return ct.drop(columns=list(u), errors='ignore').join(u,
+                                                          on='tool').fillna({'calls_per_episode': 0.0,
+                                                                             'episodes_using': 0.0})
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #b3a27e48
 def ablated_tools(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> str:
     "Each ablated tool and how much PACE used it, the most-used named so: 'EvidenceRetrieve (most-used, 4.2 calls…)'."
     u = usage[(usage.method == method) & (usage.tool != 'Finish')].set_index('tool').calls_per_episode
     top = u.idxmax() if len(u) and u.max() > 0 else None
-    one = lambda t, c: f"{t} ({'its most-used tool, ' if t == top else ''}{c:.2g} calls per episode)"
+    one = (lambda t,
+           c: f"{t} ({'its most-used tool, ' if t == top else ''}{c:.2g} calls per episode)")
     cpe = with_usage(ct, usage, method).calls_per_episode
     return ' or '.join(one(t, c) for t, c in zip(ct.tool, cpe))
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a35
 def plot_conditional(ct: pd.DataFrame, title: str):
     "Table 5 as grouped bars: per tool, accuracy (%) with and without it on the questions that used it."
-    long = pd.concat([pd.DataFrame(dict(tool=ct.tool, n=ct.samples, arm=arm, accuracy=ct[col], ci_low=ct[f"{p}_ci_low"],
-                                        ci_high=ct[f"{p}_ci_high"]))
+    long = pd.concat([pd.DataFrame(dict(tool=ct.tool, n=ct.samples, arm=arm, accuracy=ct[col],
+                                        ci_low=ct[f"{p}_ci_low"], ci_high=ct[f"{p}_ci_high"]))
                       for arm, col, p in (('with the tool', 'with_tool', 'with'),
                                           ('without it', 'without_tool', 'without'))])
-    return plot_grouped(long.reset_index(drop=True), 'tool', 'arm', title, 'tool (questions where PACE called it)')
+    return plot_grouped(long.reset_index(drop=True), 'tool', 'arm', title,
+                        'tool (questions where PACE called it)')
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a37
 def run_on(exp, methods: Sequence[str], qids: Sequence[str], tag: str,
@@ -297,8 +329,9 @@ def run_on(exp, methods: Sequence[str], qids: Sequence[str], tag: str,
     base = resolve(exp.out_dir) / run_slug(exp.benchmark, exp.split, exp.chat, exp.roles)
     for m in methods:
         d = base / safe_name(f"{m}-{tag}-{load_config(None, list(overrides or [])).hash()}")
-        if qs: run_eval(qs, m, d, model=exp.chat, overrides=list(overrides or []), progress=exp.progress,
-                        roles=exp.roles, role_models=exp.role_models)
+        if qs:
+            run_eval(qs, m, d, model=exp.chat, overrides=list(overrides or []),
+                     progress=exp.progress, roles=exp.roles, role_models=exp.role_models)
         out[m] = load_runs({m: d}, qids)[m]
     return out
 

@@ -48,12 +48,14 @@ def paired_table(runs: dict[str, list[dict]], pairs: Sequence[tuple[str, str]], 
         c = compare(runs[after], runs[before], seed=seed, n_boot=n_boot, names=(after, before))
         lo, hi = c['bootstrap_ci95']
         rows.append(dict(before=before, after=after, n=c['n_common'], acc_before=c['b']['accuracy'],
-                         acc_after=c['a']['accuracy'], diff=c['accuracy_diff'], diff_ci_low=lo, diff_ci_high=hi,
-                         only_after=c['only_a_correct'], only_before=c['only_b_correct'], mcnemar_p=c['mcnemar_p']))
+                         acc_after=c['a']['accuracy'], diff=c['accuracy_diff'], diff_ci_low=lo,
+                         diff_ci_high=hi, only_after=c['only_a_correct'],
+                         only_before=c['only_b_correct'], mcnemar_p=c['mcnemar_p']))
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #fa04106e
-_CELLS = {('no', 'no'): '+onmem', ('yes', 'no'): 'rerank-only', ('no', 'yes'): 'verify-only', ('yes', 'yes'): 'reveal'}
+_CELLS = {('no', 'no'): '+onmem', ('yes', 'no'): 'rerank-only', ('no', 'yes'): 'verify-only',
+          ('yes', 'yes'): 'reveal'}
 
 def two_by_two(acc: pd.DataFrame) -> pd.DataFrame:
     "The review's 2×2 as a grid: rubric rerank (rows) × verifier (columns), accuracy in each cell (NaN if not run)."
@@ -66,7 +68,8 @@ def rerank_used(runs: dict[str, list[dict]]) -> dict[str, str]:
     "Per 2×2 row ('no' / 'yes' rubric rerank): the ranking its runs' results say they used ('unknown' if unrecorded)."
     out = {}
     for row, methods in (('no', ('+onmem', 'verify-only')), ('yes', ('rerank-only', 'reveal'))):
-        kinds = {k for m in methods for r in runs.get(m, []) for k in (r.get('rerank') or 'unknown').split('+')}
+        kinds = {k for m in methods for r in runs.get(m, [])
+                 for k in (r.get('rerank') or 'unknown').split('+')}
         out[row] = ' / '.join(sorted(kinds)) if kinds else 'not run'
     return out
 
@@ -91,18 +94,20 @@ def mean_admitted(rs: list[dict]) -> float:
 def cut_share(rs: list[dict], budget: int = EVIDENCE_TOKENS) -> float:
     "Mean share of the admitted evidence's words the roles' one evidence budget cuts away (0: everything read whole)."
     words = [sum(len(str(e.get('text', '')).split()) for e in r.get('evidence') or []) for r in rs]
-    return float(np.mean([max(0.0, 1 - budget / w) if w else 0.0 for w in words])) if rs else math.nan
+    return (float(np.mean([max(0.0, 1 - budget / w) if w else 0.0 for w in words])) if rs
+            else math.nan)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #a307564a
 def rerank_fallback(rs: list[dict]) -> float:
     "Share of questions where the model rerank fell back to the offline formula in some round (its reply unusable)."
-    return float(np.mean(['fallback' in str(r.get('rerank') or '') for r in rs])) if rs else math.nan
+    return (float(np.mean(['fallback' in str(r.get('rerank') or '') for r in rs])) if rs
+            else math.nan)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #e7bf389c
 def _sweep_row(arm: str, cap, rs: list[dict]) -> dict:
     "One point of Fig. 4a: admitted items, accuracy, and what bent it (evidence cut, rerank fallbacks)."
-    return dict(arm=arm, cap=cap, segments=mean_admitted(rs), **accuracy_row(rs), cut_share=cut_share(rs),
-                rerank_fallback=rerank_fallback(rs))
+    return dict(arm=arm, cap=cap, segments=mean_admitted(rs), **accuracy_row(rs),
+                cut_share=cut_share(rs), rerank_fallback=rerank_fallback(rs))
 
 def sweep_table(sweep: dict[int, list[dict]], adaptive: list[dict] | None = None) -> pd.DataFrame:
     "Accuracy against mean admitted segments: one row per fixed cap (no verification), then REVEAL's adaptive row."
@@ -116,14 +121,16 @@ def sweep_table(sweep: dict[int, list[dict]], adaptive: list[dict] | None = None
 def split_available(named: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     "The (label → method) entries whose method the runner knows, and the methods it does not know."
     known = set(available_methods())
-    return {k: m for k, m in named.items() if m in known}, [m for m in named.values() if m not in known]
+    return ({k: m for k, m in named.items() if m in known},
+            [m for m in named.values() if m not in known])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #798a13e1
 def calibration_table(arms: dict[str, list[dict]], verdicts: list[dict]) -> pd.DataFrame:
     "Each arm's accuracy on the questions the plain run's verifier called sufficient, and on those it did not."
     v = {r['qid']: r.get('sufficient') for r in verdicts}
     rows = [dict(arm=arm, verdict=label, **accuracy_row([r for r in rs if v.get(r['qid']) is flag]))
-            for arm, rs in arms.items() for label, flag in (('sufficient', True), ('insufficient', False))]
+            for arm, rs in arms.items()
+            for label, flag in (('sufficient', True), ('insufficient', False))]
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #39dd47ce
@@ -139,7 +146,8 @@ def _frames_of(t: dict) -> tuple[int, str]:
 
 def answerer_frames(rs: list[dict]) -> str:
     "Frames the answerer got over an arm's questions, or '0 (why)' from the traces when none."
-    got = [_frames_of(load_trace(r['trace'])) for r in rs if r.get('trace') and str(r['trace']).endswith('.json')]
+    got = [_frames_of(load_trace(r['trace'])) for r in rs if r.get('trace')
+           and str(r['trace']).endswith('.json')]
     n, notes = sum(k for k, _ in got), sorted({w for _, w in got} - {''})
     return f"{n}" if n or not notes else f"0 ({'; '.join(notes)})"
 
@@ -179,10 +187,11 @@ def cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
     for m, rs in runs.items():
         r, ok = report(rs), [x for x in rs if not x.get('failed')]
         no_rr = float(np.mean([_calls_without(x) for x in ok])) if ok else math.nan
-        rows.append(dict(method=m, n=len(rs), rounds_mean=r['rounds_mean'], llm_calls_mean=r['llm_calls_mean'],
-                         llm_calls_no_rerank_mean=no_rr, prompt_tokens_mean=r['prompt_tokens_mean'],
-                         completion_tokens_mean=r['completion_tokens_mean'], llm_calls_total=r['llm_calls_total'],
-                         tokens_total=r['tokens_total']))
+        rows.append(dict(method=m, n=len(rs), rounds_mean=r['rounds_mean'],
+                         llm_calls_mean=r['llm_calls_mean'], llm_calls_no_rerank_mean=no_rr,
+                         prompt_tokens_mean=r['prompt_tokens_mean'],
+                         completion_tokens_mean=r['completion_tokens_mean'],
+                         llm_calls_total=r['llm_calls_total'], tokens_total=r['tokens_total']))
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #46f1abb1
@@ -194,11 +203,13 @@ def timing_table(runs: dict[str, list[dict]], memory: pd.DataFrame | None = None
     rows = [dict(method=m, part='per question', n=len(rs),
                  seconds_mean=float(np.mean([sec(x) for x in rs])) if rs else math.nan,
                  seconds_total=sum(sec(x) for x in rs),
-                 model_seconds_total=sum(float(x.get('model_seconds') or 0) for x in rs)) for m, rs in runs.items()]
+                 model_seconds_total=sum(float(x.get('model_seconds') or 0) for x in rs))
+            for m, rs in runs.items()]
     if memory is not None and len(memory):
         b = memory.build_seconds.astype(float)
         rows.append(dict(method=MEMORY_ROW, part='shared, once per video', n=len(memory),
-                         seconds_mean=float(b.mean()), seconds_total=float(b.sum()), model_seconds_total=math.nan))
+                         seconds_mean=float(b.mean()), seconds_total=float(b.sum()),
+                         model_seconds_total=math.nan))
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #f7f3b426
@@ -210,7 +221,9 @@ def memory_chunkings(methods: Sequence[str] | None, config: Config) -> list[str]
     direct = {config.chunking for m in methods if m.startswith('direct')}
     return sorted(own | direct)
 
-def build_memories(questions: Sequence, chat, config: Config | None = None, out_dir: str | Path = 'runs',
+# %% ../../../nbs/44a_eval.figures.reveal.ipynb #c9960616
+def build_memories(questions: Sequence, chat, config: Config | None = None,
+                   out_dir: str | Path = 'runs',
                    methods: Sequence[str] | None = None) -> pd.DataFrame:
     "Every memory the methods read, built (or loaded) before they run: per video and chunking, seconds now and build."
     ctx = RunContext('memory', 'memory', Path(out_dir), config=config or Config(), model_obj=chat)
@@ -218,13 +231,15 @@ def build_memories(questions: Sequence, chat, config: Config | None = None, out_
     for q in {q.video_id: q for q in questions}.values():
         for ch in memory_chunkings(methods, ctx.config):
             t0 = time.time()
-            mem = ctx.memory(q, ch)                          # the same memory the runs' `ctx.memory` finds
+            # the same memory the runs' `ctx.memory` finds
+            mem = ctx.memory(q, ch)
             rows.append(dict(video_id=q.video_id, chunking=ch, seconds=round(time.time() - t0, 4),
                              build_seconds=float(mem.manifest.get('build_seconds') or 0)))
     return pd.DataFrame(rows, columns=['video_id', 'chunking', 'seconds', 'build_seconds'])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #e918c5dc
-def count_table(runs: dict[str, list[dict]], key: str, values: Iterable[int] | None = None) -> pd.DataFrame:
+def count_table(runs: dict[str, list[dict]], key: str,
+                values: Iterable[int] | None = None) -> pd.DataFrame:
     "Per method, how many questions have each value of an integer field (`rounds`, `llm_calls`); zeros included."
     rows = []
     for m, rs in runs.items():
@@ -239,34 +254,42 @@ def fmt_p(p: float) -> str:
     return 'p<0.001' if p < 0.001 else f"p={p:.2g}"
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #bcf2bf1f
-def plot_steps(acc: pd.DataFrame, pairs: pd.DataFrame, title: str, rerank: dict[str, str] | None = None):
+def plot_steps(acc: pd.DataFrame, pairs: pd.DataFrame, title: str,
+               rerank: dict[str, str] | None = None):
     "Table 2: the ladder's accuracies, each step's change and McNemar p; the 2×2 as a heat map, saying which rerank."
     fig, (ax, ax2) = new_figure(title, ncols=2, width=6.2)
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
-    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low, acc.ci_high - acc.accuracy]).astype(float))
+    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low,
+                                  acc.ci_high - acc.accuracy]).astype(float))
     ax.bar(x, y, yerr=err, capsize=3, color=sns.color_palette('deep', len(acc)))
     pos = dict(zip(acc.method, x))
-    for r in pairs.itertuples():      # the ladder's steps sit between their bars; the 2×2 contrasts are on the right
-        if (r.before, r.after) in set(zip(LADDER, LADDER[1:])) and r.before in pos and r.after in pos:
-            ax.annotate(f"{100 * r.diff:+.1f}\n{fmt_p(r.mcnemar_p)}", ((pos[r.before] + pos[r.after]) / 2, 101),
-                        ha='center', va='top', fontsize=7.5)
+    # the ladder's steps sit between their bars; the 2×2 contrasts are on the right
+    for r in pairs.itertuples():
+        if ((r.before, r.after) in set(zip(LADDER, LADDER[1:])) and r.before in pos
+            and r.after in pos):
+            ax.annotate(f"{100 * r.diff:+.1f}\n{fmt_p(r.mcnemar_p)}",
+                        ((pos[r.before] + pos[r.after]) / 2, 101), ha='center', va='top',
+                        fontsize=7.5)
     ax.set(xticks=x, ylim=(0, 112), xlabel='method', ylabel='accuracy (%) with 95 % CI')
     ax.set_xticklabels(acc.method, rotation=30, ha='right')
     grid = 100 * two_by_two(acc)
     if rerank: grid.index = [f"{r} ({rerank.get(r, '?')})" if r == 'yes' else r for r in grid.index]
-    sns.heatmap(grid, annot=True, fmt='.1f', vmin=0, vmax=100, cmap='crest', ax=ax2, cbar_kws={'label': 'accuracy (%)'})
+    sns.heatmap(grid, annot=True, fmt='.1f', vmin=0, vmax=100, cmap='crest', ax=ax2,
+                cbar_kws={'label': 'accuracy (%)'})
     ax2.set(ylabel='rubric rerank')
     ax2.set_title('review 2×2 on top of +onmem', fontsize=9.5)
     fig.tight_layout()
     return fig
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #fa50893a
-_STAGGER = ((5, -14), (5, 9), (5, -27), (5, 22))     # label offsets (points), cycled so neighbouring caps stay legible
+# label offsets (points), cycled so neighbouring caps stay legible
+_STAGGER = ((5, -14), (5, 9), (5, -27), (5, 22))
 
 def _bent(row) -> str:
     "A point's label suffix: how much of its evidence the budget cut, how often the model rerank fell back."
     cut, fb = getattr(row, 'cut_share', 0) or 0, getattr(row, 'rerank_fallback', 0) or 0
-    return (f", {100 * cut:.0f}% cut" if cut > 0 else '') + (f", rerank fell back {100 * fb:.0f}%" if fb > 0 else '')
+    return (f", {100 * cut:.0f}% cut" if cut > 0 else '') + (f", rerank fell back {100 * fb:.0f}%"
+                                                             if fb > 0 else '')
 
 def plot_sweep(sw: pd.DataFrame, title: str):
     "Fig. 4a: accuracy vs mean admitted segments without verification (one point per cap), and REVEAL's point."
@@ -277,8 +300,8 @@ def plot_sweep(sw: pd.DataFrame, title: str):
                 label='no verification (fixed cap per round)')
     for i, row in enumerate(f.itertuples()):
         bent = _bent(row)
-        ax.annotate(f"cap {row.cap}{bent}", (row.segments, 100 * row.accuracy), xytext=_STAGGER[i % len(_STAGGER)],
-                    textcoords='offset points', fontsize=8)
+        ax.annotate(f"cap {row.cap}{bent}", (row.segments, 100 * row.accuracy),
+                    xytext=_STAGGER[i % len(_STAGGER)], textcoords='offset points', fontsize=8)
     if len(r): ax.scatter(r.segments, 100 * r.accuracy, marker='*', s=220, color='C3', zorder=3,
                           label='REVEAL (adaptive, verified)')
     wide = sw.segments.max() / max(sw.segments.min(), 1e-9) > 8
@@ -315,14 +338,17 @@ def plot_costs(cost: pd.DataFrame, rounds: pd.DataFrame, calls: pd.DataFrame, ti
     sns.barplot(calls, x='llm_calls', y='questions', hue='method', ax=axes[1], legend=False)
     axes[1].set(xlabel='model calls', ylabel='questions', title='model calls per question')
     tok = cost.melt(id_vars='method', value_vars=['prompt_tokens_mean', 'completion_tokens_mean'])
-    tok['variable'] = tok.variable.map({'prompt_tokens_mean': 'prompt', 'completion_tokens_mean': 'completion'})
+    tok['variable'] = tok.variable.map({'prompt_tokens_mean': 'prompt',
+                                        'completion_tokens_mean': 'completion'})
     sns.barplot(tok, x='variable', y='value', hue='method', ax=axes[2], legend=False)
     axes[2].set(xlabel='tokens', ylabel='tokens per question (mean)', title='tokens per question')
     if not tok.value.any():
         axes[2].set_ylim(0, 1)
-        axes[2].text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center', transform=axes[2].transAxes)
+        axes[2].text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
+                     transform=axes[2].transAxes)
     per_q = timing[timing.method != MEMORY_ROW] if 'part' in timing else timing
     sns.barplot(per_q, x='method', y='seconds_mean', hue='method', ax=axes[3], legend=False)
-    axes[3].set(xlabel='method', ylabel='wall seconds per question (mean)', title=memory_note(timing))
+    axes[3].set(xlabel='method', ylabel='wall seconds per question (mean)',
+                title=memory_note(timing))
     fig.tight_layout()
     return fig
