@@ -151,7 +151,7 @@ def test_tables34(work):
     assert all(float(r['llm_calls_no_rerank_mean']) <= float(r['llm_calls_mean']) for r in cost)   # Table 4: 2R+2
     timing = rows(figs / 'reveal_tables34_timing.csv')
     assert [(r['method'], r['part']) for r in timing] == [('base', 'per question'), ('reveal', 'per question'),
-                                                          ('memory build', 'shared, once per video')]
+                                                          ('memory build', 'shared, once per video and chunking')]
     assert all(float(r['seconds_total']) > 0 and int(r['n']) == 2 for r in timing[:2])
     assert int(timing[2]['n']) == 2 and float(timing[2]['seconds_total']) > 0      # fixed + adaptive, apart
     hist = rows(figs / 'reveal_tables34_rounds.csv')

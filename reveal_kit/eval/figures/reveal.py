@@ -207,7 +207,7 @@ def timing_table(runs: dict[str, list[dict]], memory: pd.DataFrame | None = None
             for m, rs in runs.items()]
     if memory is not None and len(memory):
         b = memory.build_seconds.astype(float)
-        rows.append(dict(method=MEMORY_ROW, part='shared, once per video', n=len(memory),
+        rows.append(dict(method=MEMORY_ROW, part='shared, once per video and chunking', n=len(memory),
                          seconds_mean=float(b.mean()), seconds_total=float(b.sum()),
                          model_seconds_total=math.nan))
     return pd.DataFrame(rows)
@@ -326,7 +326,7 @@ def memory_note(timing: pd.DataFrame) -> str:
     mem = timing[timing.method == MEMORY_ROW] if 'part' in timing else timing.iloc[:0]
     if not len(mem): return 'wall time per question (incl. memory building)'
     m = mem.iloc[0]
-    return f"per question; memory built apart:\n{m.seconds_total:.1f} s for {int(m.n)} video(s), shared"
+    return f"per question; memory built apart:\n{m.seconds_total:.1f} s for {int(m.n)} memories, shared"
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #945b5bc3
 def plot_costs(cost: pd.DataFrame, rounds: pd.DataFrame, calls: pd.DataFrame, timing: pd.DataFrame,
