@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import random
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 import numpy as np
@@ -31,8 +32,8 @@ from .pairs import (ModelTeacher, OracleTeacher, Pair, candidates, filter_counts
 # %% auto #0
 __all__ = ['NEXT_FROM', 'criterion_text', 'merge_criteria', 'normalize_weights', 'merge_pool', 'SplitRefused',
            'refuse_test_split', 'pool_provenance', 'write_pool', 'read_provenance', 'show_pool', 'pool_eval_warning',
-           'split_pairs', 'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir', 'best_iteration',
-           'induce']
+           'split_pairs', 'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir', 'InductionSettings',
+           'best_iteration', 'induce']
 
 # %% ../../nbs/26b_reveal.induction.ipynb #b854fcd8
 def criterion_text(c: Criterion) -> str:
@@ -271,39 +272,81 @@ def _mark_stop(row: dict, rows: list[dict], max_iters: int, patience: int) -> di
                    else 'separated' if not row['next_working'] else None)
     return row
 
+# %% ../../nbs/26b_reveal.induction.ipynb #f2409747
+@dataclass(frozen=True)
+class InductionSettings:
+    "The options of `induce`: the split and pool file, the roles, the data, and how the loop runs."
+    split: str | None = 'dev'
+    out: str | Path = 'rubrics/induced-synth.yaml'
+    teacher: str | Any = 'oracle'
+    proposer: str | Any = 'offline'
+    benchmark: str = 'custom'
+    root: str | Path | None = None
+    model: ChatModel | None = None
+    max_iters: int = 5
+    patience: int = 2
+    allow_unknown_split: bool = False
+    config: Config | None = None
+    start_pool: RubricPool | None = None
+    memories: Callable | None = None
+    text_embedder: Any = None
+    val_frac: float = 0.5
+    seed: int = 0
+    merge_threshold: float = 0.9
+    work_dir: str | Path | None = None
+    progress: bool = True
+    next_from: str = 'held_out'
+    reject: bool = True
+
+def _settings(settings: InductionSettings | None, kw: dict) -> InductionSettings:
+    "The record given (default: the defaults) with the keywords given replacing its fields."
+    if settings is not None and not isinstance(settings, InductionSettings):
+        raise TypeError(f"settings must be an InductionSettings, got {type(settings).__name__}")
+    return replace(settings or InductionSettings(), **kw)
+
+@dataclass
+class _Run:
+    "One induction's resolved pieces, which the private steps of `induce` pass along."
+    s: InductionSettings
+    proposer: Any
+    embed: Callable
+    work: Path
+    train: list[Pair]
+    val: list[Pair]
+    views: dict
+
 # %% ../../nbs/26b_reveal.induction.ipynb #3f7e588b
-def _propose(pool, working, train, views, proposer, embed, loop, model, config) -> tuple[RubricPool,
-                                                                                         dict]:
+def _propose(run: _Run, pool: RubricPool, working: list[Pair],
+             model: ChatModel | None) -> tuple[RubricPool, dict]:
     "One iteration's new pool: propose, reject the proposals that separate none of their own pairs, merge."
-    new, info = proposer.propose(pool, working, train, views)
+    new, info = run.proposer.propose(pool, working, run.train, run.views)
     rejected, calls = [], list(info.get('calls', []))
-    if loop['reject']:
+    if run.s.reject:
         own = own_pairs(proposed_criteria(pool, new), new, working, info.get('own_pairs'))
-        new, rejected, rc = reject_unseparating(pool, new, own, views, model, config)
+        new, rejected, rc = reject_unseparating(pool, new, own, run.views, model, run.s.config)
         calls += rc
-    new, clusters = merge_pool(new, embed, loop['merge_threshold'])
+    new, clusters = merge_pool(new, run.embed, run.s.merge_threshold)
     return new, dict(rejected=rejected, clusters=clusters, calls=len(calls))
 
-def _iterate(pool, train, val, views, proposer, embed, config, model, work, rows, loop,
-             progress) -> list[dict]:
+def _iterate(run: _Run, pool: RubricPool, rows: list[dict]) -> list[dict]:
     "Propose → reject → merge → validate until a stop; every finished iteration is written before the next."
-    vm = None if offline_role(model) else model
-    sep = lambda pl, ps: separation(pl, ps, views, vm, config)
+    s, train, val = run.s, run.train, run.val
+    vm = None if offline_role(s.model) else s.model
+    sep = lambda pl, ps: separation(pl, ps, run.views, vm, s.config)
     row_of = lambda i, new, old, info, w: iteration_row(i, new, old, sep(new, val), sep(new, train),
-                                                        info, w, loop['next_from'])
-    if not rows: rows.append(_checkpoint(work, pool, row_of(0, pool, None, [], [])))
+                                                        info, w, s.next_from)
+    if not rows: rows.append(_checkpoint(run.work, pool, row_of(0, pool, None, [], [])))
     by = {p.qid: p for p in train + val}
-    with tqdm(total=loop['max_iters'], initial=min(rows[-1]['iteration'], loop['max_iters']),
-              desc='induce', disable=not progress) as bar:
-        while rows[-1]['iteration'] < loop['max_iters'] and not rows[-1].get('stop'):
+    with tqdm(total=s.max_iters, initial=min(rows[-1]['iteration'], s.max_iters),
+              desc='induce', disable=not s.progress) as bar:
+        while rows[-1]['iteration'] < s.max_iters and not rows[-1].get('stop'):
             i = rows[-1]['iteration'] + 1
             working = [by[q] for q in (rows[-1]['next_working'] if i > 1
                                        else [p.qid for p in train]) if q in by]
-            new, info = _propose(pool, working, train, views, proposer, embed, loop, vm, config)
+            new, info = _propose(run, pool, working, vm)
             row = dict(row_of(i, new, pool, info['clusters'], [p.qid for p in working]),
                        rejected=info['rejected'], calls=info['calls'])
-            rows.append(_checkpoint(work, new,
-                                    _mark_stop(row, rows, loop['max_iters'], loop['patience'])))
+            rows.append(_checkpoint(run.work, new, _mark_stop(row, rows, s.max_iters, s.patience)))
             pool = new
             bar.update(1)
     return rows
@@ -342,17 +385,17 @@ def _where(root: str | Path | None) -> str | None:
     p = Path(root).resolve()
     return str(p.relative_to(project_root())) if p.is_relative_to(project_root()) else str(root)
 
-def _finish(out: Path, work: Path, rows: list[dict], ident: tuple, start: RubricPool,
-            pairs: list[Pair], kept: list[Pair], train: list[Pair], val: list[Pair],
-            root: str | Path | None, **loop) -> dict:
+def _finish(run: _Run, rows: list[dict], ident: tuple, start: RubricPool, pairs: list[Pair],
+            kept: list[Pair]) -> dict:
     "Write the best iteration's pool (the start pool when nothing beats it) with its provenance, and the report."
-    best = best_iteration(rows)
+    best, out, work = best_iteration(rows), run.s.out, run.work
     pool = RubricPool.load(work / f"pool_iter{best['iteration']}.yaml")
     pool.name = out.stem
     prov = pool_provenance(*ident, start_pool=start.name, iteration=best['iteration'],
                            val_accuracy=best['val_accuracy'],
                            start_val_accuracy=rows[0]['val_accuracy'], n_pairs=len(kept),
-                           n_train=len(train), n_val=len(val), root=_where(root), **loop)
+                           n_train=len(run.train), n_val=len(run.val), root=_where(run.s.root),
+                           next_from=run.s.next_from, reject=run.s.reject)
     write_pool(pool, out, prov)
     report = {'pool': str(out), 'provenance': prov, 'filter': filter_counts(pairs),
               'iterations': rows, 'best_iteration': best['iteration'], 'work_dir': str(work)}
@@ -360,33 +403,27 @@ def _finish(out: Path, work: Path, rows: list[dict], ident: tuple, start: Rubric
     return report
 
 # %% ../../nbs/26b_reveal.induction.ipynb #2c37788a
-def induce(questions: list[Question], split: str | None = 'dev',
-           out: str | Path = 'rubrics/induced-synth.yaml', teacher: str | Any = 'oracle',
-           proposer: str | Any = 'offline', benchmark: str = 'custom',
-           root: str | Path | None = None, model: ChatModel | None = None, max_iters: int = 5,
-           patience: int = 2, allow_unknown_split: bool = False, config: Config | None = None,
-           start_pool: RubricPool | None = None, memories: Callable | None = None,
-           text_embedder: Any = None, val_frac: float = 0.5, seed: int = 0,
-           merge_threshold: float = 0.9, work_dir: str | Path | None = None, progress: bool = True,
-           next_from: str = 'held_out', reject: bool = True) -> dict:
+def induce(questions: list[Question], settings: InductionSettings | None = None, **kw) -> dict:
     "`reveal rubrics induce`: pairs → filter → propose / reject / merge / validate → the pool YAML and report."
-    config, out, qs = config or Config(), Path(out), list(questions)
-    if next_from not in NEXT_FROM: raise ValueError(f"next_from must be one of {NEXT_FROM}, got {next_from!r}")
-    split_used = refuse_test_split(split, qs, allow_unknown_split)
-    teacher, proposer = _roles(teacher, proposer, model, config)
-    start, te = start_pool or load_rubric_pool(), text_embedder or get_text_embedder()
+    s, qs = _settings(settings, kw), list(questions)
+    s = replace(s, config=s.config or Config(), out=Path(s.out))
+    if s.next_from not in NEXT_FROM:
+        raise ValueError(f"next_from must be one of {NEXT_FROM}, got {s.next_from!r}")
+    split_used = refuse_test_split(s.split, qs, s.allow_unknown_split)
+    teacher, proposer = _roles(s.teacher, s.proposer, s.model, s.config)
+    start, te = s.start_pool or load_rubric_pool(), s.text_embedder or get_text_embedder()
     embed = MemoEmbed(te.encode)
-    ident = (benchmark, split_used, qs, _name(teacher), _name(proposer),
-             {'chat': getattr(model, 'model_id', None), 'text_embedder': te.model_id}, config)
-    loop = dict(max_iters=max_iters, patience=patience, merge_threshold=merge_threshold, next_from=next_from,
-                reject=reject)
-    work = _claim(work_dir, out, ident, start, val_frac=val_frac, seed=seed, **loop)
-    mems = memories or (lambda q: get_or_build_memory(q.video_path, config, chat_model=model,
-                                                      subtitles=q.subtitle_path, text_embedder=te))
-    pairs = collect_pairs(qs, teacher, Answerer(start, model, config), mems, embed, work / 'pairs.jsonl', progress)
+    ident = (s.benchmark, split_used, qs, _name(teacher), _name(proposer),
+             {'chat': getattr(s.model, 'model_id', None), 'text_embedder': te.model_id}, s.config)
+    loop = dict(max_iters=s.max_iters, patience=s.patience, merge_threshold=s.merge_threshold,
+                next_from=s.next_from, reject=s.reject)
+    work = _claim(s.work_dir, s.out, ident, start, val_frac=s.val_frac, seed=s.seed, **loop)
+    mems = s.memories or (lambda q: get_or_build_memory(
+        q.video_path, s.config, chat_model=s.model, subtitles=q.subtitle_path, text_embedder=te))
+    pairs = collect_pairs(qs, teacher, Answerer(start, s.model, s.config), mems, embed,
+                          work / 'pairs.jsonl', s.progress)
     kept = _kept_pairs(pairs)
-    train, val = split_pairs(kept, val_frac, seed)
+    train, val = split_pairs(kept, s.val_frac, s.seed)
     rows, last_pool = _resume(work)
-    rows = _iterate(last_pool or start, train, val, pair_views(kept, embed), proposer, embed, config, model, work,
-                    rows, loop, progress)
-    return _finish(out, work, rows, ident, start, pairs, kept, train, val, root, next_from=next_from, reject=reject)
+    run = _Run(s, proposer, embed, work, train, val, pair_views(kept, embed))
+    return _finish(run, _iterate(run, last_pool or start, rows), ident, start, pairs, kept)
