@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 import numpy as np
@@ -68,41 +68,52 @@ def make_roles(model: ChatModel | None, config: Config, roles: str = 'auto',
                  Answerer(pool, model, config, offline, evidence_tokens), offline)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #53ff91d0
-def _uniform_candidates(q: Question, memory: Memory, om: OnlineMemory, config: Config,
-                        embed: Callable | None, qvec_cache: dict) -> list[Candidate]:
+@dataclass
+class _Run:
+    "One question's run: question, memory, method, settings, roles, memoized embedder and O_t."
+    q: Question
+    memory: Memory
+    spec: MethodSpec
+    config: Config
+    roles: Roles | None = None
+    embed: Callable | None = None
+    om: OnlineMemory | None = None
+    qvec_cache: dict = field(default_factory=dict)      # the question's vector, once embedded
+
+def _uniform_candidates(run: _Run) -> list[Candidate]:
     "Uniform Sampling: unvisited L1 segments spread over the timeline, scored by cosine to the question."
-    items = uniform_sample(memory.level(1), om.visited, config.uniform_samples)
+    memory, embed, qvec_cache = run.memory, run.embed, run.qvec_cache
+    items = uniform_sample(memory.level(1), run.om.visited, run.config.uniform_samples)
     if embed is not None and 'q' not in qvec_cache:
-        qvec_cache['q'] = embed([q.question])[0]
+        qvec_cache['q'] = embed([run.q.question])[0]
     qvec = qvec_cache.get('q')
     return [Candidate(it, float(memory.text_vector(it.item_id) @ qvec) if qvec is not None else 0.0,
                       None, 'uniform')
             for it in items]
 
-def _candidates(q, memory, om, action, round_, spec, config, embed,
-                qvec_cache) -> tuple[list[Candidate], dict, dict]:
+def _candidates(run: _Run, action: Any) -> tuple[list[Candidate], dict, dict]:
     "Execute a plan; returns (candidates, round record, hits per query)."
     rec = {'strategy': action.strategy, 'queries': list(action.queries), 'rejected': [],
            'fallback': None}
     kept, qv = [], None
     if action.strategy == 'Text Retrieval':
-        kept, rec['rejected'], qv = screen_queries(action.queries, om, embed, config)
+        kept, rec['rejected'], qv = screen_queries(action.queries, run.om, run.embed, run.config)
         if not kept:
             why = 'no query survived' if action.queries else 'no queries'
             rec['fallback'] = f'Uniform Sampling ({why})'
     rec['kept'] = kept
     if kept:
-        merged, per_query = retrieve(memory, kept, topk_for(spec, config), qv)
+        merged, per_query = retrieve(run.memory, kept, topk_for(run.spec, run.config), qv)
         cands = list(merged.values())
         rec['strategy_executed'] = 'Text Retrieval'
     else:
-        cands = _uniform_candidates(q, memory, om, config, embed, qvec_cache)
+        cands = _uniform_candidates(run)
         per_query = {None: len(cands)}
         rec['strategy_executed'] = 'Uniform Sampling'
     rec['retrieved'] = [_item_row(c) for c in sorted(cands, key=lambda c: -c.score)]
-    if om.enabled:
-        rec['skipped_visited'] = [c.item.item_id for c in cands if c.item.item_id in om.visited]
-        cands = [c for c in cands if c.item.item_id not in om.visited]
+    if run.om.enabled:
+        rec['skipped_visited'] = [c.item.item_id for c in cands if c.item.item_id in run.om.visited]
+        cands = [c for c in cands if c.item.item_id not in run.om.visited]
     return cands, rec, per_query
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0015
@@ -162,28 +173,26 @@ def _rerank_kind(spec: MethodSpec, roles: Roles) -> str:
     by_model = spec.rerank_by == 'model' or (spec.rerank_by == 'auto' and not roles.offline)
     return 'rubric-model' if by_model else 'rubric-offline'
 
-def _rank_round(cands: list[Candidate], q: Question, memory: Memory, spec: MethodSpec, roles: Roles,
-                names: list[str], om: OnlineMemory,
-                embed: Callable | None) -> tuple[list[Candidate], str, list[dict]]:
+def _rank_round(run: _Run, cands: list[Candidate],
+                names: list[str]) -> tuple[list[Candidate], str, list[dict]]:
     "Rank a round's candidates; (ranked, which ranking ran, model calls). An unusable model reply → the formula."
-    kind, calls, pool = _rerank_kind(spec, roles), [], roles.verifier.pool
+    kind, calls, pool = _rerank_kind(run.spec, run.roles), [], run.roles.verifier.pool
     if kind == 'relevance' or not cands:
         return relevance_rank(cands), kind, calls
     if kind == 'rubric-model':
-        ranked, rec = model_rerank(cands, q, pool, names, om.missing, roles.verifier.model,
-                                   spec.evidence_tokens)
+        ranked, rec = model_rerank(cands, run.q, pool, names, run.om.missing,
+                                   run.roles.verifier.model, run.spec.evidence_tokens)
         if ranked is not None:
             return ranked, kind, [rec]
         kind, calls = 'rubric-fallback', [mark(rec, 'formula rerank')]
-    vecs = np.stack([memory.text_vector(c.item.item_id) for c in cands])
-    return rubric_rerank(cands, q, pool, names, om.missing, vecs, embed), kind, calls
+    vecs = np.stack([run.memory.text_vector(c.item.item_id) for c in cands])
+    return rubric_rerank(cands, run.q, pool, names, run.om.missing, vecs, run.embed), kind, calls
 
-def _verify_round(q: Question, memory: Memory, om: OnlineMemory, roles: Roles, names: list[str],
-                  r: int, embed: Callable | None) -> VerifierReport:
+def _verify_round(run: _Run, names: list[str], r: int) -> VerifierReport:
     "Verify the accumulated evidence; an insufficient verdict's missing evidence becomes A_t."
-    view = EvidenceView(*om.view(), embed, r, getattr(memory, 'duration', None))
-    report = roles.verifier.verify(q, view, names)
-    om.set_missing([] if report.sufficient else report.missing)
+    view = EvidenceView(*run.om.view(), run.embed, r, getattr(run.memory, 'duration', None))
+    report = run.roles.verifier.verify(run.q, view, names)
+    run.om.set_missing([] if report.sufficient else report.missing)
     return report
 
 # %% ../../nbs/25b_reveal.agent.ipynb #57737879
@@ -193,15 +202,14 @@ def _record_attempts(om: OnlineMemory, r: int, per_query: dict, admitted: list[d
         om.record_attempt(r, 'Text Retrieval' if qq else 'Uniform Sampling', qq, n,
                           sum(a['query'] == qq for a in admitted))
 
-def _run_round(q: Question, memory: Memory, om: OnlineMemory, r: int, spec: MethodSpec,
-               config: Config, roles: Roles, names: list[str], embed: Callable | None,
-               qvec_cache: dict) -> tuple[dict, VerifierReport | None, list]:
+def _run_round(run: _Run, r: int, names: list[str]) -> tuple[dict, VerifierReport | None, list]:
     "Round r: plan, retrieve, rank, admit, record the attempts, verify; returns (round record, report or None, calls)."
+    q, memory, om, spec, config, roles = run.q, run.memory, run.om, run.spec, run.config, run.roles
     action = roles.planner.decompose(q) if r == 0 else roles.planner.repair(q, om.planner_view())
-    cands, rec, per_query = _candidates(q, memory, om, action, r, spec, config, embed, qvec_cache)
+    cands, rec, per_query = _candidates(run, action)
     rec = {'round': r, 'plan_source': action.source, 'reasoning': action.reasoning,
            'plan_notes': action.notes, **rec}
-    ranked, ranking, rank_calls = _rank_round(cands, q, memory, spec, roles, names, om, embed)
+    ranked, ranking, rank_calls = _rank_round(run, cands, names)
     calls = list(action.calls) + rank_calls
     admitted, not_admitted = _admit(om, ranked, spec.fixed_segments or config.rerank_to, r, memory)
     rec.update(ranking=ranking, admitted=admitted, not_admitted=not_admitted,
@@ -209,16 +217,15 @@ def _run_round(q: Question, memory: Memory, om: OnlineMemory, r: int, spec: Meth
     _record_attempts(om, r, per_query, admitted)
     if not spec.verify:
         return rec, None, calls
-    report = _verify_round(q, memory, om, roles, names, r, embed)
+    report = _verify_round(run, names, r)
     rec['verifier'] = {k: v for k, v in report.to_dict().items() if k != 'calls'}
     return rec, report, calls + report.calls
 
-def _relevance_round(q: Question, memory: Memory, om: OnlineMemory, roles: Roles, spec: MethodSpec,
-                     embed: Callable | None, r: int) -> tuple[dict, list]:
+def _relevance_round(run: _Run, r: int) -> tuple[dict, list]:
     "The relevance judge on the evidence admitted so far (record for the round, model calls)."
-    view = EvidenceView(*om.view(), embed, r, getattr(memory, 'duration', None))
-    return judge_relevance(q, view, roles.answerer.model, roles.offline, RELEVANCE_COSINE,
-                           spec.evidence_tokens)
+    view = EvidenceView(*run.om.view(), run.embed, r, getattr(run.memory, 'duration', None))
+    return judge_relevance(run.q, view, run.roles.answerer.model, run.roles.offline,
+                           RELEVANCE_COSINE, run.spec.evidence_tokens)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #4a052b53
 def _stop_reason(spec: MethodSpec, report: VerifierReport | None, rec: dict,
@@ -253,20 +260,20 @@ def _select_criteria(q: Question, spec: MethodSpec,
     return names, src, list(calls)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #872caf09
-def _answer_step(q: Question, memory: Memory, spec: MethodSpec, config: Config, roles: Roles,
-                 om: OnlineMemory, embed: Callable | None, n_rounds: int,
+def _answer_step(run: _Run, n_rounds: int,
                  oracle_items: list | None = None) -> tuple[AnswerResult, dict]:
     "The answer from the accumulated evidence and the frames routed to the answerer; also the frames record."
+    q, memory, om, embed, answerer = run.q, run.memory, run.om, run.embed, run.roles.answerer
     view = EvidenceView(*om.view(), embed, max(n_rounds - 1, 0), getattr(memory, 'duration', None))
-    images, frames = answer_frames(q, memory, om.evidence, spec, config, roles.answerer.model,
-                                   roles.answerer.offline, oracle_items)
-    return roles.answerer.answer(q, view, images,
-                                 FRAMES_NOTES.get(frames['route'], '') if images else ''), frames
+    images, frames = answer_frames(q, memory, om.evidence, run.spec, run.config, answerer.model,
+                                   answerer.offline, oracle_items)
+    return answerer.answer(q, view, images,
+                           FRAMES_NOTES.get(frames['route'], '') if images else ''), frames
 
-def _loop_trace(criteria: dict, rounds: list, calls: list, stop: str, ans: AnswerResult,
-                report: VerifierReport | None, frames: dict, om: OnlineMemory,
-                oracle: dict | None) -> dict:
+def _loop_trace(criteria: dict, rounds: list, calls: list, stop: str, answered: tuple,
+                report: VerifierReport | None, om: OnlineMemory, oracle: dict | None) -> dict:
     "The loop's trace dict (without totals): criteria, rounds, calls, stop reason, answer, last verdict, evidence, O_t."
+    ans, frames = answered
     last = report is not None
     return {'criteria': criteria, 'rounds': rounds, 'calls': calls, 'stop_reason': stop,
             'answer': ans.answer, 'answer_source': ans.source, 'answer_reasoning': ans.reasoning,
@@ -277,48 +284,47 @@ def _loop_trace(criteria: dict, rounds: list, calls: list, stop: str, ans: Answe
             'online_memory': {k: v for k, v in om.to_dict().items() if k != 'evidence'}}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9e8f3dda
-def _oracle_run(q: Question, memory: Memory, spec: MethodSpec, config: Config, roles: Roles,
-                embed: Callable | None) -> dict:
+def _oracle_run(run: _Run) -> dict:
     "The calibration arm: no retrieval; the answerer judges the capped oracle segments (`oracle_frames`: and frames)."
+    q, memory, spec, config, roles = run.q, run.memory, run.spec, run.config, run.roles
     items, oracle = oracle_evidence(q, memory, spec.fixed_segments or config.rerank_to)
-    om = OnlineMemory(config.admit_dedup_cosine, enabled=spec.online_memory)
+    om = run.om = OnlineMemory(config.admit_dedup_cosine, enabled=spec.online_memory)
     for it, row in zip(items, oracle['items']):
         row['reason'] = om.admit(Evidence.from_item(it, round=0, score=1.0, source='oracle'),
                                  memory.text_vector(it.item_id))[1]
     if spec.oracle_frames:
-        ans, frames = _answer_step(q, memory, spec, config, roles, om, embed, 0, items)
+        ans, frames = _answer_step(run, 0, items)
     else:
-        ans = roles.answerer.answer(q, EvidenceView(*om.view(), embed, 0,
+        ans = roles.answerer.answer(q, EvidenceView(*om.view(), run.embed, 0,
                                                     getattr(memory, 'duration', None)))
         frames = {'route': 'none', 'frames': 0, 'items': [],
                   'note': 'captions-only oracle arm: no frames'}
-    return _loop_trace({'names': [], 'source': None}, [], list(ans.calls), 'oracle', ans, None,
-                       frames, om, oracle)
+    return _loop_trace({'names': [], 'source': None}, [], list(ans.calls), 'oracle', (ans, frames),
+                       None, om, oracle)
 
 def run_loop(q: Question, memory: Memory, spec: MethodSpec, config: Config, roles: Roles) -> dict:
     "The retrieve–verify–answer loop for one question; returns the trace dict (without totals)."
-    embed = _question_embed(q, memory)
+    run = _Run(q, memory, spec, config, roles, _question_embed(q, memory))
     if spec.oracle_evidence:
-        return _oracle_run(q, memory, spec, config, roles, embed)
-    om = OnlineMemory(config.admit_dedup_cosine, enabled=spec.online_memory)
+        return _oracle_run(run)
+    om = run.om = OnlineMemory(config.admit_dedup_cosine, enabled=spec.online_memory)
     names, crit_src, calls = _select_criteria(q, spec, roles)
-    rounds, report, stop, qvec_cache = [], None, 'budget', {}
+    rounds, report, stop = [], None, 'budget'
     n = spec.fixed_rounds or (config.max_rounds if spec.iterative else 1)
     for r in range(n):
-        rec, report, round_calls = _run_round(q, memory, om, r, spec, config, roles, names, embed,
-                                              qvec_cache)
+        rec, report, round_calls = _run_round(run, r, names)
         if spec.relevance_stop and not spec.verify and not spec.fixed_rounds and r < n - 1:
-            rec['relevance'], rel_calls = _relevance_round(q, memory, om, roles, spec, embed, r)
+            rec['relevance'], rel_calls = _relevance_round(run, r)
             round_calls = round_calls + rel_calls
         calls += round_calls
         rounds.append(rec)
         if (why := _stop_reason(spec, report, rec, om)):
             stop = why
             break
-    ans, frames = _answer_step(q, memory, spec, config, roles, om, embed, len(rounds))
+    ans, frames = _answer_step(run, len(rounds))
     calls += ans.calls
-    return _loop_trace({'names': names, 'source': crit_src}, rounds, calls, stop, ans, report,
-                       frames, om, None)
+    return _loop_trace({'names': names, 'source': crit_src}, rounds, calls, stop, (ans, frames),
+                       report, om, None)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #316fcf7a
 _RAISE = (BackendUnavailable, CacheMiss)
@@ -349,10 +355,11 @@ def _caption_marks(fallbacks: int | None) -> list[dict]:
     return [substitution('captioner', 'failed_call', 'offline caption',
                          f"{fallbacks} narratives of the memory")]
 
-def _result(q: Question, spec: MethodSpec, tr: dict, tot: dict, seconds: float, config: Config,
-            models: dict, error: str | None, fallbacks: int | None = None) -> dict:
+def _result(run: _Run, tr: dict, tot: dict, seconds: float, models: dict, error: str | None,
+            fallbacks: int | None = None) -> dict:
     "The result row of one question (see above), built through the record."
-    return Result(qid=q.qid, video_id=q.video_id, preset=spec.name, qtype=question_type(q),
+    q, config = run.q, run.config
+    return Result(qid=q.qid, video_id=q.video_id, preset=run.spec.name, qtype=question_type(q),
                   answer=tr.get('answer'), gold=q.answer, rounds=len(tr.get('rounds', [])),
                   **usage_fields(tot, seconds), stop_reason=tr.get('stop_reason'),
                   missing_evidence=tr.get('missing_evidence', []),
@@ -416,9 +423,10 @@ def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dic
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0025
 def answer_question(question: Question, memory: Memory, model: ChatModel | None = None,
                     config: Config | None = None, preset: str | MethodSpec = 'reveal',
-                    trace_dir: str | Path | None = None, roles: str = 'auto',
-                    pool: RubricPool | None = None, return_trace: bool = False) -> dict:
+                    trace_dir: str | Path | None = None, roles: str = 'auto', **options) -> dict:
     "Answer one question with one method; writes the trace JSON to `trace_dir` (if given) and returns the result dict."
+    pool, return_trace = options.pop('pool', None), options.pop('return_trace', False)
+    if options: raise TypeError(f"answer_question() got unexpected options {sorted(options)}")
     config = config or Config()
     spec = get_preset(preset)
     rl = make_roles(model, config, roles, pool, spec.evidence_tokens)
@@ -429,7 +437,7 @@ def answer_question(question: Question, memory: Memory, model: ChatModel | None 
     models = models_record(model, rl.offline, getattr(memory, 'text_embedder', None))
     # a memory kept with fallback captions
     n = caption_fallbacks(getattr(memory, 'manifest', None) or {})
-    res = _result(question, spec, tr, tot, seconds, config, models, error, n)
+    res = _result(_Run(question, memory, spec, config), tr, tot, seconds, models, error, n)
     trace = _trace_doc(question, spec, config, res, tr, tot, memory)
     read = rl.verifier.pool                                                # the pool the roles read
     trace['rubric_pool'] = {'name': read.name, 'file': Path(read.path or '').name}

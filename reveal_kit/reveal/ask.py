@@ -5,6 +5,7 @@
 # %% ../../nbs/25c_reveal.ask.ipynb #264c37a5
 from __future__ import annotations
 import json, sys, time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from ..core import Config, Question, load_config, ask_trace_dir
@@ -16,7 +17,7 @@ from .agent import answer_question
 from .presets import get_preset
 
 # %% auto #0
-__all__ = ['ASK_JSON_KEYS', 'load_trace', 'format_trace', 'subtitles_beside', 'ask']
+__all__ = ['ASK_JSON_KEYS', 'load_trace', 'format_trace', 'subtitles_beside', 'AskSettings', 'ask']
 
 # %% ../../nbs/25c_reveal.ask.ipynb #ca77b7a0
 def load_trace(path: str | Path) -> dict:
@@ -94,6 +95,22 @@ def _get_memory(video: Path, memory_dir: Path | None, config: Config, chat: Any,
                                   progress=True)
     return mem, None if t0 is None else round(time.time() - t0, 1)
 
+# %% ../../nbs/25c_reveal.ask.ipynb #c4d1a7e2
+@dataclass
+class AskSettings:
+    "How `ask` (`reveal ask`) reaches its memory, models and files: the command's options."
+    memory: str | Path | None = None              # a folder of memories (or this video's memory)
+    subtitles: str | Path | None = None           # SRT/WebVTT (default: the one beside the video)
+    backend: str = 'embedded'                     # embedded | http | vllm | scripted
+    model: str | None = None
+    base_url: str | None = None
+    roles: str = 'auto'                           # auto | offline | model
+    trace_dir: str | Path | None = None           # default `core.ask_trace_dir()`
+    config: str | Path | None = None              # a YAML of Config values
+    overrides: list[str] | None = None            # `key=value` overrides of the config
+    cache: str = 'readwrite'
+    timeout_s: float | None = None                # default `Config.timeout_s`
+
 # %% ../../nbs/25c_reveal.ask.ipynb #a5ca11ed
 ASK_JSON_KEYS = ('answer', 'sufficient', 'rho', 'rounds', 'llm_calls', 'tokens', 'stop_reason',
                  'evidence', 'trace', 'trace_error', 'degraded', 'failed_calls', 'memory_dir',
@@ -101,22 +118,21 @@ ASK_JSON_KEYS = ('answer', 'sufficient', 'rho', 'rounds', 'llm_calls', 'tokens',
 
 
 def ask(video: str | Path, question: str, options: list[str], method: str = 'reveal',
-        memory: str | Path | None = None, subtitles: str | Path | None = None,
-        backend: str = 'embedded', model: str | None = None, base_url: str | None = None,
-        roles: str = 'auto', trace_dir: str | Path | None = None, config: str | Path | None = None,
-        overrides: list[str] | None = None, cache: str = 'readwrite',
-        timeout_s: float | None = None) -> dict:
+        settings: AskSettings | None = None, **kw) -> dict:
     "Answer one question about one video with a REVEAL method; the result of `answer_question` + options, tau, memory."
+    if settings is not None and kw:
+        raise TypeError(f"ask() takes `settings` or its fields as keywords, not both: {sorted(kw)}")
+    s = settings or AskSettings(**kw)                          # unknown keywords: TypeError
     spec = get_preset(method)
-    cfg = load_config(config, overrides or []).replace(chunking=spec.chunking)
+    cfg = load_config(s.config, s.overrides or []).replace(chunking=spec.chunking)
     q = Question('ask', Path(video).stem, question, list(options))
-    chat = get_chat_model(backend, model=model, base_url=base_url, cache_mode=cache,
-                          timeout_s=timeout_s or getattr(cfg, 'timeout_s', None),
+    chat = get_chat_model(s.backend, model=s.model, base_url=s.base_url, cache_mode=s.cache,
+                          timeout_s=s.timeout_s or getattr(cfg, 'timeout_s', None),
                           **cfg.thinking_settings())
-    subs = Path(subtitles) if subtitles else subtitles_beside(video)
-    mem, built_s = _get_memory(Path(video), Path(memory) if memory else None, cfg, chat, subs)
-    td = trace_dir or ask_trace_dir()
-    res = answer_question(q, mem, chat, cfg, spec, trace_dir=td, roles=roles)
+    subs = Path(s.subtitles) if s.subtitles else subtitles_beside(video)
+    mem, built_s = _get_memory(Path(video), Path(s.memory) if s.memory else None, cfg, chat, subs)
+    td = s.trace_dir or ask_trace_dir()
+    res = answer_question(q, mem, chat, cfg, spec, trace_dir=td, roles=s.roles)
     if td is None:
         res['trace_error'] = "trace not written: the runs folder cannot be created (set $REVEAL_RUNS)"
     return {'trace_error': None, **res, 'options': q.options, 'tau': cfg.tau,
