@@ -162,13 +162,13 @@ def _build_rows(jobs: list[dict], spec: dict, concurrency: int, ray_address: str
 
 # %% ../../nbs/46_eval.ray.ipynb #e7173c3e
 def _build_settings(settings: RunSettings | None, run: dict) -> RunSettings:
-    "The run settings `build_all` reads: `settings` (default: no captioning model) with `run` changed."
+    "The run settings of `build_all`: `settings` (default: no captioning model), `run` changed."
     return (settings or RunSettings(backend='none')).replace(**run)
 
 def build_all(benchmark: str | list[Question], chunkings: Iterable[str] | None = None,
               ray_address: str | None = None, worker_cpus: float = 1.0, retries: int | None = None,
               settings: RunSettings | None = None, **run) -> dict:
-    "Build (or resume, or reuse) every memory a benchmark's questions need (`run`: `RunSettings` fields)."
+    "Build, resume or reuse every memory a benchmark's questions need (`run`: `RunSettings` fields)."
     s = _build_settings(settings, run)
     check_run_options(s.cache_mode, s.timeout_s, 'auto', s.backend, None)
     cfg, t0 = resolve_config(s.config, s.overrides), time.time()
