@@ -168,7 +168,7 @@ def _build_settings(settings: RunSettings | None, run: dict) -> RunSettings:
 def build_all(benchmark: str | list[Question], chunkings: Iterable[str] | None = None,
               ray_address: str | None = None, worker_cpus: float = 1.0, retries: int | None = None,
               settings: RunSettings | None = None, **run) -> dict:
-    "Build, resume or reuse every memory a benchmark's questions need (`run`: `RunSettings` fields)."
+    "Build, resume or reuse every memory a benchmark's questions need (`run`: `RunSettings`)."
     s = _build_settings(settings, run)
     check_run_options(s.cache_mode, s.timeout_s, 'auto', s.backend, None)
     cfg, t0 = resolve_config(s.config, s.overrides), time.time()

@@ -34,8 +34,8 @@ __all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'call_concurrency', 'BuildOpti
 # %% ../../nbs/14a_memory.build.ipynb #fbc24d3f
 def _pbar(total: int, desc: str, progress: bool):
     "A tqdm bar on stderr, silent unless `progress`."
-    return tqdm(total=total, desc=desc, unit='fr' if 'frames' in desc else 'it', disable=not progress, leave=False,
-                file=sys.stderr)
+    return tqdm(total=total, desc=desc, unit='fr' if 'frames' in desc else 'it',
+                disable=not progress, leave=False, file=sys.stderr)
 
 # %% ../../nbs/14a_memory.build.ipynb #5813b76c
 def _sampled(video: Path | ClipFolder, info, config: Config):
@@ -52,8 +52,8 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
             buf = []
     if buf: yield buf
 
-def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder, progress: bool, batch: int = 32,
-                  ahead: ReadAhead | None = None):
+def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder, progress: bool,
+                  batch: int = 32, ahead: ReadAhead | None = None):
     "Decode → filter → embed → segment, streamed (a video, or a span of clips), feeding `ahead`. (segments, report)"
     report, seg, segs = QualityReport(), make_segmenter(config), []
     n_total = int(math.floor(info.duration * config.fps - 1e-6)) + 1
@@ -73,7 +73,8 @@ def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder
             if ahead: ahead.frame(f.t, f.rgb)
             emit(seg.push(f.t, e))
     with _pbar(n_total, 'frames', progress) as bar:
-        for buf in _batches(filter_frames(prefetch(_sampled(video, info, config)), config, report), batch):
+        for buf in _batches(filter_frames(prefetch(_sampled(video, info, config)), config, report),
+                            batch):
             run(buf)
             bar.n = report.n_frames
             bar.refresh()
@@ -82,11 +83,12 @@ def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder
     return segs, report
 
 # %% ../../nbs/14a_memory.build.ipynb #1020d1a0
-_NO_FILTER = dict(dark_max_mean=0.0, bright_min_mean=256.0, uniform_max_std=0.0, min_jpeg_bytes_per_kpx=0.0,
-                  blur_min_laplacian_var=0.0)      # no frame is below 0 or above 255: the filter drops nothing
+_NO_FILTER = dict(dark_max_mean=0.0, bright_min_mean=256.0, uniform_max_std=0.0,
+                  min_jpeg_bytes_per_kpx=0.0, blur_min_laplacian_var=0.0)      # no frame is below 0 or above 255: the filter drops nothing
 FALLBACK_NOTE = 'all frames failed the quality filter; memory built from unfiltered frames'
 
-def _filtered_segments(video: Path, info, config: Config, image_embedder, progress: bool, ahead=None):
+def _filtered_segments(video: Path, info, config: Config, image_embedder, progress: bool,
+                       ahead=None):
     "Stage 1 with the quality-filter fallback (feeding `ahead`). Returns (segments, quality dict)."
     segs, rep = _segment_pass(video, info, config, image_embedder, progress, ahead=ahead)
     quality = rep.to_dict()
@@ -94,7 +96,8 @@ def _filtered_segments(video: Path, info, config: Config, image_embedder, progre
         warn(f"{video.name}: all {rep.n_frames} sampled frames failed the quality filter "
              f"({dict(rep.reasons)}); building from unfiltered frames")
         if ahead: ahead.reset()
-        segs, raw = _segment_pass(video, info, config.replace(**_NO_FILTER), image_embedder, progress, ahead=ahead)
+        segs, raw = _segment_pass(video, info, config.replace(**_NO_FILTER), image_embedder,
+                                  progress, ahead=ahead)
         quality.update(fallback=FALLBACK_NOTE, n_kept=raw.n_kept)
     elif rep.warning: warn(f"{video.name}: {rep.warning}")
     return segs, quality
@@ -104,7 +107,8 @@ def _shift(s: L1Segment, dt: float, idx: int) -> L1Segment:
     "Segment `s` moved by `dt` seconds on the timeline and renumbered `idx`."
     mv = lambda t: round(t + dt, 3)
     return L1Segment(idx, mv(s.t_start), mv(s.t_end), [mv(t) for t in s.frame_times],
-                     None if s.keyframe_t is None else mv(s.keyframe_t), s.keyframe_emb, s.boundary_sim)
+                     None if s.keyframe_t is None else mv(s.keyframe_t), s.keyframe_emb,
+                     s.boundary_sim)
 
 def _merged_quality(qs: list[dict]) -> dict:
     "The quality report of a folder: its spans' counts added up, with how many spans fell back."
@@ -113,7 +117,8 @@ def _merged_quality(qs: list[dict]) -> dict:
     out = QualityReport(sum(q['n_frames'] for q in qs), sum(q['n_kept'] for q in qs), rej,
                         any(bool(q['fallback']) for q in qs), qs[-1]['thresholds']).to_dict()
     k = sum(isinstance(q['fallback'], str) for q in qs)
-    return dict(out, fallback=f"{FALLBACK_NOTE} ({k} of {len(qs)} spans)" if k else False, spans=len(qs))
+    return dict(out, fallback=f"{FALLBACK_NOTE} ({k} of {len(qs)} spans)" if k else False,
+                spans=len(qs))
 
 def _span_segments(folder: ClipFolder, config: Config, image_embedder, progress: bool):
     "Stage 1 of a folder of clips: every span segmented on its own, its segments placed on the folder's timeline."
@@ -125,7 +130,8 @@ def _span_segments(folder: ClipFolder, config: Config, image_embedder, progress:
     return segs, _merged_quality(qs)
 
 # %% ../../nbs/14a_memory.build.ipynb #0e7225e3
-def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder, progress: bool, ahead=None):
+def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder, progress: bool,
+                    ahead=None):
     "Stage 1 (a video file's feeding `ahead`), or its files read back when an earlier run finished it."
     if (out / 'segments.json').exists():
         sj = json.loads((out / 'segments.json').read_text())
@@ -145,7 +151,8 @@ def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder
 # %% ../../nbs/14a_memory.build.ipynb #738ce6f4
 def frames_per_caption(seg: L1Segment, captioner, config: Config) -> int:
     "How many frames the caption of `seg` sees: `caption_frames`, or one per `ocr_every_s` for the offline captioner."
-    if not isinstance(captioner, PerceptualCaptioner) or config.ocr_every_s <= 0: return config.caption_frames
+    if not isinstance(captioner, PerceptualCaptioner) or config.ocr_every_s <= 0:
+        return config.caption_frames
     return max(config.caption_frames, int(np.ceil((seg.t_end - seg.t_start) / config.ocr_every_s)))
 
 # %% ../../nbs/14a_memory.build.ipynb #2bc8b771
@@ -199,7 +206,8 @@ def _caption_frames(video: Path, times: list[float], where):
     "The frames at `times`, from a clip folder or a video file, 640 pixels wide at most."
     return open_clip_folder(video).frames_at(times, 640) if where else iter_frames_at(video, times, max_width=640)
 
-def _caption_requests(todo: list[L1Segment], early: dict, cap, config: Config) -> list[tuple[float, int]]:
+def _caption_requests(todo: list[L1Segment], early: dict, cap,
+                      config: Config) -> list[tuple[float, int]]:
     "(time, segment index) of every caption frame still to decode, in time order (segments read ahead left out)."
     return sorted((t, j) for j, s in enumerate(todo) if j not in early
                   for t in _caption_times(s, frames_per_caption(s, cap, config)))
@@ -207,15 +215,16 @@ def _caption_requests(todo: list[L1Segment], early: dict, cap, config: Config) -
 def _caption_one(cap, where, s: L1Segment, frames: list, text: str, fut) -> MemoryItem:
     "One L1 item: `s` captioned from `frames` (or from its reading `fut`, made ahead) with its subtitle `text`."
     kw = dict(reading=fut.result()) if fut else {}
-    return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim, **kw), text, where)
+    return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim, **kw), text,
+                    where)
 
 def _check_captioned(todo: list[L1Segment], nxt: int) -> None:
     "Refuse a stage that stopped before its last segment (its caption frames could not be decoded)."
     if nxt < len(todo):
         raise VideoError(f"could not read caption frames after {fmt_time(todo[nxt].t_start)} (truncated video?)")
 
-def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config, ahead,
-                   progress: bool, concurrency: int = 1) -> list[MemoryItem]:
+def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config,
+                   ahead, progress: bool, concurrency: int = 1) -> list[MemoryItem]:
     "Stage 2: a caption per L1 segment, resuming from `l1.jsonl` (`ahead`: a `ReadAhead`, or the chat model)."
     done = {r['item_id']: MemoryItem.from_dict(r) for r in read_jsonl_rows(out / 'l1.jsonl', repair=True)}
     todo = [s for s in segs if f"L1_{s.idx:04d}" not in done]
@@ -229,14 +238,14 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
     def ready():
         nonlocal nxt
         while nxt < len(todo) and len(pending.get(nxt, [])) == want[nxt]:
-            line.submit(_caption_one, cap, where, todo[nxt], pending.pop(nxt, []), cues_text(subs[nxt]),
-                        early.get(nxt))
+            line.submit(_caption_one, cap, where, todo[nxt], pending.pop(nxt, []),
+                        cues_text(subs[nxt]), early.get(nxt))
             nxt += 1
     def write(it):
         append_jsonl(out / 'l1.jsonl', it.to_dict())
         done[it.item_id] = it
         bar.update(1)
-    n = getattr(cap, 'workers', concurrency)                           # the offline captioner: one per core
+    n = getattr(cap, 'workers', concurrency)            # the offline captioner: one per core
     with _pbar(len(todo), 'L1 captions', progress) as bar, _InOrder(n, write) as line:
         ready()                                                        # those read ahead, up to the first to read
         for (t, j), fr in zip(reqs, _caption_frames(video, [t for t, _ in reqs], where)):
@@ -262,7 +271,8 @@ def _summary_stage(out: Path, level: int, children: list[MemoryItem], config: Co
         append_jsonl(fn, it.to_dict())
         done[it.item_id] = it
         bar.update(1)
-    with _pbar(len(groups), f'L{level} summaries', progress) as bar, _InOrder(concurrency, write) as line:
+    bar = _pbar(len(groups), f'L{level} summaries', progress)
+    with bar, _InOrder(concurrency, write) as line:
         for j, grp in enumerate(groups):
             if f"L{level}_{j:04d}" in done: bar.update(1)
             else: line.submit(one, j, grp)
@@ -372,10 +382,12 @@ def get_or_build_memory(video_path: str | Path, config: Config = Config(), chat_
 def _build_summary(mem: OfflineMemory, seconds: float, reused: bool) -> dict:
     "Counts, mean L1 length, time taken and where the memory is."
     c = mem.manifest['counts']
-    return dict(n_frames=c['n_frames'], n_kept=c['n_kept'], n_l1=c['n_l1'], n_l2=c['n_l2'], n_l3=c['n_l3'],
-                mean_l1_seconds=mem.manifest['mean_l1_seconds'], seconds=round(seconds, 2), memory_dir=str(mem.path),
+    return dict(n_frames=c['n_frames'], n_kept=c['n_kept'], n_l1=c['n_l1'], n_l2=c['n_l2'],
+                n_l3=c['n_l3'], mean_l1_seconds=mem.manifest['mean_l1_seconds'],
+                seconds=round(seconds, 2), memory_dir=str(mem.path),
                 captioner=mem.manifest['captioner'], reused=reused,
-                rejected=mem.manifest['quality'].get('rejected', {}), fallback=mem.manifest['quality'].get('fallback'),
+                rejected=mem.manifest['quality'].get('rejected', {}),
+                fallback=mem.manifest['quality'].get('fallback'),
                 quality=quality_line(mem.manifest['quality']))
 
 # %% ../../nbs/14a_memory.build.ipynb #48b48e8f
