@@ -16,7 +16,7 @@ from .run_dir import json_or_str, parse_shard, select_questions
 from .context import RunContext
 from .methods import PLUGINS, get_method, load_plugins
 from .runner import (ABORT_ERRORS, check_run_options, load_run_questions, resolve_config, run_one,
-                                    run_eval)
+                                    run_eval, RunSettings)
 
 # %% auto #0
 __all__ = ['LOOPBACK_ENV', 'RayUnavailable', 'RayRunFailed', 'loopback_only', 'connect_ray', 'worker_spec', 'worker_context',
@@ -161,26 +161,25 @@ def _build_rows(jobs: list[dict], spec: dict, concurrency: int, ray_address: str
     yield from _ray_rows(ray, ds)
 
 # %% ../../nbs/46_eval.ray.ipynb #e7173c3e
-def build_all(benchmark: str | list[Question], root: str | Path | None = None,
-              config: Config | dict | str | Path | None = None,
-              overrides: Iterable[str] | None = None, chunkings: Iterable[str] | None = None,
-              split: str | None = None, limit: int | None = None,
-              shard: str | tuple[int, int] = (0, 1), only_present: bool = False,
-              backend: str = 'none', model: str | None = None, base_url: str | None = None,
-              cache_mode: str | None = None, timeout_s: float | None = None, concurrency: int = 1,
-              ray_address: str | None = None, worker_cpus: float = 1.0,
-              retries: int | None = None) -> dict:
-    "Build (or resume, or reuse) every memory a benchmark's questions need; a summary: built, reused, failed (why)."
-    check_run_options(cache_mode, timeout_s, 'auto', backend, None)
-    cfg, t0 = resolve_config(config, overrides), time.time()
-    name, qs, _ = load_run_questions(benchmark, root, split)
-    jobs = memory_jobs(select_questions(qs, limit, parse_shard(shard), only_present),
+def _build_settings(settings: RunSettings | None, run: dict) -> RunSettings:
+    "The run settings of `build_all`: `settings` (default: no captioning model), `run` changed."
+    return (settings or RunSettings(backend='none')).replace(**run)
+
+def build_all(benchmark: str | list[Question], chunkings: Iterable[str] | None = None,
+              ray_address: str | None = None, worker_cpus: float = 1.0, retries: int | None = None,
+              settings: RunSettings | None = None, **run) -> dict:
+    "Build, resume or reuse every memory a benchmark's questions need (`run`: `RunSettings`)."
+    s = _build_settings(settings, run)
+    check_run_options(s.cache_mode, s.timeout_s, 'auto', s.backend, None)
+    cfg, t0 = resolve_config(s.config, s.overrides), time.time()
+    name, qs, _ = load_run_questions(benchmark, s.root, s.split)
+    jobs = memory_jobs(select_questions(qs, s.limit, parse_shard(s.shard), s.only_present),
                        chunkings or [cfg.chunking])
-    ctx = RunContext(name, 'build-all', runs_dir() / 'build-all', cfg, backend, model, base_url,
-                     None, cache_mode, timeout_s)
+    ctx = RunContext(name, 'build-all', runs_dir() / 'build-all', cfg, s.backend, s.model,
+                     s.base_url, None, s.cache_mode, s.timeout_s)
     rows = [_raise_abort(r)
-            for r in _build_rows(jobs, worker_spec(ctx), concurrency, ray_address, worker_cpus,
-                                                   retries)]
+            for r in _build_rows(jobs, worker_spec(ctx), s.concurrency, ray_address, worker_cpus,
+                                 retries)]
     n = {s: sum(r['status'] == s for r in rows) for s in ('built', 'reused')}
     failed = [f"{r['video_id']} ({r['chunking']}): {r['error']}" for r in rows
               if r['status'] == 'failed']

@@ -4,7 +4,8 @@
 
 # %% ../../nbs/14a_memory.build.ipynb #66cfb794
 from __future__ import annotations
-import contextlib, json, math, shutil, sys, time, warnings
+import contextlib, json, math, sys, time, warnings
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from fastcore.basics import patch
 from tqdm import tqdm
-from ..core import Config, run_subtitles, MemoryItem, MemoryBuildError, kit_version, build_stamp, warn
+from ..core import Config, run_subtitles, MemoryItem, MemoryBuildError, build_stamp, warn
 from ..video.frames import VideoError, QualityReport, prefetch
 from ..video.frames import iter_frames, iter_frames_at, filter_frames
 from ..video.segmentation import L1Segment, make_segmenter
@@ -20,20 +21,21 @@ from ..video.subtitles import Cue, load_subtitles, align_cues, cues_text
 from ..video.captioning import make_captioner, make_summarizer, PerceptualCaptioner, ReadAhead
 from ..io import atomic_write_json, atomic_save_npy, read_jsonl_rows, append_jsonl, locked_dir
 from ..text import fmt_time
-from .store import FORMAT_VERSION, MemoryMismatchError, OfflineMemory, memory_config, memory_key
+from .store import OfflineMemory
 from .store import memory_models, memory_dir_for, content_sha256, memory_embedders, spread_times
-from .store import quality_line, caption_fallbacks, fallback_policy, fallback_rebuild
+from .store import quality_line, caption_fallbacks
 from .clips import ClipFolder, is_clip_folder, open_clip_folder, probe_source
+from .manifest import StageOutputs, build_identity, prepare_dir, memory_complete
+from .manifest import build_manifest, produced_by, subtitle_record
 
 # %% auto #0
-__all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'call_concurrency', 'produced_by', 'subtitle_record', 'get_or_build_memory',
-           'build_memory']
+__all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'call_concurrency', 'BuildOptions', 'get_or_build_memory', 'build_memory']
 
 # %% ../../nbs/14a_memory.build.ipynb #fbc24d3f
 def _pbar(total: int, desc: str, progress: bool):
     "A tqdm bar on stderr, silent unless `progress`."
-    return tqdm(total=total, desc=desc, unit='fr' if 'frames' in desc else 'it', disable=not progress, leave=False,
-                file=sys.stderr)
+    return tqdm(total=total, desc=desc, unit='fr' if 'frames' in desc else 'it',
+                disable=not progress, leave=False, file=sys.stderr)
 
 # %% ../../nbs/14a_memory.build.ipynb #5813b76c
 def _sampled(video: Path | ClipFolder, info, config: Config):
@@ -50,8 +52,8 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
             buf = []
     if buf: yield buf
 
-def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder, progress: bool, batch: int = 32,
-                  ahead: ReadAhead | None = None):
+def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder, progress: bool,
+                  batch: int = 32, ahead: ReadAhead | None = None):
     "Decode → filter → embed → segment, streamed (a video, or a span of clips), feeding `ahead`. (segments, report)"
     report, seg, segs = QualityReport(), make_segmenter(config), []
     n_total = int(math.floor(info.duration * config.fps - 1e-6)) + 1
@@ -71,7 +73,8 @@ def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder
             if ahead: ahead.frame(f.t, f.rgb)
             emit(seg.push(f.t, e))
     with _pbar(n_total, 'frames', progress) as bar:
-        for buf in _batches(filter_frames(prefetch(_sampled(video, info, config)), config, report), batch):
+        for buf in _batches(filter_frames(prefetch(_sampled(video, info, config)), config, report),
+                            batch):
             run(buf)
             bar.n = report.n_frames
             bar.refresh()
@@ -80,11 +83,12 @@ def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder
     return segs, report
 
 # %% ../../nbs/14a_memory.build.ipynb #1020d1a0
-_NO_FILTER = dict(dark_max_mean=0.0, bright_min_mean=256.0, uniform_max_std=0.0, min_jpeg_bytes_per_kpx=0.0,
-                  blur_min_laplacian_var=0.0)      # no frame is below 0 or above 255: the filter drops nothing
+_NO_FILTER = dict(dark_max_mean=0.0, bright_min_mean=256.0, uniform_max_std=0.0,
+                  min_jpeg_bytes_per_kpx=0.0, blur_min_laplacian_var=0.0)      # no frame is below 0 or above 255: the filter drops nothing
 FALLBACK_NOTE = 'all frames failed the quality filter; memory built from unfiltered frames'
 
-def _filtered_segments(video: Path, info, config: Config, image_embedder, progress: bool, ahead=None):
+def _filtered_segments(video: Path, info, config: Config, image_embedder, progress: bool,
+                       ahead=None):
     "Stage 1 with the quality-filter fallback (feeding `ahead`). Returns (segments, quality dict)."
     segs, rep = _segment_pass(video, info, config, image_embedder, progress, ahead=ahead)
     quality = rep.to_dict()
@@ -92,7 +96,8 @@ def _filtered_segments(video: Path, info, config: Config, image_embedder, progre
         warn(f"{video.name}: all {rep.n_frames} sampled frames failed the quality filter "
              f"({dict(rep.reasons)}); building from unfiltered frames")
         if ahead: ahead.reset()
-        segs, raw = _segment_pass(video, info, config.replace(**_NO_FILTER), image_embedder, progress, ahead=ahead)
+        segs, raw = _segment_pass(video, info, config.replace(**_NO_FILTER), image_embedder,
+                                  progress, ahead=ahead)
         quality.update(fallback=FALLBACK_NOTE, n_kept=raw.n_kept)
     elif rep.warning: warn(f"{video.name}: {rep.warning}")
     return segs, quality
@@ -102,7 +107,8 @@ def _shift(s: L1Segment, dt: float, idx: int) -> L1Segment:
     "Segment `s` moved by `dt` seconds on the timeline and renumbered `idx`."
     mv = lambda t: round(t + dt, 3)
     return L1Segment(idx, mv(s.t_start), mv(s.t_end), [mv(t) for t in s.frame_times],
-                     None if s.keyframe_t is None else mv(s.keyframe_t), s.keyframe_emb, s.boundary_sim)
+                     None if s.keyframe_t is None else mv(s.keyframe_t), s.keyframe_emb,
+                     s.boundary_sim)
 
 def _merged_quality(qs: list[dict]) -> dict:
     "The quality report of a folder: its spans' counts added up, with how many spans fell back."
@@ -111,7 +117,8 @@ def _merged_quality(qs: list[dict]) -> dict:
     out = QualityReport(sum(q['n_frames'] for q in qs), sum(q['n_kept'] for q in qs), rej,
                         any(bool(q['fallback']) for q in qs), qs[-1]['thresholds']).to_dict()
     k = sum(isinstance(q['fallback'], str) for q in qs)
-    return dict(out, fallback=f"{FALLBACK_NOTE} ({k} of {len(qs)} spans)" if k else False, spans=len(qs))
+    return dict(out, fallback=f"{FALLBACK_NOTE} ({k} of {len(qs)} spans)" if k else False,
+                spans=len(qs))
 
 def _span_segments(folder: ClipFolder, config: Config, image_embedder, progress: bool):
     "Stage 1 of a folder of clips: every span segmented on its own, its segments placed on the folder's timeline."
@@ -123,7 +130,8 @@ def _span_segments(folder: ClipFolder, config: Config, image_embedder, progress:
     return segs, _merged_quality(qs)
 
 # %% ../../nbs/14a_memory.build.ipynb #0e7225e3
-def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder, progress: bool, ahead=None):
+def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder, progress: bool,
+                    ahead=None):
     "Stage 1 (a video file's feeding `ahead`), or its files read back when an earlier run finished it."
     if (out / 'segments.json').exists():
         sj = json.loads((out / 'segments.json').read_text())
@@ -143,7 +151,8 @@ def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder
 # %% ../../nbs/14a_memory.build.ipynb #738ce6f4
 def frames_per_caption(seg: L1Segment, captioner, config: Config) -> int:
     "How many frames the caption of `seg` sees: `caption_frames`, or one per `ocr_every_s` for the offline captioner."
-    if not isinstance(captioner, PerceptualCaptioner) or config.ocr_every_s <= 0: return config.caption_frames
+    if not isinstance(captioner, PerceptualCaptioner) or config.ocr_every_s <= 0:
+        return config.caption_frames
     return max(config.caption_frames, int(np.ceil((seg.t_end - seg.t_start) / config.ocr_every_s)))
 
 # %% ../../nbs/14a_memory.build.ipynb #2bc8b771
@@ -197,7 +206,8 @@ def _caption_frames(video: Path, times: list[float], where):
     "The frames at `times`, from a clip folder or a video file, 640 pixels wide at most."
     return open_clip_folder(video).frames_at(times, 640) if where else iter_frames_at(video, times, max_width=640)
 
-def _caption_requests(todo: list[L1Segment], early: dict, cap, config: Config) -> list[tuple[float, int]]:
+def _caption_requests(todo: list[L1Segment], early: dict, cap,
+                      config: Config) -> list[tuple[float, int]]:
     "(time, segment index) of every caption frame still to decode, in time order (segments read ahead left out)."
     return sorted((t, j) for j, s in enumerate(todo) if j not in early
                   for t in _caption_times(s, frames_per_caption(s, cap, config)))
@@ -205,15 +215,16 @@ def _caption_requests(todo: list[L1Segment], early: dict, cap, config: Config) -
 def _caption_one(cap, where, s: L1Segment, frames: list, text: str, fut) -> MemoryItem:
     "One L1 item: `s` captioned from `frames` (or from its reading `fut`, made ahead) with its subtitle `text`."
     kw = dict(reading=fut.result()) if fut else {}
-    return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim, **kw), text, where)
+    return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim, **kw), text,
+                    where)
 
 def _check_captioned(todo: list[L1Segment], nxt: int) -> None:
     "Refuse a stage that stopped before its last segment (its caption frames could not be decoded)."
     if nxt < len(todo):
         raise VideoError(f"could not read caption frames after {fmt_time(todo[nxt].t_start)} (truncated video?)")
 
-def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config, ahead,
-                   progress: bool, concurrency: int = 1) -> list[MemoryItem]:
+def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config,
+                   ahead, progress: bool, concurrency: int = 1) -> list[MemoryItem]:
     "Stage 2: a caption per L1 segment, resuming from `l1.jsonl` (`ahead`: a `ReadAhead`, or the chat model)."
     done = {r['item_id']: MemoryItem.from_dict(r) for r in read_jsonl_rows(out / 'l1.jsonl', repair=True)}
     todo = [s for s in segs if f"L1_{s.idx:04d}" not in done]
@@ -227,14 +238,14 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
     def ready():
         nonlocal nxt
         while nxt < len(todo) and len(pending.get(nxt, [])) == want[nxt]:
-            line.submit(_caption_one, cap, where, todo[nxt], pending.pop(nxt, []), cues_text(subs[nxt]),
-                        early.get(nxt))
+            line.submit(_caption_one, cap, where, todo[nxt], pending.pop(nxt, []),
+                        cues_text(subs[nxt]), early.get(nxt))
             nxt += 1
     def write(it):
         append_jsonl(out / 'l1.jsonl', it.to_dict())
         done[it.item_id] = it
         bar.update(1)
-    n = getattr(cap, 'workers', concurrency)                           # the offline captioner: one per core
+    n = getattr(cap, 'workers', concurrency)            # the offline captioner: one per core
     with _pbar(len(todo), 'L1 captions', progress) as bar, _InOrder(n, write) as line:
         ready()                                                        # those read ahead, up to the first to read
         for (t, j), fr in zip(reqs, _caption_frames(video, [t for t, _ in reqs], where)):
@@ -260,7 +271,8 @@ def _summary_stage(out: Path, level: int, children: list[MemoryItem], config: Co
         append_jsonl(fn, it.to_dict())
         done[it.item_id] = it
         bar.update(1)
-    with _pbar(len(groups), f'L{level} summaries', progress) as bar, _InOrder(concurrency, write) as line:
+    bar = _pbar(len(groups), f'L{level} summaries', progress)
+    with bar, _InOrder(concurrency, write) as line:
         for j, grp in enumerate(groups):
             if f"L{level}_{j:04d}" in done: bar.update(1)
             else: line.submit(one, j, grp)
@@ -273,100 +285,6 @@ def _text_stage(out: Path, items: list[MemoryItem], text_embedder) -> None:
     atomic_save_npy(out / 'text_emb.npy', tv)
     atomic_write_json(out / 'text_ids.json', [it.item_id for it in items])
 
-# %% ../../nbs/14a_memory.build.ipynb #9c3deaf3
-def _identity(config: Config, models: dict, sub_sha: str | None, vsha: str) -> dict:
-    "What identifies a build: format, video hash, memory config, model ids, subtitle hash and the key of them."
-    return dict(format_version=FORMAT_VERSION, video_sha256=vsha, memory_config=memory_config(config), models=models,
-                subtitles_sha256=sub_sha, memory_key=memory_key(config, models, sub_sha))
-
-# %% ../../nbs/14a_memory.build.ipynb #eb456d42
-def _differences(old: dict, new: dict) -> str:
-    "Human-readable list of what differs between two build identities."
-    out = []
-    if old.get('video_sha256') != new.get('video_sha256'): out.append('a different video file')
-    for part in ('memory_config', 'models'):
-        for k, v in new[part].items():
-            if old.get(part, {}).get(k) != v: out.append(f"{k} {old.get(part, {}).get(k)!r} → {v!r}")
-    if old.get('subtitles_sha256') != new.get('subtitles_sha256'): out.append('different subtitles')
-    if old.get('format_version') != new.get('format_version'):
-        out.append(f"format {old.get('format_version')} → {new['format_version']}")
-    return ', '.join(out) or 'unknown'
-
-# %% ../../nbs/14a_memory.build.ipynb #244009d3
-def _prepare_dir(out: Path, ident: dict, rebuild: bool) -> str:
-    "'complete' (reuse), 'resume' or 'new' (also for fallback narratives); refuses another memory unless `rebuild`."
-    man, bj = out / 'manifest.json', out / 'build.json'
-    old = None
-    for f in (man, bj):
-        if old is None and f.exists():
-            try: old = json.loads(f.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                if not rebuild: raise MemoryBuildError(f"damaged {f} (not valid JSON); pass --rebuild to replace it")
-                old = {}
-    if old is None:
-        if out.exists() and any(p.name != '.lock' for p in out.iterdir()):
-            raise MemoryBuildError(f"{out} is not empty and holds no memory; choose another output directory")
-        out.mkdir(parents=True, exist_ok=True)
-        return 'new'
-    same = {k: old.get(k) for k in ident} == ident
-    if same and not rebuild and not (man.exists() and fallback_rebuild(out, old)):
-        return 'complete' if man.exists() else 'resume'
-    if not same and not rebuild:
-        raise MemoryMismatchError(f"memory at {out} was built differently ({_differences(old, ident)}); "
-                                  "pass rebuild=True (CLI: --rebuild) to replace it, or use another output directory")
-    for p in out.iterdir():
-        if p.name != '.lock': shutil.rmtree(p) if p.is_dir() else p.unlink()
-    return 'new'
-
-# %% ../../nbs/14a_memory.build.ipynb #4cc5d39a
-def _complete(out: Path, ident: dict) -> bool:
-    "Whether `out` holds a finished memory of exactly this identity that loads (checked without writing)."
-    try:
-        man = json.loads((out / 'manifest.json').read_text())
-        if {k: man.get(k) for k in ident} != ident: return False
-        if caption_fallbacks(man) and fallback_policy() == 'rebuild': return False      # built again
-        OfflineMemory.load(out)
-        return True
-    except (OSError, ValueError): return False
-
-# %% ../../nbs/14a_memory.build.ipynb #01902fb0
-def produced_by(items: list[MemoryItem]) -> dict:
-    "Per level: how many narratives each captioner actually wrote (a fallback counts as its own), and the fallbacks."
-    out: dict = {}
-    for it in items:
-        lv = out.setdefault(f"L{it.level}", {'by': {}, 'fallbacks': 0})
-        who = it.meta.get('fallback') or it.meta.get('captioner', 'unknown')
-        lv['by'][who] = lv['by'].get(who, 0) + 1
-        lv['fallbacks'] += 'fallback' in it.meta
-    return out
-
-# %% ../../nbs/14a_memory.build.ipynb #6f9de069
-def subtitle_record(subtitles, cues: list[Cue], l1: list[MemoryItem], min_overlap: float = 0.05) -> dict:
-    "The manifest's subtitles: the file, its cues, how many reached an L1 segment (the rest are warned about)."
-    used = {id(c) for seg in align_cues(cues, [(it.t_start, it.t_end) for it in l1], min_overlap) for c in seg}
-    if (lost := len(cues) - len(used)):
-        warn(f"{Path(subtitles).name}: {lost} of {len(cues)} subtitle cues overlap no segment by more than "
-             f"{min_overlap} s (too short, or where no frame was kept): they are not in the memory")
-    return dict(path=str(subtitles) if subtitles else None, n_cues=len(cues), n_in_memory=len(used))
-
-# %% ../../nbs/14a_memory.build.ipynb #9a8beaf4
-def _manifest(out: Path, ident: dict, video: Path, info, config: Config, quality: dict, subs: dict,
-              l1: list[MemoryItem], higher: list[MemoryItem], timings: dict, t0: float) -> dict:
-    "The manifest of a finished build (`higher`: its L2 and L3 items; `timings` of stages 2-4)."
-    stage1 = json.loads((out / 'segments.json').read_text()).get('timings', {})
-    counts = dict(n_frames=quality['n_frames'], n_kept=quality['n_kept'], n_l1=len(l1),
-                  n_l2=sum(it.level == 2 for it in higher), n_l3=sum(it.level == 3 for it in higher))
-    return dict(ident, video_id=video.stem, video_path=str(video.resolve()), duration=info.duration,
-                native_fps=info.fps, width=info.width, height=info.height, config_hash=config.hash(),
-                kit_version=kit_version(), captioner=ident['models']['captioner'],
-                summarizer=sorted({it.meta.get('captioner', '') for it in higher}),
-                caption_fallbacks=sum('fallback' in it.meta for it in l1), produced_by=produced_by(l1 + higher),
-                quality=quality,
-                subtitles=subs, counts=counts,
-                mean_l1_seconds=round(float(np.mean([it.duration for it in l1])), 3), timings=dict(stage1, **timings),
-                build_seconds=round(time.time() - t0, 2), created=build_stamp(),
-                **({'clips': open_clip_folder(video).summary()} if is_clip_folder(video) else {}))
-
 # %% ../../nbs/14a_memory.build.ipynb #5440a113
 @contextlib.contextmanager
 def _timed(timings: dict, key: str):
@@ -374,6 +292,16 @@ def _timed(timings: dict, key: str):
     t = time.time()
     yield
     timings[key] = round(time.time() - t, 2)
+
+# %% ../../nbs/14a_memory.build.ipynb #b2a5e171
+@dataclass
+class BuildOptions:
+    "How a build runs, not what it builds: embedders, progress bars, `rebuild`, calls in flight."
+    text_embedder: object = None
+    image_embedder: object = None
+    progress: bool = True
+    rebuild: bool = False
+    concurrency: int | None = None
 
 # %% ../../nbs/14a_memory.build.ipynb #1ed3e143
 def _warn_late_cues(cues: list, info, subtitles) -> None:
@@ -384,91 +312,96 @@ def _warn_late_cues(cues: list, info, subtitles) -> None:
          f"({fmt_time(info.duration)}); the part after the end is not in the memory")
 
 
-def _run_stages(out: Path, video: Path, info, cues: list, config: Config, chat_model, te, ie, progress: bool,
-                concurrency: int | None) -> tuple:
-    "The four stages of a build (segments, captions, summaries, text vectors): `(quality, l1, l2 + l3, timings)`."
-    cap = make_captioner(chat_model, config)
+def _run_stages(out: Path, video: Path, info, cues: list, config: Config, chat_model,
+                how: BuildOptions) -> StageOutputs:
+    "The four stages of a build (segments, captions, summaries, text vectors); `how`: its options."
+    cap, progress = make_captioner(chat_model, config), how.progress
     times = lambda s: _caption_times(s, frames_per_caption(s, cap, config))
     ahead = ReadAhead(cap, times, on=not is_clip_folder(video))       # read while stage 1 decodes
     try:
+        ie = how.image_embedder
         segs, quality = _segments_stage(out, video, info, config, ie, progress, ahead)
-        timings, n = {}, call_concurrency(chat_model, concurrency)
+        timings, n = {}, call_concurrency(chat_model, how.concurrency)
         with _timed(timings, 'caption_s'):
             l1 = _caption_stage(out, video, segs, cues, config, ahead, progress, n)
     finally: ahead.close()
     with _timed(timings, 'summary_s'):
         l2 = _summary_stage(out, 2, l1, config, chat_model, progress, n)
         l3 = _summary_stage(out, 3, l2, config, chat_model, progress, n)
-    with _timed(timings, 'text_embed_s'): _text_stage(out, l1 + l2 + l3, te)
-    return quality, l1, l2 + l3, timings
+    with _timed(timings, 'text_embed_s'): _text_stage(out, l1 + l2 + l3, how.text_embedder)
+    return StageOutputs(quality, l1, l2 + l3, timings)
 
 # %% ../../nbs/14a_memory.build.ipynb #2a59e9ec
 @patch(cls_method=True)
-def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path, config: Config = Config(), chat_model=None,
-          subtitles: str | Path | None = None, text_embedder=None, image_embedder=None, progress: bool = True,
-          rebuild: bool = False, concurrency: int | None = None) -> OfflineMemory:
-    "Build (or resume, or reuse) the memory of a video in `out_dir` (`concurrency`: model calls in flight); loaded."
-    t0, video, out = time.time(), Path(video_path), Path(out_dir)
+def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path,
+          config: Config = Config(), chat_model=None, subtitles: str | Path | None = None,
+          **how) -> OfflineMemory:
+    "Build (or resume, or reuse) the memory of a video in `out_dir` (`how`: `BuildOptions`)."
+    t0, video, out, how = time.time(), Path(video_path), Path(out_dir), BuildOptions(**how)
     subtitles = run_subtitles(subtitles, config)                         # off: the run reads none
     info = probe_source(video)                                           # one-line VideoError on bad input
     cues = load_subtitles(subtitles) if subtitles else []               # one-line SubtitleError
-    te, ie = memory_embedders(text_embedder, image_embedder)
+    te, ie = memory_embedders(how.text_embedder, how.image_embedder)
+    how = replace(how, text_embedder=te, image_embedder=ie)
     sub_sha = content_sha256(subtitles) if subtitles else None
-    ident = _identity(config, memory_models(chat_model, te, ie), sub_sha, content_sha256(video))
+    models = memory_models(chat_model, te, ie)
+    ident = build_identity(config, models, sub_sha, content_sha256(video))
     _warn_late_cues(cues, info, subtitles)
-    if not rebuild and _complete(out, ident):                            # no lock, no write: read-only is fine
+    if not how.rebuild and memory_complete(out, ident):       # no lock, no write: read-only is fine
         return cls.load(out, config, text_embedder=te, image_embedder=ie)
     with locked_dir(out):
-        state = _prepare_dir(out, ident, rebuild)
+        state = prepare_dir(out, ident, how.rebuild)
         if state == 'complete':
             try: return cls.load(out, config, text_embedder=te, image_embedder=ie)
             except MemoryBuildError as e: warn(f"{e}; repairing it")           # resume, keeping valid lines
         if state == 'new':
             atomic_write_json(out / 'build.json', dict(ident, started=build_stamp()))
         if is_clip_folder(video): atomic_write_json(out / 'clips.json', open_clip_folder(video).records())
-        quality, l1, l23, timings = _run_stages(out, video, info, cues, config, chat_model, te, ie, progress,
-                                                concurrency)
-        subs = subtitle_record(subtitles, cues, l1)
-        man = _manifest(out, ident, video, info, config, quality, subs, l1, l23, timings, t0)
+        stages = _run_stages(out, video, info, cues, config, chat_model, how)
+        subs = subtitle_record(subtitles, cues, stages.l1)
+        man = build_manifest(out, ident, video, info, config, stages, subs, t0)
         atomic_write_json(out / 'manifest.json', man)
     return cls.load(out, config, text_embedder=te, image_embedder=ie)
 
 # %% ../../nbs/14a_memory.build.ipynb #4eeb0679
 def get_or_build_memory(video_path: str | Path, config: Config = Config(), chat_model=None,
-                        subtitles: str | Path | None = None, root: str | Path | None = None, progress: bool = False,
-                        text_embedder=None, image_embedder=None, concurrency: int | None = None) -> OfflineMemory:
+                        subtitles: str | Path | None = None, root: str | Path | None = None,
+                        **how) -> OfflineMemory:
     "This video's memory for these settings: loaded when complete (see `fallback_rebuild`), resumed, or built."
-    te, ie = memory_embedders(text_embedder, image_embedder)
+    how = BuildOptions(**dict(progress=False) | how)          # `how`: `BuildOptions` fields
+    te, ie = memory_embedders(how.text_embedder, how.image_embedder)
     subtitles = run_subtitles(subtitles, config)
     d = memory_dir_for(video_path, config, memory_models(chat_model, te, ie), subtitles, root)
     man = d / 'manifest.json'
     if man.exists() and not caption_fallbacks(json.loads(man.read_text())):
         return OfflineMemory.load(d, config, text_embedder=te, image_embedder=ie)
-    return OfflineMemory.build(video_path, d, config, chat_model, subtitles, te, ie, progress=progress,
-                               concurrency=concurrency)
+    return OfflineMemory.build(video_path, d, config, chat_model, subtitles,
+                               **dict(vars(how), text_embedder=te, image_embedder=ie))
 
 # %% ../../nbs/14a_memory.build.ipynb #e5f593c4
 def _build_summary(mem: OfflineMemory, seconds: float, reused: bool) -> dict:
     "Counts, mean L1 length, time taken and where the memory is."
     c = mem.manifest['counts']
-    return dict(n_frames=c['n_frames'], n_kept=c['n_kept'], n_l1=c['n_l1'], n_l2=c['n_l2'], n_l3=c['n_l3'],
-                mean_l1_seconds=mem.manifest['mean_l1_seconds'], seconds=round(seconds, 2), memory_dir=str(mem.path),
+    return dict(n_frames=c['n_frames'], n_kept=c['n_kept'], n_l1=c['n_l1'], n_l2=c['n_l2'],
+                n_l3=c['n_l3'], mean_l1_seconds=mem.manifest['mean_l1_seconds'],
+                seconds=round(seconds, 2), memory_dir=str(mem.path),
                 captioner=mem.manifest['captioner'], reused=reused,
-                rejected=mem.manifest['quality'].get('rejected', {}), fallback=mem.manifest['quality'].get('fallback'),
+                rejected=mem.manifest['quality'].get('rejected', {}),
+                fallback=mem.manifest['quality'].get('fallback'),
                 quality=quality_line(mem.manifest['quality']))
 
 # %% ../../nbs/14a_memory.build.ipynb #48b48e8f
-def build_memory(video: str | Path, out: str | Path | None = None, config: Config | None = None, chat_model=None,
-                 subtitles: str | Path | None = None, chunking: str | None = None, rebuild: bool = False,
-                 progress: bool = True, concurrency: int | None = None) -> dict:
+def build_memory(video: str | Path, out: str | Path | None = None, config: Config | None = None,
+                 chat_model=None, subtitles: str | Path | None = None, chunking: str | None = None,
+                 **how) -> dict:
     "Build, resume or reuse the memory of `video` (default `out`: runs/memories/<stem>-<sha8>-<key>); a summary dict."
-    t0 = time.time()
+    t0, how = time.time(), BuildOptions(**how)                # `how`: `BuildOptions` fields
     if chunking not in (None, 'adaptive', 'fixed'):
         raise MemoryBuildError(f"--chunking must be adaptive or fixed, got {chunking!r}")
     cfg = config or Config()
     if chunking: cfg = cfg.replace(chunking=chunking)
     out = Path(out) if out else memory_dir_for(video, cfg, memory_models(chat_model), subtitles)
-    reused = (out / 'manifest.json').exists() and not rebuild
-    mem = OfflineMemory.build(video, out, cfg, chat_model=chat_model, subtitles=subtitles, progress=progress,
-                              rebuild=rebuild, concurrency=concurrency)
+    reused = (out / 'manifest.json').exists() and not how.rebuild
+    mem = OfflineMemory.build(video, out, cfg, chat_model=chat_model, subtitles=subtitles,
+                              **vars(how))
     return _build_summary(mem, time.time() - t0, reused)
