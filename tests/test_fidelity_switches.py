@@ -23,15 +23,9 @@ METHODS = ('blind', 'direct', 'reveal', 'pace', 'dvd')
 
 
 @pytest.fixture(scope='module')
-def work(tmp_path_factory):
+def work(minute_bench):
     "A one-minute generated video with one question, its memories and indexes under one REVEAL_RUNS."
-    d = tmp_path_factory.mktemp('switches')
-    old = os.environ.get('REVEAL_RUNS')
-    os.environ['REVEAL_RUNS'] = str(d / 'runs')
-    generate_benchmark(d / 'bench', minutes=1, videos=1, questions_per_video=1, seed=0, progress=False)
-    yield d
-    if old is None: os.environ.pop('REVEAL_RUNS', None)
-    else: os.environ['REVEAL_RUNS'] = old
+    return minute_bench
 
 
 def traces(out: Path) -> list[dict]:
