@@ -4,6 +4,7 @@ incomplete packs are refused; `reveal eval cost` prints its table."""
 import io
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -249,7 +250,7 @@ def test_damaged_or_lying_packs_exit_2_or_1(work, tmp_path):
     pack = tmp_path / 'ok.tar.gz'
     pack_runs([work / 'eval-base'], pack)
     good = pack.read_bytes()
-    for name, data in (('cut.tar.gz', good[:len(good) // 2]), ('noise.tar.gz', os.urandom(4096)),
+    for name, data in (('cut.tar.gz', good[:len(good) // 2]), ('noise.tar.gz', random.Random(0).randbytes(4096)),
                        ('empty.tar.gz', b''), ('gz.tar.zst', good)):
         (tmp_path / name).write_bytes(data)
         r = replay_elsewhere(tmp_path / name, tmp_path / f'out-{name}', tmp_path)
