@@ -259,7 +259,7 @@ def test_bidi_overrides_are_stripped_from_pages(agent_runs, tmp_path):
 def test_pages_read_the_results_once(agent_runs, tmp_path, monkeypatch):
     "Writing the browser reads the results file a fixed number of times, not once per question (linear time)."
     import reveal_kit.eval.browser as B
-    import reveal_kit.eval.trace_view as T
+    import reveal_kit.eval.trace_run as T
     _, runs = agent_runs
     run = _copy_run(runs['dvd'], tmp_path / 'big', lambda i, q: q)
     rows = [json.loads(x) for x in (run / 'results.jsonl').read_text().splitlines()]

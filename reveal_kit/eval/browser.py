@@ -10,7 +10,8 @@ from typing import Any
 from fastcore.xml import Div, H2, P, to_xml
 from ..io import atomic_write_text
 from .metrics import load_results
-from .trace_view import esc, html_page, run_question_source, trace_fragment
+from .trace_run import run_question_source
+from .trace_view import esc, html_page, trace_fragment
 
 # %% auto #0
 __all__ = ['ROW_KEYS', 'browser_rows', 'outcome', 'compare_rows', 'row_html', 'run_page_html', 'RunPages', 'question_page',

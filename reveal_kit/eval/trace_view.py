@@ -4,28 +4,25 @@
 
 # %% ../../nbs/45_eval.trace_view.ipynb #ab92fd7b
 from __future__ import annotations
-import base64
 import html
-import json
 from pathlib import Path
 from typing import Any
 from fastcore.xml import Div, Span, to_xml
 from ..core import Question
 from ..record import trace_switches
 from ..text import fmt_time, printable
-from ..io import atomic_write_text, read_jsonl_rows
-from .metrics import load_results
-from ..reveal.ask import load_trace, format_trace
-from .loaders import load_benchmark
-from ..video.frames import read_frames_at
+from ..io import atomic_write_text
+from ..reveal.ask import format_trace
 from .trace_steps import evidence_html, item_spans, step_lines, step_spans, steps_html
+from .trace_run import (filter_questions, keyframe_thumbs, run_question_index, run_question_source,
+                                        run_questions, run_trace, run_videos,
+                                        trace_rounds)
 
 # %% auto #0
-__all__ = ['esc', 'score_colour', 'html_table', 'trace_rounds', 'item_rows', 'verifier_html', 'round_html', 'trace_calls',
-           'calls_html', 'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'header_html', 'notes_html',
-           'switches_html', 'trace_html', 'keyframe_thumbs', 'run_questions', 'filter_questions', 'run_trace',
-           'benchmark_root', 'run_question_source', 'run_question_index', 'run_videos', 'page_notes', 'trace_fragment',
-           'html_page', 'trace_page', 'trace_text', 'show_trace', 'TraceViewer']
+__all__ = ['esc', 'score_colour', 'html_table', 'item_rows', 'verifier_html', 'round_html', 'trace_calls', 'calls_html',
+           'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'header_html', 'notes_html',
+           'switches_html', 'trace_html', 'page_notes', 'trace_fragment', 'html_page', 'trace_page', 'trace_text',
+           'show_trace', 'TraceViewer']
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7bc1e1a
 def esc(x: Any) -> str:
@@ -45,12 +42,6 @@ def html_table(rows: list[dict], cols: list[str], cls: str = '') -> str:
     body = ''.join('<tr>' + ''.join(f"<td>{esc(r.get(c))}</td>" for c in cols) + '</tr>'
                    for r in rows)
     return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
-
-# %% ../../nbs/45_eval.trace_view.ipynb #431aed40
-def trace_rounds(t: dict) -> list[dict]:
-    "The rounds of a REVEAL trace; none for a PACE, DVD or baseline trace (which records `rounds` as a count)."
-    rs = t.get('rounds')
-    return [r for r in rs if isinstance(r, dict)] if isinstance(rs, list) else []
 
 # %% ../../nbs/45_eval.trace_view.ipynb #516a5966
 def item_rows(items: list[dict], thumbs: dict[str, str] | None = None) -> str:
@@ -281,90 +272,6 @@ def trace_html(trace: dict, thumbs: dict[str, str] | None = None,
                      f"{esc(t['answer_reasoning'])}</p>")
     parts += ['<h4>Model calls</h4>', calls_html(trace_calls(t)), '</div>']
     return '\n'.join(p for p in parts if p)
-
-# %% ../../nbs/45_eval.trace_view.ipynb #8018fdac
-def _thumb_items(trace: dict) -> dict[str, dict]:
-    "The L1 items worth a keyframe: admitted in a round, or part of the final evidence; by item id."
-    its = [a for rd in trace_rounds(trace) for a in rd.get('admitted')
-           or []] + list(trace.get('evidence') or [])
-    return {a['item_id']: a for a in its if isinstance(a, dict) and a.get('level') == 1
-            and 't_start' in a and 'item_id' in a}
-
-def keyframe_thumbs(trace: dict, video_path: str | Path | None, width: int = 160) -> dict[str, str]:
-    "A JPEG data URL of the middle frame of every admitted (or evidence) L1 item of the trace, by item id."
-    import cv2
-    items = _thumb_items(trace)
-    if not items or not video_path or not Path(video_path).is_file():
-        return {}     # a FIFO or device: no frames
-    ids = sorted(items, key=lambda i: items[i]['t_start'])
-    frames = read_frames_at(video_path, [(items[i]['t_start'] + items[i]['t_end']) / 2
-                                         for i in ids], max_width=width)
-    out = {}
-    for i, f in zip(ids, frames):
-        ok, buf = cv2.imencode('.jpg', cv2.cvtColor(f.rgb, cv2.COLOR_RGB2BGR),
-                               [cv2.IMWRITE_JPEG_QUALITY, 80])
-        if ok: out[i] = 'data:image/jpeg;base64,' + base64.b64encode(buf.tobytes()).decode()
-    return out
-
-# %% ../../nbs/45_eval.trace_view.ipynb #43ac1362
-def run_questions(run_dir: str | Path) -> list[dict]:
-    "One row per question of a run (qid order, as text): qid, qtype, answer, gold, correct, stop reason, trace path."
-    keys = ('qid', 'qtype', 'answer', 'gold', 'correct', 'stop_reason', 'trace')
-    return sorted(({k: r.get(k) for k in keys} for r in load_results(run_dir)),
-                  key=lambda r: str(r['qid']))
-
-# %% ../../nbs/45_eval.trace_view.ipynb #619057e0
-def filter_questions(rows: list[dict], correct: bool | None = None, qtype: str | None = None,
-                     stop_reason: str | None = None) -> list[dict]:
-    "The rows matching every filter that is not None."
-    return [r for r in rows if (correct is None or bool(r.get('correct')) == correct)
-            and (qtype is None or r.get('qtype') == qtype)
-            and (stop_reason is None or r.get('stop_reason') == stop_reason)]
-
-# %% ../../nbs/45_eval.trace_view.ipynb #16e83a5b
-def run_trace(run_dir: str | Path, qid: Any, row: dict | None = None) -> dict:
-    "The trace of one question of a run (by the path in its result `row`, or by name under the run's traces/)."
-    row = row or next((r for r in run_questions(run_dir) if str(r['qid']) == str(qid)), None)
-    if row is None: raise KeyError(f"no question {qid!r} in {run_dir}")
-    p = Path(row.get('trace') or '')
-    if not p.is_file(): p = Path(run_dir) / 'traces' / p.name
-    if not p.is_file(): raise FileNotFoundError(f"trace of {qid} not found: {row.get('trace')}")
-    return load_trace(p)
-
-# %% ../../nbs/45_eval.trace_view.ipynb #5932f907
-def benchmark_root(run_dir: str | Path, meta: dict) -> str | None:
-    "A run's benchmark root: as recorded when absolute (or none); a relative one from here, else beside the run."
-    root = meta.get('root')
-    if not root or Path(root).is_absolute(): return root
-    for base in (Path.cwd(), Path(run_dir).resolve().parent):
-        if (base / root).exists(): return str(base / root)
-    return root
-
-# %% ../../nbs/45_eval.trace_view.ipynb #0f03f93d
-def run_question_source(run_dir: str | Path) -> tuple[dict[str, Question], str | None]:
-    "qid (as text) → Question of a run, and why they could not be loaded (None when they were)."
-    d = Path(run_dir)
-    if (d / 'questions.jsonl').is_file():
-        return {str(q.qid): q
-                for q in map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))}, None
-    meta = json.loads((d / 'run.json').read_text()) if (d / 'run.json').is_file() else {}
-    root, kw = benchmark_root(d, meta), {'split': meta['split']} if meta.get('split') else {}
-    try: qs, _ = load_benchmark(meta['benchmark'], root, **kw)
-    except Exception as e:
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return {}, (f"the questions of benchmark {meta.get('benchmark')} under {root} cannot be "
-                    f"loaded from here ({why}): no gold spans, cues, question text or thumbnails")
-    return {str(q.qid): q for q in qs}, None
-
-# %% ../../nbs/45_eval.trace_view.ipynb #e3f090e2
-def run_question_index(run_dir: str | Path) -> dict[str, Question]:
-    "qid (as text) → Question of a run (see `run_question_source`); empty when they cannot be loaded."
-    return run_question_source(run_dir)[0]
-
-# %% ../../nbs/45_eval.trace_view.ipynb #7d0ee095
-def run_videos(run_dir: str | Path) -> dict[str, str]:
-    "qid → video path for a run's questions (see `run_question_index`); empty when they cannot be loaded."
-    return {k: q.video_path for k, q in run_question_index(run_dir).items() if q.video_path}
 
 # %% ../../nbs/45_eval.trace_view.ipynb #f731048e
 def page_notes(q: Question | None, qid: Any, why: str | None, thumbs: bool) -> list[str]:
