@@ -7,7 +7,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 from typing import Any
-from fastcore.xml import Div, Span, to_xml
+from fastcore.xml import (B, Br, Details, Div, FT, H3, H4, Img, Li, Meta, P, S, Safe, Small, Span, Sub, Summary,
+                          Svg, Table, Td, Th, Title, Tr, Ul, ft, to_xml)
 from ..core import Question
 from ..record import trace_switches
 from ..text import fmt_time, printable
@@ -19,15 +20,24 @@ from .trace_run import (filter_questions, keyframe_thumbs, run_question_index, r
                                         trace_rounds)
 
 # %% auto #0
-__all__ = ['esc', 'score_colour', 'html_table', 'item_rows', 'verifier_html', 'round_html', 'trace_calls', 'calls_html',
-           'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'header_html', 'notes_html',
+__all__ = ['as_text', 'esc', 'score_colour', 'html_table', 'item_rows', 'verifier_html', 'round_html', 'trace_calls',
+           'calls_html', 'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'header_html', 'notes_html',
            'switches_html', 'trace_html', 'page_notes', 'trace_fragment', 'html_page', 'trace_page', 'trace_text',
            'show_trace', 'TraceViewer']
+
+# %% ../../nbs/45_eval.trace_view.ipynb #7a11e101
+def as_text(x: Any) -> str:
+    "Printable text of any value ('—' for None), for an element of `fastcore.xml` (which escapes it) to hold."
+    return '—' if x is None else printable(x)
+
+def _xml(*elements: Any) -> str:
+    "The HTML of `fastcore.xml` elements, one after the other, not indented (their text escaped)."
+    return ''.join(to_xml(e, indent=False) for e in elements)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7bc1e1a
 def esc(x: Any) -> str:
     "HTML-escaped printable text of any value ('—' for None): control and bidi-override characters dropped."
-    return '—' if x is None else html.escape(printable(x))
+    return html.escape(as_text(x))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #ba9487a3
 def score_colour(z: float | None) -> str:
@@ -38,68 +48,80 @@ def score_colour(z: float | None) -> str:
 # %% ../../nbs/45_eval.trace_view.ipynb #e724fb30
 def html_table(rows: list[dict], cols: list[str], cls: str = '') -> str:
     "An HTML table of `rows` with the given columns (missing values as '—')."
-    head = ''.join(f"<th>{esc(c)}</th>" for c in cols)
-    body = ''.join('<tr>' + ''.join(f"<td>{esc(r.get(c))}</td>" for c in cols) + '</tr>'
-                   for r in rows)
-    return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
+    head = Tr(*[Th(as_text(c)) for c in cols])
+    body = [Tr(*[Td(as_text(r.get(c))) for c in cols]) for r in rows]
+    return _xml(Table(head, *body, cls=cls))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #516a5966
+_ITEM_COLS = ('item', 'level', 'time', 'score', 'rank score', 'query', 'reason', 'frame')
+
+def _item_row(it: dict, thumbs: dict[str, str]) -> FT:
+    "One item as a table row, with its keyframe when one was cut."
+    img = Img(src=thumbs[it['item_id']], width='120') if it.get('item_id') in thumbs else ''
+    span = f"{fmt_time(it['t_start'])}–{fmt_time(it['t_end'])}" if 't_start' in it else '—'
+    cells = [as_text(it.get('item_id')), f"L{as_text(it.get('level'))}", span, as_text(it.get('score')),
+             as_text(it.get('rank_score')), as_text(it.get('query')), as_text(it.get('reason')), img]
+    return Tr(*map(Td, cells))
+
 def item_rows(items: list[dict], thumbs: dict[str, str] | None = None) -> str:
     "Retrieved or admitted items as a table: item, level, time range, retrieval and rank scores, query, reason, frame."
-    thumbs = thumbs or {}
-    rows = []
-    for it in items:
-        img = (f"<img src='{thumbs[it['item_id']]}' width='120'>" if it.get('item_id') in thumbs
-               else '')
-        span = f"{fmt_time(it['t_start'])}–{fmt_time(it['t_end'])}" if 't_start' in it else '—'
-        cells = [esc(it.get('item_id')), f"L{esc(it.get('level'))}", span, esc(it.get('score')),
-                 esc(it.get('rank_score')), esc(it.get('query')), esc(it.get('reason')), img]
-        rows.append('<tr>' + ''.join(f"<td>{c}</td>" for c in cells) + '</tr>')
-    cols = ('item', 'level', 'time', 'score', 'rank score', 'query', 'reason', 'frame')
-    head = ''.join(f"<th>{h}</th>" for h in cols)
-    return f"<table class='items'><tr>{head}</tr>{''.join(rows)}</table>"
+    rows = [_item_row(it, thumbs or {}) for it in items]
+    return _xml(Table(Tr(*map(Th, _ITEM_COLS)), *rows, cls='items'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #4dac103a
+def _score_cell(z: Any, text: str) -> FT:
+    "A cell of the heat map: `text` on the colour of score `z`."
+    return Td(text, style=f"background:{score_colour(z)}")
+
+def _verifier_table(v: dict) -> FT:
+    "One row per option, one column per criterion (with its weight), then the option's ρ_o."
+    crits, w, rho_o = v.get('criteria') or [], v.get('weights') or {}, v.get('rho_o') or {}
+    head = Tr(Th('option'), *[Th(as_text(c), Br(), Small(f"w={as_text(w.get(c))}")) for c in crits],
+              Th('ρ', Sub('o')))
+    rows = [Tr(Td(B(as_text(o))), *[_score_cell(row.get(c), as_text(row.get(c))) for c in crits],
+               _score_cell(rho_o.get(o), f"{rho_o.get(o):.2f}"))
+            for o, row in (v.get('table') or {}).items()]
+    return Table(head, *rows, cls='verifier')
+
+def _verdict_p(v: dict, tau: float | None) -> FT:
+    "ρ against τ, the verdict, the options the evidence cannot judge yet, and where the scores came from."
+    verdict = 'sufficient' if v.get('sufficient') else 'insufficient'
+    unknown = ', '.join(v.get('unknown_options') or []) or 'none'
+    return P('ρ = ', B(f"{v.get('rho', 0):.3f}"), f" vs τ = {as_text(tau)} → ", B(verdict),
+             f"; unknown options: {as_text(unknown)} (source: {as_text(v.get('source'))})")
+
 def verifier_html(v: dict, tau: float | None) -> str:
     "The option × criterion score table as a heat map with ρ_o, then ρ against τ, verdict, unknown options, missing."
-    crits, w = v.get('criteria') or [], v.get('weights') or {}
-    head = '<th>option</th>' + ''.join(f"<th>{esc(c)}<br><small>w={esc(w.get(c))}</small></th>"
-                                       for c in crits)
-    body = ''
-    for o, row in (v.get('table') or {}).items():
-        cells = ''.join(f"<td style='background:{score_colour(row.get(c))}'>{esc(row.get(c))}</td>"
-                        for c in crits)
-        ro = (v.get('rho_o') or {}).get(o)
-        body += f"<tr><td><b>{esc(o)}</b></td>{cells}<td style='background:{score_colour(ro)}'>{ro:.2f}</td></tr>"
-    verdict = 'sufficient' if v.get('sufficient') else 'insufficient'
-    miss = ''.join(f"<li>{esc(m)}</li>" for m in v.get('missing') or [])
-    return (f"<table class='verifier'><tr>{head}<th>ρ<sub>o</sub></th></tr>{body}</table>"
-            f"<p>ρ = <b>{v.get('rho', 0):.3f}</b> vs τ = {esc(tau)} → <b>{verdict}</b>; unknown "
-            f"options: {esc(', '.join(v.get('unknown_options') or []) or 'none')} (source: "
-            f"{esc(v.get('source'))})</p>"
-            + (f"<p>missing evidence:</p><ul>{miss}</ul>" if miss else ''))
+    miss = [Li(as_text(m)) for m in v.get('missing') or []]
+    return _xml(_verifier_table(v), _verdict_p(v, tau), *([P('missing evidence:'), Ul(*miss)] if miss else []))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e35f7621
+def _plan_p(rd: dict) -> FT:
+    "How the round was planned: the strategy run (planned which, by whom, any fallback) and the planner's reasoning."
+    fb = f"; {as_text(rd['fallback'])}" if rd.get('fallback') else ''
+    return P(B(as_text(rd.get('strategy_executed'))),
+             f" (planned {as_text(rd.get('strategy'))} by {as_text(rd.get('plan_source'))}{fb}): "
+             f"{as_text(rd.get('reasoning'))}")
+
+def _queries(rd: dict) -> list[FT]:
+    "The queries kept ('none' when none was), then those rejected, struck through, each with its reason."
+    kept = [Li(as_text(q)) for q in rd.get('kept') or []] or [Li('none')]
+    rej = [Li(S(as_text(r.get('query'))), f" — {as_text(r.get('reason'))}") for r in rd.get('rejected') or []]
+    return [P('queries kept:'), Ul(*kept)] + ([P('queries rejected:'), Ul(*rej)] if rej else [])
+
+def _folded(what: str, items: list[dict]) -> FT:
+    "A table of items folded away, its summary saying what they are and how many."
+    return Details(Summary(f"{what} ({len(items)})"), Safe(item_rows(items)))
+
 def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None) -> str:
     "One round of a trace: plan, kept and rejected queries, retrieved / admitted / not admitted items, verifier."
-    rej = ''.join(f"<li><s>{esc(r.get('query'))}</s> — {esc(r.get('reason'))}</li>"
-                  for r in rd.get('rejected') or [])
-    kept = ''.join(f"<li>{esc(q)}</li>" for q in rd.get('kept') or [])
-    plan = (f"<p><b>{esc(rd.get('strategy_executed'))}</b> (planned {esc(rd.get('strategy'))} by "
-            f"{esc(rd.get('plan_source'))}{'; ' + esc(rd['fallback']) if rd.get('fallback') else ''}): "
-            f"{esc(rd.get('reasoning'))}</p>")
-    parts = [f"<h4>Round {esc(rd.get('round'))}</h4>", plan,
-             f"<p>queries kept:</p><ul>{kept or '<li>none</li>'}</ul>",
-             f"<p>queries rejected:</p><ul>{rej}</ul>" if rej else '',
-             f"<details><summary>retrieved ({len(rd.get('retrieved') or [])})</summary>"
-             f"{item_rows(rd.get('retrieved') or [])}</details>",
-             f"<p>admitted ({len(rd.get('admitted') or [])}), ranked by "
-             f"{esc(rd.get('ranking'))}:</p>",
-             item_rows(rd.get('admitted') or [], thumbs),
-             f"<details><summary>not admitted ({len(rd.get('not_admitted') or [])})</summary>"
-             f"{item_rows(rd.get('not_admitted') or [])}</details>"]
-    if rd.get('verifier'): parts.append(verifier_html(rd['verifier'], tau))
-    return '\n'.join(parts)
+    adm = rd.get('admitted') or []
+    parts = [H4(f"Round {as_text(rd.get('round'))}"), _plan_p(rd), *_queries(rd),
+             _folded('retrieved', rd.get('retrieved') or []),
+             P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:"), Safe(item_rows(adm, thumbs)),
+             _folded('not admitted', rd.get('not_admitted') or [])]
+    if rd.get('verifier'): parts.append(Safe(verifier_html(rd['verifier'], tau)))
+    return '\n'.join(map(_xml, parts))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7fdf138
 def trace_calls(t: dict) -> list[dict]:
@@ -111,13 +133,11 @@ def trace_calls(t: dict) -> list[dict]:
 # %% ../../nbs/45_eval.trace_view.ipynb #00ebe61c
 def calls_html(calls: list[dict]) -> str:
     "The model calls of a question: role, prompt and completion tokens, latency, cache hit, errors."
-    if not calls: return '<p>no model calls (offline roles)</p>'
-    rows = [dict(role=c.get('role'), prompt=c.get('prompt_tokens'),
-                 completion=c.get('completion_tokens'),
+    if not calls: return _xml(P('no model calls (offline roles)'))
+    rows = [dict(role=c.get('role'), prompt=c.get('prompt_tokens'), completion=c.get('completion_tokens'),
                  latency_s=round(float(c.get('latency_s') or 0), 3), cache_hit=c.get('cache_hit'),
                  error=c.get('error')) for c in calls]
-    return html_table(rows, ['role', 'prompt', 'completion', 'latency_s', 'cache_hit', 'error'],
-                      'calls')
+    return html_table(rows, ['role', 'prompt', 'completion', 'latency_s', 'cache_hit', 'error'], 'calls')
 
 # %% ../../nbs/45_eval.trace_view.ipynb #3957ef11
 def question_spans(q: Question | dict | None) -> dict:
@@ -169,13 +189,12 @@ _OPACITY = {2: 0.45, 3: 0.25}
 def _lane_svg(i: int, label: str, kind: str, spans: list, dur: float, x0: int, w: int) -> str:
     "One lane: its label, the video's bar, a rectangle with a tooltip per span (L2 and L3 items paler)."
     y = 18 + 18 * i
-    rects = ''.join(f"<rect x='{x0 + w * max(a, 0) / dur:.1f}' y='{y + 2}' "
-                    f"width='{max(w * (b - a) / dur, 1.5):.1f}' height='12' "
-                    f"fill='{_LANE_COLOURS[kind]}' "
-                    f"opacity='{_OPACITY.get(lv, 0.85)}'><title>{esc(tip)}</title></rect>"
-                    for a, b, tip, lv in spans if b >= a)
-    return (f"<text x='0' y='{y + 12}' font-size='11'>{esc(label)}</text>"
-            f"<rect x='{x0}' y='{y + 2}' width='{w}' height='12' fill='#eceff1'/>{rects}")
+    rect = lambda a, b, tip, lv: ft('rect', ft('title', as_text(tip)), x=f"{x0 + w * max(a, 0) / dur:.1f}",
+                                    y=y + 2, width=f"{max(w * (b - a) / dur, 1.5):.1f}", height=12,
+                                    fill=_LANE_COLOURS[kind], opacity=_OPACITY.get(lv, 0.85))
+    return _xml(ft('text', as_text(label), x=0, y=y + 12, font_size=11),
+                ft('rect', x=x0, y=y + 2, width=w, height=12, fill='#eceff1'),
+                *[rect(*s) for s in spans if s[1] >= s[0]])
 
 def _spans_lane(label: str, kind: str, spans: list[tuple[float, float]]) -> list[tuple]:
     "A lane of the question's own spans (gold evidence, distractors), none when it has none."
@@ -188,24 +207,26 @@ def legend_html(kinds: list[str]) -> str:
     keys = [Span(sw(k), ' ' + _LANE_NAMES[k], style='margin-right:14px')
             for k in dict.fromkeys(kinds)]
     pale = Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
-    return to_xml(Div(*keys, pale, cls='legend'), indent=False)
+    return _xml(Div(*keys, pale, cls='legend'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #8a7de4c9
+def _ticks(dur: float, x0: int, w: int) -> list[FT]:
+    "Five times along the top of the bar: its start, each quarter, its end."
+    return [ft('text', fmt_time(dur * k / 4), x=f"{x0 + w * k / 4:.0f}", y=12, font_size=10,
+               text_anchor='middle') for k in range(5)]
+
 def timeline_html(trace: dict, question: Question | dict | None = None, width: int = 900) -> str:
     "The video as a bar with gold/distractor spans, rounds' items, tool calls and frames as lanes, and a legend."
     qs = question_spans(question)
-    lanes = _spans_lane('gold evidence', 'gold', qs['evidence']) + _spans_lane('distractor',
-                                                                               'distractor',
-                                                                               qs['distractors']) + trace_lanes(trace)
+    lanes = (_spans_lane('gold evidence', 'gold', qs['evidence'])
+             + _spans_lane('distractor', 'distractor', qs['distractors']) + trace_lanes(trace))
     dur = float(qs['duration'] or max((s[1] for _, _, ss in lanes for s in ss), default=0.0) or 1.0)
     x0, w = 210, width - 220
-    tick = lambda k: f"<text x='{x0 + w * k / 4:.0f}' y='12' font-size='10' text-anchor='middle'>"
-    ticks = ''.join(f"{tick(k)}{fmt_time(dur * k / 4)}</text>" for k in range(5))
-    body = ''.join(_lane_svg(i, *lane, dur, x0, w) for i, lane in enumerate(lanes))
-    cues = f"<p class='cues'>cues: {esc('; '.join(qs['cues']))}</p>" if qs['cues'] else ''
-    return (f"<div class='timeline'><svg xmlns='http://www.w3.org/2000/svg' width='{width}' "
-            f"height='{24 + 18 * len(lanes)}' font-family='sans-serif'>{ticks}{body}</svg>"
-            f"{legend_html([k for _, k, _ in lanes])}{cues}</div>")
+    body = Safe(''.join(_lane_svg(i, *lane, dur, x0, w) for i, lane in enumerate(lanes)))
+    svg = Svg(*_ticks(dur, x0, w), body, xmlns='http://www.w3.org/2000/svg', width=width,
+              height=24 + 18 * len(lanes), font_family='sans-serif')
+    cues = P(f"cues: {as_text('; '.join(qs['cues']))}", cls='cues') if qs['cues'] else ''
+    return _xml(Div(svg, Safe(legend_html([k for _, k, _ in lanes])), cues, cls='timeline'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #a81ee107
 _STYLE = """<style>
@@ -223,55 +244,63 @@ def _rounds_count(t: dict) -> Any:
     n = (t.get('totals') or {}).get('rounds', t.get('rounds'))
     return len(n) if isinstance(n, list) else n
 
+def _option_li(k: str, v: Any, ans: Any, gold: Any) -> FT:
+    "An option, marked when it is the answer and when it is the gold letter."
+    return Li(f"{as_text(k)}. {as_text(v)}{' ← answer' if k == ans else ''}{' ← gold' if k == gold else ''}")
+
+def _outcome(ok: bool | None) -> FT | str:
+    "The outcome in colour (correct, wrong), or 'no gold'."
+    return B('correct', cls='ok') if ok else (B('wrong', cls='bad') if ok is False else 'no gold')
+
+def _totals(t: dict) -> str:
+    "What the answer took: rounds (and tool calls), model calls, tokens, seconds."
+    tot = t.get('totals') or t
+    steps = f", tool calls {len(t['steps'])}" if t.get('steps') else ''
+    toks = int(tot.get('prompt_tokens') or 0) + int(tot.get('completion_tokens') or 0)
+    return (f"rounds {as_text(_rounds_count(t))}{steps}, model calls {as_text(tot.get('llm_calls'))}, "
+            f"tokens {toks}, {float(tot.get('seconds') or t.get('seconds') or 0):.2f} s")
+
 def header_html(t: dict) -> str:
     "The question, its options marked with the answer and the gold letter, the outcome, the stop reason and totals."
     ans, gold = t.get('answer'), t.get('gold')
-    opts = ''.join(f"<li>{esc(k)}. "
-                   f"{esc(v)}{' ← answer' if k == ans else ''}{' ← gold' if k == gold else ''}</li>"
-                   for k, v in (t.get('options') or {}).items())
-    ok = t.get('correct')
-    outcome = "<b class='ok'>correct</b>" if ok else ("<b class='bad'>wrong</b>" if ok is False
-                                                      else 'no gold')
-    tot = t.get('totals') or t
-    steps = f", tool calls {len(t['steps'])}" if t.get('steps') else ''
-    return (f"<h3>{esc(t.get('qid'))} · {esc(t.get('preset') or t.get('method'))} · "
-            f"{esc(t.get('qtype'))}</h3><p>{esc(t.get('question'))}</p><ul>{opts}</ul>"
-            f"<p>answer {esc(ans)}, gold {esc(gold)}: {outcome}; stop: "
-            f"{esc(t.get('stop_reason'))}; rounds {esc(_rounds_count(t))}{steps}, model calls "
-            f"{esc(tot.get('llm_calls'))}, tokens "
-            f"{int(tot.get('prompt_tokens') or 0) + int(tot.get('completion_tokens') or 0)}, "
-            f"{float(tot.get('seconds') or t.get('seconds') or 0):.2f} s</p>")
+    title = f"{as_text(t.get('qid'))} · {as_text(t.get('preset') or t.get('method'))} · {as_text(t.get('qtype'))}"
+    opts = [_option_li(k, v, ans, gold) for k, v in (t.get('options') or {}).items()]
+    said = P(f"answer {as_text(ans)}, gold {as_text(gold)}: ", _outcome(t.get('correct')),
+             f"; stop: {as_text(t.get('stop_reason'))}; {_totals(t)}")
+    return _xml(H3(title), P(as_text(t.get('question'))), Ul(*opts), said)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b07c467d
 def notes_html(notes: list[str] | None) -> str:
     "What the page cannot show and why (a benchmark or video that cannot be found from here), one notice each."
-    return ''.join(f"<p class='notice'>{esc(n)}</p>" for n in notes or [])
+    return _xml(*[P(as_text(n), cls='notice') for n in notes or []])
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fd45a001
 def switches_html(t: dict) -> str:
     "The trace's data switches (subtitles, before the query time, embedders); '?' where unknown."
-    s = {k: esc('?' if v is None else ('on' if v is True else 'off' if v is False else v))
+    s = {k: as_text('?' if v is None else ('on' if v is True else 'off' if v is False else v))
          for k, v in trace_switches(t).items()}
-    return (f"<p>switches: subtitles {s['subtitles']}, before the query time {s['before_query']}, "
-            f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}</p>")
+    return _xml(P(f"switches: subtitles {s['subtitles']}, before the query time {s['before_query']}, "
+                  f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}"))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fc65d143
+def _closing(t: dict) -> list[FT]:
+    "The evidence still missing at the end, and the answerer's reasoning, where the trace has them."
+    out = []
+    if t.get('missing_evidence'):
+        out.append(P('final missing evidence: ' + as_text('; '.join(map(str, t['missing_evidence'])))))
+    if t.get('answer_reasoning'):
+        out.append(P(f"answerer ({as_text(t.get('answer_source'))}): {as_text(t['answer_reasoning'])}"))
+    return out
+
 def trace_html(trace: dict, thumbs: dict[str, str] | None = None,
                question: Question | dict | None = None, notes: list[str] | None = None) -> str:
     "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds or tool calls, evidence."
     t = trace
-    parts = [_STYLE, "<div class='reveal-trace'>", header_html(t), switches_html(t),
-             notes_html(notes), timeline_html(t, question)]
+    parts = [header_html(t), switches_html(t), notes_html(notes), timeline_html(t, question)]
     parts += [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
-    parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs)]
-    if t.get('missing_evidence'):
-        parts.append('<p>final missing evidence: ' + esc('; '.join(map(str, t['missing_evidence'])))
-                     + '</p>')
-    if t.get('answer_reasoning'):
-        parts.append(f"<p>answerer ({esc(t.get('answer_source'))}): "
-                     f"{esc(t['answer_reasoning'])}</p>")
-    parts += ['<h4>Model calls</h4>', calls_html(trace_calls(t)), '</div>']
-    return '\n'.join(p for p in parts if p)
+    parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs), *map(_xml, _closing(t)),
+              _xml(H4('Model calls')), calls_html(trace_calls(t))]
+    return _STYLE + '\n' + _xml(Div(Safe('\n'.join(p for p in parts if p)), cls='reveal-trace'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #f731048e
 def page_notes(q: Question | None, qid: Any, why: str | None, thumbs: bool) -> list[str]:
@@ -295,8 +324,8 @@ def trace_fragment(run_dir: str | Path, qid: Any, thumbs: bool = True, source: t
 # %% ../../nbs/45_eval.trace_view.ipynb #b1a69a09
 def html_page(title: Any, *fragments: str) -> str:
     "A standalone HTML page of fragments."
-    return (f"<!doctype html><meta charset='utf-8'><title>{esc(title)}</title>\n"
-            + '\n'.join(fragments) + '\n')
+    head = _xml(Meta(charset='utf-8'), Title(as_text(title)))
+    return f"<!doctype html>{head}\n" + '\n'.join(fragments) + '\n'
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e9e03d58
 def trace_page(run_dir: str | Path, qid: Any, thumbs: bool = True, source: tuple | None = None,
