@@ -212,7 +212,7 @@ def test_question_pages_from_another_folder_keep_gold_lanes(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path / 'elsewhere')
     write_run_browser(tmp_path / 'made' / 'run', Path('site/run.html'), thumbs=True)
     page = Path('site/run_traces/00000.html').read_text()
-    assert '<title>gold evidence' in page and 'cues: ' in page and "<p class='notice'>" not in page
+    assert '<title>gold evidence' in page and 'cues: ' in page and '<p class="notice">' not in page
     row = Path('site/run.html').read_text()
     q0 = json.loads(Path(tmp_path / 'bench' / 'questions.jsonl').read_text().splitlines()[0])
     assert q0['question'].split()[0] in row
@@ -226,7 +226,7 @@ def test_a_page_says_what_it_cannot_find(agent_runs, tmp_path):
     (run / 'run.json').write_text(json.dumps(dict(meta, root='bench-that-moved')))
     write_run_browser(run, tmp_path / 'site' / 'run.html')
     page = (tmp_path / 'site' / 'run_traces' / '00000.html').read_text()
-    assert "<p class='notice'>the questions of benchmark synth under bench-that-moved cannot be loaded" in page
+    assert '<p class="notice">the questions of benchmark synth under bench-that-moved cannot be loaded' in page
 
 
 def test_compare_question_pages_show_both_runs(agent_runs, tmp_path):
@@ -237,7 +237,7 @@ def test_compare_question_pages_show_both_runs(agent_runs, tmp_path):
     for p in sorted((tmp_path / 'cmp_traces').glob('*.html')):
         html = p.read_text()
         assert html.index('Run A: dvd (dvd)') < html.index('Run B: pace (pace)')
-        assert html.count("<div class='reveal-trace'>") == 2 and 'QueryDecompose' in html
+        assert html.count('<div class="reveal-trace">') == 2 and 'QueryDecompose' in html
 
 
 def test_bidi_overrides_are_stripped_from_pages(agent_runs, tmp_path):

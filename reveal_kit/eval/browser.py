@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-from fastcore.xml import Div, H2, P, to_xml
+from fastcore.xml import (A, Body, Div, FT, H2, Head, Html, Input, Label, Meta, Option, P, Safe, Script, Select, Span,
+                          Style, Table, Tbody, Td, Th, Thead, Title, Tr)
 from ..io import atomic_write_text
 from .metrics import load_results
 from .trace_run import run_question_source
-from .trace_view import esc, html_page, trace_fragment
+from .trace_view import as_html, as_text, html_page, trace_fragment
 
 # %% auto #0
 __all__ = ['ROW_KEYS', 'browser_rows', 'outcome', 'compare_rows', 'row_html', 'run_page_html', 'RunPages', 'question_page',
@@ -53,15 +54,15 @@ def compare_rows(a: list[dict], b: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (rank(r), str(r['qid'])))
 
 # %% ../../nbs/45a_eval.browser.ipynb #9901a4c0
-_CSS = """<style>
+_CSS = """
 body {font-family: sans-serif; font-size: 13px; margin: 16px}
 table {border-collapse: collapse} td, th {border: 1px solid #ccc; padding: 2px 6px; text-align: left}
 th {background: #f5f5f5; cursor: pointer; user-select: none} th:hover {background: #e0e0e0}
 td.correct {color: #1a7f37} td.wrong, td.failed {color: #c62828; font-weight: bold}
 .filters {margin: 8px 0} .filters label {margin-right: 12px} td.q {max-width: 420px; color: #555}
-</style>"""
+"""
 
-_JS = """<script>
+_JS = """
 (function () {
   const tb = document.querySelector('#runs tbody'), sel = n => document.getElementById(n);
   function apply() {
@@ -87,53 +88,58 @@ _JS = """<script>
   ['f-type', 'f-outcome', 'f-stop', 'f-text'].forEach(n => sel(n).addEventListener('input', apply));
   apply();
 })();
-</script>"""
+"""
 
 # %% ../../nbs/45a_eval.browser.ipynb #a785c44e
-def _cell(v: Any, cls: str = '', link: str | None = None) -> str:
-    "A table cell: its escaped sort value and its escaped text (a link when given)."
+def _cell(v: Any, cls: str = '', link: str | None = None) -> FT:
+    "A table cell: its sort value and its text (a link when given)."
     sv = '' if v is None else (int(v) if isinstance(v, bool) else v)
-    text = f"<a href='{esc(link)}'>{esc(v)}</a>" if link else esc(v)
-    return f"<td class='{cls}' data-v='{esc(sv)}'>{text}</td>"
+    return Td(A(as_text(v), href=as_text(link)) if link else as_text(v), cls=cls, data_v=as_text(sv))
+
+def _b_cells(r: dict, out: str) -> list[FT]:
+    "Run B's answer and outcome, and whether run A's answer and outcome are the same."
+    ob = outcome({'correct': r['correct_b'], 'failed': r['failed_b']})
+    same = 'same' if (out, r['answer']) == (ob, r['answer_b']) else 'differs'
+    return [_cell(r['answer_b']), _cell(ob, ob), _cell(same)]
 
 def row_html(r: dict, link: str | None, both: bool = False) -> str:
     "One question as a table row with its filter attributes (both runs' answers and outcomes when `both`)."
     out = outcome(r)
     cells = [_cell(r['qid'], link=link), _cell(r['qtype']), _cell(r['answer']), _cell(r['gold']),
-             _cell(out, out)]
-    if both:
-        ob = outcome({'correct': r['correct_b'], 'failed': r['failed_b']})
-        cells += [_cell(r['answer_b']), _cell(ob, ob),
-                  _cell('same' if (out, r['answer']) == (ob, r['answer_b'])
-                                                            else 'differs')]
-    cells += [_cell(r['rounds']), _cell(r['stop_reason']), _cell(r['calls']), _cell(r['tokens']),
-              _cell(r.get('question'), 'q')]
+             _cell(out, out), *(_b_cells(r, out) if both else []), _cell(r['rounds']),
+             _cell(r['stop_reason']), _cell(r['calls']), _cell(r['tokens']), _cell(r.get('question'), 'q')]
     text = f"{r['qid']} {r.get('question') or ''}".lower()
-    return (f"<tr class='{esc(out)}' data-type='{esc(r['qtype'])}' data-outcome='{esc(out)}' "
-            f"data-stop='{esc(r['stop_reason'])}' data-text='{esc(text)}'>{''.join(cells)}</tr>")
+    return as_html(Tr(*cells, cls=as_text(out), data_type=as_text(r['qtype']), data_outcome=as_text(out),
+                      data_stop=as_text(r['stop_reason']), data_text=as_text(text)))
 
 # %% ../../nbs/45a_eval.browser.ipynb #d6324409
-def _options(rows: list[dict], key) -> str:
-    "The <option>s of a filter: all, then each distinct value."
+def _select(rows: list[dict], name: str, fid: str, key) -> FT:
+    "A filter: its name and a menu of all, then each distinct value."
     vals = sorted({str(key(r)) for r in rows if key(r) is not None})
-    return "<option value=''>all</option>" + ''.join(f"<option value='{esc(v)}'>{esc(v)}</option>"
-                                                     for v in vals)
+    opts = [Option(as_text(v), value=as_text(v)) for v in vals]
+    return Label(f"{name} ", Select(Option('all', value=''), *opts, id=fid))
+
+def _filters(rows: list[dict]) -> FT:
+    "The filters over the table (type, outcome, stop reason, text search), and how many rows are shown."
+    n = len(rows)
+    return Div(_select(rows, 'type', 'f-type', lambda r: r['qtype']),
+               _select(rows, 'outcome', 'f-outcome', outcome),
+               _select(rows, 'stop reason', 'f-stop', lambda r: r['stop_reason']),
+               Label('search ', Input(id='f-text', type='search')), ' ', Span(n, id='shown'),
+               f" of {n} questions shown", cls='filters')
+
+def _run_table(rows: list[dict], links: dict[str, str], both: bool) -> FT:
+    "The table of questions, its columns sortable (both runs' answers and outcomes when `both`)."
+    head = ['question id', 'type', 'answer', 'gold', 'outcome',
+            *(['answer B', 'outcome B', 'A vs B'] if both else []), 'rounds', 'stop reason', 'calls', 'tokens', 'question']
+    body = [Safe(row_html(r, links.get(r['qid']), both)) for r in rows]
+    return Table(Thead(Tr(*[Th(as_text(h)) for h in head])), Tbody(*body), id='runs')
 
 def run_page_html(rows: list[dict], links: dict[str, str], title: str, both: bool = False) -> str:
     "The run page: title, filters (type, outcome, stop reason, text), the sortable table; static, inline CSS/JS."
-    head = ['question id', 'type', 'answer', 'gold',
-            'outcome'] + (['answer B', 'outcome B', 'A vs B'] if both else [])
-    head += ['rounds', 'stop reason', 'calls', 'tokens', 'question']
-    filters = (f"<div class='filters'><label>type <select "
-               f"id='f-type'>{_options(rows, lambda r: r['qtype'])}</select></label><label>outcome "
-               f"<select id='f-outcome'>{_options(rows, outcome)}</select></label><label>stop "
-               f"reason <select "
-               f"id='f-stop'>{_options(rows, lambda r: r['stop_reason'])}</select></label><label>search <input id='f-text' type='search'></label> <span id='shown'>{len(rows)}</span> of {len(rows)} questions shown</div>")
-    body = ''.join(row_html(r, links.get(r['qid']), both) for r in rows)
-    table = (f"<table id='runs'><thead><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr></thead>"
-             f"<tbody>{body}</tbody></table>")
-    return (f"<!doctype html><html><head><meta "
-            f"charset='utf-8'><title>{esc(title)}</title>{_CSS}</head><body><h2>{esc(title)}</h2>{filters}{table}{_JS}</body></html>\n")
+    head = Head(Meta(charset='utf-8'), Title(as_text(title)), Style(Safe(_CSS)))
+    body = Body(H2(as_text(title)), _filters(rows), _run_table(rows, links, both), Script(Safe(_JS)))
+    return as_html(Html(head, body)) + '\n'
 
 # %% ../../nbs/45a_eval.browser.ipynb #92311865
 def _run_meta(run_dir: Path) -> dict:
@@ -159,17 +165,16 @@ class RunPages:
         "The question's trace (a notice when it cannot be read, or when this run has no such question)."
         row = self.rows.get(str(qid))
         if row is None:
-            return f"<p class='notice'>{esc(self.dir.name)} did not answer {esc(qid)}</p>"
+            return as_html(P(f"{as_text(self.dir.name)} did not answer {as_text(qid)}", cls='notice'))
         try: return trace_fragment(self.dir, qid, self.thumbs, self.source, row)
         except (FileNotFoundError, ValueError, KeyError) as e:
-            return f"<p class='notice'>the trace of {esc(qid)} cannot be read: {esc(e)}</p>"
+            return as_html(P(f"the trace of {as_text(qid)} cannot be read: {as_text(e)}", cls='notice'))
 
 # %% ../../nbs/45a_eval.browser.ipynb #f460e3c8
 def question_page(qid: Any, a: RunPages, b: RunPages | None = None) -> str:
     "A question's page: run A's trace, and run B's below it when comparing."
     if b is None: return html_page(qid, a.fragment(qid))
-    head = lambda p, x: to_xml(H2(f"Run {x}: {p.dir.name} ({_run_meta(p.dir).get('method', '?')})"),
-                               indent=False)
+    head = lambda p, x: as_html(H2(f"Run {x}: {p.dir.name} ({_run_meta(p.dir).get('method', '?')})"))
     return html_page(qid, head(a, 'A'), a.fragment(qid), head(b, 'B'), b.fragment(qid))
 
 # %% ../../nbs/45a_eval.browser.ipynb #12292488

@@ -20,7 +20,7 @@ from .trace_run import (filter_questions, keyframe_thumbs, run_question_index, r
                                         trace_rounds)
 
 # %% auto #0
-__all__ = ['as_text', 'esc', 'score_colour', 'html_table', 'item_rows', 'verifier_html', 'round_html', 'trace_calls',
+__all__ = ['as_text', 'as_html', 'esc', 'score_colour', 'html_table', 'item_rows', 'verifier_html', 'round_html', 'trace_calls',
            'calls_html', 'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'header_html', 'notes_html',
            'switches_html', 'trace_html', 'page_notes', 'trace_fragment', 'html_page', 'trace_page', 'trace_text',
            'show_trace', 'TraceViewer']
@@ -30,8 +30,9 @@ def as_text(x: Any) -> str:
     "Printable text of any value ('—' for None), for an element of `fastcore.xml` (which escapes it) to hold."
     return '—' if x is None else printable(x)
 
-def _xml(*elements: Any) -> str:
-    "The HTML of `fastcore.xml` elements, one after the other, not indented (their text escaped)."
+# %% ../../nbs/45_eval.trace_view.ipynb #7a11e103
+def as_html(*elements: Any) -> str:
+    "The HTML of `fastcore.xml` elements, one after the other, not indented (their text and attributes escaped)."
     return ''.join(to_xml(e, indent=False) for e in elements)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7bc1e1a
@@ -50,7 +51,7 @@ def html_table(rows: list[dict], cols: list[str], cls: str = '') -> str:
     "An HTML table of `rows` with the given columns (missing values as '—')."
     head = Tr(*[Th(as_text(c)) for c in cols])
     body = [Tr(*[Td(as_text(r.get(c))) for c in cols]) for r in rows]
-    return _xml(Table(head, *body, cls=cls))
+    return as_html(Table(head, *body, cls=cls))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #516a5966
 _ITEM_COLS = ('item', 'level', 'time', 'score', 'rank score', 'query', 'reason', 'frame')
@@ -66,7 +67,7 @@ def _item_row(it: dict, thumbs: dict[str, str]) -> FT:
 def item_rows(items: list[dict], thumbs: dict[str, str] | None = None) -> str:
     "Retrieved or admitted items as a table: item, level, time range, retrieval and rank scores, query, reason, frame."
     rows = [_item_row(it, thumbs or {}) for it in items]
-    return _xml(Table(Tr(*map(Th, _ITEM_COLS)), *rows, cls='items'))
+    return as_html(Table(Tr(*map(Th, _ITEM_COLS)), *rows, cls='items'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #4dac103a
 def _score_cell(z: Any, text: str) -> FT:
@@ -93,7 +94,7 @@ def _verdict_p(v: dict, tau: float | None) -> FT:
 def verifier_html(v: dict, tau: float | None) -> str:
     "The option × criterion score table as a heat map with ρ_o, then ρ against τ, verdict, unknown options, missing."
     miss = [Li(as_text(m)) for m in v.get('missing') or []]
-    return _xml(_verifier_table(v), _verdict_p(v, tau), *([P('missing evidence:'), Ul(*miss)] if miss else []))
+    return as_html(_verifier_table(v), _verdict_p(v, tau), *([P('missing evidence:'), Ul(*miss)] if miss else []))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e35f7621
 def _plan_p(rd: dict) -> FT:
@@ -121,7 +122,7 @@ def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None
              P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:"), Safe(item_rows(adm, thumbs)),
              _folded('not admitted', rd.get('not_admitted') or [])]
     if rd.get('verifier'): parts.append(Safe(verifier_html(rd['verifier'], tau)))
-    return '\n'.join(map(_xml, parts))
+    return '\n'.join(map(as_html, parts))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7fdf138
 def trace_calls(t: dict) -> list[dict]:
@@ -133,7 +134,7 @@ def trace_calls(t: dict) -> list[dict]:
 # %% ../../nbs/45_eval.trace_view.ipynb #00ebe61c
 def calls_html(calls: list[dict]) -> str:
     "The model calls of a question: role, prompt and completion tokens, latency, cache hit, errors."
-    if not calls: return _xml(P('no model calls (offline roles)'))
+    if not calls: return as_html(P('no model calls (offline roles)'))
     rows = [dict(role=c.get('role'), prompt=c.get('prompt_tokens'), completion=c.get('completion_tokens'),
                  latency_s=round(float(c.get('latency_s') or 0), 3), cache_hit=c.get('cache_hit'),
                  error=c.get('error')) for c in calls]
@@ -192,7 +193,7 @@ def _lane_svg(i: int, label: str, kind: str, spans: list, dur: float, x0: int, w
     rect = lambda a, b, tip, lv: ft('rect', ft('title', as_text(tip)), x=f"{x0 + w * max(a, 0) / dur:.1f}",
                                     y=y + 2, width=f"{max(w * (b - a) / dur, 1.5):.1f}", height=12,
                                     fill=_LANE_COLOURS[kind], opacity=_OPACITY.get(lv, 0.85))
-    return _xml(ft('text', as_text(label), x=0, y=y + 12, font_size=11),
+    return as_html(ft('text', as_text(label), x=0, y=y + 12, font_size=11),
                 ft('rect', x=x0, y=y + 2, width=w, height=12, fill='#eceff1'),
                 *[rect(*s) for s in spans if s[1] >= s[0]])
 
@@ -207,7 +208,7 @@ def legend_html(kinds: list[str]) -> str:
     keys = [Span(sw(k), ' ' + _LANE_NAMES[k], style='margin-right:14px')
             for k in dict.fromkeys(kinds)]
     pale = Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
-    return _xml(Div(*keys, pale, cls='legend'))
+    return as_html(Div(*keys, pale, cls='legend'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #8a7de4c9
 def _ticks(dur: float, x0: int, w: int) -> list[FT]:
@@ -226,7 +227,7 @@ def timeline_html(trace: dict, question: Question | dict | None = None, width: i
     svg = Svg(*_ticks(dur, x0, w), body, xmlns='http://www.w3.org/2000/svg', width=width,
               height=24 + 18 * len(lanes), font_family='sans-serif')
     cues = P(f"cues: {as_text('; '.join(qs['cues']))}", cls='cues') if qs['cues'] else ''
-    return _xml(Div(svg, Safe(legend_html([k for _, k, _ in lanes])), cues, cls='timeline'))
+    return as_html(Div(svg, Safe(legend_html([k for _, k, _ in lanes])), cues, cls='timeline'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #a81ee107
 _STYLE = """<style>
@@ -267,19 +268,19 @@ def header_html(t: dict) -> str:
     opts = [_option_li(k, v, ans, gold) for k, v in (t.get('options') or {}).items()]
     said = P(f"answer {as_text(ans)}, gold {as_text(gold)}: ", _outcome(t.get('correct')),
              f"; stop: {as_text(t.get('stop_reason'))}; {_totals(t)}")
-    return _xml(H3(title), P(as_text(t.get('question'))), Ul(*opts), said)
+    return as_html(H3(title), P(as_text(t.get('question'))), Ul(*opts), said)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b07c467d
 def notes_html(notes: list[str] | None) -> str:
     "What the page cannot show and why (a benchmark or video that cannot be found from here), one notice each."
-    return _xml(*[P(as_text(n), cls='notice') for n in notes or []])
+    return as_html(*[P(as_text(n), cls='notice') for n in notes or []])
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fd45a001
 def switches_html(t: dict) -> str:
     "The trace's data switches (subtitles, before the query time, embedders); '?' where unknown."
     s = {k: as_text('?' if v is None else ('on' if v is True else 'off' if v is False else v))
          for k, v in trace_switches(t).items()}
-    return _xml(P(f"switches: subtitles {s['subtitles']}, before the query time {s['before_query']}, "
+    return as_html(P(f"switches: subtitles {s['subtitles']}, before the query time {s['before_query']}, "
                   f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}"))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fc65d143
@@ -298,9 +299,9 @@ def trace_html(trace: dict, thumbs: dict[str, str] | None = None,
     t = trace
     parts = [header_html(t), switches_html(t), notes_html(notes), timeline_html(t, question)]
     parts += [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
-    parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs), *map(_xml, _closing(t)),
-              _xml(H4('Model calls')), calls_html(trace_calls(t))]
-    return _STYLE + '\n' + _xml(Div(Safe('\n'.join(p for p in parts if p)), cls='reveal-trace'))
+    parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs), *map(as_html, _closing(t)),
+              as_html(H4('Model calls')), calls_html(trace_calls(t))]
+    return _STYLE + '\n' + as_html(Div(Safe('\n'.join(p for p in parts if p)), cls='reveal-trace'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #f731048e
 def page_notes(q: Question | None, qid: Any, why: str | None, thumbs: bool) -> list[str]:
@@ -324,7 +325,7 @@ def trace_fragment(run_dir: str | Path, qid: Any, thumbs: bool = True, source: t
 # %% ../../nbs/45_eval.trace_view.ipynb #b1a69a09
 def html_page(title: Any, *fragments: str) -> str:
     "A standalone HTML page of fragments."
-    head = _xml(Meta(charset='utf-8'), Title(as_text(title)))
+    head = as_html(Meta(charset='utf-8'), Title(as_text(title)))
     return f"<!doctype html>{head}\n" + '\n'.join(fragments) + '\n'
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e9e03d58
