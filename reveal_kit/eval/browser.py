@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-from fastcore.xml import (A, Body, Div, FT, H2, Head, Html, Input, Label, Meta, Option, P, Safe, Script, Select, Span,
-                          Style, Table, Tbody, Td, Th, Thead, Title, Tr)
+from fastcore.xml import (A, Body, Div, FT, H2, Head, Html, Input, Label, Meta, Option, P, Safe, Script,
+                          Select, Span, Style, Table, Tbody, Td, Th, Thead, Title, Tr)
 from ..io import atomic_write_text
 from .metrics import load_results
 from .trace_run import run_question_source
@@ -43,14 +43,16 @@ def outcome(r: dict) -> str:
     return 'correct' if r.get('correct') else ('wrong' if r.get('correct') is False else 'no gold')
 
 # %% ../../nbs/45a_eval.browser.ipynb #3ed3aea4
+def _outcome_b(r: dict) -> str:
+    "Run B's outcome of a compared row."
+    return outcome({'correct': r['correct_b'], 'failed': r['failed_b']})
+
 def compare_rows(a: list[dict], b: list[dict]) -> list[dict]:
     "The questions both runs answered, with run B's fields (`_b`); other outcomes first, then other answers."
     bb = {r['qid']: r for r in b}
-    rows = [dict(r, **{f"{k}_b": bb[r['qid']].get(k) for k in ROW_KEYS if k != 'qid'}) for r in a
-            if r['qid'] in bb]
-    rank = lambda r: (0
-                      if outcome(r) != outcome({'correct': r['correct_b'], 'failed': r['failed_b']})
-                      else 1 if r['answer'] != r['answer_b'] else 2)
+    rows = [dict(r, **{f"{k}_b": bb[r['qid']].get(k) for k in ROW_KEYS if k != 'qid'})
+            for r in a if r['qid'] in bb]
+    rank = lambda r: 0 if outcome(r) != _outcome_b(r) else 1 if r['answer'] != r['answer_b'] else 2
     return sorted(rows, key=lambda r: (rank(r), str(r['qid'])))
 
 # %% ../../nbs/45a_eval.browser.ipynb #9901a4c0
@@ -94,11 +96,12 @@ _JS = """
 def _cell(v: Any, cls: str = '', link: str | None = None) -> FT:
     "A table cell: its sort value and its text (a link when given)."
     sv = '' if v is None else (int(v) if isinstance(v, bool) else v)
-    return Td(A(as_text(v), href=as_text(link)) if link else as_text(v), cls=cls, data_v=as_text(sv))
+    text = A(as_text(v), href=as_text(link)) if link else as_text(v)
+    return Td(text, cls=cls, data_v=as_text(sv))
 
 def _b_cells(r: dict, out: str) -> list[FT]:
     "Run B's answer and outcome, and whether run A's answer and outcome are the same."
-    ob = outcome({'correct': r['correct_b'], 'failed': r['failed_b']})
+    ob = _outcome_b(r)
     same = 'same' if (out, r['answer']) == (ob, r['answer_b']) else 'differs'
     return [_cell(r['answer_b']), _cell(ob, ob), _cell(same)]
 
@@ -107,10 +110,11 @@ def row_html(r: dict, link: str | None, both: bool = False) -> str:
     out = outcome(r)
     cells = [_cell(r['qid'], link=link), _cell(r['qtype']), _cell(r['answer']), _cell(r['gold']),
              _cell(out, out), *(_b_cells(r, out) if both else []), _cell(r['rounds']),
-             _cell(r['stop_reason']), _cell(r['calls']), _cell(r['tokens']), _cell(r.get('question'), 'q')]
+             _cell(r['stop_reason']), _cell(r['calls']), _cell(r['tokens']),
+             _cell(r.get('question'), 'q')]
     text = f"{r['qid']} {r.get('question') or ''}".lower()
-    return as_html(Tr(*cells, cls=as_text(out), data_type=as_text(r['qtype']), data_outcome=as_text(out),
-                      data_stop=as_text(r['stop_reason']), data_text=as_text(text)))
+    return as_html(Tr(*cells, cls=as_text(out), data_type=as_text(r['qtype']),
+                      data_outcome=as_text(out), data_stop=as_text(r['stop_reason']), data_text=as_text(text)))
 
 # %% ../../nbs/45a_eval.browser.ipynb #d6324409
 def _select(rows: list[dict], name: str, fid: str, key) -> FT:
@@ -131,14 +135,16 @@ def _filters(rows: list[dict]) -> FT:
 def _run_table(rows: list[dict], links: dict[str, str], both: bool) -> FT:
     "The table of questions, its columns sortable (both runs' answers and outcomes when `both`)."
     head = ['question id', 'type', 'answer', 'gold', 'outcome',
-            *(['answer B', 'outcome B', 'A vs B'] if both else []), 'rounds', 'stop reason', 'calls', 'tokens', 'question']
+            *(['answer B', 'outcome B', 'A vs B'] if both else []),
+            'rounds', 'stop reason', 'calls', 'tokens', 'question']
     body = [Safe(row_html(r, links.get(r['qid']), both)) for r in rows]
     return Table(Thead(Tr(*[Th(as_text(h)) for h in head])), Tbody(*body), id='runs')
 
 def run_page_html(rows: list[dict], links: dict[str, str], title: str, both: bool = False) -> str:
     "The run page: title, filters (type, outcome, stop reason, text), the sortable table; static, inline CSS/JS."
     head = Head(Meta(charset='utf-8'), Title(as_text(title)), Style(Safe(_CSS)))
-    body = Body(H2(as_text(title)), _filters(rows), _run_table(rows, links, both), Script(Safe(_JS)))
+    table = _run_table(rows, links, both)
+    body = Body(H2(as_text(title)), _filters(rows), table, Script(Safe(_JS)))
     return as_html(Html(head, body)) + '\n'
 
 # %% ../../nbs/45a_eval.browser.ipynb #92311865
@@ -165,16 +171,19 @@ class RunPages:
         "The question's trace (a notice when it cannot be read, or when this run has no such question)."
         row = self.rows.get(str(qid))
         if row is None:
-            return as_html(P(f"{as_text(self.dir.name)} did not answer {as_text(qid)}", cls='notice'))
+            said = f"{as_text(self.dir.name)} did not answer {as_text(qid)}"
+            return as_html(P(said, cls='notice'))
         try: return trace_fragment(self.dir, qid, self.thumbs, self.source, row)
         except (FileNotFoundError, ValueError, KeyError) as e:
-            return as_html(P(f"the trace of {as_text(qid)} cannot be read: {as_text(e)}", cls='notice'))
+            said = f"the trace of {as_text(qid)} cannot be read: {as_text(e)}"
+            return as_html(P(said, cls='notice'))
 
 # %% ../../nbs/45a_eval.browser.ipynb #f460e3c8
 def question_page(qid: Any, a: RunPages, b: RunPages | None = None) -> str:
     "A question's page: run A's trace, and run B's below it when comparing."
     if b is None: return html_page(qid, a.fragment(qid))
-    head = lambda p, x: as_html(H2(f"Run {x}: {p.dir.name} ({_run_meta(p.dir).get('method', '?')})"))
+    method = lambda p: _run_meta(p.dir).get('method', '?')
+    head = lambda p, x: as_html(H2(f"Run {x}: {p.dir.name} ({method(p)})"))
     return html_page(qid, head(a, 'A'), a.fragment(qid), head(b, 'B'), b.fragment(qid))
 
 # %% ../../nbs/45a_eval.browser.ipynb #12292488
@@ -196,6 +205,14 @@ def _differ(rows: list[dict]) -> int:
     return sum(outcome(r) != outcome({'correct': r.get('correct_b'), 'failed': r.get('failed_b')})
                for r in rows)
 
+def _page_rows(run_dir: Path, rows: list[dict],
+               compare: str | Path | None) -> tuple[str, list[dict]]:
+    "The run page's title and rows: run A's, or when comparing, the questions both runs answered."
+    title = _run_title(run_dir, rows)
+    if compare is None: return title, rows
+    rb = browser_rows(compare)
+    return title + f" | B = {_run_title(Path(compare), rb)}", compare_rows(rows, rb)
+
 def write_run_browser(run_dir: str | Path, html_out: str | Path, compare: str | Path | None = None,
                       thumbs: bool = False) -> dict:
     "The run page at `html_out` first, then a page per question in `<stem>_traces/` (`compare`: run B beside it)."
@@ -203,10 +220,7 @@ def write_run_browser(run_dir: str | Path, html_out: str | Path, compare: str | 
     rows = browser_rows(a)
     folder = out.parent / f"{out.stem}_traces"
     links = {r['qid']: f"{folder.name}/{i:05d}.html" for i, r in enumerate(rows)}
-    title, shown = _run_title(a, rows), rows
-    if compare is not None:
-        rb = browser_rows(compare)
-        title, shown = title + f" | B = {_run_title(Path(compare), rb)}", compare_rows(rows, rb)
+    title, shown = _page_rows(a, rows, compare)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, run_page_html(shown, links, title, both=compare is not None))
     n = len(write_trace_pages(a, folder, rows, thumbs, compare))

@@ -35,10 +35,15 @@ def filter_questions(rows: list[dict], correct: bool | None = None, qtype: str |
             and (stop_reason is None or r.get('stop_reason') == stop_reason)]
 
 # %% ../../nbs/45_eval.trace_run.ipynb #16e83a5b
+def _result_row(run_dir: str | Path, qid: Any) -> dict:
+    "The result row of question `qid` of a run (KeyError when the run has no such question)."
+    row = next((r for r in run_questions(run_dir) if str(r['qid']) == str(qid)), None)
+    if row is None: raise KeyError(f"no question {qid!r} in {run_dir}")
+    return row
+
 def run_trace(run_dir: str | Path, qid: Any, row: dict | None = None) -> dict:
     "The trace of one question of a run (by the path in its result `row`, or by name under the run's traces/)."
-    row = row or next((r for r in run_questions(run_dir) if str(r['qid']) == str(qid)), None)
-    if row is None: raise KeyError(f"no question {qid!r} in {run_dir}")
+    row = row or _result_row(run_dir, qid)
     p = Path(row.get('trace') or '')
     if not p.is_file(): p = Path(run_dir) / 'traces' / p.name
     if not p.is_file(): raise FileNotFoundError(f"trace of {qid} not found: {row.get('trace')}")
@@ -54,19 +59,22 @@ def benchmark_root(run_dir: str | Path, meta: dict) -> str | None:
     return root
 
 # %% ../../nbs/45_eval.trace_run.ipynb #0f03f93d
+def _not_loaded(meta: dict, root: str | None, e: Exception) -> str:
+    "Why a run's benchmark questions cannot be loaded from here, and what its pages lose for it."
+    why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return (f"the questions of benchmark {meta.get('benchmark')} under {root} cannot be "
+            f"loaded from here ({why}): no gold spans, cues, question text or thumbnails")
+
 def run_question_source(run_dir: str | Path) -> tuple[dict[str, Question], str | None]:
     "qid (as text) → Question of a run, and why they could not be loaded (None when they were)."
     d = Path(run_dir)
     if (d / 'questions.jsonl').is_file():
-        return {str(q.qid): q
-                for q in map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))}, None
+        qs = map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))
+        return {str(q.qid): q for q in qs}, None
     meta = json.loads((d / 'run.json').read_text()) if (d / 'run.json').is_file() else {}
     root, kw = benchmark_root(d, meta), {'split': meta['split']} if meta.get('split') else {}
     try: qs, _ = load_benchmark(meta['benchmark'], root, **kw)
-    except Exception as e:
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return {}, (f"the questions of benchmark {meta.get('benchmark')} under {root} cannot be "
-                    f"loaded from here ({why}): no gold spans, cues, question text or thumbnails")
+    except Exception as e: return {}, _not_loaded(meta, root, e)
     return {str(q.qid): q for q in qs}, None
 
 # %% ../../nbs/45_eval.trace_run.ipynb #e3f090e2
@@ -88,23 +96,25 @@ def trace_rounds(t: dict) -> list[dict]:
 # %% ../../nbs/45_eval.trace_run.ipynb #8018fdac
 def _thumb_items(trace: dict) -> dict[str, dict]:
     "The L1 items worth a keyframe: admitted in a round, or part of the final evidence; by item id."
-    its = [a for rd in trace_rounds(trace) for a in rd.get('admitted')
-           or []] + list(trace.get('evidence') or [])
+    its = [a for rd in trace_rounds(trace) for a in rd.get('admitted') or []]
+    its += list(trace.get('evidence') or [])
     return {a['item_id']: a for a in its if isinstance(a, dict) and a.get('level') == 1
             and 't_start' in a and 'item_id' in a}
 
+def _jpeg_url(rgb: Any) -> str | None:
+    "An RGB frame as a JPEG data URL (None when it cannot be encoded)."
+    import cv2
+    bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+    ok, buf = cv2.imencode('.jpg', bgr, [cv2.IMWRITE_JPEG_QUALITY, 80])
+    return 'data:image/jpeg;base64,' + base64.b64encode(buf.tobytes()).decode() if ok else None
+
 def keyframe_thumbs(trace: dict, video_path: str | Path | None, width: int = 160) -> dict[str, str]:
     "A JPEG data URL of the middle frame of every admitted (or evidence) L1 item of the trace, by item id."
-    import cv2
     items = _thumb_items(trace)
     if not items or not video_path or not Path(video_path).is_file():
         return {}     # a FIFO or device: no frames
     ids = sorted(items, key=lambda i: items[i]['t_start'])
-    frames = read_frames_at(video_path, [(items[i]['t_start'] + items[i]['t_end']) / 2
-                                         for i in ids], max_width=width)
-    out = {}
-    for i, f in zip(ids, frames):
-        ok, buf = cv2.imencode('.jpg', cv2.cvtColor(f.rgb, cv2.COLOR_RGB2BGR),
-                               [cv2.IMWRITE_JPEG_QUALITY, 80])
-        if ok: out[i] = 'data:image/jpeg;base64,' + base64.b64encode(buf.tobytes()).decode()
-    return out
+    mids = [(items[i]['t_start'] + items[i]['t_end']) / 2 for i in ids]
+    frames = read_frames_at(video_path, mids, max_width=width)
+    urls = {i: _jpeg_url(f.rgb) for i, f in zip(ids, frames)}
+    return {i: u for i, u in urls.items() if u}

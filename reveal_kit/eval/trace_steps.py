@@ -47,15 +47,19 @@ def _step_outcome(s: dict) -> str:
     return f"{'invalid call: ' if s.get('invalid') else 'error: '}{_plain(s.get('error') or '?')}"
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #c7757216
-def step_row(s: dict) -> Any:
-    "One tool call as a table row: step, tool, arguments, time ranges, outcome, result (folded), tokens, seconds."
+def _step_result(s: dict) -> Any:
+    "A tool call's result, folded under its first 90 characters, with what the agent said about the call."
     res = _plain(s.get('summary') or '')
     said = [P(f"{k}: {_plain(s[k])}") for k in ('thought', 'reasoning') if s.get(k)]
-    body = Details(Summary(_plain(res, 90) or '—'), Pre(res), *said)
+    return Details(Summary(_plain(res, 90) or '—'), Pre(res), *said)
+
+def step_row(s: dict) -> Any:
+    "One tool call as a table row: step, tool, arguments, time ranges, outcome, result (folded), tokens, seconds."
     toks = int(s.get('prompt_tokens') or 0) + int(s.get('completion_tokens') or 0)
     return Tr(Td(int(s.get('step') or 0) + 1), Td(_plain(s.get('tool'))),
               Td(Pre(_plain(s.get('arguments') or {}))), Td(step_ranges(s)),
-              Td(_step_outcome(s), cls='ok' if s.get('ok') else 'bad'), Td(body), Td(toks),
+              Td(_step_outcome(s), cls='ok' if s.get('ok') else 'bad'), Td(_step_result(s)),
+              Td(toks),
               Td(f"{float(s.get('latency_s') or 0):.2f}"))
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #c79112c2
@@ -68,29 +72,37 @@ def steps_html(steps: list[dict]) -> str:
                       Table(head, *map(step_row, steps), cls='steps')), indent=False)
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #ffd1f490
+_EVIDENCE_COLS = ('item', 'level', 'time', 'from', 'score', 'text (what was read)', 'frame')
+
+def _evidence_from(e: dict) -> str:
+    "Where an evidence item came from, and in which round."
+    rnd = f" (round {e['round']})" if e.get('round') is not None else ''
+    return _plain(e.get('source') or '') + rnd
+
 def _evidence_row(e: dict, thumbs: dict[str, str]) -> Any:
     "One evidence item: id, level, time range, where it came from, score, its text, its keyframe."
     span = f"{fmt_time(e['t_start'])}–{fmt_time(e['t_end'])}" if 't_start' in e else '—'
-    src = _plain(e.get('source') or '') + (f" (round {e['round']})" if e.get('round') is not None
-                                           else '')
     img = Img(src=thumbs[e['item_id']], width='120') if e.get('item_id') in thumbs else ''
-    return Tr(Td(_plain(e.get('item_id'))), Td(f"L{_plain(e.get('level'))}"), Td(span), Td(src),
+    return Tr(Td(_plain(e.get('item_id'))), Td(f"L{_plain(e.get('level'))}"), Td(span),
+              Td(_evidence_from(e)),
               Td(_plain(e.get('score'))), Td(_plain(e.get('text') or '—'), cls='text'), Td(img))
 
 def evidence_html(trace: dict, thumbs: dict[str, str] | None = None) -> str:
     "The evidence the answer rested on, with the caption and subtitle text each item contributed ('' if none)."
     ev = [e for e in trace.get('evidence') or [] if isinstance(e, dict)]
     if not ev: return ''
-    head = Tr(*[Th(c) for c in ('item', 'level', 'time', 'from', 'score', 'text (what was read)',
-                                'frame')])
     rows = [_evidence_row(e, thumbs or {}) for e in ev]
-    return to_xml(Div(H4(f"Evidence ({len(ev)})"), Table(head, *rows, cls='evidence')),
-                  indent=False)
+    table = Table(Tr(*map(Th, _EVIDENCE_COLS)), *rows, cls='evidence')
+    return to_xml(Div(H4(f"Evidence ({len(ev)})"), table), indent=False)
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #ce3ce59d
+def _step_line(s: dict) -> str:
+    "One tool call on one line: step, tool, arguments, time ranges, outcome and the start of its result."
+    args, res = _plain(s.get('arguments') or {}, 160), _plain(s.get('summary') or '', 100)
+    line = (f"  step {int(s.get('step') or 0) + 1} {_plain(s.get('tool'))} {args} "
+            f"ranges={step_ranges(s)} {_step_outcome(s)} → {res}")
+    return line.replace('\n', ' ')
+
 def step_lines(steps: list[dict]) -> list[str]:
     "One line per tool call: step, tool, arguments, time ranges, outcome and the start of its result."
-    return [f"  step {int(s.get('step') or 0) + 1} {_plain(s.get('tool'))} "
-            f"{_plain(s.get('arguments') or {}, 160)} ranges={step_ranges(s)} {_step_outcome(s)} → "
-            f"{_plain(s.get('summary') or '', 100)}".replace('\n', ' ')
-            for s in steps]
+    return list(map(_step_line, steps))

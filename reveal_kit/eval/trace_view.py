@@ -7,8 +7,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 from typing import Any
-from fastcore.xml import (B, Br, Details, Div, FT, H3, H4, Img, Li, Meta, P, S, Safe, Small, Span, Sub, Summary,
-                          Svg, Table, Td, Th, Title, Tr, Ul, ft, to_xml)
+from fastcore.xml import (B, Br, Details, Div, FT, H3, H4, Img, Li, Meta, P, S, Safe, Small, Span, Sub,
+                          Summary, Svg, Table, Td, Th, Title, Tr, Ul, ft, to_xml)
 from ..core import Question
 from ..record import trace_switches
 from ..text import fmt_time, printable
@@ -60,8 +60,8 @@ def _item_row(it: dict, thumbs: dict[str, str]) -> FT:
     "One item as a table row, with its keyframe when one was cut."
     img = Img(src=thumbs[it['item_id']], width='120') if it.get('item_id') in thumbs else ''
     span = f"{fmt_time(it['t_start'])}–{fmt_time(it['t_end'])}" if 't_start' in it else '—'
-    cells = [as_text(it.get('item_id')), f"L{as_text(it.get('level'))}", span, as_text(it.get('score')),
-             as_text(it.get('rank_score')), as_text(it.get('query')), as_text(it.get('reason')), img]
+    cells = [as_text(it.get('item_id')), f"L{as_text(it.get('level'))}", span,
+             *[as_text(it.get(k)) for k in ('score', 'rank_score', 'query', 'reason')], img]
     return Tr(*map(Td, cells))
 
 def item_rows(items: list[dict], thumbs: dict[str, str] | None = None) -> str:
@@ -94,7 +94,8 @@ def _verdict_p(v: dict, tau: float | None) -> FT:
 def verifier_html(v: dict, tau: float | None) -> str:
     "The option × criterion score table as a heat map with ρ_o, then ρ against τ, verdict, unknown options, missing."
     miss = [Li(as_text(m)) for m in v.get('missing') or []]
-    return as_html(_verifier_table(v), _verdict_p(v, tau), *([P('missing evidence:'), Ul(*miss)] if miss else []))
+    missing = [P('missing evidence:'), Ul(*miss)] if miss else []
+    return as_html(_verifier_table(v), _verdict_p(v, tau), *missing)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e35f7621
 def _plan_p(rd: dict) -> FT:
@@ -107,7 +108,8 @@ def _plan_p(rd: dict) -> FT:
 def _queries(rd: dict) -> list[FT]:
     "The queries kept ('none' when none was), then those rejected, struck through, each with its reason."
     kept = [Li(as_text(q)) for q in rd.get('kept') or []] or [Li('none')]
-    rej = [Li(S(as_text(r.get('query'))), f" — {as_text(r.get('reason'))}") for r in rd.get('rejected') or []]
+    rej = [Li(S(as_text(r.get('query'))), f" — {as_text(r.get('reason'))}")
+           for r in rd.get('rejected') or []]
     return [P('queries kept:'), Ul(*kept)] + ([P('queries rejected:'), Ul(*rej)] if rej else [])
 
 def _folded(what: str, items: list[dict]) -> FT:
@@ -119,7 +121,8 @@ def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None
     adm = rd.get('admitted') or []
     parts = [H4(f"Round {as_text(rd.get('round'))}"), _plan_p(rd), *_queries(rd),
              _folded('retrieved', rd.get('retrieved') or []),
-             P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:"), Safe(item_rows(adm, thumbs)),
+             P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:"),
+             Safe(item_rows(adm, thumbs)),
              _folded('not admitted', rd.get('not_admitted') or [])]
     if rd.get('verifier'): parts.append(Safe(verifier_html(rd['verifier'], tau)))
     return '\n'.join(map(as_html, parts))
@@ -132,13 +135,19 @@ def trace_calls(t: dict) -> list[dict]:
                                                 for c in s.get('calls') or []]
 
 # %% ../../nbs/45_eval.trace_view.ipynb #00ebe61c
+_CALL_COLS = ['role', 'prompt', 'completion', 'latency_s', 'cache_hit', 'error']
+
+def _call_row(c: dict) -> dict:
+    "A model call as a row of the table: role, tokens, latency, cache hit, error."
+    return dict(role=c.get('role'), prompt=c.get('prompt_tokens'),
+                completion=c.get('completion_tokens'),
+                latency_s=round(float(c.get('latency_s') or 0), 3), cache_hit=c.get('cache_hit'),
+                error=c.get('error'))
+
 def calls_html(calls: list[dict]) -> str:
     "The model calls of a question: role, prompt and completion tokens, latency, cache hit, errors."
     if not calls: return as_html(P('no model calls (offline roles)'))
-    rows = [dict(role=c.get('role'), prompt=c.get('prompt_tokens'), completion=c.get('completion_tokens'),
-                 latency_s=round(float(c.get('latency_s') or 0), 3), cache_hit=c.get('cache_hit'),
-                 error=c.get('error')) for c in calls]
-    return html_table(rows, ['role', 'prompt', 'completion', 'latency_s', 'cache_hit', 'error'], 'calls')
+    return html_table(list(map(_call_row, calls)), _CALL_COLS, 'calls')
 
 # %% ../../nbs/45_eval.trace_view.ipynb #3957ef11
 def question_spans(q: Question | dict | None) -> dict:
@@ -155,21 +164,32 @@ def _verdict(rd: dict) -> str:
     "The round's verdict for its lane label: ρ and sufficient / insufficient, or ''."
     v = rd.get('verifier')
     if not v: return ''
-    return f" · ρ={float(v.get('rho') or 0):.2f} {'sufficient' if v.get('sufficient') else 'insufficient'}"
+    verdict = 'sufficient' if v.get('sufficient') else 'insufficient'
+    return f" · ρ={float(v.get('rho') or 0):.2f} {verdict}"
 
-def trace_lanes(trace: dict) -> list[tuple[str, str, list[tuple]]]:
-    "(label, kind, spans) per lane: each round's retrieved and admitted items, each tool call, the evidence, frames."
+def _round_lanes(trace: dict) -> list[tuple]:
+    "Two lanes per REVEAL round: what it retrieved, and what it admitted (with the verifier's verdict)."
     lanes = []
     for rd in trace_rounds(trace):
         r = rd.get('round')
-        lanes.append((f"round {r} retrieved", 'retrieved',
-                      item_spans(rd.get('retrieved'), 'retrieved')))
-        lanes.append((f"round {r} admitted{_verdict(rd)}", 'admitted',
-                      item_spans(rd.get('admitted'), 'admitted')))
-    for s in trace.get('steps') or []:
-        lanes.append((f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', step_spans(s)))
-    if trace.get('steps') and trace.get('evidence'):
+        lanes += [(f"round {r} retrieved", 'retrieved',
+                   item_spans(rd.get('retrieved'), 'retrieved')),
+                  (f"round {r} admitted{_verdict(rd)}", 'admitted',
+                   item_spans(rd.get('admitted'), 'admitted'))]
+    return lanes
+
+def _step_lanes(trace: dict) -> list[tuple]:
+    "A lane per PACE or DVD tool call, then one of the evidence the answer rested on."
+    steps = trace.get('steps') or []
+    lanes = [(f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', step_spans(s))
+             for s in steps]
+    if steps and trace.get('evidence'):
         lanes.append(('evidence', 'admitted', item_spans(trace['evidence'], 'evidence')))
+    return lanes
+
+def _answer_lanes(trace: dict) -> list[tuple]:
+    "The oracle's evidence and the segments the answerer saw frames of, where the trace has them."
+    lanes = []
     if (trace.get('oracle') or {}).get('items'):
         lanes.append(('oracle evidence', 'admitted',
                       item_spans(trace['oracle']['items'], 'oracle')))
@@ -177,6 +197,10 @@ def trace_lanes(trace: dict) -> list[tuple[str, str, list[tuple]]]:
           for i in (trace.get('answer_frames') or {}).get('items') or []]
     if fr: lanes.append(('answer frames', 'frames', item_spans(fr, 'frames of')))
     return lanes
+
+def trace_lanes(trace: dict) -> list[tuple[str, str, list[tuple]]]:
+    "(label, kind, spans) per lane: each round's retrieved and admitted items, each tool call, the evidence, frames."
+    return _round_lanes(trace) + _step_lanes(trace) + _answer_lanes(trace)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #3e4db0b8
 _LANE_COLOURS = dict(gold='#2e7d32', distractor='#ef6c00', retrieved='#90a4ae', admitted='#1565c0',
@@ -187,15 +211,19 @@ _LANE_NAMES = dict(gold='gold evidence', distractor='distractor', retrieved='ret
 # an L2 event or the L3 narrative spans far more than it pins down
 _OPACITY = {2: 0.45, 3: 0.25}
 
+def _span_rect(span: tuple, y: int, kind: str, dur: float, x0: int, w: int) -> FT:
+    "A span as a rectangle on its lane, with its tooltip (paler for an L2 or L3 item)."
+    a, b, tip, lv = span
+    return ft('rect', ft('title', as_text(tip)), x=f"{x0 + w * max(a, 0) / dur:.1f}", y=y + 2,
+              width=f"{max(w * (b - a) / dur, 1.5):.1f}", height=12, fill=_LANE_COLOURS[kind],
+              opacity=_OPACITY.get(lv, 0.85))
+
 def _lane_svg(i: int, label: str, kind: str, spans: list, dur: float, x0: int, w: int) -> str:
     "One lane: its label, the video's bar, a rectangle with a tooltip per span (L2 and L3 items paler)."
     y = 18 + 18 * i
-    rect = lambda a, b, tip, lv: ft('rect', ft('title', as_text(tip)), x=f"{x0 + w * max(a, 0) / dur:.1f}",
-                                    y=y + 2, width=f"{max(w * (b - a) / dur, 1.5):.1f}", height=12,
-                                    fill=_LANE_COLOURS[kind], opacity=_OPACITY.get(lv, 0.85))
+    rects = [_span_rect(s, y, kind, dur, x0, w) for s in spans if s[1] >= s[0]]
     return as_html(ft('text', as_text(label), x=0, y=y + 12, font_size=11),
-                ft('rect', x=x0, y=y + 2, width=w, height=12, fill='#eceff1'),
-                *[rect(*s) for s in spans if s[1] >= s[0]])
+                   ft('rect', x=x0, y=y + 2, width=w, height=12, fill='#eceff1'), *rects)
 
 def _spans_lane(label: str, kind: str, spans: list[tuple[float, float]]) -> list[tuple]:
     "A lane of the question's own spans (gold evidence, distractors), none when it has none."
@@ -204,7 +232,8 @@ def _spans_lane(label: str, kind: str, spans: list[tuple[float, float]]) -> list
 
 def legend_html(kinds: list[str]) -> str:
     "The key to the timeline: a swatch and a name per kind of lane shown, and what a paler span means."
-    sw = lambda k: Span(style=f"display:inline-block;width:12px;height:10px;background:{_LANE_COLOURS[k]}")
+    sw = lambda k: Span(style="display:inline-block;width:12px;height:10px;"
+                              f"background:{_LANE_COLOURS[k]}")
     keys = [Span(sw(k), ' ' + _LANE_NAMES[k], style='margin-right:14px')
             for k in dict.fromkeys(kinds)]
     pale = Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
@@ -216,18 +245,22 @@ def _ticks(dur: float, x0: int, w: int) -> list[FT]:
     return [ft('text', fmt_time(dur * k / 4), x=f"{x0 + w * k / 4:.0f}", y=12, font_size=10,
                text_anchor='middle') for k in range(5)]
 
+def _timeline_svg(lanes: list[tuple], dur: float, width: int) -> FT:
+    "The times along the top of the bar, then the lanes one under the other."
+    x0, w = 210, width - 220
+    body = Safe(''.join(_lane_svg(i, *lane, dur, x0, w) for i, lane in enumerate(lanes)))
+    return Svg(*_ticks(dur, x0, w), body, xmlns='http://www.w3.org/2000/svg', width=width,
+               height=24 + 18 * len(lanes), font_family='sans-serif')
+
 def timeline_html(trace: dict, question: Question | dict | None = None, width: int = 900) -> str:
     "The video as a bar with gold/distractor spans, rounds' items, tool calls and frames as lanes, and a legend."
     qs = question_spans(question)
     lanes = (_spans_lane('gold evidence', 'gold', qs['evidence'])
              + _spans_lane('distractor', 'distractor', qs['distractors']) + trace_lanes(trace))
     dur = float(qs['duration'] or max((s[1] for _, _, ss in lanes for s in ss), default=0.0) or 1.0)
-    x0, w = 210, width - 220
-    body = Safe(''.join(_lane_svg(i, *lane, dur, x0, w) for i, lane in enumerate(lanes)))
-    svg = Svg(*_ticks(dur, x0, w), body, xmlns='http://www.w3.org/2000/svg', width=width,
-              height=24 + 18 * len(lanes), font_family='sans-serif')
     cues = P(f"cues: {as_text('; '.join(qs['cues']))}", cls='cues') if qs['cues'] else ''
-    return as_html(Div(svg, Safe(legend_html([k for _, k, _ in lanes])), cues, cls='timeline'))
+    legend = Safe(legend_html([k for _, k, _ in lanes]))
+    return as_html(Div(_timeline_svg(lanes, dur, width), legend, cues, cls='timeline'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #a81ee107
 _STYLE = """<style>
@@ -247,7 +280,8 @@ def _rounds_count(t: dict) -> Any:
 
 def _option_li(k: str, v: Any, ans: Any, gold: Any) -> FT:
     "An option, marked when it is the answer and when it is the gold letter."
-    return Li(f"{as_text(k)}. {as_text(v)}{' ← answer' if k == ans else ''}{' ← gold' if k == gold else ''}")
+    marks = (' ← answer' if k == ans else '') + (' ← gold' if k == gold else '')
+    return Li(f"{as_text(k)}. {as_text(v)}{marks}")
 
 def _outcome(ok: bool | None) -> FT | str:
     "The outcome in colour (correct, wrong), or 'no gold'."
@@ -258,13 +292,14 @@ def _totals(t: dict) -> str:
     tot = t.get('totals') or t
     steps = f", tool calls {len(t['steps'])}" if t.get('steps') else ''
     toks = int(tot.get('prompt_tokens') or 0) + int(tot.get('completion_tokens') or 0)
-    return (f"rounds {as_text(_rounds_count(t))}{steps}, model calls {as_text(tot.get('llm_calls'))}, "
-            f"tokens {toks}, {float(tot.get('seconds') or t.get('seconds') or 0):.2f} s")
+    return (f"rounds {as_text(_rounds_count(t))}{steps}, "
+            f"model calls {as_text(tot.get('llm_calls'))}, tokens {toks}, "
+            f"{float(tot.get('seconds') or t.get('seconds') or 0):.2f} s")
 
 def header_html(t: dict) -> str:
     "The question, its options marked with the answer and the gold letter, the outcome, the stop reason and totals."
     ans, gold = t.get('answer'), t.get('gold')
-    title = f"{as_text(t.get('qid'))} · {as_text(t.get('preset') or t.get('method'))} · {as_text(t.get('qtype'))}"
+    title = ' · '.join(as_text(x) for x in (t.get('qid'), t.get('preset') or t.get('method'), t.get('qtype')))
     opts = [_option_li(k, v, ans, gold) for k, v in (t.get('options') or {}).items()]
     said = P(f"answer {as_text(ans)}, gold {as_text(gold)}: ", _outcome(t.get('correct')),
              f"; stop: {as_text(t.get('stop_reason'))}; {_totals(t)}")
@@ -280,17 +315,19 @@ def switches_html(t: dict) -> str:
     "The trace's data switches (subtitles, before the query time, embedders); '?' where unknown."
     s = {k: as_text('?' if v is None else ('on' if v is True else 'off' if v is False else v))
          for k, v in trace_switches(t).items()}
-    return as_html(P(f"switches: subtitles {s['subtitles']}, before the query time {s['before_query']}, "
-                  f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}"))
+    return as_html(P(f"switches: subtitles {s['subtitles']}, "
+                     f"before the query time {s['before_query']}, text embedder {s['text_embedder']}, image embedder {s['image_embedder']}"))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fc65d143
 def _closing(t: dict) -> list[FT]:
     "The evidence still missing at the end, and the answerer's reasoning, where the trace has them."
     out = []
     if t.get('missing_evidence'):
-        out.append(P('final missing evidence: ' + as_text('; '.join(map(str, t['missing_evidence'])))))
+        missing = as_text('; '.join(map(str, t['missing_evidence'])))
+        out.append(P(f"final missing evidence: {missing}"))
     if t.get('answer_reasoning'):
-        out.append(P(f"answerer ({as_text(t.get('answer_source'))}): {as_text(t['answer_reasoning'])}"))
+        said = as_text(t['answer_reasoning'])
+        out.append(P(f"answerer ({as_text(t.get('answer_source'))}): {said}"))
     return out
 
 def trace_html(trace: dict, thumbs: dict[str, str] | None = None,
@@ -299,7 +336,8 @@ def trace_html(trace: dict, thumbs: dict[str, str] | None = None,
     t = trace
     parts = [header_html(t), switches_html(t), notes_html(notes), timeline_html(t, question)]
     parts += [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
-    parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs), *map(as_html, _closing(t)),
+    parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs),
+              *map(as_html, _closing(t)),
               as_html(H4('Model calls')), calls_html(trace_calls(t))]
     return _STYLE + '\n' + as_html(Div(Safe('\n'.join(p for p in parts if p)), cls='reveal-trace'))
 
