@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-from fastcore.xml import (A, Body, Div, FT, H2, Head, Html, Input, Label, Meta, Option, P, Safe, Script,
-                          Select, Span, Style, Table, Tbody, Td, Th, Thead, Title, Tr)
+from fastcore.xml import (A, Body, Div, FT, H2, Head, Html, Input, Label, Meta, Option, P, Safe,
+                          Script, Select, Span, Style, Table, Tbody, Td, Th, Thead, Title, Tr)
 from ..io import atomic_write_text
 from .metrics import load_results
 from .trace_run import run_question_source
@@ -105,16 +105,20 @@ def _b_cells(r: dict, out: str) -> list[FT]:
     same = 'same' if (out, r['answer']) == (ob, r['answer_b']) else 'differs'
     return [_cell(r['answer_b']), _cell(ob, ob), _cell(same)]
 
+def _row_cells(r: dict, link: str | None, both: bool) -> list[FT]:
+    "A question's cells: id (linked), type, answer, gold, outcome, run B's (`both`), rounds, stop, calls, tokens."
+    out = outcome(r)
+    return [_cell(r['qid'], link=link), _cell(r['qtype']), _cell(r['answer']), _cell(r['gold']),
+            _cell(out, out), *(_b_cells(r, out) if both else []), _cell(r['rounds']),
+            _cell(r['stop_reason']), _cell(r['calls']), _cell(r['tokens']),
+            _cell(r.get('question'), 'q')]
+
 def row_html(r: dict, link: str | None, both: bool = False) -> str:
     "One question as a table row with its filter attributes (both runs' answers and outcomes when `both`)."
-    out = outcome(r)
-    cells = [_cell(r['qid'], link=link), _cell(r['qtype']), _cell(r['answer']), _cell(r['gold']),
-             _cell(out, out), *(_b_cells(r, out) if both else []), _cell(r['rounds']),
-             _cell(r['stop_reason']), _cell(r['calls']), _cell(r['tokens']),
-             _cell(r.get('question'), 'q')]
-    text = f"{r['qid']} {r.get('question') or ''}".lower()
-    return as_html(Tr(*cells, cls=as_text(out), data_type=as_text(r['qtype']),
-                      data_outcome=as_text(out), data_stop=as_text(r['stop_reason']), data_text=as_text(text)))
+    out, text = outcome(r), f"{r['qid']} {r.get('question') or ''}".lower()
+    return as_html(Tr(*_row_cells(r, link, both), cls=as_text(out), data_type=as_text(r['qtype']),
+                      data_outcome=as_text(out), data_stop=as_text(r['stop_reason']),
+                      data_text=as_text(text)))
 
 # %% ../../nbs/45a_eval.browser.ipynb #d6324409
 def _select(rows: list[dict], name: str, fid: str, key) -> FT:
@@ -187,17 +191,19 @@ def question_page(qid: Any, a: RunPages, b: RunPages | None = None) -> str:
     return html_page(qid, head(a, 'A'), a.fragment(qid), head(b, 'B'), b.fragment(qid))
 
 # %% ../../nbs/45a_eval.browser.ipynb #12292488
+def _page_links(folder: Path, rows: list[dict]) -> dict[Any, str]:
+    "qid → the path of its question page, relative to the run page: `<folder>/00000.html`, in row order."
+    return {r['qid']: f"{folder.name}/{i:05d}.html" for i, r in enumerate(rows)}
+
 def write_trace_pages(run_dir: str | Path, folder: Path, rows: list[dict], thumbs: bool = False,
                       compare: str | Path | None = None) -> dict[Any, str]:
     "A page per question (run B's trace beside when comparing) in `folder`; qid → its path relative to the parent."
     folder.mkdir(parents=True, exist_ok=True)
     a = RunPages(run_dir, thumbs)
     b = RunPages(compare, thumbs) if compare is not None else None
-    links = {}
     for i, r in enumerate(rows):
         atomic_write_text(folder / f"{i:05d}.html", question_page(r['qid'], a, b))
-        links[r['qid']] = f"{folder.name}/{i:05d}.html"
-    return links
+    return _page_links(folder, rows)
 
 # %% ../../nbs/45a_eval.browser.ipynb #a9ecffe1
 def _differ(rows: list[dict]) -> int:
@@ -217,12 +223,11 @@ def write_run_browser(run_dir: str | Path, html_out: str | Path, compare: str | 
                       thumbs: bool = False) -> dict:
     "The run page at `html_out` first, then a page per question in `<stem>_traces/` (`compare`: run B beside it)."
     a, out = Path(run_dir), Path(html_out)
-    rows = browser_rows(a)
-    folder = out.parent / f"{out.stem}_traces"
-    links = {r['qid']: f"{folder.name}/{i:05d}.html" for i, r in enumerate(rows)}
+    rows, folder = browser_rows(a), out.parent / f"{out.stem}_traces"
     title, shown = _page_rows(a, rows, compare)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, run_page_html(shown, links, title, both=compare is not None))
+    page = run_page_html(shown, _page_links(folder, rows), title, both=compare is not None)
+    atomic_write_text(out, page)
     n = len(write_trace_pages(a, folder, rows, thumbs, compare))
     return dict(page=str(out), traces=n, questions=len(shown),
                 differ=_differ(shown) if compare is not None else None)

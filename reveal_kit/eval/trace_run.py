@@ -65,16 +65,19 @@ def _not_loaded(meta: dict, root: str | None, e: Exception) -> str:
     return (f"the questions of benchmark {meta.get('benchmark')} under {root} cannot be "
             f"loaded from here ({why}): no gold spans, cues, question text or thumbnails")
 
-def run_question_source(run_dir: str | Path) -> tuple[dict[str, Question], str | None]:
-    "qid (as text) → Question of a run, and why they could not be loaded (None when they were)."
-    d = Path(run_dir)
-    if (d / 'questions.jsonl').is_file():
-        qs = map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))
-        return {str(q.qid): q for q in qs}, None
+def _benchmark_questions(d: Path) -> tuple[dict[str, Question], str | None]:
+    "The questions of the benchmark a run's run.json names, by qid, or why they cannot be loaded from here."
     meta = json.loads((d / 'run.json').read_text()) if (d / 'run.json').is_file() else {}
     root, kw = benchmark_root(d, meta), {'split': meta['split']} if meta.get('split') else {}
     try: qs, _ = load_benchmark(meta['benchmark'], root, **kw)
     except Exception as e: return {}, _not_loaded(meta, root, e)
+    return {str(q.qid): q for q in qs}, None
+
+def run_question_source(run_dir: str | Path) -> tuple[dict[str, Question], str | None]:
+    "qid (as text) → Question of a run, and why they could not be loaded (None when they were)."
+    d = Path(run_dir)
+    if not (d / 'questions.jsonl').is_file(): return _benchmark_questions(d)
+    qs = map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))
     return {str(q.qid): q for q in qs}, None
 
 # %% ../../nbs/45_eval.trace_run.ipynb #e3f090e2

@@ -7,8 +7,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 from typing import Any
-from fastcore.xml import (B, Br, Details, Div, FT, H3, H4, Img, Li, Meta, P, S, Safe, Small, Span, Sub,
-                          Summary, Svg, Table, Td, Th, Title, Tr, Ul, ft, to_xml)
+from fastcore.xml import (B, Br, Details, Div, FT, H3, H4, Img, Li, Meta, P, S, Safe, Small, Span,
+                          Sub, Summary, Svg, Table, Td, Th, Title, Tr, Ul, ft, to_xml)
 from ..core import Question
 from ..record import trace_switches
 from ..text import fmt_time, printable
@@ -74,11 +74,14 @@ def _score_cell(z: Any, text: str) -> FT:
     "A cell of the heat map: `text` on the colour of score `z`."
     return Td(text, style=f"background:{score_colour(z)}")
 
+def _criterion_th(c: str, w: Any) -> FT:
+    "A criterion's column head, with its weight below."
+    return Th(as_text(c), Br(), Small(f"w={as_text(w)}"))
+
 def _verifier_table(v: dict) -> FT:
     "One row per option, one column per criterion (with its weight), then the option's ρ_o."
     crits, w, rho_o = v.get('criteria') or [], v.get('weights') or {}, v.get('rho_o') or {}
-    head = Tr(Th('option'), *[Th(as_text(c), Br(), Small(f"w={as_text(w.get(c))}")) for c in crits],
-              Th('ρ', Sub('o')))
+    head = Tr(Th('option'), *[_criterion_th(c, w.get(c)) for c in crits], Th('ρ', Sub('o')))
     rows = [Tr(Td(B(as_text(o))), *[_score_cell(row.get(c), as_text(row.get(c))) for c in crits],
                _score_cell(rho_o.get(o), f"{rho_o.get(o):.2f}"))
             for o, row in (v.get('table') or {}).items()]
@@ -116,14 +119,17 @@ def _folded(what: str, items: list[dict]) -> FT:
     "A table of items folded away, its summary saying what they are and how many."
     return Details(Summary(f"{what} ({len(items)})"), Safe(item_rows(items)))
 
+def _round_items(rd: dict, thumbs: dict[str, str] | None) -> list[FT]:
+    "What the round retrieved (folded), admitted (ranked, with keyframes) and turned away (folded)."
+    adm = rd.get('admitted') or []
+    return [_folded('retrieved', rd.get('retrieved') or []),
+            P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:"),
+            Safe(item_rows(adm, thumbs)), _folded('not admitted', rd.get('not_admitted') or [])]
+
 def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None) -> str:
     "One round of a trace: plan, kept and rejected queries, retrieved / admitted / not admitted items, verifier."
-    adm = rd.get('admitted') or []
     parts = [H4(f"Round {as_text(rd.get('round'))}"), _plan_p(rd), *_queries(rd),
-             _folded('retrieved', rd.get('retrieved') or []),
-             P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:"),
-             Safe(item_rows(adm, thumbs)),
-             _folded('not admitted', rd.get('not_admitted') or [])]
+             *_round_items(rd, thumbs)]
     if rd.get('verifier'): parts.append(Safe(verifier_html(rd['verifier'], tau)))
     return '\n'.join(map(as_html, parts))
 
@@ -252,11 +258,15 @@ def _timeline_svg(lanes: list[tuple], dur: float, width: int) -> FT:
     return Svg(*_ticks(dur, x0, w), body, xmlns='http://www.w3.org/2000/svg', width=width,
                height=24 + 18 * len(lanes), font_family='sans-serif')
 
+def _question_lanes(qs: dict) -> list[tuple]:
+    "The question's own lanes: its gold evidence spans, then its distractor spans (none where it has none)."
+    return (_spans_lane('gold evidence', 'gold', qs['evidence'])
+            + _spans_lane('distractor', 'distractor', qs['distractors']))
+
 def timeline_html(trace: dict, question: Question | dict | None = None, width: int = 900) -> str:
     "The video as a bar with gold/distractor spans, rounds' items, tool calls and frames as lanes, and a legend."
     qs = question_spans(question)
-    lanes = (_spans_lane('gold evidence', 'gold', qs['evidence'])
-             + _spans_lane('distractor', 'distractor', qs['distractors']) + trace_lanes(trace))
+    lanes = _question_lanes(qs) + trace_lanes(trace)
     dur = float(qs['duration'] or max((s[1] for _, _, ss in lanes for s in ss), default=0.0) or 1.0)
     cues = P(f"cues: {as_text('; '.join(qs['cues']))}", cls='cues') if qs['cues'] else ''
     legend = Safe(legend_html([k for _, k, _ in lanes]))
@@ -296,14 +306,19 @@ def _totals(t: dict) -> str:
             f"model calls {as_text(tot.get('llm_calls'))}, tokens {toks}, "
             f"{float(tot.get('seconds') or t.get('seconds') or 0):.2f} s")
 
+def _answer_p(t: dict) -> FT:
+    "The answer against the gold letter, the outcome, the stop reason and what the answer took."
+    return P(f"answer {as_text(t.get('answer'))}, gold {as_text(t.get('gold'))}: ",
+             _outcome(t.get('correct')),
+             f"; stop: {as_text(t.get('stop_reason'))}; {_totals(t)}")
+
 def header_html(t: dict) -> str:
     "The question, its options marked with the answer and the gold letter, the outcome, the stop reason and totals."
     ans, gold = t.get('answer'), t.get('gold')
-    title = ' · '.join(as_text(x) for x in (t.get('qid'), t.get('preset') or t.get('method'), t.get('qtype')))
+    title = ' · '.join(map(as_text, (t.get('qid'), t.get('preset') or t.get('method'),
+                                     t.get('qtype'))))
     opts = [_option_li(k, v, ans, gold) for k, v in (t.get('options') or {}).items()]
-    said = P(f"answer {as_text(ans)}, gold {as_text(gold)}: ", _outcome(t.get('correct')),
-             f"; stop: {as_text(t.get('stop_reason'))}; {_totals(t)}")
-    return as_html(H3(title), P(as_text(t.get('question'))), Ul(*opts), said)
+    return as_html(H3(title), P(as_text(t.get('question'))), Ul(*opts), _answer_p(t))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b07c467d
 def notes_html(notes: list[str] | None) -> str:
@@ -316,7 +331,8 @@ def switches_html(t: dict) -> str:
     s = {k: as_text('?' if v is None else ('on' if v is True else 'off' if v is False else v))
          for k, v in trace_switches(t).items()}
     return as_html(P(f"switches: subtitles {s['subtitles']}, "
-                     f"before the query time {s['before_query']}, text embedder {s['text_embedder']}, image embedder {s['image_embedder']}"))
+                     f"before the query time {s['before_query']}, "
+                     f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}"))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fc65d143
 def _closing(t: dict) -> list[FT]:
@@ -330,15 +346,18 @@ def _closing(t: dict) -> list[FT]:
         out.append(P(f"answerer ({as_text(t.get('answer_source'))}): {said}"))
     return out
 
+def _answer_parts(t: dict, thumbs: dict[str, str] | None) -> list[str]:
+    "What the answer did: its rounds or tool calls, its evidence, what was still missing, the answerer's reasoning."
+    rounds = [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
+    return rounds + [steps_html(t.get('steps') or []), evidence_html(t, thumbs),
+                     *map(as_html, _closing(t))]
+
 def trace_html(trace: dict, thumbs: dict[str, str] | None = None,
                question: Question | dict | None = None, notes: list[str] | None = None) -> str:
     "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds or tool calls, evidence."
     t = trace
-    parts = [header_html(t), switches_html(t), notes_html(notes), timeline_html(t, question)]
-    parts += [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
-    parts += [steps_html(t.get('steps') or []), evidence_html(t, thumbs),
-              *map(as_html, _closing(t)),
-              as_html(H4('Model calls')), calls_html(trace_calls(t))]
+    parts = [header_html(t), switches_html(t), notes_html(notes), timeline_html(t, question),
+             *_answer_parts(t, thumbs), as_html(H4('Model calls')), calls_html(trace_calls(t))]
     return _STYLE + '\n' + as_html(Div(Safe('\n'.join(p for p in parts if p)), cls='reveal-trace'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #f731048e
