@@ -58,7 +58,8 @@ def compare_rows(a: list[dict], b: list[dict]) -> list[dict]:
 # %% ../../nbs/45a_eval.browser.ipynb #9901a4c0
 _CSS = """
 body {font-family: sans-serif; font-size: 13px; margin: 16px}
-table {border-collapse: collapse} td, th {border: 1px solid #ccc; padding: 2px 6px; text-align: left}
+table {border-collapse: collapse}
+td, th {border: 1px solid #ccc; padding: 2px 6px; text-align: left}
 th {background: #f5f5f5; cursor: pointer; user-select: none} th:hover {background: #e0e0e0}
 td.correct {color: #1a7f37} td.wrong, td.failed {color: #c62828; font-weight: bold}
 .filters {margin: 8px 0} .filters label {margin-right: 12px} td.q {max-width: 420px; color: #555}
@@ -128,7 +129,7 @@ def _select(rows: list[dict], name: str, fid: str, key) -> FT:
     return Label(f"{name} ", Select(Option('all', value=''), *opts, id=fid))
 
 def _filters(rows: list[dict]) -> FT:
-    "The filters over the table (type, outcome, stop reason, text search), and how many rows are shown."
+    "The filters over the table (type, outcome, stop reason, text search) and how many rows show."
     n = len(rows)
     return Div(_select(rows, 'type', 'f-type', lambda r: r['qtype']),
                _select(rows, 'outcome', 'f-outcome', outcome),
@@ -192,7 +193,7 @@ def question_page(qid: Any, a: RunPages, b: RunPages | None = None) -> str:
 
 # %% ../../nbs/45a_eval.browser.ipynb #12292488
 def _page_links(folder: Path, rows: list[dict]) -> dict[Any, str]:
-    "qid → the path of its question page, relative to the run page: `<folder>/00000.html`, in row order."
+    "qid → the path of its question page from the run page (`<folder>/00000.html`, in row order)."
     return {r['qid']: f"{folder.name}/{i:05d}.html" for i, r in enumerate(rows)}
 
 def write_trace_pages(run_dir: str | Path, folder: Path, rows: list[dict], thumbs: bool = False,

@@ -48,7 +48,7 @@ def _step_outcome(s: dict) -> str:
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #c7757216
 def _step_result(s: dict) -> Any:
-    "A tool call's result, folded under its first 90 characters, with what the agent said about the call."
+    "A tool call's result folded under its first 90 characters, with what the agent said of the call."
     res = _plain(s.get('summary') or '')
     said = [P(f"{k}: {_plain(s[k])}") for k in ('thought', 'reasoning') if s.get(k)]
     return Details(Summary(_plain(res, 90) or '—'), Pre(res), *said)
@@ -97,7 +97,7 @@ def evidence_html(trace: dict, thumbs: dict[str, str] | None = None) -> str:
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #ce3ce59d
 def _step_line(s: dict) -> str:
-    "One tool call on one line: step, tool, arguments, time ranges, outcome and the start of its result."
+    "One tool call on one line: step, tool, arguments, ranges, outcome, the start of its result."
     args, res = _plain(s.get('arguments') or {}, 160), _plain(s.get('summary') or '', 100)
     line = (f"  step {int(s.get('step') or 0) + 1} {_plain(s.get('tool'))} {args} "
             f"ranges={step_ranges(s)} {_step_outcome(s)} → {res}")

@@ -88,7 +88,7 @@ def _verifier_table(v: dict) -> FT:
     return Table(head, *rows, cls='verifier')
 
 def _verdict_p(v: dict, tau: float | None) -> FT:
-    "ρ against τ, the verdict, the options the evidence cannot judge yet, and where the scores came from."
+    "ρ against τ, the verdict, the options the evidence cannot judge yet, where the scores came from."
     verdict = 'sufficient' if v.get('sufficient') else 'insufficient'
     unknown = ', '.join(v.get('unknown_options') or []) or 'none'
     return P('ρ = ', B(f"{v.get('rho', 0):.3f}"), f" vs τ = {as_text(tau)} → ", B(verdict),
@@ -109,7 +109,7 @@ def _plan_p(rd: dict) -> FT:
              f"{as_text(rd.get('reasoning'))}")
 
 def _queries(rd: dict) -> list[FT]:
-    "The queries kept ('none' when none was), then those rejected, struck through, each with its reason."
+    "The queries kept ('none' if none was), then those rejected, struck through, with their reasons."
     kept = [Li(as_text(q)) for q in rd.get('kept') or []] or [Li('none')]
     rej = [Li(S(as_text(r.get('query'))), f" — {as_text(r.get('reason'))}")
            for r in rd.get('rejected') or []]
@@ -174,7 +174,7 @@ def _verdict(rd: dict) -> str:
     return f" · ρ={float(v.get('rho') or 0):.2f} {verdict}"
 
 def _round_lanes(trace: dict) -> list[tuple]:
-    "Two lanes per REVEAL round: what it retrieved, and what it admitted (with the verifier's verdict)."
+    "Two lanes per REVEAL round: what it retrieved, what it admitted (with the verifier's verdict)."
     lanes = []
     for rd in trace_rounds(trace):
         r = rd.get('round')
@@ -259,7 +259,7 @@ def _timeline_svg(lanes: list[tuple], dur: float, width: int) -> FT:
                height=24 + 18 * len(lanes), font_family='sans-serif')
 
 def _question_lanes(qs: dict) -> list[tuple]:
-    "The question's own lanes: its gold evidence spans, then its distractor spans (none where it has none)."
+    "The question's own lanes: its gold evidence spans, then its distractor spans (where it has them)."
     return (_spans_lane('gold evidence', 'gold', qs['evidence'])
             + _spans_lane('distractor', 'distractor', qs['distractors']))
 
@@ -276,10 +276,12 @@ def timeline_html(trace: dict, question: Question | dict | None = None, width: i
 _STYLE = """<style>
 .reveal-trace {font-family: sans-serif; font-size: 13px; max-width: 1100px}
 .reveal-trace table {border-collapse: collapse; margin: 4px 0}
-.reveal-trace td, .reveal-trace th {border: 1px solid #ccc; padding: 2px 6px; text-align: left; vertical-align: top}
+.reveal-trace td, .reveal-trace th {border: 1px solid #ccc; padding: 2px 6px; text-align: left;
+                                    vertical-align: top}
 .reveal-trace .ok {color: #1a7f37} .reveal-trace .bad {color: #c62828}
 .reveal-trace pre {white-space: pre-wrap; margin: 0; max-width: 520px; font-size: 12px}
-.reveal-trace td.text {max-width: 560px} .reveal-trace .legend {font-size: 11px; margin: 2px 0 6px 0}
+.reveal-trace td.text {max-width: 560px}
+.reveal-trace .legend {font-size: 11px; margin: 2px 0 6px 0}
 .reveal-trace .notice {background: #fff3e0; border-left: 4px solid #ef6c00; padding: 4px 8px}
 </style>"""
 
