@@ -7,23 +7,23 @@ from __future__ import annotations
 import html
 from pathlib import Path
 from typing import Any
-from fastcore.xml import (B, Br, Details, Div, FT, H3, H4, Img, Li, Meta, P, S, Safe, Small, Span,
-                          Sub, Summary, Svg, Table, Td, Th, Title, Tr, Ul, ft, to_xml)
+from fastcore.xml import (B, Br, Details, Div, FT, H3, H4, Img, Li, Meta, P, S, Safe, Small, Sub,
+                          Summary, Table, Td, Th, Title, Tr, Ul, to_xml)
 from ..core import Question
 from ..record import trace_switches
 from ..text import fmt_time, printable
 from ..io import atomic_write_text
 from ..reveal.ask import format_trace
-from .trace_steps import evidence_html, item_spans, step_lines, step_spans, steps_html
+from .trace_steps import evidence_html, step_lines, steps_html
+from .trace_timeline import timeline_html
 from .trace_run import (filter_questions, keyframe_thumbs, run_question_index, run_question_source,
                                         run_questions, run_trace, run_videos,
                                         trace_rounds)
 
 # %% auto #0
 __all__ = ['as_text', 'as_html', 'esc', 'score_colour', 'html_table', 'item_rows', 'verifier_html', 'round_html', 'trace_calls',
-           'calls_html', 'question_spans', 'trace_lanes', 'legend_html', 'timeline_html', 'header_html', 'notes_html',
-           'switches_html', 'trace_html', 'page_notes', 'trace_fragment', 'html_page', 'trace_page', 'trace_text',
-           'show_trace', 'TraceViewer']
+           'calls_html', 'header_html', 'notes_html', 'switches_html', 'trace_html', 'page_notes', 'trace_fragment',
+           'html_page', 'trace_page', 'trace_text', 'show_trace', 'TraceViewer']
 
 # %% ../../nbs/45_eval.trace_view.ipynb #7a11e101
 def as_text(x: Any) -> str:
@@ -154,123 +154,6 @@ def calls_html(calls: list[dict]) -> str:
     "The model calls of a question: role, prompt and completion tokens, latency, cache hit, errors."
     if not calls: return as_html(P('no model calls (offline roles)'))
     return html_table(list(map(_call_row, calls)), _CALL_COLS, 'calls')
-
-# %% ../../nbs/45_eval.trace_view.ipynb #3957ef11
-def question_spans(q: Question | dict | None) -> dict:
-    "A question's duration, gold evidence spans, distractor spans and cues (empty where the benchmark has none)."
-    d = q.to_dict() if isinstance(q, Question) else dict(q or {})
-    pair = lambda s: (float(s[0]), float(s[1]))
-    return dict(duration=d.get('duration'),
-                evidence=[pair(s) for s in d.get('evidence_spans') or []],
-                distractors=[pair(s) for s in d.get('distractor_spans') or []],
-                cues=list(d.get('cues') or []))
-
-# %% ../../nbs/45_eval.trace_view.ipynb #08711252
-def _verdict(rd: dict) -> str:
-    "The round's verdict for its lane label: ρ and sufficient / insufficient, or ''."
-    v = rd.get('verifier')
-    if not v: return ''
-    verdict = 'sufficient' if v.get('sufficient') else 'insufficient'
-    return f" · ρ={float(v.get('rho') or 0):.2f} {verdict}"
-
-def _round_lanes(trace: dict) -> list[tuple]:
-    "Two lanes per REVEAL round: what it retrieved, what it admitted (with the verifier's verdict)."
-    lanes = []
-    for rd in trace_rounds(trace):
-        r = rd.get('round')
-        lanes += [(f"round {r} retrieved", 'retrieved',
-                   item_spans(rd.get('retrieved'), 'retrieved')),
-                  (f"round {r} admitted{_verdict(rd)}", 'admitted',
-                   item_spans(rd.get('admitted'), 'admitted'))]
-    return lanes
-
-def _step_lanes(trace: dict) -> list[tuple]:
-    "A lane per PACE or DVD tool call, then one of the evidence the answer rested on."
-    steps = trace.get('steps') or []
-    lanes = [(f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', step_spans(s))
-             for s in steps]
-    if steps and trace.get('evidence'):
-        lanes.append(('evidence', 'admitted', item_spans(trace['evidence'], 'evidence')))
-    return lanes
-
-def _answer_lanes(trace: dict) -> list[tuple]:
-    "The oracle's evidence and the segments the answerer saw frames of, where the trace has them."
-    lanes = []
-    if (trace.get('oracle') or {}).get('items'):
-        lanes.append(('oracle evidence', 'admitted',
-                      item_spans(trace['oracle']['items'], 'oracle')))
-    fr = [dict(i, item_id=f"{i.get('item_id', '')} ({i.get('frames')} frames)")
-          for i in (trace.get('answer_frames') or {}).get('items') or []]
-    if fr: lanes.append(('answer frames', 'frames', item_spans(fr, 'frames of')))
-    return lanes
-
-def trace_lanes(trace: dict) -> list[tuple[str, str, list[tuple]]]:
-    "(label, kind, spans) per lane: each round's retrieved and admitted items, each tool call, the evidence, frames."
-    return _round_lanes(trace) + _step_lanes(trace) + _answer_lanes(trace)
-
-# %% ../../nbs/45_eval.trace_view.ipynb #3e4db0b8
-_LANE_COLOURS = dict(gold='#2e7d32', distractor='#ef6c00', retrieved='#90a4ae', admitted='#1565c0',
-                     frames='#8e24aa', tool='#00838f')
-_LANE_NAMES = dict(gold='gold evidence', distractor='distractor', retrieved='retrieved',
-                   admitted='admitted / evidence', frames="answerer's frames",
-                   tool='tool call (its ranges and records)')
-# an L2 event or the L3 narrative spans far more than it pins down
-_OPACITY = {2: 0.45, 3: 0.25}
-
-def _span_rect(span: tuple, y: int, kind: str, dur: float, x0: int, w: int) -> FT:
-    "A span as a rectangle on its lane, with its tooltip (paler for an L2 or L3 item)."
-    a, b, tip, lv = span
-    return ft('rect', ft('title', as_text(tip)), x=f"{x0 + w * max(a, 0) / dur:.1f}", y=y + 2,
-              width=f"{max(w * (b - a) / dur, 1.5):.1f}", height=12, fill=_LANE_COLOURS[kind],
-              opacity=_OPACITY.get(lv, 0.85))
-
-def _lane_svg(i: int, label: str, kind: str, spans: list, dur: float, x0: int, w: int) -> str:
-    "One lane: its label, the video's bar, a rectangle with a tooltip per span (L2 and L3 items paler)."
-    y = 18 + 18 * i
-    rects = [_span_rect(s, y, kind, dur, x0, w) for s in spans if s[1] >= s[0]]
-    return as_html(ft('text', as_text(label), x=0, y=y + 12, font_size=11),
-                   ft('rect', x=x0, y=y + 2, width=w, height=12, fill='#eceff1'), *rects)
-
-def _spans_lane(label: str, kind: str, spans: list[tuple[float, float]]) -> list[tuple]:
-    "A lane of the question's own spans (gold evidence, distractors), none when it has none."
-    return [(label, kind, [(a, b, f"{label} {fmt_time(a)}–{fmt_time(b)}", None)
-                           for a, b in spans])] if spans else []
-
-def legend_html(kinds: list[str]) -> str:
-    "The key to the timeline: a swatch and a name per kind of lane shown, and what a paler span means."
-    sw = lambda k: Span(style="display:inline-block;width:12px;height:10px;"
-                              f"background:{_LANE_COLOURS[k]}")
-    keys = [Span(sw(k), ' ' + _LANE_NAMES[k], style='margin-right:14px')
-            for k in dict.fromkeys(kinds)]
-    pale = Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
-    return as_html(Div(*keys, pale, cls='legend'))
-
-# %% ../../nbs/45_eval.trace_view.ipynb #8a7de4c9
-def _ticks(dur: float, x0: int, w: int) -> list[FT]:
-    "Five times along the top of the bar: its start, each quarter, its end."
-    return [ft('text', fmt_time(dur * k / 4), x=f"{x0 + w * k / 4:.0f}", y=12, font_size=10,
-               text_anchor='middle') for k in range(5)]
-
-def _timeline_svg(lanes: list[tuple], dur: float, width: int) -> FT:
-    "The times along the top of the bar, then the lanes one under the other."
-    x0, w = 210, width - 220
-    body = Safe(''.join(_lane_svg(i, *lane, dur, x0, w) for i, lane in enumerate(lanes)))
-    return Svg(*_ticks(dur, x0, w), body, xmlns='http://www.w3.org/2000/svg', width=width,
-               height=24 + 18 * len(lanes), font_family='sans-serif')
-
-def _question_lanes(qs: dict) -> list[tuple]:
-    "The question's own lanes: its gold evidence spans, then its distractor spans (where it has them)."
-    return (_spans_lane('gold evidence', 'gold', qs['evidence'])
-            + _spans_lane('distractor', 'distractor', qs['distractors']))
-
-def timeline_html(trace: dict, question: Question | dict | None = None, width: int = 900) -> str:
-    "The video as a bar with gold/distractor spans, rounds' items, tool calls and frames as lanes, and a legend."
-    qs = question_spans(question)
-    lanes = _question_lanes(qs) + trace_lanes(trace)
-    dur = float(qs['duration'] or max((s[1] for _, _, ss in lanes for s in ss), default=0.0) or 1.0)
-    cues = P(f"cues: {as_text('; '.join(qs['cues']))}", cls='cues') if qs['cues'] else ''
-    legend = Safe(legend_html([k for _, k, _ in lanes]))
-    return as_html(Div(_timeline_svg(lanes, dur, width), legend, cues, cls='timeline'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #a81ee107
 _STYLE = """<style>
