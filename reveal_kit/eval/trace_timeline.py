@@ -100,11 +100,14 @@ def _spans_lane(label: str, kind: str, spans: list[tuple[float, float]]) -> list
     return [(label, kind, [(a, b, f"{label} {fmt_time(a)}–{fmt_time(b)}", None)
                            for a, b in spans])] if spans else []
 
+def _swatch(kind: str) -> FT:
+    "A small box in the colour of a kind of lane."
+    css = f"display:inline-block;width:12px;height:10px;background:{_LANE_COLOURS[kind]}"
+    return Span(style=css)
+
 def legend_html(kinds: list[str]) -> str:
     "The key to the timeline: a swatch and a name per kind of lane shown, and what a paler span means."
-    sw = lambda k: Span(style="display:inline-block;width:12px;height:10px;"
-                              f"background:{_LANE_COLOURS[k]}")
-    keys = [Span(sw(k), ' ' + _LANE_NAMES[k], style='margin-right:14px')
+    keys = [Span(_swatch(k), ' ' + _LANE_NAMES[k], style='margin-right:14px')
             for k in dict.fromkeys(kinds)]
     pale = Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
     return _html(Div(*keys, pale, cls='legend'))

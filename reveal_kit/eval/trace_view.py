@@ -211,10 +211,13 @@ def notes_html(notes: list[str] | None) -> str:
     return as_html(*[P(as_text(n), cls='notice') for n in notes or []])
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fd45a001
+def _switch(v: Any) -> str:
+    "A switch as text: on, off, '?' where unknown, else its value (an embedder's name)."
+    return as_text('?' if v is None else ('on' if v is True else 'off' if v is False else v))
+
 def switches_html(t: dict) -> str:
     "The trace's data switches (subtitles, before the query time, embedders); '?' where unknown."
-    s = {k: as_text('?' if v is None else ('on' if v is True else 'off' if v is False else v))
-         for k, v in trace_switches(t).items()}
+    s = {k: _switch(v) for k, v in trace_switches(t).items()}
     return as_html(P(f"switches: subtitles {s['subtitles']}, "
                      f"before the query time {s['before_query']}, "
                      f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}"))
