@@ -34,7 +34,7 @@ from .caveat import offline_roles
 __all__ = ['POOL_RECIPE_KEYS', 'SYNTH_POOL', 'resolve', 'ensure_synth', 'bench_root', 'chat_model', 'run_slug', 'loader_split',
            'benchmark_questions', 'run_methods', 'load_runs', 'pool_recipe', 'ensure_pool', 'pool_override',
            'wilson_ci', 'accuracy_row', 'accuracy_table', 'write_csv', 'provenance', 'new_figure', 'bar_labels',
-           'plot_accuracy', 'plot_grouped']
+           'ci_whiskers', 'plot_accuracy', 'plot_grouped']
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #4b6ad2c1
 def resolve(path: str | Path) -> Path:
@@ -45,15 +45,20 @@ def resolve(path: str | Path) -> Path:
 # %% ../../../nbs/44_eval.figures.common.ipynb #f43479b6
 _SYNTH_KEYS = ('minutes', 'videos', 'questions_per_video', 'seed', 'split')
 
-def ensure_synth(root: str | Path, minutes: float = 1.0, videos: int = 2, questions_per_video: int = 6, seed: int = 0,
-                 split: str = 'test', size: tuple[int, int] = (320, 180)) -> Path:
-    "A generated benchmark at `root` with these settings: reused when its manifest matches, generated otherwise."
-    root, want = resolve(root), dict(minutes=minutes, videos=videos, questions_per_video=questions_per_video, seed=seed,
-                                     split=split)
+def _synth_matches(root: Path, want: dict) -> bool:
+    "Whether the benchmark at `root` was generated with these settings (its manifest says)."
     man = root / 'manifest.json'
     have = json.loads(man.read_text()).get('parameters', {}) if man.exists() else {}
-    if any(have.get(k) != v for k, v in want.items()):
-        generate_benchmark(root, size=size, progress=False, **want)
+    return all(have.get(k) == v for k, v in want.items())
+
+def ensure_synth(root: str | Path, minutes: float = 1.0, videos: int = 2,
+                 questions_per_video: int = 6, seed: int = 0, split: str = 'test',
+                 size: tuple[int, int] = (320, 180)) -> Path:
+    "A generated benchmark at `root` with these settings: reused when its manifest matches, generated otherwise."
+    root = resolve(root)
+    want = dict(minutes=minutes, videos=videos, questions_per_video=questions_per_video, seed=seed,
+                split=split)
+    if not _synth_matches(root, want): generate_benchmark(root, size=size, progress=False, **want)
     return root
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #24fe578b
@@ -64,13 +69,18 @@ def bench_root(benchmark: str, root: str | Path, split: str | None = 'test', see
     return ensure_synth(root, seed=seed, split=split, **(synth or {}))
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #42745770
+def _cache_path(cache_mode: str, cache: str | Path | None) -> Path | str | None:
+    "Where the call cache is: none when off, the given file, else the default one."
+    if cache_mode not in MODES:
+        raise ValueError(f"cache_mode must be one of {MODES}, got {cache_mode!r}")
+    return None if cache_mode == 'off' else (resolve(cache) if cache else 'default')
+
 def chat_model(backend: str = 'embedded', model: str | None = None, base_url: str | None = None,
                cache_mode: str = 'readwrite', cache: str | Path | None = None, roles: str = 'auto'):
     "The chat model of an experiment, behind the call cache in `cache_mode` ('readwrite' | 'replay' | 'off')."
-    if cache_mode not in MODES: raise ValueError(f"cache_mode must be one of {MODES}, got {cache_mode!r}")
+    path = _cache_path(cache_mode, cache)
     check_roles(roles)
     kw = {'meaningful': True} if roles == 'model' and backend == 'embedded' else {}
-    path = None if cache_mode == 'off' else (resolve(cache) if cache else 'default')
     return get_chat_model(backend, model, base_url, cache=path, replay=cache_mode == 'replay', **kw)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #ded1d61b
@@ -100,18 +110,23 @@ def _run_key(m: str, ov: list[str]) -> str:
     if not (uses_pool(m) and cfg.rubric_pool): return cfg.hash()
     return f"{cfg.hash()}-pool-{pool_origin(cfg.rubric_pool)['sha256'][:8]}"
 
+def _run_dir(base: Path, m: str, key: str, tag: str) -> Path:
+    "A method's run folder under `base`: an earlier spelling's if it exists, else its own."
+    folder = lambda x: base / safe_name(f"{x}-{tag}-{key}" if tag else f"{x}-{key}")
+    return next((folder(x) for x in method_spellings(m) if folder(x).exists()), folder(m))
+
 def run_methods(methods: Sequence[str], benchmark: str, settings: RunSettings, tag: str = '',
                 pool: str | None = None) -> dict[str, Path]:
     "Run each method into the shared folder `settings.out_dir` (resumable); the run folder of each."
     s = settings
     base, dirs = resolve(s.out_dir) / run_slug(benchmark, s.split, s.model, s.roles), {}
-    for i, m in enumerate(map(method_name, methods), 1):                         # `rerank_only` → `rerank-only`
+    # `rerank_only` → `rerank-only`
+    for i, m in enumerate(map(method_name, methods), 1):
         own_pool = [f'rubric_pool={pool}'] if pool and uses_pool(m) else []     # REVEAL's methods
         ov = own_pool + list(s.overrides or [])
         key = _run_key(m, ov)
         key += f"-roles-{digest(s.role_models)[:8]}" if s.role_models else ''  # PACE's role models
-        folder = lambda x: base / safe_name(f"{x}-{tag}-{key}" if tag else f"{x}-{key}")
-        d = next((folder(x) for x in method_spellings(m) if folder(x).exists()), folder(m))   # earlier spellings
+        d = _run_dir(base, m, key, tag)
         print(f"[{i}/{len(methods)}] {m}{f' ({tag})' if tag else ''} → {d}", flush=True)
         split = loader_split(benchmark, s.split)
         run_eval(benchmark, m, d, s.replace(root=resolve(s.root), split=split, overrides=ov))
@@ -123,22 +138,28 @@ def load_runs(dirs: dict[str, Path], qids: Iterable[str]) -> dict[str, list[dict
     "Each run's results on exactly these questions, in qid order (none from a run that had no question to answer)."
     keep = set(qids)
     got = lambda d: load_results(d) if (Path(d) / 'results.jsonl').exists() else []
-    return {m: sorted((r for r in got(d) if r['qid'] in keep), key=lambda r: r['qid']) for m, d in dirs.items()}
+    return {m: sorted((r for r in got(d) if r['qid'] in keep), key=lambda r: r['qid'])
+            for m, d in dirs.items()}
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #721502a2
-POOL_RECIPE_KEYS = ('path', 'benchmark', 'root', 'split', 'synth', 'seed', 'teacher', 'proposer', 'max_iters', 'limit')
-SYNTH_POOL = dict(path='rubrics/induced-synth.yaml', benchmark='synth', root='runs/experiments/synth-dev-pool',
-                  split='dev', synth=dict(minutes=2.0, videos=13, questions_per_video=11), seed=1,
+POOL_RECIPE_KEYS = ('path', 'benchmark', 'root', 'split', 'synth', 'seed', 'teacher', 'proposer',
+                    'max_iters', 'limit')
+SYNTH_POOL = dict(path='rubrics/induced-synth.yaml', benchmark='synth',
+                  root='runs/experiments/synth-dev-pool', split='dev',
+                  synth=dict(minutes=2.0, videos=13, questions_per_video=11), seed=1,
                   teacher='oracle', proposer='offline', max_iters=6)
+_RECIPE_DEFAULTS = dict(split='dev', seed=0, teacher='oracle', proposer='offline', max_iters=5,
+                        root=None, synth=None, limit=None)
 
 def pool_recipe(spec: dict) -> dict:
     "A recipe with its defaults (split dev, seed 0, oracle teacher, offline proposer, 5 iterations); unknown keys fail."
     bad = sorted(set(spec) - set(POOL_RECIPE_KEYS))
-    if bad: raise ValueError(f"unknown rubric_pool recipe key(s) {bad}; a recipe takes {', '.join(POOL_RECIPE_KEYS)}")
+    if bad:
+        raise ValueError(f"unknown rubric_pool recipe key(s) {bad}; a recipe takes "
+                         f"{', '.join(POOL_RECIPE_KEYS)}")
     if not spec.get('path') or not spec.get('benchmark'):
         raise ValueError("a rubric_pool recipe needs path and benchmark")
-    return dict(dict(split='dev', seed=0, teacher='oracle', proposer='offline', max_iters=5, root=None, synth=None,
-                     limit=None), **spec)
+    return dict(_RECIPE_DEFAULTS, **spec)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #a0aa81d3
 def _check_induced(path: Path, r: dict) -> Path:
@@ -147,25 +168,32 @@ def _check_induced(path: Path, r: dict) -> Path:
     want = {k: r[k] for k in ('benchmark', 'split', 'teacher', 'proposer')}
     have = {k: o['provenance'].get(k) for k in want}
     if o['kind'] != 'induced' or have != want:
-        raise ValueError(f"rubric pool {path} is {pool_label(o)}, not the recipe's {want}: delete it to induce it "
+        raise ValueError(f"rubric pool {path} is {pool_label(o)}, not the recipe's {want}: delete "
+                         f"it to induce it "
                          "again, or give the recipe another path")
     return path
+
+def _existing_pool(spec: str) -> Path:
+    "The pool YAML a spec names; it must exist."
+    p = resolve_pool_path(spec)
+    if not p.exists(): raise FileNotFoundError(f"rubric pool {spec} not found")
+    return p
+
+def _induce_pool(r: dict, p: Path, chat: Any, progress: bool, induce: Any) -> None:
+    "Induce a recipe's pool into `p` (with the chat model where its teacher or proposer is 'model')."
+    root = bench_root(r['benchmark'], r['root'], r['split'], r['seed'], r['synth'])
+    model = chat if 'model' in (r['teacher'], r['proposer']) else None
+    induce(r['benchmark'], root, r['split'], limit=r['limit'], out=p, teacher=r['teacher'],
+           proposer=r['proposer'], model=model, max_iters=r['max_iters'], seed=r['seed'],
+           progress=progress, work_dir=runs_dir() / 'induction' / f"{p.stem}-{digest(r, 8)}")
 
 def ensure_pool(spec: str | dict | None, chat: Any = None, progress: bool = False,
                 induce: Any = induce_benchmark) -> Path | None:
     "The pool a spec names: a YAML (it must exist), or a recipe's file, induced first when absent; None: the default."
     if not spec: return None
-    if not isinstance(spec, dict):
-        p = resolve_pool_path(spec)
-        if not p.exists(): raise FileNotFoundError(f"rubric pool {spec} not found")
-        return p
+    if not isinstance(spec, dict): return _existing_pool(spec)
     r, p = pool_recipe(spec), resolve(spec['path'])
-    if p.exists(): return _check_induced(p, r)
-    root = bench_root(r['benchmark'], r['root'], r['split'], r['seed'], r['synth'])
-    model = chat if 'model' in (r['teacher'], r['proposer']) else None
-    induce(r['benchmark'], root, r['split'], limit=r['limit'], out=p, teacher=r['teacher'], proposer=r['proposer'],
-           model=model, max_iters=r['max_iters'], seed=r['seed'], progress=progress,
-           work_dir=runs_dir() / 'induction' / f"{p.stem}-{digest(r, 8)}")
+    if not p.exists(): _induce_pool(r, p, chat, progress, induce)
     return _check_induced(p, r)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #bef21516
@@ -208,11 +236,16 @@ def write_csv(df: pd.DataFrame, path: str | Path, digits: int = 4) -> Path:
     return p
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #4c9c5914
-def provenance(runs: dict[str, list[dict]], benchmark: str, split: str | None = None, chat: str | None = None) -> str:
+def _results_chat(rs: list[dict]) -> str:
+    "The chat model the first result that names one names, else 'no chat model'."
+    named = (r['models']['chat'] for r in rs if isinstance(r.get('models'), dict)
+             and r['models'].get('chat'))
+    return next(named, 'no chat model')
+
+def provenance(runs: dict[str, list[dict]], benchmark: str, split: str | None = None,
+               chat: str | None = None) -> str:
     "'benchmark/split, n=…, backend:model or offline roles, reveal-kit X' (chat label: the results' unless given)."
-    rs = [r for v in runs.values() for r in v]
-    chat = chat or next((r['models']['chat'] for r in rs if isinstance(r.get('models'), dict)
-                         and r['models'].get('chat')), 'no chat model')
+    chat = chat or _results_chat([r for v in runs.values() for r in v])
     who = 'offline roles' if offline_roles(runs) else chat
     n = max((len(v) for v in runs.values()), default=0)
     return f"{benchmark}{'/' + split if split else ''}, n={n}, {who}, reveal-kit {kit_version()}"
@@ -230,39 +263,57 @@ def bar_labels(ax, xs, ys, tops=None, fmt='{:.1f}'):
     "Value labels centred above each bar's whisker (or the bar, without one)."
     tops = ys if tops is None else np.fmax(ys, tops)
     for x, y, t in zip(xs, ys, tops):
-        if not math.isnan(y): ax.text(x, (0 if math.isnan(t) else t) + 1.5, fmt.format(y), ha='center', va='bottom',
-                                      fontsize=8.5)
+        if math.isnan(y): continue
+        ax.text(x, (0 if math.isnan(t) else t) + 1.5, fmt.format(y), ha='center', va='bottom',
+                fontsize=8.5)
+
+# %% ../../../nbs/44_eval.figures.common.ipynb #df8eb30e
+def ci_whiskers(df: pd.DataFrame) -> np.ndarray:
+    "Whiskers (below, above) of a table's accuracies, in points, from its 95 % interval."
+    return 100 * np.abs(np.vstack([df.accuracy - df.ci_low,
+                                   df.ci_high - df.accuracy]).astype(float))
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #c6b04373
 def plot_accuracy(acc: pd.DataFrame, title: str):
     "Bars of accuracy (%) per method with 95 % interval whiskers (Table 1)."
     fig, (ax,) = new_figure(title, width=max(4.5, 1.3 * len(acc) + 2))
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
-    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low, acc.ci_high - acc.accuracy]).astype(float))
-    ax.bar(x, y, yerr=err, capsize=4, color=sns.color_palette('deep', len(acc)))
+    ax.bar(x, y, yerr=ci_whiskers(acc), capsize=4, color=sns.color_palette('deep', len(acc)))
     bar_labels(ax, x, y, 100 * acc.ci_high.to_numpy(float))
-    ax.set(xticks=x, xticklabels=acc.method, ylim=(0, 105), xlabel='method', ylabel='accuracy (%) with 95 % CI')
+    ax.set(xticks=x, xticklabels=acc.method, ylim=(0, 105), xlabel='method',
+           ylabel='accuracy (%) with 95 % CI')
     fig.tight_layout()
     return fig
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #964e4e35
-def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str, ylabel: str = 'accuracy (%)',
-                 order: Sequence[str] | None = None):
-    "Grouped bars of accuracy (%) by `x` and `hue`, with 95 % whiskers and the question count under each group."
-    xs, hs = list(order or dict.fromkeys(df[x])), list(dict.fromkeys(df[hue]))
-    fig, (ax,) = new_figure(title, width=max(5.0, 1.1 * len(xs) + 3))
+def _group_bars(ax, df: pd.DataFrame, x: str, hue: str, xs: list):
+    "In each `x` group, a labelled bar per `hue` (with 95 % whiskers if the table has them)."
+    hs = list(dict.fromkeys(df[hue]))
     w = 0.8 / max(len(hs), 1)
     for j, h in enumerate(hs):
         d = df[df[hue] == h].set_index(x).reindex(xs)
         pos, y = np.arange(len(xs)) + (j - (len(hs) - 1) / 2) * w, 100 * d.accuracy.to_numpy(float)
         has_ci = 'ci_low' in d
-        err = 100 * np.abs(np.vstack([d.accuracy - d.ci_low, d.ci_high - d.accuracy]).astype(float)) if has_ci else None
-        ax.bar(pos, y, w, yerr=err, capsize=3, label=str(h))
+        ax.bar(pos, y, w, yerr=ci_whiskers(d) if has_ci else None, capsize=3, label=str(h))
         bar_labels(ax, pos, y, 100 * d.ci_high.to_numpy(float) if has_ci else None, '{:.0f}')
+
+def _group_ticks(ax, df: pd.DataFrame, x: str, xs: list):
+    "Each group's name under its bars, with its question count when the table has one."
     n = df.drop_duplicates(x).set_index(x).reindex(xs)['n'] if 'n' in df else None
-    ax.set(xticks=np.arange(len(xs)), ylim=(0, 100), xlabel=xlabel, ylabel=ylabel)      # a percentage: 0–100
+    ks = n if n is not None else [None] * len(xs)
     ax.set_xticklabels([f"{v}\n(n={int(k)})" if n is not None and not pd.isna(k) else str(v)
-                        for v, k in zip(xs, n if n is not None else [None] * len(xs))])
-    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))          # outside: bars keep 0–100
+                        for v, k in zip(xs, ks)])
+
+def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str,
+                 ylabel: str = 'accuracy (%)', order: Sequence[str] | None = None):
+    "Grouped bars of accuracy (%) by `x` and `hue`, with 95 % whiskers and the question count under each group."
+    xs = list(order or dict.fromkeys(df[x]))
+    fig, (ax,) = new_figure(title, width=max(5.0, 1.1 * len(xs) + 3))
+    _group_bars(ax, df, x, hue, xs)
+    # a percentage: 0–100
+    ax.set(xticks=np.arange(len(xs)), ylim=(0, 100), xlabel=xlabel, ylabel=ylabel)
+    _group_ticks(ax, df, x, xs)
+    # outside: bars keep 0–100
+    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
