@@ -38,7 +38,7 @@ __all__ = ['POOL_RECIPE_KEYS', 'SYNTH_POOL', 'resolve', 'ensure_synth', 'bench_r
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #4b6ad2c1
 def resolve(path: str | Path) -> Path:
-    "An absolute path as given; a relative one under the project root (notebooks run from nbs/experiments/)."
+    "An absolute path as given; a relative one under the project root (notebooks run elsewhere)."
     p = Path(path).expanduser()
     return p if p.is_absolute() else project_root() / p
 
@@ -54,7 +54,7 @@ def _synth_matches(root: Path, want: dict) -> bool:
 def ensure_synth(root: str | Path, minutes: float = 1.0, videos: int = 2,
                  questions_per_video: int = 6, seed: int = 0, split: str = 'test',
                  size: tuple[int, int] = (320, 180)) -> Path:
-    "A generated benchmark at `root` with these settings: reused when its manifest matches, generated otherwise."
+    "A benchmark generated at `root` with these settings (reused when its manifest matches)."
     root = resolve(root)
     want = dict(minutes=minutes, videos=videos, questions_per_video=questions_per_video, seed=seed,
                 split=split)
@@ -64,7 +64,7 @@ def ensure_synth(root: str | Path, minutes: float = 1.0, videos: int = 2,
 # %% ../../../nbs/44_eval.figures.common.ipynb #24fe578b
 def bench_root(benchmark: str, root: str | Path, split: str | None = 'test', seed: int = 0,
                synth: dict | None = None) -> Path:
-    "A benchmark's data root; for `synth`, the generated benchmark there with these settings (see `ensure_synth`)."
+    "A benchmark's data root; for `synth`, the generated benchmark there (see `ensure_synth`)."
     if benchmark != 'synth': return resolve(root)
     return ensure_synth(root, seed=seed, split=split, **(synth or {}))
 
@@ -77,7 +77,7 @@ def _cache_path(cache_mode: str, cache: str | Path | None) -> Path | str | None:
 
 def chat_model(backend: str = 'embedded', model: str | None = None, base_url: str | None = None,
                cache_mode: str = 'readwrite', cache: str | Path | None = None, roles: str = 'auto'):
-    "The chat model of an experiment, behind the call cache in `cache_mode` ('readwrite' | 'replay' | 'off')."
+    "An experiment's chat model, behind the call cache in `cache_mode` (readwrite | replay | off)."
     path = _cache_path(cache_mode, cache)
     check_roles(roles)
     kw = {'meaningful': True} if roles == 'model' and backend == 'embedded' else {}
@@ -85,27 +85,27 @@ def chat_model(backend: str = 'embedded', model: str | None = None, base_url: st
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #ded1d61b
 def run_slug(benchmark: str, split: str | None, chat: Any, roles: str = 'auto') -> str:
-    "The folder of one benchmark × split × chat model × roles, e.g. `synth-test-embedded-gemma…-offline`."
+    "The folder of a benchmark × split × chat model × roles: `synth-test-embedded-gemma…-offline`."
     auto = 'model' if is_meaningful(chat) else 'offline'
     who = roles if roles != 'auto' else auto
     return safe_name(f"{benchmark}-{split or 'all'}-{chat.backend_name}-{chat.model_id}-{who}")
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #38290556
 def loader_split(benchmark: str, split: str | None) -> str | None:
-    "The split to pass to the benchmark's loader: none for the generated benchmark (its split is its folder)."
+    "The split for the benchmark's loader: none for the generated one (its split is its folder)."
     return None if benchmark == 'synth' else split
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #d052c3db
 def benchmark_questions(benchmark: str, root: str | Path, split: str | None = None,
                         limit: int | None = None, only_present: bool = False) -> list[Question]:
-    "The questions an experiment uses, as the runner selects them: the first `limit` (of those whose video exists)."
+    "An experiment's questions, as the runner selects them: the first `limit` (with videos)."
     s = loader_split(benchmark, split)
     qs, _ = load_benchmark(benchmark, resolve(root), **({'split': s} if s else {}))
     return select_questions(qs, limit, only_present=only_present)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #fdecd64a
 def _run_key(m: str, ov: list[str]) -> str:
-    "A run folder's Config key: its hash, and for REVEAL's methods the pool's content (a re-induced pool: new runs)."
+    "A run folder's Config key: its hash, and for REVEAL's methods the pool's content hash."
     cfg = load_config(None, ov)
     if not (uses_pool(m) and cfg.rubric_pool): return cfg.hash()
     return f"{cfg.hash()}-pool-{pool_origin(cfg.rubric_pool)['sha256'][:8]}"
@@ -135,7 +135,7 @@ def run_methods(methods: Sequence[str], benchmark: str, settings: RunSettings, t
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #de243449
 def load_runs(dirs: dict[str, Path], qids: Iterable[str]) -> dict[str, list[dict]]:
-    "Each run's results on exactly these questions, in qid order (none from a run that had no question to answer)."
+    "Each run's results on exactly these questions, in qid order (none from a run with no results)."
     keep = set(qids)
     got = lambda d: load_results(d) if (Path(d) / 'results.jsonl').exists() else []
     return {m: sorted((r for r in got(d) if r['qid'] in keep), key=lambda r: r['qid'])
@@ -152,7 +152,7 @@ _RECIPE_DEFAULTS = dict(split='dev', seed=0, teacher='oracle', proposer='offline
                         root=None, synth=None, limit=None)
 
 def pool_recipe(spec: dict) -> dict:
-    "A recipe with its defaults (split dev, seed 0, oracle teacher, offline proposer, 5 iterations); unknown keys fail."
+    "A recipe with defaults (dev, seed 0, oracle, offline proposer, 5 iterations); bad keys fail."
     bad = sorted(set(spec) - set(POOL_RECIPE_KEYS))
     if bad:
         raise ValueError(f"unknown rubric_pool recipe key(s) {bad}; a recipe takes "
@@ -163,7 +163,7 @@ def pool_recipe(spec: dict) -> dict:
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #a0aa81d3
 def _check_induced(path: Path, r: dict) -> Path:
-    "The existing pool at a recipe's path, if it was induced as the recipe says (else a one-line error)."
+    "The existing pool at a recipe's path, if induced as the recipe says (else a one-line error)."
     o = pool_origin(path)
     want = {k: r[k] for k in ('benchmark', 'split', 'teacher', 'proposer')}
     have = {k: o['provenance'].get(k) for k in want}
@@ -180,7 +180,7 @@ def _existing_pool(spec: str) -> Path:
     return p
 
 def _induce_pool(r: dict, p: Path, chat: Any, progress: bool, induce: Any) -> None:
-    "Induce a recipe's pool into `p` (with the chat model where its teacher or proposer is 'model')."
+    "Induce a recipe's pool into `p` (with the chat model if its teacher or proposer is 'model')."
     root = bench_root(r['benchmark'], r['root'], r['split'], r['seed'], r['synth'])
     model = chat if 'model' in (r['teacher'], r['proposer']) else None
     induce(r['benchmark'], root, r['split'], limit=r['limit'], out=p, teacher=r['teacher'],
@@ -189,7 +189,7 @@ def _induce_pool(r: dict, p: Path, chat: Any, progress: bool, induce: Any) -> No
 
 def ensure_pool(spec: str | dict | None, chat: Any = None, progress: bool = False,
                 induce: Any = induce_benchmark) -> Path | None:
-    "The pool a spec names: a YAML (it must exist), or a recipe's file, induced first when absent; None: the default."
+    "The pool a spec names: a YAML, or a recipe's file (induced when absent); None: the default."
     if not spec: return None
     if not isinstance(spec, dict): return _existing_pool(spec)
     r, p = pool_recipe(spec), resolve(spec['path'])
@@ -198,7 +198,7 @@ def ensure_pool(spec: str | dict | None, chat: Any = None, progress: bool = Fals
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #bef21516
 def pool_override(path: Path | None) -> str | None:
-    "How `Config.rubric_pool` names a pool: relative to the project root inside it (the same hash on every machine)."
+    "How `Config.rubric_pool` names a pool: relative to the project root inside it."
     if path is None: return None
     p = Path(path).resolve()
     return str(p.relative_to(project_root())) if p.is_relative_to(project_root()) else str(p)
@@ -212,7 +212,7 @@ def wilson_ci(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #b307942f
 def accuracy_row(rs: list[dict]) -> dict:
-    "Questions with gold, correct, failed, accuracy and its 95 % Wilson interval (failed questions count as wrong)."
+    "Questions with gold, correct, failed, accuracy and its 95 % Wilson interval (failed: wrong)."
     g = [r for r in rs if r.get('gold') is not None]
     k = sum(bool(r.get('correct')) for r in g)
     lo, hi = wilson_ci(k, len(g))
@@ -221,12 +221,12 @@ def accuracy_row(rs: list[dict]) -> dict:
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #84754784
 def accuracy_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "One row per method, in the given order: questions, correct, failed, accuracy and its 95 % interval."
+    "One row per method, in order: questions, correct, failed, accuracy and its 95 % interval."
     return pd.DataFrame([dict(method=m, **accuracy_row(rs)) for m, rs in runs.items()])
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #51ddf579
 def write_csv(df: pd.DataFrame, path: str | Path, digits: int = 4) -> Path:
-    "Write a table reproducibly: floats rounded to `digits`, −0 as 0, no index, '\\n' line ends (atomically)."
+    "Write a table reproducibly: floats rounded, −0 as 0, no index, '\\n' line ends (atomically)."
     out = df.copy()
     for c in out.select_dtypes('float').columns:
         out[c] = out[c].round(digits) + 0.0
@@ -244,7 +244,7 @@ def _results_chat(rs: list[dict]) -> str:
 
 def provenance(runs: dict[str, list[dict]], benchmark: str, split: str | None = None,
                chat: str | None = None) -> str:
-    "'benchmark/split, n=…, backend:model or offline roles, reveal-kit X' (chat label: the results' unless given)."
+    "'benchmark/split, n=…, backend:model or offline roles, reveal-kit X' (chat: the results')."
     chat = chat or _results_chat([r for v in runs.values() for r in v])
     who = 'offline roles' if offline_roles(runs) else chat
     n = max((len(v) for v in runs.values()), default=0)
@@ -306,7 +306,7 @@ def _group_ticks(ax, df: pd.DataFrame, x: str, xs: list):
 
 def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str,
                  ylabel: str = 'accuracy (%)', order: Sequence[str] | None = None):
-    "Grouped bars of accuracy (%) by `x` and `hue`, with 95 % whiskers and the question count under each group."
+    "Grouped bars of accuracy (%) by `x` and `hue`, 95 % whiskers, each group's question count."
     xs = list(order or dict.fromkeys(df[x]))
     fig, (ax,) = new_figure(title, width=max(5.0, 1.1 * len(xs) + 3))
     _group_bars(ax, df, x, hue, xs)

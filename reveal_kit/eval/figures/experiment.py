@@ -24,8 +24,8 @@ from ..pack_replay import open_pack, pack_chat, replayed_run
 from ...reveal.rubrics import pool_label
 from .caveat import caveat, offline_roles, stamp_caveat
 from .common import (SYNTH_POOL, bench_root, benchmark_questions, chat_model,
-                                            ensure_pool, load_runs, pool_override, provenance, resolve,
-                                            run_methods, write_csv)
+                                            ensure_pool, load_runs, pool_override, provenance,
+                                            resolve, run_methods, write_csv)
 
 # %% auto #0
 __all__ = ['Experiment', 'MethodRuns', 'packed_run_name']
@@ -33,7 +33,7 @@ __all__ = ['Experiment', 'MethodRuns', 'packed_run_name']
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #e80b07d7
 @dataclass
 class Experiment:
-    "One experiment notebook's settings: benchmark, questions, chat model behind the cache, where outputs go."
+    "An experiment notebook's settings: benchmark, questions, cached chat model, where outputs go."
     # a loader: synth, videomme, lvbench, longvideobench, mmrv, egor1, …
     benchmark: str = 'synth'
     # its data root (the generated benchmark is made here first)
@@ -94,7 +94,7 @@ def _unknown_key(k: str, known: list[str]) -> ValueError:
 
 @patch(cls_method=True)
 def from_setup(cls: Experiment, setup: dict, **params) -> Experiment:
-    "An experiment from a notebook's own parameters and its `setup` dict (any other field); unknown keys fail."
+    "An experiment from a notebook's parameters and `setup` (other fields); unknown keys fail."
     known = [f.name for f in fields(cls)]
     for k in setup:
         if k not in known: raise _unknown_key(k, known)
@@ -105,7 +105,7 @@ def from_setup(cls: Experiment, setup: dict, **params) -> Experiment:
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #277b88ca
 @patch
 def pool_path(self: Experiment) -> Path | None:
-    "The rubric pool this experiment's REVEAL methods use (induced first when a recipe's file is absent)."
+    "The rubric pool REVEAL's methods use here (induced first when a recipe's file is absent)."
     if self._pool is None:
         default = SYNTH_POOL if self.benchmark == 'synth' else None
         spec = self.rubric_pool if self.rubric_pool is not None else default
@@ -125,7 +125,7 @@ def __str__(self: Experiment) -> str:
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #3d1a0101
 class MethodRuns(dict):
-    "Runs by method under the current names; a lookup by an earlier spelling (`rerank_only`) finds the same run."
+    "Runs by current method name; an earlier spelling (`rerank_only`) finds the same run."
     def __getitem__(self, m): return super().__getitem__(method_name(m))
     def __contains__(self, m): return super().__contains__(method_name(m))
     def get(self, m, default=None): return super().get(method_name(m), default)
@@ -133,7 +133,7 @@ class MethodRuns(dict):
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #bbc76c8c
 @patch
 def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    "The runs checked against `max_substituted`, and without substituted answers when left out; current method names."
+    "The runs checked against `max_substituted`, stand-ins left out if asked; current method names."
     for m, rs in runs.items(): check_substituted(rs, self.max_substituted, m)
     # before any is left out
     self.substitutions = substitution_counts(r for rs in runs.values() for r in rs)
@@ -158,7 +158,7 @@ def _results(exp: Experiment, dirs: dict[str, Path]) -> dict[str, list[dict]]:
 @patch
 def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | None = None,
         tag: str = '') -> dict[str, list[dict]]:
-    "Run the methods (resumable, shared; REVEAL's with the experiment's pool) and return their results."
+    "Run the methods (resumable, shared; REVEAL's with the experiment's pool); their results."
     if self.pack: return self.run_packed(methods, tag)
     pool = pool_override(self.pool_path()) if any(uses_pool(m) for m in methods) else None
     return _results(self,
@@ -186,7 +186,7 @@ def open_pack(self: Experiment) -> None:
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #b28945ed
 def packed_run_name(names: Iterable[str], method: str, tag: str = '') -> str:
-    "The one run folder name of `method` (and `tag`) among a pack's: `<method>-[<tag>-]<12-hex key>[-…]`."
+    "The one run folder of `method` (and `tag`) in a pack: `<method>-[<tag>-]<12-hex key>[-…]`."
     # earlier too
     heads = [re.escape(safe_name(f"{s}-{tag}" if tag else s)) for s in method_spellings(method)]
     got = [n for n in names if any(re.fullmatch(h + r'-[0-9a-f]{12}(-.*)?', n) for h in heads)]
@@ -198,7 +198,7 @@ def packed_run_name(names: Iterable[str], method: str, tag: str = '') -> str:
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #389ba762
 @patch
 def run_packed(self: Experiment, methods: Sequence[str], tag: str = '') -> dict[str, list[dict]]:
-    "Each method's packed run, replayed (once) and checked, and its results on the experiment's questions."
+    "Each method's packed run, replayed (once) and checked; its results on the questions."
     names = [r['name'] for r in self.pack_manifest['runs']]
     replay = lambda m: replayed_run(self.pack_dir, self.pack_manifest,
                                     packed_run_name(names, m, tag), self.progress)
@@ -212,7 +212,7 @@ def _embedders(run_dirs: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(e for e in lines if e))
 
 def _substituted_note(exp: Experiment, runs: dict[str, list[dict]]) -> str:
-    "The title's count of substituted answers ('' offline), with ' (left out)' when they were left out."
+    "The title's count of substituted answers ('' offline), ' (left out)' when left out."
     # the runs no longer hold them
     left_out = exp.substituted == 'exclude' and hasattr(exp, 'substitutions')
     subs = (exp.substitutions if left_out
@@ -222,7 +222,7 @@ def _substituted_note(exp: Experiment, runs: dict[str, list[dict]]) -> str:
 
 @patch
 def title(self: Experiment, headline: str, runs: dict[str, list[dict]]) -> str:
-    "A figure title: headline, what produced it, the rubric pool(s) REVEAL's methods used, the embedders that ran."
+    "A figure title: headline, what produced it, REVEAL's rubric pool(s), the embedders that ran."
     pools = list(dict.fromkeys(pool_label(p, short=True) for p in self.pools.values() if p))
     embs = _embedders(self.pools)
     # `save` checks the face carries it
@@ -242,7 +242,7 @@ def _save_png(fig, path: Path, banner: str) -> str:
 
 def _figure_meta(exp: Experiment, fig_id: str, paths: dict, tables: dict[str, pd.DataFrame],
                  extra: dict) -> dict:
-    "What `save` writes to <id>.metrics.json: what produced the figure, its files, its tables as records."
+    "What `save` writes to <id>.metrics.json: what made the figure, its files, its tables."
     pools = list(dict.fromkeys(p['label'] for p in exp.pools.values() if p))
     records = {k: json.loads(v.to_json(orient='records')) for k, v in tables.items()}
     return dict(figure=fig_id, benchmark=exp.benchmark, split=exp.split, questions=len(exp.qids),
@@ -251,7 +251,7 @@ def _figure_meta(exp: Experiment, fig_id: str, paths: dict, tables: dict[str, pd
 
 @patch
 def save(self: Experiment, fig_id: str, fig, tables: dict[str, pd.DataFrame], **extra) -> dict:
-    "Write figures/<id>.png, <id>.csv (first table) and <id>_<name>.csv (the others), and <out_dir>/<id>.metrics.json."
+    "Write figures/<id>.png, <id>.csv, <id>_<name>.csv (other tables), <out_dir>/<id>.metrics.json."
     fd, paths = resolve(self.fig_dir), {}
     fd.mkdir(parents=True, exist_ok=True)
     if fig is not None:

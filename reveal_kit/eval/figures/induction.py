@@ -20,7 +20,7 @@ CURVE_COLUMNS = ('iteration', 'val_accuracy', 'train_accuracy', 'n_val', 'n_trai
                  'n_criteria', 'added', 'rewritten', 'deleted', 'reweighted')
 
 def induction_curve(report: dict) -> pd.DataFrame:
-    "An induction report's validation curve: per iteration, held-out and training accuracy, pool size and edits."
+    "An induction report's curve: per iteration, held-out and training accuracy, pool size, edits."
     df = pd.DataFrame(report['iterations']).reindex(columns=list(CURVE_COLUMNS))
     df[['val_accuracy', 'train_accuracy']] = df[['val_accuracy', 'train_accuracy']].astype(float)
     df['best'] = df.iteration == report.get('best_iteration')
@@ -39,7 +39,7 @@ def _filter_rows(f: dict) -> list[dict]:
                          questions=int(f['kept']))])
 
 def filter_table(report: dict) -> pd.DataFrame:
-    "Per filter condition: questions failing it and those it removed first (its share of the candidates); then kept."
+    "Per filter condition: questions failing it, those it removed first (and share); then kept."
     f = report['filter']
     n = max(int(f['candidates']), 1)
     rows = _filter_rows(f)
@@ -48,7 +48,7 @@ def filter_table(report: dict) -> pd.DataFrame:
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #c73c4a68
 def pool_report(path: str | Path) -> dict:
-    "The induction report written beside an induced pool (`<pool>.report.json`); a one-line error for other pools."
+    "The induction report beside an induced pool (`<pool>.report.json`); else a one-line error."
     p = Path(path)
     rp = p.with_suffix('.report.json')
     if not rp.exists():
@@ -60,7 +60,7 @@ def pool_report(path: str | Path) -> dict:
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #db7e6664
 def _mark_chosen(ax, curve: pd.DataFrame):
-    "Circle the chosen pool (on the held-out curve when it has one); say so when no pair was held out."
+    "Circle the chosen pool (on the held-out curve if any); say so when no pair was held out."
     b = curve[curve.best]
     held = b.val_accuracy.notna().all()
     ax.scatter(b.iteration, 100 * (b.val_accuracy if held else b.train_accuracy), s=180,
@@ -70,7 +70,7 @@ def _mark_chosen(ax, curve: pd.DataFrame):
                 transform=ax.transAxes)
 
 def _plot_curve(ax, curve: pd.DataFrame):
-    "The validation curve: held-out and training pairs separated per iteration, the chosen pool circled."
+    "The validation curve: pairs separated per iteration (held out, training), the chosen circled."
     for col, lab in (('val_accuracy', 'held-out pairs'), ('train_accuracy', 'training pairs')):
         ax.plot(curve.iteration, 100 * curve[col], marker='o', label=lab)
     _mark_chosen(ax, curve)
@@ -90,7 +90,7 @@ def _plot_filters(ax, filters: pd.DataFrame):
     ax.set_title('filter: first condition failed, or kept', fontsize=9.5)
 
 def _plot_pools(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
-    "Seed against induced pool on the test split, with 95 % whiskers and the paired change in the title."
+    "Seed against induced pool on the test split, 95 % whiskers, the paired change as title."
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
     ax.bar(x, y, yerr=ci_whiskers(acc), capsize=4, color=['C0', 'C1'][:len(acc)])
     bar_labels(ax, x, y, 100 * acc.ci_high.to_numpy(float))
@@ -102,7 +102,7 @@ def _plot_pools(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
 
 def plot_induction(curve: pd.DataFrame, filters: pd.DataFrame, acc: pd.DataFrame,
                    pairs: pd.DataFrame, title: str):
-    "Three panels: the validation curve per iteration, the filter counts, and seed vs induced pool on the test split."
+    "Three panels: the validation curve, the filter counts, seed vs induced pool on the test split."
     fig, (ax, ax2, ax3) = new_figure(title, ncols=3, width=4.4)
     _plot_curve(ax, curve)
     _plot_filters(ax2, filters)

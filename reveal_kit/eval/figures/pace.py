@@ -28,7 +28,7 @@ __all__ = ['versus_pairs', 'plot_versus', 'bootstrap_ci', 'question_needle', 'ne
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #ccfd9314
 def versus_pairs(methods: Sequence[str], reference: str) -> list[tuple[str, str]]:
-    "(reference, m) for every other method: each row's paired change against the reference (none without it)."
+    "(reference, m) for every other method: paired changes against the reference (none without it)."
     return [(reference, m) for m in methods if m != reference] if reference in methods else []
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #7e6ca7cf
@@ -68,7 +68,7 @@ def _cost_bars(ax, cost: pd.DataFrame):
 
 def plot_versus(acc: pd.DataFrame, pairs: pd.DataFrame, cost: pd.DataFrame, title: str,
                 reference: str):
-    "Accuracy (%) per method with 95 % whiskers and its change against `reference`; steps and model calls per question."
+    "Accuracy (%) per method and its change against `reference`; steps and calls per question."
     fig, (ax, ax2) = new_figure(title, ncols=2, width=max(5.0, 0.8 * len(acc) + 2.5))
     _versus_bars(ax, acc, pairs, reference)
     _cost_bars(ax2, cost)
@@ -78,7 +78,7 @@ def plot_versus(acc: pd.DataFrame, pairs: pd.DataFrame, cost: pd.DataFrame, titl
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d2ef8f05
 def bootstrap_ci(x: Sequence[float], seed: int = 0, n_boot: int = 2000,
                  level: float = 0.95) -> tuple[float, float]:
-    "Percentile bootstrap interval of the mean of `x` (scipy, seeded: a rerun gives the same bounds); nan if empty."
+    "Percentile bootstrap interval of the mean of `x` (scipy, seeded: reruns agree); nan if empty."
     x = np.asarray(x, float)
     if len(x) == 0: return (math.nan, math.nan)
     if np.all(x == x[0]): return (float(x[0]),) * 2          # every resample is the same
@@ -88,14 +88,14 @@ def bootstrap_ci(x: Sequence[float], seed: int = 0, n_boot: int = 2000,
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d10ab799
 def question_needle(r: dict, q: Question, judged: dict | None = None) -> float | None:
-    "A result's needle recall: a judge model's (`judged`: qid → recall), else its own, else the lexical judge's."
+    "A result's needle recall: a judge model's (`judged`: qid → recall), its own, or lexical."
     if judged is not None: return judged.get(r['qid'])
     if r.get('needle_recall') is not None: return float(r['needle_recall'])
     return needle_recall(q, judge_rows(r))
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #0668f4b4
 def _needle_row(m: str, got: list[dict], Q: dict, v: dict | None, seed: int, n_boot: int) -> dict:
-    "One method's row of the needle table, from its results on the questions with cues (`v`: judged)."
+    "One method's needle-table row, from its results on the questions with cues (`v`: judged)."
     j = {q: d['needle_recall'] for q, d in v.items()} if v else None
     rec = [x for x in (question_needle(r, Q[r['qid']], j) for r in got) if x is not None]
     lo, hi = bootstrap_ci(rec, seed, n_boot)
@@ -107,7 +107,7 @@ def _needle_row(m: str, got: list[dict], Q: dict, v: dict | None, seed: int, n_b
 
 def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], seed: int = 0,
                  n_boot: int = 2000, verdicts: dict[str, dict] | None = None) -> pd.DataFrame:
-    "Per method, on the questions with cues: mean needle recall (bootstrap 95 % CI), its judge, accuracy (Wilson)."
+    "Per method, on questions with cues: needle recall (bootstrap 95 % CI), its judge, accuracy."
     Q = {q.qid: q for q in questions if q.cues}
     return pd.DataFrame([_needle_row(m, [r for r in rs if r['qid'] in Q], Q,
                                      (verdicts or {}).get(m), seed, n_boot)
@@ -116,21 +116,21 @@ def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], see
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a01
 def judge_runs(runs: dict[str, list[dict]], questions: Sequence[Question], model,
                max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict[str, dict[str, dict]]:
-    "Every result with cues judged by a judge model (calls through its cache): `{method: {qid: judged row}}`."
+    "Every result with cues judged by a judge model (cached): `{method: {qid: judged row}}`."
     Q = {q.qid: q for q in questions if q.cues}
     return {m: {r['qid']: judge_result(Q[r['qid']], r, model, max_tokens=max_tokens) for r in rs
                 if r['qid'] in Q and not r.get('failed')} for m, rs in runs.items()}
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a03
 def judge_model(spec: str | None, cache_mode: str = 'readwrite', cache: str | Path | None = None):
-    "The needle judge served at 'URL[,NAME]' behind the call cache; None (the lexical judge) without a spec."
+    "The needle judge at 'URL[,NAME]' behind the call cache; None (the lexical judge) without one."
     if not spec: return None
     url, _, name = spec.partition(',')
     return chat_model('http', name or None, url, cache_mode, cache)
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d62ccfc8
 def needle_long(nt: pd.DataFrame) -> pd.DataFrame:
-    "The needle table in long form for `plot_grouped`: per method, needle recall and accuracy with their intervals."
+    "The needle table in long form for `plot_grouped`: needle recall and accuracy, with intervals."
     rec = nt.assign(metric='needle recall', accuracy=nt.needle_recall, ci_low=nt.recall_ci_low,
                     ci_high=nt.recall_ci_high)
     acc = nt.assign(metric='accuracy')
@@ -144,7 +144,7 @@ def _mean_factors(rs: list[dict]) -> float:
 
 def factor_table(sweep: dict[int, list[dict]],
                  reference: dict[str, list[dict]] | None = None) -> pd.DataFrame:
-    "Accuracy per forced factor budget k (with the factors really used), then each free-budget reference arm."
+    "Accuracy per forced factor budget k (with the factors used), then each free-budget arm."
     rows = [dict(arm='forced', k=k, factors=_mean_factors(rs), **accuracy_row(rs))
             for k, rs in sorted(sweep.items())]
     rows += [dict(arm=name, k=None, factors=_mean_factors(rs), **accuracy_row(rs))
@@ -162,7 +162,7 @@ def _free_arms(ax, refs: pd.DataFrame):
                    label=f"{r.arm} (free |F_Q|, mean {r.factors:.1f})")
 
 def plot_factors(ft: pd.DataFrame, title: str):
-    "Fig. 4: accuracy (%) against the forced factor budget with 95 % whiskers; free-budget arms at their mean |F_Q|."
+    "Fig. 4: accuracy (%) against the forced factor budget; free-budget arms at their mean |F_Q|."
     fig, (ax,) = new_figure(title, width=8.0)
     f = ft[ft.arm == 'forced']
     ax.errorbar(f.k.astype(float), 100 * f.accuracy, yerr=ci_whiskers(f), marker='o', capsize=3,
@@ -179,13 +179,13 @@ def plot_factors(ft: pd.DataFrame, title: str):
 _TOKENS = ('prompt_tokens', 'completion_tokens', 'reasoning_tokens')
 
 def _pass_row(m: str, stage: str, xs: list[dict], k: str) -> dict:
-    "One indexing pass's mean tokens per clip (`k`: 'shared' or 'question'); its calls are not counted apart."
+    "One indexing pass's mean tokens per clip (`k`: 'shared' or 'question'); no calls apart."
     mean = lambda c: float(np.mean([x[f'{k}_{c}_tokens_per_clip'] for x in xs]))
     return dict(method=m, stage=stage, n=len(xs), calls=math.nan, prompt_tokens=mean('prompt'),
                 completion_tokens=mean('completion'), reasoning_tokens=math.nan)
 
 def _pass_rows(m: str, rs: list[dict]) -> list[dict]:
-    "Table 6's indexing in two passes, per clip: the shared plain captions (once per video), each question's own."
+    "Table 6's two indexing passes per clip: shared plain captions (once per video), per question."
     idx = [r['index'] for r in rs if isinstance(r.get('index'), dict)
            and 'shared_prompt_tokens_per_clip' in r['index']]
     if not idx: return []
@@ -209,7 +209,7 @@ def _query_row(m: str, rs: list[dict]) -> dict:
                 **{k: mean(k) for k in _TOKENS})
 
 def index_cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method: calls and tokens per clip for indexing (each database once; its two passes apart), per query after."
+    "Per method: calls and tokens per clip for indexing (and its passes), per query for reasoning."
     rows = []
     for m, rs in runs.items(): rows += [_index_row(m, rs), *_pass_rows(m, rs), _query_row(m, rs)]
     return pd.DataFrame(rows)
@@ -226,7 +226,7 @@ def _tool_rows(m: str, rs: list[dict]) -> list[dict]:
                  episodes_using=sum(t in u for u in used) / n) for t in names]
 
 def tool_use_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method and tool (PACE's tool order): calls per episode and the fraction of episodes that call it."
+    "Per method and tool (PACE's order): calls per episode and the share of episodes calling it."
     rows = [row for m, rs in runs.items() for row in _tool_rows(m, rs)]
     return pd.DataFrame(rows, columns=['method', 'tool', 'episodes', 'calls_per_episode',
                                        'episodes_using'])
@@ -247,7 +247,7 @@ def _token_bars(ax, tok: pd.DataFrame):
             transform=ax.transAxes)
 
 def plot_pace_cost(tok: pd.DataFrame, tools: pd.DataFrame, title: str):
-    "Table 6 as bars (tokens per clip for indexing, per query for reasoning) and Fig. 5's tool calls per episode."
+    "Table 6 as bars (tokens per clip / per query) and Fig. 5's tool calls per episode."
     fig, (ax, ax2) = new_figure(title, ncols=2, width=5.6)
     _token_bars(ax, tok)
     sns.barplot(tools, x='tool', y='calls_per_episode', hue='method', ax=ax2)
@@ -259,7 +259,7 @@ def plot_pace_cost(tok: pd.DataFrame, tools: pd.DataFrame, title: str):
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a10
 def episode_lengths(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method: the share of episodes that took each number of steps (PACE Fig. 5: 83.4 % end in exactly four)."
+    "Per method: the share of episodes per number of steps (PACE Fig. 5: 83.4 % take four)."
     rows = []
     for m, rs in runs.items():
         n = Counter(int(r.get('steps') or 0) for r in rs
@@ -272,14 +272,14 @@ def episode_lengths(runs: dict[str, list[dict]]) -> pd.DataFrame:
 _CI = ('accuracy', 'ci_low', 'ci_high')
 
 def _backbone_row(name: str, rs: dict[str, list[dict]], base: str, method: str) -> dict:
-    "One backbone setup's row: `base` and `method` accuracy with their intervals, and the difference."
+    "One backbone setup's row: `base` and `method` accuracy, intervals, and the difference."
     a, b = accuracy_row(rs.get(base, [])), accuracy_row(rs.get(method, []))
     return dict(backbone=name, n=b['n'], **{f"{base}_{k}": a[k] for k in _CI},
                 **{f"{method}_{k}": b[k] for k in _CI}, delta=b['accuracy'] - a['accuracy'])
 
 def backbone_table(runs: dict[str, dict[str, list[dict]]], base: str = 'dvd',
                    method: str = 'pace') -> pd.DataFrame:
-    "Per backbone setup: `base` and `method` accuracy (95 % Wilson intervals) and the difference (Table 3's Delta)."
+    "Per backbone setup: `base` and `method` accuracy (Wilson 95 %) and Table 3's Delta."
     return pd.DataFrame([_backbone_row(name, rs, base, method) for name, rs in runs.items()])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a23
@@ -291,7 +291,7 @@ def _backbone_long(bt: pd.DataFrame, base: str, method: str) -> pd.DataFrame:
     return pd.concat([arm(m) for m in (base, method)]).reset_index(drop=True)
 
 def plot_backbones(bt: pd.DataFrame, title: str, base: str = 'dvd', method: str = 'pace'):
-    "Table 3 as grouped bars: per backbone setup, `base` and `method` accuracy (%) with 95 % whiskers and the delta."
+    "Table 3 as grouped bars: per backbone, `base` and `method` accuracy (%), the delta below."
     fig = plot_grouped(_backbone_long(bt, base, method), 'backbone', 'method', title,
                        'backbone setup (Δ: the gain)')
     ax = fig.axes[0]
@@ -308,7 +308,7 @@ def tool_subsets(rs: list[dict], tools: Sequence[str]) -> dict[str, list[str]]:
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a33
 def _conditional_row(t: str, keep: set, with_tool: list[dict], without: list[dict]) -> dict:
-    "One tool's row: accuracy with and without it on the questions `keep`, the change, the intervals."
+    "One tool's row: accuracy with and without it on the questions `keep`, change, intervals."
     a = accuracy_row([r for r in with_tool if r['qid'] in keep])
     b = accuracy_row([r for r in without if r['qid'] in keep])
     return dict(tool=t, samples=len(keep), with_tool=a['accuracy'], without_tool=b['accuracy'],
@@ -317,21 +317,22 @@ def _conditional_row(t: str, keep: set, with_tool: list[dict], without: list[dic
 
 def conditional_table(with_tool: list[dict], without: dict[str, list[dict]],
                       subsets: dict[str, list[str]]) -> pd.DataFrame:
-    "Per tool: on the questions that used it, accuracy with it and without it, the change (delta), the sample count."
+    "Per tool, on the questions that used it: accuracy with and without it, the delta, the count."
     return pd.DataFrame([_conditional_row(t, set(qids), with_tool, without.get(t, []))
                          for t, qids in subsets.items()])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #0d85faaa
 def with_usage(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> pd.DataFrame:
-    "The conditional table with each tool's calls per episode and share of episodes using it in `method`'s run."
+    "The conditional table with each tool's calls per episode and episode share in `method`'s run."
     u = usage[usage.method == method].set_index('tool')[['calls_per_episode', 'episodes_using']]
     out = ct.drop(columns=list(u), errors='ignore').join(u, on='tool')
     return out.fillna({'calls_per_episode': 0.0, 'episodes_using': 0.0})
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #b3a27e48
 def ablated_tools(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> str:
-    "Each ablated tool and how much PACE used it, the most-used named so: 'EvidenceRetrieve (most-used, 4.2 calls…)'."
-    u = usage[(usage.method == method) & (usage.tool != 'Finish')].set_index('tool').calls_per_episode
+    "Each ablated tool and how much PACE used it: 'EvidenceRetrieve (its most-used tool, 4.2 …)'."
+    mine = usage[(usage.method == method) & (usage.tool != 'Finish')]
+    u = mine.set_index('tool').calls_per_episode
     top = u.idxmax() if len(u) and u.max() > 0 else None
     one = (lambda t,
            c: f"{t} ({'its most-used tool, ' if t == top else ''}{c:.2g} calls per episode)")
@@ -342,7 +343,7 @@ def ablated_tools(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -
 _ARMS = (('with the tool', 'with_tool', 'with'), ('without it', 'without_tool', 'without'))
 
 def plot_conditional(ct: pd.DataFrame, title: str):
-    "Table 5 as grouped bars: per tool, accuracy (%) with and without it on the questions that used it."
+    "Table 5 as grouped bars: per tool, accuracy (%) with and without it where it was used."
     arm = lambda name, col, p: pd.DataFrame(dict(tool=ct.tool, n=ct.samples, arm=name,
                                                  accuracy=ct[col], ci_low=ct[f"{p}_ci_low"],
                                                  ci_high=ct[f"{p}_ci_high"]))
@@ -351,13 +352,13 @@ def plot_conditional(ct: pd.DataFrame, title: str):
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a37
 def _subset_dir(exp, m: str, tag: str, overrides: list[str]) -> Path:
-    "The run folder of `m` on a subset: `<method>-<tag>-<Config hash>` in the experiment's shared folder."
+    "The run folder of `m` on a subset: `<method>-<tag>-<Config hash>` in the shared folder."
     base = resolve(exp.out_dir) / run_slug(exp.benchmark, exp.split, exp.chat, exp.roles)
     return base / safe_name(f"{m}-{tag}-{load_config(None, overrides).hash()}")
 
 def run_on(exp, methods: Sequence[str], qids: Sequence[str], tag: str,
            overrides: Sequence[str] | None = None) -> dict[str, list[dict]]:
-    "Run methods on a subset of an experiment's questions, each in its own run folder (resumable); their results."
+    "Run methods on some of an experiment's questions, in run folders of their own; their results."
     qs, out = [q for q in exp.questions if q.qid in set(qids)], {}
     for m in methods:
         d = _subset_dir(exp, m, tag, list(overrides or []))
