@@ -115,18 +115,21 @@ def _run_dir(base: Path, m: str, key: str, tag: str) -> Path:
     folder = lambda x: base / safe_name(f"{x}-{tag}-{key}" if tag else f"{x}-{key}")
     return next((folder(x) for x in method_spellings(m) if folder(x).exists()), folder(m))
 
+def _method_overrides(m: str, pool: str | None, overrides: Sequence[str] | None) -> list[str]:
+    "A method's Config overrides: the experiment's pool first for REVEAL's methods, then the given ones."
+    own_pool = [f'rubric_pool={pool}'] if pool and uses_pool(m) else []
+    return own_pool + list(overrides or [])
+
 def run_methods(methods: Sequence[str], benchmark: str, settings: RunSettings, tag: str = '',
                 pool: str | None = None) -> dict[str, Path]:
     "Run each method into the shared folder `settings.out_dir` (resumable); the run folder of each."
     s = settings
     base, dirs = resolve(s.out_dir) / run_slug(benchmark, s.split, s.model, s.roles), {}
+    roles = f"-roles-{digest(s.role_models)[:8]}" if s.role_models else ''   # PACE's role models
     # `rerank_only` → `rerank-only`
     for i, m in enumerate(map(method_name, methods), 1):
-        own_pool = [f'rubric_pool={pool}'] if pool and uses_pool(m) else []     # REVEAL's methods
-        ov = own_pool + list(s.overrides or [])
-        key = _run_key(m, ov)
-        key += f"-roles-{digest(s.role_models)[:8]}" if s.role_models else ''  # PACE's role models
-        d = _run_dir(base, m, key, tag)
+        ov = _method_overrides(m, pool, s.overrides)
+        d = _run_dir(base, m, _run_key(m, ov) + roles, tag)
         print(f"[{i}/{len(methods)}] {m}{f' ({tag})' if tag else ''} → {d}", flush=True)
         split = loader_split(benchmark, s.split)
         run_eval(benchmark, m, d, s.replace(root=resolve(s.root), split=split, overrides=ov))

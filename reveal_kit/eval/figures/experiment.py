@@ -170,18 +170,22 @@ def _pack_questions(pack_dir: Path, run: str) -> list[Question]:
     path = pack_dir / 'pack' / 'runs' / run / 'questions.jsonl'
     return [Question.from_dict(d) for d in map(json.loads, path.read_text().splitlines())]
 
+def _pack_rows(manifest: dict, pack: str, benchmark: str) -> list[dict]:
+    "A pack's runs, which must all be on the experiment's benchmark."
+    rows = manifest['runs']
+    have = {r['benchmark'] for r in rows}
+    if have != {benchmark}:
+        raise ValueError(f"the pack {pack} holds runs on {sorted(have)}, not {benchmark!r}")
+    return rows
+
 @patch
 def open_pack(self: Experiment) -> None:
     "Take questions, chat model and runs from the pack (opened and checked under out_dir/packs/)."
     self.pack_dir, self.pack_manifest = open_pack(resolve(self.pack),
                                                   resolve(self.out_dir) / 'packs')
-    rows = self.pack_manifest['runs']
-    if {r['benchmark'] for r in rows} != {self.benchmark}:
-        raise ValueError(f"the pack {self.pack} holds runs on "
-                         f"{sorted({r['benchmark'] for r in rows})}, not {self.benchmark!r}")
-    qs = _pack_questions(self.pack_dir, rows[0]['name'])
-    self.root_path, self.chat, self.questions = (None, pack_chat(self.pack_dir, rows[0]),
-                                                 qs[:self.limit or None])
+    rows = _pack_rows(self.pack_manifest, self.pack, self.benchmark)
+    self.questions = _pack_questions(self.pack_dir, rows[0]['name'])[:self.limit or None]
+    self.root_path, self.chat = None, pack_chat(self.pack_dir, rows[0])
     self.qids, self._pool, self.pools = [q.qid for q in self.questions], None, {}
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #b28945ed
