@@ -9,7 +9,8 @@ import papermill as pm
 import pytest
 import yaml
 from reveal_kit.eval.metrics import load_results
-from reveal_kit.eval.figures.common import Experiment, ensure_synth
+from reveal_kit.eval.figures.common import ensure_synth
+from reveal_kit.eval.figures.experiment import Experiment
 
 NB = Path(__file__).resolve().parents[1] / 'nbs' / 'experiments'
 TINY = dict(synth={'minutes': 1.0, 'videos': 1, 'questions_per_video': 2}, seed=0)

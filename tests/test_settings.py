@@ -79,7 +79,7 @@ def test_cli_run_eval_and_experiment_share_one_run_settings(tmp_path, monkeypatc
     assert isinstance(s, RunSettings)
     assert (s.out_dir, s.cache_mode, s.timeout_s, s.overrides, s.role_models, s.progress) == \
            (tmp_path / 'o', 'off', 7.0, ['reveal.tau=0.6'], {'agent': 'http://h:1'}, False)
-    from reveal_kit.eval.figures.common import Experiment
+    from reveal_kit.eval.figures.experiment import Experiment
     assert Experiment.run_settings.__annotations__['return'] in (RunSettings, 'RunSettings')
 
 

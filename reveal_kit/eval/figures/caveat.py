@@ -17,12 +17,12 @@ def _model_driven(r: dict) -> bool:
     return int(r.get('llm_calls') or 0) > 0 or m.get('roles') == 'model'
 
 def offline_roles(runs: dict[str, list[dict]], roles: str = 'auto') -> bool:
-    "Whether the answers came from the offline roles: forced, or no result made a model call or used model roles."
+    "Whether the answers came from offline roles: forced, or no result called a model or its roles."
     return roles == 'offline' or not any(_model_driven(r) for v in runs.values() for r in v)
 
 # %% ../../../nbs/44d_eval.figures.caveat.ipynb #df052499
 def caveat(benchmark: str, offline: bool) -> str:
-    "A figure's banner: 'generated benchmark, offline roles — not a reproduction' (either part), '' otherwise."
+    "A figure's banner: 'generated benchmark, offline roles — not a reproduction' (or part) or ''."
     why = [w for w, on in (('generated benchmark', benchmark == 'synth'),
                            ('offline roles', offline)) if on]
     return f"{', '.join(why)} — {NOT_A_REPRODUCTION}" if why else ''
@@ -36,7 +36,7 @@ def face_text(fig) -> str:
 
 # %% ../../../nbs/44d_eval.figures.caveat.ipynb #a99ef987
 def stamp_caveat(fig, line: str) -> None:
-    "Write the banner at the top of a figure whose face does not say it yet (nothing when there is none)."
+    "Write the banner atop a figure whose face does not say it yet (nothing when there is none)."
     if line and line not in face_text(fig):
         fig.text(0.5, 1.0, line, ha='center', va='bottom', color='firebrick', fontsize=10,
                  weight='bold')

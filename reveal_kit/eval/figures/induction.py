@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from ...reveal.pairs import FILTER_CONDITIONS
-from .common import bar_labels, new_figure
+from .common import bar_labels, ci_whiskers, new_figure
 from .reveal import fmt_p
 
 # %% auto #0
@@ -20,7 +20,7 @@ CURVE_COLUMNS = ('iteration', 'val_accuracy', 'train_accuracy', 'n_val', 'n_trai
                  'n_criteria', 'added', 'rewritten', 'deleted', 'reweighted')
 
 def induction_curve(report: dict) -> pd.DataFrame:
-    "An induction report's validation curve: per iteration, held-out and training accuracy, pool size and edits."
+    "An induction report's curve: per iteration, held-out and training accuracy, pool size, edits."
     df = pd.DataFrame(report['iterations']).reindex(columns=list(CURVE_COLUMNS))
     df[['val_accuracy', 'train_accuracy']] = df[['val_accuracy', 'train_accuracy']].astype(float)
     df['best'] = df.iteration == report.get('best_iteration')
@@ -30,35 +30,37 @@ def induction_curve(report: dict) -> pd.DataFrame:
 FILTER_MEANING = {'no_pair': 'no E⁺ or no E⁻', 'wrong_with_pos': 'wrong with E⁺',
                   'right_without_evidence': 'right, no evidence', 'right_with_neg': 'right with E⁻'}
 
-def filter_table(report: dict) -> pd.DataFrame:
-    "Per filter condition: questions failing it and those it removed first (its share of the candidates); then kept."
-    f = report['filter']
-    n = max(int(f['candidates']), 1)
+def _filter_rows(f: dict) -> list[dict]:
+    "Per filter condition, the questions failing it and those it removed first; then those kept."
     rows = [dict(condition=c, meaning=FILTER_MEANING.get(c, c),
                  failing=int(f['by_condition'].get(c, 0)), questions=int(f['first'].get(c, 0)))
             for c in FILTER_CONDITIONS]
-    rows.append(dict(condition='kept', meaning='kept (a pair)', failing=0,
-                     questions=int(f['kept'])))
+    return (rows + [dict(condition='kept', meaning='kept (a pair)', failing=0,
+                         questions=int(f['kept']))])
+
+def filter_table(report: dict) -> pd.DataFrame:
+    "Per filter condition: questions failing it, those it removed first (and share); then kept."
+    f = report['filter']
+    n = max(int(f['candidates']), 1)
+    rows = _filter_rows(f)
     for r in rows: r['share'] = r['questions'] / n
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #c73c4a68
 def pool_report(path: str | Path) -> dict:
-    "The induction report written beside an induced pool (`<pool>.report.json`); a one-line error for other pools."
+    "The induction report beside an induced pool (`<pool>.report.json`); else a one-line error."
     p = Path(path)
     rp = p.with_suffix('.report.json')
     if not rp.exists():
         raise FileNotFoundError(f"{p} has no induction report ({rp.name}): the induction figure "
-                                f"needs a pool made by "
-                                "`reveal rubrics induce` (give the experiment's rubric_pool a "
-                                "recipe)")
+                                f"needs a pool "
+                                "made by `reveal rubrics induce` (give the experiment's "
+                                "rubric_pool a recipe)")
     return json.loads(rp.read_text())
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #db7e6664
-def _plot_curve(ax, curve: pd.DataFrame):
-    "The validation curve: held-out and training pairs separated per iteration, the chosen pool circled."
-    for col, lab in (('val_accuracy', 'held-out pairs'), ('train_accuracy', 'training pairs')):
-        ax.plot(curve.iteration, 100 * curve[col], marker='o', label=lab)
+def _mark_chosen(ax, curve: pd.DataFrame):
+    "Circle the chosen pool (on the held-out curve if any); say so when no pair was held out."
     b = curve[curve.best]
     held = b.val_accuracy.notna().all()
     ax.scatter(b.iteration, 100 * (b.val_accuracy if held else b.train_accuracy), s=180,
@@ -66,6 +68,12 @@ def _plot_curve(ax, curve: pd.DataFrame):
     if curve.val_accuracy.isna().all():
         ax.text(0.5, 0.9, 'no held-out pairs', ha='center', va='top', fontsize=8.5,
                 transform=ax.transAxes)
+
+def _plot_curve(ax, curve: pd.DataFrame):
+    "The validation curve: pairs separated per iteration (held out, training), the chosen circled."
+    for col, lab in (('val_accuracy', 'held-out pairs'), ('train_accuracy', 'training pairs')):
+        ax.plot(curve.iteration, 100 * curve[col], marker='o', label=lab)
+    _mark_chosen(ax, curve)
     ax.set(xlabel='induction iteration', ylabel='pairs separated (%)', ylim=(-5, 105),
            xticks=list(curve.iteration))
     ax.set_title('validation curve', fontsize=9.5)
@@ -82,22 +90,19 @@ def _plot_filters(ax, filters: pd.DataFrame):
     ax.set_title('filter: first condition failed, or kept', fontsize=9.5)
 
 def _plot_pools(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
-    "Seed against induced pool on the test split, with 95 % whiskers and the paired change in the title."
+    "Seed against induced pool on the test split, 95 % whiskers, the paired change as title."
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
-    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low,
-                                  acc.ci_high - acc.accuracy]).astype(float))
-    ax.bar(x, y, yerr=err, capsize=4, color=['C0', 'C1'][:len(acc)])
+    ax.bar(x, y, yerr=ci_whiskers(acc), capsize=4, color=['C0', 'C1'][:len(acc)])
     bar_labels(ax, x, y, 100 * acc.ci_high.to_numpy(float))
     if len(pairs):
-        ax.set_title(f"test split: {100 * pairs['diff'][0]:+.1f} points, "
-                     f"{fmt_p(pairs.mcnemar_p[0])}",
-                                fontsize=9.5)
+        change = f"{100 * pairs['diff'][0]:+.1f} points, {fmt_p(pairs.mcnemar_p[0])}"
+        ax.set_title(f"test split: {change}", fontsize=9.5)
     ax.set(xticks=x, ylim=(0, 112), xlabel='rubric pool', ylabel='accuracy (%) with 95 % CI')
     ax.set_xticklabels(acc.method)
 
 def plot_induction(curve: pd.DataFrame, filters: pd.DataFrame, acc: pd.DataFrame,
                    pairs: pd.DataFrame, title: str):
-    "Three panels: the validation curve per iteration, the filter counts, and seed vs induced pool on the test split."
+    "Three panels: the validation curve, the filter counts, seed vs induced pool on the test split."
     fig, (ax, ax2, ax3) = new_figure(title, ncols=3, width=4.4)
     _plot_curve(ax, curve)
     _plot_filters(ax2, filters)

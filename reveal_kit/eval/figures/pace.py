@@ -16,8 +16,8 @@ from ...core import Question, load_config, safe_name, REPLY_TOKENS
 from ...pace.needle import needle_recall, judge_rows, judge_result
 from ...pace.tools import PACE_TOOLS
 from ..runner import run_eval
-from .common import (accuracy_row, chat_model, new_figure, plot_grouped, resolve, run_slug,
-                                            load_runs)
+from .common import (accuracy_row, chat_model, ci_whiskers, new_figure, plot_grouped,
+                                            resolve, run_slug, load_runs)
 from .reveal import fmt_p
 
 # %% auto #0
@@ -28,7 +28,7 @@ __all__ = ['versus_pairs', 'plot_versus', 'bootstrap_ci', 'question_needle', 'ne
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #ccfd9314
 def versus_pairs(methods: Sequence[str], reference: str) -> list[tuple[str, str]]:
-    "(reference, m) for every other method: each row's paired change against the reference (none without it)."
+    "(reference, m) for every other method: paired changes against the reference (none without it)."
     return [(reference, m) for m in methods if m != reference] if reference in methods else []
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #7e6ca7cf
@@ -38,39 +38,47 @@ def _delta_label(m: str, reference: str, pairs: pd.DataFrame) -> str:
     if m == reference: return 'reference'
     return f"{100 * d[m].diff:+.1f}\n{fmt_p(d[m].mcnemar_p)}" if m in d else ''
 
-def plot_versus(acc: pd.DataFrame, pairs: pd.DataFrame, cost: pd.DataFrame, title: str,
-                reference: str):
-    "Accuracy (%) per method with 95 % whiskers and its change against `reference`; steps and model calls per question."
-    fig, (ax, ax2) = new_figure(title, ncols=2, width=max(5.0, 0.8 * len(acc) + 2.5))
+def _versus_bars(ax, acc: pd.DataFrame, pairs: pd.DataFrame, reference: str):
+    "Accuracy bars (the reference's red) with 95 % whiskers, each labelled with its change and p."
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
-    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low,
-                                  acc.ci_high - acc.accuracy]).astype(float))
-    ax.bar(x, y, yerr=err, capsize=3, color=['C3' if m == reference else 'C0' for m in acc.method])
+    colors = ['C3' if m == reference else 'C0' for m in acc.method]
+    ax.bar(x, y, yerr=ci_whiskers(acc), capsize=3, color=colors)
     for xi, m, top in zip(x, acc.method, 100 * acc.ci_high.to_numpy(float)):
         ax.text(xi, top + 2, _delta_label(m, reference, pairs), ha='center', va='bottom',
                 fontsize=7.5)
     ax.set(xticks=x, ylim=(0, 125), xlabel='method', ylabel='accuracy (%) with 95 % CI')
     ax.set_xticklabels(acc.method, rotation=30, ha='right')
     ax.set_title(f'change against {reference} (points) and McNemar p', fontsize=9.5)
-    c = cost.melt(id_vars='method', value_vars=['rounds_mean', 'llm_calls_mean']).fillna(0)
-    c['variable'] = c.variable.map({'rounds_mean': 'agent steps / rounds',
-                                    'llm_calls_mean': 'model calls'})
-    sns.barplot(c, x='method', y='value', hue='variable', ax=ax2)
-    ax2.set(xlabel='method', ylabel='per question (mean)')
-    ax2.set_title('tool steps (PACE, DVD) or rounds (REVEAL); model calls', fontsize=9.5)
-    ax2.set_ylim(0, 1.25 * max(c.value.max(), 1))
+
+_COSTS = {'rounds_mean': 'agent steps / rounds', 'llm_calls_mean': 'model calls'}
+
+def _cost_bars(ax, cost: pd.DataFrame):
+    "Steps (or rounds) and model calls per question and method; a note when no model was called."
+    c = cost.melt(id_vars='method', value_vars=list(_COSTS)).fillna(0)
+    c['variable'] = c.variable.map(_COSTS)
+    sns.barplot(c, x='method', y='value', hue='variable', ax=ax)
+    ax.set(xlabel='method', ylabel='per question (mean)')
+    ax.set_title('tool steps (PACE, DVD) or rounds (REVEAL); model calls', fontsize=9.5)
+    ax.set_ylim(0, 1.25 * max(c.value.max(), 1))
     if not cost.llm_calls_mean.fillna(0).any():
-        ax2.text(0.98, 0.97, 'no model calls (offline roles)', ha='right', va='top', fontsize=8.5,
-                 transform=ax2.transAxes)
-    ax2.tick_params(axis='x', labelrotation=30)
-    ax2.legend(fontsize=8.5, loc='upper left', title=None)
+        ax.text(0.98, 0.97, 'no model calls (offline roles)', ha='right', va='top', fontsize=8.5,
+                transform=ax.transAxes)
+    ax.tick_params(axis='x', labelrotation=30)
+    ax.legend(fontsize=8.5, loc='upper left', title=None)
+
+def plot_versus(acc: pd.DataFrame, pairs: pd.DataFrame, cost: pd.DataFrame, title: str,
+                reference: str):
+    "Accuracy (%) per method and its change against `reference`; steps and calls per question."
+    fig, (ax, ax2) = new_figure(title, ncols=2, width=max(5.0, 0.8 * len(acc) + 2.5))
+    _versus_bars(ax, acc, pairs, reference)
+    _cost_bars(ax2, cost)
     fig.tight_layout()
     return fig
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d2ef8f05
 def bootstrap_ci(x: Sequence[float], seed: int = 0, n_boot: int = 2000,
                  level: float = 0.95) -> tuple[float, float]:
-    "Percentile bootstrap interval of the mean of `x` (scipy, seeded: a rerun gives the same bounds); nan if empty."
+    "Percentile bootstrap interval of the mean of `x` (scipy, seeded: reruns agree); nan if empty."
     x = np.asarray(x, float)
     if len(x) == 0: return (math.nan, math.nan)
     if np.all(x == x[0]): return (float(x[0]),) * 2          # every resample is the same
@@ -80,47 +88,49 @@ def bootstrap_ci(x: Sequence[float], seed: int = 0, n_boot: int = 2000,
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d10ab799
 def question_needle(r: dict, q: Question, judged: dict | None = None) -> float | None:
-    "A result's needle recall: a judge model's (`judged`: qid → recall), else its own, else the lexical judge's."
+    "A result's needle recall: a judge model's (`judged`: qid → recall), its own, or lexical."
     if judged is not None: return judged.get(r['qid'])
     if r.get('needle_recall') is not None: return float(r['needle_recall'])
     return needle_recall(q, judge_rows(r))
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #0668f4b4
+def _needle_row(m: str, got: list[dict], Q: dict, v: dict | None, seed: int, n_boot: int) -> dict:
+    "One method's needle-table row, from its results on the questions with cues (`v`: judged)."
+    j = {q: d['needle_recall'] for q, d in v.items()} if v else None
+    rec = [x for x in (question_needle(r, Q[r['qid']], j) for r in got) if x is not None]
+    lo, hi = bootstrap_ci(rec, seed, n_boot)
+    acc = accuracy_row(got)
+    return dict(method=m, n=len(rec), needle_recall=float(np.mean(rec)) if rec else math.nan,
+                recall_ci_low=lo, recall_ci_high=hi,
+                judge=next(iter(v.values()))['needle_judge'] if v else 'lexical',
+                accuracy=acc['accuracy'], ci_low=acc['ci_low'], ci_high=acc['ci_high'])
+
 def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], seed: int = 0,
                  n_boot: int = 2000, verdicts: dict[str, dict] | None = None) -> pd.DataFrame:
-    "Per method, on the questions with cues: mean needle recall (bootstrap 95 % CI), its judge, accuracy (Wilson)."
-    Q, rows = {q.qid: q for q in questions if q.cues}, []
-    for m, rs in runs.items():
-        got, v = [r for r in rs if r['qid'] in Q], (verdicts or {}).get(m)
-        j = {q: d['needle_recall'] for q, d in v.items()} if v else None
-        rec = [x for x in (question_needle(r, Q[r['qid']], j) for r in got) if x is not None]
-        lo, hi = bootstrap_ci(rec, seed, n_boot)
-        acc = accuracy_row(got)
-        rows.append(dict(method=m, n=len(rec),
-                         needle_recall=float(np.mean(rec)) if rec else math.nan, recall_ci_low=lo,
-                         recall_ci_high=hi,
-                         judge=next(iter(v.values()))['needle_judge'] if v else 'lexical',
-                         accuracy=acc['accuracy'], ci_low=acc['ci_low'], ci_high=acc['ci_high']))
-    return pd.DataFrame(rows)
+    "Per method, on questions with cues: needle recall (bootstrap 95 % CI), its judge, accuracy."
+    Q = {q.qid: q for q in questions if q.cues}
+    return pd.DataFrame([_needle_row(m, [r for r in rs if r['qid'] in Q], Q,
+                                     (verdicts or {}).get(m), seed, n_boot)
+                         for m, rs in runs.items()])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a01
 def judge_runs(runs: dict[str, list[dict]], questions: Sequence[Question], model,
                max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict[str, dict[str, dict]]:
-    "Every result with cues judged by a judge model (calls through its cache): `{method: {qid: judged row}}`."
+    "Every result with cues judged by a judge model (cached): `{method: {qid: judged row}}`."
     Q = {q.qid: q for q in questions if q.cues}
     return {m: {r['qid']: judge_result(Q[r['qid']], r, model, max_tokens=max_tokens) for r in rs
                 if r['qid'] in Q and not r.get('failed')} for m, rs in runs.items()}
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a03
 def judge_model(spec: str | None, cache_mode: str = 'readwrite', cache: str | Path | None = None):
-    "The needle judge served at 'URL[,NAME]' behind the call cache; None (the lexical judge) without a spec."
+    "The needle judge at 'URL[,NAME]' behind the call cache; None (the lexical judge) without one."
     if not spec: return None
     url, _, name = spec.partition(',')
     return chat_model('http', name or None, url, cache_mode, cache)
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d62ccfc8
 def needle_long(nt: pd.DataFrame) -> pd.DataFrame:
-    "The needle table in long form for `plot_grouped`: per method, needle recall and accuracy with their intervals."
+    "The needle table in long form for `plot_grouped`: needle recall and accuracy, with intervals."
     rec = nt.assign(metric='needle recall', accuracy=nt.needle_recall, ci_low=nt.recall_ci_low,
                     ci_high=nt.recall_ci_high)
     acc = nt.assign(metric='accuracy')
@@ -134,7 +144,7 @@ def _mean_factors(rs: list[dict]) -> float:
 
 def factor_table(sweep: dict[int, list[dict]],
                  reference: dict[str, list[dict]] | None = None) -> pd.DataFrame:
-    "Accuracy per forced factor budget k (with the factors really used), then each free-budget reference arm."
+    "Accuracy per forced factor budget k (with the factors used), then each free-budget arm."
     rows = [dict(arm='forced', k=k, factors=_mean_factors(rs), **accuracy_row(rs))
             for k, rs in sorted(sweep.items())]
     rows += [dict(arm=name, k=None, factors=_mean_factors(rs), **accuracy_row(rs))
@@ -144,17 +154,20 @@ def factor_table(sweep: dict[int, list[dict]],
     return df
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #05d79f0e
-def plot_factors(ft: pd.DataFrame, title: str):
-    "Fig. 4: accuracy (%) against the forced factor budget with 95 % whiskers; free-budget arms at their mean |F_Q|."
-    fig, (ax,) = new_figure(title, width=8.0)
-    f, refs = ft[ft.arm == 'forced'], ft[ft.arm != 'forced']
-    err = 100 * np.abs(np.vstack([f.accuracy - f.ci_low, f.ci_high - f.accuracy]).astype(float))
-    ax.errorbar(f.k.astype(float), 100 * f.accuracy, yerr=err, marker='o', capsize=3,
-                label='forced |F_Q| = k')
+def _free_arms(ax, refs: pd.DataFrame):
+    "Each free-budget reference arm as a marker at its mean |F_Q|."
     for j, r in enumerate(refs.itertuples()):
         ax.scatter([r.factors + 0.07 * j], [100 * r.accuracy], marker='*Dv^s'[j % 5], s=200,
                    zorder=3 + j, color=f"C{j + 1}", edgecolors='white',
                    label=f"{r.arm} (free |F_Q|, mean {r.factors:.1f})")
+
+def plot_factors(ft: pd.DataFrame, title: str):
+    "Fig. 4: accuracy (%) against the forced factor budget; free-budget arms at their mean |F_Q|."
+    fig, (ax,) = new_figure(title, width=8.0)
+    f = ft[ft.arm == 'forced']
+    ax.errorbar(f.k.astype(float), 100 * f.accuracy, yerr=ci_whiskers(f), marker='o', capsize=3,
+                label='forced |F_Q| = k')
+    _free_arms(ax, ft[ft.arm != 'forced'])
     ax.set(xlabel='question factors |F_Q|', ylabel='accuracy (%) with 95 % CI', ylim=(0, 105),
            xticks=sorted(set(f.k.dropna().astype(int)) | {1}))
     # beside the axes: no whisker hidden
@@ -163,58 +176,64 @@ def plot_factors(ft: pd.DataFrame, title: str):
     return fig
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #87e0272d
+_TOKENS = ('prompt_tokens', 'completion_tokens', 'reasoning_tokens')
+
+def _pass_row(m: str, stage: str, xs: list[dict], k: str) -> dict:
+    "One indexing pass's mean tokens per clip (`k`: 'shared' or 'question'); no calls apart."
+    mean = lambda c: float(np.mean([x[f'{k}_{c}_tokens_per_clip'] for x in xs]))
+    return dict(method=m, stage=stage, n=len(xs), calls=math.nan, prompt_tokens=mean('prompt'),
+                completion_tokens=mean('completion'), reasoning_tokens=math.nan)
+
 def _pass_rows(m: str, rs: list[dict]) -> list[dict]:
-    "Table 6's indexing in two passes, per clip: the shared plain captions (once per video), each question's own."
+    "Table 6's two indexing passes per clip: shared plain captions (once per video), per question."
     idx = [r['index'] for r in rs if isinstance(r.get('index'), dict)
            and 'shared_prompt_tokens_per_clip' in r['index']]
+    if not idx: return []
     shared = list({i.get('plain_path'): i for i in idx}.values())
-    mean = lambda xs, k: float(np.mean([x[k] for x in xs]))
-    row = lambda stage, xs, k: dict(method=m, stage=stage, n=len(xs), calls=math.nan,
-                                    prompt_tokens=mean(xs, f'{k}_prompt_tokens_per_clip'),
-                                    completion_tokens=mean(xs, f'{k}_completion_tokens_per_clip'),
-                                    reasoning_tokens=math.nan)
-    return [row('indexing: shared plain pass (per clip)', shared, 'shared'),
-            row('indexing: per-question pass (per clip)', idx, 'question')] if idx else []
+    return [_pass_row(m, 'indexing: shared plain pass (per clip)', shared, 'shared'),
+            _pass_row(m, 'indexing: per-question pass (per clip)', idx, 'question')]
+
+def _index_row(m: str, rs: list[dict]) -> dict:
+    "Indexing calls and tokens per clip, each evidence database counted once."
+    dbs = {(r['video_id'], r['index'].get('kind'), r['index'].get('path')): r['index']
+           for r in rs if r.get('index')}
+    clips = sum(int(d.get('n_clips') or 0) for d in dbs.values())
+    per = lambda k: sum(int(d.get(k) or 0) for d in dbs.values()) / clips if clips else math.nan
+    return dict(method=m, stage='indexing (per clip)', n=clips, calls=per('calls'),
+                **{k: per(k) for k in _TOKENS})
+
+def _query_row(m: str, rs: list[dict]) -> dict:
+    "Reasoning calls and tokens per query: the means over the method's results."
+    mean = lambda k: float(np.mean([float(r.get(k) or 0) for r in rs])) if rs else math.nan
+    return dict(method=m, stage='reasoning (per query)', n=len(rs), calls=mean('llm_calls'),
+                **{k: mean(k) for k in _TOKENS})
 
 def index_cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method: calls and tokens per clip for indexing (each database once; its two passes apart), per query after."
+    "Per method: calls and tokens per clip for indexing (and its passes), per query for reasoning."
     rows = []
-    for m, rs in runs.items():
-        dbs = {(r['video_id'], r['index'].get('kind'), r['index'].get('path')): r['index']
-               for r in rs if r.get('index')}
-        clips = sum(int(d.get('n_clips') or 0) for d in dbs.values())
-        per = lambda k: sum(int(d.get(k) or 0) for d in dbs.values()) / clips if clips else math.nan
-        rows.append(dict(method=m, stage='indexing (per clip)', n=clips, calls=per('calls'),
-                         prompt_tokens=per('prompt_tokens'),
-                         completion_tokens=per('completion_tokens'),
-                         reasoning_tokens=per('reasoning_tokens')))
-        rows += _pass_rows(m, rs)
-        mean = lambda k: float(np.mean([float(r.get(k) or 0) for r in rs])) if rs else math.nan
-        rows.append(dict(method=m, stage='reasoning (per query)', n=len(rs),
-                         calls=mean('llm_calls'), prompt_tokens=mean('prompt_tokens'),
-                         completion_tokens=mean('completion_tokens'),
-                         reasoning_tokens=mean('reasoning_tokens')))
+    for m, rs in runs.items(): rows += [_index_row(m, rs), *_pass_rows(m, rs), _query_row(m, rs)]
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #c225bec1
+def _tool_rows(m: str, rs: list[dict]) -> list[dict]:
+    "One method's rows of the tool-use table, its tools in PACE's order (others after, sorted)."
+    used = [r.get('tool_calls') or {} for r in rs if not r.get('failed')]
+    seen = {t for u in used for t in u}
+    names = [t for t in PACE_TOOLS if t in seen] + sorted(seen - set(PACE_TOOLS))
+    n = max(len(used), 1)
+    return [dict(method=m, tool=t, episodes=len(used),
+                 calls_per_episode=sum(u.get(t, 0) for u in used) / n,
+                 episodes_using=sum(t in u for u in used) / n) for t in names]
+
 def tool_use_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method and tool (PACE's tool order): calls per episode and the fraction of episodes that call it."
-    rows = []
-    for m, rs in runs.items():
-        used = [r.get('tool_calls') or {} for r in rs if not r.get('failed')]
-        seen = {t for u in used for t in u}
-        names = [t for t in PACE_TOOLS if t in seen] + sorted(seen - set(PACE_TOOLS))
-        n = max(len(used), 1)
-        rows += [dict(method=m, tool=t, episodes=len(used),
-                      calls_per_episode=sum(u.get(t, 0) for u in used) / n,
-                      episodes_using=sum(t in u for u in used) / n) for t in names]
+    "Per method and tool (PACE's order): calls per episode and the share of episodes calling it."
+    rows = [row for m, rs in runs.items() for row in _tool_rows(m, rs)]
     return pd.DataFrame(rows, columns=['method', 'tool', 'episodes', 'calls_per_episode',
                                        'episodes_using'])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d8877b81
-def plot_pace_cost(tok: pd.DataFrame, tools: pd.DataFrame, title: str):
-    "Table 6 as bars (tokens per clip for indexing, per query for reasoning) and Fig. 5's tool calls per episode."
-    fig, (ax, ax2) = new_figure(title, ncols=2, width=5.6)
+def _token_bars(ax, tok: pd.DataFrame):
+    "Prompt and completion tokens per stage and method; a note when no model was called."
     t = tok.melt(id_vars=['method', 'stage'],
                  value_vars=['prompt_tokens', 'completion_tokens']).fillna(0)
     t['what'] = t.stage.str.split(' ').str[0] + '\n' + t.variable.str.replace('_tokens', '')
@@ -222,10 +241,15 @@ def plot_pace_cost(tok: pd.DataFrame, tools: pd.DataFrame, title: str):
     sns.barplot(t, x='what', y='value', hue='method', order=order, ax=ax)
     ax.set(xlabel='stage and token kind', ylabel='tokens (per clip / per query)')
     ax.set_title('token cost (Table 6): indexing per clip, reasoning per query', fontsize=9.5)
-    if not t.value.any():
-        ax.set_ylim(0, 1)
-        ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
-                transform=ax.transAxes)
+    if t.value.any(): return
+    ax.set_ylim(0, 1)
+    ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
+            transform=ax.transAxes)
+
+def plot_pace_cost(tok: pd.DataFrame, tools: pd.DataFrame, title: str):
+    "Table 6 as bars (tokens per clip / per query) and Fig. 5's tool calls per episode."
+    fig, (ax, ax2) = new_figure(title, ncols=2, width=5.6)
+    _token_bars(ax, tok)
     sns.barplot(tools, x='tool', y='calls_per_episode', hue='method', ax=ax2)
     ax2.set(xlabel='tool', ylabel='calls per episode (mean)')
     ax2.set_title('tool use (Fig. 5)', fontsize=9.5)
@@ -235,35 +259,40 @@ def plot_pace_cost(tok: pd.DataFrame, tools: pd.DataFrame, title: str):
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a10
 def episode_lengths(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method: the share of episodes that took each number of steps (PACE Fig. 5: 83.4 % end in exactly four)."
+    "Per method: the share of episodes per number of steps (PACE Fig. 5: 83.4 % take four)."
     rows = []
     for m, rs in runs.items():
-        n = Counter(int(r.get('steps') or 0) for r in rs if not r.get('failed')
-                    and r.get('tool_calls') is not None)
+        n = Counter(int(r.get('steps') or 0) for r in rs
+                    if not r.get('failed') and r.get('tool_calls') is not None)
         rows += [dict(method=m, steps=k, episodes=v, share=v / sum(n.values()))
                  for k, v in sorted(n.items())]
     return pd.DataFrame(rows, columns=['method', 'steps', 'episodes', 'share'])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a21
+_CI = ('accuracy', 'ci_low', 'ci_high')
+
+def _backbone_row(name: str, rs: dict[str, list[dict]], base: str, method: str) -> dict:
+    "One backbone setup's row: `base` and `method` accuracy, intervals, and the difference."
+    a, b = accuracy_row(rs.get(base, [])), accuracy_row(rs.get(method, []))
+    return dict(backbone=name, n=b['n'], **{f"{base}_{k}": a[k] for k in _CI},
+                **{f"{method}_{k}": b[k] for k in _CI}, delta=b['accuracy'] - a['accuracy'])
+
 def backbone_table(runs: dict[str, dict[str, list[dict]]], base: str = 'dvd',
                    method: str = 'pace') -> pd.DataFrame:
-    "Per backbone setup: `base` and `method` accuracy (95 % Wilson intervals) and the difference (Table 3's Delta)."
-    rows = []
-    for name, rs in runs.items():
-        a, b = accuracy_row(rs.get(base, [])), accuracy_row(rs.get(method, []))
-        rows.append(dict(backbone=name, n=b['n'],
-                         **{f"{base}_{k}": a[k] for k in ('accuracy', 'ci_low', 'ci_high')},
-                         **{f"{method}_{k}": b[k] for k in ('accuracy', 'ci_low', 'ci_high')},
-                         delta=b['accuracy'] - a['accuracy']))
-    return pd.DataFrame(rows)
+    "Per backbone setup: `base` and `method` accuracy (Wilson 95 %) and Table 3's Delta."
+    return pd.DataFrame([_backbone_row(name, rs, base, method) for name, rs in runs.items()])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a23
+def _backbone_long(bt: pd.DataFrame, base: str, method: str) -> pd.DataFrame:
+    "The backbone table in long form for `plot_grouped`: one row per setup and method."
+    arm = lambda m: pd.DataFrame(dict(backbone=bt.backbone, n=bt.n, method=m,
+                                      accuracy=bt[f"{m}_accuracy"], ci_low=bt[f"{m}_ci_low"],
+                                      ci_high=bt[f"{m}_ci_high"]))
+    return pd.concat([arm(m) for m in (base, method)]).reset_index(drop=True)
+
 def plot_backbones(bt: pd.DataFrame, title: str, base: str = 'dvd', method: str = 'pace'):
-    "Table 3 as grouped bars: per backbone setup, `base` and `method` accuracy (%) with 95 % whiskers and the delta."
-    long = pd.concat([pd.DataFrame(dict(backbone=bt.backbone, n=bt.n, method=m,
-                                        accuracy=bt[f"{m}_accuracy"], ci_low=bt[f"{m}_ci_low"],
-                                        ci_high=bt[f"{m}_ci_high"])) for m in (base, method)])
-    fig = plot_grouped(long.reset_index(drop=True), 'backbone', 'method', title,
+    "Table 3 as grouped bars: per backbone, `base` and `method` accuracy (%), the delta below."
+    fig = plot_grouped(_backbone_long(bt, base, method), 'backbone', 'method', title,
                        'backbone setup (Δ: the gain)')
     ax = fig.axes[0]
     ax.set_xticks(ax.get_xticks(), [f"{t.get_text()}\nΔ {100 * d:+.1f}"
@@ -274,37 +303,36 @@ def plot_backbones(bt: pd.DataFrame, title: str, base: str = 'dvd', method: str 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a31
 def tool_subsets(rs: list[dict], tools: Sequence[str]) -> dict[str, list[str]]:
     "For each tool, the questions (qids, sorted) on which the results called it at least once."
-    return {t: sorted(r['qid'] for r in rs if (r.get('tool_calls') or {}).get(t)
-                      and not r.get('failed'))
-            for t in tools}
+    called = lambda r, t: (r.get('tool_calls') or {}).get(t) and not r.get('failed')
+    return {t: sorted(r['qid'] for r in rs if called(r, t)) for t in tools}
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a33
+def _conditional_row(t: str, keep: set, with_tool: list[dict], without: list[dict]) -> dict:
+    "One tool's row: accuracy with and without it on the questions `keep`, change, intervals."
+    a = accuracy_row([r for r in with_tool if r['qid'] in keep])
+    b = accuracy_row([r for r in without if r['qid'] in keep])
+    return dict(tool=t, samples=len(keep), with_tool=a['accuracy'], without_tool=b['accuracy'],
+                delta=b['accuracy'] - a['accuracy'], with_ci_low=a['ci_low'],
+                with_ci_high=a['ci_high'], without_ci_low=b['ci_low'], without_ci_high=b['ci_high'])
+
 def conditional_table(with_tool: list[dict], without: dict[str, list[dict]],
                       subsets: dict[str, list[str]]) -> pd.DataFrame:
-    "Per tool: on the questions that used it, accuracy with it and without it, the change (delta), the sample count."
-    rows = []
-    for t, qids in subsets.items():
-        keep = set(qids)
-        a = accuracy_row([r for r in with_tool if r['qid'] in keep])
-        b = accuracy_row([r for r in without.get(t, []) if r['qid'] in keep])
-        rows.append(dict(tool=t, samples=len(keep), with_tool=a['accuracy'],
-                         without_tool=b['accuracy'], delta=b['accuracy'] - a['accuracy'],
-                         with_ci_low=a['ci_low'], with_ci_high=a['ci_high'],
-                         without_ci_low=b['ci_low'], without_ci_high=b['ci_high']))
-    return pd.DataFrame(rows)
+    "Per tool, on the questions that used it: accuracy with and without it, the delta, the count."
+    return pd.DataFrame([_conditional_row(t, set(qids), with_tool, without.get(t, []))
+                         for t, qids in subsets.items()])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #0d85faaa
 def with_usage(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> pd.DataFrame:
-    "The conditional table with each tool's calls per episode and share of episodes using it in `method`'s run."
+    "The conditional table with each tool's calls per episode and episode share in `method`'s run."
     u = usage[usage.method == method].set_index('tool')[['calls_per_episode', 'episodes_using']]
-    return ct.drop(columns=list(u), errors='ignore').join(u,
-                                                          on='tool').fillna({'calls_per_episode': 0.0,
-                                                                             'episodes_using': 0.0})
+    out = ct.drop(columns=list(u), errors='ignore').join(u, on='tool')
+    return out.fillna({'calls_per_episode': 0.0, 'episodes_using': 0.0})
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #b3a27e48
 def ablated_tools(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> str:
-    "Each ablated tool and how much PACE used it, the most-used named so: 'EvidenceRetrieve (most-used, 4.2 calls…)'."
-    u = usage[(usage.method == method) & (usage.tool != 'Finish')].set_index('tool').calls_per_episode
+    "Each ablated tool and how much PACE used it: 'EvidenceRetrieve (its most-used tool, 4.2 …)'."
+    mine = usage[(usage.method == method) & (usage.tool != 'Finish')]
+    u = mine.set_index('tool').calls_per_episode
     top = u.idxmax() if len(u) and u.max() > 0 else None
     one = (lambda t,
            c: f"{t} ({'its most-used tool, ' if t == top else ''}{c:.2g} calls per episode)")
@@ -312,23 +340,28 @@ def ablated_tools(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -
     return ' or '.join(one(t, c) for t, c in zip(ct.tool, cpe))
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a35
+_ARMS = (('with the tool', 'with_tool', 'with'), ('without it', 'without_tool', 'without'))
+
 def plot_conditional(ct: pd.DataFrame, title: str):
-    "Table 5 as grouped bars: per tool, accuracy (%) with and without it on the questions that used it."
-    long = pd.concat([pd.DataFrame(dict(tool=ct.tool, n=ct.samples, arm=arm, accuracy=ct[col],
-                                        ci_low=ct[f"{p}_ci_low"], ci_high=ct[f"{p}_ci_high"]))
-                      for arm, col, p in (('with the tool', 'with_tool', 'with'),
-                                          ('without it', 'without_tool', 'without'))])
-    return plot_grouped(long.reset_index(drop=True), 'tool', 'arm', title,
-                        'tool (questions where PACE called it)')
+    "Table 5 as grouped bars: per tool, accuracy (%) with and without it where it was used."
+    arm = lambda name, col, p: pd.DataFrame(dict(tool=ct.tool, n=ct.samples, arm=name,
+                                                 accuracy=ct[col], ci_low=ct[f"{p}_ci_low"],
+                                                 ci_high=ct[f"{p}_ci_high"]))
+    long = pd.concat([arm(*a) for a in _ARMS]).reset_index(drop=True)
+    return plot_grouped(long, 'tool', 'arm', title, 'tool (questions where PACE called it)')
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a37
+def _subset_dir(exp, m: str, tag: str, overrides: list[str]) -> Path:
+    "The run folder of `m` on a subset: `<method>-<tag>-<Config hash>` in the shared folder."
+    base = resolve(exp.out_dir) / run_slug(exp.benchmark, exp.split, exp.chat, exp.roles)
+    return base / safe_name(f"{m}-{tag}-{load_config(None, overrides).hash()}")
+
 def run_on(exp, methods: Sequence[str], qids: Sequence[str], tag: str,
            overrides: Sequence[str] | None = None) -> dict[str, list[dict]]:
-    "Run methods on a subset of an experiment's questions, each in its own run folder (resumable); their results."
+    "Run methods on some of an experiment's questions, in run folders of their own; their results."
     qs, out = [q for q in exp.questions if q.qid in set(qids)], {}
-    base = resolve(exp.out_dir) / run_slug(exp.benchmark, exp.split, exp.chat, exp.roles)
     for m in methods:
-        d = base / safe_name(f"{m}-{tag}-{load_config(None, list(overrides or [])).hash()}")
+        d = _subset_dir(exp, m, tag, list(overrides or []))
         if qs:
             run_eval(qs, m, d, model=exp.chat, overrides=list(overrides or []),
                      progress=exp.progress, roles=exp.roles, role_models=exp.role_models)
@@ -346,8 +379,8 @@ def plot_clips(ct: pd.DataFrame, title: str):
     "Appendix G: accuracy (%) against the clip duration, one line per method with 95 % whiskers."
     fig, (ax,) = new_figure(title)
     for j, (m, d) in enumerate(ct.groupby('method', sort=False)):
-        err = 100 * np.abs(np.vstack([d.accuracy - d.ci_low, d.ci_high - d.accuracy]).astype(float))
-        ax.errorbar(d.clip_s + 0.15 * j, 100 * d.accuracy, yerr=err, marker='o', capsize=3, label=m)
+        ax.errorbar(d.clip_s + 0.15 * j, 100 * d.accuracy, yerr=ci_whiskers(d), marker='o',
+                    capsize=3, label=m)
     ax.set(xlabel='clip duration T (s)', ylabel='accuracy (%) with 95 % CI', ylim=(0, 105),
            xticks=sorted(ct.clip_s.unique()))
     ax.legend(fontsize=8.5)

@@ -19,7 +19,7 @@ from ..methods import available_methods, method_name, method_spec
 from ..metrics import compare, report
 from ..context import RunContext
 from ...memory.build import get_or_build_memory
-from .common import accuracy_row, new_figure
+from .common import accuracy_row, ci_whiskers, new_figure
 
 # %% auto #0
 __all__ = ['LADDER', 'SEPARATING', 'MEMORY_ROW', 'table2_pairs', 'paired_table', 'two_by_two', 'rerank_used', 'two_by_two_csv',
@@ -34,38 +34,40 @@ SEPARATING = (('+onmem', 'rerank-only'), ('+onmem', 'verify-only'), ('rerank-onl
               ('verify-only', 'reveal'))
 
 def table2_pairs(methods: Sequence[str]) -> list[tuple[str, str]]:
-    "The ladder's consecutive steps among `methods`, then the 2×2 contrasts whose two runs are both present."
+    "The ladder's consecutive steps among `methods`, then the 2×2 contrasts with both runs."
     methods = [method_name(m) for m in methods]                   # `rerank_only` → `rerank-only`
     steps = [m for m in LADDER if m in methods]
     return list(zip(steps, steps[1:])) + [p for p in SEPARATING if set(p) <= set(methods)]
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #a0997b8d
+def _paired_row(runs: dict[str, list[dict]], before: str, after: str, seed: int,
+                n_boot: int) -> dict:
+    "One (before, after) pair's row: both accuracies, the change with its paired CI, McNemar's p."
+    c = compare(runs[after], runs[before], seed=seed, n_boot=n_boot, names=(after, before))
+    lo, hi = c['bootstrap_ci95']
+    return dict(before=before, after=after, n=c['n_common'], acc_before=c['b']['accuracy'],
+                acc_after=c['a']['accuracy'], diff=c['accuracy_diff'], diff_ci_low=lo,
+                diff_ci_high=hi, only_after=c['only_a_correct'], only_before=c['only_b_correct'],
+                mcnemar_p=c['mcnemar_p'])
+
 def paired_table(runs: dict[str, list[dict]], pairs: Sequence[tuple[str, str]], seed: int = 0,
                  n_boot: int = 2000) -> pd.DataFrame:
-    "Per (before, after) pair: both accuracies, the change, its paired bootstrap 95 % CI and McNemar's exact p."
-    rows = []
-    for before, after in pairs:
-        c = compare(runs[after], runs[before], seed=seed, n_boot=n_boot, names=(after, before))
-        lo, hi = c['bootstrap_ci95']
-        rows.append(dict(before=before, after=after, n=c['n_common'], acc_before=c['b']['accuracy'],
-                         acc_after=c['a']['accuracy'], diff=c['accuracy_diff'], diff_ci_low=lo,
-                         diff_ci_high=hi, only_after=c['only_a_correct'],
-                         only_before=c['only_b_correct'], mcnemar_p=c['mcnemar_p']))
-    return pd.DataFrame(rows)
+    "Per (before, after): both accuracies, the change, its paired bootstrap CI, McNemar's exact p."
+    return pd.DataFrame([_paired_row(runs, before, after, seed, n_boot) for before, after in pairs])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #fa04106e
 _CELLS = {('no', 'no'): '+onmem', ('yes', 'no'): 'rerank-only', ('no', 'yes'): 'verify-only',
           ('yes', 'yes'): 'reveal'}
 
 def two_by_two(acc: pd.DataFrame) -> pd.DataFrame:
-    "The review's 2×2 as a grid: rubric rerank (rows) × verifier (columns), accuracy in each cell (NaN if not run)."
+    "The review's 2×2 grid: rubric rerank (rows) × verifier (columns), accuracy (NaN if not run)."
     a = dict(zip(acc.method, acc.accuracy))
     grid = {v: {r: a.get(_CELLS[(r, v)], math.nan) for r in ('no', 'yes')} for v in ('no', 'yes')}
     return pd.DataFrame(grid).rename_axis(index='rubric rerank', columns='verifier')
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #bbc2f25e
 def rerank_used(runs: dict[str, list[dict]]) -> dict[str, str]:
-    "Per 2×2 row ('no' / 'yes' rubric rerank): the ranking its runs' results say they used ('unknown' if unrecorded)."
+    "Per 2×2 row ('no' / 'yes' rubric rerank): the ranking its results say they used."
     out = {}
     for row, methods in (('no', ('+onmem', 'verify-only')), ('yes', ('rerank-only', 'reveal'))):
         kinds = {k for m in methods for r in runs.get(m, [])
@@ -75,13 +77,13 @@ def rerank_used(runs: dict[str, list[dict]]) -> dict[str, str]:
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #2b2c0001
 def two_by_two_csv(grid: pd.DataFrame, rerank: dict[str, str]) -> pd.DataFrame:
-    "The 2×2 grid as the rows its CSV holds: one per rubric-rerank row, with the ranking that row's runs used."
+    "The 2×2 grid as its CSV rows: one per rubric-rerank row, with the ranking its runs used."
     out = grid.reset_index()
     return out.assign(ranking=out['rubric rerank'].map(rerank))
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #1c1dba61
 def sweep_overrides(n: int, config: Config | None = None) -> list[str]:
-    "Config overrides that admit `n` segments per round: exactly what `MethodSpec(fixed_segments=n)` does."
+    "Config overrides admitting `n` segments per round, as `MethodSpec(fixed_segments=n)` does."
     cfg = config or Config()
     return [f"rerank_to={int(n)}", f"topk_l1={max(cfg.topk_l1, int(n))}"]
 
@@ -92,25 +94,25 @@ def mean_admitted(rs: list[dict]) -> float:
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #2ad78de4
 def cut_share(rs: list[dict], budget: int = EVIDENCE_TOKENS) -> float:
-    "Mean share of the admitted evidence's words the roles' one evidence budget cuts away (0: everything read whole)."
+    "Mean share of the admitted evidence's words the evidence budget cuts (0: all read whole)."
     words = [sum(len(str(e.get('text', '')).split()) for e in r.get('evidence') or []) for r in rs]
     return (float(np.mean([max(0.0, 1 - budget / w) if w else 0.0 for w in words])) if rs
             else math.nan)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #a307564a
 def rerank_fallback(rs: list[dict]) -> float:
-    "Share of questions where the model rerank fell back to the offline formula in some round (its reply unusable)."
+    "Share of questions where the model rerank fell back to the offline formula in some round."
     return (float(np.mean(['fallback' in str(r.get('rerank') or '') for r in rs])) if rs
             else math.nan)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #e7bf389c
 def _sweep_row(arm: str, cap, rs: list[dict]) -> dict:
-    "One point of Fig. 4a: admitted items, accuracy, and what bent it (evidence cut, rerank fallbacks)."
+    "One point of Fig. 4a: admitted items, accuracy, what bent it (evidence cut, rerank fallbacks)."
     return dict(arm=arm, cap=cap, segments=mean_admitted(rs), **accuracy_row(rs),
                 cut_share=cut_share(rs), rerank_fallback=rerank_fallback(rs))
 
 def sweep_table(sweep: dict[int, list[dict]], adaptive: list[dict] | None = None) -> pd.DataFrame:
-    "Accuracy against mean admitted segments: one row per fixed cap (no verification), then REVEAL's adaptive row."
+    "Accuracy against mean admitted segments: per fixed cap (unverified), then REVEAL's own row."
     rows = [_sweep_row('fixed', n, rs) for n, rs in sorted(sweep.items())]
     if adaptive is not None: rows.append(_sweep_row('reveal', None, adaptive))
     df = pd.DataFrame(rows)
@@ -126,7 +128,7 @@ def split_available(named: dict[str, str]) -> tuple[dict[str, str], list[str]]:
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #798a13e1
 def calibration_table(arms: dict[str, list[dict]], verdicts: list[dict]) -> pd.DataFrame:
-    "Each arm's accuracy on the questions the plain run's verifier called sufficient, and on those it did not."
+    "Each arm's accuracy where the plain run's verifier said sufficient, and where it did not."
     v = {r['qid']: r.get('sufficient') for r in verdicts}
     rows = [dict(arm=arm, verdict=label, **accuracy_row([r for r in rs if v.get(r['qid']) is flag]))
             for arm, rs in arms.items()
@@ -135,7 +137,7 @@ def calibration_table(arms: dict[str, list[dict]], verdicts: list[dict]) -> pd.D
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #39dd47ce
 def _frames_of(t: dict) -> tuple[int, str]:
-    "(frames the answerer got, the note when none) of one trace, old records (`oracle`, `visual`) included."
+    "(frames the answerer got, the note when none) of a trace, old records (`oracle`) included."
     fr = t.get('answer_frames')
     if fr is not None:
         return int(fr.get('frames') or 0), fr.get('note') or ''
@@ -153,27 +155,30 @@ def answerer_frames(rs: list[dict]) -> str:
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #151e11c4
 def frameless_arms(frames: dict[str, str]) -> list[str]:
-    "The arms meant to give the answerer frames that sent it none (their note starts with 0): captions-only again."
+    "The arms meant to give the answerer frames that sent none (note starts with 0): captions only."
     return [a for a, f in frames.items() if 'frames' in a and str(f).startswith('0')]
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #b0636f43
 def frameless_note(arms: Sequence[str]) -> str:
     "The headline's note for the arms not drawn, saying why (empty when every arm is drawn)."
     if not arms: return ''
-    return f"not drawn: {', '.join(arms)} (no frames reached the answerer, so it repeats the captions arm)"
+    why = 'no frames reached the answerer, so it repeats the captions arm'
+    return f"not drawn: {', '.join(arms)} ({why})"
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #5e7de842
+def _type_row(t: str, b: list[dict], A: dict[str, dict]) -> dict:
+    "One question type's row: questions, accuracy before and after (`A`: after by qid), the change."
+    ab, aa = accuracy_row(b)['accuracy'], accuracy_row([A[r['qid']] for r in b])['accuracy']
+    return dict(qtype=t, n=len(b), acc_before=ab, acc_after=aa, diff=aa - ab)
+
 def per_type_table(before: list[dict], after: list[dict]) -> pd.DataFrame:
     "Per question type (sorted), then 'all': questions, accuracy before and after, and the change."
     A = {r['qid']: r for r in after}
     B = [r for r in before if r['qid'] in A]
-    types = sorted({r.get('qtype') or 'unknown' for r in B})
-    rows = []
-    for t in types + ['all']:
-        b = [r for r in B if t == 'all' or (r.get('qtype') or 'unknown') == t]
-        ab, aa = accuracy_row(b)['accuracy'], accuracy_row([A[r['qid']] for r in b])['accuracy']
-        rows.append(dict(qtype=t, n=len(b), acc_before=ab, acc_after=aa, diff=aa - ab))
-    return pd.DataFrame(rows)
+    qtype = lambda r: r.get('qtype') or 'unknown'
+    types = sorted({qtype(r) for r in B})
+    return pd.DataFrame([_type_row(t, [r for r in B if t == 'all' or qtype(r) == t], A)
+                         for t in types + ['all']])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #b837fa6c
 def _calls_without(r: dict, role: str = 'reranker') -> int:
@@ -181,40 +186,46 @@ def _calls_without(r: dict, role: str = 'reranker') -> int:
     by = r.get('calls_by_role') if isinstance(r.get('calls_by_role'), dict) else {}
     return int(r.get('llm_calls') or 0) - int(by.get(role) or 0)
 
+def _cost_row(m: str, rs: list[dict]) -> dict:
+    "One method's cost row: its report's means and totals, and its calls without the rerank call."
+    r, ok = report(rs), [x for x in rs if not x.get('failed')]
+    no_rr = float(np.mean([_calls_without(x) for x in ok])) if ok else math.nan
+    return dict(method=m, n=len(rs), rounds_mean=r['rounds_mean'],
+                llm_calls_mean=r['llm_calls_mean'], llm_calls_no_rerank_mean=no_rr,
+                prompt_tokens_mean=r['prompt_tokens_mean'], completion_tokens_mean=r['completion_tokens_mean'],
+                llm_calls_total=r['llm_calls_total'], tokens_total=r['tokens_total'])
+
 def cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
-    "Per method: questions, mean rounds, calls per question (also without the rerank call), tokens, and totals."
-    rows = []
-    for m, rs in runs.items():
-        r, ok = report(rs), [x for x in rs if not x.get('failed')]
-        no_rr = float(np.mean([_calls_without(x) for x in ok])) if ok else math.nan
-        rows.append(dict(method=m, n=len(rs), rounds_mean=r['rounds_mean'],
-                         llm_calls_mean=r['llm_calls_mean'], llm_calls_no_rerank_mean=no_rr,
-                         prompt_tokens_mean=r['prompt_tokens_mean'],
-                         completion_tokens_mean=r['completion_tokens_mean'],
-                         llm_calls_total=r['llm_calls_total'], tokens_total=r['tokens_total']))
-    return pd.DataFrame(rows)
+    "Per method: questions, rounds, calls per question (also without the rerank), tokens, totals."
+    return pd.DataFrame([_cost_row(m, rs) for m, rs in runs.items()])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #46f1abb1
 MEMORY_ROW = 'memory build'
 
-def timing_table(runs: dict[str, list[dict]], memory: pd.DataFrame | None = None) -> pd.DataFrame:
-    "Per method: wall seconds per question and in total, the model's part; the shared memory build on its own row."
+def _timing_row(m: str, rs: list[dict]) -> dict:
+    "A method's wall seconds per question and in total, and the model's part of them."
     sec = lambda x: float(x.get('wall_seconds', x.get('seconds')) or 0)
-    rows = [dict(method=m, part='per question', n=len(rs),
-                 seconds_mean=float(np.mean([sec(x) for x in rs])) if rs else math.nan,
-                 seconds_total=sum(sec(x) for x in rs),
-                 model_seconds_total=sum(float(x.get('model_seconds') or 0) for x in rs))
-            for m, rs in runs.items()]
-    if memory is not None and len(memory):
-        b = memory.build_seconds.astype(float)
-        rows.append(dict(method=MEMORY_ROW, part='shared, once per video and chunking', n=len(memory),
-                         seconds_mean=float(b.mean()), seconds_total=float(b.sum()),
-                         model_seconds_total=math.nan))
+    return dict(method=m, part='per question', n=len(rs),
+                seconds_mean=float(np.mean([sec(x) for x in rs])) if rs else math.nan,
+                seconds_total=sum(sec(x) for x in rs),
+                model_seconds_total=sum(float(x.get('model_seconds') or 0) for x in rs))
+
+def _memory_row(memory: pd.DataFrame) -> dict:
+    "The shared memory build's row: seconds per memory (mean) and in total."
+    b = memory.build_seconds.astype(float)
+    return dict(method=MEMORY_ROW, part='shared, once per video and chunking', n=len(memory),
+                seconds_mean=float(b.mean()), seconds_total=float(b.sum()),
+                model_seconds_total=math.nan)
+
+def timing_table(runs: dict[str, list[dict]], memory: pd.DataFrame | None = None) -> pd.DataFrame:
+    "Per method: wall seconds per question and in all, the model's part; the memory build apart."
+    rows = [_timing_row(m, rs) for m, rs in runs.items()]
+    if memory is not None and len(memory): rows.append(_memory_row(memory))
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #f7f3b426
 def memory_chunkings(methods: Sequence[str] | None, config: Config) -> list[str]:
-    "The chunkings the methods read: each preset's own, the config's for the direct baselines (and when none is given)."
+    "The chunkings the methods read: each preset's own, the config's for baselines (or none given)."
     if methods is None: return [config.chunking]
     specs = {m: method_spec(m) for m in methods}
     own = {s['chunking'] for s in specs.values() if s and s.get('chunking')}
@@ -222,25 +233,27 @@ def memory_chunkings(methods: Sequence[str] | None, config: Config) -> list[str]
     return sorted(own | direct)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #c9960616
+def _timed_memory(ctx: RunContext, q, ch: str) -> dict:
+    "Build (or load) the memory the runs' `ctx.memory` finds; its seconds now and at its build."
+    t0 = time.time()
+    mem = ctx.memory(q, ch)
+    return dict(video_id=q.video_id, chunking=ch, seconds=round(time.time() - t0, 4),
+                build_seconds=float(mem.manifest.get('build_seconds') or 0))
+
 def build_memories(questions: Sequence, chat, config: Config | None = None,
                    out_dir: str | Path = 'runs',
                    methods: Sequence[str] | None = None) -> pd.DataFrame:
-    "Every memory the methods read, built (or loaded) before they run: per video and chunking, seconds now and build."
+    "Every memory the methods read, built or loaded first: per video and chunking, its seconds."
     ctx = RunContext('memory', 'memory', Path(out_dir), config=config or Config(), model_obj=chat)
-    rows = []
-    for q in {q.video_id: q for q in questions}.values():
-        for ch in memory_chunkings(methods, ctx.config):
-            t0 = time.time()
-            # the same memory the runs' `ctx.memory` finds
-            mem = ctx.memory(q, ch)
-            rows.append(dict(video_id=q.video_id, chunking=ch, seconds=round(time.time() - t0, 4),
-                             build_seconds=float(mem.manifest.get('build_seconds') or 0)))
+    videos = {q.video_id: q for q in questions}.values()
+    rows = [_timed_memory(ctx, q, ch) for q in videos
+            for ch in memory_chunkings(methods, ctx.config)]
     return pd.DataFrame(rows, columns=['video_id', 'chunking', 'seconds', 'build_seconds'])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #e918c5dc
 def count_table(runs: dict[str, list[dict]], key: str,
                 values: Iterable[int] | None = None) -> pd.DataFrame:
-    "Per method, how many questions have each value of an integer field (`rounds`, `llm_calls`); zeros included."
+    "Per method, questions per value of an integer field (`rounds`, `llm_calls`), zeros included."
     rows = []
     for m, rs in runs.items():
         got = [int(r.get(key) or 0) for r in rs if not r.get('failed')]
@@ -254,30 +267,40 @@ def fmt_p(p: float) -> str:
     return 'p<0.001' if p < 0.001 else f"p={p:.2g}"
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #bcf2bf1f
-def plot_steps(acc: pd.DataFrame, pairs: pd.DataFrame, title: str,
-               rerank: dict[str, str] | None = None):
-    "Table 2: the ladder's accuracies, each step's change and McNemar p; the 2×2 as a heat map, saying which rerank."
-    fig, (ax, ax2) = new_figure(title, ncols=2, width=6.2)
-    x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
-    err = 100 * np.abs(np.vstack([acc.accuracy - acc.ci_low,
-                                  acc.ci_high - acc.accuracy]).astype(float))
-    ax.bar(x, y, yerr=err, capsize=3, color=sns.color_palette('deep', len(acc)))
+def _step_labels(ax, acc: pd.DataFrame, pairs: pd.DataFrame, x: np.ndarray):
+    "Each ladder step's change and McNemar p, between its two bars."
     pos = dict(zip(acc.method, x))
-    # the ladder's steps sit between their bars; the 2×2 contrasts are on the right
+    steps = set(zip(LADDER, LADDER[1:]))
     for r in pairs.itertuples():
-        if ((r.before, r.after) in set(zip(LADDER, LADDER[1:])) and r.before in pos
-            and r.after in pos):
+        if (r.before, r.after) in steps and r.before in pos and r.after in pos:
             ax.annotate(f"{100 * r.diff:+.1f}\n{fmt_p(r.mcnemar_p)}",
                         ((pos[r.before] + pos[r.after]) / 2, 101), ha='center', va='top',
                         fontsize=7.5)
+
+def _ladder_bars(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
+    "The ladder's accuracies with 95 % whiskers, each step's change and p between its bars."
+    x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
+    ax.bar(x, y, yerr=ci_whiskers(acc), capsize=3, color=sns.color_palette('deep', len(acc)))
+    # the ladder's steps sit between their bars; the 2×2 contrasts are on the right
+    _step_labels(ax, acc, pairs, x)
     ax.set(xticks=x, ylim=(0, 112), xlabel='method', ylabel='accuracy (%) with 95 % CI')
     ax.set_xticklabels(acc.method, rotation=30, ha='right')
+
+def _grid_map(ax, acc: pd.DataFrame, rerank: dict[str, str] | None):
+    "The review's 2×2 as a heat map, its rerank row saying which ranking the runs used."
     grid = 100 * two_by_two(acc)
     if rerank: grid.index = [f"{r} ({rerank.get(r, '?')})" if r == 'yes' else r for r in grid.index]
-    sns.heatmap(grid, annot=True, fmt='.1f', vmin=0, vmax=100, cmap='crest', ax=ax2,
+    sns.heatmap(grid, annot=True, fmt='.1f', vmin=0, vmax=100, cmap='crest', ax=ax,
                 cbar_kws={'label': 'accuracy (%)'})
-    ax2.set(ylabel='rubric rerank')
-    ax2.set_title('review 2×2 on top of +onmem', fontsize=9.5)
+    ax.set(ylabel='rubric rerank')
+    ax.set_title('review 2×2 on top of +onmem', fontsize=9.5)
+
+def plot_steps(acc: pd.DataFrame, pairs: pd.DataFrame, title: str,
+               rerank: dict[str, str] | None = None):
+    "Table 2: the ladder's accuracies, steps' changes and McNemar p; the 2×2 as a heat map."
+    fig, (ax, ax2) = new_figure(title, ncols=2, width=6.2)
+    _ladder_bars(ax, acc, pairs)
+    _grid_map(ax2, acc, rerank)
     fig.tight_layout()
     return fig
 
@@ -286,35 +309,42 @@ def plot_steps(acc: pd.DataFrame, pairs: pd.DataFrame, title: str,
 _STAGGER = ((5, -14), (5, 9), (5, -27), (5, 22))
 
 def _bent(row) -> str:
-    "A point's label suffix: how much of its evidence the budget cut, how often the model rerank fell back."
+    "A point's label suffix: how much evidence the budget cut, how often the rerank fell back."
     cut, fb = getattr(row, 'cut_share', 0) or 0, getattr(row, 'rerank_fallback', 0) or 0
-    return (f", {100 * cut:.0f}% cut" if cut > 0 else '') + (f", rerank fell back {100 * fb:.0f}%"
-                                                             if fb > 0 else '')
+    cuts = f", {100 * cut:.0f}% cut" if cut > 0 else ''
+    return cuts + (f", rerank fell back {100 * fb:.0f}%" if fb > 0 else '')
 
-def plot_sweep(sw: pd.DataFrame, title: str):
-    "Fig. 4a: accuracy vs mean admitted segments without verification (one point per cap), and REVEAL's point."
-    fig, (ax,) = new_figure(title)
-    f, r = sw[sw.arm == 'fixed'], sw[sw.arm == 'reveal']
-    err = 100 * np.abs(np.vstack([f.accuracy - f.ci_low, f.ci_high - f.accuracy]).astype(float))
-    ax.errorbar(f.segments, 100 * f.accuracy, yerr=err, marker='o', capsize=3,
-                label='no verification (fixed cap per round)')
+def _cap_labels(ax, f: pd.DataFrame):
+    "Each cap's label beside its point (staggered): cap, what the budget cut, rerank fallbacks."
     for i, row in enumerate(f.itertuples()):
-        bent = _bent(row)
-        ax.annotate(f"cap {row.cap}{bent}", (row.segments, 100 * row.accuracy),
+        ax.annotate(f"cap {row.cap}{_bent(row)}", (row.segments, 100 * row.accuracy),
                     xytext=_STAGGER[i % len(_STAGGER)], textcoords='offset points', fontsize=8)
-    if len(r): ax.scatter(r.segments, 100 * r.accuracy, marker='*', s=220, color='C3', zorder=3,
-                          label='REVEAL (adaptive, verified)')
+
+def _segments_axis(ax, sw: pd.DataFrame):
+    "Accuracy 0–105 % against segments admitted, on a log scale when they span more than 8×."
     wide = sw.segments.max() / max(sw.segments.min(), 1e-9) > 8
     ax.set(xscale='log' if wide else 'linear', ylim=(0, 105), ylabel='accuracy (%)',
            xlabel='segments admitted per question (mean' + (', log scale)' if wide else ')'))
     if wide: ax.xaxis.set_major_formatter(plt.ScalarFormatter())
+
+def plot_sweep(sw: pd.DataFrame, title: str):
+    "Fig. 4a: accuracy vs mean admitted segments, unverified (a point per cap), and REVEAL's."
+    fig, (ax,) = new_figure(title)
+    f, r = sw[sw.arm == 'fixed'], sw[sw.arm == 'reveal']
+    ax.errorbar(f.segments, 100 * f.accuracy, yerr=ci_whiskers(f), marker='o', capsize=3,
+                label='no verification (fixed cap per round)')
+    _cap_labels(ax, f)
+    if len(r):
+        ax.scatter(r.segments, 100 * r.accuracy, marker='*', s=220, color='C3', zorder=3,
+                   label='REVEAL (adaptive, verified)')
+    _segments_axis(ax, sw)
     ax.legend(loc='best', fontsize=8.5)
     fig.tight_layout()
     return fig
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #567d70f6
 def per_type_long(pt: pd.DataFrame) -> pd.DataFrame:
-    "The per-type table in long form for `plot_grouped`: qtype, n, phase (before / after verification), accuracy."
+    "The per-type table in long form for `plot_grouped`: qtype, n, before / after, accuracy."
     rows = [dict(qtype=r.qtype, n=r.n, phase=ph, accuracy=getattr(r, col)) for r in pt.itertuples()
             for ph, col in (('before verification (+onmem)', 'acc_before'),
                             ('after verification (reveal)', 'acc_after'))]
@@ -322,33 +352,42 @@ def per_type_long(pt: pd.DataFrame) -> pd.DataFrame:
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #da35fb9e
 def memory_note(timing: pd.DataFrame) -> str:
-    "The time panel's title: per-question time, and the shared memory build apart (or that it is included)."
+    "The time panel's title: per-question time, and the memory build apart (or included)."
     mem = timing[timing.method == MEMORY_ROW] if 'part' in timing else timing.iloc[:0]
     if not len(mem): return 'wall time per question (incl. memory building)'
     m = mem.iloc[0]
-    return f"per question; memory built apart:\n{m.seconds_total:.1f} s for {int(m.n)} memories, shared"
+    built = f"{m.seconds_total:.1f} s for {int(m.n)} memories, shared"
+    return f"per question; memory built apart:\n{built}"
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #945b5bc3
+_TOKEN_KINDS = {'prompt_tokens_mean': 'prompt', 'completion_tokens_mean': 'completion'}
+
+def _token_bars(ax, cost: pd.DataFrame):
+    "Prompt and completion tokens per question and method; a note when no model was called."
+    tok = cost.melt(id_vars='method', value_vars=list(_TOKEN_KINDS))
+    tok['variable'] = tok.variable.map(_TOKEN_KINDS)
+    sns.barplot(tok, x='variable', y='value', hue='method', ax=ax, legend=False)
+    ax.set(xlabel='tokens', ylabel='tokens per question (mean)', title='tokens per question')
+    if tok.value.any(): return
+    ax.set_ylim(0, 1)
+    ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
+            transform=ax.transAxes)
+
+def _seconds_bars(ax, timing: pd.DataFrame):
+    "Wall seconds per question and method (not the memory build's row), the memory note as title."
+    per_q = timing[timing.method != MEMORY_ROW] if 'part' in timing else timing
+    sns.barplot(per_q, x='method', y='seconds_mean', hue='method', ax=ax, legend=False)
+    ax.set(xlabel='method', ylabel='wall seconds per question (mean)', title=memory_note(timing))
+
 def plot_costs(cost: pd.DataFrame, rounds: pd.DataFrame, calls: pd.DataFrame, timing: pd.DataFrame,
                title: str):
-    "Tables 3–4: rounds histogram, model calls per question, tokens and wall seconds per question (one legend)."
+    "Tables 3–4: rounds, model calls, tokens and wall seconds per question (one legend)."
     fig, axes = new_figure(title, ncols=4, width=3.9)
     sns.barplot(rounds, x='rounds', y='questions', hue='method', ax=axes[0])
     axes[0].set(xlabel='retrieval rounds', ylabel='questions', title='rounds per question')
     sns.barplot(calls, x='llm_calls', y='questions', hue='method', ax=axes[1], legend=False)
     axes[1].set(xlabel='model calls', ylabel='questions', title='model calls per question')
-    tok = cost.melt(id_vars='method', value_vars=['prompt_tokens_mean', 'completion_tokens_mean'])
-    tok['variable'] = tok.variable.map({'prompt_tokens_mean': 'prompt',
-                                        'completion_tokens_mean': 'completion'})
-    sns.barplot(tok, x='variable', y='value', hue='method', ax=axes[2], legend=False)
-    axes[2].set(xlabel='tokens', ylabel='tokens per question (mean)', title='tokens per question')
-    if not tok.value.any():
-        axes[2].set_ylim(0, 1)
-        axes[2].text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
-                     transform=axes[2].transAxes)
-    per_q = timing[timing.method != MEMORY_ROW] if 'part' in timing else timing
-    sns.barplot(per_q, x='method', y='seconds_mean', hue='method', ax=axes[3], legend=False)
-    axes[3].set(xlabel='method', ylabel='wall seconds per question (mean)',
-                title=memory_note(timing))
+    _token_bars(axes[2], cost)
+    _seconds_bars(axes[3], timing)
     fig.tight_layout()
     return fig
