@@ -81,7 +81,7 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarra
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #40511160
 def _groups(order: list[int], cut: list[int]) -> list[list[int]]:
-    "A plan's batches read back from its cut points (`cut[i]`: where the batch ending at `i` starts)."
+    "The batches of a plan, from its cut points (`cut[i]`: where the batch ending at `i` starts)."
     groups, i = [], len(order)
     while i:
         groups.append(order[cut[i]:i])
