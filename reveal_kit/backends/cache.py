@@ -253,19 +253,26 @@ def chat(self: CachedModel, messages, *, schema=None, role='', max_tokens=512,
 
 # %% ../../nbs/03_backends.cache.ipynb #e1f41184
 @patch
+def _split_hits(self: CachedModel, conversations, kw: dict) -> tuple[list, list]:
+    "The cached results in input order (None for a miss), and the `(index, key)` of every miss."
+    out, todo = [], []
+    for i, c in enumerate(conversations):
+        t0 = time.perf_counter()
+        key = self.key(c, kw['schema'], kw['max_tokens'], kw['temperature'])
+        entry = self._lookup(key)
+        out.append(None if entry is None else self._hit(entry, kw['role'], t0))
+        if entry is None:
+            self._miss(key, kw['role'])
+            todo.append((i, key))
+    return out, todo
+
+@patch
 def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tokens=512,
               temperature=0.0, max_workers=4) -> list[ChatResult]:
     "`inner.chat_many` for the misses only (one batch on vLLM), hits from the cache, in input order."
     kw = dict(schema=schema, role=role, max_tokens=max_tokens, temperature=temperature)
     if self.mode == 'off': return self.inner.chat_many(conversations, max_workers=max_workers, **kw)
-    out, todo = [], []
-    for i, c in enumerate(conversations):
-        t0, key = time.perf_counter(), self.key(c, schema, max_tokens, temperature)
-        entry = self._lookup(key)
-        out.append(None if entry is None else self._hit(entry, role, t0))
-        if entry is None:
-            self._miss(key, role)
-            todo.append((i, key))
+    out, todo = self._split_hits(conversations, kw)
     if not todo: return out
     fresh = self.inner.chat_many([conversations[i] for i, _ in todo], max_workers=max_workers, **kw)
     for (i, key), res in zip(todo, fresh):
@@ -275,6 +282,20 @@ def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tok
 
 # %% ../../nbs/03_backends.cache.ipynb #e2a74b1e
 @patch
+def _tools_hit(self: CachedModel, e: dict, role: str, t0: float) -> ToolResult:
+    "A function-calling result rebuilt from its cache entry."
+    return ToolResult([ToolCall(**c) for c in e['calls']], e['text'], e.get('reasoning', ''),
+                      self._hit_record(e, role, t0))
+
+@patch
+def _store_tools(self: CachedModel, key: str, res: ToolResult):
+    "Store a function-calling result that went through (a failed one is asked again next time)."
+    if not res.record.ok: return
+    self.cache.put(key, {'text': res.text, 'reasoning': res.reasoning,
+                         'calls': [asdict(c) for c in res.calls], 'record': res.record.to_dict()})
+    self.stats['stores'] += 1
+
+@patch
 def chat_tools(self: CachedModel, messages, tools, *, tool_choice='required', role='',
                max_tokens=512, temperature=0.0) -> ToolResult:
     "`inner.chat_tools`, answered from the cache when the same call (same tools and choice) was made before."
@@ -282,14 +303,8 @@ def chat_tools(self: CachedModel, messages, tools, *, tool_choice='required', ro
     if self.mode == 'off': return self.inner.chat_tools(messages, tools, **kw)
     t0, key = time.perf_counter(), self.key(messages, None, max_tokens, temperature, tools,
                                             tool_choice)
-    if (e := self._lookup(key, ('text', 'calls'))) is not None:
-        return ToolResult([ToolCall(**c) for c in e['calls']], e['text'], e.get('reasoning', ''),
-                          self._hit_record(e, role, t0))
+    if (e := self._lookup(key, ('text', 'calls'))) is not None: return self._tools_hit(e, role, t0)
     self._miss(key, role)
     res = self.inner.chat_tools(messages, tools, **kw)
-    if res.record.ok:
-        self.cache.put(key, {'text': res.text, 'reasoning': res.reasoning,
-                             'calls': [asdict(c) for c in res.calls],
-                             'record': res.record.to_dict()})
-        self.stats['stores'] += 1
+    self._store_tools(key, res)
     return res

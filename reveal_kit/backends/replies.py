@@ -115,8 +115,8 @@ def with_schema_instruction(messages: list[dict], schema: dict | None) -> list[d
     if i is None: return msgs + [user_message(schema_instruction(schema))]
     c = msgs[i]['content']
     extra = schema_instruction(schema)
-    msgs[i]['content'] = f"{c}\n\n{extra}" if isinstance(c, str) else [*c, {'type': 'text',
-                                                                            'text': extra}]
+    if isinstance(c, str): msgs[i]['content'] = f"{c}\n\n{extra}"
+    else: msgs[i]['content'] = [*c, {'type': 'text', 'text': extra}]
     return msgs
 
 # %% ../../nbs/02_backends.replies.ipynb #635b16a2
@@ -314,21 +314,28 @@ def _tool_names(tools: list[dict]) -> list[str]:
     except (KeyError, TypeError, AttributeError):
         raise ValueError(f"not an OpenAI tool list: {tools!r:.120}") from None
 
-def tool_call_schema(tools: list[dict], tool_choice: str | dict = 'required',
-                     max_calls: int = 4) -> dict | None:
-    "The reply `{'tool_calls': [{'name', 'arguments'}]}` as a JSON schema (for backends without tools); 'none': None."
-    names = _tool_names(tools)
+def _tool_pick(tool_choice: str | dict, names: list[str]) -> str | None:
+    "The one function `tool_choice` names (None: 'required', 'auto', 'none'); a bad choice: ValueError."
     pick = tool_choice['function']['name'] if isinstance(tool_choice, dict) else None
     if pick is None and tool_choice not in ('required', 'auto', 'none'):
         raise ValueError(f"tool_choice must be 'required', 'auto', 'none' or one function, got "
                          f"{tool_choice!r}")
     if not names or (pick and pick not in names):
         raise ValueError(f"tool_choice {tool_choice!r}: no such tool in {names}")
-    if tool_choice == 'none': return None
-    one = [{'type': 'object', 'required': ['name', 'arguments'],
+    return pick
+
+def _call_item(t: dict) -> dict:
+    "The schema of one call of tool `t`: its name, and arguments under its parameters."
+    return {'type': 'object', 'required': ['name', 'arguments'],
             'properties': {'name': {'type': 'string', 'enum': [t['function']['name']]},
                            'arguments': t['function'].get('parameters') or {'type': 'object'}}}
-           for t in tools if pick in (None, t['function']['name'])]
+
+def tool_call_schema(tools: list[dict], tool_choice: str | dict = 'required',
+                     max_calls: int = 4) -> dict | None:
+    "The reply `{'tool_calls': [{'name', 'arguments'}]}` as a JSON schema (for backends without tools); 'none': None."
+    pick = _tool_pick(tool_choice, _tool_names(tools))
+    if tool_choice == 'none': return None
+    one = [_call_item(t) for t in tools if pick in (None, t['function']['name'])]
     items = one[0] if len(one) == 1 else {'anyOf': one}
     calls = {'type': 'array', 'items': items, 'minItems': int(tool_choice != 'auto'),
              'maxItems': 1 if pick else max_calls}
@@ -337,22 +344,32 @@ def tool_call_schema(tools: list[dict], tool_choice: str | dict = 'required',
     return {'type': 'object', 'required': ['tool_calls'], 'properties': props}
 
 # %% ../../nbs/02_backends.replies.ipynb #0d883480
+def _args_text(args: Any) -> str:
+    "A call's arguments as JSON text (a string kept as it came, None as {})."
+    if isinstance(args, str): return args
+    return json.dumps({} if args is None else args, ensure_ascii=False)
+
+def _args_object(name: str, text: str) -> tuple[dict | None, str]:
+    "The arguments of a call to `name` as a JSON object, or None and why not."
+    try: data = json.loads(text.strip() or '{}', strict=False)
+    except json.JSONDecodeError as e:
+        return None, f"the arguments of {name} are not valid JSON ({e}): {text[:80]!r}"
+    if not isinstance(data, dict):
+        return None, f"the arguments of {name} are not a JSON object: {text[:80]!r}"
+    return data, ''
+
 def parse_tool_call(raw: Any, tools: list[dict], call_id: str = 'call_0') -> ToolCall:
     "A raw call as a `ToolCall` named `call_id`; an unknown tool or arguments invalid under it: kept, with the error."
     fn = raw.get('function', raw) if isinstance(raw, dict) else {}
     if not isinstance(raw, dict) or not isinstance(fn, dict):
         return ToolCall(call_id, '', {}, f"not a tool call: {raw!r:.80}")
-    name, args = str(fn.get('name') or ''), fn.get('arguments')
-    text = args if isinstance(args, str) else json.dumps({} if args is None else args,
-                                                         ensure_ascii=False)
+    name, text = str(fn.get('name') or ''), _args_text(fn.get('arguments'))
     params = {t['function']['name']: t['function'].get('parameters') or {} for t in tools}
-    bad = lambda why: ToolCall(call_id, name, {}, why, text)
-    if name not in params: return bad(f"unknown tool {name!r} (the tools are {', '.join(params)})")
-    try: data = json.loads(text.strip() or '{}', strict=False)
-    except json.JSONDecodeError as e:
-        return bad(f"the arguments of {name} are not valid JSON ({e}): {text[:80]!r}")
-    if not isinstance(data, dict):
-        return bad(f"the arguments of {name} are not a JSON object: {text[:80]!r}")
+    if name not in params:
+        why = f"unknown tool {name!r} (the tools are {', '.join(params)})"
+        return ToolCall(call_id, name, {}, why, text)
+    data, why = _args_object(name, text)
+    if data is None: return ToolCall(call_id, name, {}, why, text)
     err = schema_error(data, params[name])
     return ToolCall(call_id, name, data,
                     err and f"the arguments of {name} do not match its parameters {err}", text)
@@ -382,18 +399,18 @@ def calls_from_json(c: Completion) -> Completion:
 _TOOL_CALL = re.compile(r'<tool_call>\s*(.*?)\s*(?:</tool_call>|$)', re.S)
 _NAME = re.compile(r'"name"\s*:\s*"([^"]*)"')
 
+def _block_call(b: str) -> dict:
+    "One `<tool_call>` block as a raw call; a broken one keeps its name and its arguments' text."
+    try: d = json.loads(b)
+    except json.JSONDecodeError: d = None
+    if isinstance(d, dict) and 'name' in d:
+        return {'name': d['name'], 'arguments': d.get('arguments', {})}
+    name = _NAME.search(b)
+    return {'name': name.group(1) if name else '',
+            'arguments': b.partition('"arguments":')[2].strip()}
+
 def text_tool_calls(text: str) -> tuple[str, list[dict]]:
     "`(text before the calls, raw calls)` of Hermes-style `<tool_call>` blocks a server left in the text (cut off too)."
     blocks = _TOOL_CALL.findall(text or '')
     if not blocks: return text, []
-    calls = []
-    for b in blocks:
-        try: d = json.loads(b)
-        except json.JSONDecodeError: d = None
-        if isinstance(d, dict) and 'name' in d:
-            calls.append({'name': d['name'], 'arguments': d.get('arguments', {})})
-        else:
-            name = _NAME.search(b)
-            calls.append({'name': name.group(1) if name else '',
-                          'arguments': b.partition('"arguments":')[2].strip()})
-    return text.split('<tool_call>', 1)[0].strip(), calls
+    return text.split('<tool_call>', 1)[0].strip(), [_block_call(b) for b in blocks]
