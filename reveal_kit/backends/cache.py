@@ -40,14 +40,20 @@ class CallRequest:
     tool_choice: Any = None
 
 # %% ../../nbs/03_backends.cache.ipynb #cebc760e
-def call_key(backend: str, model: str, messages: list[dict], req: CallRequest = CallRequest(),
-             base_url: str = '') -> str:
-    "SHA-256 hex over everything that decides a model's reply (the server's URL and the tools only when there are any)."
+def _key_blob(backend: str, model: str, messages: list[dict], req: CallRequest,
+              base_url: str) -> dict:
+    "The fields `call_key` hashes: backend, model, messages, the request, the URL and tools if any."
     blob = {'v': 1, 'backend': backend, 'model': model, 'messages': content_hashed(messages),
             'schema': req.schema, 'max_tokens': int(req.max_tokens),
             'temperature': float(req.temperature), 'sampling': req.sampling or {}}
     if base_url: blob['base_url'] = base_url
     if req.tools is not None: blob['tools'] = {'tools': req.tools, 'tool_choice': req.tool_choice}
+    return blob
+
+def call_key(backend: str, model: str, messages: list[dict], req: CallRequest = CallRequest(),
+             base_url: str = '') -> str:
+    "SHA-256 hex over everything that decides a model's reply (the server's URL and the tools only when there are any)."
+    blob = _key_blob(backend, model, messages, req, base_url)
     text = json.dumps(blob, sort_keys=True, ensure_ascii=False, separators=(',', ':'), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -121,6 +127,13 @@ def put(self: CallCache, key: str, entry: dict) -> None:
 
 # %% ../../nbs/03_backends.cache.ipynb #b3e21045
 @patch
+def _drop_damaged(self: CallCache, key: str):
+    "Warn of a damaged entry and delete it (unless read-only), so the call is made again."
+    warn(f"{self.path}: damaged call-cache entry {key[:16]}… (not a JSON object): "
+         + ("ignored" if self.read_only else "dropped, the call is made again"))
+    if not self.read_only: self._conn().execute('DELETE FROM calls WHERE key=?', (key,))
+
+@patch
 def get(self: CallCache, key: str) -> dict | None:
     "The stored entry for `key`, or None; a damaged entry (not a JSON object) is a miss (and deleted unless read-only)."
     row = self._conn().execute('SELECT entry FROM calls WHERE key=?', (key,)).fetchone()
@@ -128,9 +141,7 @@ def get(self: CallCache, key: str) -> dict | None:
     try: entry = json.loads(row[0])
     except (TypeError, ValueError): entry = None
     if isinstance(entry, dict): return entry
-    warn(f"{self.path}: damaged call-cache entry {key[:16]}… (not a JSON object): "
-         + ("ignored" if self.read_only else "dropped, the call is made again"))
-    if not self.read_only: self._conn().execute('DELETE FROM calls WHERE key=?', (key,))
+    self._drop_damaged(key)
     return None
 
 # %% ../../nbs/03_backends.cache.ipynb #fb31acf4

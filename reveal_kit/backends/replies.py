@@ -21,6 +21,13 @@ __all__ = ['SCORE', 'parse_json', 'schema_validator', 'schema_error', 'validate_
 # %% ../../nbs/02_backends.replies.ipynb #243fcba0
 _FENCE = re.compile(r'```(?:json)?\s*(.*?)```', re.S)
 
+def _first_json_value(t: str) -> Any:
+    "The first JSON object or array in text with prose around it; ValueError if none or broken."
+    starts = [i for i in (t.find('{'), t.find('[')) if i >= 0]
+    if not starts: raise ValueError(f"no JSON value in reply {t[:80]!r}")
+    try: return json.JSONDecoder(strict=False).raw_decode(t[min(starts):])[0]
+    except json.JSONDecodeError as e: raise ValueError(f"broken JSON in reply: {e}") from None
+
 def parse_json(text: str) -> Any:
     "The JSON value in a model reply (code fences and surrounding prose tolerated); ValueError if there is none."
     t = (text or '').strip()
@@ -29,10 +36,7 @@ def parse_json(text: str) -> Any:
         # control characters inside strings: small models emit them
         return json.loads(t, strict=False)
     except json.JSONDecodeError: pass
-    starts = [i for i in (t.find('{'), t.find('[')) if i >= 0]
-    if not starts: raise ValueError(f"no JSON value in reply {t[:80]!r}")
-    try: return json.JSONDecoder(strict=False).raw_decode(t[min(starts):])[0]
-    except json.JSONDecodeError as e: raise ValueError(f"broken JSON in reply: {e}") from None
+    return _first_json_value(t)
 
 # %% ../../nbs/02_backends.replies.ipynb #f3083b4c
 @functools.lru_cache(maxsize=512)
@@ -84,6 +88,15 @@ def bound_schema(schema: dict, max_str: int = 200, max_items: int = 8) -> dict:
     return walk(copy.deepcopy(schema))
 
 # %% ../../nbs/02_backends.replies.ipynb #baf7ec2d
+def _minimal_of_type(s: dict, t: str) -> Any:
+    "The smallest value of JSON type `t` under schema `s` (required counts and lengths met)."
+    if t == 'object': return {k: minimal_instance(v) for k, v in s.get('properties', {}).items()}
+    if t == 'array':
+        return [minimal_instance(s.get('items', {})) for _ in range(s.get('minItems', 0))]
+    if t == 'string': return 'x' * s.get('minLength', 0)
+    if t in ('integer', 'number'): return s.get('minimum', 0)
+    return False if t == 'boolean' else None
+
 def minimal_instance(schema: dict | None) -> Any:
     "The smallest value valid under a simple schema (first enum value, minimum counts); the scripted model's default."
     s = schema or {}
@@ -91,13 +104,7 @@ def minimal_instance(schema: dict | None) -> Any:
     if 'enum' in s: return s['enum'][0]
     for k in ('anyOf', 'oneOf', 'allOf'):
         if k in s: return minimal_instance(s[k][0])
-    t = (_types(s) or ['object'])[0]
-    if t == 'object': return {k: minimal_instance(v) for k, v in s.get('properties', {}).items()}
-    if t == 'array':
-        return [minimal_instance(s.get('items', {})) for _ in range(s.get('minItems', 0))]
-    if t == 'string': return 'x' * s.get('minLength', 0)
-    if t in ('integer', 'number'): return s.get('minimum', 0)
-    return False if t == 'boolean' else None
+    return _minimal_of_type(s, (_types(s) or ['object'])[0])
 
 # %% ../../nbs/02_backends.replies.ipynb #1577bc97
 def schema_instruction(schema: dict) -> str:
@@ -375,12 +382,16 @@ def parse_tool_call(raw: Any, tools: list[dict], call_id: str = 'call_0') -> Too
                     err and f"the arguments of {name} do not match its parameters {err}", text)
 
 # %% ../../nbs/02_backends.replies.ipynb #184f26a8
-def with_tools_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
-    "Messages with the tools' names and descriptions added to the system turn, for backends without native tools."
+def _tools_text(tools: list[dict]) -> str:
+    "How to call the tools, then one line per tool: its name and description."
     lines = ["You can call these tools; reply with JSON naming each call's tool and its arguments."]
     lines += [f"- {t['function']['name']}: {t['function'].get('description', '')}".rstrip(': ')
               for t in tools]
-    text, msgs = '\n'.join(lines), [dict(m) for m in messages]
+    return '\n'.join(lines)
+
+def with_tools_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
+    "Messages with the tools' names and descriptions added to the system turn, for backends without native tools."
+    text, msgs = _tools_text(tools), [dict(m) for m in messages]
     if msgs and msgs[0]['role'] == 'system':
         msgs[0]['content'] = f"{message_text(msgs[0])}\n\n{text}"
     else: msgs.insert(0, system_message(text))
