@@ -155,16 +155,20 @@ class OpenAIHTTPModel(ChatModel):
 
 # %% ../../nbs/02b_backends.http.ipynb #ba03e451
 @patch
-def _attempt(self: OpenAIHTTPModel, r: Replica, method: str, path: str, payload: dict | None):
-    "One request to replica `r`: `(response, '', False)`, or `(None, why, timed_out)` when it failed (`r` is then out)."
-    resp, why, slow = None, '', False
+def _send(self: OpenAIHTTPModel, r: Replica, method: str, path: str, payload: dict | None):
+    "The request to `r`: `(response, '', False)`, or `(None, why, timed_out)` when it fails."
     try:
-        with r.slot: resp = self._client.request(method, f"{r.url}{path}", json=payload)
+        with r.slot: return self._client.request(method, f"{r.url}{path}", json=payload), '', False
     # the server is there but slow: asking it again won't help
     except (httpx.ReadTimeout, httpx.WriteTimeout):
-        why, slow = f"no answer within {self.timeout_s:g} s", True
+        return None, f"no answer within {self.timeout_s:g} s", True
     except httpx.TransportError as e:                   # refused, reset, connect/pool timeouts
-        why = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        return None, f"{type(e).__name__}: {' '.join(str(e).split())}", False
+
+@patch
+def _attempt(self: OpenAIHTTPModel, r: Replica, method: str, path: str, payload: dict | None):
+    "One request to replica `r`: `(response, '', False)`, or `(None, why, timed_out)` when it failed (`r` is then out)."
+    try: resp, why, slow = self._send(r, method, path, payload)
     # not the replica's doing (an interrupt, a bad request)
     except BaseException:
         self.replicas.done(r, ok=None)
@@ -178,12 +182,17 @@ _START_HINT = ("Start it (e.g. `vllm serve MODEL` or `python -m llama_cpp.server
                "or choose another backend.")
 
 @patch
+def _servers_at(self: OpenAIHTTPModel, path: str, slow: set) -> str:
+    "'chat server at URL' or 'all N chat servers at URLs' (only the slow ones when some timed out)."
+    urls = ', '.join(f"{u}{path}" for u in (sorted(slow) if slow else self.base_urls))
+    if len(self.base_urls) == 1: return f"chat server at {urls}"
+    return f"all {len(self.base_urls)} chat servers at {urls}"
+
+@patch
 def _down_error(self: OpenAIHTTPModel, path: str, attempts: int, last: str,
                 slow: set) -> BackendUnavailable:
     "The one-line error when no replica answered: every one too slow, or every one unavailable."
-    urls = ', '.join(f"{u}{path}" for u in (sorted(slow) if slow else self.base_urls))
-    at = (f"chat server at {urls}" if len(self.base_urls) == 1
-          else f"all {len(self.base_urls)} chat servers at {urls}")
+    at = self._servers_at(path, slow)
     if slow and len(slow) == len(self.base_urls):
         return BackendUnavailable(f"{at} did not answer within {self.timeout_s:g} s; "
                                   "raise the limit (--timeout, Config.timeout_s) or use a faster "
@@ -255,6 +264,18 @@ def _response_format(self: OpenAIHTTPModel, schema: dict, mode: str) -> dict:
 
 # %% ../../nbs/02b_backends.http.ipynb #159e13a6
 @patch
+def _as_json_object(self: OpenAIHTTPModel, payload: dict, schema: dict,
+                    refused: httpx.Response) -> httpx.Response:
+    "Ask again with `json_object`; when that works, keep to it from now on (else `refused` stands)."
+    retry = {**payload, 'response_format': self._response_format(schema, 'json_object')}
+    r2 = self._request('POST', '/chat/completions', retry)
+    if r2.status_code >= 400: return refused
+    with self._lock: self.json_mode = 'json_object'
+    _log.info("%s rejected response_format json_schema; using json_object from now on",
+              self.where())
+    return r2
+
+@patch
 def _post_chat(self: OpenAIHTTPModel, payload: dict, schema: dict | None,
                mode: str) -> httpx.Response:
     "POST a chat request; when the server refuses `json_schema`, ask once more as `json_object` and remember that."
@@ -262,13 +283,7 @@ def _post_chat(self: OpenAIHTTPModel, payload: dict, schema: dict | None,
     if (schema is None or mode != 'json_schema' or not self.json_fallback
         or not _rejects_response_format(r)):
         return r
-    retry = {**payload, 'response_format': self._response_format(schema, 'json_object')}
-    r2 = self._request('POST', '/chat/completions', retry)
-    if r2.status_code >= 400: return r
-    with self._lock: self.json_mode = 'json_object'
-    _log.info("%s rejected response_format json_schema; using json_object from now on",
-              self.where())
-    return r2
+    return self._as_json_object(payload, schema, r)
 
 # %% ../../nbs/02b_backends.http.ipynb #7cb3a734
 _MAX_COUNT = 10_000_000      # more tokens than any model's context: a count over it is nonsense

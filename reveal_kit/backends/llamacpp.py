@@ -168,10 +168,10 @@ def _complete(self: LlamaCppModel, messages, *, schema, max_tokens, temperature,
     if not self.meaningful: warn_not_meaningful(self.model_id)
     llm, lock = self._llama()
     kw = {} if schema is None else {'response_format': self._grammar_format(schema)}
+    msgs = merge_system(text_only(messages))
     try:
         with lock:
-            out = llm.create_chat_completion(messages=merge_system(text_only(messages)),
-                                             max_tokens=max_tokens, temperature=temperature,
-                                             seed=self.seed, **kw)
+            out = llm.create_chat_completion(messages=msgs, max_tokens=max_tokens,
+                                             temperature=temperature, seed=self.seed, **kw)
     except ValueError as e: raise RequestRejected(f"llama.cpp rejected the request: {e}") from None
     return _text_and_tokens(out)

@@ -52,6 +52,11 @@ def _siglip_or_reason() -> tuple[ImageEmbedder | None, str]:
     return SiglipImageEmbedder(src, why=why), why
 
 # %% ../../nbs/04d_retrieval.choice.ipynb #3cbc6171
+def _descriptor_fallback(why: str) -> ImageEmbedder:
+    "The frame descriptor standing in for SigLIP, saying why."
+    why = f"{why}; using the deterministic {DESCRIPTOR_ID} frame descriptor"
+    return DescriptorImageEmbedder(is_fallback=True, why=why)
+
 @functools.lru_cache(maxsize=4)
 def get_image_embedder(name: str = 'auto') -> ImageEmbedder:
     "The frame embedder for `name` ('auto' | 'siglip' | 'descriptor'); one load per process."
@@ -63,6 +68,4 @@ def get_image_embedder(name: str = 'auto') -> ImageEmbedder:
     emb, why = _siglip_or_reason()
     if emb is not None: return emb
     if name == 'siglip': raise RuntimeError(why)
-    return DescriptorImageEmbedder(is_fallback=True,
-                                   why=f"{why}; using the deterministic {DESCRIPTOR_ID} frame "
-                                   f"descriptor")
+    return _descriptor_fallback(why)

@@ -66,14 +66,17 @@ def _quadrants(h: int, w: int) -> np.ndarray:
     "Each pixel's quadrant of an h×w image: 0, 1 on top, 2, 3 below."
     return (np.arange(h)[:, None] * 2 // h) * 2 + (np.arange(w)[None, :] * 2 // w)
 
+def _orientation_bins(gx: np.ndarray, gy: np.ndarray, n: int) -> np.ndarray:
+    "Each pixel's unsigned gradient orientation (0 to π) as one of `n` bins."
+    return np.minimum(((np.arctan2(gy, gx) % np.pi) / np.pi * n).astype(np.int32), n - 1)
+
 def gradient_histogram(grey: np.ndarray, n_orient: int = 8, damp: float = 5.0) -> np.ndarray:
     "Magnitude-weighted histogram of unsigned gradient orientations in each image quadrant (32-d), sqrt and centred."
     import cv2
     gx = cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=3)
     gy = cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=3)
     mag = np.sqrt(gx * gx + gy * gy)
-    ob = np.minimum(((np.arctan2(gy, gx) % np.pi) / np.pi * n_orient).astype(np.int32),
-                    n_orient - 1)
+    ob = _orientation_bins(gx, gy, n_orient)
     quad = _quadrants(*grey.shape)
     hist = np.bincount((quad * n_orient + ob).ravel(), weights=mag.ravel(),
                        minlength=4 * n_orient).astype(np.float32)

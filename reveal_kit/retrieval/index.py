@@ -212,6 +212,12 @@ def _saved_graph(index_cls, p: Path, dim: int, params: dict, n: int):
     h.expansion_search = params['expansion_search']
     return h
 
+def _empty_index(cls, meta: dict):
+    "An empty index (of class `cls`) with the settings a keys file records."
+    return cls(meta['dim'], model_id=meta.get('model_id'), exact_threshold=meta['exact_threshold'],
+               connectivity=meta['connectivity'], expansion_add=meta['expansion_add'],
+               expansion_search=meta['expansion_search'])
+
 def _graph_vectors(h) -> np.ndarray:
     "Every vector of a usearch graph, as one float32 matrix in key order."
     vecs = h.get(np.arange(len(h), dtype=np.uint64))
@@ -224,9 +230,7 @@ def load(cls: VectorIndex, path: str | Path, model_id: str | None = None) -> Vec
     from usearch.index import Index
     p = Path(path)
     meta = _read_meta(p, model_id)
-    ix = cls(meta['dim'], model_id=meta.get('model_id'), exact_threshold=meta['exact_threshold'],
-             connectivity=meta['connectivity'], expansion_add=meta['expansion_add'],
-             expansion_search=meta['expansion_search'])
+    ix = _empty_index(cls, meta)
     if not meta['keys']: return ix
     h = _saved_graph(Index, p, ix.dim, ix.params, len(meta['keys']))
     ix._mat = _graph_vectors(h)
