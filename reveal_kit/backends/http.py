@@ -327,13 +327,17 @@ def _reasoning_count(u) -> int | None:
     details = (u.get('completion_tokens_details') if isinstance(u, dict) else None) or {}
     return _count(details.get('reasoning_tokens')) if isinstance(details, dict) else None
 
-def _completion(d: dict, messages: list[dict]) -> tuple[Completion, str]:
-    "A chat completion's text, tokens (estimated, and noted, where the server gives none or nonsense), reasoning, calls."
-    ch = (d.get('choices') or [{}])[0]
-    msg = ch.get('message') or {}
+def _message_parts(msg: dict) -> tuple[str, str, list | None]:
+    "A reply message's text, reasoning (its own field, else reasoning parts) and tool calls."
     text, part_reasoning = _content(msg.get('content'))
     calls = msg.get('tool_calls') or None
     reasoning = msg.get('reasoning') or msg.get('reasoning_content') or part_reasoning or ''
+    return text, reasoning, calls
+
+def _completion(d: dict, messages: list[dict]) -> tuple[Completion, str]:
+    "A chat completion's text, tokens (estimated, and noted, where the server gives none or nonsense), reasoning, calls."
+    ch = (d.get('choices') or [{}])[0]
+    text, reasoning, calls = _message_parts(ch.get('message') or {})
     n, note = _usage(d.get('usage'), _estimates(messages, text, calls))
     rt = _reasoning_count(d.get('usage'))
     if reasoning and rt is None:
@@ -359,14 +363,17 @@ def _completion_json(r: httpx.Response, url: str) -> dict:
 # %% ../../nbs/02b_backends.http.ipynb #0e000e7e
 _TEXT_ONLY_HINT = " (a text-only model: set REVEAL_IMAGES=no, or supports_images=False, so roles send no images)"
 
+def _rejected(r: httpx.Response, url: str) -> RequestRejected:
+    "The error of a request the server rejected (a hint when it sent images to a text-only model)."
+    hint = _TEXT_ONLY_HINT if 'not a multimodal model' in r.text else ''
+    return RequestRejected(f"{url} rejected the request (HTTP {r.status_code}): "
+                           f"{r.text[:300]}{hint}")
+
 @patch
 def _reply(self: OpenAIHTTPModel, r: httpx.Response, messages: list[dict]) -> Completion:
     "The reply in a response; rejected requests (HTTP 400/413/422) raise RequestRejected, other bad answers BadReply."
     url = getattr(self._served, 'url', self.base_url)
-    if r.status_code in (400, 413, 422):
-        hint = _TEXT_ONLY_HINT if 'not a multimodal model' in r.text else ''
-        raise RequestRejected(f"{url} rejected the request (HTTP {r.status_code}): "
-                              f"{r.text[:300]}{hint}")
+    if r.status_code in (400, 413, 422): raise _rejected(r, url)
     if r.status_code >= 400: raise BadReply(f"{url} answered HTTP {r.status_code}: {r.text[:300]}")
     c, self._served.usage_note = _completion(_completion_json(r, f"{url}/chat/completions"),
                                              messages)

@@ -66,6 +66,11 @@ def _with_cache(inner: ChatModel, backend: str, cache: str | Path | None, mode: 
     return CachedModel(inner, CallCache(path), mode=mode)
 
 # %% ../../nbs/03a_backends.models.ipynb #313832f6
+def _from_env(backend: str | None, model: str | None) -> tuple[str, str | None]:
+    "The backend and model as given, else `$REVEAL_BACKEND` (else 'embedded') and `$REVEAL_MODEL`."
+    return (backend or os.environ.get('REVEAL_BACKEND', 'embedded'),
+            model or os.environ.get('REVEAL_MODEL') or None)
+
 def _check_replay(mode: str, backend: str, model: str | None):
     "Replay over HTTP needs the model id: it is part of the cache key, and replay must not ask the server."
     if mode == 'replay' and backend == 'http' and not model:
@@ -77,8 +82,7 @@ def get_chat_model(backend: str | None = None, model: str | None = None,
                    cache_mode: str | None = None, timeout_s: float | None = None,
                    thinking: str = 'auto', reasoning_allowance: int = 0, **kw) -> ChatModel:
     "The chat model to use (default: `$REVEAL_BACKEND` or 'embedded'), set as `Config.thinking` says, cached."
-    backend = backend or os.environ.get('REVEAL_BACKEND', 'embedded')
-    model = model or os.environ.get('REVEAL_MODEL') or None
+    backend, model = _from_env(backend, model)
     mode = cache_mode or ('replay' if kw.pop('replay', False) else 'readwrite')
     if timeout_s and backend == 'http': kw['timeout'] = float(timeout_s)
     inner = set_thinking(make_backend(backend, model, base_url, **kw), thinking,

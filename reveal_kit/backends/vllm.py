@@ -164,6 +164,14 @@ def _save_tokenizer(gguf: Path, out: Path, chat_template: str):
     tok.chat_template = chat_template
     tok.save_pretrained(out)
 
+def _saveable(m, eos_ids: Sequence[int]):
+    "A GGUF-dequantized model marked unquantized (so it saves), with its end-of-turn ids."
+    # else save_pretrained refuses: "GGUF … not serializable"
+    m.hf_quantizer, m.is_quantized = None, False
+    if hasattr(m.config, 'quantization_config'): del m.config.quantization_config
+    m.generation_config.eos_token_id = list(eos_ids)
+    return m
+
 def convert_gguf(gguf: str | Path, out: str | Path, chat_template: str = GEMMA_CHAT_TEMPLATE,
                  eos_ids: Sequence[int] = (1, 106)) -> Path:
     "An HF folder vLLM serves, from a GGUF: weights dequantized to bf16, its tokenizer, a chat template, end ids."
@@ -174,11 +182,7 @@ def convert_gguf(gguf: str | Path, out: str | Path, chat_template: str = GEMMA_C
     q = GgufConfig(gguf_file=gguf.name, dequantize=True)
     m = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                              dtype=torch.bfloat16, quantization_config=q)
-    # else save_pretrained refuses: "GGUF … not serializable"
-    m.hf_quantizer, m.is_quantized = None, False
-    if hasattr(m.config, 'quantization_config'): del m.config.quantization_config
-    m.generation_config.eos_token_id = list(eos_ids)
-    m.save_pretrained(out)
+    _saveable(m, eos_ids).save_pretrained(out)
     _save_tokenizer(gguf, out, chat_template)
     return out
 
