@@ -40,14 +40,20 @@ class CallRequest:
     tool_choice: Any = None
 
 # %% ../../nbs/03_backends.cache.ipynb #cebc760e
-def call_key(backend: str, model: str, messages: list[dict], req: CallRequest = CallRequest(),
-             base_url: str = '') -> str:
-    "SHA-256 hex over everything that decides a model's reply (the server's URL and the tools only when there are any)."
+def _key_blob(backend: str, model: str, messages: list[dict], req: CallRequest,
+              base_url: str) -> dict:
+    "The fields `call_key` hashes: backend, model, messages, the request, the URL and tools if any."
     blob = {'v': 1, 'backend': backend, 'model': model, 'messages': content_hashed(messages),
             'schema': req.schema, 'max_tokens': int(req.max_tokens),
             'temperature': float(req.temperature), 'sampling': req.sampling or {}}
     if base_url: blob['base_url'] = base_url
     if req.tools is not None: blob['tools'] = {'tools': req.tools, 'tool_choice': req.tool_choice}
+    return blob
+
+def call_key(backend: str, model: str, messages: list[dict], req: CallRequest = CallRequest(),
+             base_url: str = '') -> str:
+    "SHA-256 hex over everything that decides a model's reply (the server's URL and the tools only when there are any)."
+    blob = _key_blob(backend, model, messages, req, base_url)
     text = json.dumps(blob, sort_keys=True, ensure_ascii=False, separators=(',', ':'), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -121,6 +127,13 @@ def put(self: CallCache, key: str, entry: dict) -> None:
 
 # %% ../../nbs/03_backends.cache.ipynb #b3e21045
 @patch
+def _drop_damaged(self: CallCache, key: str):
+    "Warn of a damaged entry and delete it (unless read-only), so the call is made again."
+    warn(f"{self.path}: damaged call-cache entry {key[:16]}… (not a JSON object): "
+         + ("ignored" if self.read_only else "dropped, the call is made again"))
+    if not self.read_only: self._conn().execute('DELETE FROM calls WHERE key=?', (key,))
+
+@patch
 def get(self: CallCache, key: str) -> dict | None:
     "The stored entry for `key`, or None; a damaged entry (not a JSON object) is a miss (and deleted unless read-only)."
     row = self._conn().execute('SELECT entry FROM calls WHERE key=?', (key,)).fetchone()
@@ -128,9 +141,7 @@ def get(self: CallCache, key: str) -> dict | None:
     try: entry = json.loads(row[0])
     except (TypeError, ValueError): entry = None
     if isinstance(entry, dict): return entry
-    warn(f"{self.path}: damaged call-cache entry {key[:16]}… (not a JSON object): "
-         + ("ignored" if self.read_only else "dropped, the call is made again"))
-    if not self.read_only: self._conn().execute('DELETE FROM calls WHERE key=?', (key,))
+    self._drop_damaged(key)
     return None
 
 # %% ../../nbs/03_backends.cache.ipynb #fb31acf4
@@ -253,19 +264,26 @@ def chat(self: CachedModel, messages, *, schema=None, role='', max_tokens=512,
 
 # %% ../../nbs/03_backends.cache.ipynb #e1f41184
 @patch
+def _split_hits(self: CachedModel, conversations, kw: dict) -> tuple[list, list]:
+    "The cached results in input order (None for a miss), and the `(index, key)` of every miss."
+    out, todo = [], []
+    for i, c in enumerate(conversations):
+        t0 = time.perf_counter()
+        key = self.key(c, kw['schema'], kw['max_tokens'], kw['temperature'])
+        entry = self._lookup(key)
+        out.append(None if entry is None else self._hit(entry, kw['role'], t0))
+        if entry is None:
+            self._miss(key, kw['role'])
+            todo.append((i, key))
+    return out, todo
+
+@patch
 def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tokens=512,
               temperature=0.0, max_workers=4) -> list[ChatResult]:
     "`inner.chat_many` for the misses only (one batch on vLLM), hits from the cache, in input order."
     kw = dict(schema=schema, role=role, max_tokens=max_tokens, temperature=temperature)
     if self.mode == 'off': return self.inner.chat_many(conversations, max_workers=max_workers, **kw)
-    out, todo = [], []
-    for i, c in enumerate(conversations):
-        t0, key = time.perf_counter(), self.key(c, schema, max_tokens, temperature)
-        entry = self._lookup(key)
-        out.append(None if entry is None else self._hit(entry, role, t0))
-        if entry is None:
-            self._miss(key, role)
-            todo.append((i, key))
+    out, todo = self._split_hits(conversations, kw)
     if not todo: return out
     fresh = self.inner.chat_many([conversations[i] for i, _ in todo], max_workers=max_workers, **kw)
     for (i, key), res in zip(todo, fresh):
@@ -275,6 +293,20 @@ def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tok
 
 # %% ../../nbs/03_backends.cache.ipynb #e2a74b1e
 @patch
+def _tools_hit(self: CachedModel, e: dict, role: str, t0: float) -> ToolResult:
+    "A function-calling result rebuilt from its cache entry."
+    return ToolResult([ToolCall(**c) for c in e['calls']], e['text'], e.get('reasoning', ''),
+                      self._hit_record(e, role, t0))
+
+@patch
+def _store_tools(self: CachedModel, key: str, res: ToolResult):
+    "Store a function-calling result that went through (a failed one is asked again next time)."
+    if not res.record.ok: return
+    self.cache.put(key, {'text': res.text, 'reasoning': res.reasoning,
+                         'calls': [asdict(c) for c in res.calls], 'record': res.record.to_dict()})
+    self.stats['stores'] += 1
+
+@patch
 def chat_tools(self: CachedModel, messages, tools, *, tool_choice='required', role='',
                max_tokens=512, temperature=0.0) -> ToolResult:
     "`inner.chat_tools`, answered from the cache when the same call (same tools and choice) was made before."
@@ -282,14 +314,8 @@ def chat_tools(self: CachedModel, messages, tools, *, tool_choice='required', ro
     if self.mode == 'off': return self.inner.chat_tools(messages, tools, **kw)
     t0, key = time.perf_counter(), self.key(messages, None, max_tokens, temperature, tools,
                                             tool_choice)
-    if (e := self._lookup(key, ('text', 'calls'))) is not None:
-        return ToolResult([ToolCall(**c) for c in e['calls']], e['text'], e.get('reasoning', ''),
-                          self._hit_record(e, role, t0))
+    if (e := self._lookup(key, ('text', 'calls'))) is not None: return self._tools_hit(e, role, t0)
     self._miss(key, role)
     res = self.inner.chat_tools(messages, tools, **kw)
-    if res.record.ok:
-        self.cache.put(key, {'text': res.text, 'reasoning': res.reasoning,
-                             'calls': [asdict(c) for c in res.calls],
-                             'record': res.record.to_dict()})
-        self.stats['stores'] += 1
+    self._store_tools(key, res)
     return res

@@ -57,14 +57,10 @@ class CallRecord:
     ok: bool = True
     repaired: bool = False
     error: str | None = None
-    # on a cache hit: latency of the call that produced the cached answer
-    orig_latency_s: float | None = None
-    # the reply was cut at max_tokens and asked again with twice the budget
-    cut_retry: bool = False
-    # chat_tools: 'tools' (native function calling) or 'tools_as_json'
-    protocol: str = ''
-    # which token counts are the kit's estimates, and why (None: the server's)
-    usage_note: str | None = None
+    orig_latency_s: float | None = None  # cache hit: latency of the call that made the answer
+    cut_retry: bool = False              # cut at max_tokens, asked again with twice the budget
+    protocol: str = ''                   # chat_tools: 'tools' (native) or 'tools_as_json'
+    usage_note: str | None = None        # which token counts are estimates, why (None: server's)
     def to_dict(self) -> dict: return asdict(self)
 
 # %% ../../nbs/02a_backends.chat.ipynb #e687a9e2
@@ -111,21 +107,15 @@ class ChatModel:
     backend_name: str = 'base'
     model_id: str = ''
     base_url: str = ''            # where an HTTP backend's server is ('' in-process)
-    # False: replies are not meaningful (base model); callers use the offline roles
-    meaningful: bool = True
+    meaningful: bool = True       # False: replies not meaningful (base model): offline roles
     supports_images: bool = False
     is_fallback: bool = False
     why: str = ''
-    # the longest wait for one reply (enforced by HTTP backends)
-    timeout_s: float | None = None
-    # a call slower than this says so on stderr (None: never)
-    progress_after_s: float | None = 10.0
-    # this many failed calls in a row raise CallsFailing (None: never)
-    max_failures_in_row: int | None = 5
-    # Config.thinking: 'on' / 'off' sent with every request; 'auto' nothing
-    thinking: str = 'auto'
+    timeout_s: float | None = None          # the longest wait for one reply (HTTP backends)
+    progress_after_s: float | None = 10.0   # a slower call says so on stderr (None: never)
+    max_failures_in_row: int | None = 5     # so many failures in a row: CallsFailing (None: never)
+    thinking: str = 'auto'                  # Config.thinking: 'on'/'off' sent each request; 'auto' not
     reasoning_allowance: int = 0            # with thinking 'on': added to every reply budget
-
     def __init__(self): self.stats = Counter()
     def sampling_params(self) -> dict:
         "Fixed sampling settings beyond max_tokens/temperature (part of the cache key)."
@@ -162,9 +152,7 @@ class ScriptedModel(ChatModel):
         self.fn, self.model_id = fn or _default_reply, model_id
         self.meaningful, self.supports_images = meaningful, supports_images
         self.why, self.calls = 'scripted test model (deterministic replies, no real model)', []
-
     def tool_protocol(self) -> str: return 'tools'
-
     def _complete(self, messages, *, schema, max_tokens, temperature, role):
         self.calls.append({'role': role, 'messages': messages, 'max_tokens': max_tokens})
         out = self.fn(messages, schema, role)
@@ -187,9 +175,11 @@ def offline_role(model: protocols.ChatModel | None, roles: str = 'auto') -> bool
 def models_record(model: protocols.ChatModel | None, offline: bool,
                   text_embedder: Any = None) -> dict:
     "What a result and its trace record about the models: chat model (and its server), roles, text embedder."
-    chat = f"{getattr(model, 'backend_name', 'none')}:{getattr(model, 'model_id', None)}" if model is not None else None
-    return {'chat': chat, 'base_url': getattr(model, 'base_url', None) or None, 'meaningful': is_meaningful(model),
-            'roles': 'offline' if offline else 'model', 'text_embedder': getattr(text_embedder, 'model_id', None)}
+    chat = (None if model is None
+            else f"{getattr(model, 'backend_name', 'none')}:{getattr(model, 'model_id', None)}")
+    return {'chat': chat, 'base_url': getattr(model, 'base_url', None) or None,
+            'meaningful': is_meaningful(model), 'roles': 'offline' if offline else 'model',
+            'text_embedder': getattr(text_embedder, 'model_id', None)}
 
 # %% ../../nbs/02a_backends.chat.ipynb #2e91ac30
 def set_thinking(model: protocols.ChatModel | None, thinking: str = 'auto',
@@ -214,6 +204,13 @@ def _record(self: ChatModel, role, t0, pt, ct, **kw) -> CallRecord:
     return CallRecord(role=role, backend=self.backend_name, model=self.model_id,
                       base_url=self.base_url, prompt_tokens=int(pt), completion_tokens=int(ct),
                       latency_s=time.perf_counter() - t0, **kw)
+
+@patch
+def _record_of(self: ChatModel, role, t0, cs: tuple, **kw) -> CallRecord:
+    "The record of a call whose replies were the completions `cs`: their tokens summed."
+    return self._record(role, t0, sum(x.prompt_tokens for x in cs),
+                        sum(x.completion_tokens for x in cs),
+                        reasoning_tokens=sum(x.n_reasoning for x in cs), **kw)
 
 # %% ../../nbs/02a_backends.chat.ipynb #e1e18d7c
 @patch
@@ -240,24 +237,8 @@ def _uncut(self: ChatModel, msgs, schema, c: Completion, max_tokens, temperature
     except (RequestRejected, BadReply) as e: return Completion('', finish_reason=f'error: {e}')
 
 @patch
-def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens,
-            temperature) -> ChatResult:
-    "Validate a reply (a cut one asked again with twice the budget); invalid JSON: one repair; record the outcome."
-    cut, again = c, self._uncut(msgs, schema, c, max_tokens, temperature, role)
-    if again is not None: c, max_tokens = again, 2 * max_tokens
-    done = (cut,) if again is not None else ()
-    rec = lambda *more, **kw: self._record(role, t0,
-                                           sum(x.prompt_tokens for x in (c, *done, *more)),
-                                           sum(x.completion_tokens for x in (c, *done, *more)),
-                                           reasoning_tokens=sum(x.n_reasoning
-                                                                for x in (c, *done, *more)),
-                                           cut_retry=again is not None, **kw)
-    if schema is None: return ChatResult(c.text, None, rec(), c.reasoning)
-    data, err = validate_reply(c.text, schema)
-    if err is None: return ChatResult(c.text, data, rec(), c.reasoning)
-    self._count('repairs')
-    c2, data, err2 = self._repair(msgs, schema, c.text, err, max_tokens, temperature, role)
-    r = rec(c2, repaired=True)
+def _after_repair(self: ChatModel, c2: Completion, data, err2, r: CallRecord) -> ChatResult:
+    "The result of a repaired reply, counted: its data, or not ok with what is still wrong."
     self._count('repaired_ok' if err2 is None else 'failures')
     if err2 is None: return ChatResult(c2.text, data, r, c2.reasoning)
     r.ok, r.error = (False, f"invalid JSON after one repair: {err2} (reply from {self.where()} "
@@ -265,6 +246,22 @@ def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens,
     if getattr(c2, 'finish_reason', None) == 'length':
         r.error += '; the reply was cut off at max_tokens'   # reason_of
     return ChatResult(c2.text, None, r, c2.reasoning)
+
+@patch
+def _finish(self: ChatModel, msgs, schema, c: Completion, t0, role, max_tokens,
+            temperature) -> ChatResult:
+    "Validate a reply (a cut one asked again with twice the budget); invalid JSON: one repair; record the outcome."
+    cut, again = c, self._uncut(msgs, schema, c, max_tokens, temperature, role)
+    if again is not None: c, max_tokens = again, 2 * max_tokens
+    done = (cut,) if again is not None else ()
+    rec = lambda *more, **kw: self._record_of(role, t0, (c, *done, *more),
+                                              cut_retry=again is not None, **kw)
+    if schema is None: return ChatResult(c.text, None, rec(), c.reasoning)
+    data, err = validate_reply(c.text, schema)
+    if err is None: return ChatResult(c.text, data, rec(), c.reasoning)
+    self._count('repairs')
+    c2, data, err2 = self._repair(msgs, schema, c.text, err, max_tokens, temperature, role)
+    return self._after_repair(c2, data, err2, rec(c2, repaired=True))
 
 # %% ../../nbs/02a_backends.chat.ipynb #35be007f
 class _SlowCallNotice:
@@ -304,17 +301,22 @@ def _check_failures(self: ChatModel, res):
 
 # %% ../../nbs/02a_backends.chat.ipynb #ce536874
 @patch
+def _ask(self: ChatModel, msgs, kw: dict, t0) -> ChatResult:
+    "One call with the schema instruction, finished; a request the backend refuses is a recorded failure."
+    schema, role = kw['schema'], kw['role']
+    try: c = as_completion(self._complete(with_schema_instruction(msgs, schema), **kw))
+    except (RequestRejected, BadReply) as e:
+        return ChatResult('', None, self._record(role, t0, 0, 0, ok=False, error=str(e)))
+    return self._finish(msgs, schema, c, t0, role, kw['max_tokens'], kw['temperature'])
+
+@patch
 def chat(self: ChatModel, messages, *, schema: dict | None = None, role: str = '',
          max_tokens: int = 512, temperature: float = 0.0) -> ChatResult:
     "Send a conversation; return text (and validated JSON when `schema` is given) with its call record."
     msgs, t0, max_tokens = as_messages(messages), time.perf_counter(), self.reply_budget(max_tokens)
     with _STATS_LOCK: self.stats['calls'] += 1
     kw = dict(schema=schema, max_tokens=max_tokens, temperature=temperature, role=role)
-    with _SlowCallNotice(self, role):
-        try: c = as_completion(self._complete(with_schema_instruction(msgs, schema), **kw))
-        except (RequestRejected, BadReply) as e:
-            res = ChatResult('', None, self._record(role, t0, 0, 0, ok=False, error=str(e)))
-        else: res = self._finish(msgs, schema, c, t0, role, max_tokens, temperature)
+    with _SlowCallNotice(self, role): res = self._ask(msgs, kw, t0)
     return self._check_failures(res)
 
 # %% ../../nbs/02a_backends.chat.ipynb #f9699575
@@ -355,18 +357,22 @@ def _complete_tools(self: ScriptedModel, messages, tools, *, tool_choice, max_to
 
 # %% ../../nbs/02a_backends.chat.ipynb #e7c27b21
 @patch
+def _no_call_error(self: ChatModel, calls: list, c: Completion) -> str:
+    "Why a reply that had to call a tool gives none that can run."
+    why = calls[0].error if calls else f"the reply has no tool call (it begins {c.text[:60]!r})"
+    cut = '; the reply was cut off at max_tokens' if c.finish_reason == 'length' else ''
+    return f"no valid tool call from {self.where()}: {why}{cut}"
+
+@patch
 def _tool_result(self: ChatModel, msgs, tools, tool_choice, c: Completion, t0, role) -> ToolResult:
     "The checked calls of a reply and its record (not ok when a call was required and none can run)."
     turn = sum(m['role'] == 'assistant' for m in msgs)
     calls = [parse_tool_call(x, tools, f'call_{turn}_{i}')
              for i, x in enumerate(c.tool_calls or [])]
-    rec = self._record(role, t0, c.prompt_tokens, c.completion_tokens,
-                       reasoning_tokens=c.n_reasoning)
+    rec = self._record_of(role, t0, (c,))
     with _STATS_LOCK: self.stats['invalid_tool_calls'] += sum(not x.ok for x in calls)
     if tool_choice not in ('auto', 'none') and not any(x.ok for x in calls):
-        why = calls[0].error if calls else f"the reply has no tool call (it begins {c.text[:60]!r})"
-        cut = '; the reply was cut off at max_tokens' if c.finish_reason == 'length' else ''
-        rec.ok, rec.error = False, f"no valid tool call from {self.where()}: {why}{cut}"
+        rec.ok, rec.error = False, self._no_call_error(calls, c)
     return ToolResult(calls, c.text, c.reasoning, rec)
 
 # %% ../../nbs/02a_backends.chat.ipynb #9e7a22b6
@@ -416,24 +422,27 @@ def role_call(model: protocols.ChatModel, role: str, system: str, user: str, sch
               max_tokens: int = 512, images: list | None = None) -> tuple[Any, dict]:
     "Call `model` for `role` with a JSON schema; returns (parsed data or None when unusable, call record dict)."
     t0 = time.perf_counter()
-    res = model.chat(make_messages(system, user, images), schema=schema, role=role, max_tokens=max_tokens,
-                     temperature=0.0)
-    rec = {**record_dict(getattr(res, 'record', None)), 'role': role, 'wall_s': round(time.perf_counter() - t0, 6)}
+    res = model.chat(make_messages(system, user, images), schema=schema, role=role,
+                     max_tokens=max_tokens, temperature=0.0)
+    rec = {**record_dict(getattr(res, 'record', None)), 'role': role,
+           'wall_s': round(time.perf_counter() - t0, 6)}
     rec['ok'] = bool(getattr(res, 'ok', False)) and isinstance(res.data, dict)
     return (res.data if rec['ok'] else None), rec
 
 # %% ../../nbs/02a_backends.chat.ipynb #9a7e0010
+def _total(calls: list[dict], key: str, cast=int):
+    "The sum of `key` over call records (missing or None counts 0)."
+    return sum(cast(c.get(key) or 0) for c in calls)
+
 def call_totals(calls: list[dict]) -> dict:
     "Totals of calls: count, cache hits, tokens (reasoning, estimated), model seconds, calls per role."
-    by_role: dict[str, int] = {}
-    for c in calls:
-        by_role[c.get('role', '?')] = by_role.get(c.get('role', '?'), 0) + 1
     failed = Counter(c.get('role', '?') for c in calls if c.get('ok') is False)
-    out = {'llm_calls': len(calls), 'cache_hits': sum(bool(c.get('cache_hit')) for c in calls),
-           'prompt_tokens': sum(int(c.get('prompt_tokens') or 0) for c in calls),
-           'completion_tokens': sum(int(c.get('completion_tokens') or 0) for c in calls),
-           'model_seconds': round(sum(float(c.get('wall_s') or 0.0) for c in calls), 6),
-           'calls_by_role': by_role, 'failed_calls': dict(sorted(failed.items()))}
-    if (rt := sum(int(c.get('reasoning_tokens') or 0) for c in calls)): out['reasoning_tokens'] = rt
-    if (ne := sum(bool(c.get('usage_note')) for c in calls)): out['usage_estimated'] = ne
+    out = {'llm_calls': len(calls), 'cache_hits': _total(calls, 'cache_hit', bool),
+           'prompt_tokens': _total(calls, 'prompt_tokens'),
+           'completion_tokens': _total(calls, 'completion_tokens'),
+           'model_seconds': round(_total(calls, 'wall_s', float), 6),
+           'calls_by_role': dict(Counter(c.get('role', '?') for c in calls)),
+           'failed_calls': dict(sorted(failed.items()))}
+    if (rt := _total(calls, 'reasoning_tokens')): out['reasoning_tokens'] = rt
+    if (ne := _total(calls, 'usage_note', bool)): out['usage_estimated'] = ne
     return out

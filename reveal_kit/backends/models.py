@@ -24,24 +24,33 @@ def env_supports_images(default: bool = True) -> bool:
 # %% ../../nbs/03a_backends.models.ipynb #ccc80145
 BACKENDS = ('embedded', 'http', 'vllm', 'scripted')
 
+def _served(kw: dict) -> dict:
+    "HTTP and in-process vLLM settings from the environment: `$REVEAL_IMAGES`, `$REVEAL_TEXT_MAX_TOKENS`."
+    kw.setdefault('supports_images', env_supports_images())
+    kw.setdefault('text_max_tokens', int(os.environ.get('REVEAL_TEXT_MAX_TOKENS') or 0) or None)
+    return kw
+
+def _http_backend(model: str | None, base_url, **kw) -> ChatModel:
+    "An OpenAI-compatible server at `base_url` (else `$REVEAL_BASE_URL`, else 127.0.0.1:8000)."
+    from reveal_kit.backends.http import OpenAIHTTPModel
+    url = base_url or os.environ.get('REVEAL_BASE_URL', 'http://127.0.0.1:8000/v1')
+    return OpenAIHTTPModel(url, model, **kw)
+
+def _vllm_backend(model: str | None, **kw) -> ChatModel:
+    "vLLM in this process; `model` (a Hugging Face id or local path) is required."
+    if not model:
+        raise ValueError("backend 'vllm' needs model= (a Hugging Face id or local path)")
+    from reveal_kit.backends.vllm import VLLMModel
+    return VLLMModel(model, **kw)
+
 def make_backend(backend: str, model: str | None = None, base_url: str | list[str] | None = None,
                  **kw) -> ChatModel:
     "The uncached model for a backend name (HTTP and in-process vLLM: `supports_images` from `$REVEAL_IMAGES`)."
     if backend == 'embedded':
         from reveal_kit.backends.llamacpp import LlamaCppModel
         return LlamaCppModel(model, **kw)
-    if backend in ('http', 'vllm'):
-        kw.setdefault('supports_images', env_supports_images())
-        kw.setdefault('text_max_tokens', int(os.environ.get('REVEAL_TEXT_MAX_TOKENS') or 0) or None)
-    if backend == 'http':
-        from reveal_kit.backends.http import OpenAIHTTPModel
-        return OpenAIHTTPModel(base_url or os.environ.get('REVEAL_BASE_URL',
-                                                          'http://127.0.0.1:8000/v1'), model, **kw)
-    if backend == 'vllm':
-        if not model:
-            raise ValueError("backend 'vllm' needs model= (a Hugging Face id or local path)")
-        from reveal_kit.backends.vllm import VLLMModel
-        return VLLMModel(model, **kw)
+    if backend == 'http': return _http_backend(model, base_url, **_served(kw))
+    if backend == 'vllm': return _vllm_backend(model, **_served(kw))
     if backend == 'scripted': return ScriptedModel(**kw)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
@@ -57,32 +66,45 @@ def _with_cache(inner: ChatModel, backend: str, cache: str | Path | None, mode: 
     return CachedModel(inner, CallCache(path), mode=mode)
 
 # %% ../../nbs/03a_backends.models.ipynb #313832f6
+def _from_env(backend: str | None, model: str | None) -> tuple[str, str | None]:
+    "The backend and model as given, else `$REVEAL_BACKEND` (else 'embedded') and `$REVEAL_MODEL`."
+    return (backend or os.environ.get('REVEAL_BACKEND', 'embedded'),
+            model or os.environ.get('REVEAL_MODEL') or None)
+
+def _check_replay(mode: str, backend: str, model: str | None):
+    "Replay over HTTP needs the model id: it is part of the cache key, and replay must not ask the server."
+    if mode == 'replay' and backend == 'http' and not model:
+        raise ValueError("replay with backend 'http' needs model= (the cache key holds the model "
+                         "id; replay must not ask the server)")
+
 def get_chat_model(backend: str | None = None, model: str | None = None,
                    base_url: str | None = None, cache: str | Path | None = 'default',
                    cache_mode: str | None = None, timeout_s: float | None = None,
                    thinking: str = 'auto', reasoning_allowance: int = 0, **kw) -> ChatModel:
     "The chat model to use (default: `$REVEAL_BACKEND` or 'embedded'), set as `Config.thinking` says, cached."
-    backend = backend or os.environ.get('REVEAL_BACKEND', 'embedded')
-    model = model or os.environ.get('REVEAL_MODEL') or None
+    backend, model = _from_env(backend, model)
     mode = cache_mode or ('replay' if kw.pop('replay', False) else 'readwrite')
     if timeout_s and backend == 'http': kw['timeout'] = float(timeout_s)
     inner = set_thinking(make_backend(backend, model, base_url, **kw), thinking,
                          reasoning_allowance)
-    if mode == 'replay' and backend == 'http' and not model:
-        raise ValueError("replay with backend 'http' needs model= (the cache key holds the model "
-                         "id; replay must not ask the server)")
+    _check_replay(mode, backend, model)
     return _with_cache(inner, backend, cache, mode)
 
 # %% ../../nbs/03a_backends.models.ipynb #5e34fc2a
+def _model_facts(inner: ChatModel) -> dict:
+    "What an uncached model says of itself (its id is asked for after)."
+    return {'backend': inner.backend_name, 'model_id': None, 'meaningful': inner.meaningful,
+            'is_fallback': inner.is_fallback, 'why': inner.why,
+            'supports_images': inner.supports_images, 'base_url': inner.base_url or None,
+            'base_urls': list(getattr(inner, 'base_urls', ())) or None, 'timeout_s': inner.timeout_s}
+
 def describe_chat_model(model: ChatModel) -> dict:
     "What chat model is in use: backend, model id, meaningful, fallback or not, why, every replica, the cache."
     inner = getattr(model, 'inner', model)
-    d = {'backend': inner.backend_name, 'model_id': None, 'meaningful': inner.meaningful,
-         'is_fallback': inner.is_fallback, 'why': inner.why, 'supports_images': inner.supports_images,
-         'base_url': inner.base_url or None, 'base_urls': list(getattr(inner, 'base_urls', ())) or None,
-         'timeout_s': inner.timeout_s}
+    d = _model_facts(inner)
     try: d['model_id'] = inner.model_id
     except BackendError as e: d['error'] = str(e)
-    if getattr(inner, 'replicas', None) is not None: d['replicas'] = inner.replicas.status()   # after asking for the id
+    if getattr(inner, 'replicas', None) is not None:
+        d['replicas'] = inner.replicas.status()   # after asking for the id
     if inner is not model: d.update(cache=str(model.cache.path), cache_mode=model.mode)
     return d

@@ -21,6 +21,13 @@ __all__ = ['SCORE', 'parse_json', 'schema_validator', 'schema_error', 'validate_
 # %% ../../nbs/02_backends.replies.ipynb #243fcba0
 _FENCE = re.compile(r'```(?:json)?\s*(.*?)```', re.S)
 
+def _first_json_value(t: str) -> Any:
+    "The first JSON object or array in text with prose around it; ValueError if none or broken."
+    starts = [i for i in (t.find('{'), t.find('[')) if i >= 0]
+    if not starts: raise ValueError(f"no JSON value in reply {t[:80]!r}")
+    try: return json.JSONDecoder(strict=False).raw_decode(t[min(starts):])[0]
+    except json.JSONDecodeError as e: raise ValueError(f"broken JSON in reply: {e}") from None
+
 def parse_json(text: str) -> Any:
     "The JSON value in a model reply (code fences and surrounding prose tolerated); ValueError if there is none."
     t = (text or '').strip()
@@ -29,10 +36,7 @@ def parse_json(text: str) -> Any:
         # control characters inside strings: small models emit them
         return json.loads(t, strict=False)
     except json.JSONDecodeError: pass
-    starts = [i for i in (t.find('{'), t.find('[')) if i >= 0]
-    if not starts: raise ValueError(f"no JSON value in reply {t[:80]!r}")
-    try: return json.JSONDecoder(strict=False).raw_decode(t[min(starts):])[0]
-    except json.JSONDecodeError as e: raise ValueError(f"broken JSON in reply: {e}") from None
+    return _first_json_value(t)
 
 # %% ../../nbs/02_backends.replies.ipynb #f3083b4c
 @functools.lru_cache(maxsize=512)
@@ -84,6 +88,15 @@ def bound_schema(schema: dict, max_str: int = 200, max_items: int = 8) -> dict:
     return walk(copy.deepcopy(schema))
 
 # %% ../../nbs/02_backends.replies.ipynb #baf7ec2d
+def _minimal_of_type(s: dict, t: str) -> Any:
+    "The smallest value of JSON type `t` under schema `s` (required counts and lengths met)."
+    if t == 'object': return {k: minimal_instance(v) for k, v in s.get('properties', {}).items()}
+    if t == 'array':
+        return [minimal_instance(s.get('items', {})) for _ in range(s.get('minItems', 0))]
+    if t == 'string': return 'x' * s.get('minLength', 0)
+    if t in ('integer', 'number'): return s.get('minimum', 0)
+    return False if t == 'boolean' else None
+
 def minimal_instance(schema: dict | None) -> Any:
     "The smallest value valid under a simple schema (first enum value, minimum counts); the scripted model's default."
     s = schema or {}
@@ -91,13 +104,7 @@ def minimal_instance(schema: dict | None) -> Any:
     if 'enum' in s: return s['enum'][0]
     for k in ('anyOf', 'oneOf', 'allOf'):
         if k in s: return minimal_instance(s[k][0])
-    t = (_types(s) or ['object'])[0]
-    if t == 'object': return {k: minimal_instance(v) for k, v in s.get('properties', {}).items()}
-    if t == 'array':
-        return [minimal_instance(s.get('items', {})) for _ in range(s.get('minItems', 0))]
-    if t == 'string': return 'x' * s.get('minLength', 0)
-    if t in ('integer', 'number'): return s.get('minimum', 0)
-    return False if t == 'boolean' else None
+    return _minimal_of_type(s, (_types(s) or ['object'])[0])
 
 # %% ../../nbs/02_backends.replies.ipynb #1577bc97
 def schema_instruction(schema: dict) -> str:
@@ -115,8 +122,8 @@ def with_schema_instruction(messages: list[dict], schema: dict | None) -> list[d
     if i is None: return msgs + [user_message(schema_instruction(schema))]
     c = msgs[i]['content']
     extra = schema_instruction(schema)
-    msgs[i]['content'] = f"{c}\n\n{extra}" if isinstance(c, str) else [*c, {'type': 'text',
-                                                                            'text': extra}]
+    if isinstance(c, str): msgs[i]['content'] = f"{c}\n\n{extra}"
+    else: msgs[i]['content'] = [*c, {'type': 'text', 'text': extra}]
     return msgs
 
 # %% ../../nbs/02_backends.replies.ipynb #635b16a2
@@ -314,21 +321,28 @@ def _tool_names(tools: list[dict]) -> list[str]:
     except (KeyError, TypeError, AttributeError):
         raise ValueError(f"not an OpenAI tool list: {tools!r:.120}") from None
 
-def tool_call_schema(tools: list[dict], tool_choice: str | dict = 'required',
-                     max_calls: int = 4) -> dict | None:
-    "The reply `{'tool_calls': [{'name', 'arguments'}]}` as a JSON schema (for backends without tools); 'none': None."
-    names = _tool_names(tools)
+def _tool_pick(tool_choice: str | dict, names: list[str]) -> str | None:
+    "The one function `tool_choice` names (None: 'required', 'auto', 'none'); a bad choice: ValueError."
     pick = tool_choice['function']['name'] if isinstance(tool_choice, dict) else None
     if pick is None and tool_choice not in ('required', 'auto', 'none'):
         raise ValueError(f"tool_choice must be 'required', 'auto', 'none' or one function, got "
                          f"{tool_choice!r}")
     if not names or (pick and pick not in names):
         raise ValueError(f"tool_choice {tool_choice!r}: no such tool in {names}")
-    if tool_choice == 'none': return None
-    one = [{'type': 'object', 'required': ['name', 'arguments'],
+    return pick
+
+def _call_item(t: dict) -> dict:
+    "The schema of one call of tool `t`: its name, and arguments under its parameters."
+    return {'type': 'object', 'required': ['name', 'arguments'],
             'properties': {'name': {'type': 'string', 'enum': [t['function']['name']]},
                            'arguments': t['function'].get('parameters') or {'type': 'object'}}}
-           for t in tools if pick in (None, t['function']['name'])]
+
+def tool_call_schema(tools: list[dict], tool_choice: str | dict = 'required',
+                     max_calls: int = 4) -> dict | None:
+    "The reply `{'tool_calls': [{'name', 'arguments'}]}` as a JSON schema (for backends without tools); 'none': None."
+    pick = _tool_pick(tool_choice, _tool_names(tools))
+    if tool_choice == 'none': return None
+    one = [_call_item(t) for t in tools if pick in (None, t['function']['name'])]
     items = one[0] if len(one) == 1 else {'anyOf': one}
     calls = {'type': 'array', 'items': items, 'minItems': int(tool_choice != 'auto'),
              'maxItems': 1 if pick else max_calls}
@@ -337,33 +351,47 @@ def tool_call_schema(tools: list[dict], tool_choice: str | dict = 'required',
     return {'type': 'object', 'required': ['tool_calls'], 'properties': props}
 
 # %% ../../nbs/02_backends.replies.ipynb #0d883480
+def _args_text(args: Any) -> str:
+    "A call's arguments as JSON text (a string kept as it came, None as {})."
+    if isinstance(args, str): return args
+    return json.dumps({} if args is None else args, ensure_ascii=False)
+
+def _args_object(name: str, text: str) -> tuple[dict | None, str]:
+    "The arguments of a call to `name` as a JSON object, or None and why not."
+    try: data = json.loads(text.strip() or '{}', strict=False)
+    except json.JSONDecodeError as e:
+        return None, f"the arguments of {name} are not valid JSON ({e}): {text[:80]!r}"
+    if not isinstance(data, dict):
+        return None, f"the arguments of {name} are not a JSON object: {text[:80]!r}"
+    return data, ''
+
 def parse_tool_call(raw: Any, tools: list[dict], call_id: str = 'call_0') -> ToolCall:
     "A raw call as a `ToolCall` named `call_id`; an unknown tool or arguments invalid under it: kept, with the error."
     fn = raw.get('function', raw) if isinstance(raw, dict) else {}
     if not isinstance(raw, dict) or not isinstance(fn, dict):
         return ToolCall(call_id, '', {}, f"not a tool call: {raw!r:.80}")
-    name, args = str(fn.get('name') or ''), fn.get('arguments')
-    text = args if isinstance(args, str) else json.dumps({} if args is None else args,
-                                                         ensure_ascii=False)
+    name, text = str(fn.get('name') or ''), _args_text(fn.get('arguments'))
     params = {t['function']['name']: t['function'].get('parameters') or {} for t in tools}
-    bad = lambda why: ToolCall(call_id, name, {}, why, text)
-    if name not in params: return bad(f"unknown tool {name!r} (the tools are {', '.join(params)})")
-    try: data = json.loads(text.strip() or '{}', strict=False)
-    except json.JSONDecodeError as e:
-        return bad(f"the arguments of {name} are not valid JSON ({e}): {text[:80]!r}")
-    if not isinstance(data, dict):
-        return bad(f"the arguments of {name} are not a JSON object: {text[:80]!r}")
+    if name not in params:
+        why = f"unknown tool {name!r} (the tools are {', '.join(params)})"
+        return ToolCall(call_id, name, {}, why, text)
+    data, why = _args_object(name, text)
+    if data is None: return ToolCall(call_id, name, {}, why, text)
     err = schema_error(data, params[name])
     return ToolCall(call_id, name, data,
                     err and f"the arguments of {name} do not match its parameters {err}", text)
 
 # %% ../../nbs/02_backends.replies.ipynb #184f26a8
-def with_tools_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
-    "Messages with the tools' names and descriptions added to the system turn, for backends without native tools."
+def _tools_text(tools: list[dict]) -> str:
+    "How to call the tools, then one line per tool: its name and description."
     lines = ["You can call these tools; reply with JSON naming each call's tool and its arguments."]
     lines += [f"- {t['function']['name']}: {t['function'].get('description', '')}".rstrip(': ')
               for t in tools]
-    text, msgs = '\n'.join(lines), [dict(m) for m in messages]
+    return '\n'.join(lines)
+
+def with_tools_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
+    "Messages with the tools' names and descriptions added to the system turn, for backends without native tools."
+    text, msgs = _tools_text(tools), [dict(m) for m in messages]
     if msgs and msgs[0]['role'] == 'system':
         msgs[0]['content'] = f"{message_text(msgs[0])}\n\n{text}"
     else: msgs.insert(0, system_message(text))
@@ -382,18 +410,18 @@ def calls_from_json(c: Completion) -> Completion:
 _TOOL_CALL = re.compile(r'<tool_call>\s*(.*?)\s*(?:</tool_call>|$)', re.S)
 _NAME = re.compile(r'"name"\s*:\s*"([^"]*)"')
 
+def _block_call(b: str) -> dict:
+    "One `<tool_call>` block as a raw call; a broken one keeps its name and its arguments' text."
+    try: d = json.loads(b)
+    except json.JSONDecodeError: d = None
+    if isinstance(d, dict) and 'name' in d:
+        return {'name': d['name'], 'arguments': d.get('arguments', {})}
+    name = _NAME.search(b)
+    return {'name': name.group(1) if name else '',
+            'arguments': b.partition('"arguments":')[2].strip()}
+
 def text_tool_calls(text: str) -> tuple[str, list[dict]]:
     "`(text before the calls, raw calls)` of Hermes-style `<tool_call>` blocks a server left in the text (cut off too)."
     blocks = _TOOL_CALL.findall(text or '')
     if not blocks: return text, []
-    calls = []
-    for b in blocks:
-        try: d = json.loads(b)
-        except json.JSONDecodeError: d = None
-        if isinstance(d, dict) and 'name' in d:
-            calls.append({'name': d['name'], 'arguments': d.get('arguments', {})})
-        else:
-            name = _NAME.search(b)
-            calls.append({'name': name.group(1) if name else '',
-                          'arguments': b.partition('"arguments":')[2].strip()})
-    return text.split('<tool_call>', 1)[0].strip(), calls
+    return text.split('<tool_call>', 1)[0].strip(), [_block_call(b) for b in blocks]

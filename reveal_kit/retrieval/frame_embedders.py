@@ -45,30 +45,39 @@ def colour_layout(lab: np.ndarray) -> np.ndarray:
     return np.concatenate([_W_LAYOUT * layout, _W_MEAN * (mean - 0.5) * 4])
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #cc53d706
+def _soft_bins(v: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    "Soft bins of uint8 values: each one's lower bin of `c`, its share of the next (linear between centres)."
+    pv = np.clip(v.astype(np.float32) * c / 256 - 0.5, 0, c - 1)
+    v0 = np.minimum(pv.astype(np.int32), c - 2)
+    return v0, (pv - v0).ravel()
+
 def colour_histogram(hsv: np.ndarray, bins: tuple[int, int, int] = (4, 4, 4)) -> np.ndarray:
     "Joint HSV histogram (OpenCV uint8 HSV), soft value bins, sqrt frequencies minus ½ of the uniform sqrt histogram."
     a, b, c = bins
     h = (hsv[..., 0].astype(np.int32) * a) // 180
     s = (hsv[..., 1].astype(np.int32) * b) >> 8
-    # value: linear between bin centres
-    pv = np.clip(hsv[..., 2].astype(np.float32) * c / 256 - 0.5, 0, c - 1)
-    v0 = np.minimum(pv.astype(np.int32), c - 2)
-    fv = (pv - v0).ravel()
+    v0, fv = _soft_bins(hsv[..., 2], c)
     base, n = ((h * b + s) * c + v0).ravel(), a * b * c
     hist = np.bincount(base, 1 - fv, n) + np.bincount(base + 1, fv, n)
     return _W_HIST * (np.sqrt(hist / hist.sum()) - _CENTRE / np.sqrt(n)).astype(np.float32)
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #98fbc8cc
+def _quadrants(h: int, w: int) -> np.ndarray:
+    "Each pixel's quadrant of an h×w image: 0, 1 on top, 2, 3 below."
+    return (np.arange(h)[:, None] * 2 // h) * 2 + (np.arange(w)[None, :] * 2 // w)
+
+def _orientation_bins(gx: np.ndarray, gy: np.ndarray, n: int) -> np.ndarray:
+    "Each pixel's unsigned gradient orientation (0 to π) as one of `n` bins."
+    return np.minimum(((np.arctan2(gy, gx) % np.pi) / np.pi * n).astype(np.int32), n - 1)
+
 def gradient_histogram(grey: np.ndarray, n_orient: int = 8, damp: float = 5.0) -> np.ndarray:
     "Magnitude-weighted histogram of unsigned gradient orientations in each image quadrant (32-d), sqrt and centred."
     import cv2
     gx = cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=3)
     gy = cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=3)
     mag = np.sqrt(gx * gx + gy * gy)
-    ob = np.minimum(((np.arctan2(gy, gx) % np.pi) / np.pi * n_orient).astype(np.int32),
-                    n_orient - 1)
-    H, W = grey.shape
-    quad = (np.arange(H)[:, None] * 2 // H) * 2 + (np.arange(W)[None, :] * 2 // W)
+    ob = _orientation_bins(gx, gy, n_orient)
+    quad = _quadrants(*grey.shape)
     hist = np.bincount((quad * n_orient + ob).ravel(), weights=mag.ravel(),
                        minlength=4 * n_orient).astype(np.float32)
     return _W_GRAD * (np.sqrt(hist / (hist.sum() + damp)) - _CENTRE / np.sqrt(4 * n_orient))
@@ -113,38 +122,59 @@ def _hf_cached_file(repo_id: str, filename: str) -> str | None:
     return str(snap / filename) if snap is not None and (snap / filename).exists() else None
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #2b29f121
+def _siglip_from_hub(env: str) -> tuple[dict | None, str]:
+    "An `hf-hub:` name given in `$REVEAL_SIGLIP`, when the local Hugging Face cache holds it."
+    if _hf_cached_file(env[7:], 'open_clip_config.json'):
+        return dict(model_name=env, pretrained=None), f"{env} found in the HF cache (REVEAL_SIGLIP)"
+    return None, f"REVEAL_SIGLIP={env} is not in the local Hugging Face cache"
+
+def _is_open_clip_dir(p: Path) -> bool:
+    "Whether `p` is a hub-layout open_clip model directory: its config and its weights."
+    return (p.is_dir() and (p / 'open_clip_config.json').exists()
+            and any((p / w).exists() for w in _OC_WEIGHTS))
+
 def _siglip_from_env(env: str) -> tuple[dict | None, str]:
     "Resolve `$REVEAL_SIGLIP`: an `hf-hub:` name in the local cache, a hub-layout directory, or a weights file."
-    if env.startswith('hf-hub:'):
-        if _hf_cached_file(env[7:], 'open_clip_config.json'):
-            return dict(model_name=env,
-                        pretrained=None), f"{env} found in the HF cache (REVEAL_SIGLIP)"
-        return None, f"REVEAL_SIGLIP={env} is not in the local Hugging Face cache"
+    if env.startswith('hf-hub:'): return _siglip_from_hub(env)
     p = Path(env).expanduser()
-    if p.is_dir() and (p / 'open_clip_config.json').exists() and any((p / w).exists()
-                                                                     for w in _OC_WEIGHTS):
-        return dict(model_name=None, pretrained=None,
-                    local_dir=str(p)), f"SigLIP found at {p} (REVEAL_SIGLIP)"
+    if _is_open_clip_dir(p):
+        return (dict(model_name=None, pretrained=None, local_dir=str(p)),
+                f"SigLIP found at {p} (REVEAL_SIGLIP)")
     if p.is_file():
         arch = os.environ.get('REVEAL_SIGLIP_ARCH', 'ViT-L-16-SigLIP-384')
-        return dict(model_name=arch,
-                    pretrained=str(p)), f"SigLIP weights {p} with architecture {arch} (REVEAL_SIGLIP)"
+        return (dict(model_name=arch, pretrained=str(p)),
+                f"SigLIP weights {p} with architecture {arch} (REVEAL_SIGLIP)")
     return None, f"REVEAL_SIGLIP={p} is neither an open_clip model directory nor a weights file"
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #3b301eef
+def _in_hf_cache(repo: str) -> bool:
+    "Whether the local Hugging Face cache holds the open_clip config and weights of `repo`."
+    return bool(_hf_cached_file(repo, 'open_clip_config.json')
+                and any(_hf_cached_file(repo, w) for w in _OC_WEIGHTS))
+
 def find_siglip() -> tuple[dict | None, str]:
     "How to build SigLIP from local files (`dict(model_name=, pretrained=, local_dir=)`), or None, with the reason."
     env = os.environ.get('REVEAL_SIGLIP')
     if env: return _siglip_from_env(env)
     for repo in SIGLIP_REPOS:
-        if _hf_cached_file(repo, 'open_clip_config.json') and any(_hf_cached_file(repo, w)
-                                                                  for w in _OC_WEIGHTS):
-            return dict(model_name=f'hf-hub:{repo}',
-                        pretrained=None), f"{repo} found in the Hugging Face cache"
+        if _in_hf_cache(repo):
+            return (dict(model_name=f'hf-hub:{repo}', pretrained=None),
+                    f"{repo} found in the Hugging Face cache")
     return None, ("SigLIP weights not found locally (REVEAL_SIGLIP unset; no timm/*SigLIP* "
                   "open_clip model in the Hugging Face cache)")
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #41f97373
+def _local_arch(d: Path) -> str:
+    "A local open_clip directory's architecture: `$REVEAL_SIGLIP_ARCH`, else the built-in one it matches."
+    import open_clip
+    cfg = json.loads((d / 'open_clip_config.json').read_text())['model_cfg']
+    arch = os.environ.get('REVEAL_SIGLIP_ARCH') or next(
+        (m for m in open_clip.list_models() if open_clip.get_model_config(m) == cfg), None)
+    if arch is None:
+        raise RuntimeError(f"no built-in open_clip architecture matches {d}/open_clip_config.json; "
+                           "set REVEAL_SIGLIP_ARCH")
+    return arch
+
 def _open_clip_args(src: dict) -> tuple[str, str | None]:
     "(model_name, pretrained) for `open_clip.create_model_and_transforms`, resolving a local hub-layout directory."
     import open_clip
@@ -152,21 +182,15 @@ def _open_clip_args(src: dict) -> tuple[str, str | None]:
     d = Path(src['local_dir'])
     if getattr(open_clip.factory, 'LOCAL_DIR_PREFIX', None):
         return open_clip.factory.LOCAL_DIR_PREFIX + str(d), None
-    cfg = json.loads((d / 'open_clip_config.json').read_text())['model_cfg']
-    arch = os.environ.get('REVEAL_SIGLIP_ARCH') or next(
-        (m for m in open_clip.list_models() if open_clip.get_model_config(m) == cfg), None)
-    if arch is None:
-        raise RuntimeError(f"no built-in open_clip architecture matches {d}/open_clip_config.json; "
-                                        "set REVEAL_SIGLIP_ARCH")
-    return arch, str(next(d / w for w in _OC_WEIGHTS if (d / w).exists()))
+    return _local_arch(d), str(next(d / w for w in _OC_WEIGHTS if (d / w).exists()))
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #043dad4f
 def _siglip_id(src: dict) -> str:
     "The model id of a SigLIP source: `open_clip:<name>[@<weights file>]` (a local directory needs open_clip)."
-    name, pretrained = (src['model_name'],
-                        src['pretrained']) if not src.get('local_dir') else _open_clip_args(src)
-    return 'open_clip:' + (src.get('model_name') or name) + (f'@{Path(pretrained).name}'
-                                                             if pretrained else '')
+    if src.get('local_dir'): name, pretrained = _open_clip_args(src)
+    else: name, pretrained = src['model_name'], src['pretrained']
+    weights = f'@{Path(pretrained).name}' if pretrained else ''
+    return 'open_clip:' + (src.get('model_name') or name) + weights
 
 class SiglipImageEmbedder(ImageEmbedder):
     "SigLIP image (and text) tower through open_clip, from local weights only; loaded on first use."
@@ -177,6 +201,14 @@ class SiglipImageEmbedder(ImageEmbedder):
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #9f3bca8d
 @patch
+def _set_tokenizer(self: SiglipImageEmbedder, name: str):
+    "The text tower's tokenizer, or None (the reason added to `why`) when open_clip has none."
+    import open_clip
+    try: self.tokenizer = open_clip.get_tokenizer(name)
+    except Exception as e:
+        self.tokenizer, self.why = None, f"{self.why}; text tower unavailable ({e})"
+
+@patch
 def _load(self: SiglipImageEmbedder):
     "Create the open_clip model, preprocessing and tokenizer on the embedder's device; probe the dimension."
     import torch, open_clip
@@ -184,13 +216,10 @@ def _load(self: SiglipImageEmbedder):
     self.device = torch_device()
     if self.device == 'cpu': set_torch_threads()
     name, pretrained = _open_clip_args(self.src)
-    self._model, _, self.preprocess = open_clip.create_model_and_transforms(name,
-                                                                            pretrained=pretrained,
-                                                                            device=self.device)
+    self._model, _, self.preprocess = open_clip.create_model_and_transforms(
+        name, pretrained=pretrained, device=self.device)
     self._model.eval()
-    try: self.tokenizer = open_clip.get_tokenizer(name)
-    except Exception as e:
-        self.tokenizer, self.why = None, f"{self.why}; text tower unavailable ({e})"
+    self._set_tokenizer(name)
     with torch.no_grad():
         probe = self._model.encode_image(self._batch([np.zeros((64, 64, 3), np.uint8)]))
     self._dim = int(probe.shape[-1])
@@ -227,16 +256,19 @@ def _batch(self: SiglipImageEmbedder, frames):
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #f3cd37a9
 @patch
+def _image_vectors(self: SiglipImageEmbedder, frames) -> np.ndarray:
+    "One batch of frames through the image tower, as float32 numpy rows (not normalized)."
+    return self.model.encode_image(self._batch(frames)).float().cpu().numpy()
+
+@patch
 def encode(self: SiglipImageEmbedder, frames: Sequence[np.ndarray]) -> np.ndarray:
     "Embed frames → (n, dim) float32, unit rows."
     import torch
     if isinstance(frames, np.ndarray) and frames.ndim == 3: frames = [frames]
     if len(frames) == 0: return np.zeros((0, self.dim), np.float32)
-    out = []
     with torch.no_grad():
-        for i in range(0, len(frames), self.batch_size):
-            out.append(self.model.encode_image(self._batch(frames[i:i
-                                                                  + self.batch_size])).float().cpu().numpy())
+        out = [self._image_vectors(frames[i:i + self.batch_size])
+               for i in range(0, len(frames), self.batch_size)]
     return l2_normalize(np.concatenate(out))
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #6a7209d6

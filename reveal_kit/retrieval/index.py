@@ -23,14 +23,19 @@ HNSW_EXPANSION_SEARCH = 128
 INDEX_FILE, KEYS_FILE = 'index.usearch', 'keys.json'
 
 # %% ../../nbs/05_retrieval.index.ipynb #b59bd2b4
-def as_matrix(vectors, dim: int, what: str = 'vectors') -> np.ndarray:
-    "`vectors` as a float32 (n, dim) matrix of unit rows; a single (dim,) vector becomes (1, dim)."
+def _as_rows(vectors, dim: int, what: str) -> np.ndarray:
+    "`vectors` as float32 rows of `dim` numbers (a (dim,) vector: one row); else a ValueError."
     v = np.asarray(vectors, dtype=np.float32)
     if v.ndim == 1: v = v[None, :]
     if v.ndim != 2: raise ValueError(f"{what} must be (n, {dim}) or ({dim},), got shape {v.shape}")
     if v.shape[1] != dim:
         raise ValueError(f"dimension mismatch: {what} have dim {v.shape[1]}, the index has dim "
                          f"{dim}")
+    return v
+
+def as_matrix(vectors, dim: int, what: str = 'vectors') -> np.ndarray:
+    "`vectors` as a float32 (n, dim) matrix of unit rows; a single (dim,) vector becomes (1, dim)."
+    v = _as_rows(vectors, dim, what)
     if not np.isfinite(v).all(): raise ValueError(f"{what} contain NaN or infinite values")
     norms = np.linalg.norm(v, axis=1, keepdims=True)
     if (norms == 0).any():
@@ -39,19 +44,23 @@ def as_matrix(vectors, dim: int, what: str = 'vectors') -> np.ndarray:
     return v / norms
 
 # %% ../../nbs/05_retrieval.index.ipynb #16944f1b
+def _topk_rows(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    "The `k` best columns of each row of a score block and their scores, best first."
+    if k < s.shape[1]: part = np.argpartition(-s, k - 1, axis=1)[:, :k]
+    else: part = np.tile(np.arange(s.shape[1]), (len(s), 1))
+    ps = np.take_along_axis(s, part, 1)
+    order = np.argsort(-ps, axis=1, kind='stable')
+    return np.take_along_axis(part, order, 1), np.take_along_axis(ps, order, 1)
+
 def exact_topk(queries: np.ndarray, data: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     "Exact top-`k` rows of `data` by dot product for each query: (indices (m, k), scores (m, k)), best first."
     k = min(k, len(data))
     step = max(1, (16 << 20) // max(1, len(data)))
     idx, sc = [], []
     for i in range(0, len(queries), step):
-        s = queries[i:i + step] @ data.T
-        if k < s.shape[1]: part = np.argpartition(-s, k - 1, axis=1)[:, :k]
-        else: part = np.tile(np.arange(s.shape[1]), (len(s), 1))
-        ps = np.take_along_axis(s, part, 1)
-        order = np.argsort(-ps, axis=1, kind='stable')
-        idx.append(np.take_along_axis(part, order, 1))
-        sc.append(np.take_along_axis(ps, order, 1))
+        ix, s = _topk_rows(queries[i:i + step] @ data.T, k)
+        idx.append(ix)
+        sc.append(s)
     return np.concatenate(idx), np.concatenate(sc)
 
 # %% ../../nbs/05_retrieval.index.ipynb #6b8c974a
@@ -134,6 +143,12 @@ def _hnsw_search(self: VectorIndex, q: np.ndarray, k: int) -> list[list[tuple[st
 
 # %% ../../nbs/05_retrieval.index.ipynb #fd418a57
 @patch
+def _exact_search(self: VectorIndex, q: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
+    "Top-`k` (key, cosine) per query row by exact dot products."
+    idx, sc = exact_topk(q, self.matrix, k)
+    return [[(self.keys[j], float(s)) for j, s in zip(ri, rs)] for ri, rs in zip(idx, sc)]
+
+@patch
 def search(self: VectorIndex, vectors, k: int = 10,
            exact: bool | None = None) -> list[list[tuple[str, float]]]:
     "Top-`k` (key, cosine) per query, best first; exact below the threshold or with `exact=True`; k capped at len()."
@@ -141,10 +156,9 @@ def search(self: VectorIndex, vectors, k: int = 10,
     q = as_matrix(vectors, self.dim, what='queries')
     if len(self) == 0: return [[] for _ in range(len(q))]
     k = min(int(k), len(self))
-    if not (exact or (exact is None and len(self) <= self.exact_threshold)):
-        return self._hnsw_search(q, k)
-    idx, sc = exact_topk(q, self.matrix, k)
-    return [[(self.keys[j], float(s)) for j, s in zip(ri, rs)] for ri, rs in zip(idx, sc)]
+    if exact or (exact is None and len(self) <= self.exact_threshold):
+        return self._exact_search(q, k)
+    return self._hnsw_search(q, k)
 
 # %% ../../nbs/05_retrieval.index.ipynb #cabba8d7
 @patch
@@ -159,13 +173,18 @@ def get(self: VectorIndex, keys: str | Sequence[str]) -> np.ndarray:
 
 # %% ../../nbs/05_retrieval.index.ipynb #da04948a
 @patch
+def _meta(self: VectorIndex) -> dict:
+    "What `keys.json` holds: format, dim, metric, model, threshold, HNSW settings, the keys."
+    return dict(format='reveal_kit.index/1', dim=self.dim, metric='cos', dtype='f32', n=len(self),
+                model_id=self.model_id, exact_threshold=self.exact_threshold, **self.params,
+                keys=self.keys)
+
+@patch
 def save(self: VectorIndex, path: str | Path) -> Path:
     "Write `path/index.usearch` and `path/keys.json`; returns the directory."
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
-    meta = dict(format='reveal_kit.index/1', dim=self.dim, metric='cos', dtype='f32', n=len(self),
-                model_id=self.model_id, exact_threshold=self.exact_threshold, **self.params,
-                keys=self.keys)
+    meta = self._meta()
     if len(self): self._ensure_hnsw().save(str(p / INDEX_FILE))
     elif (p / INDEX_FILE).exists(): (p / INDEX_FILE).unlink()
     atomic_write_json(p / KEYS_FILE, meta, indent=None)
@@ -183,25 +202,38 @@ def _read_meta(p: Path, model_id: str | None) -> dict:
     return meta
 
 # %% ../../nbs/05_retrieval.index.ipynb #c3130ed3
+def _saved_graph(index_cls, p: Path, dim: int, params: dict, n: int):
+    "The usearch graph (an `index_cls`) saved in `p`, checked against the keys file: `n` of `dim`."
+    h = index_cls(ndim=dim, metric='cos', dtype='f32', **params)
+    h.load(str(p / INDEX_FILE))
+    if len(h) != n or h.ndim != dim:
+        raise ValueError(f"{p}: {INDEX_FILE} holds {len(h)} vectors of dim {h.ndim}, "
+                         f"{KEYS_FILE} lists {n} of dim {dim}")
+    h.expansion_search = params['expansion_search']
+    return h
+
+def _empty_index(cls, meta: dict):
+    "An empty index (of class `cls`) with the settings a keys file records."
+    return cls(meta['dim'], model_id=meta.get('model_id'), exact_threshold=meta['exact_threshold'],
+               connectivity=meta['connectivity'], expansion_add=meta['expansion_add'],
+               expansion_search=meta['expansion_search'])
+
+def _graph_vectors(h) -> np.ndarray:
+    "Every vector of a usearch graph, as one float32 matrix in key order."
+    vecs = h.get(np.arange(len(h), dtype=np.uint64))
+    return np.ascontiguousarray(np.vstack(vecs) if isinstance(vecs, tuple) else vecs,
+                                dtype=np.float32)
+
 @patch(cls_method=True)
 def load(cls: VectorIndex, path: str | Path, model_id: str | None = None) -> VectorIndex:
     "Load an index written by `save`; with `model_id`, fail if it was built by a different model."
     from usearch.index import Index
     p = Path(path)
     meta = _read_meta(p, model_id)
-    ix = cls(meta['dim'], model_id=meta.get('model_id'), exact_threshold=meta['exact_threshold'],
-             connectivity=meta['connectivity'], expansion_add=meta['expansion_add'],
-             expansion_search=meta['expansion_search'])
+    ix = _empty_index(cls, meta)
     if not meta['keys']: return ix
-    h = Index(ndim=ix.dim, metric='cos', dtype='f32', **ix.params)
-    h.load(str(p / INDEX_FILE))
-    if len(h) != len(meta['keys']) or h.ndim != ix.dim:
-        raise ValueError(f"{p}: {INDEX_FILE} holds {len(h)} vectors of dim {h.ndim}, "
-                         f"{KEYS_FILE} lists {len(meta['keys'])} of dim {ix.dim}")
-    h.expansion_search = ix.params['expansion_search']
-    vecs = h.get(np.arange(len(h), dtype=np.uint64))
-    ix._mat = np.ascontiguousarray(np.vstack(vecs) if isinstance(vecs, tuple) else vecs,
-                                   dtype=np.float32)
+    h = _saved_graph(Index, p, ix.dim, ix.params, len(meta['keys']))
+    ix._mat = _graph_vectors(h)
     ix.keys, ix._hnsw = list(meta['keys']), h
     ix._pos = {k: i for i, k in enumerate(ix.keys)}
     return ix

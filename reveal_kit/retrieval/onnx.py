@@ -27,21 +27,26 @@ def onnx_cache_dir() -> Path:
                                Path.home() / '.cache' / 'reveal-kit')).expanduser() / 'onnx'
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #31720347
+def _file_sha256(p: Path) -> str:
+    "SHA-256 of a file, read in 1 MiB chunks."
+    h = hashlib.sha256()
+    with open(p, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''): h.update(chunk)
+    return h.hexdigest()
+
 def weights_sha256(path: str | Path, memo_dir: str | Path | None = None) -> str:
     "SHA-256 of a weights file, remembered in `<memo_dir>/sha256.json` per (path, size, mtime)."
     p = Path(path).resolve()
     st = p.stat()
-    key, memo = f"{p}|{st.st_size}|{st.st_mtime_ns}", Path(memo_dir
-                                                           or onnx_cache_dir()) / 'sha256.json'
+    key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    memo = Path(memo_dir or onnx_cache_dir()) / 'sha256.json'
     known = read_model_json(memo)
     if key in known: return known[key]
-    h = hashlib.sha256()
-    with open(p, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 20), b''): h.update(chunk)
-    try: atomic_write_json(memo, {**known, key: h.hexdigest()})
+    sha = _file_sha256(p)
+    try: atomic_write_json(memo, {**known, key: sha})
     except OSError:
         pass                                     # a read-only cache only costs the hashing
-    return h.hexdigest()
+    return sha
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #0b6ca302
 def minilm_onnx_path(model_dir: str | Path | None = None) -> Path:
@@ -50,14 +55,16 @@ def minilm_onnx_path(model_dir: str | Path | None = None) -> Path:
     return onnx_cache_dir() / f"minilm-{weights_sha256(model_dir / 'model.safetensors')[:12]}.onnx"
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #7f9a273e
+def _max_seq_length(d: Path) -> int:
+    "The longest input of the model in `d` (its `sentence_bert_config.json`, else 256)."
+    return int(read_model_json(d / 'sentence_bert_config.json').get('max_seq_length', 256))
+
 def minilm_tokenizer(model_dir: str | Path):
     "The MiniLM's `tokenizers.Tokenizer`, truncating and padding as sentence-transformers does."
     from tokenizers import Tokenizer
     d = Path(model_dir)
     tok = Tokenizer.from_file(str(d / 'tokenizer.json'))
-    tok.enable_truncation(max_length=int(read_model_json(d / 'sentence_bert_config.json').get('max_seq_length',
-                                                                                              256)),
-                          strategy='longest_first')
+    tok.enable_truncation(max_length=_max_seq_length(d), strategy='longest_first')
     # each batch is padded to its own longest text
     tok.no_padding()
     return tok
@@ -73,6 +80,14 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarra
     return ids, mask
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #40511160
+def _groups(order: list[int], cut: list[int]) -> list[list[int]]:
+    "The batches of a plan, from its cut points (`cut[i]`: where the batch ending at `i` starts)."
+    groups, i = [], len(order)
+    while i:
+        groups.append(order[cut[i]:i])
+        i = cut[i]
+    return groups[::-1]
+
 def plan_batches(lengths: Sequence[int], batch_size: int = 16,
                  run_cost: int = 16) -> list[list[int]]:
     "Indices grouped into batches of ≤ `batch_size`, longest first, minimising padded positions + `run_cost` per run."
@@ -81,11 +96,7 @@ def plan_batches(lengths: Sequence[int], batch_size: int = 16,
     for i in range(1, len(order) + 1):
         best[i], cut[i] = min((best[j] + run_cost + (i - j) * lengths[order[j]], j)
                               for j in range(max(0, i - batch_size), i))
-    groups, i = [], len(order)
-    while i:
-        groups.append(order[cut[i]:i])
-        i = cut[i]
-    return groups[::-1]
+    return _groups(order, cut)
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #0a7e1e02
 def import_onnxruntime():
@@ -95,16 +106,24 @@ def import_onnxruntime():
     return onnxruntime
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #9a5aec36
+def _probe_batch(model_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    "A few texts (a word, a sentence, one past the length limit) as one padded batch."
+    enc = minilm_tokenizer(model_dir).encode_batch(['a', 'The man opens the red door.',
+                                                    ' '.join(['long'] * 300)])
+    return pad_batch([e.ids for e in enc])
+
+def _onnx_outputs(ort, onnx_file: Path, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    "What an exported file gives for a batch, on the CPU."
+    sess = ort.InferenceSession(str(onnx_file), providers=['CPUExecutionProvider'])
+    return sess.run(None, {'input_ids': ids, 'attention_mask': mask})[0]
+
 def _check_export(torch_model, onnx_file: Path, model_dir: str | Path, min_cos: float = 0.9999):
     "Refuse an exported file whose outputs differ from torch's on a few texts (deletes it)."
     import torch
     ort = import_onnxruntime()
-    enc = minilm_tokenizer(model_dir).encode_batch(['a', 'The man opens the red door.',
-                                                    ' '.join(['long'] * 300)])
-    ids, mask = pad_batch([e.ids for e in enc])
+    ids, mask = _probe_batch(model_dir)
     with torch.no_grad(): want = torch_model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-    sess = ort.InferenceSession(str(onnx_file), providers=['CPUExecutionProvider'])
-    got = sess.run(None, {'input_ids': ids, 'attention_mask': mask})[0]
+    got = _onnx_outputs(ort, onnx_file, ids, mask)
     cos = (l2_normalize(want) * l2_normalize(got)).sum(1)
     if cos.min() < min_cos:
         onnx_file.unlink()
@@ -141,6 +160,18 @@ def _mean_pooled(bert):
             return (tok * mask).sum(1) / torch.clamp(mask.sum(1), min=1e-9)
     return MeanPooled(bert).eval()
 
+def _to_onnx(model, path: Path, opset: int):
+    "Trace `model` on a tiny batch into an ONNX file whose batch and sequence axes are free."
+    import torch
+    ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])
+    axes = {0: 'batch', 1: 'seq'}
+    with torch.no_grad():
+        torch.onnx.export(model, (ids, (ids != 0).long()), str(path), dynamo=False,
+                          opset_version=opset, input_names=['input_ids', 'attention_mask'],
+                          output_names=['sentence_embedding'],
+                          dynamic_axes={'input_ids': axes, 'attention_mask': axes,
+                                        'sentence_embedding': {0: 'batch'}})
+
 def export_minilm_onnx(model_dir: str | Path, out: str | Path, opset: int = 17) -> Path:
     "Export BERT + mean pooling of `model_dir` to `out` (imports torch; checked against torch, written atomically)."
     import torch
@@ -149,14 +180,7 @@ def export_minilm_onnx(model_dir: str | Path, out: str | Path, opset: int = 17) 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f'{out.name}.tmp{os.getpid()}')
-    ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])
-    axes = {0: 'batch', 1: 'seq'}
-    with torch.no_grad():
-        torch.onnx.export(model, (ids, (ids != 0).long()), str(tmp), dynamo=False,
-                          opset_version=opset, input_names=['input_ids', 'attention_mask'],
-                          output_names=['sentence_embedding'],
-                          dynamic_axes={'input_ids': axes, 'attention_mask': axes,
-                                        'sentence_embedding': {0: 'batch'}})
+    _to_onnx(model, tmp, opset)
     _check_export(model, tmp, model_dir)
     os.replace(tmp, out)
     record_export(out)
@@ -195,15 +219,19 @@ def has_module(name: str) -> bool:
     except (ImportError, ValueError): return False
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #0d406c2b
+def _cannot_export() -> str:
+    "What is missing here to export the ONNX file ('' when nothing is)."
+    missing = [m for m in ('torch', 'transformers', 'onnx') if not has_module(m)]
+    if not missing: return ''
+    return f"no cached ONNX file and {', '.join(missing)} missing to export one (pip install onnx)"
+
 def onnx_unavailable(model_dir: str | Path | None = None) -> str:
     "Why the MiniLM cannot be served through ONNX here ('' when it can)."
     if os.environ.get('REVEAL_ONNX', '1') == '0': return "REVEAL_ONNX=0"
     missing = [m for m in ('onnxruntime', 'tokenizers') if not has_module(m)]
     if missing: return f"{' and '.join(missing)} not installed"
     if minilm_onnx_path(model_dir).exists(): return ''
-    missing = [m for m in ('torch', 'transformers', 'onnx') if not has_module(m)]
-    return (f"no cached ONNX file and {', '.join(missing)} missing to export one (pip install onnx)"
-            if missing else '')
+    return _cannot_export()
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #9f596297
 class OnnxMiniLM(TextEmbedder):
@@ -229,18 +257,31 @@ def _onnx_runtime(model_dir: str, onnx_file: str, threads: int):
                                                              providers=['CPUExecutionProvider'])
 
 @patch
+def _fall_back(self: OnnxMiniLM, e: Exception):
+    "Serve through sentence-transformers instead, saying why ONNX is unavailable."
+    self._st = SentenceTransformerText(self.model_dir, self.model_id, self.is_fallback,
+                                       batch_size=64)
+    self.backend, self.why = 'sentence-transformers', f"{self.why}; ONNX unavailable ({e})"
+
+@patch
 def _load(self: OnnxMiniLM):
     "Get the tokenizer and session (exporting once), or fall back to sentence-transformers."
     try: path = ensure_minilm_onnx(self.model_dir)
-    except Exception as e:
-        self._st = SentenceTransformerText(self.model_dir, self.model_id, self.is_fallback,
-                                           batch_size=64)
-        self.backend, self.why = 'sentence-transformers', f"{self.why}; ONNX unavailable ({e})"
-        return
+    except Exception as e: return self._fall_back(e)
     threads = int(os.environ.get('REVEAL_ONNX_THREADS') or 1)
     self.tokenizer, self._session = _onnx_runtime(str(self.model_dir), str(path), threads)
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #b2736ebd
+@patch
+def _embed(self: OnnxMiniLM, texts: list[str]) -> np.ndarray:
+    "The session's sentence embeddings of `texts` (not normalized), run in planned batches."
+    enc, out = self.tokenizer.encode_batch(texts), np.empty((len(texts), self.dim), np.float32)
+    for idx in plan_batches([len(e.ids) for e in enc], self.batch_size):
+        ids, mask = pad_batch([enc[i].ids for i in idx])
+        out[idx] = self._session.run(['sentence_embedding'],
+                                     {'input_ids': ids, 'attention_mask': mask})[0]
+    return out
+
 @patch
 def encode(self: OnnxMiniLM, texts: Sequence[str]) -> np.ndarray:
     "Embed `texts` → (n, dim) float32, unit rows."
@@ -248,12 +289,7 @@ def encode(self: OnnxMiniLM, texts: Sequence[str]) -> np.ndarray:
     if not texts: return np.zeros((0, self.dim), np.float32)
     if self._session is None and self._st is None: self._load()
     if self._st is not None: return self._st.encode(texts)
-    enc, out = self.tokenizer.encode_batch(texts), np.empty((len(texts), self.dim), np.float32)
-    for idx in plan_batches([len(e.ids) for e in enc], self.batch_size):
-        ids, mask = pad_batch([enc[i].ids for i in idx])
-        out[idx] = self._session.run(['sentence_embedding'],
-                                     {'input_ids': ids, 'attention_mask': mask})[0]
-    return l2_normalize(out)
+    return l2_normalize(self._embed(texts))
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #a7d5ff9b
 def minilm_text(why: str, is_fallback: bool = True) -> TextEmbedder:

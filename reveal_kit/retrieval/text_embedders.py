@@ -54,8 +54,8 @@ def hf_hub_cache() -> Path:
     "The Hugging Face hub cache directory, resolved as huggingface_hub does (`HF_HUB_CACHE`, `HF_HOME`, XDG)."
     for var in ('HF_HUB_CACHE', 'HUGGINGFACE_HUB_CACHE'):
         if os.environ.get(var): return Path(os.environ[var]).expanduser()
-    home = os.environ.get('HF_HOME') or Path(os.environ.get('XDG_CACHE_HOME')
-                                             or Path.home() / '.cache') / 'huggingface'
+    xdg = os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache'
+    home = os.environ.get('HF_HOME') or Path(xdg) / 'huggingface'
     return Path(home).expanduser() / 'hub'
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #3125e9a0
@@ -67,13 +67,16 @@ def hf_cached_snapshot(repo_id: str, revision: str = 'main') -> Path | None:
     return snap if snap.is_dir() else None
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #b01bf80e
+def _bge_m3_from_env(env: str) -> tuple[Path | None, str]:
+    "The BGE-M3 directory `$REVEAL_BGE_M3` names, if it holds a config and weights; a sentence."
+    p = Path(env).expanduser()
+    if _has_weights(p): return p, f"BGE-M3 weights found at {p} (REVEAL_BGE_M3)"
+    return None, f"REVEAL_BGE_M3={p} has no config.json + model weights"
+
 def find_bge_m3() -> tuple[Path | None, str]:
     "Where BGE-M3 weights are on disk (`REVEAL_BGE_M3`, then the HF cache), with a sentence saying what was looked at."
     env = os.environ.get('REVEAL_BGE_M3')
-    if env:
-        p = Path(env).expanduser()
-        if _has_weights(p): return p, f"BGE-M3 weights found at {p} (REVEAL_BGE_M3)"
-        return None, f"REVEAL_BGE_M3={p} has no config.json + model weights"
+    if env: return _bge_m3_from_env(env)
     snap = hf_cached_snapshot(BGE_M3_REPO)
     if snap is not None and _has_weights(snap):
         return snap, f"BGE-M3 weights found in the Hugging Face cache at {snap}"
@@ -100,18 +103,20 @@ def read_model_json(p: Path) -> dict:
     except (OSError, ValueError): return {}
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #8a8dac09
+def _pooled_dim(cfg: dict) -> int:
+    "A Pooling module's output: the word embedding dimension times the pooling modes in use."
+    modes = sum(bool(v) for k, v in cfg.items() if k.startswith('pooling_mode_'))
+    return cfg['word_embedding_dimension'] * max(1, modes)
+
 def model_dim(path: str | Path) -> int | None:
     "The embedding dimension a sentence-transformers (or plain transformers) directory declares, or None."
     p, dim = Path(path), None
     mods = read_model_json(p / 'modules.json') or []
     for m in mods:
-        kind, cfg = m.get('type', '').rsplit('.',
-                                             1)[-1], read_model_json(p / m.get('path',
-                                                                               '') / 'config.json')
+        kind = m.get('type', '').rsplit('.', 1)[-1]
+        cfg = read_model_json(p / m.get('path', '') / 'config.json')
         if kind == 'Dense': dim = cfg.get('out_features')
-        if kind == 'Pooling' and cfg.get('word_embedding_dimension'):
-            modes = sum(bool(v) for k, v in cfg.items() if k.startswith('pooling_mode_'))
-            dim = cfg['word_embedding_dimension'] * max(1, modes)
+        if kind == 'Pooling' and cfg.get('word_embedding_dimension'): dim = _pooled_dim(cfg)
     if dim is None and not mods: dim = read_model_json(p / 'config.json').get('hidden_size')
     return int(dim) if dim else None
 
@@ -149,8 +154,8 @@ def model(self: SentenceTransformerText):
 def dim(self: SentenceTransformerText) -> int:
     "The output dimension: from the files, or from the loaded model when they do not say."
     if not self._dim:
-        get_dim = getattr(self.model, 'get_embedding_dimension',
-                          None) or self.model.get_sentence_embedding_dimension
+        m = self.model
+        get_dim = getattr(m, 'get_embedding_dimension', None) or m.get_sentence_embedding_dimension
         self._dim = int(get_dim())
     return self._dim
 
@@ -185,18 +190,21 @@ class BGEM3Text(TextEmbedder):
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #903cf6d5
 @patch
+def _stand_in(self: BGEM3Text, e: ImportError):
+    "Serve BGE-M3 through sentence-transformers (the same dense CLS vectors), saying why."
+    self._st = SentenceTransformerText(self.path, BGE_M3_REPO, batch_size=32,
+                                       max_length=self.max_length)
+    self.backend = 'sentence-transformers'
+    self.why = (f"{self.why}; FlagEmbedding unavailable ({type(e).__name__}: {e}), so BGE-M3 "
+                "runs through sentence-transformers (same dense CLS vectors)")
+
+@patch
 def _load(self: BGEM3Text):
     "Load FlagEmbedding's model, or the sentence-transformers stand-in when FlagEmbedding cannot import."
     try:
         import FlagEmbedding  # noqa: F401  (fails under transformers 5)
         self._model = _load_bge_m3(self.path, torch_device())
-    except ImportError as e:
-        self._st = SentenceTransformerText(self.path, BGE_M3_REPO, batch_size=32,
-                                           max_length=self.max_length)
-        self.backend = 'sentence-transformers'
-        self.why = (f"{self.why}; FlagEmbedding unavailable ({type(e).__name__}: {e}), so BGE-M3 "
-                    f"runs through "
-                    "sentence-transformers (same dense CLS vectors)")
+    except ImportError as e: self._stand_in(e)
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #781e70fe
 @patch
