@@ -53,7 +53,7 @@ def _jsonl_error(path: str | Path, n: int, line: str, records: int,
     return AnnotationError(f"{path}: malformed JSON on line {n} (record {records}){trunc}: {e.msg}")
 
 def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
-    "Parse a JSONL file into `(line_number, value)`; the first undecodable line raises `AnnotationError`."
+    "Parse a JSONL file into `(line_number, value)`; the first bad line raises `AnnotationError`."
     out = []
     with open(path, encoding='utf-8-sig') as f:          # a byte-order mark is allowed
         for n, line in enumerate(f, 1):
@@ -141,7 +141,7 @@ def _marker(letter: str, style: str | None = None) -> re.Pattern:
 
 # %% ../../nbs/40_eval.annotations.ipynb #79331c7a
 def _marker_spans(text: str, style: str | None) -> list[tuple[str, int, int]]:
-    "`text`'s option markers as (letter, start, end) in letter order; after two, one may be skipped."
+    "`text`'s option markers as (letter, start, end), in order; after two, one may be skipped."
     starts, pos, i = [], 0, 0
     while i < len(string.ascii_uppercase):
         tries = (i, i + 1) if len(starts) >= 2 else (i,)
@@ -186,7 +186,7 @@ def _separate_fields(rec: dict) -> list[str] | dict[str, str] | None:
 
 # %% ../../nbs/40_eval.annotations.ipynb #ba9b7f7c
 def _styled(v: Any, style: str | None) -> dict[str, str]:
-    "Options found in a field: a list or an inline string read by the file's `style` (guessed when None)."
+    "Options in a field: a list or an inline string, read by the file's `style` (guessed if None)."
     if style is None: return normalize_options(v)
     if isinstance(v, str): return split_inline_options(v, style)[1]
     return styled_options(v, style) if isinstance(v, (list, tuple)) else normalize_options(v)

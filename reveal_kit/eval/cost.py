@@ -141,7 +141,7 @@ def rate_at(profile: dict, concurrency: float, key: str) -> float:
 
 # %% ../../nbs/49_eval.cost.ipynb #72d070bf
 def best_concurrency(profile: dict) -> float:
-    "The profile's concurrency with the highest completion tokens/s (decode bounds an agent's calls)."
+    "The profile's concurrency of most completion tokens/s (decode bounds an agent's calls)."
     return float(max(profile['points'],
                      key=lambda p: float(p['completion_tokens_per_s']))['concurrency'])
 
@@ -150,26 +150,34 @@ def _whole(x) -> bool:
     "Whether `x` is a whole number ≥ 1 (a bool is not)."
     return isinstance(x, int) and not isinstance(x, bool) and x >= 1
 
+def _check_rate_concurrency(concurrency: float | None) -> None:
+    "Refuse a projection's concurrency unless finite and > 0 (None: the profile's fastest)."
+    if concurrency is not None and not _positive(concurrency):
+        raise ValueError(f"--concurrency must be a finite number > 0 (or left out: the profile's "
+                         f"fastest), got {concurrency}")
+
 def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
     "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
     if questions is not None and not _whole(questions):
         raise ValueError(f"--questions must be a whole number ≥ 1 (or left out: the run's), got "
                          f"{questions}")
     if not _whole(gpus): raise ValueError(f"--gpus must be a whole number ≥ 1, got {gpus}")
-    if concurrency is not None and not _positive(concurrency):
-        raise ValueError(f"--concurrency must be a finite number > 0 (or left out: the profile's "
-                         f"fastest), got {concurrency}")
+    _check_rate_concurrency(concurrency)
 
 # %% ../../nbs/49_eval.cost.ipynb #dcf42258
 def _engine_seconds(summary: dict, profile: dict, c: float) -> float:
-    "Engine-seconds per question at concurrency `c`: its prompt and completion tokens at those rates."
+    "Engine-seconds per question at concurrency `c`: its prompt and completion tokens at its rates."
     P = rate_at(profile, c, 'prompt_tokens_per_s')
     D = rate_at(profile, c, 'completion_tokens_per_s')
     return summary['prompt_per_q'] / P + summary['completion_per_q'] / D
 
+def _scaled(summary: dict, n: int) -> dict:
+    "A run's tokens (millions) and calls, scaled to `n` questions."
+    return dict(tokens_m=n * (summary['prompt_per_q'] + summary['completion_per_q']) / 1e6,
+                calls=n * summary['calls_per_q'])
+
 def _wall_seconds(summary: dict, n: int, gpus: int, c: float, per_q: float) -> float:
     "Wall seconds of `n` questions on `gpus` engines and of the last question's dependent calls."
-
     calls = max(summary['calls_per_q'], 1e-9)
     chain = summary['depth_max'] * c * per_q / calls
     return n * per_q / gpus + (chain if summary['calls_per_q'] else 0.0)
@@ -182,16 +190,14 @@ def project(summary: dict, profile: dict, questions: int | None = None, gpus: in
     c = float(best_concurrency(profile) if concurrency is None else concurrency)
     wall = _wall_seconds(summary, n, gpus, c, _engine_seconds(summary, profile, c))
     return dict(questions=n, gpus=int(gpus), concurrency=c, model=profile.get('model'),
-                gpu=profile.get('gpu'),
-                tokens_m=n * (summary['prompt_per_q'] + summary['completion_per_q']) / 1e6,
-                calls=n * summary['calls_per_q'], wall_hours=wall / 3600,
+                gpu=profile.get('gpu'), **_scaled(summary, n), wall_hours=wall / 3600,
                 gpu_hours=wall * gpus / 3600)
 
 # %% ../../nbs/49_eval.cost.ipynb #860ce37e
 def cost_report(run_dir: str | Path, profile: str | Path | dict | None = None,
                 questions: int | None = None, gpus: int = 1,
                 concurrency: float | None = None) -> dict:
-    "A run's cost summary, with the projection when a profile is given (the settings checked either way)."
+    "A run's cost summary, with the projection if a profile is given (settings checked either way)."
     check_projection(questions, gpus, concurrency)
     s = cost_summary(run_costs(run_dir))
     if profile is None: return dict(s, run=str(run_dir), projection=None)
@@ -219,7 +225,6 @@ def _paper_row(b: dict) -> dict:
 def _projected_row(b: dict, m: str, rs: list[dict], prof: dict | None, gpus: int,
                    concurrency: float | None, label: str) -> dict:
     "Run `m`'s row for paper benchmark `b`: its costs per question scaled to the benchmark's size."
-
     s = cost_summary([row_cost(r) for r in rs])
     p = project(s, prof, b['questions'], gpus, concurrency) if prof else None
     return dict(benchmark=b['benchmark'], questions=b['questions'], calls_per_q=s['calls_per_q'],

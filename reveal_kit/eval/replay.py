@@ -217,7 +217,7 @@ def shared(self: ReplayContext, q: Question, kind: str, build: Callable[[], Any]
 # %% ../../nbs/48a_eval.replay.ipynb #628c3183
 @patch
 def subtitles(self: ReplayContext, q: Question) -> str | None:
-    "The question's subtitles: in a replay of a pack, the pack's copy (or none); else the run's own."
+    "The question's subtitles: replaying a pack, the pack's copy (or none); else the run's own."
     if self.subs is None: return RunContext.subtitles(self, q)
     p = self.subs.get(q.video_id)
     return RunContext.subtitles(self, dataclasses.replace(q, subtitle_path=p)) if p else None

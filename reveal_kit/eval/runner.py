@@ -49,7 +49,7 @@ def _question_fields(q: Question) -> dict:
                 gold=q.answer)
 
 def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
-    "A method's result completed with the question's fields and the gold letter, scored by the record."
+    "A method's result completed with the question's fields and gold letter, scored by the record."
     r, ans = {k: v for k, v in raw.items() if k != 'correct'}, raw.get('answer')
     if ans is not None and ans not in q.options: r['raw_answer'], ans = ans, None
     r = _with_counters(r, seconds)
@@ -69,7 +69,6 @@ def _failed_raw(e: Exception, q: Question, method: str, ctx: RunContext) -> dict
 
 def _trace_row(r: dict, q: Question, method: str, ctx: RunContext) -> None:
     "Give a row without a trace (a baseline: no embedder ran) a trace: the row, the run's switches."
-
     tp = trace_path(ctx.trace_dir, q.qid, method)
     doc = {**r, 'switches': run_switches(ctx.config)}
     atomic_write_text(tp, json.dumps(doc, indent=1, default=json_or_str))
@@ -205,14 +204,17 @@ def _counts_before(prev: list[dict]) -> dict:
     return dict(n=len(prev), correct=sum(bool(r.get('correct')) for r in prev), failed=0,
                 degraded=0, new=0)
 
+def _bar(ctx: RunContext, method: str, total: int, done: int, progress: bool) -> tqdm:
+    "The run's progress bar (hidden unless `progress`), starting at the questions already done."
+    return tqdm(total=total, initial=done, desc=f"{ctx.benchmark}/{method}",
+                disable=not progress, dynamic_ncols=True)
+
 def _answer_all(todo: list[Question], prev: list[dict], total: int, method: str, ctx: RunContext,
                 concurrency: int, answer: Callable[..., Iterable[dict]] | None,
                 progress: bool) -> dict:
     "Answer `todo` (in this process unless `answer` says who), appending each row; the counts of the run so far."
     stats = _counts_before(prev)
-    bar = tqdm(total=total, initial=stats['n'], desc=f"{ctx.benchmark}/{method}",
-               disable=not progress, dynamic_ncols=True)
-    with bar:
+    with _bar(ctx, method, total, stats['n'], progress) as bar:
         rows = (answer or answer_in_process)(todo, method, ctx, concurrency)
         _record(rows, todo, ctx, ResultWriter(Path(ctx.out_dir) / 'results.jsonl'), stats, bar)
     return stats
