@@ -46,17 +46,21 @@ def read_json(path: str | Path) -> Any:
                               f"{e.msg}") from None
 
 # %% ../../nbs/40_eval.annotations.ipynb #d9b37168
+def _jsonl_error(path: str | Path, n: int, line: str, records: int,
+                 e: json.JSONDecodeError) -> AnnotationError:
+    "The error for line `n` of a JSONL file that does not decode (`records` read before it)."
+    trunc = ' (last line, no newline: truncated?)' if not line.endswith('\n') else ''
+    return AnnotationError(f"{path}: malformed JSON on line {n} (record {records}){trunc}: {e.msg}")
+
 def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
-    "Parse a JSONL file into `(line_number, value)`; the first undecodable line raises `AnnotationError`."
+    "Parse a JSONL file into `(line_number, value)`; the first bad line raises `AnnotationError`."
     out = []
     with open(path, encoding='utf-8-sig') as f:          # a byte-order mark is allowed
         for n, line in enumerate(f, 1):
             if not line.strip(): continue
             try: out.append((n, json.loads(line)))
             except json.JSONDecodeError as e:
-                trunc = ' (last line, no newline: truncated?)' if not line.endswith('\n') else ''
-                msg = f"malformed JSON on line {n} (record {len(out)}){trunc}: {e.msg}"
-                raise AnnotationError(f"{path}: {msg}") from None
+                raise _jsonl_error(path, n, line, len(out), e) from None
     return out
 
 # %% ../../nbs/40_eval.annotations.ipynb #ec2214be
@@ -83,19 +87,22 @@ def read_csv(path: str | Path) -> list[dict]:
             for r in df.to_dict(orient='records')]
 
 # %% ../../nbs/40_eval.annotations.ipynb #d3049a7b
-def read_table(path: str | Path) -> list[dict]:
-    "Records of a parquet, CSV, JSON (a list, or a dict holding one under data/questions/annotations) or JSONL file."
-    p = Path(path)
-    if p.suffix == '.parquet': return read_parquet(p)
-    if p.suffix == '.csv': return read_csv(p)
-    if p.suffix == '.jsonl': return [v for _, v in read_jsonl(p)]
-    data = read_json(p)
+def _json_records(data: Any, p: Path) -> list:
+    "A JSON file's records: its list, or the list its dict holds under data/questions/annotations."
     if isinstance(data, dict):
         for k in ('data', 'questions', 'annotations'):
             if isinstance(data.get(k), list): return data[k]
     if not isinstance(data, list):
         raise AnnotationError(f"{p}: expected a list of records, got {type(data).__name__}")
     return data
+
+def read_table(path: str | Path) -> list[dict]:
+    "Records of a parquet, CSV, JSON (a list, or a dict holding one under data/questions/annotations) or JSONL file."
+    p = Path(path)
+    if p.suffix == '.parquet': return read_parquet(p)
+    if p.suffix == '.csv': return read_csv(p)
+    if p.suffix == '.jsonl': return [v for _, v in read_jsonl(p)]
+    return _json_records(read_json(p), p)
 
 # %% ../../nbs/40_eval.annotations.ipynb #0b7105a1
 OPTION_STYLES = {'A.': re.compile(r'^\s*([A-Z])\.\s+'),        # Video-MME: 'A. text'
@@ -128,13 +135,13 @@ def styled_options(options: list | tuple, style: str) -> dict[str, str]:
 # %% ../../nbs/40_eval.annotations.ipynb #c7035b14
 def _marker(letter: str, style: str | None = None) -> re.Pattern:
     "An option marker for `letter` at the start or after whitespace: `style`'s own (`(A)` or `A.`), else any of them."
-    forms = {'(A)': rf"\({letter}\)", 'A.': rf"{letter}\."}.get(style,
-                                                                rf"\({letter}\)|{letter}[\.\):：]")
+    any_form = rf"\({letter}\)|{letter}[\.\):：]"
+    forms = {'(A)': rf"\({letter}\)", 'A.': rf"{letter}\."}.get(style, any_form)
     return re.compile(rf"(?:^|(?<=\s))(?:{forms})\s*")
 
 # %% ../../nbs/40_eval.annotations.ipynb #79331c7a
-def split_inline_options(text: str, style: str | None = None) -> tuple[str, dict[str, str]]:
-    "Split `'stem\\n(A) x\\n(B) y'` (or `A. x B. y`; only `style`'s markers when given) into stem and `{letter: text}`."
+def _marker_spans(text: str, style: str | None) -> list[tuple[str, int, int]]:
+    "`text`'s option markers as (letter, start, end), in order; after two, one may be skipped."
     starts, pos, i = [], 0, 0
     while i < len(string.ascii_uppercase):
         tries = (i, i + 1) if len(starts) >= 2 else (i,)
@@ -144,6 +151,11 @@ def split_inline_options(text: str, style: str | None = None) -> tuple[str, dict
         j, m = hits[0]
         starts.append((string.ascii_uppercase[j], m.start(), m.end()))
         pos, i = m.end(), j + 1
+    return starts
+
+def split_inline_options(text: str, style: str | None = None) -> tuple[str, dict[str, str]]:
+    "Split `'stem\\n(A) x\\n(B) y'` (or `A. x B. y`; only `style`'s markers when given) into stem and `{letter: text}`."
+    starts = _marker_spans(text, style)
     if len(starts) < 2: raise ValueError(f"no inline lettered options in {text[:80]!r}")
     ends = [s for _, s, _ in starts[1:]] + [len(text)]
     opts = {l: text[e:end].strip() for (l, _, e), end in zip(starts, ends)}
@@ -154,14 +166,19 @@ _SEP_PATTERNS = [re.compile(r'^option\s?(\d+)$', re.I), re.compile(r'^answer_cho
                  re.compile(r'^choice_([a-z])$', re.I), re.compile(r'^option_([a-z])$', re.I),
                  re.compile(r'^a(\d)$')]
 
+def _fields_matching(rec: dict, pat: re.Pattern) -> dict[str, str]:
+    "The record's non-empty fields whose names `pat` matches, by the number or letter in the name."
+    found = {}
+    for k, v in rec.items():
+        m = pat.match(str(k))
+        if m and v is not None and str(v).strip() and str(v).strip().lower() != 'nan':
+            found[m.group(1)] = str(v)
+    return found
+
 def _separate_fields(rec: dict) -> list[str] | dict[str, str] | None:
     "Options in separate fields: numbered (`option 0`, `a0` …) as a list in order; lettered (`choice_a` …) as a dict."
     for pat in _SEP_PATTERNS:
-        found = {}
-        for k, v in rec.items():
-            m = pat.match(str(k))
-            if m and v is not None and str(v).strip() and str(v).strip().lower() != 'nan':
-                found[m.group(1)] = str(v)
+        found = _fields_matching(rec, pat)
         if found and all(g.isdigit() for g in found):
             return [found[g] for g in sorted(found, key=int)]
         if found: return {g.upper(): found[g] for g in sorted(found)}
@@ -169,44 +186,59 @@ def _separate_fields(rec: dict) -> list[str] | dict[str, str] | None:
 
 # %% ../../nbs/40_eval.annotations.ipynb #ba9b7f7c
 def _styled(v: Any, style: str | None) -> dict[str, str]:
-    "Options found in a field: a list or an inline string read by the file's `style` (guessed when None)."
+    "Options in a field: a list or an inline string, read by the file's `style` (guessed if None)."
     if style is None: return normalize_options(v)
     if isinstance(v, str): return split_inline_options(v, style)[1]
     return styled_options(v, style) if isinstance(v, (list, tuple)) else normalize_options(v)
+
+def _field_options(rec: dict, style: str | None) -> dict[str, str] | None:
+    "Options from a record's options (candidates, choices, option) field: list, dict, JSON, inline."
+    for k in ('options', 'candidates', 'choices', 'option'):
+        v = rec.get(k)
+        if isinstance(v, (list, tuple, dict)) and len(v): return _styled(v, style)
+        if isinstance(v, str) and v.strip():
+            try: return _styled(json.loads(v), style)
+            except (json.JSONDecodeError, ValueError): return split_inline_options(v, style)[1]
+    return None
 
 def extract_options(rec: dict, question_key: str = 'question',
                     style: str | None = None) -> tuple[str, dict[str, str]]:
     "The question stem and `{letter: text}` from a record (a list, separate fields or inline), by the file's `style`."
     q = str(rec.get(question_key) or '').strip()
-    for k in ('options', 'candidates', 'choices', 'option'):
-        v = rec.get(k)
-        if isinstance(v, (list, tuple, dict)) and len(v): return q, _styled(v, style)
-        if isinstance(v, str) and v.strip():
-            try: return q, _styled(json.loads(v), style)
-            except (json.JSONDecodeError, ValueError): return q, split_inline_options(v, style)[1]
+    opts = _field_options(rec, style)
+    if opts is not None: return q, opts
     sep = _separate_fields(rec)
     if sep: return q, _styled(sep, 'plain' if style and isinstance(sep, list) else style)
     return split_inline_options(q, style)
 
 # %% ../../nbs/40_eval.annotations.ipynb #eaca9f00
-def gold_letter(value: Any, options: dict[str, str]) -> str | None:
-    "Normalize a published gold answer (index, `'B'`, `'(B)'`, `'B. text'` or the option text) to its letter."
-    if value is None or (isinstance(value, float) and value != value): return None
+def _as_index(value: Any) -> int | None:
+    "A gold answer given as a position (`2`, `'2'`; `2.0`, `'2.0'` from CSV or parquet), else None."
     if isinstance(value, float) and value.is_integer():
         value = int(value)         # a CSV/parquet column of indices
     if isinstance(value, str) and re.fullmatch(r'\s*\d+\.0\s*', value): value = value.strip()[:-2]
     is_index = isinstance(value, int) and not isinstance(value, bool)
-    if is_index or (isinstance(value, str) and value.strip().isdigit()):
-        i = int(value)
+    return int(value) if is_index or (isinstance(value, str) and value.strip().isdigit()) else None
+
+def _named_letter(s: str, options: dict[str, str]) -> str | None:
+    "The option a gold answer names by letter (`'B'`, `'(B)'`, `'B. text'`) or by text, or None."
+
+
+    m = re.match(r'^\(?([A-Za-z])\)?(?:[\.\):：]\s*.*)?$', s, re.S)
+    if m and m.group(1).upper() in options: return m.group(1).upper()
+    return next((k for k, v in options.items() if s.lower() == v.lower()), None)
+
+def gold_letter(value: Any, options: dict[str, str]) -> str | None:
+    "Normalize a published gold answer (index, `'B'`, `'(B)'`, `'B. text'` or the option text) to its letter."
+    if value is None or (isinstance(value, float) and value != value): return None
+    i = _as_index(value)
+    if i is not None:
         if not 0 <= i < len(options):
             raise ValueError(f"gold index {i} out of range for {len(options)} options")
         return list(options)[i]
-    s = str(value).strip()
-    m = re.match(r'^\(?([A-Za-z])\)?(?:[\.\):：]\s*.*)?$', s, re.S)
-    if m and m.group(1).upper() in options: return m.group(1).upper()
-    for k, v in options.items():
-        if s.lower() == v.lower(): return k
-    raise ValueError(f"gold answer {value!r} matches none of {list(options)}")
+    letter = _named_letter(str(value).strip(), options)
+    if letter is None: raise ValueError(f"gold answer {value!r} matches none of {list(options)}")
+    return letter
 
 # %% ../../nbs/40_eval.annotations.ipynb #c0c9a271
 _SPAN_RE = re.compile(r'(\d+(?::\d+)*(?:\.\d+)?)\s*[-–~]\s*(\d+(?::\d+)*(?:\.\d+)?)')

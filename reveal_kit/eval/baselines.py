@@ -38,6 +38,16 @@ def _letter_patterns(letters: str) -> list[str]:
             rf'(?i:answer)\s*(?:is)?\s*[:：]?\s*\(?([{L}])\b', rf'^\(?([{L}])\)?(?:[\.\):]|$)']
 
 # %% ../../nbs/41_eval.baselines.ipynb #bac6bcf8
+def _letter_in_text(s: str, options: dict[str, str]) -> str | None:
+    "The letter a reply's text names: in an explicit shape, by option text, or as a lone letter."
+    for pat in _letter_patterns(''.join(options)):
+        m = re.search(pat, s)
+        if m: return m.group(1)
+    for k, v in options.items():
+        if s.rstrip('.').lower() == v.rstrip('.').lower(): return k
+    hits = set(re.findall(rf"\b([{''.join(options)}])\b", s))
+    return hits.pop() if len(hits) == 1 else None
+
 def parse_letter(text: Any, options: dict[str, str]) -> str | None:
     "The option letter a reply names (`{'answer':'B'}`, `'[[B]]'`, `'Answer: (B)'`, `'B'`, the option's text), or None."
     if text is None: return None
@@ -48,13 +58,7 @@ def parse_letter(text: Any, options: dict[str, str]) -> str | None:
         d = json.loads(s)
         if isinstance(d, dict) and 'answer' in d: return parse_letter(d['answer'], options)
     except (json.JSONDecodeError, TypeError): pass
-    for pat in _letter_patterns(''.join(options)):
-        m = re.search(pat, s)
-        if m: return m.group(1)
-    for k, v in options.items():
-        if s.rstrip('.').lower() == v.rstrip('.').lower(): return k
-    hits = set(re.findall(rf"\b([{''.join(options)}])\b", s))
-    return hits.pop() if len(hits) == 1 else None
+    return _letter_in_text(s, options)
 
 # %% ../../nbs/41_eval.baselines.ipynb #79a0c92c
 def text_encoder():
@@ -102,16 +106,23 @@ class BlindReply(BaseModel):
 ANSWER_SCHEMA = reply_schema(BlindReply)
 
 # %% ../../nbs/41_eval.baselines.ipynb #7922d302
+def _blind_prior(q: Question, t0: float) -> dict:
+    "The blind baseline without a meaningful model: the embedding prior's letter and option scores."
+    encode, mid = text_encoder()
+    letter, scores = blind_offline(q, encode)
+    return make_result(q, letter, 'blind', seconds=time.time() - t0,
+                       models={'text_embedder': mid}, option_scores=scores)
+
+def _ask_blind(q: Question, model) -> Any:
+    "The blind prompt put to the model under the reply schema; its ChatResult."
+    return model.chat([user_message(blind_prompt(q))], schema=ANSWER_SCHEMA, role='blind',
+                      max_tokens=reply_tokens('blind'))
+
 def blind(q: Question, model=None, config: Config | None = None) -> dict:
     "The blind baseline: question and options only (a meaningful model, else the offline embedding prior)."
     t0 = time.time()
-    if offline_role(model):
-        encode, mid = text_encoder()
-        letter, scores = blind_offline(q, encode)
-        return make_result(q, letter, 'blind', seconds=time.time() - t0,
-                           models={'text_embedder': mid}, option_scores=scores)
-    res = model.chat([user_message(blind_prompt(q))], schema=ANSWER_SCHEMA, role='blind',
-                     max_tokens=reply_tokens('blind'))
+    if offline_role(model): return _blind_prior(q, t0)
+    res = _ask_blind(q, model)
     r = parse_reply(BlindReply, res.data)
     letter = parse_letter(r.answer if r else res.text, q.options)
     return make_result(q, letter, 'blind', seconds=time.time() - t0, raw=res.text[:500],
@@ -119,7 +130,7 @@ def blind(q: Question, model=None, config: Config | None = None) -> dict:
 
 # %% ../../nbs/41_eval.baselines.ipynb #6395e58c
 def uniform_timestamps(duration: float, fps: float, max_frames: int) -> list[float]:
-    "Centres of `min(max_frames, floor(duration*fps))` equal slices of `[0, duration]` (at least one)."
+    "Centres of `min(max_frames, floor(duration*fps))` equal slices of `[0, duration]` (≥ 1)."
     n = max(1, min(int(max_frames), int(math.floor(duration * fps))))
     return [duration * (i + 0.5) / n for i in range(n)]
 
@@ -140,7 +151,7 @@ def footage_timestamps(spans: list, fps: float, max_frames: int) -> list[float]:
 
 # %% ../../nbs/41_eval.baselines.ipynb #a2f00d04
 def recorded_spans(memory, duration: float) -> list[tuple[float, float]]:
-    "Where a memory has footage up to `duration`: its folder's spans of clips, else `[0, duration]`."
+    "Where a memory has footage up to `duration`: its clips' spans, else `[0, duration]`."
     spans = ((getattr(memory, 'manifest', None) or {}).get('clips') or {}).get('spans')
     return [(a, min(b, duration)) for a, b in spans if a < duration] if spans else [(0.0, duration)]
 
@@ -152,24 +163,27 @@ def covering_items(items: list, times: list[float]) -> list:
     gap = lambda it, t: min(abs(it.t_start - t), abs(it.t_end - t))
     out = {}
     for t in times:
-        hit = next((it for it in items if it.t_start <= t <= it.t_end),
-                   None) or min(items, key=lambda it: gap(it, t))
+        hit = next((it for it in items if it.t_start <= t <= it.t_end), None)
+        hit = hit or min(items, key=lambda it: gap(it, t))
         out[hit.item_id] = hit
     return sorted(out.values(), key=lambda it: it.t_start)
 
 # %% ../../nbs/41_eval.baselines.ipynb #e82657b9
+def _evidence_vectors(ev: list[Evidence], memory, enc) -> np.ndarray | None:
+    "The memory's text vectors of the evidence, else its texts encoded (None for no evidence)."
+    try:
+        return np.stack([np.asarray(memory.text_vector(e.item_id), np.float64)
+                         for e in ev]) if ev else None
+    except (AttributeError, KeyError):
+        return np.asarray(enc([e.text for e in ev]), np.float64) if ev else None
+
 def evidence_view(items: list, memory, duration: float | None = None) -> EvidenceView:
     "Items (memory items or `Evidence`) as a verifier `EvidenceView` (memory text vectors when it has them)."
     ev = [it if isinstance(it, Evidence) else Evidence.from_item(it, 0, 0.0, 'uniform')
           for it in items]
     emb = getattr(memory, 'text_embedder', None)
     enc = emb.encode if emb is not None else text_encoder()[0]
-    try:
-        vecs = np.stack([np.asarray(memory.text_vector(e.item_id), np.float64)
-                         for e in ev]) if ev else None
-    except (AttributeError, KeyError):
-        vecs = np.asarray(enc([e.text for e in ev]), np.float64) if ev else None
-    return EvidenceView(ev, vecs, enc, 0, duration)
+    return EvidenceView(ev, _evidence_vectors(ev, memory, enc), enc, 0, duration)
 
 # %% ../../nbs/41_eval.baselines.ipynb #b3cc6374
 def _calls_usage(calls: list[dict]) -> dict:
@@ -210,10 +224,14 @@ DIRECT_SYSTEM = (
     "whole video, in time order, and the video's subtitles or segment descriptions when they are "
     "given. Choose the single best option. Answer with JSON only.")
 
+def _frames_line(n_images: int) -> str:
+    "What the direct prompt says of the frames attached."
+    if not n_images: return "No frames are attached."
+    return f"{n_images} frames sampled uniformly over the video are attached, in time order."
+
 def direct_prompt(q: Question, n_images: int, text: list[Evidence]) -> str:
     "The direct baseline's user message: question, options, the frames attached, the variant's text lines."
-    fr = f"{n_images} frames sampled uniformly over the video are attached, in time order." if n_images else \
-        "No frames are attached."
+    fr = _frames_line(n_images)
     lines = '\n'.join(f"[{fmt_time(e.t_start)}-{fmt_time(e.t_end)}] {e.text}" for e in text)
     label = 'Subtitles' if text and text[0].source == 'subtitle' else 'Segment descriptions'
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n{fr}\n"
@@ -222,11 +240,25 @@ def direct_prompt(q: Question, n_images: int, text: list[Evidence]) -> str:
 
 # %% ../../nbs/41_eval.baselines.ipynb #5f352d83
 def _direct_offline(q: Question, text: list[Evidence], memory, duration: float) -> tuple[str, str]:
-    "(letter, note): the offline answerer over the variant's text, or the blind prior when there is none."
+    "(letter, note): the offline answerer over the variant's text, else (no text) the blind prior."
     if text:
-        return offline_answer(q, evidence_view(text, memory,
-                                               duration)).answer, 'offline answerer over the text'
+        view = evidence_view(text, memory, duration)
+        return offline_answer(q, view).answer, 'offline answerer over the text'
     return blind_offline(q)[0], 'no role here can see frames: the blind prior answers'
+
+def _ask_direct(q: Question, model, images: list | None, text: list[Evidence]) -> tuple[Any, dict]:
+    "The direct baseline's model call (frames if any, prompt, letter schema); (data, call record)."
+    return role_call(model, 'direct', DIRECT_SYSTEM, direct_prompt(q, len(images or []), text),
+                     answer_schema(list(q.options)), max_tokens=reply_tokens('direct'),
+                     images=images or None)
+
+def _direct_fallback(q: Question, rec: dict, text: list[Evidence], memory,
+                     duration: float) -> tuple[str, str, list[dict], str]:
+    "The answer when the model's reply is unusable: offline answerer or blind prior; call marked."
+    letter, why = _direct_offline(q, text, memory, duration)
+    mark(rec, 'offline answerer over the text' if text else 'blind prior')
+    return (letter, 'fallback', [rec],
+            f"reply unusable ({rec.get('error') or 'no valid letter'}); {why}")
 
 def _direct_answer(q: Question, model, images: list | None, text: list[Evidence], memory,
                    duration: float) -> tuple[str | None, str, list[dict], str]:
@@ -234,35 +266,37 @@ def _direct_answer(q: Question, model, images: list | None, text: list[Evidence]
     if not is_meaningful(model):
         letter, note = _direct_offline(q, text, memory, duration)
         return letter, 'offline', [], note
-    data, rec = role_call(model, 'direct', DIRECT_SYSTEM, direct_prompt(q, len(images or []), text),
-                          answer_schema(list(q.options)), max_tokens=reply_tokens('direct'),
-                          images=images or None)
+    data, rec = _ask_direct(q, model, images, text)
     note = '' if images else 'the model takes no images: frames not sent'
     r = parse_reply(answer_reply(tuple(q.options)), data)
     if r is not None:
         return r.answer, 'model', [rec], note
-    letter, why = _direct_offline(q, text, memory, duration)
-    mark(rec, 'offline answerer over the text' if text else 'blind prior')
-    return (letter, 'fallback', [rec],
-            f"reply unusable ({rec.get('error') or 'no valid letter'}); {why}")
+    return _direct_fallback(q, rec, text, memory, duration)
 
 # %% ../../nbs/41_eval.baselines.ipynb #f650cacc
+def _direct_frames(q: Question, memory, cfg: Config) -> tuple[float, list[float], list]:
+    "(duration, frame times over the recorded footage, the level-1 items covering them)."
+    duration = float(getattr(memory, 'duration', None) or q.duration or 0.0)
+    spans = recorded_spans(memory, duration)
+    times = footage_timestamps(spans, cfg.direct_fps, cfg.direct_max_frames)
+    return duration, times, covering_items(memory.level(1), times)
+
+def _direct_models(model, source: str) -> dict:
+    "A direct result's `models`: the chat model (when meaningful) and who answered."
+    return {'chat': getattr(model, 'model_id', None) if is_meaningful(model) else None,
+            'answerer': source}
+
 def direct(q: Question, memory, model=None, config: Config | None = None, variant: str = 'direct',
            subtitles: str | Path | None = None) -> dict:
     "The direct baseline (B.1): uniform frames (+ a variant's subtitles or captions) and the question → one answer."
     cfg, t0, kind = config or Config(), time.time(), DIRECT_TEXT[variant]
-    duration = float(getattr(memory, 'duration', None) or q.duration or 0.0)
-    spans = recorded_spans(memory, duration)
-    times = footage_timestamps(spans, cfg.direct_fps, cfg.direct_max_frames)
-    items = covering_items(memory.level(1), times)
+    duration, times, items = _direct_frames(q, memory, cfg)
     img = is_meaningful(model) and getattr(model, 'supports_images', False)
     images = _direct_images(memory, items, times) if img else None
     text = direct_text(kind, items, subtitles)
     letter, source, calls, note = _direct_answer(q, model, images, text, memory, duration)
     ev = [dict(e.to_dict(), level=1) for e in text if kind == 'captions']
-    models = {'chat': getattr(model, 'model_id', None) if is_meaningful(model) else None,
-              'answerer': source}
     return make_result(q, letter, variant, seconds=time.time() - t0, evidence=ev,
                        n_frames=len(times), n_images=len(images or []), text=kind,
-                       answer_source=source, note=note, models=models,
+                       answer_source=source, note=note, models=_direct_models(model, source),
                        substitutions=call_marks(calls), **_calls_usage(calls))

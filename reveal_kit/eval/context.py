@@ -9,7 +9,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 from fastcore.basics import patch
 from ..core import Config, Question, sha256_file, warn
 from ..backends.models import get_chat_model, describe_chat_model
@@ -78,7 +78,7 @@ def model_id(self: RunContext) -> str:
 # %% ../../nbs/42a_eval.context.ipynb #fbbe5322
 @patch
 def model_base_url(self: RunContext) -> dict:
-    "The chat model's first server URL and all its replicas' once it exists (None in-process), else `{}`."
+    "The chat model's first server URL and its replicas' once made (None in-process), else `{}`."
     if self.model_obj is None: return {}
     d = describe_chat_model(self.model_obj)
     return {'model_base_url': d['base_url'], 'model_base_urls': d.get('base_urls')}
@@ -86,21 +86,31 @@ def model_base_url(self: RunContext) -> dict:
 # %% ../../nbs/42a_eval.context.ipynb #c1a7e0a2
 ROLE_MODEL_GROUPS = ('agent', 'vision')
 
+def _role_pairs(pairs) -> Iterable:
+    "`(group, spec)` pairs of a dict, or of `GROUP=SPEC` strings."
+    if isinstance(pairs, dict): return pairs.items()
+    return [str(p).partition('=')[::2] for p in pairs or []]
+
+def _role_spec(g: str, v: Any) -> str:
+    "One group's spec `URL[,NAME[,text]]`, parts stripped; refused for an unknown group or shape."
+    parts = [x.strip() for x in str(v).split(',')]
+    bad = g not in ROLE_MODEL_GROUPS or not parts[0] or len(parts) > 3
+    if bad or (len(parts) == 3 and parts[2] != 'text'):
+        raise ValueError(f"role model {g}={v!r}: expected GROUP=URL[,NAME[,text]] with GROUP "
+                         f"one of {', '.join(ROLE_MODEL_GROUPS)}")
+    return ','.join(parts)
+
 def role_models_of(pairs) -> dict[str, str]:
     "`['agent=URL,NAME', …]` (or a dict) as `{group: 'URL,NAME[,text]'}`, checked (a wrong one fails in one line)."
-    items = pairs.items() if isinstance(pairs,
-                                        dict) else [str(p).partition('=')[::2] for p in pairs or []]
-    out = {}
-    for g, v in items:
-        parts = [x.strip() for x in str(v).split(',')]
-        if g not in ROLE_MODEL_GROUPS or not parts[0] or len(parts) > 3 or (len(parts) == 3
-                                                                            and parts[2] != 'text'):
-            raise ValueError(f"role model {g}={v!r}: expected GROUP=URL[,NAME[,text]] with GROUP "
-                             f"one of {', '.join(ROLE_MODEL_GROUPS)}")
-        out[g] = ','.join(parts)
-    return out
+    return {g: _role_spec(g, v) for g, v in _role_pairs(pairs)}
 
 # %% ../../nbs/42a_eval.context.ipynb #c1a7e0a4
+def _group_model(ctx: RunContext, name: str, url: str, text: list) -> Any:
+    "A role group's own chat model over HTTP: the run's thinking, cache, timeout; text-only if so."
+    kw = {**ctx.config.thinking_settings(), **({'supports_images': False} if text else {})}
+    return get_chat_model('http', model=name or None, base_url=url, cache_mode=ctx.cache_mode,
+                          timeout_s=ctx.timeout_s or ctx.config.timeout_s, **kw)
+
 @patch
 def model_for(self: RunContext, group: str):
     "The chat model of a PACE role group: its own (`role_models`, made on first use, cached calls) or the run's."
@@ -109,11 +119,7 @@ def model_for(self: RunContext, group: str):
     url, name, *text = spec.split(',') + ([] if ',' in spec else [''])
     with self._lock:
         made = self.__dict__.setdefault('_role_objs', {})
-        if group not in made:
-            kw = {**self.config.thinking_settings(), **({'supports_images': False} if text else {})}
-            made[group] = get_chat_model('http', model=name or None, base_url=url,
-                                         cache_mode=self.cache_mode,
-                                         timeout_s=self.timeout_s or self.config.timeout_s, **kw)
+        if group not in made: made[group] = _group_model(self, name, url, text)
         return made[group]
 
 # %% ../../nbs/42a_eval.context.ipynb #c1a7e0a6
@@ -123,18 +129,30 @@ def role_models_meta(self: RunContext) -> dict | None:
     return role_models_of(self.role_models) or None
 
 # %% ../../nbs/42a_eval.context.ipynb #18fd1682
+def _as_srt(p: Path, out_dir: str | Path, q: Question) -> str:
+    "A LongVideoBench JSON subtitle file as SRT in the run folder (converted once)."
+    out = Path(out_dir) / 'subtitles' / (p.stem + '.srt')
+    if not out.exists():
+        lvb_subtitles_to_srt(p, out, float(q.meta.get('starting_timestamp_for_subtitles') or 0.0))
+    return str(out)
+
 @patch
 def subtitles(self: RunContext, q: Question) -> str | None:
     "The question's subtitles as SRT/VTT (LongVideoBench JSON converted once), or None (also when switched off)."
     p = Path(q.subtitle_path) if q.subtitle_path and self.config.subtitles else None
     if not p or not p.exists(): return None
-    if p.suffix.lower() != '.json': return str(p)
-    out = Path(self.out_dir) / 'subtitles' / (p.stem + '.srt')
-    if not out.exists():
-        lvb_subtitles_to_srt(p, out, float(q.meta.get('starting_timestamp_for_subtitles') or 0.0))
-    return str(out)
+    return str(p) if p.suffix.lower() != '.json' else _as_srt(p, self.out_dir, q)
 
 # %% ../../nbs/42a_eval.context.ipynb #7859b11d
+def _check_video(q: Question) -> None:
+    "Refuse a question whose video is missing or cannot be read (a link loop, a FIFO): it fails."
+    if not q.video_path:
+        raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
+    why = video_problem(q.video_path)
+    if why:
+        raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}"
+                                if 'not found' in why else f"{q.qid}: {why}")
+
 @patch
 def shared(self: RunContext, q: Question, kind: str, build: Callable[[], Any]) -> Any:
     "The run's one `kind` of object for the question's video: made by `build()` once under a per-video lock, shared."
@@ -142,13 +160,7 @@ def shared(self: RunContext, q: Question, kind: str, build: Callable[[], Any]) -
     with self._lock: vlock = self._vlocks.setdefault(key, threading.Lock())
     with vlock:
         if key not in self._mems:
-            if not q.video_path:
-                raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
-            # a missing file, a link loop, a FIFO: this question fails
-            why = video_problem(q.video_path)
-            if why:
-                raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}"
-                                        if 'not found' in why else f"{q.qid}: {why}")
+            _check_video(q)
             self._mems[key] = build()
         return self._mems[key]
 
@@ -207,8 +219,7 @@ def seed_pool_warning(origin: dict, benchmark: str, method: str | None) -> str |
     if origin['kind'] == 'induced' or benchmark in ('synth', 'custom') or not uses_pool(method):
         return None
     return (f"REVEAL on {benchmark} uses {pool_label(origin)}; the paper's REVEAL uses a pool "
-            f"induced on a "
-            "development split (`reveal rubrics induce`, then --set rubric_pool=PATH)")
+            "induced on a development split (`reveal rubrics induce`, then --set rubric_pool=PATH)")
 
 def _warn_once(line: str) -> None:
     "Print `warning: line` on stderr, once per process."
@@ -217,21 +228,36 @@ def _warn_once(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr, flush=True)
 
 # %% ../../nbs/42a_eval.context.ipynb #3547bb7b
-def pool_meta(cfg: Config, benchmark: str, split: str | None, qs: list[Question],
-              method: str | None = None) -> dict:
-    "What `run.json` records about the rubric pool: path, SHA-256, kind, label, provenance, use, and its warnings."
-    p = resolve_pool_path(cfg.rubric_pool) if cfg.rubric_pool else default_pool_path()
-    if not p.exists():
-        if cfg.rubric_pool:
-            raise FileNotFoundError(f"rubric pool {p} not found (Config.rubric_pool)")
-        return dict(rubric_pool=str(p), rubric_pool_sha256=None, rubric_pool_warning=None)
-    if uses_pool(method):
-        load_rubric_pool(p)              # a bad pool (a NaN weight) fails before any question
-    origin, w = pool_origin(p), pool_eval_warning(p, benchmark, split, qs)
-    if w: warn(w)
-    seed_w = seed_pool_warning(origin, benchmark, method)
-    if seed_w: _warn_once(seed_w)
+def _missing_pool(cfg: Config, p: Path) -> dict:
+    "What `run.json` records when the default pool is absent; refused when the Config names it."
+    if cfg.rubric_pool:
+        raise FileNotFoundError(f"rubric pool {p} not found (Config.rubric_pool)")
+    return dict(rubric_pool=str(p), rubric_pool_sha256=None, rubric_pool_warning=None)
+
+def _pool_record(p: Path, origin: dict, w: str | None, seed_w: str | None,
+                 method: str | None) -> dict:
+    "What `run.json` records of a pool: path, SHA-256, name, kind, label, provenance, use, warning."
     return dict(rubric_pool=str(p), rubric_pool_sha256=origin['sha256'], rubric_pool_warning=w,
                 rubric_pool_name=origin['name'], rubric_pool_kind=origin['kind'],
                 rubric_pool_label=pool_label(origin), rubric_pool_provenance=origin['provenance'],
                 rubric_pool_used=uses_pool(method), rubric_pool_seed_warning=seed_w)
+
+def _pool_warnings(p: Path, origin: dict, benchmark: str, split: str | None, qs: list[Question],
+                   method: str | None) -> tuple[str | None, str | None]:
+    "The pool's evaluation warning (given each run) and seed-pool warning (once per process)."
+    w = pool_eval_warning(p, benchmark, split, qs)
+    if w: warn(w)
+    seed_w = seed_pool_warning(origin, benchmark, method)
+    if seed_w: _warn_once(seed_w)
+    return w, seed_w
+
+def pool_meta(cfg: Config, benchmark: str, split: str | None, qs: list[Question],
+              method: str | None = None) -> dict:
+    "What `run.json` records about the rubric pool: path, SHA-256, kind, label, provenance, use, and its warnings."
+    p = resolve_pool_path(cfg.rubric_pool) if cfg.rubric_pool else default_pool_path()
+    if not p.exists(): return _missing_pool(cfg, p)
+    if uses_pool(method):
+        load_rubric_pool(p)              # a bad pool (a NaN weight) fails before any question
+    origin = pool_origin(p)
+    w, seed_w = _pool_warnings(p, origin, benchmark, split, qs, method)
+    return _pool_record(p, origin, w, seed_w, method)

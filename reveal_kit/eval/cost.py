@@ -28,20 +28,27 @@ def sequential_depth(calls: list[dict]) -> int:
     return sum(1 for i, r in enumerate(roles) if i == 0 or r != roles[i - 1])
 
 # %% ../../nbs/49_eval.cost.ipynb #50e575bb
-def question_cost(trace: dict) -> dict:
-    "One question's calls, depth, prompt / completion / reasoning tokens, and its calls and tokens per role."
-    calls = trace_calls(trace)
-    tok = lambda c, k: int(c.get(k) or 0)
+def _tok(c: dict, k: str) -> int:
+    "A call's token count `k` (0 when it was not recorded)."
+    return int(c.get(k) or 0)
+
+def _role_costs(calls: list[dict]) -> dict:
+    "Calls, prompt tokens and completion tokens per role, roles in the order of their first call."
     roles: dict = defaultdict(lambda: dict(calls=0, prompt_tokens=0, completion_tokens=0))
     for c in calls:
         r = roles[c.get('role', '?')]
         r['calls'] += 1
-        r['prompt_tokens'] += tok(c, 'prompt_tokens')
-        r['completion_tokens'] += tok(c, 'completion_tokens')
+        r['prompt_tokens'] += _tok(c, 'prompt_tokens')
+        r['completion_tokens'] += _tok(c, 'completion_tokens')
+    return dict(roles)
+
+def question_cost(trace: dict) -> dict:
+    "One question's calls, depth, prompt / completion / reasoning tokens, and its calls and tokens per role."
+    calls = trace_calls(trace)
+    total = lambda k: sum(_tok(c, k) for c in calls)
     return dict(qid=trace.get('qid'), calls=len(calls), depth=sequential_depth(calls),
-                prompt_tokens=sum(tok(c, 'prompt_tokens') for c in calls),
-                completion_tokens=sum(tok(c, 'completion_tokens') for c in calls),
-                reasoning_tokens=sum(tok(c, 'reasoning_tokens') for c in calls), roles=dict(roles))
+                prompt_tokens=total('prompt_tokens'), completion_tokens=total('completion_tokens'),
+                reasoning_tokens=total('reasoning_tokens'), roles=_role_costs(calls))
 
 # %% ../../nbs/49_eval.cost.ipynb #094cf12a
 def _trace_of(row: dict, run_dir: Path | None) -> dict | None:
@@ -51,14 +58,17 @@ def _trace_of(row: dict, run_dir: Path | None) -> dict | None:
         if p.name and f.is_file() and f.suffix == '.json': return json.loads(f.read_text())
     return None
 
-def row_cost(row: dict, run_dir: str | Path | None = None) -> dict:
-    "The `question_cost` of one result from its trace; a result whose trace is gone counts its totals, no roles."
-    t = _trace_of(row, Path(run_dir) if run_dir else None)
-    if t is not None: return question_cost(t)
+def _row_totals(row: dict) -> dict:
+    "The cost of a result whose trace is gone: its totals, each call a step of its own, no roles."
     n = int(row.get('llm_calls') or 0)
     return dict(qid=row['qid'], calls=n, depth=n, prompt_tokens=int(row.get('prompt_tokens') or 0),
                 completion_tokens=int(row.get('completion_tokens') or 0), reasoning_tokens=0,
                 roles={})
+
+def row_cost(row: dict, run_dir: str | Path | None = None) -> dict:
+    "The `question_cost` of one result from its trace; a result whose trace is gone counts its totals, no roles."
+    t = _trace_of(row, Path(run_dir) if run_dir else None)
+    return question_cost(t) if t is not None else _row_totals(row)
 
 # %% ../../nbs/49_eval.cost.ipynb #0ea24796
 def run_costs(run_dir: str | Path) -> list[dict]:
@@ -71,19 +81,22 @@ def _mean(xs: list[float]) -> float:
     "The mean, 0 for none."
     return sum(xs) / len(xs) if xs else 0.0
 
-def cost_summary(costs: list[dict]) -> dict:
-    "Per question (means) and in total: calls, depth (mean, max), tokens; per role, calls and tokens per question."
+def _role_means(costs: list[dict]) -> dict:
+    "Per role, each of its counts per question (roles and counts in name order)."
     n, roles = len(costs), defaultdict(Counter)
     for c in costs:
         for role, d in c['roles'].items(): roles[role].update(d)
+    return {r: {k: v / max(n, 1) for k, v in sorted(d.items())} for r, d in sorted(roles.items())}
+
+def cost_summary(costs: list[dict]) -> dict:
+    "Per question (means) and in total: calls, depth (mean, max), tokens; per role, calls and tokens per question."
     per = lambda k: _mean([c[k] for c in costs])
-    return dict(questions=n, calls_per_q=per('calls'), depth_mean=per('depth'),
+    return dict(questions=len(costs), calls_per_q=per('calls'), depth_mean=per('depth'),
                 depth_max=max((c['depth'] for c in costs), default=0),
                 prompt_per_q=per('prompt_tokens'), completion_per_q=per('completion_tokens'),
                 reasoning_per_q=per('reasoning_tokens'),
                 tokens_total=sum(c['prompt_tokens'] + c['completion_tokens'] for c in costs),
-                roles={r: {k: v / max(n, 1) for k, v in sorted(d.items())}
-                       for r, d in sorted(roles.items())})
+                roles=_role_means(costs))
 
 # %% ../../nbs/49_eval.cost.ipynb #b7db75f0
 PROFILE_POINT_KEYS = ('concurrency', 'prompt_tokens_per_s', 'completion_tokens_per_s')
@@ -92,74 +105,99 @@ def _positive(x) -> bool:
     "Whether `x` is a finite number above 0 (not NaN, not Infinity, not a string)."
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
+def _read_profile(p: Path):
+    "A profile file's JSON; refused when the file is missing or is not JSON."
+    if not p.is_file(): raise FileNotFoundError(f"no throughput profile at {p}")
+    try: return json.loads(p.read_text())
+    except ValueError as e: raise ValueError(f"{p} is not JSON: {e}") from None
+
+def _good_point(x) -> bool:
+    "Whether a profile point is a dict with positive, finite numbers for all `PROFILE_POINT_KEYS`."
+    return isinstance(x, dict) and all(_positive(x.get(k)) for k in PROFILE_POINT_KEYS)
+
 def load_profile(path: str | Path) -> dict:
     "A throughput profile JSON (model, gpu, points of tokens/s by concurrency), checked; points by concurrency."
     p = Path(path)
-    if not p.is_file(): raise FileNotFoundError(f"no throughput profile at {p}")
-    try: d = json.loads(p.read_text())
-    except ValueError as e: raise ValueError(f"{p} is not JSON: {e}") from None
+    d = _read_profile(p)
     pts = d.get('points') if isinstance(d, dict) else None
-    if not pts or not all(isinstance(x, dict)
-                          and all(_positive(x.get(k)) for k in PROFILE_POINT_KEYS) for x in pts):
+    if not pts or not all(_good_point(x) for x in pts):
         raise ValueError(f"{p}: a profile needs points with positive, finite "
                          f"{', '.join(PROFILE_POINT_KEYS)}")
     return dict(d, points=sorted(pts, key=lambda x: float(x['concurrency'])))
 
 # %% ../../nbs/49_eval.cost.ipynb #18ab8647
-def rate_at(profile: dict, concurrency: float, key: str) -> float:
-    "A profile's aggregate tokens/s (`key`) at a concurrency: log-linear between points, flat beyond the ends."
-    pts, c = profile['points'], max(float(concurrency), 1.0)
-    xs, ys = [math.log(float(p['concurrency'])) for p in pts], [float(p[key]) for p in pts]
-    x = math.log(c)
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    "`ys` interpolated linearly over increasing `xs` at `x`, flat beyond the ends."
     if x <= xs[0]: return ys[0]
     if x >= xs[-1]: return ys[-1]
     i = next(i for i in range(1, len(xs)) if x <= xs[i])
     return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
 
+def rate_at(profile: dict, concurrency: float, key: str) -> float:
+    "A profile's aggregate tokens/s (`key`) at a concurrency: log-linear between points, flat beyond the ends."
+    pts, c = profile['points'], max(float(concurrency), 1.0)
+    xs, ys = [math.log(float(p['concurrency'])) for p in pts], [float(p[key]) for p in pts]
+    return _interp(math.log(c), xs, ys)
+
 # %% ../../nbs/49_eval.cost.ipynb #72d070bf
 def best_concurrency(profile: dict) -> float:
-    "The profile's concurrency with the highest completion tokens/s (decode bounds an agent's calls)."
+    "The profile's concurrency of most completion tokens/s (decode bounds an agent's calls)."
     return float(max(profile['points'],
                      key=lambda p: float(p['completion_tokens_per_s']))['concurrency'])
 
 # %% ../../nbs/49_eval.cost.ipynb #bfe8bdae
-def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
-    "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
-    whole = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1
-    if questions is not None and not whole(questions):
-        raise ValueError(f"--questions must be a whole number ≥ 1 (or left out: the run's), got "
-                         f"{questions}")
-    if not whole(gpus): raise ValueError(f"--gpus must be a whole number ≥ 1, got {gpus}")
+def _whole(x) -> bool:
+    "Whether `x` is a whole number ≥ 1 (a bool is not)."
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+def _check_rate_concurrency(concurrency: float | None) -> None:
+    "Refuse a projection's concurrency unless finite and > 0 (None: the profile's fastest)."
     if concurrency is not None and not _positive(concurrency):
         raise ValueError(f"--concurrency must be a finite number > 0 (or left out: the profile's "
                          f"fastest), got {concurrency}")
 
+def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
+    "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
+    if questions is not None and not _whole(questions):
+        raise ValueError(f"--questions must be a whole number ≥ 1 (or left out: the run's), got "
+                         f"{questions}")
+    if not _whole(gpus): raise ValueError(f"--gpus must be a whole number ≥ 1, got {gpus}")
+    _check_rate_concurrency(concurrency)
+
 # %% ../../nbs/49_eval.cost.ipynb #dcf42258
+def _engine_seconds(summary: dict, profile: dict, c: float) -> float:
+    "Engine-seconds per question at concurrency `c`: its prompt and completion tokens at its rates."
+    P = rate_at(profile, c, 'prompt_tokens_per_s')
+    D = rate_at(profile, c, 'completion_tokens_per_s')
+    return summary['prompt_per_q'] / P + summary['completion_per_q'] / D
+
+def _scaled(summary: dict, n: int) -> dict:
+    "A run's tokens (millions) and calls, scaled to `n` questions."
+    return dict(tokens_m=n * (summary['prompt_per_q'] + summary['completion_per_q']) / 1e6,
+                calls=n * summary['calls_per_q'])
+
+def _wall_seconds(summary: dict, n: int, gpus: int, c: float, per_q: float) -> float:
+    "Wall seconds of `n` questions on `gpus` engines and of the last question's dependent calls."
+    calls = max(summary['calls_per_q'], 1e-9)
+    chain = summary['depth_max'] * c * per_q / calls
+    return n * per_q / gpus + (chain if summary['calls_per_q'] else 0.0)
+
 def project(summary: dict, profile: dict, questions: int | None = None, gpus: int = 1,
             concurrency: float | None = None) -> dict:
     "Projected wall hours and GPU-hours of `questions` (default: the run's) on `gpus` engines at `concurrency`."
     check_projection(questions, gpus, concurrency)
     n = int(summary['questions'] if questions is None else questions)
     c = float(best_concurrency(profile) if concurrency is None else concurrency)
-    P, D = rate_at(profile, c, 'prompt_tokens_per_s'), rate_at(profile, c,
-                                                               'completion_tokens_per_s')
-    # engine-seconds per question
-    per_q = summary['prompt_per_q'] / P + summary['completion_per_q'] / D
-    calls = max(summary['calls_per_q'], 1e-9)
-    # the last question's chain
-    chain = summary['depth_max'] * c * per_q / calls
-    wall = n * per_q / gpus + (chain if summary['calls_per_q'] else 0.0)
+    wall = _wall_seconds(summary, n, gpus, c, _engine_seconds(summary, profile, c))
     return dict(questions=n, gpus=int(gpus), concurrency=c, model=profile.get('model'),
-                gpu=profile.get('gpu'),
-                tokens_m=n * (summary['prompt_per_q'] + summary['completion_per_q']) / 1e6,
-                calls=n * summary['calls_per_q'], wall_hours=wall / 3600,
+                gpu=profile.get('gpu'), **_scaled(summary, n), wall_hours=wall / 3600,
                 gpu_hours=wall * gpus / 3600)
 
 # %% ../../nbs/49_eval.cost.ipynb #860ce37e
 def cost_report(run_dir: str | Path, profile: str | Path | dict | None = None,
                 questions: int | None = None, gpus: int = 1,
                 concurrency: float | None = None) -> dict:
-    "A run's cost summary, with the projection when a profile is given (the settings checked either way)."
+    "A run's cost summary, with the projection if a profile is given (settings checked either way)."
     check_projection(questions, gpus, concurrency)
     s = cost_summary(run_costs(run_dir))
     if profile is None: return dict(s, run=str(run_dir), projection=None)
@@ -174,24 +212,33 @@ PAPER_COSTS = [
     dict(benchmark='videomme-long', questions=900, calls_per_q=5.3, tokens_m=199.0, wall_hours=5.5,
          gpu_hours=88.0)]
 
+def _projection_label(prof: dict | None) -> str:
+    "What a table calls its projected rows: the profile's model and GPU, or tokens only."
+    return (f"projection ({prof.get('model')} on {prof.get('gpu')})" if prof
+            else 'projection (tokens only: no profile)')
+
+def _paper_row(b: dict) -> dict:
+    "REVEAL's reported row of a paper benchmark, its GPUs its GPU-hours over its wall hours."
+    gpus = round(b['gpu_hours'] / b['wall_hours'])
+    return dict(b, method='REVEAL (paper)', gpus=gpus, source='paper')
+
+def _projected_row(b: dict, m: str, rs: list[dict], prof: dict | None, gpus: int,
+                   concurrency: float | None, label: str) -> dict:
+    "Run `m`'s row for paper benchmark `b`: its costs per question scaled to the benchmark's size."
+    s = cost_summary([row_cost(r) for r in rs])
+    p = project(s, prof, b['questions'], gpus, concurrency) if prof else None
+    return dict(benchmark=b['benchmark'], questions=b['questions'], calls_per_q=s['calls_per_q'],
+                tokens_m=b['questions'] * (s['prompt_per_q'] + s['completion_per_q']) / 1e6,
+                wall_hours=p['wall_hours'] if p else math.nan,
+                gpu_hours=p['gpu_hours'] if p else math.nan, method=m, gpus=gpus, source=label)
+
 def projection_table(runs: dict[str, list[dict]], profile: str | Path | dict | None = None,
                      gpus: int = 16, concurrency: float | None = None,
                      paper: list[dict] = PAPER_COSTS) -> list[dict]:
     "Per paper benchmark: REVEAL's reported row, then each run's costs scaled to its questions (a projection)."
     prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
-    label = (f"projection ({prof.get('model')} on {prof.get('gpu')})" if prof
-             else 'projection (tokens only: no profile)')
-    rows = []
+    label, rows = _projection_label(prof), []
     for b in paper:
-        rows.append(dict(b, method='REVEAL (paper)', gpus=round(b['gpu_hours'] / b['wall_hours']),
-                         source='paper'))
-        for m, rs in runs.items():
-            s = cost_summary([row_cost(r) for r in rs])
-            p = project(s, prof, b['questions'], gpus, concurrency) if prof else None
-            rows.append(dict(benchmark=b['benchmark'], questions=b['questions'],
-                             calls_per_q=s['calls_per_q'],
-                             tokens_m=b['questions'] * (s['prompt_per_q']
-                                                        + s['completion_per_q']) / 1e6,
-                             wall_hours=p['wall_hours'] if p else math.nan, gpu_hours=p['gpu_hours']
-                             if p else math.nan, method=m, gpus=gpus, source=label))
+        rows.append(_paper_row(b))
+        rows += [_projected_row(b, m, rs, prof, gpus, concurrency, label) for m, rs in runs.items()]
     return rows

@@ -45,33 +45,36 @@ def _present(paths: Iterable[str | None]) -> tuple[int, int, list[str]]:
 _COUNT_KEYS = (('questions', ('questions', 'n_questions', 'num_questions')),
                ('videos', ('videos', 'n_videos', 'num_videos')))
 
+def _first_count(m: dict, names: tuple[str, ...]) -> int | None:
+    "The first of `names` a manifest states as a count (a number, or a list's length), else None."
+    for n in names:
+        v = m.get(n)
+        if isinstance(v, (int, list)): return v if isinstance(v, int) else len(v)
+    return None
+
 def _generated_counts(root: Path) -> dict:
     "Expected counts of a generated benchmark, from its `manifest.json` when it states them."
     root = Path(root)
-    p, out = (root.parent if root.is_file() else root) / 'manifest.json', {}
-    if not p.exists(): return out
+    p = (root.parent if root.is_file() else root) / 'manifest.json'
+    if not p.exists(): return {}
     m = json.loads(p.read_text())
-    for key, names in _COUNT_KEYS:
-        for n in names:
-            v = m.get(n)
-            if isinstance(v, (int, list)):
-                out[key] = v if isinstance(v, int) else len(v)
-                break
-    return out
+    counts = {key: _first_count(m, names) for key, names in _COUNT_KEYS}
+    return {k: v for k, v in counts.items() if v is not None}
 
 # %% ../../nbs/40b_eval.data_check.ipynb #204dede3
+def _annotation_file(a: str, root: Path, base: Path) -> dict:
+    "One required annotation file (`'x | y'`: alternatives): the path found (or asked), present?"
+    alts = [x.strip() for x in a.split('|')]
+    if root.is_file() and any(root.match(x) for x in alts):
+        return dict(path=str(root), present=True)
+    hit = next((x for x in alts if sorted(base.glob(x))), None)
+    return dict(path=hit or a, present=hit is not None)
+
 def _annotation_files(man: dict, root: Path) -> list[dict]:
     "Each annotation file the manifest requires (`'x | y'` lists alternatives), and whether one is present."
-    root, out = Path(root), []
+    root = Path(root)
     base = root.parent if root.is_file() else root
-    for a in man.get('layout', {}).get('annotations', []):
-        alts = [x.strip() for x in a.split('|')]
-        if root.is_file() and any(root.match(x) for x in alts):
-            out.append(dict(path=str(root), present=True))
-            continue
-        hit = next((x for x in alts if sorted(base.glob(x))), None)
-        out.append(dict(path=hit or a, present=hit is not None))
-    return out
+    return [_annotation_file(a, root, base) for a in man.get('layout', {}).get('annotations', [])]
 
 # %% ../../nbs/40b_eval.data_check.ipynb #497ee53a
 def expected_layout(man: dict) -> str:
@@ -83,28 +86,45 @@ def expected_layout(man: dict) -> str:
     return f"annotation file(s) {files}" + (f" with fields {fields}" if fields else '')
 
 # %% ../../nbs/40b_eval.data_check.ipynb #8515952b
+def _expected(name: str, man: dict, split: str | None, root: Path) -> dict:
+    "The counts a benchmark (or its split) should have: its manifest's, a generated one's own."
+    exp = (man.get('splits') or {}).get(split, {}) if split else man.get('expected', {})
+    return dict(exp, **_generated_counts(root)) if name == 'synth' else exp
+
+def _unloaded(name: str, root: Path, split: str | None, exp: dict, man: dict) -> dict:
+    "A data check before loading: the counts expected, the annotation files, nothing loaded yet."
+    return dict(benchmark=name, root=str(root), split=split,
+                expected_questions=exp.get('questions'), expected_videos=exp.get('videos'),
+                annotations=_annotation_files(man, root),
+                source=None, loaded=0, skipped=0, reasons=[], notes=0, error=None,
+                expected_layout=expected_layout(man))
+
+def _loaded(qs: list, rep) -> dict:
+    "What loading found: source, loaded, skipped (why), notes, videos and subtitles there or not."
+    vp, vm, vex = _present(q.video_path for q in qs)
+    sp, sm, _ = _present(q.subtitle_path for q in qs)
+    return dict(source=rep.source, loaded=rep.loaded, skipped=rep.skipped, reasons=rep.reasons[:10],
+                notes=len(rep.notes), videos=len({q.video_id for q in qs}), videos_present=vp,
+                videos_missing=vm, missing_examples=vex, subtitles_present=sp, subtitles_missing=sm)
+
+def _status(out: dict) -> str:
+    "no questions; ok (every video there, none skipped, counts as expected); else incomplete."
+    counts_ok = (out['expected_questions'] in (None, out['loaded'])
+                 and out['expected_videos'] in (None, out['videos']))
+    if out['loaded'] == 0: return 'no questions'
+    complete = out['videos_missing'] == 0 and out['skipped'] == 0 and counts_ok
+    return 'ok' if complete else 'incomplete'
+
 def check_data(name: str, root: str | Path | None = None, **kw) -> dict:
     "What is present and missing for a benchmark under a data root, with counts against its manifest."
     man, root = load_manifest(name), data_root(name, root)
     split = kw.get('split') or man.get('default_split')
     if kw.get('split') and man.get('splits'): check_split(name, split, man['splits'])
-    exp = (man.get('splits') or {}).get(split, {}) if split else man.get('expected', {})
-    if name == 'synth': exp = dict(exp, **_generated_counts(root))
-    out = dict(benchmark=name, root=str(root), split=split, expected_questions=exp.get('questions'),
-               expected_videos=exp.get('videos'), annotations=_annotation_files(man, root),
-               source=None, loaded=0, skipped=0, reasons=[], notes=0, error=None,
-               expected_layout=expected_layout(man))
+    out = _unloaded(name, root, split, _expected(name, man, split, root), man)
     try: qs, rep = load_benchmark(name, root, **kw)
     except (FileNotFoundError, AnnotationError, KeyError) as e:
         status = 'missing annotations' if isinstance(e, FileNotFoundError) else 'bad annotations'
         return dict(out, error=str(e).strip("'\""), status=status)
-    vp, vm, vex = _present(q.video_path for q in qs)
-    sp, sm, _ = _present(q.subtitle_path for q in qs)
-    out.update(source=rep.source, loaded=rep.loaded, skipped=rep.skipped, reasons=rep.reasons[:10],
-               notes=len(rep.notes), videos=len({q.video_id for q in qs}), videos_present=vp,
-               videos_missing=vm, missing_examples=vex, subtitles_present=sp, subtitles_missing=sm)
-    counts_ok = out['expected_questions'] in (None, rep.loaded) and out['expected_videos'] in (None,
-                                                                                               out['videos'])
-    if rep.loaded == 0: out['status'] = 'no questions'
-    else: out['status'] = 'ok' if (vm == 0 and rep.skipped == 0 and counts_ok) else 'incomplete'
+    out.update(_loaded(qs, rep))
+    out['status'] = _status(out)
     return out

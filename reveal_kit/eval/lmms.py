@@ -23,37 +23,44 @@ __all__ = ['QTYPE_KEYS', 'LMMS_IGNORED', 'RUN_KEYS', 'LMMS_EXTRA', 'NOT_SUPPORTE
 
 # %% ../../nbs/47_eval.lmms.ipynb #2a64e4d4
 def prompt_options(context: str) -> tuple[str, dict[str, str]]:
-    "The stem and `{letter: text}` of a prompt with lettered options, each option cut at its line end."
+    "The stem and `{letter: text}` of a prompt with lettered options, each cut at its line end."
     stem, opts = split_inline_options(context)
     return stem.strip(), {k: (v.strip().splitlines() or [''])[0].strip() for k, v in opts.items()}
 
 # %% ../../nbs/47_eval.lmms.ipynb #47ac5ac9
 QTYPE_KEYS = ('qtype', 'task_type', 'question_type')
 
+def _doc_fields(doc: dict, video: Path) -> dict:
+    "A doc's question fields beside stem, options and gold: type, duration group, video, subtitles."
+    qtype = next((str(doc[k]) for k in QTYPE_KEYS if doc.get(k)), 'unknown')
+    return dict(qtype=qtype, duration_group=doc.get('duration_group') or None,
+                video_path=str(video), subtitle_path=doc.get('subtitle_path') or None)
+
 def doc_to_question(doc: dict, visual: str | Path, context: str = '', qid: str = '') -> Question:
     "The kit's `Question` for one doc: its video, stem and options (from the doc, else the prompt), gold, type."
     try: stem, opts = extract_options(doc)
     except ValueError: stem, opts = prompt_options(context)
-    video = Path(visual)
-    gold = doc.get('answer')
-    qtype = next((str(doc[k]) for k in QTYPE_KEYS if doc.get(k)), 'unknown')
+    video, gold = Path(visual), doc.get('answer')
     return Question(str(doc.get('qid') or qid or video.stem),
                     str(doc.get('video_id') or video.stem), stem, opts,
-                    answer=gold_letter(gold, opts) if gold not in (None, '') else None, qtype=qtype,
-                    duration_group=doc.get('duration_group') or None, video_path=str(video),
-                    subtitle_path=doc.get('subtitle_path') or None)
+                    answer=gold_letter(gold, opts) if gold not in (None, '') else None,
+                    **_doc_fields(doc, video))
 
 # %% ../../nbs/47_eval.lmms.ipynb #8743a835
-def request_question(args: tuple, task_dict: dict) -> Question:
-    "The `Question` of one `generate_until` request `(context, gen_kwargs, doc_to_visual, doc_id, task, split)`."
-    context, _, doc_to_visual, doc_id, task, split = args
-    doc = task_dict[task][split][doc_id]
-    visuals = doc_to_visual(doc)
+def _video_of(visuals, task: str, doc_id) -> str | Path:
+    "The first path among what a task's `doc_to_visual` gave; refused when there is none."
     visuals = visuals if isinstance(visuals, (list, tuple)) else [visuals]
     video = next((v for v in visuals if isinstance(v, (str, Path))), None)
     if video is None:
         raise ValueError(f"{task} doc {doc_id}: no video path from doc_to_visual (got "
                          f"{visuals!r:.80})")
+    return video
+
+def request_question(args: tuple, task_dict: dict) -> Question:
+    "The `Question` of one `generate_until` request `(context, gen_kwargs, doc_to_visual, doc_id, task, split)`."
+    context, _, doc_to_visual, doc_id, task, split = args
+    doc = task_dict[task][split][doc_id]
+    video = _video_of(doc_to_visual(doc), task, doc_id)
     return doc_to_question(doc, video, context, qid=f"{task}-{doc_id}")
 
 # %% ../../nbs/47_eval.lmms.ipynb #65ad6c0e
@@ -61,13 +68,17 @@ def _letter(r) -> str:
     "The letter lmms-eval scores: '' (no answer, scored 0) when a stand-in gave it; the run warned with the counts."
     return '' if r.answer_source == 'substituted' else r.answer or ''
 
+def _check_unique(qids: list[str]) -> None:
+    "Refuse a batch in which two questions share an id."
+    if len(set(qids)) != len(qids):
+        raise ValueError(f"duplicate question ids in one batch: "
+                         f"{sorted({i for i in qids if qids.count(i) > 1})[:5]}")
+
 def answer_questions(qs: list[Question], out_dir: str | Path, method: str = 'reveal',
                      **run_kw) -> list[str]:
     "The answered letter of each question (in order, '' where none) from `run_eval` of `method` into `out_dir`."
     qids = [q.qid for q in qs]
-    if len(set(qids)) != len(qids):
-        raise ValueError(f"duplicate question ids in one batch: "
-                         f"{sorted({i for i in qids if qids.count(i) > 1})[:5]}")
+    _check_unique(qids)
     run_eval(qs, method, out_dir, progress=False, **run_kw)
     rows = {r.qid: r for r in map(as_record, read_jsonl_rows(Path(out_dir) / 'results.jsonl'))}
     return [_letter(rows[i]) for i in qids]
@@ -78,17 +89,26 @@ RUN_KEYS = {'backend': 'backend', 'model': 'model', 'base_url': 'base_url', 'rol
             'config': 'config', 'concurrency': 'concurrency', 'cache': 'cache_mode',
             'timeout_s': 'timeout_s', 'max_substituted': 'max_substituted'}
 
-def run_options(method: str = 'reveal', out_dir: str | Path | None = None,
-                overrides: str | None = None, **model_args) -> dict:
-    "`answer_questions` keywords from lmms-eval `--model_args` (lmms-eval's own batch/device keys ignored)."
+def _check_model_args(model_args: dict) -> None:
+    "Refuse `--model_args` keys the adapter does not know (lmms-eval's own batch/device keys pass)."
     unknown = [k for k in model_args if k not in RUN_KEYS and k not in LMMS_IGNORED]
     if unknown:
         known = ', '.join(['method', 'out_dir', 'overrides', *RUN_KEYS])
         raise TypeError(f"unknown reveal model_args {unknown}; known: {known}")
+
+def _run_kw(model_args: dict, overrides: str | None) -> dict:
+    "`run_eval` keywords from `--model_args` (those given, typed) and `;`-separated overrides."
     kw = {RUN_KEYS[k]: v for k, v in model_args.items() if k in RUN_KEYS and v is not None}
     if 'model' in kw: kw['model'] = str(kw['model'])
     if 'max_substituted' in kw: kw['max_substituted'] = float(kw['max_substituted'])
     if overrides: kw['overrides'] = [o.strip() for o in str(overrides).split(';') if o.strip()]
+    return kw
+
+def run_options(method: str = 'reveal', out_dir: str | Path | None = None,
+                overrides: str | None = None, **model_args) -> dict:
+    "`answer_questions` keywords from lmms-eval `--model_args` (lmms-eval's own batch/device keys ignored)."
+    _check_model_args(model_args)
+    kw = _run_kw(model_args, overrides)
     name = re.sub(r'[^\w.+-]', '_', f"{method}-{kw.get('backend', 'embedded')}")
     return dict(kw, method=method, out_dir=Path(out_dir) if out_dir else runs_dir() / 'lmms' / name)
 
@@ -205,6 +225,11 @@ from reveal_kit.eval.lmms import mc_doc_to_text as doc_to_text
 from reveal_kit.eval.lmms import mc_process_results as process_results
 """
 
+def _task_yaml(out: Path, task: str) -> str:
+    "A task's YAML, its JSONL and dataset cache under `out`."
+    return TASK_YAML.format(task=task, jsonl=json.dumps(str(out / f"{task}.jsonl")),
+                            cache=json.dumps(str(out / 'hf_cache')))
+
 def write_lmms_task(questions: Iterable[Question], out_dir: str | Path,
                     task: str = 'reveal_bench') -> Path:
     "A local lmms-eval task folder (JSONL, YAML, utils.py) for `--include_path`; the YAML's path."
@@ -215,6 +240,5 @@ def write_lmms_task(questions: Iterable[Question], out_dir: str | Path,
     (out / f"{task}.jsonl").write_text(''.join(json.dumps(r) + '\n' for r in rows))
     (out / 'utils.py').write_text(TASK_UTILS)
     y = out / f"{task}.yaml"
-    y.write_text(TASK_YAML.format(task=task, jsonl=json.dumps(str(out / f"{task}.jsonl")),
-                                  cache=json.dumps(str(out / 'hf_cache'))))
+    y.write_text(_task_yaml(out, task))
     return y

@@ -28,7 +28,7 @@ __all__ = ['VIDEOMME_ANN', 'VIDEOMME_SPLITS', 'LVBENCH_ANN', 'LVB_ANN', 'LVB_GRO
 # %% ../../nbs/40a_eval.loaders.ipynb #c3ddb267
 @dataclass
 class LoadReport:
-    "What a loader did: the file it read, how many questions it loaded, what it skipped and why, what it noticed."
+    "What a loader did: the file it read, questions loaded, what it skipped and why, what it noted."
     benchmark: str
     source: str = ''
     loaded: int = 0
@@ -59,7 +59,7 @@ class LoadReport:
 
 # %% ../../nbs/40a_eval.loaders.ipynb #c4a3e0a1
 def _find(root: str | Path, candidates: Iterable[str], what: str) -> Path:
-    "The first of `candidates` (globs relative to `root`) that exists; `root` may itself be the file."
+    "The first of `candidates` (globs under `root`) that exists; `root` may itself be the file."
     root = Path(root)
     if root.is_file(): return root
     cands = list(candidates)
@@ -78,7 +78,7 @@ def check_split(bench: str, split: str, valid: Iterable[str]) -> None:
 
 # %% ../../nbs/40a_eval.loaders.ipynb #30b38ed2
 def probe_seconds(path: str | Path | None) -> float | None:
-    "A video's length in seconds from its header (video stream, else container); None if absent, empty, unreadable."
+    "A video's length in seconds from its header (stream, else container); None if unreadable."
     import av
     p = Path(path) if path else None
     if p is None or not p.is_file() or p.stat().st_size == 0: return None
@@ -107,7 +107,7 @@ def _req(rec: dict, key: str) -> Any:
 def _collect(bench: str, source: Path, records: Iterable[tuple[str, Any]],
              build: Callable[[Any], Question | None], strict: bool = False) -> tuple[list[Question],
                                                                                      LoadReport]:
-    "Build questions from `(where, record)` pairs; bad records are skipped and counted (or raise when `strict`)."
+    "Questions from `(where, record)` pairs; bad records skipped and counted (raised if `strict`)."
     rep, out, wheres, probed = LoadReport(bench, str(source)), [], [], {}
     for where, rec in records:
         try:
@@ -234,7 +234,7 @@ def _lvb_question(rec: dict, root: Path) -> Question:
 LVB_GROUPS = ('15', '60', '600', '3600')
 
 def _lvb_split(split: str) -> tuple[str, str | None]:
-    "`'val'` → ('val', None); `'val/3600'` → ('val', '3600'): a split, then one duration group of it."
+    "`'val'` → ('val', None); `'val/3600'` → ('val', '3600'): a split, then one duration group."
     base, _, group = str(split).partition('/')
     check_split('longvideobench', base, LVB_ANN)
     if group and group not in LVB_GROUPS:
@@ -244,7 +244,7 @@ def _lvb_split(split: str) -> tuple[str, str | None]:
 
 def load_longvideobench(root: str | Path, split: str = 'val',
                         strict: bool = False) -> tuple[list[Question], LoadReport]:
-    "LongVideoBench questions (val has gold answers; test has none); `'val/3600'`: the longest duration group only."
+    "LongVideoBench questions (val has gold, test none); `'val/3600'`: the longest group only."
     split, group = _lvb_split(split)
     src = _find(root, LVB_ANN[split], f'longvideobench/{split}')
     base = src.parent.parent if src.parent.name == 'data' else src.parent
@@ -280,7 +280,7 @@ def _egoschema_uid(rec: dict) -> str:
     return Path(str(rec[key])).stem
 
 def _egoschema_question(rec: dict, answers: dict, root: Path) -> Question:
-    "One EgoSchema record as a Question (gold from `subset_answers.json` where published, else the record's own)."
+    "An EgoSchema record as a Question (gold from `subset_answers.json` if there, else its own)."
     uid = _egoschema_uid(rec)
     stem, opts = extract_options(rec, style='A.' if isinstance(rec.get('option'), (list, tuple))
                                  else 'plain')
@@ -294,13 +294,13 @@ def _egoschema_question(rec: dict, answers: dict, root: Path) -> Question:
 
 # %% ../../nbs/40a_eval.loaders.ipynb #ff9cd2ca
 def _has_uid(rec: Any) -> bool:
-    "Whether a record names its EgoSchema clip (records that do not are kept, to be counted as skipped)."
+    "Whether a record names its EgoSchema clip (those that do not are kept, counted as skipped)."
     try: return bool(_egoschema_uid(rec))
     except KeyError: return False
 
 # %% ../../nbs/40a_eval.loaders.ipynb #80604d21
 def load_egoschema(root: str | Path, split: str = 'subset', strict: bool = False) -> tuple[list[Question], LoadReport]:
-    "EgoSchema: the 500-question answered subset (`split='subset'`) or the full question set (`'full'`)."
+    "EgoSchema: the 500-question answered subset (`split='subset'`) or the full set (`'full'`)."
     check_split('egoschema', split, EGOSCHEMA_ANN)
     src = _find(root, EGOSCHEMA_ANN[split], 'egoschema')
     ans_p = src.parent / 'subset_answers.json'
@@ -330,7 +330,7 @@ def _mmrv_question(rec: dict, i: int, root: Path) -> Question:
 
 # %% ../../nbs/40a_eval.loaders.ipynb #340d06c7
 def load_mmrv(root: str | Path, strict: bool = False) -> tuple[list[Question], LoadReport]:
-    "MMR-V questions (qid = position in the official file, since `question_idx` repeats across videos)."
+    "MMR-V questions (qid: position in the official file; `question_idx` repeats across videos)."
     src = _find(root, MMRV_ANN, 'mmrv')
     base = src.parent.parent if src.parent.name == 'data' else src.parent
     recs = [(f"record {i}", (i, r)) for i, r in enumerate(read_table(src))]
@@ -340,14 +340,14 @@ def load_mmrv(root: str | Path, strict: bool = False) -> tuple[list[Question], L
 _STAMPS = re.compile(r'(?:(DAY\d+)[_\s]*)?(\d{6,8})(?:\s*-\s*(?:(DAY\d+)[_\s]*)?(\d{6,8}))?', re.I)
 
 def _egolife_text(tt: Any, day: str) -> tuple[str, str]:
-    "The day and the text of stamps of one `target_time` entry (a string, or a dict with time, time_list, start/end)."
+    "Day and stamps text of one `target_time` entry (a string, or dict: time, time_list, start/end)."
     if not isinstance(tt, dict): return day, str(tt)
     parts = [str(tt.get('time', ''))] + [str(t) for t in tt.get('time_list') or []]
     a, b = tt.get('start_time', tt.get('start')), tt.get('end_time', tt.get('end'))
     return tt.get('date') or day, ' '.join(parts + ([f"{a}-{b}"] if a and b else []))
 
 def _egolife_spans(tt: Any, day: str = 'DAY1') -> list[tuple[float, float]]:
-    "Every target time of an EgoLife / Ego-R1 `target_time`: a range `A-B` as (a, b), a single time as (t, t)."
+    "Every time of an EgoLife / Ego-R1 `target_time`: a range `A-B` as (a, b), one time as (t, t)."
     if not tt: return []
     if isinstance(tt, list): return [s for x in tt for s in _egolife_spans(x, day)]
     day, text = _egolife_text(tt, day)
@@ -399,7 +399,7 @@ EGOR1_ANN = ['Ego-R1-Bench*.json', 'egor1*.json', 'benchmark/*.json', '*.json', 
 
 def load_egor1(root: str | Path, identity: str = 'A1_JAKE',
                strict: bool = False) -> tuple[list[Question], LoadReport]:
-    "Ego-R1 Bench questions, read as EgoLifeQA-shaped records (format not confirmed from an official file)."
+    "Ego-R1 Bench questions, read as EgoLifeQA-shaped records (format not confirmed officially)."
     src = _find(root, EGOR1_ANN, 'egor1')
     recs = [(f"record {i} (ID {r.get('ID', '?') if isinstance(r, dict) else '?'})", r)
             for i, r in enumerate(read_table(src))]
@@ -408,7 +408,7 @@ def load_egor1(root: str | Path, identity: str = 'A1_JAKE',
 
 # %% ../../nbs/40a_eval.loaders.ipynb #fd2886d4
 def load_synth(root: str | Path, strict: bool = False) -> tuple[list[Question], LoadReport]:
-    "Questions of a benchmark generated by `reveal_kit.synth.bench` (paths resolved against the root)."
+    "Questions of a benchmark made by `reveal_kit.synth.bench` (paths resolved against the root)."
     root = Path(root)
     src = root / 'questions.jsonl' if root.is_dir() else root
     if not src.exists(): raise FileNotFoundError(f"synth: no questions.jsonl under {root}")
@@ -429,7 +429,7 @@ def data_root(name: str, root: str | Path | None = None) -> Path:
 
 # %% ../../nbs/40a_eval.loaders.ipynb #c5d5c9f1
 def load_benchmark(name: str, root: str | Path | None = None, **kw) -> tuple[list[Question], LoadReport]:
-    "Load any registered benchmark by name: `(questions, report)`; options the loader does not take are refused."
+    "Load a registered benchmark by name: `(questions, report)`; options its loader lacks refused."
     if name not in LOADERS: raise KeyError(f"unknown benchmark {name!r}; known: {sorted(LOADERS)}")
     params = list(inspect.signature(LOADERS[name]).parameters)
     bad = set(kw) - set(params)
@@ -439,7 +439,7 @@ def load_benchmark(name: str, root: str | Path | None = None, **kw) -> tuple[lis
 # %% ../../nbs/40a_eval.loaders.ipynb #dc745417
 def load_split_questions(benchmark: str, root: str | Path | None,
                          split: str | None) -> list[Question]:
-    "The benchmark's questions; the split goes to loaders that take one (others record it in the questions)."
+    "The benchmark's questions; the split goes to loaders that take one (others note it in each)."
     takes = ('split' in inspect.signature(LOADERS[benchmark]).parameters if benchmark in LOADERS
              else False)
     qs, _ = load_benchmark(benchmark, root, **({'split': split} if (split and takes) else {}))

@@ -47,7 +47,7 @@ def method_name(name: str) -> str:
 
 # %% ../../nbs/42b_eval.methods.ipynb #3d1a0004
 def method_spellings(name: str) -> list[str]:
-    "A method's current name, then each earlier spelling of it (a run folder may carry any of them)."
+    "A method's current name, then each earlier spelling (a run folder may carry any of them)."
     name = method_name(name)
     for suffix in (ORACLE_FRAMES_SUFFIX, ORACLE_SUFFIX, ''):
         base = name[:len(name) - len(suffix)]
@@ -122,17 +122,21 @@ def _is_preset(name: str) -> bool:
     except KeyError: return False
     return True
 
+def _unknown_method(name: str) -> KeyError:
+    "The error for a name no one registered: the methods known, why each failed plugin did not."
+    known = [m for m in available_methods()
+             if not m.endswith((ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX))]
+    why = ''.join(f"; {m} did not import ({e})" for m, e in load_plugins().items())
+    return KeyError(f"unknown method {name!r}; known: {', '.join(known)} (each preset also with "
+                    f"the suffix {ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX}){why}")
+
 def get_method(name: str) -> Callable[[Question, RunContext], dict]:
     "A method by name (an earlier spelling too): registered ones first, then the agent's presets, then plugins'."
     name = method_name(name)
     if name not in METHODS and not _is_preset(name): load_plugins()
     if name in METHODS: return METHODS[name]
     if _is_preset(name): return _preset_method(name)
-    known = [m for m in available_methods()
-             if not m.endswith((ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX))]
-    why = ''.join(f"; {m} did not import ({e})" for m, e in load_plugins().items())
-    raise KeyError(f"unknown method {name!r}; known: {', '.join(known)} (each preset also with the "
-                   f"suffix {ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX}){why}")
+    raise _unknown_method(name)
 
 # %% ../../nbs/42b_eval.methods.ipynb #5bec0002
 def method_spec(name: str) -> dict | None:

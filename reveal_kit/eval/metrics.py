@@ -22,7 +22,7 @@ __all__ = ['PAPER_EMBEDDERS', 'DEMO_GUIDE', 'load_results', 'report', 'with_judg
 
 # %% ../../nbs/43_eval.metrics.ipynb #1dd65cde
 def load_results(run_dir: str | Path) -> list[dict]:
-    "A run's rows (a RUN_DIR or a results.jsonl) read through the record: the last per qid; a cut last line is ignored."
+    "A run's rows (RUN_DIR or results.jsonl) through the record: last per qid; a cut last line ignored."
     p = Path(run_dir)
     p = p / 'results.jsonl' if p.is_dir() else p
     if not p.exists(): raise FileNotFoundError(f"no results at {p}")
@@ -70,7 +70,7 @@ def _usage(rs: list[dict]) -> dict:
 
 # %% ../../nbs/43_eval.metrics.ipynb #a52382c8
 def _degradation(rs: list[dict]) -> dict:
-    "How many results are marked degraded, their failed model calls per role, and the accuracy of the others."
+    "How many results are degraded, their failed model calls per role, and the others' accuracy."
     deg = [r for r in rs if r.get('degraded')]
     calls = Counter()
     for r in deg:
@@ -120,14 +120,14 @@ def _index_usage(idx: list[dict]) -> dict:
     return out
 
 def _pace_usage(rs: list[dict]) -> dict:
-    "Needle recall and its judge, tool calls and steps per episode, tokens per clip (indexing) and per query."
+    "Needle recall and its judge, tool calls and steps per episode, tokens per clip and per query."
     eps = [r for r in rs if isinstance(r.get('tool_calls'), dict)]
     idx = [r for r in rs if isinstance(r.get('index'), dict)]
     return {**_needle_usage(rs), **_tool_usage(eps), **_index_usage(idx)}
 
 # %% ../../nbs/43_eval.metrics.ipynb #20b7e1c0
 def report(results: Iterable[dict], substituted: str = 'wrong') -> dict:
-    "Accuracy by type and duration; failures, substituted and degraded answers, rounds, calls, tokens, time, stops."
+    "Accuracy by type and duration; failed, substituted, degraded; rounds, calls, tokens, time, stop."
     every = list(results)
     subs = substitution_counts(every)
     rs = scored_rows(every, substituted)
@@ -158,7 +158,7 @@ def _num(x: float | None, f: str = '.1f') -> str:
 
 # %% ../../nbs/43_eval.metrics.ipynb #91314f29
 def _degraded_note(rep: dict) -> str:
-    "What the degraded count means, with the failed calls per role and the accuracy without those questions."
+    "What the degraded count means: failed calls per role, the accuracy without those questions."
     if not rep.get('degraded'): return ''
     fb = rep.get('memory_fallbacks')
     fb = f"; {fb} read a memory with fallback captions" if fb else ''
@@ -168,7 +168,7 @@ def _degraded_note(rep: dict) -> str:
 
 # %% ../../nbs/43_eval.metrics.ipynb #4d6e158a
 def _substituted_lines(rep: dict) -> list[str]:
-    "The report's line on stand-ins: 'k of n answers substituted (…)' and how accuracy counted them (or 'offline')."
+    "The report's line on stand-ins: 'k of n answers substituted (…)', how accuracy counted them."
     c = rep.get('substitutions')
     if not c: return []
     how = {'wrong': 'counted as wrong',
@@ -182,7 +182,7 @@ def _judge_note(judges: dict) -> str:
             + ', '.join(j if len(judges) == 1 else f"{j} ({n})" for j, n in judges.items()))
 
 def _pace_lines(rep: dict) -> list[str]:
-    "The lines of `format_report` about PACE's diagnostics (and the needle judge of each number), for its keys."
+    "`format_report`'s lines on PACE's diagnostics (and each number's needle judge), for its keys."
     L = []
     if 'needle_recall_mean' in rep:
         L.append(f"-- needle recall {_pct(rep['needle_recall_mean'])} % ({rep['needle_recall_n']} "
@@ -211,7 +211,7 @@ def _pace_lines(rep: dict) -> list[str]:
 
 # %% ../../nbs/43_eval.metrics.ipynb #5e1d9a01
 def with_judged_needles(rep: dict, run_dir: str | Path) -> dict:
-    "The report with each judge's needle recall from `<run_dir>/needles/` (`pace.needle.judge_run`), by judge."
+    "The report with each judge's needle recall from `<run_dir>/needles/` (`judge_run`'s files)."
     got = judged_needles(run_dir)
     if not got: return rep
     by = {j: dict(mean=_mean(list(v.values())), n=sum(x is not None for x in v.values()))
@@ -220,7 +220,7 @@ def with_judged_needles(rep: dict, run_dir: str | Path) -> dict:
 
 # %% ../../nbs/43_eval.metrics.ipynb #7e87bb94
 def _pool_lines(rep: dict) -> list[str]:
-    "The line of `format_report` naming the rubric pool the run used (REVEAL's methods), if the report has it."
+    "`format_report`'s line naming the rubric pool the run used (REVEAL's methods), if it has one."
     return [f"-- {rep['rubric_pool']['label']}"] if rep.get('rubric_pool') else []
 
 # %% ../../nbs/43_eval.metrics.ipynb #e8b0a001
@@ -229,7 +229,7 @@ PAPER_EMBEDDERS = {'text': 'BGE-M3', 'frames': 'SigLIP'}     # REVEAL §3.1, B.6
 def _plain(s: str) -> str: return str(s).lower().replace('-', '').replace('_', '')
 
 def embedders_line(meta: dict) -> str | None:
-    "Which embedders a run used (its run.json), each not the paper's named as such; None when run.json has none."
+    "Which embedders a run used (run.json), any not the paper's said so; None if run.json has none."
     got = {'text': meta.get('text_embedder'), 'frames': meta.get('image_embedder')}
     if not any(got.values()): return None
     def one(k, v):
@@ -261,7 +261,7 @@ def format_report(rep: dict, title: str = '') -> str:
 
 # %% ../../nbs/43_eval.metrics.ipynb #b9322a89
 def mcnemar_exact(b: int, c: int) -> float:
-    "Two-sided exact McNemar p-value from the discordant counts b (A right, B wrong) and c (A wrong, B right)."
+    "Two-sided exact McNemar p of discordant counts b (A right, B wrong) and c (A wrong, B right)."
     from scipy.stats import binomtest
     if b + c == 0: return 1.0
     return float(binomtest(int(b), int(b + c), 0.5, alternative='two-sided').pvalue)
@@ -274,7 +274,7 @@ def _mean_diff(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
 # %% ../../nbs/43_eval.metrics.ipynb #02da236c
 def paired_bootstrap_ci(a: Iterable[bool], b: Iterable[bool], n_boot: int = 10000, seed: int = 0,
                         alpha: float = 0.05) -> tuple[float, float]:
-    "Percentile bootstrap CI of mean(a) − mean(b) over paired 0/1 outcomes (questions resampled together)."
+    "Percentile bootstrap CI of mean(a) − mean(b) over paired 0/1 outcomes (resampled in pairs)."
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
         raise ValueError(f"n_boot must be a whole number of bootstrap resamples ≥ 1, got {n_boot!r}")
     from scipy.stats import bootstrap
@@ -297,13 +297,13 @@ def _paired_counts(a: list[bool], b: list[bool]) -> dict:
 
 # %% ../../nbs/43_eval.metrics.ipynb #cd90e8db
 def _excluded(A: dict, B: dict, q, substituted: str) -> bool:
-    "Whether question q is left out of a comparison: failed in either run, or substituted in either (when excluded)."
+    "Whether question q is left out: failed in either run, or substituted in either (if excluded)."
     if A[q].get('failed') or B[q].get('failed'): return True
     return substituted == 'exclude' and 'substituted' in (A[q].get('answer_source'), B[q].get('answer_source'))
 
 def compare(results_a: Iterable[dict], results_b: Iterable[dict], seed: int = 0, n_boot: int = 10000,
             names: tuple[str, str] = ('A', 'B'), substituted: str = 'wrong') -> dict:
-    "Two runs on the questions both answered (present in both, with gold, failed in neither): side by side and paired."
+    "Two runs on the questions both answered (with gold, failed in neither): side by side, paired."
     A, B = {r['qid']: r for r in results_a}, {r['qid']: r for r in results_b}
     both = sorted(q for q in set(A) & set(B) if A[q].get('gold') is not None or A[q].get('correct') is not None)
     failed = [q for q in both if _excluded(A, B, q, substituted)]
@@ -325,7 +325,7 @@ _COST_ROWS = (('rounds mean', 'rounds_mean'), ('llm calls / q', 'llm_calls_mean'
               ('wall s / q', 'seconds_mean'))
 
 def _compare_substituted(c: dict) -> list[str]:
-    "The comparison's line on stand-ins: each run's 'k of n answers substituted (…)' and how accuracy counted them."
+    "The comparison's line on stand-ins: each run's 'k of n substituted (…)', how they were counted."
     if 'substitutions' not in c: return []
     a, b = (format_substituted(s) for s in c['substitutions'])
     how = {'wrong': 'counted as wrong', 'exclude': 'questions left out'}[c.get('substituted_policy', 'wrong')]
@@ -361,7 +361,7 @@ def format_compare(c: dict) -> str:
 
 # %% ../../nbs/43_eval.metrics.ipynb #ca4bb6c1
 def run_pool(run_dir: str | Path) -> dict | None:
-    "The rubric pool a RUN_DIR's method used, from its `run.json` (None when it used none or the file is not there)."
+    "The rubric pool a RUN_DIR's method used, from `run.json` (None: it used none, or file gone)."
     p = Path(run_dir)
     meta = p / 'run.json' if p.is_dir() else p.parent / 'run.json'
     m = json.loads(meta.read_text()) if meta.exists() else {}
@@ -371,7 +371,7 @@ def run_pool(run_dir: str | Path) -> dict | None:
 
 # %% ../../nbs/43_eval.metrics.ipynb #d15155e9
 def report_run(run_dir: str | Path, substituted: str = 'wrong') -> dict:
-    "The `report` of a RUN_DIR (or a results.jsonl), with the rubric pool its method used and the embedders that ran."
+    "`report` of a RUN_DIR (or results.jsonl), with the rubric pool its method used, the embedders."
     rep, pool, p = report(load_results(run_dir), substituted), run_pool(run_dir), Path(run_dir)
     meta = p / 'run.json' if p.is_dir() else p.parent / 'run.json'
     emb = embedders_line(json.loads(meta.read_text())) if meta.exists() else None
@@ -382,7 +382,7 @@ def report_run(run_dir: str | Path, substituted: str = 'wrong') -> dict:
 # %% ../../nbs/43_eval.metrics.ipynb #5e1d9a03
 def judge_report(run_dir: str | Path, judge: str | None = None, cache_mode: str = 'readwrite',
                  substituted: str = 'wrong') -> dict:
-    "A run's report with its needle recall by every judge; `judge` ('URL[,NAME]', a server) first judges its cues."
+    "A run's report with needle recall by each judge; `judge` ('URL[,NAME]', a server) judges first."
     if judge:
         meta = json.loads((Path(run_dir) / 'run.json').read_text())
         if meta['benchmark'] == 'custom': raise ValueError(f"{run_dir} answered a question list, not a benchmark: "
@@ -415,7 +415,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, seed: int = 0, n_boot: in
 
 # %% ../../nbs/43_eval.metrics.ipynb #34b54520
 def demo_table(run_dirs: dict[str, Path]) -> str:
-    "One line per method: questions, accuracy, failed, mean rounds, calls per question, stop reasons."
+    "One line per method: questions, accuracy, failed, mean rounds, calls per question, stops."
     rows = [f"{'method':12s} {'n':>4s} {'acc':>6s} {'failed':>6s} {'rounds':>6s} {'calls/q':>7s}  stop reasons"]
     for name, d in run_dirs.items():
         r = report(load_results(d))
@@ -439,7 +439,7 @@ With a real model: reveal demo --backend http --base-url http://HOST:8000/v1 (e.
 
 # %% ../../nbs/43_eval.metrics.ipynb #e059b1ec
 def demo_report(run_dirs: dict[str, Path]) -> str:
-    "The demo's results: the table, the paired comparison of the first and last run, the traces, how to read them."
+    "The demo's results: table, paired comparison of first and last run, traces, how to read them."
     parts = ["[4/4] results\n" + demo_table(run_dirs)]
     if len(run_dirs) >= 2:
         (a, da), (b, db) = list(run_dirs.items())[0], list(run_dirs.items())[-1]

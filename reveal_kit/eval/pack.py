@@ -55,8 +55,8 @@ def zstd_module():
 def _member(name: str, data: bytes) -> tarfile.TarInfo:
     "A reproducible tar header: regular file, 0644, time 0, no owner."
     ti = tarfile.TarInfo(name)
-    ti.size, ti.mode, ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = (len(data), 0o644, 0, 0, 0, '',
-                                                                      '')
+    ti.size, ti.mode, ti.mtime = len(data), 0o644, 0
+    ti.uid, ti.gid, ti.uname, ti.gname = 0, 0, '', ''
     return ti
 
 @contextmanager
@@ -91,6 +91,14 @@ def check_member_name(name: str) -> str:
     return name
 
 # %% ../../nbs/48_eval.pack.ipynb #2981b878
+def _add_members(tar: tarfile.TarFile, files: dict[str, bytes | Path],
+                 blobs: dict[str, bytes]) -> None:
+    "Add pack.json, then every file in name order, each under a reproducible header."
+    for name in ['pack.json', *sorted(files)]:
+        src = blobs.get(name, files.get(name))
+        data = src if isinstance(src, bytes) else Path(src).read_bytes()
+        tar.addfile(_member(name, data), io.BytesIO(data))
+
 def write_pack(path: str | Path, files: dict[str, bytes | Path], manifest: dict) -> dict:
     "Write `files` (member name → bytes or a file) as a pack with `manifest` + their sums as pack.json; the manifest."
     path = Path(path)
@@ -100,11 +108,7 @@ def write_pack(path: str | Path, files: dict[str, bytes | Path], manifest: dict)
     blobs = {'pack.json': json.dumps(man, indent=1, sort_keys=True).encode()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + '.part')
-    with _tar_out(tmp, kind) as tar:
-        for name in ['pack.json', *sorted(files)]:
-            src = blobs.get(name, files.get(name))
-            data = src if isinstance(src, bytes) else Path(src).read_bytes()
-            tar.addfile(_member(name, data), io.BytesIO(data))
+    with _tar_out(tmp, kind) as tar: _add_members(tar, files, blobs)
     os.replace(tmp, path)
     return man
 
@@ -137,36 +141,48 @@ def _entry_ok(want: Any) -> bool:
     return (isinstance(sha, str) and len(sha) == 64 and all(c in '0123456789abcdef' for c in sha)
             and type(size) is int and size >= 0)
 
-def read_manifest(tar: tarfile.TarFile, where: Path) -> tuple[dict, Any]:
-    "The pack.json of a tar stream (its first member) and the iterator positioned after it."
-    members = iter(tar)
+def _first_manifest(tar: tarfile.TarFile, members: Iterator[tarfile.TarInfo], where: Path) -> Any:
+    "The decoded pack.json, which must be the first member of a tar stream."
     first = next(members, None)
     if first is None or first.name != 'pack.json' or not first.isfile() or first.size > 64 << 20:
         raise PackError(f"{where} is not a reveal-kit pack (no pack.json first)")
-    try: man = json.loads(tar.extractfile(first).read())
+    try: return json.loads(tar.extractfile(first).read())
     except ValueError: raise PackError(f"{where}: pack.json is not valid JSON") from None
-    if not isinstance(man,
-                      dict) or man.get('format') != PACK_FORMAT or not isinstance(man.get('files'),
-                                                                                  dict):
+
+def _check_manifest(man: Any, where: Path) -> None:
+    "Refuse a pack.json of another format, or one that lists a file without a SHA-256 and a size."
+    ok = (isinstance(man, dict) and man.get('format') == PACK_FORMAT
+          and isinstance(man.get('files'), dict))
+    if not ok:
         got = man.get('format') if isinstance(man, dict) else None
         raise PackError(f"{where}: not a {PACK_FORMAT} pack (format {got!r})")
     bad = next((n for n, w in man['files'].items() if not _entry_ok(w)), None)
     if bad is not None:
         raise PackError(f"{where}: pack.json lists {bad!r} without a SHA-256 and a size")
     for name in man['files']: check_member_name(name)
+
+def read_manifest(tar: tarfile.TarFile, where: Path) -> tuple[dict, Any]:
+    "The pack.json of a tar stream (its first member) and the iterator positioned after it."
+    members = iter(tar)
+    man = _first_manifest(tar, members, where)
+    _check_manifest(man, where)
     return man, members
 
 # %% ../../nbs/48_eval.pack.ipynb #0670ec6a
+def _check_listed(m: tarfile.TarInfo, man: dict, got: set) -> None:
+    "Refuse a member unless it is a regular file listed once in pack.json with its header's size."
+    if not m.isfile(): raise PackError(f"refusing the pack member {m.name!r}: not a regular file")
+    want = man['files'].get(m.name)
+    if want is None or m.name in got:
+        raise PackError(f"refusing the pack member {m.name!r}: not listed in pack.json (or twice)")
+    if m.size != want['size']:
+        raise PackError(f"refusing the pack member {m.name!r}: its header says {m.size} bytes, "
+                        f"pack.json {want['size']}")
+
 def _listed(members: Iterable[tarfile.TarInfo], man: dict, got: set) -> Iterator[tarfile.TarInfo]:
     "The members after pack.json, each refused unless a regular file listed once with the header size listed."
     for m in members:
-        if not m.isfile(): raise PackError(f"refusing the pack member {m.name!r}: not a regular file")
-        want = man['files'].get(m.name)
-        if want is None or m.name in got:
-            raise PackError(f"refusing the pack member {m.name!r}: not listed in pack.json (or twice)")
-        if m.size != want['size']:
-            raise PackError(f"refusing the pack member {m.name!r}: its header says {m.size} bytes, pack.json "
-                            f"{want['size']}")
+        _check_listed(m, man, got)
         got.add(m.name)
         yield m
 
@@ -187,7 +203,7 @@ def _check_sums(dest: Path, files: dict, names: set) -> None:
 
 # %% ../../nbs/48_eval.pack.ipynb #aeb59422
 def damaged_errors() -> tuple[type[BaseException], ...]:
-    "What reading a damaged or truncated archive raises: tar, gzip, zlib and zstd errors, an early end."
+    "What reading a damaged or cut archive raises: tar, gzip, zlib and zstd errors, an early end."
     errs: list = [tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile]
     try: errs.append(zstd_module().ZstdError)
     except PackError: pass
@@ -195,7 +211,7 @@ def damaged_errors() -> tuple[type[BaseException], ...]:
 
 # %% ../../nbs/48_eval.pack.ipynb #3a1390fc
 def _extract(path: Path, dest: Path) -> tuple[dict, set]:
-    "Extract a pack's listed members under `dest` through the tar data filter, then check every sum."
+    "Extract a pack's listed members under `dest` through tar's data filter; check every sum."
     with _tar_in(path) as tar:
         man, members = read_manifest(tar, path)
         got = set()
@@ -205,13 +221,17 @@ def _extract(path: Path, dest: Path) -> tuple[dict, set]:
     _check_sums(dest, man['files'], got)
     return man, got
 
-def unpack(path: str | Path, dest: str | Path) -> dict:
-    "Extract a pack into `dest` (empty or new), refusing unsafe or unlisted members and checking every sum; manifest."
-    path, dest = Path(path), Path(dest)
+def _fresh_target(path: Path, dest: Path) -> None:
+    "Refuse a missing pack or a target folder that is not empty; make the target."
     if not path.is_file(): raise FileNotFoundError(f"no pack at {path}")
     if dest.exists() and any(dest.iterdir()):
         raise PackError(f"{dest} is not empty: unpack into a new folder")
     dest.mkdir(parents=True, exist_ok=True)
+
+def unpack(path: str | Path, dest: str | Path) -> dict:
+    "Extract a pack into `dest` (empty or new), refusing unsafe or unlisted members and checking every sum; manifest."
+    path, dest = Path(path), Path(dest)
+    _fresh_target(path, dest)
     try: man, got = _extract(path, dest)
     except damaged_errors() as e:
         raise PackError(f"{path} is damaged or truncated ({type(e).__name__}: "
@@ -224,15 +244,18 @@ def unpack(path: str | Path, dest: str | Path) -> dict:
     return man
 
 # %% ../../nbs/48_eval.pack.ipynb #7c75f04b
+def _intact(f: Path, want: dict) -> bool:
+    "Whether an unpacked file is a regular file (not a link) of the listed size and SHA-256."
+    data = f.read_bytes() if f.is_file() and not f.is_symlink() else None
+    return (data is not None and len(data) == want['size']
+            and hashlib.sha256(data).hexdigest() == want['sha256'])
+
 def verify_unpacked(dest: str | Path) -> dict:
-    "Check an unpacked pack again (every listed file's SHA-256 and size) before it is used; its manifest."
+    "Check an unpacked pack again (each listed file's SHA-256 and size) before use; its manifest."
     dest = Path(dest)
     man = json.loads((dest / 'pack.json').read_text())
     for name, want in man['files'].items():
-        f = dest / check_member_name(name)
-        data = f.read_bytes() if f.is_file() and not f.is_symlink() else None
-        if (data is None or len(data) != want['size']
-            or hashlib.sha256(data).hexdigest() != want['sha256']):
+        if not _intact(dest / check_member_name(name), want):
             raise PackError(f"checksum mismatch for {name} in {dest}: unpack the pack again into a "
                             f"new folder")
     return man
@@ -240,10 +263,7 @@ def verify_unpacked(dest: str | Path) -> dict:
 # %% ../../nbs/48_eval.pack.ipynb #72e1719e
 def pack_id(path: str | Path) -> str:
     "The SHA-256 of a pack file (its identity; reproducible packs of the same runs share it)."
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        while chunk := f.read(1 << 20): h.update(chunk)
-    return h.hexdigest()
+    return _sha256(path)
 
 # %% ../../nbs/48_eval.pack.ipynb #7842dd46
 def _named(man: dict, ref: Any, what: str, folder: bool = False) -> str:
@@ -255,15 +275,24 @@ def _named(man: dict, ref: Any, what: str, folder: bool = False) -> str:
     return ref
 
 # %% ../../nbs/48_eval.pack.ipynb #6314682d
-def _check_row(man: dict, row: Any) -> str:
-    "One run row's name and the paths it names, checked; its name."
-    name = row.get('name') if isinstance(row, dict) else None
+def _check_run_name(name: Any) -> None:
+    "Refuse a run name that is not one plain folder name."
     if not isinstance(name, str) or '/' in name or name in ('', '.', '..') or '\\' in name:
         raise PackError(f"pack.json names a run {name!r}: a run is named by one plain folder name")
-    _named(man, f"runs/{name}/run.json", f"run {name}'s run.json")
+
+def _row_maps(row: dict, name: str) -> dict[str, dict]:
+    "A run row's memory_index, videos and subtitles (empty when absent), refused unless maps."
     maps = {k: row.get(k) or {} for k in ('memory_index', 'videos', 'subtitles')}
     if not all(isinstance(m, dict) for m in maps.values()):
         raise PackError(f"pack.json: run {name}'s memory_index, videos and subtitles are not maps")
+    return maps
+
+def _check_row(man: dict, row: Any) -> str:
+    "One run row's name and the paths it names, checked; its name."
+    name = row.get('name') if isinstance(row, dict) else None
+    _check_run_name(name)
+    _named(man, f"runs/{name}/run.json", f"run {name}'s run.json")
+    maps = _row_maps(row, name)
     for v in maps['memory_index'].values(): _named(man, v, f"run {name}'s memory", folder=True)
     for v in [*maps['videos'].values(), *maps['subtitles'].values()]:
         _named(man, v, f"run {name}'s file")
@@ -283,7 +312,7 @@ def check_runs(man: dict) -> list[dict]:
 ROW_LABELS = ('method', 'benchmark', 'split', 'config_hash')
 
 def row_differences(row: dict, run: str | Path) -> list[str]:
-    "Where a pack.json run row disagrees with the packed run's `run.json` and its number of questions."
+    "Where a pack.json run row disagrees with its run's `run.json` and number of questions."
     run = Path(run)
     meta = json.loads((run / 'run.json').read_text())
     out = [f"pack.json says {k} {row.get(k)!r}, its run.json {meta.get(k)!r}" for k in ROW_LABELS
@@ -312,7 +341,7 @@ def pid_alive(pid: int) -> bool:
 
 # %% ../../nbs/48_eval.pack.ipynb #3588c46d
 def remove_stale(root: str | Path, prefix: str) -> list[Path]:
-    "Remove the folders `root/<prefix><pid>-…` whose process is gone (left by a kill); those removed."
+    "Remove the folders `root/<prefix><pid>-…` whose process is gone (a kill); those removed."
     out = []
     for d in sorted(Path(root).glob(f"{prefix}*")):
         pid = d.name[len(prefix):].split('-')[0]
@@ -378,7 +407,8 @@ def canonical_traces(run_dir: str | Path, drop: tuple = ()) -> dict[str, bytes]:
     out = {}
     for f in sorted((Path(run_dir) / 'traces').glob('*')):
         t = json.loads(f.read_text()) if f.suffix == '.json' else None
-        if t is not None: out[f.name] = _line(portable({k: v for k, v in t.items() if k not in drop})).encode()
+        if t is not None:
+            out[f.name] = _line(portable({k: v for k, v in t.items() if k not in drop})).encode()
         elif f.is_file(): out[f.name] = f.read_bytes()
     return out
 
@@ -392,16 +422,25 @@ def canonical_report(run_dir: str | Path) -> bytes:
     return _line(rep).encode()
 
 # %% ../../nbs/48_eval.pack.ipynb #5405e06b
+def _results_differences(a: Path, b: Path) -> list[str]:
+    "Where two runs' canonical results differ: their number of questions, then each row that does."
+    ra, rb = canonical_results(a).splitlines(), canonical_results(b).splitlines()
+    out = [f"results: {len(ra)} questions vs {len(rb)}"] if len(ra) != len(rb) else []
+    return out + [f"results differ: {x[:160].decode()} … vs {y[:160].decode()} …"
+                  for x, y in zip(ra, rb) if x != y]
+
+def _comparable_traces(a: Path, b: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    "Both runs' canonical traces; without their switches when one run's traces predate them."
+    ta, tb = canonical_traces(a), canonical_traces(b)
+    if any(ts and not any(b'"switches"' in t for t in ts.values()) for ts in (ta, tb)):
+        ta, tb = canonical_traces(a, ('switches',)), canonical_traces(b, ('switches',))
+    return ta, tb
+
 def run_differences(run_a: str | Path, run_b: str | Path, limit: int = 5) -> list[str]:
     "Where two runs' canonical results, traces and report differ (at most `limit` lines); empty when they match."
-    a, b, out = Path(run_a), Path(run_b), []
-    ra, rb = canonical_results(a).splitlines(), canonical_results(b).splitlines()
-    if len(ra) != len(rb): out.append(f"results: {len(ra)} questions vs {len(rb)}")
-    out += [f"results differ: {x[:160].decode()} … vs {y[:160].decode()} …" for x, y in zip(ra, rb)
-            if x != y]
-    ta, tb = canonical_traces(a), canonical_traces(b)
-    if any(ts and not any(b'"switches"' in t for t in ts.values()) for ts in (ta, tb)):   # a kit's traces before
-        ta, tb = canonical_traces(a, ('switches',)), canonical_traces(b, ('switches',))   # they had their switches
+    a, b = Path(run_a), Path(run_b)
+    out = _results_differences(a, b)
+    ta, tb = _comparable_traces(a, b)
     out += [f"trace {n} only in {a if n in ta else b}" for n in sorted(set(ta) ^ set(tb))]
     out += [f"trace {n} differs" for n in sorted(set(ta) & set(tb)) if ta[n] != tb[n]]
     if canonical_report(a) != canonical_report(b): out.append('report differs')

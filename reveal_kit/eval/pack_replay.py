@@ -51,6 +51,27 @@ def _check_pool_here(meta: dict, src: Path, row: dict) -> None:
                         f"the pack's {src / (row['pool'] or '')} there")
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #97533dec
+def _packed_where(row: dict, src: Path) -> dict:
+    "Where a replay finds a packed run's memories, videos, rubric pool and subtitles: in the pack."
+    return dict(memory_index={k: str(src / v) for k, v in row['memory_index'].items()},
+                videos={v: str(src / m) for v, m in row['videos'].items()},
+                pool_file=str(src / row['pool']) if row['pool'] else None,
+                subs=None if row.get('subtitles') is None
+                else {v: str(src / m) for v, m in row['subtitles'].items()})
+
+def _write_beside(d: Path, run: Path) -> None:
+    "Write the packed run's questions and the replay's report into the replay's folder."
+    atomic_write_text(d / 'questions.jsonl', (run / 'questions.jsonl').read_text())
+    atomic_write_json(d / 'report.json', report_run(d))
+
+def _replay_line(row: dict, meta: dict, qs: list[Question], diffs: list[str], secs: float,
+                 run: Path) -> dict:
+    "A run's line of the replay summary: whether it matched (how not), its seconds and the run's."
+    took = sum(float(r.get('wall_seconds') or r.get('seconds') or 0) for r in load_results(run))
+    return dict(name=row['name'], method=meta['method'], benchmark=meta['benchmark'],
+                questions=len(qs), identical=not diffs, differences=diffs, seconds=round(secs, 2),
+                run_seconds=round(took, 2), partial=bool(row.get('partial')))
+
 def replay_run(row: dict, src: Path, out: Path, cache: CallCache, progress: bool = False) -> dict:
     "Rerun one packed run into `out/<name>` and compare it with the packed files; its line of the replay summary."
     name, d = row['name'], out / row['name']
@@ -59,38 +80,38 @@ def replay_run(row: dict, src: Path, out: Path, cache: CallCache, progress: bool
     qs = [Question.from_dict(r) for r in read_jsonl_rows(run / 'questions.jsonl')]
     chat = CachedModel(PackedModel(row['model']), cache, mode='replay') if row['model'] else None
     t0 = time.time()
-    rerun(meta, qs, d, chat, progress,
-          memory_index={k: str(src / v) for k, v in row['memory_index'].items()},
-          videos={v: str(src / m) for v, m in row['videos'].items()},
-          pool_file=str(src / row['pool']) if row['pool'] else None,
-          subs=None if row.get('subtitles') is None
-          else {v: str(src / m) for v, m in row['subtitles'].items()})
+    rerun(meta, qs, d, chat, progress, **_packed_where(row, src))
     secs = time.time() - t0
-    atomic_write_text(d / 'questions.jsonl', (run / 'questions.jsonl').read_text())
-    atomic_write_json(d / 'report.json', report_run(d))
+    _write_beside(d, run)
     diffs = row_differences(row, run) + run_differences(run, d)
-    took = sum(float(r.get('wall_seconds') or r.get('seconds') or 0) for r in load_results(run))
-    line = dict(name=name, method=meta['method'], benchmark=meta['benchmark'], questions=len(qs),
-                identical=not diffs, differences=diffs, seconds=round(secs, 2),
-                run_seconds=round(took, 2), partial=bool(row.get('partial')))
+    line = _replay_line(row, meta, qs, diffs, secs, run)
     atomic_write_json(d / 'replay.json', line)
     return line
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #f081d349
+def _manifests(d: Path) -> list[Path]:
+    "A packed memory's manifest, or those of a PACE folder's databases."
+    if (d / 'manifest.json').is_file(): return [d / 'manifest.json']
+    return sorted(d.glob('*/manifest.json'))
+
 def memory_build_seconds(src: Path, rows: list[dict]) -> float:
     "Seconds the packed memories and PACE databases took to build, from their manifests."
     folders = {src / m for r in rows for m in r['memory_index'].values()}
-    mans = [f for d in folders for f in ([d / 'manifest.json'] if (d / 'manifest.json').is_file()
-                                         else sorted(d.glob('*/manifest.json')))]
+    mans = [f for d in folders for f in _manifests(d)]
     return round(sum(float(json.loads(f.read_text()).get('build_seconds') or 0) for f in mans), 2)
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #f2e42267
-def replay_pack(pack: str | Path, out: str | Path | None = None, progress: bool = False) -> dict:
-    "Unpack a pack (checked) into `out` and replay every run in it; a summary with each run's match and times."
-    pack = Path(pack)
+def _replay_out(pack: Path, out: str | Path | None) -> Path:
+    "The folder a pack replays into (default: `<pack>-replay` beside it), refused unless empty."
     out = Path(out) if out else pack.with_name(pack.name.split('.tar')[0] + '-replay')
     if out.exists() and any(out.iterdir()):
         raise PackError(f"{out} is not empty: replay into a new folder")
+    return out
+
+def replay_pack(pack: str | Path, out: str | Path | None = None, progress: bool = False) -> dict:
+    "Unpack a pack (checked) into `out` and replay every run in it; a summary with each run's match and times."
+    pack = Path(pack)
+    out = _replay_out(pack, out)
     t0 = time.time()
     man = unpack(pack, out / 'pack')
     rows, problems = check_runs(man), cache_problems(out / 'pack')
@@ -104,12 +125,12 @@ def replay_pack(pack: str | Path, out: str | Path | None = None, progress: bool 
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #e89dda3a
 def _opened(d: Path) -> dict | None:
-    "The manifest of a whole earlier opening at `d` (every file checked, every call loaded), else None."
+    "The manifest of a whole earlier opening at `d` (files checked, calls loaded), else None."
     try: man = verify_unpacked(d / 'pack')
     except (OSError, ValueError, KeyError): return None
     calls = d / 'calls.sqlite'
-    return man if calls.is_file() and len(CallCache(calls,
-                                                    read_only=True)) == man.get('calls') else None
+    whole = calls.is_file() and len(CallCache(calls, read_only=True)) == man.get('calls')
+    return man if whole else None
 
 def _open_whole(pack: Path, d: Path) -> dict:
     "Unpack a pack and load its calls in a working folder beside `d`, renamed to `d` once whole; the manifest."
@@ -144,12 +165,17 @@ def pack_chat(d: Path, row: dict) -> ChatModel:
     return CachedModel(PackedModel(card), CallCache(d / 'calls.sqlite'), mode='replay')
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #27b6b0f7
-def replayed_run(d: Path, man: dict, name: str, progress: bool = False) -> Path:
-    "The folder of a packed run replayed under `d` (replayed on first use); refused when it does not match the pack."
+def _packed_row(man: dict, name: str) -> dict:
+    "The pack's row of run `name`; refused, naming the runs it holds, when it has none."
     row = next((r for r in man['runs'] if r['name'] == name), None)
     if row is None:
         raise KeyError(f"the pack holds no run {name!r}; it holds "
                        f"{', '.join(r['name'] for r in man['runs'])}")
+    return row
+
+def replayed_run(d: Path, man: dict, name: str, progress: bool = False) -> Path:
+    "The folder of a packed run replayed under `d` (replayed on first use); refused when it does not match the pack."
+    row = _packed_row(man, name)
     if not (d / name / 'replay.json').is_file():
         # a replay killed half-way is done again
         shutil.rmtree(d / name, ignore_errors=True)

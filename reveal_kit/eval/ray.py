@@ -49,23 +49,32 @@ def _existing_local_cluster() -> bool:
     return bool(find_gcs_addresses())
 
 # %% ../../nbs/46_eval.ray.ipynb #1ec2617d
-def connect_ray(address: str | None = 'local'):
-    "The `ray` module, joined to the cluster at `address` ('local': this machine's, else a fresh loopback-only one)."
+def _import_ray():
+    "The `ray` module; refused when the `ray` extra is not installed."
     try: import ray
     except ImportError:
         raise RayUnavailable("Ray is not installed: pip install 'reveal-kit[ray]'") from None
-    if ray.is_initialized(): return ray
-    local = address in (None, '', 'local')
-    fresh = local and not _existing_local_cluster()
-    if local:
-        # whatever ray.init starts here binds to 127.0.0.1 (joining is unaffected)
-        loopback_only()
+    return ray
+
+def _init_ray(ray, address: str | None, local: bool, fresh: bool) -> None:
+    "Start a fresh loopback-only cluster, or join this machine's or the one at `address`."
     try:
         ray.init(address='local' if fresh else (None if local else address),
                  include_dashboard=False if fresh else None)
     except (ConnectionError, ValueError, RuntimeError) as e:
         raise RayUnavailable(f"could not join the Ray cluster at {address}: "
                              f"{str(e).splitlines()[0]}") from None
+
+def connect_ray(address: str | None = 'local'):
+    "The `ray` module joined to the cluster at `address` ('local': this machine's, or a new loopback one)."
+    ray = _import_ray()
+    if ray.is_initialized(): return ray
+    local = address in (None, '', 'local')
+    fresh = local and not _existing_local_cluster()
+    if local:
+        # whatever ray.init starts here binds to 127.0.0.1 (joining is unaffected)
+        loopback_only()
+    _init_ray(ray, address, local, fresh)
     return ray
 
 # %% ../../nbs/46_eval.ray.ipynb #3c2cb57f
@@ -103,18 +112,20 @@ def memory_jobs(qs: Iterable[Question], chunkings: Iterable[str]) -> list[dict]:
             for c in cs]
 
 # %% ../../nbs/46_eval.ray.ipynb #14403857
+def _build_into(row: dict, ctx: RunContext, q: Question, chunking: str) -> None:
+    "Build, resume or reuse the memory of `q`'s video for `chunking`: status and folder in `row`."
+    d = memory_dir_for(q.video_path, ctx.config.replace(chunking=chunking),
+                       memory_models(ctx.model), ctx.subtitles(q))
+    reused = (d / 'manifest.json').exists()
+    ctx.hold([q])
+    row.update(status='reused' if reused else 'built', memory_dir=str(ctx.memory(q, chunking).path))
+    ctx.release(q)
+
 def build_one(job: dict, spec: dict) -> dict:
     "Build, resume or reuse one job's memory here: a row with status built | reused | failed | abort and the reason."
     ctx, q, t0 = worker_context(spec), Question.from_dict(job['question']), time.time()
     row = dict(video_id=job['video_id'], chunking=job['chunking'], memory_dir=None, error=None)
-    try:
-        d = memory_dir_for(q.video_path, ctx.config.replace(chunking=job['chunking']),
-                           memory_models(ctx.model), ctx.subtitles(q))
-        reused = (d / 'manifest.json').exists()
-        ctx.hold([q])
-        row.update(status='reused' if reused else 'built',
-                   memory_dir=str(ctx.memory(q, job['chunking']).path))
-        ctx.release(q)
+    try: _build_into(row, ctx, q, job['chunking'])
     except ABORT_ERRORS as e: row.update(status='abort', error=f"{type(e).__name__}: {e}")
     except Exception as e:
         row.update(status='failed', error=f"{type(e).__name__}: {str(e).strip().splitlines()[0]}")
@@ -122,14 +133,13 @@ def build_one(job: dict, spec: dict) -> dict:
 
 # %% ../../nbs/46_eval.ray.ipynb #b2130eca
 def _ray_rows(ray, ds) -> Iterator[dict]:
-    "The rows a Ray dataset of JSON strings yields, decoded; Ray's own failures become `RayRunFailed`."
+    "The rows a Ray dataset of JSON strings yields, decoded; Ray's failures become `RayRunFailed`."
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format='numpy', prefetch_batches=0):
             yield from (json.loads(r) for r in batch['row'])
     except ray.exceptions.RayError as e:
         raise RayRunFailed(f"a Ray stage stopped: {str(e).strip().splitlines()[0]} — what finished "
-                           f"is kept; "
-                           "rerun the same command to resume") from None
+                           "is kept; rerun the same command to resume") from None
 
 def _raise_abort(row: dict) -> dict:
     "A worker's row, or the error that stops the run (unreachable server, replay miss) raised here."
@@ -143,6 +153,15 @@ def _build_row(row: dict, spec: dict) -> dict:
     "Ray Data map function: one JSON job in, one JSON build row out."
     return {'row': json.dumps(build_one(json.loads(row['job']), spec))}
 
+def _ray_builds(ray, jobs: list[dict], spec: dict, concurrency: int, worker_cpus: float,
+                retries: int | None):
+    "The Ray dataset that builds `jobs`: one task per job, `concurrency` at a time."
+    items = [{'job': json.dumps(j)} for j in jobs]
+    opts = {} if retries is None else {'max_retries': retries}
+    tasks = ray.data.TaskPoolStrategy(size=max(1, int(concurrency)))
+    return ray.data.from_items(items, override_num_blocks=len(items)).map(
+        _build_row, fn_kwargs={'spec': spec}, compute=tasks, num_cpus=worker_cpus, **opts)
+
 def _build_rows(jobs: list[dict], spec: dict, concurrency: int, ray_address: str | None,
                 worker_cpus: float, retries: int | None) -> Iterator[dict]:
     "Build rows as they finish: in this process when `ray_address` is None, else on Ray workers."
@@ -150,20 +169,27 @@ def _build_rows(jobs: list[dict], spec: dict, concurrency: int, ray_address: str
         yield from (build_one(j, spec) for j in jobs)
         return
     ray = connect_ray(ray_address)
-    items = [{'job': json.dumps(j)} for j in jobs]
-    opts = {} if retries is None else {'max_retries': retries}
-    ds = ray.data.from_items(items, override_num_blocks=len(items)).map(
-        _build_row, fn_kwargs={'spec': spec},
-                                                                        compute=ray.data.TaskPoolStrategy(size=max(1,
-                                                                                                                   int(concurrency))),
-                                                                        num_cpus=worker_cpus,
-                                                                        **opts)
-    yield from _ray_rows(ray, ds)
+    yield from _ray_rows(ray, _ray_builds(ray, jobs, spec, concurrency, worker_cpus, retries))
 
 # %% ../../nbs/46_eval.ray.ipynb #e7173c3e
 def _build_settings(settings: RunSettings | None, run: dict) -> RunSettings:
     "The run settings of `build_all`: `settings` (default: no captioning model), `run` changed."
     return (settings or RunSettings(backend='none')).replace(**run)
+
+def _build_context(name: str, cfg: Config, s: RunSettings) -> RunContext:
+    "The context memories are built in: the run's captioning model, cache and timeout; no method."
+    return RunContext(name, 'build-all', runs_dir() / 'build-all', cfg, s.backend, s.model,
+                      s.base_url, None, s.cache_mode, s.timeout_s)
+
+def _build_summary(name: str, jobs: list[dict], rows: list[dict], ray_address: str | None,
+                   t0: float) -> dict:
+    "What `build_all` returns: memories built, reused and failed (each with why), where, how long."
+    n = {s: sum(r['status'] == s for r in rows) for s in ('built', 'reused')}
+    failed = [f"{r['video_id']} ({r['chunking']}): {r['error']}" for r in rows
+              if r['status'] == 'failed']
+    return dict(benchmark=name, memories=len(jobs), **n, failed=failed,
+                memory_root=str(runs_dir() / 'memories'), ray=ray_address,
+                seconds=round(time.time() - t0, 2))
 
 def build_all(benchmark: str | list[Question], chunkings: Iterable[str] | None = None,
               ray_address: str | None = None, worker_cpus: float = 1.0, retries: int | None = None,
@@ -173,19 +199,12 @@ def build_all(benchmark: str | list[Question], chunkings: Iterable[str] | None =
     check_run_options(s.cache_mode, s.timeout_s, 'auto', s.backend, None)
     cfg, t0 = resolve_config(s.config, s.overrides), time.time()
     name, qs, _ = load_run_questions(benchmark, s.root, s.split)
-    jobs = memory_jobs(select_questions(qs, s.limit, parse_shard(s.shard), s.only_present),
-                       chunkings or [cfg.chunking])
-    ctx = RunContext(name, 'build-all', runs_dir() / 'build-all', cfg, s.backend, s.model,
-                     s.base_url, None, s.cache_mode, s.timeout_s)
+    sel = select_questions(qs, s.limit, parse_shard(s.shard), s.only_present)
+    jobs = memory_jobs(sel, chunkings or [cfg.chunking])
+    spec = worker_spec(_build_context(name, cfg, s))
     rows = [_raise_abort(r)
-            for r in _build_rows(jobs, worker_spec(ctx), s.concurrency, ray_address, worker_cpus,
-                                 retries)]
-    n = {s: sum(r['status'] == s for r in rows) for s in ('built', 'reused')}
-    failed = [f"{r['video_id']} ({r['chunking']}): {r['error']}" for r in rows
-              if r['status'] == 'failed']
-    return dict(benchmark=name, memories=len(jobs), **n, failed=failed,
-                memory_root=str(runs_dir() / 'memories'), ray=ray_address,
-                seconds=round(time.time() - t0, 2))
+            for r in _build_rows(jobs, spec, s.concurrency, ray_address, worker_cpus, retries)]
+    return _build_summary(name, jobs, rows, ray_address, t0)
 
 # %% ../../nbs/46_eval.ray.ipynb #47be53b1
 class Answerer:
@@ -207,6 +226,17 @@ class Answerer:
         return {'row': json.dumps(r, default=json_or_str)}
 
 # %% ../../nbs/46_eval.ray.ipynb #c47d80d4
+def _ray_answers(ray, todo: list[Question], spec: dict, concurrency: int, worker_cpus: float,
+                 retries: int | None):
+    "The Ray dataset that answers `todo` (ordered by video) on a pool of `Answerer` actors."
+    items = [{'q': json.dumps(q.to_dict())} for q in sorted(todo, key=lambda q: q.video_id)]
+    opts = {} if retries is None else {'max_restarts': retries}
+    actors = ray.data.ActorPoolStrategy(size=max(1, int(concurrency)))
+    return ray.data.from_items(items, override_num_blocks=len(items)).map(
+        Answerer, fn_constructor_kwargs={'spec': spec}, compute=actors, num_cpus=worker_cpus,
+        **opts)
+
+
 def ray_answerer(ray_address: str | None = 'local', worker_cpus: float = 1.0,
                  retries: int | None = None):
     "An answerer for `run_eval`: each question answered by `run_one` on a Ray actor, rows yielded as they finish."
@@ -215,12 +245,7 @@ def ray_answerer(ray_address: str | None = 'local', worker_cpus: float = 1.0,
         spec = worker_spec(ctx)
         if not todo: return
         ray = connect_ray(ray_address)
-        items = [{'q': json.dumps(q.to_dict())} for q in sorted(todo, key=lambda q: q.video_id)]
-        opts = {} if retries is None else {'max_restarts': retries}
-        ds = ray.data.from_items(items, override_num_blocks=len(items)).map(
-            Answerer, fn_constructor_kwargs={'spec': spec},
-            compute=ray.data.ActorPoolStrategy(size=max(1, int(concurrency))),
-            num_cpus=worker_cpus, **opts)
+        ds = _ray_answers(ray, todo, spec, concurrency, worker_cpus, retries)
         yield from map(_raise_abort, _ray_rows(ray, ds))
     return answer
 
@@ -228,7 +253,7 @@ def ray_answerer(ray_address: str | None = 'local', worker_cpus: float = 1.0,
 def run_eval_ray(benchmark: str | list[Question], method: str, out_dir: str | Path,
                  ray_address: str | None = 'local', worker_cpus: float = 1.0,
                  retries: int | None = None, **kw) -> dict:
-    "`run_eval` with the questions answered on Ray (`ray_address` None: in this process); same summary."
+    "`run_eval` with the questions answered on Ray (`ray_address` None: here); the same summary."
     if ray_address is None: return run_eval(benchmark, method, out_dir, **kw)
     return run_eval(benchmark, method, out_dir,
                     answer=ray_answerer(ray_address, worker_cpus, retries), **kw)

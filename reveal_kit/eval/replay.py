@@ -93,8 +93,7 @@ def run_model(run_dir: str | Path) -> ChatModel | None:
                    and r['models'].get('chat')), None)
     if models is None: return None
     backend, mid = models['chat'].split(':', 1)
-    if backend == 'none':
-        return None                   # offline roles (PACE, DVD): no model was made
+    if backend == 'none': return None   # offline roles (PACE, DVD): no model was made
     meta = run_meta(run_dir)
     urls = meta.get('model_base_urls') or models.get('base_url') or meta.get('base_url')
     m = make_backend(backend, None if (backend, mid) == ('embedded', PACKAGED_GGUF_NAME) else mid,
@@ -105,22 +104,24 @@ def run_model(run_dir: str | Path) -> ChatModel | None:
     return m
 
 # %% ../../nbs/48a_eval.replay.ipynb #a8fffbf9
+def _benchmark_questions(meta: dict, d: Path) -> list[Question]:
+    "The questions of the benchmark (and split) a run answered, loaded as they are today."
+    if meta['benchmark'] == 'custom':
+        raise PackError(f"{d} answered a list of questions that is not on disk")
+    split = {'split': meta['split']} if meta.get('split') else {}
+    qs, _ = load_benchmark(meta['benchmark'], meta.get('root'), **split)
+    return qs
+
 def run_questions_of(run_dir: str | Path) -> list[Question]:
     "The questions a run answered: its `questions.jsonl` (a replay's), else its benchmark's, in benchmark order."
     d, done = Path(run_dir), {r['qid'] for r in load_results(run_dir)}
     if (d / 'questions.jsonl').is_file():
         qs = [Question.from_dict(r) for r in read_jsonl_rows(d / 'questions.jsonl')]
-    else:
-        meta = run_meta(d)
-        if meta['benchmark'] == 'custom':
-            raise PackError(f"{d} answered a list of questions that is not on disk")
-        qs, _ = load_benchmark(meta['benchmark'], meta.get('root'),
-                               **({'split': meta['split']} if meta.get('split')
-                                                                        else {}))
+    else: qs = _benchmark_questions(run_meta(d), d)
     got = [q for q in qs if q.qid in done]
     if len(got) != len(done):
         raise PackError(f"{d}: {len(done) - len(got)} answered questions are no longer in its "
-                        f"benchmark")
+                        "benchmark")
     return got
 
 # %% ../../nbs/48a_eval.replay.ipynb #418c1757
@@ -140,6 +141,15 @@ class ReplayContext(RunContext):
         self.used, self._loaded, self._mlock = {}, {}, threading.Lock()
 
 # %% ../../nbs/48a_eval.replay.ipynb #38915c6a
+def _run_memory(ctx: ReplayContext, q: Question, chunking: str, cfg) -> Path:
+    "The folder of the question's finished memory where the run keeps its memories."
+    te, ie = memory_embedders()
+    models = memory_models(ctx.model, te, ie)
+    d = memory_dir_for(q.video_path, cfg, models, ctx.subtitles(q), ctx.memory_root)
+    if (d / 'manifest.json').is_file(): return d
+    raise FileNotFoundError(f"no finished memory of {q.video_id} ({chunking}) at {d}: pack where "
+                            "the run was made, with --memories naming where its memories are")
+
 @patch
 def memory_folder(self: ReplayContext, q: Question, chunking: str, cfg) -> Path:
     "Where the question's memory for `chunking` is: in the pack's index, or the run's memory folder (finished)."
@@ -148,14 +158,7 @@ def memory_folder(self: ReplayContext, q: Question, chunking: str, cfg) -> Path:
         if d is None:
             raise FileNotFoundError(f"the pack holds no {chunking} memory of video {q.video_id}")
         return Path(d)
-    te, ie = memory_embedders()
-    d = memory_dir_for(q.video_path, cfg, memory_models(self.model, te, ie), self.subtitles(q),
-                       self.memory_root)
-    if not (d / 'manifest.json').is_file():
-        raise FileNotFoundError(f"no finished memory of {q.video_id} ({chunking}) at {d}: pack "
-                                f"where the run was "
-                                "made, with --memories naming where its memories are")
-    return d
+    return _run_memory(self, q, chunking, cfg)
 
 # %% ../../nbs/48a_eval.replay.ipynb #3d8563c1
 @patch
@@ -206,17 +209,15 @@ def shared(self: ReplayContext, q: Question, kind: str, build: Callable[[], Any]
     with self._mlock:
         key = (q.video_id, kind)
         if key not in self._loaded:
-            db = self.packed_pace(q) if self.memory_index is not None else RunContext.shared(self,
-                                                                                             q,
-                                                                                             kind,
-                                                                                             build)
+            packed = self.memory_index is not None
+            db = self.packed_pace(q) if packed else RunContext.shared(self, q, kind, build)
             self._loaded[key], self.used[key] = db, Path(db.path).parent
         return self._loaded[key]
 
 # %% ../../nbs/48a_eval.replay.ipynb #628c3183
 @patch
 def subtitles(self: ReplayContext, q: Question) -> str | None:
-    "The question's subtitles: in a replay of a pack, the pack's copy (or none); else the run's own."
+    "The question's subtitles: replaying a pack, the pack's copy (or none); else the run's own."
     if self.subs is None: return RunContext.subtitles(self, q)
     p = self.subs.get(q.video_id)
     return RunContext.subtitles(self, dataclasses.replace(q, subtitle_path=p)) if p else None
@@ -294,11 +295,16 @@ class PackJob:
     progress: bool = False
     partial: bool = False
 
+def _jsonl_bytes(rows: Iterable[dict]) -> bytes:
+    "Rows as JSON lines (keys sorted), encoded."
+    return ''.join(json.dumps(r, sort_keys=True) + '\n' for r in rows).encode()
+
 def _run_files(name: str, d: Path, qs: list[Question]) -> dict[str, bytes | Path]:
     "A run's own members: run.json, results, every trace file, its questions and its report."
     files: dict[str, bytes | Path] = {f"runs/{name}/{f}": d / f for f in RUN_FILES}
-    files.update({f"runs/{name}/traces/{t.name}": t for t in sorted((d / 'traces').glob('*')) if t.is_file()})
-    files[f"runs/{name}/questions.jsonl"] = ''.join(json.dumps(q.to_dict(), sort_keys=True) + '\n' for q in qs).encode()
+    traces = sorted((d / 'traces').glob('*'))
+    files.update({f"runs/{name}/traces/{t.name}": t for t in traces if t.is_file()})
+    files[f"runs/{name}/questions.jsonl"] = _jsonl_bytes(q.to_dict() for q in qs)
     files[f"runs/{name}/report.json"] = json.dumps(report_run(d), indent=1, sort_keys=True).encode()
     return files
 
@@ -313,6 +319,16 @@ def _pool_member(meta: dict) -> tuple[str | None, Path | None]:
     return f"pools/{sha[:12]}/{p.name}", p
 
 # %% ../../nbs/48a_eval.replay.ipynb #5bfbf6c7
+def _replayed(name: str, d: Path, meta: dict, qs: list[Question], job: PackJob,
+              chat: CachedModel | None, pool: Path | None) -> list[ReplayContext]:
+    "Run `d`'s questions again into the job's folder, every call from the cache; refused if one is missing."
+    vids = {q.video_id: q.video_path for q in qs} if job.videos else {}
+    try:
+        return rerun(meta, qs, job.work / name, chat, job.progress, memory_root=job.memories,
+                     videos=vids, pool_file=str(pool) if pool else None)
+    except CacheMiss as e:
+        raise PackError(f"{d} cannot be packed: {e} (its calls are not in {job.cache}?)") from None
+
 def _check_rerun(name: str, d: Path, meta: dict, qs: list[Question], job: PackJob,
                  pool: Path | None) -> tuple[dict | None, dict, dict]:
     "Answer run `d` again as its replay will; (model card, cache entries read, memories read); refused if it differs."
@@ -321,12 +337,7 @@ def _check_rerun(name: str, d: Path, meta: dict, qs: list[Question], job: PackJo
     card = model_card(m)
     rec = RecordingCache(job.cache if job.cache.is_file() else job.work / 'no-calls.sqlite')
     chat = CachedModel(PackedModel(card), rec, mode='replay') if card else None
-    vids = {q.video_id: q.video_path for q in qs} if job.videos else {}
-    try:
-        made = rerun(meta, qs, job.work / name, chat, job.progress, memory_root=job.memories,
-                     videos=vids, pool_file=str(pool) if pool else None)
-    except CacheMiss as e:
-        raise PackError(f"{d} cannot be packed: {e} (its calls are not in {job.cache}?)") from None
+    made = _replayed(name, d, meta, qs, job, chat, pool)
     diffs = run_differences(d, job.work / name)
     if diffs:
         raise PackError(f"{d} does not replay with this kit, so it is not packed: {diffs[0]}")
@@ -359,24 +370,32 @@ def _side_files(qs: list[Question], videos: bool) -> tuple[dict, dict, dict]:
     return files | {vids[q.video_id]: Path(q.video_path) for q in qs if videos}, subs, vids
 
 # %% ../../nbs/48a_eval.replay.ipynb #bdddb0ad
-def _pack_run(name: str, d: Path, job: PackJob) -> dict:
-    "One run's members and its row of pack.json, after the rerun that checks it replays."
+def _run_to_pack(name: str, d: Path, job: PackJob) -> tuple[Path, bool]:
+    "The folder to pack (a snapshot if the run is still going and `partial` allows it), and whether it is."
     running = run_in_progress(d)
     if running and not job.partial:
         raise PackError(f"{d} is still running (its lock is held): pack it when it is done, or "
-                        f"what it has so far "
-                        "with --partial")
-    d = _snapshot(d, job.work / 'snapshots' / name) if running else d
-    meta, qs = run_meta(d), run_questions_of(d)
-    if not packable(meta['method']): raise PackError(f"{d}: {meta['method']} runs cannot be packed")
-    job = dataclasses.replace(job, videos=job.videos or reads_frames(d))
-    pool_name, pool = _pool_member(meta)
-    try: card, calls, used = _check_rerun(name, d, meta, qs, job, pool)
+                        "what it has so far with --partial")
+    return (_snapshot(d, job.work / 'snapshots' / name) if running else d), running
+
+def _checked(name: str, d: Path, meta: dict, qs: list[Question], job: PackJob,
+             pool: Path | None) -> tuple:
+    "The job and `_check_rerun`'s answer; tried again with the videos when it failed without them."
+    try: return job, _check_rerun(name, d, meta, qs, job, pool)
     except PackError:
         if job.videos: raise
         # its answerer saw frames: the video travels too
         job = dataclasses.replace(job, videos=True)
-        card, calls, used = _check_rerun(f"{name}.videos", d, meta, qs, job, pool)
+        return job, _check_rerun(f"{name}.videos", d, meta, qs, job, pool)
+
+def _pack_run(name: str, d: Path, job: PackJob) -> dict:
+    "One run's members and its row of pack.json, after the rerun that checks it replays."
+    d, running = _run_to_pack(name, d, job)
+    meta, qs = run_meta(d), run_questions_of(d)
+    if not packable(meta['method']): raise PackError(f"{d}: {meta['method']} runs cannot be packed")
+    job = dataclasses.replace(job, videos=job.videos or reads_frames(d))
+    pool_name, pool = _pool_member(meta)
+    job, (card, calls, used) = _checked(name, d, meta, qs, job, pool)
     files, index = _evidence_files(used, d)
     side, subs, vids = _side_files(qs, job.videos)
     files.update(_run_files(name, d, qs) | side | ({pool_name: pool} if pool_name else {}))
@@ -414,16 +433,16 @@ def pack_runs(run_dirs: Iterable[str | Path], out: str | Path, cache: str | Path
     t0, out = time.time(), Path(out)
     pack_compression(out)
     remove_stale(tempfile.gettempdir(), 'reveal-pack-')
-    files, rows, calls = {}, [], {}
     with tempfile.TemporaryDirectory(prefix=f'reveal-pack-{os.getpid()}-') as work:
-        job = PackJob(Path(work), Path(cache) if cache else default_cache_path(), memories, model, videos, progress,
-                      partial)
+        job = PackJob(Path(work), Path(cache) if cache else default_cache_path(), memories, model,
+                      videos, progress, partial)
+        files, rows, calls = {}, [], {}
         for name, d in _run_names(run_dirs).items():
             got = _pack_run(name, d, job)
             files.update(got['files'])
             rows.append(got['row'])
             calls.update(got['calls'])
-        files['cache/calls.jsonl'] = ''.join(json.dumps({'key': k, 'entry': calls[k]}, sort_keys=True) + '\n'
-                                             for k in sorted(calls)).encode()
+        files['cache/calls.jsonl'] = _jsonl_bytes(dict(key=k, entry=calls[k])
+                                                  for k in sorted(calls))
         man = write_pack(out, files, dict(kit_version=kit_version(), runs=rows, calls=len(calls)))
     return _pack_summary(out, man, rows, time.time() - t0)

@@ -38,21 +38,27 @@ def parse_shard(s: str | tuple[int, int] | None) -> tuple[int, int]:
     return i, n
 
 # %% ../../nbs/42_eval.run_dir.ipynb #498e258d
-def select_questions(qs: list[Question], limit: int | None = None, shard: tuple[int, int] = (0, 1),
-                     only_present: bool = False) -> list[Question]:
-    "The first `limit` questions (benchmark order; only those whose video exists, if asked), then this shard's."
+def _check_limit(limit: Any) -> None:
+    "Refuse a limit that is not a whole number of questions ≥ 0."
     if limit is not None and not (isinstance(limit, int) and limit >= 0):
         raise ValueError(f"limit must be a whole number of questions ≥ 0 (0 or none: all), got "
                          f"{limit!r}")
-    if only_present:                                                # e.g. LVBench's subset
-        have = [q for q in qs if q.video_path and Path(q.video_path).exists()]
-        if qs and not have:
-            eg = next((q.video_path for q in qs if q.video_path),
-                      None) or 'no video path in the annotations'
-            raise FileNotFoundError(f"none of the {len(qs)} questions' videos is present (e.g. "
-                                    f"{eg}): put the videos "
-                                    "under the benchmark root, or drop --only-present")
-        qs = have
+
+def _present(qs: list[Question]) -> list[Question]:
+    "The questions whose video file exists; refused when there are questions but no such video."
+    have = [q for q in qs if q.video_path and Path(q.video_path).exists()]
+    if qs and not have:
+        eg = next((q.video_path for q in qs if q.video_path), None)
+        raise FileNotFoundError(f"none of the {len(qs)} questions' videos is present (e.g. "
+                                f"{eg or 'no video path in the annotations'}): put the videos "
+                                "under the benchmark root, or drop --only-present")
+    return have
+
+def select_questions(qs: list[Question], limit: int | None = None, shard: tuple[int, int] = (0, 1),
+                     only_present: bool = False) -> list[Question]:
+    "The first `limit` questions (benchmark order; only those whose video exists, if asked), then this shard's."
+    _check_limit(limit)
+    if only_present: qs = _present(qs)                              # e.g. LVBench's subset
     qs = qs[:limit] if limit else qs
     i, n = shard
     return [q for q in qs if shard_of(q.video_id, n) == i]
@@ -97,17 +103,20 @@ def git_commit(root: str | Path | None = None) -> str:
 # %% ../../nbs/42_eval.run_dir.ipynb #9e8a3dec
 _IDENTITY = ('benchmark', 'method', 'config_hash', 'model', 'roles', 'rubric_pool_sha256')
 
+def _merged_meta(old: dict, meta: dict, out_dir: Path) -> dict:
+    "`meta` over a run's earlier `run.json`: same identity required, creation kept, shards united."
+    diff = {k: (old.get(k), meta.get(k)) for k in _IDENTITY if old.get(k) != meta.get(k)}
+    if diff:
+        raise RunMismatch(f"{out_dir} was made with other settings {diff}; "
+                          "use a new --out (results are never mixed)")
+    shards = set(map(tuple, old.get('shards', []))) | set(map(tuple, meta.get('shards', [])))
+    return {**old, **meta, 'created': old.get('created'), 'shards': sorted(shards)}
+
 def write_run_json(out_dir: Path, meta: dict) -> dict:
-    "Create or update `run.json`; refuse one made with another benchmark/method/config/model/roles/pool."
+    "Create or update `run.json`; refuse one of another benchmark/method/config/model/roles/pool."
     p = Path(out_dir) / 'run.json'
     old = json.loads(p.read_text()) if p.exists() else None
-    if old:
-        diff = {k: (old.get(k), meta.get(k)) for k in _IDENTITY if old.get(k) != meta.get(k)}
-        if diff:
-            raise RunMismatch(f"{out_dir} was made with other settings {diff}; "
-                              "use a new --out (results are never mixed)")
-        shards = set(map(tuple, old.get('shards', []))) | set(map(tuple, meta.get('shards', [])))
-        meta = {**old, **meta, 'created': old.get('created'), 'shards': sorted(shards)}
+    if old: meta = _merged_meta(old, meta, out_dir)
     atomic_write_text(p, json.dumps(meta, indent=1, default=json_or_str))
     return meta
 
@@ -123,21 +132,25 @@ def _lock_holder(owner: Path) -> str:
     return f"pid {d.get('pid')} on {d.get('host')} since {d.get('since')}"
 
 # %% ../../nbs/42_eval.run_dir.ipynb #e0f301c3
+def _record_holder(owner: Path) -> None:
+    "Write who holds a run lock (this process: pid, host, since when) into its sidecar file."
+    since = datetime.now(timezone.utc).isoformat(timespec='seconds')
+    atomic_write_text(owner,
+                      json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), since=since)))
+
 @contextlib.contextmanager
 def locked_run_dir(out_dir: str | Path):
     "Hold RUN_DIR's lock for the block, recording this process beside it; a lock held elsewhere raises `RunLocked`."
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lock, owner = FileLock(out / '.lock', timeout=0,
-                           preserve_lock_file=True), out / '.lock.owner.json'
+    lock = FileLock(out / '.lock', timeout=0, preserve_lock_file=True)
+    owner = out / '.lock.owner.json'
     try: lock.acquire()
     except Timeout:
         raise RunLocked(f"{out} is in use by another run ({_lock_holder(owner)}); "
                         "wait for it to finish or use another --out") from None
     try:
-        since = datetime.now(timezone.utc).isoformat(timespec='seconds')
-        atomic_write_text(owner,
-                          json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), since=since)))
+        _record_holder(owner)
         yield out
     finally:
         owner.unlink(missing_ok=True)

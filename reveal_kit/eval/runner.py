@@ -38,19 +38,41 @@ __all__ = ['ABORT_ERRORS', 'RUN_ALIASES', 'finalize', 'run_one', 'resolve_config
            'check_run_options', 'check_concurrency', 'substituted_end', 'RunSettings', 'run_settings', 'run_eval']
 
 # %% ../../nbs/42c_eval.runner.ipynb #d0f2ead8
+def _with_counters(r: dict, seconds: float) -> dict:
+    "A result with the counters a method may leave out: rounds, calls, tokens, stop, error, time."
+    return dict(rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0, stop_reason=None,
+                error=None, seconds=seconds) | r
+
+def _question_fields(q: Question) -> dict:
+    "The fields of its question that a result row carries: qid, video, type, duration, gold letter."
+    return dict(qid=q.qid, video_id=q.video_id, qtype=q.qtype, duration_group=q.duration_group,
+                gold=q.answer)
+
 def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
-    "A method's result completed with the question's fields and the gold letter, scored by the record."
+    "A method's result completed with the question's fields and gold letter, scored by the record."
     r, ans = {k: v for k, v in raw.items() if k != 'correct'}, raw.get('answer')
     if ans is not None and ans not in q.options: r['raw_answer'], ans = ans, None
-    r = dict(rounds=0, llm_calls=0, prompt_tokens=0, completion_tokens=0, stop_reason=None,
-             error=None, seconds=seconds) | r
-    r.update(qid=q.qid, video_id=q.video_id, qtype=q.qtype, duration_group=q.duration_group,
-             gold=q.answer, answer=ans, method=method, failed=bool(r.get('failed', False)),
+    r = _with_counters(r, seconds)
+    r.update(**_question_fields(q), answer=ans, method=method, failed=bool(r.get('failed', False)),
              wall_seconds=seconds)
     return as_row(r)
 
 # %% ../../nbs/42c_eval.runner.ipynb #dc58ac20
 ABORT_ERRORS = (BackendUnavailable, CacheMiss)
+
+def _failed_raw(e: Exception, q: Question, method: str, ctx: RunContext) -> dict:
+    "The result of a method that raised `e`: failed, the error, its traceback in a trace file."
+    tp = trace_path(ctx.trace_dir, q.qid, method).with_suffix('.error.txt')
+    atomic_write_text(tp, traceback.format_exc())
+    return dict(answer=None, failed=True, error=f"{type(e).__name__}: {e}", trace=str(tp),
+                stop_reason='error')
+
+def _trace_row(r: dict, q: Question, method: str, ctx: RunContext) -> None:
+    "Give a row without a trace (a baseline: no embedder ran) a trace: the row, the run's switches."
+    tp = trace_path(ctx.trace_dir, q.qid, method)
+    doc = {**r, 'switches': run_switches(ctx.config)}
+    atomic_write_text(tp, json.dumps(doc, indent=1, default=json_or_str))
+    r['trace'] = str(tp)
 
 def run_one(q: Question, method: str, fn: Callable, ctx: RunContext) -> dict:
     "Run one question; an exception becomes a failed record with the error (and its traceback in a trace file)."
@@ -58,17 +80,9 @@ def run_one(q: Question, method: str, fn: Callable, ctx: RunContext) -> dict:
     try: raw = fn(q, ctx)
     except ABORT_ERRORS:
         raise          # an unreachable server fails every question: stop, keep what is done
-    except Exception as e:
-        tp = trace_path(ctx.trace_dir, q.qid, method).with_suffix('.error.txt')
-        atomic_write_text(tp, traceback.format_exc())
-        raw = dict(answer=None, failed=True, error=f"{type(e).__name__}: {e}", trace=str(tp),
-                   stop_reason='error')
+    except Exception as e: raw = _failed_raw(e, q, method, ctx)
     r = finalize(raw, q, method, time.time() - t0)
-    if not r.get('trace'):
-        tp = trace_path(ctx.trace_dir, q.qid, method)
-        doc = {**r, 'switches': run_switches(ctx.config)}        # a baseline: no embedder ran
-        atomic_write_text(tp, json.dumps(doc, indent=1, default=json_or_str))
-        r['trace'] = str(tp)
+    if not r.get('trace'): _trace_row(r, q, method, ctx)
     return r
 
 # %% ../../nbs/42c_eval.runner.ipynb #9f7c7918
@@ -81,8 +95,8 @@ def resolve_config(config: Config | dict | str | Path | None,
     return cfg.replace(**parse_overrides(overrides)) if overrides else cfg
 
 # %% ../../nbs/42c_eval.runner.ipynb #3ec8f62b
-def load_run_questions(benchmark: str | list[Question], root, split) -> tuple[str, list[Question],
-                                                                              dict]:
+def load_run_questions(benchmark: str | list[Question], root,
+                       split) -> tuple[str, list[Question], dict]:
     "Questions of a benchmark name (via its loader) or a given list."
     if not isinstance(benchmark, str): return 'custom', unique_qids(list(benchmark)), {}
     qs, rep = load_benchmark(benchmark, root, **({'split': split} if split else {}))
@@ -101,6 +115,14 @@ def answer_in_process(todo: list[Question], method: str, ctx: RunContext,
         pool.shutdown(wait=False, cancel_futures=True)
 
 # %% ../../nbs/42c_eval.runner.ipynb #b6ee4372
+def _count(stats: dict, r: dict) -> None:
+    "Count one new row in the run's counts: answered, new, correct, failed, degraded."
+    stats['n'] += 1
+    stats['new'] += 1
+    stats['correct'] += bool(r.get('correct'))
+    stats['failed'] += bool(r.get('failed'))
+    stats['degraded'] += bool(r.get('degraded'))
+
 def _record(rows: Iterable[dict], todo: list[Question], ctx: RunContext, writer: ResultWriter,
             stats: dict, bar) -> None:
     "Append each row of a question still to do, once (any other row is dropped), freeing memories and counting."
@@ -110,43 +132,53 @@ def _record(rows: Iterable[dict], todo: list[Question], ctx: RunContext, writer:
         left[r['qid']] -= 1
         writer.write(r)
         ctx.release(by_qid[r['qid']])
-        stats['n'] += 1
-        stats['new'] += 1
-        stats['correct'] += bool(r.get('correct'))
-        stats['failed'] += bool(r.get('failed'))
-        stats['degraded'] += bool(r.get('degraded'))
+        _count(stats, r)
         bar.update(1)
         bar.set_postfix(acc=f"{stats['correct'] / max(stats['n'], 1):.3f}", failed=stats['failed'])
 
 # %% ../../nbs/42c_eval.runner.ipynb #387fd906
-def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dict:
-    "What `run.json` records about this run."
-    return dict(benchmark=name, method=method, method_spec=method_spec(method),
-                config_hash=cfg.hash(), config=cfg.to_dict(), model=ctx.model_id(),
-                text_embedder=get_text_embedder().model_id,
+def _models_meta(ctx: RunContext) -> dict:
+    "What `run.json` records of the run's models: chat model, embedders, server, roles and groups."
+    return dict(model=ctx.model_id(), text_embedder=get_text_embedder().model_id,
                 image_embedder=get_image_embedder().model_id, **ctx.model_base_url(),
-                roles=ctx.roles, role_models=ctx.role_models_meta(),
-                input=dict(subtitles=cfg.subtitles, before_query=cfg.before_query),
-                index_caps=index_caps(method, cfg), **kw, kit_version=kit_version(),
-                git_commit=git_commit(), python=sys.version.split()[0],
+                roles=ctx.roles, role_models=ctx.role_models_meta())
+
+def _provenance() -> dict:
+    "Where and when a run was made: kit version, git commit, Python, platform, time."
+    return dict(kit_version=kit_version(), git_commit=git_commit(), python=sys.version.split()[0],
                 platform=platform.platform(),
                 created=datetime.now(timezone.utc).isoformat(timespec='seconds'))
 
+def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dict:
+    "What `run.json` records about this run."
+    return dict(benchmark=name, method=method, method_spec=method_spec(method),
+                config_hash=cfg.hash(), config=cfg.to_dict(), **_models_meta(ctx),
+                input=dict(subtitles=cfg.subtitles, before_query=cfg.before_query),
+                index_caps=index_caps(method, cfg), **kw, **_provenance())
+
 # %% ../../nbs/42c_eval.runner.ipynb #847e38f9
-def check_run_options(cache_mode: str | None, timeout_s: float | None, roles: str,
-                      backend: str | None, model: ChatModel | str | None) -> None:
-    "Refuse a cache mode, timeout, roles, backend or model value at once (later, every question would fail on it)."
+def _check_cache_timeout(cache_mode: str | None, timeout_s: float | None) -> None:
+    "Refuse a cache mode the cache does not have, or a timeout that is not above 0."
     if cache_mode is not None and cache_mode not in MODES:
         raise ValueError(f"cache mode must be one of {', '.join(MODES)}, got {cache_mode!r}")
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout_s!r}")
-    check_roles(roles)
+
+def _check_backend(roles: str, backend: str | None, model: ChatModel | str | None) -> None:
+    "Refuse a backend the kit does not have, or one without the chat model it or the roles need."
     if roles == 'model' and backend in (None, 'none') and model is None:
         raise ValueError("roles='model' needs a chat model; backend 'none' has none")
     if backend not in (None, 'none', *BACKENDS):
         raise ValueError(f"unknown backend {backend!r}: choose one of none, {', '.join(BACKENDS)}")
     if backend == 'vllm' and model is None:
         raise ValueError("backend 'vllm' needs --model (a Hugging Face id or path)")
+
+def check_run_options(cache_mode: str | None, timeout_s: float | None, roles: str,
+                      backend: str | None, model: ChatModel | str | None) -> None:
+    "Refuse a cache mode, timeout, roles, backend or model value at once (later, every question would fail on it)."
+    _check_cache_timeout(cache_mode, timeout_s)
+    check_roles(roles)
+    _check_backend(roles, backend, model)
 
 # %% ../../nbs/42c_eval.runner.ipynb #bb641d9e
 def check_concurrency(concurrency: Any) -> int:
@@ -157,8 +189,8 @@ def check_concurrency(concurrency: Any) -> int:
     return concurrency
 
 # %% ../../nbs/42c_eval.runner.ipynb #eeab2637
-def _todo(sel: list[Question], results: Path, retry_failed: bool) -> tuple[list[Question],
-                                                                           list[dict], int]:
+def _todo(sel: list[Question], results: Path,
+          retry_failed: bool) -> tuple[list[Question], list[dict], int]:
     "The selected questions still to do (ordered by video), the finished rows of the others, the broken lines dropped."
     done, dropped = repair_results(results)
     last = {r['qid']: r for r in done}
@@ -167,15 +199,22 @@ def _todo(sel: list[Question], results: Path, retry_failed: bool) -> tuple[list[
     return todo, [last[q.qid] for q in sel if q.qid in finished], dropped
 
 # %% ../../nbs/42c_eval.runner.ipynb #8dac9472
+def _counts_before(prev: list[dict]) -> dict:
+    "The run's counts before this invocation: its finished rows and how many were correct."
+    return dict(n=len(prev), correct=sum(bool(r.get('correct')) for r in prev), failed=0,
+                degraded=0, new=0)
+
+def _bar(ctx: RunContext, method: str, total: int, done: int, progress: bool) -> tqdm:
+    "The run's progress bar (hidden unless `progress`), starting at the questions already done."
+    return tqdm(total=total, initial=done, desc=f"{ctx.benchmark}/{method}",
+                disable=not progress, dynamic_ncols=True)
+
 def _answer_all(todo: list[Question], prev: list[dict], total: int, method: str, ctx: RunContext,
                 concurrency: int, answer: Callable[..., Iterable[dict]] | None,
                 progress: bool) -> dict:
     "Answer `todo` (in this process unless `answer` says who), appending each row; the counts of the run so far."
-    stats = dict(n=len(prev), correct=sum(bool(r.get('correct')) for r in prev), failed=0,
-                 degraded=0, new=0)
-    bar = tqdm(total=total, initial=stats['n'], desc=f"{ctx.benchmark}/{method}",
-               disable=not progress, dynamic_ncols=True)
-    with bar:
+    stats = _counts_before(prev)
+    with _bar(ctx, method, total, stats['n'], progress) as bar:
         rows = (answer or answer_in_process)(todo, method, ctx, concurrency)
         _record(rows, todo, ctx, ResultWriter(Path(ctx.out_dir) / 'results.jsonl'), stats, bar)
     return stats
@@ -196,7 +235,7 @@ def substituted_end(out: Path, max_substituted: float | None = None) -> int:
     c = check_substituted(rows, None)
     if c['substituted']:
         warn(f"{format_substituted(c)}: scored as wrong (`eval report --substituted exclude` "
-                              "leaves them out)")
+             "leaves them out)")
     check_substituted(rows, max_substituted, str(out))
     return c['substituted']
 
@@ -297,8 +336,21 @@ def _answer_todo(sel: list[Question], method: str, ctx: RunContext, s: RunSettin
 def _end_run_json(out: Path, meta: dict, ctx: RunContext, summary: dict) -> None:
     "Write the run's metadata again with this invocation's summary and the time."
     updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
-    write_run_json(out,
-                   dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated))
+    meta = dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated)
+    write_run_json(out, meta)
+
+
+def _begin_run(benchmark: str | list[Question], method: str, s: RunSettings,
+               shard: tuple[int, int]) -> tuple[list[Question], RunContext, dict]:
+    "The run's selected questions and context, its `run.json` written (under the run's lock)."
+    cfg = resolve_config(s.config, s.overrides)
+    name, qs, load_rep = load_run_questions(benchmark, s.root, s.split)
+    sel = select_questions(qs, s.limit, shard, s.only_present)
+    ctx = _context(name, method, cfg, s)
+    pool = pool_meta(cfg, name, s.split, qs, method)
+    recorded = _recorded(s, shard, pool, load_rep)
+    meta = write_run_json(Path(s.out_dir), _run_meta(name, method, cfg, ctx, **recorded))
+    return sel, ctx, meta
 
 def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path | None = None,
              settings: RunSettings | None = None,
@@ -310,13 +362,7 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path |
     method = run_spelling(s.out_dir, method)
     out, shard = Path(s.out_dir), parse_shard(s.shard)
     with locked_run_dir(out):
-        cfg = resolve_config(s.config, s.overrides)
-        name, qs, load_rep = load_run_questions(benchmark, s.root, s.split)
-        sel = select_questions(qs, s.limit, shard, s.only_present)
-        ctx = _context(name, method, cfg, s)
-        pool = pool_meta(cfg, name, s.split, qs, method)
-        recorded = _recorded(s, shard, pool, load_rep)
-        meta = write_run_json(out, _run_meta(name, method, cfg, ctx, **recorded))
+        sel, ctx, meta = _begin_run(benchmark, method, s, shard)
         summary = _answer_todo(sel, method, ctx, s, answer)
         _end_run_json(out, meta, ctx, summary)
     return dict(summary, substituted=substituted_end(out, s.max_substituted))
