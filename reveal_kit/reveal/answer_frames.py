@@ -56,29 +56,19 @@ def cut_frames(memory: Memory,
     return frames, rows, None
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #7a52dfaf
-def _visual(q: Question, memory: Memory, n: int) -> tuple[list, list[dict], str | None]:
-    "`answer_frames='visual'`: n frames of the L1 segments the visual channel finds for the question text."
-    try:
-        hits = memory.search_visual(q.question, k=max(1, n // 2))
-    except Exception as e:   # a memory without a visual text tower
-        return [], [], f'no visual channel ({type(e).__name__}: {e}): text only'
-    per = max(1, n // max(len(hits), 1))
-    imgs, rows, note = cut_frames(memory, [(h.item, per) for h in hits])
-    return imgs[:n], rows, note
-
 def frame_cap(spec: MethodSpec, config: Config) -> int:
     "The answerer's frame cap: the method's, else `Config.direct_max_frames` (B.1's 768)."
     return int(spec.answer_max_frames or config.direct_max_frames)
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #3cc61693
 FRAMES_NOTES = {'uniform': '1 fps over the whole video',
-                'spans': '1 fps inside the retrieved segments', 'oracle': '1 fps inside the '
-                'annotated segments', 'visual': 'segments found by the visual channel'}
+                'spans': '1 fps inside the retrieved segments',
+                'oracle': '1 fps inside the annotated segments'}
 
 def answer_frames(q: Question, memory: Memory, evidence: list[Evidence], spec: MethodSpec,
                   config: Config, model: ChatModel | None, offline: bool,
                   oracle_items: list[MemoryItem] | None = None) -> tuple[list, dict]:
-    "The answerer's frames (B.2 routing, the oracle segments, or the visual channel) and their trace record."
+    "The answerer's frames (B.2 routing or the oracle segments) and their trace record."
     cap, route = frame_cap(spec, config), spec.answer_frames
     rec = {'route': route, 'frames': 0, 'cap': cap, 'items': [], 'note': None}
     if route == 'none' or offline or not getattr(model, 'supports_images', False):
@@ -86,10 +76,7 @@ def answer_frames(q: Question, memory: Memory, evidence: list[Evidence], spec: M
         return [], {**rec, 'note': f'{why}: text only'}
     if oracle_items is not None:
         route, items = 'oracle', oracle_items
-    elif route == 'routed':
-        route, items = route_items(memory, evidence, float(getattr(memory, 'duration', 0.0) or 0.0))
-    if route == 'visual':
-        imgs, rows, note = _visual(q, memory, min(spec.visual_frames, cap))
     else:
-        imgs, rows, note = cut_frames(memory, frame_plan(items, config.fps, cap))
+        route, items = route_items(memory, evidence, float(getattr(memory, 'duration', 0.0) or 0.0))
+    imgs, rows, note = cut_frames(memory, frame_plan(items, config.fps, cap))
     return imgs, {**rec, 'route': route, 'frames': len(imgs), 'items': rows, 'note': note}

@@ -30,10 +30,10 @@ from .pairs import (ModelTeacher, OracleTeacher, Pair, candidates, filter_counts
                                      pair_views, separation, separation_accuracy)
 
 # %% auto #0
-__all__ = ['NEXT_FROM', 'criterion_text', 'merge_criteria', 'normalize_weights', 'merge_pool', 'SplitRefused',
-           'refuse_test_split', 'pool_provenance', 'write_pool', 'read_provenance', 'show_pool', 'pool_eval_warning',
-           'split_pairs', 'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir', 'InductionSettings',
-           'best_iteration', 'induce']
+__all__ = ['criterion_text', 'merge_criteria', 'normalize_weights', 'merge_pool', 'SplitRefused', 'refuse_test_split',
+           'pool_provenance', 'write_pool', 'read_provenance', 'show_pool', 'pool_eval_warning', 'split_pairs',
+           'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir', 'InductionSettings', 'best_iteration',
+           'induce']
 
 # %% ../../nbs/26b_reveal.induction.ipynb #b854fcd8
 def criterion_text(c: Criterion) -> str:
@@ -190,20 +190,16 @@ def collect_pairs(questions: list[Question], teacher: Any, answerer: Answerer, m
     return [done[q.qid] for q in questions]
 
 # %% ../../nbs/26b_reveal.induction.ipynb #6d78dce0
-NEXT_FROM = ('held_out', 'train')
-
 def iteration_row(i: int, pool: RubricPool, prev: RubricPool | None, val: list[dict],
-                  train: list[dict], clusters: list, working: list[str],
-                  next_from: str = 'held_out') -> dict:
-    "One line of iterations.jsonl; `next_working`: the misjudged held-out pairs (B.4), or training pairs."
+                  train: list[dict], clusters: list, working: list[str]) -> dict:
+    "One line of iterations.jsonl; `next_working`: the misjudged held-out pairs (B.4)."
     d = (pool_diff(prev, pool) if prev is not None
          else {k: [] for k in ('added', 'deleted', 'reweighted', 'rewritten')})
-    nxt = val if next_from == 'held_out' else train
     return {'iteration': i, 'val_accuracy': separation_accuracy(val),
             'train_accuracy': separation_accuracy(train), 'n_val': len(val), 'n_train': len(train),
             'n_working': len(working), 'n_criteria': len(pool), **{k: len(v) for k, v in d.items()},
             'edits': d, 'merged_clusters': clusters, 'rejected': [],
-            'next_working': [r['qid'] for r in nxt if not r['correct']], 'stale': 0, 'stop': None}
+            'next_working': [r['qid'] for r in val if not r['correct']], 'stale': 0, 'stop': None}
 
 # %% ../../nbs/26b_reveal.induction.ipynb #709faab8
 def write_report(report: dict, path_json: Path, path_csv: Path) -> None:
@@ -295,7 +291,6 @@ class InductionSettings:
     merge_threshold: float = 0.9
     work_dir: str | Path | None = None
     progress: bool = True
-    next_from: str = 'held_out'
     reject: bool = True
 
 def _settings(settings: InductionSettings | None, kw: dict) -> InductionSettings:
@@ -334,7 +329,7 @@ def _iterate(run: _Run, pool: RubricPool, rows: list[dict]) -> list[dict]:
     vm = None if offline_role(s.model) else s.model
     sep = lambda pl, ps: separation(pl, ps, run.views, vm, s.config)
     row_of = lambda i, new, old, info, w: iteration_row(i, new, old, sep(new, val), sep(new, train),
-                                                        info, w, s.next_from)
+                                                        info, w)
     if not rows: rows.append(_checkpoint(run.work, pool, row_of(0, pool, None, [], [])))
     by = {p.qid: p for p in train + val}
     with tqdm(total=s.max_iters, initial=min(rows[-1]['iteration'], s.max_iters),
@@ -395,7 +390,7 @@ def _finish(run: _Run, rows: list[dict], ident: tuple, start: RubricPool, pairs:
                            val_accuracy=best['val_accuracy'],
                            start_val_accuracy=rows[0]['val_accuracy'], n_pairs=len(kept),
                            n_train=len(run.train), n_val=len(run.val), root=_where(run.s.root),
-                           next_from=run.s.next_from, reject=run.s.reject)
+                           next_from='held_out', reject=run.s.reject)
     write_pool(pool, out, prov)
     report = {'pool': str(out), 'provenance': prov, 'filter': filter_counts(pairs),
               'iterations': rows, 'best_iteration': best['iteration'], 'work_dir': str(work)}
@@ -407,8 +402,6 @@ def induce(questions: list[Question], settings: InductionSettings | None = None,
     "`reveal rubrics induce`: pairs → filter → propose / reject / merge / validate → the pool YAML and report."
     s, qs = _settings(settings, kw), list(questions)
     s = replace(s, config=s.config or Config(), out=Path(s.out))
-    if s.next_from not in NEXT_FROM:
-        raise ValueError(f"next_from must be one of {NEXT_FROM}, got {s.next_from!r}")
     split_used = refuse_test_split(s.split, qs, s.allow_unknown_split)
     teacher, proposer = _roles(s.teacher, s.proposer, s.model, s.config)
     start, te = s.start_pool or load_rubric_pool(), s.text_embedder or get_text_embedder()
@@ -416,7 +409,7 @@ def induce(questions: list[Question], settings: InductionSettings | None = None,
     ident = (s.benchmark, split_used, qs, _name(teacher), _name(proposer),
              {'chat': getattr(s.model, 'model_id', None), 'text_embedder': te.model_id}, s.config)
     loop = dict(max_iters=s.max_iters, patience=s.patience, merge_threshold=s.merge_threshold,
-                next_from=s.next_from, reject=s.reject)
+                next_from='held_out', reject=s.reject)
     work = _claim(s.work_dir, s.out, ident, start, val_frac=s.val_frac, seed=s.seed, **loop)
     mems = s.memories or (lambda q: get_or_build_memory(
         q.video_path, s.config, chat_model=s.model, subtitles=q.subtitle_path, text_embedder=te))

@@ -14,7 +14,7 @@ __all__ = ['PRESETS', 'ORACLE_SUFFIX', 'ORACLE_FRAMES_SUFFIX', 'PRESET_ALIASES',
 
 # %% ../../nbs/25_reveal.presets.ipynb #0ca3134a
 _CHOICES = {'chunking': ('adaptive', 'fixed'), 'rerank_by': ('auto', 'model', 'offline'),
-            'answer_frames': ('routed', 'visual', 'none')}
+            'answer_frames': ('routed', 'none')}
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -30,9 +30,9 @@ class MethodSpec:
     fixed_rounds: Optional[int] = None
     fixed_segments: Optional[int] = None
     levels: Optional[tuple] = None
-    answer_frames: str = 'routed'        # 'routed' | 'visual' | 'none'
+    answer_frames: str = 'routed'        # 'routed' | 'none'
     answer_max_frames: Optional[int] = None
-    visual_frames: int = 4
+    visual_frames: int = 4               # unused: kept in the trace's spec record
     evidence_tokens: int = EVIDENCE_TOKENS
     oracle_evidence: bool = False
     oracle_frames: bool = False
