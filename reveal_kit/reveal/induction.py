@@ -41,6 +41,23 @@ def criterion_text(c: Criterion) -> str:
     return f"{c.name.replace('_', ' ')}: {c.description}"
 
 # %% ../../nbs/26b_reveal.induction.ipynb #bc5509f4
+def _clusters(criteria: list[Criterion], V: np.ndarray, threshold: float) -> dict[int, list[int]]:
+    "Greedy clusters, head → members: each joins the first head of its check within `threshold`."
+    members: dict[int, list[int]] = {}
+    for i, c in enumerate(criteria):
+        h = next((h for h in members if criteria[h].check == c.check and V[h] @ V[i] >= threshold),
+                 None)
+        members.setdefault(i if h is None else h, []).append(i)
+    return members
+
+def _merged(ms: list[Criterion]) -> Criterion:
+    "A cluster as one criterion: the head's text and check, mean weight, union of types and cues."
+    types = list(dict.fromkeys(t for m in ms for t in m.question_types))
+    cues = list(dict.fromkeys(x for m in ms for x in m.cues))
+    w = float(np.mean([m.weight for m in ms]))
+    return Criterion(ms[0].name, ms[0].description, w, dict(ms[0].boundaries), types, cues,
+                     ms[0].check)
+
 def merge_criteria(criteria: list[Criterion], embed: Callable,
                    threshold: float = 0.9) -> tuple[list[Criterion], list[list[str]]]:
     "Cluster near-duplicates (cosine of name + description ≥ threshold, same check); merge each cluster."
@@ -48,25 +65,9 @@ def merge_criteria(criteria: list[Criterion], embed: Callable,
         return [], []
     V = np.asarray(embed([criterion_text(c) for c in criteria]), dtype=np.float64)
     V /= np.linalg.norm(V, axis=1, keepdims=True) + 1e-12
-    heads: list[int] = []
-    members: dict[int, list[int]] = {}
-    for i, c in enumerate(criteria):
-        h = next((h for h in heads if criteria[h].check == c.check and V[h] @ V[i] >= threshold),
-                 None)
-        if h is None:
-            heads.append(i)
-            members[i] = [i]
-        else:
-            members[h].append(i)
-    out = []
-    for h in heads:
-        ms = [criteria[i] for i in members[h]]
-        types = list(dict.fromkeys(t for m in ms for t in m.question_types))
-        cues = list(dict.fromkeys(x for m in ms for x in m.cues))
-        w = float(np.mean([m.weight for m in ms]))
-        out.append(Criterion(ms[0].name, ms[0].description, w, dict(ms[0].boundaries), types, cues,
-                             ms[0].check))
-    return out, [[criteria[i].name for i in members[h]] for h in heads if len(members[h]) > 1]
+    members = _clusters(criteria, V, threshold)
+    out = [_merged([criteria[i] for i in ms]) for ms in members.values()]
+    return out, [[criteria[i].name for i in ms] for ms in members.values() if len(ms) > 1]
 
 # %% ../../nbs/26b_reveal.induction.ipynb #a2cd4961
 def normalize_weights(criteria: list[Criterion]) -> list[Criterion]:
@@ -214,19 +215,20 @@ def write_report(report: dict, path_json: Path, path_csv: Path) -> None:
     atomic_write_text(path_csv, buf.getvalue())
 
 # %% ../../nbs/26b_reveal.induction.ipynb #0273310b
+def _role_name(role: str, name: str, offline: str, model: ChatModel | None) -> None:
+    "Check a role's name: `offline` or 'model', and 'model' only with a chat model."
+    if name not in (offline, 'model'):
+        raise ValueError(f"{role} must be {offline!r} or 'model', got {name!r}")
+    if name == 'model' and model is None:
+        raise ValueError(f"{role} 'model' needs a chat model")
+
 def _roles(teacher: str | Any, proposer: str | Any, model: ChatModel | None, config: Config):
     "Teacher and proposer objects from names ('oracle' | 'model', 'offline' | 'model') or given objects."
     if isinstance(teacher, str):
-        if teacher not in ('oracle', 'model'):
-            raise ValueError(f"teacher must be 'oracle' or 'model', got {teacher!r}")
-        if teacher == 'model' and model is None:
-            raise ValueError("teacher 'model' needs a chat model")
+        _role_name('teacher', teacher, 'oracle', model)
         teacher = OracleTeacher() if teacher == 'oracle' else ModelTeacher(model)
     if isinstance(proposer, str):
-        if proposer not in ('offline', 'model'):
-            raise ValueError(f"proposer must be 'offline' or 'model', got {proposer!r}")
-        if proposer == 'model' and model is None:
-            raise ValueError("proposer 'model' needs a chat model")
+        _role_name('proposer', proposer, 'offline', model)
         proposer = OfflineProposer(config) if proposer == 'offline' else ModelProposer(model)
     return teacher, proposer
 
@@ -323,6 +325,11 @@ def _propose(run: _Run, pool: RubricPool, working: list[Pair],
     new, clusters = merge_pool(new, run.embed, run.s.merge_threshold)
     return new, dict(rejected=rejected, clusters=clusters, calls=len(calls))
 
+def _working(last: dict, train: list[Pair], by: dict[str, Pair]) -> list[Pair]:
+    "Iteration 1's working set is every training pair; a later one, the last row's misjudged pairs."
+    ids = last['next_working'] if last['iteration'] >= 1 else [p.qid for p in train]
+    return [by[q] for q in ids if q in by]
+
 def _iterate(run: _Run, pool: RubricPool, rows: list[dict]) -> list[dict]:
     "Propose → reject → merge → validate until a stop; every finished iteration is written before the next."
     s, train, val = run.s, run.train, run.val
@@ -335,9 +342,7 @@ def _iterate(run: _Run, pool: RubricPool, rows: list[dict]) -> list[dict]:
     with tqdm(total=s.max_iters, initial=min(rows[-1]['iteration'], s.max_iters),
               desc='induce', disable=not s.progress) as bar:
         while rows[-1]['iteration'] < s.max_iters and not rows[-1].get('stop'):
-            i = rows[-1]['iteration'] + 1
-            working = [by[q] for q in (rows[-1]['next_working'] if i > 1
-                                       else [p.qid for p in train]) if q in by]
+            i, working = rows[-1]['iteration'] + 1, _working(rows[-1], train, by)
             new, info = _propose(run, pool, working, vm)
             row = dict(row_of(i, new, pool, info['clusters'], [p.qid for p in working]),
                        rejected=info['rejected'], calls=info['calls'])
@@ -380,17 +385,22 @@ def _where(root: str | Path | None) -> str | None:
     p = Path(root).resolve()
     return str(p.relative_to(project_root())) if p.is_relative_to(project_root()) else str(root)
 
+def _provenance(run: _Run, ident: tuple, start: RubricPool, best: dict, first: dict,
+                kept: list[Pair]) -> dict:
+    "The written pool's provenance: the induction's identity, the chosen iteration, the pairs."
+    return pool_provenance(*ident, start_pool=start.name, iteration=best['iteration'],
+                           val_accuracy=best['val_accuracy'],
+                           start_val_accuracy=first['val_accuracy'], n_pairs=len(kept),
+                           n_train=len(run.train), n_val=len(run.val), root=_where(run.s.root),
+                           next_from='held_out', reject=run.s.reject)
+
 def _finish(run: _Run, rows: list[dict], ident: tuple, start: RubricPool, pairs: list[Pair],
             kept: list[Pair]) -> dict:
     "Write the best iteration's pool (the start pool when nothing beats it) with its provenance, and the report."
     best, out, work = best_iteration(rows), run.s.out, run.work
     pool = RubricPool.load(work / f"pool_iter{best['iteration']}.yaml")
     pool.name = out.stem
-    prov = pool_provenance(*ident, start_pool=start.name, iteration=best['iteration'],
-                           val_accuracy=best['val_accuracy'],
-                           start_val_accuracy=rows[0]['val_accuracy'], n_pairs=len(kept),
-                           n_train=len(run.train), n_val=len(run.val), root=_where(run.s.root),
-                           next_from='held_out', reject=run.s.reject)
+    prov = _provenance(run, ident, start, best, rows[0], kept)
     write_pool(pool, out, prov)
     report = {'pool': str(out), 'provenance': prov, 'filter': filter_counts(pairs),
               'iterations': rows, 'best_iteration': best['iteration'], 'work_dir': str(work)}
@@ -398,6 +408,15 @@ def _finish(run: _Run, rows: list[dict], ident: tuple, start: RubricPool, pairs:
     return report
 
 # %% ../../nbs/26b_reveal.induction.ipynb #2c37788a
+def _models(s: InductionSettings, te: Any) -> dict:
+    "The models the provenance records: the chat model's id (None offline) and the text embedder's."
+    return {'chat': getattr(s.model, 'model_id', None), 'text_embedder': te.model_id}
+
+def _memories(s: InductionSettings, te: Any) -> Callable:
+    "Question → offline memory: the settings' own function, else the cached build."
+    return s.memories or (lambda q: get_or_build_memory(
+        q.video_path, s.config, chat_model=s.model, subtitles=q.subtitle_path, text_embedder=te))
+
 def induce(questions: list[Question], settings: InductionSettings | None = None, **kw) -> dict:
     "`reveal rubrics induce`: pairs → filter → propose / reject / merge / validate → the pool YAML and report."
     s, qs = _settings(settings, kw), list(questions)
@@ -406,14 +425,11 @@ def induce(questions: list[Question], settings: InductionSettings | None = None,
     teacher, proposer = _roles(s.teacher, s.proposer, s.model, s.config)
     start, te = s.start_pool or load_rubric_pool(), s.text_embedder or get_text_embedder()
     embed = MemoEmbed(te.encode)
-    ident = (s.benchmark, split_used, qs, _name(teacher), _name(proposer),
-             {'chat': getattr(s.model, 'model_id', None), 'text_embedder': te.model_id}, s.config)
+    ident = (s.benchmark, split_used, qs, _name(teacher), _name(proposer), _models(s, te), s.config)
     loop = dict(max_iters=s.max_iters, patience=s.patience, merge_threshold=s.merge_threshold,
                 next_from='held_out', reject=s.reject)
     work = _claim(s.work_dir, s.out, ident, start, val_frac=s.val_frac, seed=s.seed, **loop)
-    mems = s.memories or (lambda q: get_or_build_memory(
-        q.video_path, s.config, chat_model=s.model, subtitles=q.subtitle_path, text_embedder=te))
-    pairs = collect_pairs(qs, teacher, Answerer(start, s.model, s.config), mems, embed,
+    pairs = collect_pairs(qs, teacher, Answerer(start, s.model, s.config), _memories(s, te), embed,
                           work / 'pairs.jsonl', s.progress)
     kept = _kept_pairs(pairs)
     train, val = split_pairs(kept, s.val_frac, s.seed)
