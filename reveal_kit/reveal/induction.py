@@ -130,18 +130,21 @@ def read_provenance(path: str | Path) -> dict:
     return d.get('provenance') or {}
 
 # %% ../../nbs/26b_reveal.induction.ipynb #3108cdc7
+def _provenance_lines(prov: dict) -> list[str]:
+    "The provenance as `key: value` lines, plain values first, then lists and dicts as JSON."
+    lines = [f"  {k}: {v}" for k, v in prov.items() if not isinstance(v, (dict, list))]
+    return lines + [f"  {k}: {json.dumps(v)}" for k, v in prov.items()
+                    if isinstance(v, (dict, list)) and k != 'iterations']
+
 def show_pool(path: str | Path) -> str:
     "`reveal rubrics show POOL`: provenance, then one line per criterion (name, weight, check, types, description)."
     pool, prov = RubricPool.load(path), read_provenance(path)
     lines = [f"{pool.name} v{pool.version} ({'seed, hand-written' if pool.seed else 'induced'}): "
              f"{len(pool)} criteria"]
-    lines += [f"  {k}: {v}" for k, v in prov.items() if not isinstance(v, (dict, list))]
-    lines += [f"  {k}: {json.dumps(v)}" for k, v in prov.items() if isinstance(v, (dict, list))
-              and k != 'iterations']
     w = max(len(n) for n in pool.names)
-    for c in pool.criteria:
-        lines.append(f"- {c.name:<{w}}  w={c.weight:<5g} check={c.check:<21} "
-                     f"[{', '.join(c.question_types)}] {c.description}")
+    lines += _provenance_lines(prov)
+    lines += [f"- {c.name:<{w}}  w={c.weight:<5g} check={c.check:<21} "
+              f"[{', '.join(c.question_types)}] {c.description}" for c in pool.criteria]
     return '\n'.join(lines)
 
 # %% ../../nbs/26b_reveal.induction.ipynb #094abe3b

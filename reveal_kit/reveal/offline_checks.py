@@ -354,6 +354,13 @@ def _read_count_z(check: str, f: dict, k: int | None) -> float:
     if check == 'instance_attributes': return 1.0 if n else 0.0
     return 1.0 if f.get('closed') else 0.0
 
+def _unread_z(check: str, unread: list[str], o: str, view: EvidenceView) -> float:
+    "Negation's checks: `o` the only unread option (or one of two), and absent from a searched video."
+    if check == 'exclusion_coverage':
+        return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
+    return (0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3
+            else 0.5)
+
 def _typed_z(check: str, r: Reading, o: str, view: EvidenceView) -> float:
     "The checks of counting, temporal order, negation and causal questions, from the reader's facts."
     f, k = r.facts, r.facts.get('options', {}).get(o)
@@ -362,11 +369,7 @@ def _typed_z(check: str, r: Reading, o: str, view: EvidenceView) -> float:
     if check == 'events_located':
         both = f.get('anchor', False) + f.get('located', {}).get(o, False)
         return 1.0 if both == 2 and f.get('fixed') else 0.5 if both else 0.0
-    if check == 'exclusion_coverage':
-        return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
-    if check == 'absence_check':
-        return (0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3
-                else 0.5)
+    if check in ('exclusion_coverage', 'absence_check'): return _unread_z(check, unread, o, view)
     if check == 'cause_effect_link':
         return 1.0 if f.get('cause') and k == f['cause'] else 0.5 if f.get('event') else 0.0
     return 1.0 if r.directions[o] == 'supported' else 0.0
