@@ -87,7 +87,7 @@ def _count_nearest(q: Question, view: EvidenceView, support: dict) -> str | None
     return min(nums, key=lambda o: (abs(nums[o] - n), -support[o], o)) if nums else None
 
 def _order_pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, str]:
-    "Options of one event each: nearest to the question's anchor; of several: in a consistent order."
+    "Options of one event each: nearest the question's anchor; of several: in a consistent order."
     one_event = all(len(option_events(t)) == 1 for t in q.options.values())
     if question_anchor(q) and one_event:
         return _nearest_to_anchor(q, view, support), 'nearest to the anchor'

@@ -26,7 +26,7 @@ def load_trace(path: str | Path) -> dict:
 
 # %% ../../nbs/25c_reveal.ask.ipynb #9a7e0027
 def _verifier_lines(v: dict) -> list[str]:
-    "A round's verifier record: ρ, sufficiency, unknown options, missing evidence, the option × criterion table."
+    "A round's verifier record: ρ, verdict, unknown options, missing evidence, the score table."
     L = [f"   verifier: rho={v['rho']:.3f} sufficient={v['sufficient']} "
          f"unknown={v['unknown_options']} missing={v['missing']}"]
     for o, row in v['table'].items():
@@ -64,7 +64,7 @@ def subtitles_beside(video: str | Path) -> Path | None:
                  and p.is_file()), None)
 
 def _holds(memory_dir: Path, key: str, vsha: str) -> bool:
-    "Whether the manifest (or build record) in `memory_dir` is of memory key `key` and video SHA `vsha`."
+    "Whether the manifest (or build record) in `memory_dir` has memory key `key`, video SHA `vsha`."
     for f in ('manifest.json', 'build.json'):
         try: old = json.loads((memory_dir / f).read_text())
         except (OSError, ValueError): continue
@@ -126,7 +126,7 @@ def _memory_fields(mem: Any, built_s: float | None, subs: Path | None) -> dict:
             'subtitles': str(subs) if subs else None}
 
 def _ask_settings(settings: AskSettings | None, kw: dict) -> AskSettings:
-    "The settings given, or made from the keywords (both at once, or an unknown keyword: TypeError)."
+    "The settings given, or made from the keywords (both, or an unknown keyword: TypeError)."
     if settings is not None and kw:
         raise TypeError(f"ask() takes `settings` or its fields as keywords, not both: {sorted(kw)}")
     return settings or AskSettings(**kw)

@@ -355,7 +355,7 @@ def _read_count_z(check: str, f: dict, k: int | None) -> float:
     return 1.0 if f.get('closed') else 0.0
 
 def _unread_z(check: str, unread: list[str], o: str, view: EvidenceView) -> float:
-    "Negation's checks: `o` the only unread option (or one of two), and absent from a searched video."
+    "Negation's checks: `o` the only unread option (or one of two), absent from a searched video."
     if check == 'exclusion_coverage':
         return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
     return (0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3

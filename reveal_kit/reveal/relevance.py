@@ -91,7 +91,7 @@ def span_relevant(q: Question, evidence: list[dict | Evidence]) -> bool:
 # %% ../../nbs/23b_reveal.relevance.ipynb #7ede1f65
 def _round_row(q: Question, judged: Question, got: list[Evidence], r: int,
                embed: Callable[[list[str]], np.ndarray]) -> dict:
-    "One round's row: the offline score of the evidence `got` so far against `judged`, and the truth."
+    "One round's row: the offline score of the evidence `got` so far against `judged`; the truth."
     vecs = np.asarray(embed([e.text for e in got]), np.float64) if got else None
     # another video's evidence: never
     truth = judged.video_id == q.video_id and span_relevant(judged, got)
@@ -121,7 +121,7 @@ def partner_question(q: Question, questions: list[Question]) -> Question | None:
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #852aed2b
 def _threshold_line(rows: list[dict], t: float) -> dict:
-    "One threshold's line: true positive and negative rates, balanced accuracy, share judged relevant."
+    "One threshold's line: true positive and negative rates, balanced accuracy, share relevant."
     pos, neg = [r for r in rows if r['relevant']], [r for r in rows if not r['relevant']]
     tpr = sum(r['score'] >= t for r in pos) / len(pos) if pos else 1.0
     tnr = sum(r['score'] < t for r in neg) / len(neg) if neg else 1.0

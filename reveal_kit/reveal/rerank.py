@@ -147,7 +147,7 @@ def rerank_prompt(q: Question, pool: RubricPool, names: list[str], missing: list
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #0334238f
 def _by_scores(cands: list[Candidate], scores: dict[str, float]) -> list[Candidate]:
-    "Candidates with the model's score (keyed by their number) as rank score, best first (ties: retrieval)."
+    "Candidates with the model's score (keyed by number) as rank score, best first (ties: retrieval)."
     for i, c in enumerate(cands):
         c.rank_score = scores[str(i)]
     return sorted(cands, key=lambda c: (-c.rank_score, -c.score))

@@ -166,7 +166,7 @@ class Verifier:
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #9016213c
 def _model_select(self: Verifier, q: Question) -> tuple[list[str], dict]:
-    "Call 1 by the model: the criterion names it selects (none when the reply is unusable), the call."
+    "Call 1 by the model: the criterion names it selects (none if the reply is unusable), the call."
     user = (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCriterion "
             f"catalog:\n{self.pool.catalog()}\n\n"
             'Reply as {"criteria": ["name", ...]}.')
