@@ -194,11 +194,15 @@ def collect_pairs(questions: list[Question], teacher: Any, answerer: Answerer, m
     return [done[q.qid] for q in questions]
 
 # %% ../../nbs/26b_reveal.induction.ipynb #6d78dce0
+def _edits(prev: RubricPool | None, pool: RubricPool) -> dict[str, list[str]]:
+    "The criteria added, deleted, reweighted and rewritten since `prev` (none for the start pool)."
+    return (pool_diff(prev, pool) if prev is not None
+            else {k: [] for k in ('added', 'deleted', 'reweighted', 'rewritten')})
+
 def iteration_row(i: int, pool: RubricPool, prev: RubricPool | None, val: list[dict],
                   train: list[dict], clusters: list, working: list[str]) -> dict:
     "One line of iterations.jsonl; `next_working`: the misjudged held-out pairs (B.4)."
-    d = (pool_diff(prev, pool) if prev is not None
-         else {k: [] for k in ('added', 'deleted', 'reweighted', 'rewritten')})
+    d = _edits(prev, pool)
     return {'iteration': i, 'val_accuracy': separation_accuracy(val),
             'train_accuracy': separation_accuracy(train), 'n_val': len(val), 'n_train': len(train),
             'n_working': len(working), 'n_criteria': len(pool), **{k: len(v) for k, v in d.items()},

@@ -5,7 +5,7 @@
 # %% ../../nbs/26a_reveal.proposers.ipynb #008e0787
 from __future__ import annotations
 from itertools import combinations, product
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 import numpy as np
 from fastcore.basics import patch
@@ -92,6 +92,13 @@ def search_type(Z: np.ndarray, pair_w: np.ndarray, tau: float, W: np.ndarray) ->
     return W[i], float(s[i])
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #2c3fac75
+def _best_trial(g: np.ndarray, c: int, grid: tuple, total: Callable) -> np.ndarray:
+    "`g` with check c's weight set to the grid value that most raises `total` (`g` if none does)."
+    trials = [g.copy() for _ in grid]
+    for tv, x in zip(trials, grid):
+        tv[c] = x
+    return max(trials, key=total) if total(max(trials, key=total)) > total(g) + 1e-12 else g
+
 def reconcile_weights(choices: dict[str, np.ndarray], Zs: dict, ws: dict, tau: float,
                       grid: tuple = WEIGHT_GRID, passes: int = 2) -> np.ndarray:
     "One weight per check shared by all types that chose it: start at the median, then coordinate ascent."
@@ -103,10 +110,7 @@ def reconcile_weights(choices: dict[str, np.ndarray], Zs: dict, ws: dict, tau: f
                    for t in choices)
     for _ in range(passes):
         for c in [c for c in range(C) if used[c]]:
-            trials = [g.copy() for _ in grid]
-            for tv, x in zip(trials, grid):
-                tv[c] = x
-            g = max(trials, key=total) if total(max(trials, key=total)) > total(g) + 1e-12 else g
+            g = _best_trial(g, c, grid, total)
     return g
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #34938122
