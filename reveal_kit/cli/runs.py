@@ -202,7 +202,6 @@ def rubrics_induce(
         backend: Annotated[Optional[str], typer.Option(help="embedded | http | vllm (teacher/proposer)")] = None,
         model: ModelOpt = None, base_url: BaseUrlOpt = None, cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None,
         work_dir: Annotated[Optional[Path], typer.Option(help="checkpoints (default runs/induction/<pool>)")] = None,
-        next_from: Annotated[str, typer.Option(help="next working set: held_out (B.4) | train")] = 'held_out',
         reject: Annotated[bool, typer.Option(help="reject proposals that separate none of their pairs")] = True,
         quiet: QuietOpt = False):
     "Induce a rubric pool from contrastive evidence pairs (REVEAL §3.2, App. B.4); rerunning resumes."
@@ -215,7 +214,7 @@ def rubrics_induce(
         rep = induce.induce_benchmark(
             benchmark, root=root, split=split, out=out, teacher=teacher, proposer=proposer, model=chat,
             max_iters=max_iters, patience=patience, limit=limit, allow_unknown_split=allow_unknown_split,
-            work_dir=work_dir, progress=not quiet, next_from=next_from, reject=reject)
+            work_dir=work_dir, progress=not quiet, reject=reject)
     say(format_induction_summary(rep))
 
 app.add_typer(rubrics_app, name='rubrics')

@@ -16,29 +16,34 @@ __all__ = ['ROUTE_LONG_S', 'FRAMES_NOTES', 'frame_plan', 'route_items', 'cut_fra
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #2e48fae5
 ROUTE_LONG_S = 600.0
 
+def _subsample(ticks: list[int], cap: int) -> list[int]:
+    "At most `cap` of the ticks, picked at uniform steps, in order."
+    if len(ticks) <= cap:
+        return ticks
+    return [ticks[j] for j in np.unique(np.round(np.linspace(0, len(ticks) - 1, cap)).astype(int))]
+
 def frame_plan(items: list[MemoryItem], fps: float, cap: int) -> list[tuple[MemoryItem, int]]:
     "Frames per segment at `fps` (≥ 1 each), uniformly subsampled to at most `cap` in all; segments with 0 left out."
-    ticks = [i for i, it in enumerate(items)
-             for _ in range(max(1, round((it.t_end - it.t_start) * fps)))]
-    if len(ticks) > cap:
-        ticks = [ticks[j]
-                 for j in np.unique(np.round(np.linspace(0, len(ticks) - 1, cap)).astype(int))]
+    ticks = _subsample([i for i, it in enumerate(items)
+                        for _ in range(max(1, round((it.t_end - it.t_start) * fps)))], cap)
     counts = np.bincount(ticks, minlength=len(items)) if ticks else np.zeros(len(items), int)
     return [(it, int(k)) for it, k in zip(items, counts) if k > 0]
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #ad57bb12
+def _span_items(l1: list[MemoryItem], evidence: list[Evidence]) -> list[MemoryItem]:
+    "The L1 segments of the evidence; when it holds none, those inside its (L2/L3) spans."
+    ids = {e.item_id for e in evidence if e.level == 1}
+    spans = [(e.t_start, e.t_end) for e in evidence]
+    return ([it for it in l1 if it.item_id in ids]
+            or [it for it in l1 if any(it.t_start < b and it.t_end > a for a, b in spans)])
+
 def route_items(memory: Memory, evidence: list[Evidence],
                 duration: float) -> tuple[str, list[MemoryItem]]:
     "B.2's route ('uniform' up to 10 min, else 'spans') and the L1 segments whose frames it samples, in time order."
     l1 = sorted(memory.level(1), key=lambda it: it.t_start)
     if duration <= ROUTE_LONG_S:
         return 'uniform', l1
-    ids = {e.item_id for e in evidence if e.level == 1}
-    spans = [(e.t_start, e.t_end) for e in evidence]
-    hit = [it for it in l1 if it.item_id in ids] or [it for it in l1
-                                                     if any(it.t_start < b and it.t_end > a
-                                                                             for a, b in spans)]
-    return 'spans', hit
+    return 'spans', _span_items(l1, evidence)
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #02d90b61
 def cut_frames(memory: Memory,
@@ -56,40 +61,31 @@ def cut_frames(memory: Memory,
     return frames, rows, None
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #7a52dfaf
-def _visual(q: Question, memory: Memory, n: int) -> tuple[list, list[dict], str | None]:
-    "`answer_frames='visual'`: n frames of the L1 segments the visual channel finds for the question text."
-    try:
-        hits = memory.search_visual(q.question, k=max(1, n // 2))
-    except Exception as e:   # a memory without a visual text tower
-        return [], [], f'no visual channel ({type(e).__name__}: {e}): text only'
-    per = max(1, n // max(len(hits), 1))
-    imgs, rows, note = cut_frames(memory, [(h.item, per) for h in hits])
-    return imgs[:n], rows, note
-
 def frame_cap(spec: MethodSpec, config: Config) -> int:
     "The answerer's frame cap: the method's, else `Config.direct_max_frames` (B.1's 768)."
     return int(spec.answer_max_frames or config.direct_max_frames)
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #3cc61693
 FRAMES_NOTES = {'uniform': '1 fps over the whole video',
-                'spans': '1 fps inside the retrieved segments', 'oracle': '1 fps inside the '
-                'annotated segments', 'visual': 'segments found by the visual channel'}
+                'spans': '1 fps inside the retrieved segments',
+                'oracle': '1 fps inside the annotated segments'}
+
+def _frame_items(memory: Memory, evidence: list[Evidence],
+                 oracle_items: list[MemoryItem] | None) -> tuple[str, list[MemoryItem]]:
+    "The route and its segments: the oracle segments when given, else B.2's route by duration."
+    if oracle_items is not None:
+        return 'oracle', oracle_items
+    return route_items(memory, evidence, float(getattr(memory, 'duration', 0.0) or 0.0))
 
 def answer_frames(q: Question, memory: Memory, evidence: list[Evidence], spec: MethodSpec,
                   config: Config, model: ChatModel | None, offline: bool,
                   oracle_items: list[MemoryItem] | None = None) -> tuple[list, dict]:
-    "The answerer's frames (B.2 routing, the oracle segments, or the visual channel) and their trace record."
+    "The answerer's frames (B.2 routing or the oracle segments) and their trace record."
     cap, route = frame_cap(spec, config), spec.answer_frames
     rec = {'route': route, 'frames': 0, 'cap': cap, 'items': [], 'note': None}
     if route == 'none' or offline or not getattr(model, 'supports_images', False):
         why = 'answer_frames is none' if route == 'none' else 'answerer cannot take images'
         return [], {**rec, 'note': f'{why}: text only'}
-    if oracle_items is not None:
-        route, items = 'oracle', oracle_items
-    elif route == 'routed':
-        route, items = route_items(memory, evidence, float(getattr(memory, 'duration', 0.0) or 0.0))
-    if route == 'visual':
-        imgs, rows, note = _visual(q, memory, min(spec.visual_frames, cap))
-    else:
-        imgs, rows, note = cut_frames(memory, frame_plan(items, config.fps, cap))
+    route, items = _frame_items(memory, evidence, oracle_items)
+    imgs, rows, note = cut_frames(memory, frame_plan(items, config.fps, cap))
     return imgs, {**rec, 'route': route, 'frames': len(imgs), 'items': rows, 'note': note}

@@ -20,7 +20,7 @@ from .planner import focus, option_events, question_anchor, role_type
 from .offline_checks import (EvidenceView, SUPPORT_LO, count_instances, option_common_words,
                                               option_number, temporal_events)
 from .verifier import EVIDENCE_TOKENS, evidence_block
-from .reader import read_rounds
+from .reader import Reading, read_rounds
 
 # %% auto #0
 __all__ = ['ANSWER_SYSTEM', 'AnswerResult', 'offline_answer', 'answer_reply', 'answer_schema', 'answer_prompt', 'Answerer']
@@ -86,6 +86,15 @@ def _count_nearest(q: Question, view: EvidenceView, support: dict) -> str | None
     nums = {o: k for o, t in q.options.items() if (k := option_number(t)) is not None}
     return min(nums, key=lambda o: (abs(nums[o] - n), -support[o], o)) if nums else None
 
+def _order_pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, str]:
+    "Options of one event each: nearest the question's anchor; of several: in a consistent order."
+    one_event = all(len(option_events(t)) == 1 for t in q.options.values())
+    if question_anchor(q) and one_event:
+        return _nearest_to_anchor(q, view, support), 'nearest to the anchor'
+    if not one_event:
+        return _consistent_order(q, view, support), 'consistent order'
+    return None, 'best supported'
+
 def _pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, str]:
     "The option a type's rule picks (None: it found nothing located), and the rule's name."
     qt = role_type(q)
@@ -93,12 +102,7 @@ def _pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, s
         return min(q.options, key=lambda o: (support[o], o)), 'least supported (negation)'
     if qt == 'counting':
         return _count_nearest(q, view, support), 'count nearest'
-    one_event = all(len(option_events(t)) == 1 for t in q.options.values())
-    if question_anchor(q) and one_event:
-        return _nearest_to_anchor(q, view, support), 'nearest to the anchor'
-    if not one_event:
-        return _consistent_order(q, view, support), 'consistent order'
-    return None, 'best supported'
+    return _order_pick(q, view, support)
 
 # %% ../../nbs/24_reveal.answerer.ipynb #1f54921d
 def _guess(q: Question, view: EvidenceView) -> AnswerResult:
@@ -112,16 +116,18 @@ def _guess(q: Question, view: EvidenceView) -> AnswerResult:
     return AnswerResult(best, why, 'offline',
                         scores={'support': support, 'rule': rule, 'determined': False})
 
-def offline_answer(q: Question, view: EvidenceView, pool: RubricPool | None = None) -> AnswerResult:
-    "The offline reader's answer (`22a_reveal.reader`), else a guess by the support rules (`pool` is not read)."
-    r = read_rounds(q, view.evidence, view.duration, view.round)
-    if r.answer is None:
-        return _guess(q, view)
+def _read_answer(r: Reading) -> AnswerResult:
+    "The answer of a reading that found one: determined by the evidence, or its best guess."
     how = ('the evidence determines it' if r.determined
            else 'the best reading, a guess: the evidence does not determine it')
     return AnswerResult(r.answer, f"option {r.answer} (reader, {r.kind}): {how}", 'offline',
                         scores={'rule': 'reader', 'determined': r.determined,
                                 'directions': r.directions})
+
+def offline_answer(q: Question, view: EvidenceView, pool: RubricPool | None = None) -> AnswerResult:
+    "The offline reader's answer (`22a_reveal.reader`), else a guess by the support rules (`pool` is not read)."
+    r = read_rounds(q, view.evidence, view.duration, view.round)
+    return _guess(q, view) if r.answer is None else _read_answer(r)
 
 # %% ../../nbs/24_reveal.answerer.ipynb #ab04c0d1
 @functools.lru_cache(maxsize=64)
@@ -162,6 +168,14 @@ class Answerer:
         self.evidence_tokens = evidence_tokens
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d000b
+def _fallback(q: Question, view: EvidenceView, rec: dict) -> AnswerResult:
+    "The offline answer in place of an unusable reply, with the call marked and a note on why."
+    a = offline_answer(q, view)
+    a.source, a.calls = 'fallback', [mark(rec, 'offline answer')]
+    a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); "
+                   f"offline answer")
+    return a
+
 @patch
 def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None = None,
            frames_note: str = '') -> AnswerResult:
@@ -174,9 +188,5 @@ def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None 
                           images=images or None)
     r = parse_reply(answer_reply(tuple(q.options)), data)
     if r is None:
-        a = offline_answer(q, view)
-        a.source, a.calls = 'fallback', [mark(rec, 'offline answer')]
-        a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); "
-                       f"offline answer")
-        return a
+        return _fallback(q, view, rec)
     return AnswerResult(r.answer, r.reasoning, 'model', [rec])

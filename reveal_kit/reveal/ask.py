@@ -25,6 +25,15 @@ def load_trace(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
 
 # %% ../../nbs/25c_reveal.ask.ipynb #9a7e0027
+def _verifier_lines(v: dict) -> list[str]:
+    "A round's verifier record: ρ, verdict, unknown options, missing evidence, the score table."
+    L = [f"   verifier: rho={v['rho']:.3f} sufficient={v['sufficient']} "
+         f"unknown={v['unknown_options']} missing={v['missing']}"]
+    for o, row in v['table'].items():
+        L.append(f"     {o}: " + ' '.join(f"{k}={x:g}" for k, x in row.items())
+                 + f"  rho_o={v['rho_o'][o]:.3f}")
+    return L
+
 def _round_lines(rd: dict, max_items: int) -> list[str]:
     "One round of a trace: plan, admitted items, verifier table."
     L = [f"round {rd['round']}: {rd['strategy_executed']} ({rd.get('plan_source')}) "
@@ -33,14 +42,7 @@ def _round_lines(rd: dict, max_items: int) -> list[str]:
     for a in rd.get('admitted', [])[:max_items]:
         L.append(f"   + {a['item_id']} L{a['level']} "
                  f"{fmt_time(a['t_start'])}-{fmt_time(a['t_end'])} score={a['rank_score']}")
-    v = rd.get('verifier')
-    if v:
-        L.append(f"   verifier: rho={v['rho']:.3f} sufficient={v['sufficient']} "
-                 f"unknown={v['unknown_options']} missing={v['missing']}")
-        for o, row in v['table'].items():
-            L.append(f"     {o}: " + ' '.join(f"{k}={x:g}" for k, x in row.items())
-                     + f"  rho_o={v['rho_o'][o]:.3f}")
-    return L
+    return L + (_verifier_lines(rd['verifier']) if rd.get('verifier') else [])
 
 def format_trace(t: dict, max_items: int = 5) -> str:
     "A readable summary of a trace: rounds, queries, admitted items, verifier table, stop reason, answer."
@@ -61,18 +63,22 @@ def subtitles_beside(video: str | Path) -> Path | None:
     return next((p for p in (v.with_suffix('.srt'), v.with_suffix('.vtt')) if v.is_file()
                  and p.is_file()), None)
 
-def _memory_under(memory_dir: Path, video: Path, config: Config, chat: Any,
-                  subtitles: Path | None) -> Path:
-    "`memory_dir` itself when it holds this video's memory with these settings, else its `<stem>-<sha8>-<key>` folder."
-    d = memory_dir_for(video, config, memory_models(chat), subtitles, root=memory_dir)
-    key, vsha = d.name.rsplit('-', 1)[-1], content_sha256(video)
+def _holds(memory_dir: Path, key: str, vsha: str) -> bool:
+    "Whether the manifest (or build record) in `memory_dir` has memory key `key`, video SHA `vsha`."
     for f in ('manifest.json', 'build.json'):
         try: old = json.loads((memory_dir / f).read_text())
         except (OSError, ValueError): continue
         if (isinstance(old, dict) and old.get('memory_key') == key
             and old.get('video_sha256') == vsha):
-            return memory_dir
-    return d
+            return True
+    return False
+
+def _memory_under(memory_dir: Path, video: Path, config: Config, chat: Any,
+                  subtitles: Path | None) -> Path:
+    "`memory_dir` itself when it holds this video's memory with these settings, else its `<stem>-<sha8>-<key>` folder."
+    d = memory_dir_for(video, config, memory_models(chat), subtitles, root=memory_dir)
+    key, vsha = d.name.rsplit('-', 1)[-1], content_sha256(video)
+    return memory_dir if _holds(memory_dir, key, vsha) else d
 
 def _announce(d: Path, video: Path) -> float | None:
     "When the memory in `d` is not finished: say on stderr that it is being built, and return the time; else None."
@@ -87,12 +93,9 @@ def _get_memory(video: Path, memory_dir: Path | None, config: Config, chat: Any,
     d = (memory_dir_for(video, config, memory_models(chat), subtitles) if memory_dir is None
          else _memory_under(memory_dir, video, config, chat, subtitles))
     t0 = _announce(d, video)
-    if memory_dir is None:
-        mem = get_or_build_memory(video, config, chat_model=chat, subtitles=subtitles,
-                                  progress=True)
-    else:
-        mem = OfflineMemory.build(video, d, config, chat_model=chat, subtitles=subtitles,
-                                  progress=True)
+    kw = dict(chat_model=chat, subtitles=subtitles, progress=True)
+    mem = (get_or_build_memory(video, config, **kw) if memory_dir is None
+           else OfflineMemory.build(video, d, config, **kw))
     return mem, None if t0 is None else round(time.time() - t0, 1)
 
 # %% ../../nbs/25c_reveal.ask.ipynb #c4d1a7e2
@@ -117,18 +120,30 @@ ASK_JSON_KEYS = ('answer', 'sufficient', 'rho', 'rounds', 'llm_calls', 'tokens',
                  'memory_build_s', 'subtitles')
 
 
+def _memory_fields(mem: Any, built_s: float | None, subs: Path | None) -> dict:
+    "The result's memory folder, build seconds (None: reused) and subtitle file."
+    return {'memory_dir': str(getattr(mem, 'path', '') or '') or None, 'memory_build_s': built_s,
+            'subtitles': str(subs) if subs else None}
+
+def _ask_settings(settings: AskSettings | None, kw: dict) -> AskSettings:
+    "The settings given, or made from the keywords (both, or an unknown keyword: TypeError)."
+    if settings is not None and kw:
+        raise TypeError(f"ask() takes `settings` or its fields as keywords, not both: {sorted(kw)}")
+    return settings or AskSettings(**kw)
+
+def _ask_chat(s: AskSettings, cfg: Config) -> Any:
+    "The chat model of the settings' backend, with the config's timeout and thinking settings."
+    return get_chat_model(s.backend, model=s.model, base_url=s.base_url, cache_mode=s.cache,
+                          timeout_s=s.timeout_s or getattr(cfg, 'timeout_s', None),
+                          **cfg.thinking_settings())
+
 def ask(video: str | Path, question: str, options: list[str], method: str = 'reveal',
         settings: AskSettings | None = None, **kw) -> dict:
     "Answer one question about one video with a REVEAL method; the result of `answer_question` + options, tau, memory."
-    if settings is not None and kw:
-        raise TypeError(f"ask() takes `settings` or its fields as keywords, not both: {sorted(kw)}")
-    s = settings or AskSettings(**kw)                          # unknown keywords: TypeError
-    spec = get_preset(method)
+    s, spec = _ask_settings(settings, kw), get_preset(method)
     cfg = load_config(s.config, s.overrides or []).replace(chunking=spec.chunking)
     q = Question('ask', Path(video).stem, question, list(options))
-    chat = get_chat_model(s.backend, model=s.model, base_url=s.base_url, cache_mode=s.cache,
-                          timeout_s=s.timeout_s or getattr(cfg, 'timeout_s', None),
-                          **cfg.thinking_settings())
+    chat = _ask_chat(s, cfg)
     subs = Path(s.subtitles) if s.subtitles else subtitles_beside(video)
     mem, built_s = _get_memory(Path(video), Path(s.memory) if s.memory else None, cfg, chat, subs)
     td = s.trace_dir or ask_trace_dir()
@@ -136,5 +151,4 @@ def ask(video: str | Path, question: str, options: list[str], method: str = 'rev
     if td is None:
         res['trace_error'] = "trace not written: the runs folder cannot be created (set $REVEAL_RUNS)"
     return {'trace_error': None, **res, 'options': q.options, 'tau': cfg.tau,
-            'memory_dir': str(getattr(mem, 'path', '') or '') or None, 'memory_build_s': built_s,
-            'subtitles': str(subs) if subs else None}
+            **_memory_fields(mem, built_s, subs)}

@@ -30,10 +30,10 @@ from .pairs import (ModelTeacher, OracleTeacher, Pair, candidates, filter_counts
                                      pair_views, separation, separation_accuracy)
 
 # %% auto #0
-__all__ = ['NEXT_FROM', 'criterion_text', 'merge_criteria', 'normalize_weights', 'merge_pool', 'SplitRefused',
-           'refuse_test_split', 'pool_provenance', 'write_pool', 'read_provenance', 'show_pool', 'pool_eval_warning',
-           'split_pairs', 'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir', 'InductionSettings',
-           'best_iteration', 'induce']
+__all__ = ['criterion_text', 'merge_criteria', 'normalize_weights', 'merge_pool', 'SplitRefused', 'refuse_test_split',
+           'pool_provenance', 'write_pool', 'read_provenance', 'show_pool', 'pool_eval_warning', 'split_pairs',
+           'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir', 'InductionSettings', 'best_iteration',
+           'induce']
 
 # %% ../../nbs/26b_reveal.induction.ipynb #b854fcd8
 def criterion_text(c: Criterion) -> str:
@@ -41,6 +41,23 @@ def criterion_text(c: Criterion) -> str:
     return f"{c.name.replace('_', ' ')}: {c.description}"
 
 # %% ../../nbs/26b_reveal.induction.ipynb #bc5509f4
+def _clusters(criteria: list[Criterion], V: np.ndarray, threshold: float) -> dict[int, list[int]]:
+    "Greedy clusters, head → members: each joins the first head of its check within `threshold`."
+    members: dict[int, list[int]] = {}
+    for i, c in enumerate(criteria):
+        h = next((h for h in members if criteria[h].check == c.check and V[h] @ V[i] >= threshold),
+                 None)
+        members.setdefault(i if h is None else h, []).append(i)
+    return members
+
+def _merged(ms: list[Criterion]) -> Criterion:
+    "A cluster as one criterion: the head's text and check, mean weight, union of types and cues."
+    types = list(dict.fromkeys(t for m in ms for t in m.question_types))
+    cues = list(dict.fromkeys(x for m in ms for x in m.cues))
+    w = float(np.mean([m.weight for m in ms]))
+    return Criterion(ms[0].name, ms[0].description, w, dict(ms[0].boundaries), types, cues,
+                     ms[0].check)
+
 def merge_criteria(criteria: list[Criterion], embed: Callable,
                    threshold: float = 0.9) -> tuple[list[Criterion], list[list[str]]]:
     "Cluster near-duplicates (cosine of name + description ≥ threshold, same check); merge each cluster."
@@ -48,25 +65,9 @@ def merge_criteria(criteria: list[Criterion], embed: Callable,
         return [], []
     V = np.asarray(embed([criterion_text(c) for c in criteria]), dtype=np.float64)
     V /= np.linalg.norm(V, axis=1, keepdims=True) + 1e-12
-    heads: list[int] = []
-    members: dict[int, list[int]] = {}
-    for i, c in enumerate(criteria):
-        h = next((h for h in heads if criteria[h].check == c.check and V[h] @ V[i] >= threshold),
-                 None)
-        if h is None:
-            heads.append(i)
-            members[i] = [i]
-        else:
-            members[h].append(i)
-    out = []
-    for h in heads:
-        ms = [criteria[i] for i in members[h]]
-        types = list(dict.fromkeys(t for m in ms for t in m.question_types))
-        cues = list(dict.fromkeys(x for m in ms for x in m.cues))
-        w = float(np.mean([m.weight for m in ms]))
-        out.append(Criterion(ms[0].name, ms[0].description, w, dict(ms[0].boundaries), types, cues,
-                             ms[0].check))
-    return out, [[criteria[i].name for i in members[h]] for h in heads if len(members[h]) > 1]
+    members = _clusters(criteria, V, threshold)
+    out = [_merged([criteria[i] for i in ms]) for ms in members.values()]
+    return out, [[criteria[i].name for i in ms] for ms in members.values() if len(ms) > 1]
 
 # %% ../../nbs/26b_reveal.induction.ipynb #a2cd4961
 def normalize_weights(criteria: list[Criterion]) -> list[Criterion]:
@@ -129,18 +130,21 @@ def read_provenance(path: str | Path) -> dict:
     return d.get('provenance') or {}
 
 # %% ../../nbs/26b_reveal.induction.ipynb #3108cdc7
+def _provenance_lines(prov: dict) -> list[str]:
+    "The provenance as `key: value` lines, plain values first, then lists and dicts as JSON."
+    lines = [f"  {k}: {v}" for k, v in prov.items() if not isinstance(v, (dict, list))]
+    return lines + [f"  {k}: {json.dumps(v)}" for k, v in prov.items()
+                    if isinstance(v, (dict, list)) and k != 'iterations']
+
 def show_pool(path: str | Path) -> str:
     "`reveal rubrics show POOL`: provenance, then one line per criterion (name, weight, check, types, description)."
     pool, prov = RubricPool.load(path), read_provenance(path)
     lines = [f"{pool.name} v{pool.version} ({'seed, hand-written' if pool.seed else 'induced'}): "
              f"{len(pool)} criteria"]
-    lines += [f"  {k}: {v}" for k, v in prov.items() if not isinstance(v, (dict, list))]
-    lines += [f"  {k}: {json.dumps(v)}" for k, v in prov.items() if isinstance(v, (dict, list))
-              and k != 'iterations']
     w = max(len(n) for n in pool.names)
-    for c in pool.criteria:
-        lines.append(f"- {c.name:<{w}}  w={c.weight:<5g} check={c.check:<21} "
-                     f"[{', '.join(c.question_types)}] {c.description}")
+    lines += _provenance_lines(prov)
+    lines += [f"- {c.name:<{w}}  w={c.weight:<5g} check={c.check:<21} "
+              f"[{', '.join(c.question_types)}] {c.description}" for c in pool.criteria]
     return '\n'.join(lines)
 
 # %% ../../nbs/26b_reveal.induction.ipynb #094abe3b
@@ -190,20 +194,20 @@ def collect_pairs(questions: list[Question], teacher: Any, answerer: Answerer, m
     return [done[q.qid] for q in questions]
 
 # %% ../../nbs/26b_reveal.induction.ipynb #6d78dce0
-NEXT_FROM = ('held_out', 'train')
+def _edits(prev: RubricPool | None, pool: RubricPool) -> dict[str, list[str]]:
+    "The criteria added, deleted, reweighted and rewritten since `prev` (none for the start pool)."
+    return (pool_diff(prev, pool) if prev is not None
+            else {k: [] for k in ('added', 'deleted', 'reweighted', 'rewritten')})
 
 def iteration_row(i: int, pool: RubricPool, prev: RubricPool | None, val: list[dict],
-                  train: list[dict], clusters: list, working: list[str],
-                  next_from: str = 'held_out') -> dict:
-    "One line of iterations.jsonl; `next_working`: the misjudged held-out pairs (B.4), or training pairs."
-    d = (pool_diff(prev, pool) if prev is not None
-         else {k: [] for k in ('added', 'deleted', 'reweighted', 'rewritten')})
-    nxt = val if next_from == 'held_out' else train
+                  train: list[dict], clusters: list, working: list[str]) -> dict:
+    "One line of iterations.jsonl; `next_working`: the misjudged held-out pairs (B.4)."
+    d = _edits(prev, pool)
     return {'iteration': i, 'val_accuracy': separation_accuracy(val),
             'train_accuracy': separation_accuracy(train), 'n_val': len(val), 'n_train': len(train),
             'n_working': len(working), 'n_criteria': len(pool), **{k: len(v) for k, v in d.items()},
             'edits': d, 'merged_clusters': clusters, 'rejected': [],
-            'next_working': [r['qid'] for r in nxt if not r['correct']], 'stale': 0, 'stop': None}
+            'next_working': [r['qid'] for r in val if not r['correct']], 'stale': 0, 'stop': None}
 
 # %% ../../nbs/26b_reveal.induction.ipynb #709faab8
 def write_report(report: dict, path_json: Path, path_csv: Path) -> None:
@@ -218,19 +222,20 @@ def write_report(report: dict, path_json: Path, path_csv: Path) -> None:
     atomic_write_text(path_csv, buf.getvalue())
 
 # %% ../../nbs/26b_reveal.induction.ipynb #0273310b
+def _role_name(role: str, name: str, offline: str, model: ChatModel | None) -> None:
+    "Check a role's name: `offline` or 'model', and 'model' only with a chat model."
+    if name not in (offline, 'model'):
+        raise ValueError(f"{role} must be {offline!r} or 'model', got {name!r}")
+    if name == 'model' and model is None:
+        raise ValueError(f"{role} 'model' needs a chat model")
+
 def _roles(teacher: str | Any, proposer: str | Any, model: ChatModel | None, config: Config):
     "Teacher and proposer objects from names ('oracle' | 'model', 'offline' | 'model') or given objects."
     if isinstance(teacher, str):
-        if teacher not in ('oracle', 'model'):
-            raise ValueError(f"teacher must be 'oracle' or 'model', got {teacher!r}")
-        if teacher == 'model' and model is None:
-            raise ValueError("teacher 'model' needs a chat model")
+        _role_name('teacher', teacher, 'oracle', model)
         teacher = OracleTeacher() if teacher == 'oracle' else ModelTeacher(model)
     if isinstance(proposer, str):
-        if proposer not in ('offline', 'model'):
-            raise ValueError(f"proposer must be 'offline' or 'model', got {proposer!r}")
-        if proposer == 'model' and model is None:
-            raise ValueError("proposer 'model' needs a chat model")
+        _role_name('proposer', proposer, 'offline', model)
         proposer = OfflineProposer(config) if proposer == 'offline' else ModelProposer(model)
     return teacher, proposer
 
@@ -295,7 +300,6 @@ class InductionSettings:
     merge_threshold: float = 0.9
     work_dir: str | Path | None = None
     progress: bool = True
-    next_from: str = 'held_out'
     reject: bool = True
 
 def _settings(settings: InductionSettings | None, kw: dict) -> InductionSettings:
@@ -328,21 +332,24 @@ def _propose(run: _Run, pool: RubricPool, working: list[Pair],
     new, clusters = merge_pool(new, run.embed, run.s.merge_threshold)
     return new, dict(rejected=rejected, clusters=clusters, calls=len(calls))
 
+def _working(last: dict, train: list[Pair], by: dict[str, Pair]) -> list[Pair]:
+    "Iteration 1's working set is every training pair; a later one, the last row's misjudged pairs."
+    ids = last['next_working'] if last['iteration'] >= 1 else [p.qid for p in train]
+    return [by[q] for q in ids if q in by]
+
 def _iterate(run: _Run, pool: RubricPool, rows: list[dict]) -> list[dict]:
     "Propose → reject → merge → validate until a stop; every finished iteration is written before the next."
     s, train, val = run.s, run.train, run.val
     vm = None if offline_role(s.model) else s.model
     sep = lambda pl, ps: separation(pl, ps, run.views, vm, s.config)
     row_of = lambda i, new, old, info, w: iteration_row(i, new, old, sep(new, val), sep(new, train),
-                                                        info, w, s.next_from)
+                                                        info, w)
     if not rows: rows.append(_checkpoint(run.work, pool, row_of(0, pool, None, [], [])))
     by = {p.qid: p for p in train + val}
     with tqdm(total=s.max_iters, initial=min(rows[-1]['iteration'], s.max_iters),
               desc='induce', disable=not s.progress) as bar:
         while rows[-1]['iteration'] < s.max_iters and not rows[-1].get('stop'):
-            i = rows[-1]['iteration'] + 1
-            working = [by[q] for q in (rows[-1]['next_working'] if i > 1
-                                       else [p.qid for p in train]) if q in by]
+            i, working = rows[-1]['iteration'] + 1, _working(rows[-1], train, by)
             new, info = _propose(run, pool, working, vm)
             row = dict(row_of(i, new, pool, info['clusters'], [p.qid for p in working]),
                        rejected=info['rejected'], calls=info['calls'])
@@ -385,17 +392,22 @@ def _where(root: str | Path | None) -> str | None:
     p = Path(root).resolve()
     return str(p.relative_to(project_root())) if p.is_relative_to(project_root()) else str(root)
 
+def _provenance(run: _Run, ident: tuple, start: RubricPool, best: dict, first: dict,
+                kept: list[Pair]) -> dict:
+    "The written pool's provenance: the induction's identity, the chosen iteration, the pairs."
+    return pool_provenance(*ident, start_pool=start.name, iteration=best['iteration'],
+                           val_accuracy=best['val_accuracy'],
+                           start_val_accuracy=first['val_accuracy'], n_pairs=len(kept),
+                           n_train=len(run.train), n_val=len(run.val), root=_where(run.s.root),
+                           next_from='held_out', reject=run.s.reject)
+
 def _finish(run: _Run, rows: list[dict], ident: tuple, start: RubricPool, pairs: list[Pair],
             kept: list[Pair]) -> dict:
     "Write the best iteration's pool (the start pool when nothing beats it) with its provenance, and the report."
     best, out, work = best_iteration(rows), run.s.out, run.work
     pool = RubricPool.load(work / f"pool_iter{best['iteration']}.yaml")
     pool.name = out.stem
-    prov = pool_provenance(*ident, start_pool=start.name, iteration=best['iteration'],
-                           val_accuracy=best['val_accuracy'],
-                           start_val_accuracy=rows[0]['val_accuracy'], n_pairs=len(kept),
-                           n_train=len(run.train), n_val=len(run.val), root=_where(run.s.root),
-                           next_from=run.s.next_from, reject=run.s.reject)
+    prov = _provenance(run, ident, start, best, rows[0], kept)
     write_pool(pool, out, prov)
     report = {'pool': str(out), 'provenance': prov, 'filter': filter_counts(pairs),
               'iterations': rows, 'best_iteration': best['iteration'], 'work_dir': str(work)}
@@ -403,24 +415,28 @@ def _finish(run: _Run, rows: list[dict], ident: tuple, start: RubricPool, pairs:
     return report
 
 # %% ../../nbs/26b_reveal.induction.ipynb #2c37788a
+def _models(s: InductionSettings, te: Any) -> dict:
+    "The models the provenance records: the chat model's id (None offline) and the text embedder's."
+    return {'chat': getattr(s.model, 'model_id', None), 'text_embedder': te.model_id}
+
+def _memories(s: InductionSettings, te: Any) -> Callable:
+    "Question → offline memory: the settings' own function, else the cached build."
+    return s.memories or (lambda q: get_or_build_memory(
+        q.video_path, s.config, chat_model=s.model, subtitles=q.subtitle_path, text_embedder=te))
+
 def induce(questions: list[Question], settings: InductionSettings | None = None, **kw) -> dict:
     "`reveal rubrics induce`: pairs → filter → propose / reject / merge / validate → the pool YAML and report."
     s, qs = _settings(settings, kw), list(questions)
     s = replace(s, config=s.config or Config(), out=Path(s.out))
-    if s.next_from not in NEXT_FROM:
-        raise ValueError(f"next_from must be one of {NEXT_FROM}, got {s.next_from!r}")
     split_used = refuse_test_split(s.split, qs, s.allow_unknown_split)
     teacher, proposer = _roles(s.teacher, s.proposer, s.model, s.config)
     start, te = s.start_pool or load_rubric_pool(), s.text_embedder or get_text_embedder()
     embed = MemoEmbed(te.encode)
-    ident = (s.benchmark, split_used, qs, _name(teacher), _name(proposer),
-             {'chat': getattr(s.model, 'model_id', None), 'text_embedder': te.model_id}, s.config)
+    ident = (s.benchmark, split_used, qs, _name(teacher), _name(proposer), _models(s, te), s.config)
     loop = dict(max_iters=s.max_iters, patience=s.patience, merge_threshold=s.merge_threshold,
-                next_from=s.next_from, reject=s.reject)
+                next_from='held_out', reject=s.reject)
     work = _claim(s.work_dir, s.out, ident, start, val_frac=s.val_frac, seed=s.seed, **loop)
-    mems = s.memories or (lambda q: get_or_build_memory(
-        q.video_path, s.config, chat_model=s.model, subtitles=q.subtitle_path, text_embedder=te))
-    pairs = collect_pairs(qs, teacher, Answerer(start, s.model, s.config), mems, embed,
+    pairs = collect_pairs(qs, teacher, Answerer(start, s.model, s.config), _memories(s, te), embed,
                           work / 'pairs.jsonl', s.progress)
     kept = _kept_pairs(pairs)
     train, val = split_pairs(kept, s.val_frac, s.seed)

@@ -47,34 +47,42 @@ def text_vecs(self: EvidenceView, texts: list[str]) -> np.ndarray | None:
     return np.stack([self._tv[t] for t in texts]) if texts else None
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c000a
+def _lexical(view: EvidenceView, texts: list[str], common: set[str] | frozenset) -> np.ndarray:
+    "Share of each text's content words (less `common`, if any stay) found in each evidence item."
+    ecw = [view._cw.setdefault(e.item_id, set(content_words(e.text))) for e in view.evidence]
+    words = [[w for w in content_words(t) if w not in common] or content_words(t) for t in texts]
+    return np.array([[len(set(cw) & s) / len(cw) if cw else 0.0 for s in ecw] for cw in words])
+
 @patch
 def support(self: EvidenceView, texts: list[str],
             common: set[str] | frozenset = frozenset()) -> np.ndarray:
     "(len(texts), len(evidence)) support matrix: ½ cosine + ½ lexical coverage (of each text's words not in `common`)."
     if not texts or not self.evidence:
         return np.zeros((len(texts), len(self.evidence)))
-    ecw = [self._cw.setdefault(e.item_id, set(content_words(e.text))) for e in self.evidence]
-    words = [[w for w in content_words(t) if w not in common] or content_words(t) for t in texts]
-    lex = np.array([[len(set(cw) & s) / len(cw) if cw else 0.0 for s in ecw] for cw in words])
+    lex = _lexical(self, texts, common)
     tv = self.text_vecs(texts)
     if tv is None or self.vecs is None or len(self.vecs) != len(self.evidence):
         return lex
     return 0.5 * np.clip(tv @ self.vecs.T, 0, 1) + 0.5 * lex
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c000b
+def _merge_spans(hits: list[tuple], gap: float) -> list[tuple[float, float]]:
+    "Time-sorted (start, end, …) hits merged where one starts within `gap` of the last's end."
+    spans: list[list[float]] = []
+    for a, b, *_ in hits:
+        if spans and a <= spans[-1][1] + gap:
+            spans[-1][1] = max(spans[-1][1], b)
+        else:
+            spans.append([a, b])
+    return [tuple(x) for x in spans]
+
 def count_instances(view: EvidenceView, event: str, hi: float = SUPPORT_HI,
                     gap: float = 1.0) -> tuple[list[tuple[float, float]], list[str]]:
     "Distinct instances of `event` in the L1 evidence: supporting items merged when they touch in time; also their ids."
     s = view.support([event])[0] if view.evidence else np.zeros(0)
     hits = sorted((e.t_start, e.t_end, e.item_id)
                   for e, v in zip(view.evidence, s) if e.level == 1 and v >= hi)
-    spans: list[list[float]] = []
-    for a, b, _ in hits:
-        if spans and a <= spans[-1][1] + gap:
-            spans[-1][1] = max(spans[-1][1], b)
-        else:
-            spans.append([a, b])
-    return [tuple(x) for x in spans], [h[2] for h in hits]
+    return _merge_spans(hits, gap), [h[2] for h in hits]
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c000d
 def temporal_events(q: Question, option: str) -> list[str]:
@@ -90,22 +98,19 @@ def _z(v: float, hi: float = 1.0, lo: float = 0.5) -> float:
     "1 at or above `hi`, 0.5 at or above `lo`, else 0."
     return 1.0 if v >= hi else 0.5 if v >= lo else 0.0
 
+def _locate(view: EvidenceView, row: np.ndarray) -> tuple[str, float | None, str]:
+    "One event's (status, time, id) from its support row: its best L1 item, else coarse or none."
+    l1 = [(s, e) for s, e in zip(row, view.evidence) if e.level == 1 and s >= SUPPORT_HI]
+    if l1:
+        s, e = max(l1, key=lambda x: x[0])
+        return ('l1', (e.t_start + e.t_end) / 2, e.item_id)
+    return ('coarse', None, '') if any(s >= SUPPORT_HI for s in row) else ('none', None, '')
+
 def _located(view: EvidenceView, events: list[str]) -> list[tuple[str, float | None, str]]:
     "For each event: (status 'l1' | 'coarse' | 'none', time of its best L1 item, item id)."
     if not events:
         return []
-    S, out = view.support(events), []
-    for i, _ in enumerate(events):
-        l1 = [(S[i, j], e)
-              for j, e in enumerate(view.evidence) if e.level == 1 and S[i, j] >= SUPPORT_HI]
-        if l1:
-            s, e = max(l1, key=lambda x: x[0])
-            out.append(('l1', (e.t_start + e.t_end) / 2, e.item_id))
-        elif any(S[i, j] >= SUPPORT_HI for j in range(len(view.evidence))):
-            out.append(('coarse', None, ''))
-        else:
-            out.append(('none', None, ''))
-    return out
+    return [_locate(view, row) for row in view.support(events)]
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c0011
 def _order_direction(loc: list[tuple[str, float | None, str]]) -> tuple[float, str, float | None]:
@@ -128,6 +133,18 @@ def _settle_anchored(opts: dict, zo: dict, dirs: dict, gaps: dict) -> None:
         for o in gaps:
             dirs[o], zo[o] = 'unknown', 0.5
 
+def _located_z(loc: list[tuple[str, float | None, str]]) -> float:
+    "`events_located` z: an L1 item counts 1 per event, a coarse one ½; 1 when all, 0.5 from half."
+    frac = sum(1.0 if s == 'l1' else 0.5 if s == 'coarse' else 0.0
+               for s, _, _ in loc) / max(len(loc), 1)
+    return _z(frac, 1.0, 0.5)
+
+def _option_order(loc: list[tuple[str, float | None, str]]) -> tuple[float, str, float | None]:
+    "(order_consistent z, direction, gap) of one option: judged when all its events are in L1."
+    if loc and all(s == 'l1' for s, _, _ in loc):
+        return _order_direction(loc)
+    return (0.5 if any(s == 'l1' for s, _, _ in loc) else 0.0), 'unknown', None
+
 def _temporal(q: Question, view: EvidenceView,
               opts: dict[str, str]) -> tuple[dict, dict, dict, list[str]]:
     "events_located z, order_consistent z, directions and unlocated events, per option."
@@ -135,16 +152,11 @@ def _temporal(q: Question, view: EvidenceView,
     for o, text in opts.items():
         evs = temporal_events(q, text)
         loc = _located(view, evs)
-        frac = sum(1.0 if s == 'l1' else 0.5 if s == 'coarse' else 0.0
-                   for s, _, _ in loc) / max(len(loc), 1)
-        zl[o] = _z(frac, 1.0, 0.5)
+        zl[o] = _located_z(loc)
         missing += [e for e, (s, _, _) in zip(evs, loc) if s != 'l1' and e not in missing]
-        if loc and all(s == 'l1' for s, _, _ in loc):
-            zo[o], dirs[o], gap = _order_direction(loc)
-            if gap is not None:
-                gaps[o] = gap
-        else:
-            zo[o], dirs[o] = (0.5 if any(s == 'l1' for s, _, _ in loc) else 0.0), 'unknown'
+        zo[o], dirs[o], gap = _option_order(loc)
+        if gap is not None:
+            gaps[o] = gap
     if question_anchor(q) and all(len(option_events(t)) == 1 for t in opts.values()):
         _settle_anchored(opts, zo, dirs, gaps)
     return zl, zo, dirs, [f'when {e} happens' for e in missing]
@@ -162,6 +174,17 @@ def _coverage_z(view: EvidenceView) -> float:
     return 0.5 if len(thirds) == 2 or any(e.level == 2 for e in view.evidence) else 0.0
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c0015
+def _exhausted_z(view: EvidenceView, s: np.ndarray) -> float:
+    "`excludes_alternatives` z: 1 once the latest round adds nothing on the focus (0 in round 0)."
+    latest = [(e, v) for e, v in zip(view.evidence, s) if e.round == view.round]
+    if view.round == 0 or any(v >= SUPPORT_HI and e.level == 1 for e, v in latest):
+        return 0.0
+    return 0.5 if any(v >= SUPPORT_LO for e, v in latest) else 1.0
+
+def _count_z(k: int | None, n: int) -> float:
+    "`distinct_instances` z of an option saying `k`: 1 when it is the count `n`, 0.5 when one off."
+    return 0.0 if k is None else 1.0 if k == n else 0.5 if abs(k - n) == 1 else 0.0
+
 def _counting(q: Question, view: EvidenceView,
               opts: dict[str, str]) -> tuple[dict, dict, dict, dict, list[str], int]:
     "distinct_instances, instance_attributes, excludes_alternatives z, directions, missing, and the count."
@@ -169,18 +192,12 @@ def _counting(q: Question, view: EvidenceView,
     spans, ids = count_instances(view, foc)
     n = len(spans)
     s = view.support([foc])[0] if view.evidence else np.zeros(0)
-    latest = [(e, v) for e, v in zip(view.evidence, s) if e.round == view.round]
-    if view.round == 0 or any(v >= SUPPORT_HI and e.level == 1 for e, v in latest):
-        zx = 0.0
-    elif any(v >= SUPPORT_LO for e, v in latest):
-        zx = 0.5
-    else:
-        zx = 1.0
+    zx = _exhausted_z(view, s)
     za = 1.0 if n else (0.5 if any(v >= SUPPORT_HI for v in s) else 0.0)
     zd, dirs = {}, {}
     for o, text in opts.items():
         k = option_number(text)
-        zd[o] = 0.0 if k is None else 1.0 if k == n else 0.5 if abs(k - n) == 1 else 0.0
+        zd[o] = _count_z(k, n)
         dirs[o] = 'unknown' if zx < 1 else ('supported' if k == n else 'ruled_out')
     miss = [] if zx == 1 else [f'another occurrence of {foc}', f'{foc} later in the video']
     return zd, {o: za for o in opts}, {o: zx for o in opts}, dirs, miss, n
@@ -199,31 +216,36 @@ def _cause_effect_z(view: EvidenceView, best: float, j: int, fS: np.ndarray) -> 
     causal = bool(set(tokens(e.text)) & _CAUSAL_WORDS)
     return 1.0 if causal or any(fS[k] >= SUPPORT_LO for k in near) else 0.5
 
+def _margin_z(b: float, others: list[float]) -> float:
+    "`discriminative` z: supported and ahead of every other option, by `MARGIN` for 1."
+    m = b - max(others or [0.0])
+    return 0.0 if b < SUPPORT_LO or m <= 0 else 1.0 if m >= MARGIN else 0.5
+
+def _anchor_z(b: float, j: int, fS: np.ndarray) -> float:
+    "`question_anchor` z: the option's best item also supports the focus (0.5: some item does)."
+    same = j >= 0 and b >= SUPPORT_LO and fS[j] >= SUPPORT_LO
+    return 1.0 if same else 0.5 if (fS >= SUPPORT_LO).any() else 0.0
+
+def _check_z(name: str, b: float, others: list[float], j: int, fS: np.ndarray,
+             view: EvidenceView) -> float | None:
+    "One option's z on a support-based check from its best support `b` and item `j` (else None)."
+    if name == 'direct_support': return _z(b, SUPPORT_HI, SUPPORT_LO)
+    if name == 'discriminative': return _margin_z(b, others)
+    if name == 'question_anchor': return _anchor_z(b, j, fS)
+    if name == 'exclusion_coverage':
+        unconf = sum(x < SUPPORT_HI for x in others)
+        return 1.0 if unconf == 0 else 0.5 if unconf == 1 else 0.0
+    if name == 'absence_check': return 1.0 if b < SUPPORT_LO else 0.5 if b < SUPPORT_HI else 0.0
+    if name == 'cause_effect_link': return _cause_effect_z(view, b, j, fS)
+    if name == 'coverage': return _coverage_z(view)
+    return None
+
 def _check(name: str, opts: dict, best: dict, arg: dict, fS: np.ndarray,
            view: EvidenceView) -> dict[str, float]:
     "z per option for one support-based check (see the table above)."
-    z: dict[str, float] = {}
-    for o in opts:
-        others = [best[p] for p in opts if p != o]
-        if name == 'direct_support':
-            z[o] = _z(best[o], SUPPORT_HI, SUPPORT_LO)
-        elif name == 'discriminative':
-            m = best[o] - max(others or [0.0])
-            z[o] = 0.0 if best[o] < SUPPORT_LO or m <= 0 else 1.0 if m >= MARGIN else 0.5
-        elif name == 'question_anchor':
-            j = arg[o]
-            ok_same = j >= 0 and best[o] >= SUPPORT_LO and fS[j] >= SUPPORT_LO
-            z[o] = 1.0 if ok_same else 0.5 if (fS >= SUPPORT_LO).any() else 0.0
-        elif name == 'exclusion_coverage':
-            unconf = sum(b < SUPPORT_HI for b in others)
-            z[o] = 1.0 if unconf == 0 else 0.5 if unconf == 1 else 0.0
-        elif name == 'absence_check':
-            z[o] = 1.0 if best[o] < SUPPORT_LO else 0.5 if best[o] < SUPPORT_HI else 0.0
-        elif name == 'cause_effect_link':
-            z[o] = _cause_effect_z(view, best[o], arg[o], fS)
-        elif name == 'coverage':
-            z[o] = _coverage_z(view)
-    return z
+    z = {o: _check_z(name, best[o], [best[p] for p in opts if p != o], arg[o], fS, view)
+         for o in opts}
+    return {o: v for o, v in z.items() if v is not None}
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c001a
 def _negation_dirs(opts: dict, best: dict) -> tuple[dict, list[str]]:
@@ -324,27 +346,40 @@ def _candidate_z(check: str, r: Reading, o: str, view: EvidenceView) -> float | 
     return None
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #b9d2c3a3
-def _typed_z(check: str, r: Reading, o: str, view: EvidenceView) -> float:
-    "The checks of counting, temporal order, negation and causal questions, from the reader's facts."
-    f, k = r.facts, r.facts.get('options', {}).get(o)
-    n, unread = f.get('count', 0), f.get('unread', [])
+def _read_count_z(check: str, f: dict, k: int | None) -> float:
+    "The counting checks from the reader's facts `f`, for an option saying `k`."
+    n = f.get('count', 0)
     if check == 'distinct_instances':
         return 1.0 if n and k == n else 0.5 if n and k and abs(k - n) == 1 else 0.0
     if check == 'instance_attributes': return 1.0 if n else 0.0
-    if check == 'excludes_alternatives': return 1.0 if f.get('closed') else 0.0
+    return 1.0 if f.get('closed') else 0.0
+
+def _unread_z(check: str, unread: list[str], o: str, view: EvidenceView) -> float:
+    "Negation's checks: `o` the only unread option (or one of two), absent from a searched video."
+    if check == 'exclusion_coverage':
+        return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
+    return (0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3
+            else 0.5)
+
+def _typed_z(check: str, r: Reading, o: str, view: EvidenceView) -> float:
+    "The checks of counting, temporal order, negation and causal questions, from the reader's facts."
+    f, k = r.facts, r.facts.get('options', {}).get(o)
+    unread = f.get('unread', [])
+    if check in _COUNT_CHECKS: return _read_count_z(check, f, k)
     if check == 'events_located':
         both = f.get('anchor', False) + f.get('located', {}).get(o, False)
         return 1.0 if both == 2 and f.get('fixed') else 0.5 if both else 0.0
-    if check == 'exclusion_coverage':
-        return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
-    if check == 'absence_check':
-        return (0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3
-                else 0.5)
+    if check in ('exclusion_coverage', 'absence_check'): return _unread_z(check, unread, o, view)
     if check == 'cause_effect_link':
         return 1.0 if f.get('cause') and k == f['cause'] else 0.5 if f.get('event') else 0.0
     return 1.0 if r.directions[o] == 'supported' else 0.0
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #b9d2c3a4
+def _reading_z(check: str, r: Reading, o: str, view: EvidenceView) -> float:
+    "One option's z on one check from the reading: its direction and candidate, else its facts."
+    v = _candidate_z(check, r, o, view)
+    return v if v is not None else _typed_z(check, r, o, view)
+
 def reading_scores(q: Question, criteria: list[Criterion],
                    view: EvidenceView) -> OfflineScores | None:
     "Scores from what the offline reader establishes (table above); None where the reader does not apply."
@@ -352,9 +387,8 @@ def reading_scores(q: Question, criteria: list[Criterion],
     if (r.kind is None or not r.events
         or any(option_fact(r.kind, t) is None for t in q.options.values())):
         return None
-    z = (lambda ch,
-         o: (v if (v := _candidate_z(ch, r, o, view)) is not None else _typed_z(ch, r, o, view)))
-    table = {o: {c.name: z(_check_name(c), o) for c in criteria} for o in q.options}
+    table = {o: {c.name: _reading_z(_check_name(c), r, o, view) for c in criteria}
+             for o in q.options}
     unknown = [o for o in q.options if r.directions[o] == 'unknown']
     details = {'qtype': r.kind,
                'reader': dict(answer=r.answer, determined=r.determined, facts=r.facts)}
@@ -368,9 +402,9 @@ def offline_scores(q: Question, criteria: list[Criterion], view: EvidenceView) -
     S, best, arg, fS = _option_support(q, view)
     checks, details = {}, {'qtype': role_type(q), 'support': best}
     typed = _typed_checks(q, criteria, view, checks, details)
-    for c in criteria:
-        if _check_name(c) not in checks:
-            checks[_check_name(c)] = _check(_check_name(c), q.options, best, arg, fS, view)
+    for name in dict.fromkeys(map(_check_name, criteria)):
+        if name not in checks:
+            checks[name] = _check(name, q.options, best, arg, fS, view)
     table = {o: {c.name: checks[_check_name(c)][o] for c in criteria} for o in q.options}
     dirs, miss = _directions(q, S, best, view, typed, details)
     return OfflineScores(table, dirs, [o for o in q.options if dirs[o] == 'unknown'], miss[:4],

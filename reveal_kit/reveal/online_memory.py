@@ -65,6 +65,13 @@ def max_cosine(self: OnlineMemory, vec: np.ndarray | None) -> float:
     return float(np.max(self._vecs @ np.asarray(vec, dtype=np.float64).ravel()))
 
 # %% ../../nbs/20_reveal.online_memory.ipynb #e25210b5
+def _store(self: OnlineMemory, ev: Evidence, vec: np.ndarray | None) -> None:
+    "Append `ev`, and its embedding as a row of the cache's matrix when given."
+    self.evidence.append(ev)
+    if vec is not None:
+        v = np.asarray(vec, dtype=np.float64).reshape(1, -1)
+        self._vecs = v if self._vecs is None else np.vstack([self._vecs, v])
+
 @patch
 def admit(self: OnlineMemory, ev: Evidence, vec: np.ndarray | None = None) -> tuple[bool, str]:
     "Offer `ev` (with its normalized text embedding) to the cache; returns (admitted, reason)."
@@ -73,10 +80,7 @@ def admit(self: OnlineMemory, ev: Evidence, vec: np.ndarray | None = None) -> tu
     if self.enabled and vec is not None:
         c = self.max_cosine(vec)
         if c > self.dedup_cosine: return False, f'near_duplicate cos={c:.3f}>{self.dedup_cosine}'
-    self.evidence.append(ev)
-    if vec is not None:
-        v = np.asarray(vec, dtype=np.float64).reshape(1, -1)
-        self._vecs = v if self._vecs is None else np.vstack([self._vecs, v])
+    _store(self, ev, vec)
     return True, 'admitted'
 
 # %% ../../nbs/20_reveal.online_memory.ipynb #71abf96f

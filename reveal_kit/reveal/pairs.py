@@ -222,17 +222,18 @@ def pair_views(pairs: list[Pair],
             for p in pairs}
 
 # %% ../../nbs/26_reveal.pairs.ipynb #99d7477e
+def _separation_row(v: Verifier, p: Pair, pair_views: tuple) -> dict:
+    "One pair's row: the verifier's ρ and verdict on E⁺ and on E⁻, and whether they separate."
+    rp, rn = (v.verify(p.question, view) for view in pair_views)
+    return {'qid': p.qid, 'qtype': question_type(p.question), 'rho_pos': rp.rho,
+            'rho_neg': rn.rho, 'suff_pos': rp.sufficient, 'suff_neg': rn.sufficient,
+            'correct': rp.sufficient and not rn.sufficient}
+
 def separation(pool: RubricPool, pairs: list[Pair], views: dict, model: ChatModel | None = None,
                config: Config | None = None) -> list[dict]:
     "Per pair: ρ and verdict for E⁺ and for E⁻, and whether the pair is separated (E⁺ sufficient, E⁻ not)."
     v = Verifier(pool, model, config or Config(), offline=None if model is not None else True)
-    rows = []
-    for p in pairs:
-        rp, rn = (v.verify(p.question, view) for view in views[p.qid])
-        rows.append({'qid': p.qid, 'qtype': question_type(p.question), 'rho_pos': rp.rho,
-                     'rho_neg': rn.rho, 'suff_pos': rp.sufficient, 'suff_neg': rn.sufficient,
-                     'correct': rp.sufficient and not rn.sufficient})
-    return rows
+    return [_separation_row(v, p, views[p.qid]) for p in pairs]
 
 # %% ../../nbs/26_reveal.pairs.ipynb #a0fa2fcd
 def separation_accuracy(rows: list[dict]) -> float | None:

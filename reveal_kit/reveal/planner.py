@@ -85,6 +85,14 @@ def _order_events(q: Question, opts: list[str]) -> list[str]:
     return evs
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c0b
+def _topped_up(qs: list[str], extras: tuple[str, ...], config: Config) -> list[str]:
+    "Queries topped up to `min_subqueries` with the extras not near any, cut to `max_subqueries`."
+    thr = config.query_jaccard_reject
+    for extra in extras:
+        if len(qs) < config.min_subqueries and extra and all(jaccard(extra, o) < thr for o in qs):
+            qs.append(extra)
+    return qs[:config.max_subqueries]
+
 def offline_decompose(q: Question, config: Config = Config()) -> list[str]:
     "Rule-based round-0 sub-queries (see the rules above)."
     n, qt, foc = config.subquery_max_words, role_type(q), focus(q.question)
@@ -99,12 +107,8 @@ def offline_decompose(q: Question, config: Config = Config()) -> list[str]:
         qs = [join_query(o, foc, n) for o in opts]
     else:
         qs = [foc] + [join_query(o, foc, n) for o in opts[:config.max_subqueries - 1]]
-    thr = config.query_jaccard_reject
-    qs = _dedup_queries([clip_words(x, n) for x in qs], thr)
-    for extra in (foc, clip_words(q.question, n)):
-        if len(qs) < config.min_subqueries and extra and all(jaccard(extra, o) < thr for o in qs):
-            qs.append(extra)
-    return qs[:config.max_subqueries]
+    return _topped_up(_dedup_queries([clip_words(x, n) for x in qs], config.query_jaccard_reject),
+                      (foc, clip_words(q.question, n)), config)
 
 # %% ../../nbs/22_reveal.planner.ipynb #ab01c0d1
 QUERY = Annotated[str, Field(min_length=1, max_length=150)]
@@ -291,6 +295,13 @@ def repair(self: Planner, q: Question, view: dict) -> PlanAction:
     return PlanAction(strat, qs, r.reasoning, 'model', [rec], notes)
 
 # %% ../../nbs/22_reveal.planner.ipynb #63d03e3f
+def _reject_reason(qq: str, hist: list[str], c: float, jt: float, ct: float) -> str | None:
+    "Why a query is rejected: Jaccard ≥ `jt` to a past query, else cosine `c` ≥ `ct` (None: kept)."
+    j, near = max([(jaccard(qq, h), h) for h in hist] or [(0.0, '')])
+    if j >= jt:
+        return f'jaccard={j:.3f}>={jt} to "{near}"'
+    return f'cosine={c:.3f}>={ct} to accumulated evidence' if c >= ct else None
+
 def screen_queries(queries: list[str], om: OnlineMemory,
                    embed: Callable[[list[str]], np.ndarray] | None,
                    config: Config = Config()) -> tuple[list[str], list[dict], np.ndarray | None]:
@@ -303,13 +314,10 @@ def screen_queries(queries: list[str], om: OnlineMemory,
     jt, ct = config.query_jaccard_reject, config.query_cosine_reject
     kept, kept_v, rejected, hist = [], [], [], list(om.history)
     for i, qq in enumerate(queries):
-        j, near = max([(jaccard(qq, h), h) for h in hist] or [(0.0, '')])
         c = om.max_cosine(vecs[i]) if vecs is not None else 0.0
-        if j >= jt:
-            rejected.append({'query': qq, 'reason': f'jaccard={j:.3f}>={jt} to "{near}"'})
-        elif c >= ct:
-            rejected.append({'query': qq,
-                             'reason': f'cosine={c:.3f}>={ct} to accumulated evidence'})
+        why = _reject_reason(qq, hist, c, jt, ct)
+        if why:
+            rejected.append({'query': qq, 'reason': why})
         else:
             kept.append(qq)
             hist.append(qq)

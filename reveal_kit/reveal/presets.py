@@ -14,7 +14,7 @@ __all__ = ['PRESETS', 'ORACLE_SUFFIX', 'ORACLE_FRAMES_SUFFIX', 'PRESET_ALIASES',
 
 # %% ../../nbs/25_reveal.presets.ipynb #0ca3134a
 _CHOICES = {'chunking': ('adaptive', 'fixed'), 'rerank_by': ('auto', 'model', 'offline'),
-            'answer_frames': ('routed', 'visual', 'none')}
+            'answer_frames': ('routed', 'none')}
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -30,9 +30,9 @@ class MethodSpec:
     fixed_rounds: Optional[int] = None
     fixed_segments: Optional[int] = None
     levels: Optional[tuple] = None
-    answer_frames: str = 'routed'        # 'routed' | 'visual' | 'none'
+    answer_frames: str = 'routed'        # 'routed' | 'none'
     answer_max_frames: Optional[int] = None
-    visual_frames: int = 4
+    visual_frames: int = 4               # unused: kept in the trace's spec record
     evidence_tokens: int = EVIDENCE_TOKENS
     oracle_evidence: bool = False
     oracle_frames: bool = False
@@ -92,6 +92,14 @@ def preset_name(name: str) -> str:
     return name
 
 # %% ../../nbs/25_reveal.presets.ipynb #7b553452
+def _oracle_variant(name: str) -> MethodSpec | None:
+    "The spec of a preset name with the `+oracle-frames` or `+oracle` suffix (None: not one)."
+    for suffix, extra in ((ORACLE_FRAMES_SUFFIX, {'oracle_frames': True}), (ORACLE_SUFFIX, {})):
+        base = name[:-len(suffix)]
+        if name.endswith(suffix) and base in PRESETS:
+            return PRESETS[base].replace(name=name, oracle_evidence=True, **extra)
+    return None
+
 def get_preset(preset: str | MethodSpec, **overrides) -> MethodSpec:
     "A preset by name (suffix `+oracle`: oracle evidence; `+oracle-frames`: and its frames) or a spec, with overrides."
     if isinstance(preset, str): preset = preset_name(preset)
@@ -99,15 +107,9 @@ def get_preset(preset: str | MethodSpec, **overrides) -> MethodSpec:
         spec = preset
     elif preset in PRESETS:
         spec = PRESETS[preset]
-    elif isinstance(preset, str) and preset.endswith(ORACLE_FRAMES_SUFFIX) and \
-            preset[:-len(ORACLE_FRAMES_SUFFIX)] in PRESETS:
-        spec = PRESETS[preset[:-len(ORACLE_FRAMES_SUFFIX)]].replace(name=preset,
-                                                                    oracle_evidence=True,
-                                                                    oracle_frames=True)
-    elif (isinstance(preset, str) and preset.endswith(ORACLE_SUFFIX)
-          and preset[:-len(ORACLE_SUFFIX)] in PRESETS):
-        spec = PRESETS[preset[:-len(ORACLE_SUFFIX)]].replace(name=preset, oracle_evidence=True)
     else:
+        spec = _oracle_variant(preset) if isinstance(preset, str) else None
+    if spec is None:
         raise KeyError(f"unknown method {preset!r}; presets: {', '.join(sorted(PRESETS))} "
                        f"(each also with the suffix {ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX})")
     return spec.replace(**overrides) if overrides else spec

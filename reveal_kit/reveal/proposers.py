@@ -5,7 +5,7 @@
 # %% ../../nbs/26a_reveal.proposers.ipynb #008e0787
 from __future__ import annotations
 from itertools import combinations, product
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 import numpy as np
 from fastcore.basics import patch
@@ -92,6 +92,13 @@ def search_type(Z: np.ndarray, pair_w: np.ndarray, tau: float, W: np.ndarray) ->
     return W[i], float(s[i])
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #2c3fac75
+def _best_trial(g: np.ndarray, c: int, grid: tuple, total: Callable) -> np.ndarray:
+    "`g` with check c's weight set to the grid value that most raises `total` (`g` if none does)."
+    trials = [g.copy() for _ in grid]
+    for tv, x in zip(trials, grid):
+        tv[c] = x
+    return max(trials, key=total) if total(max(trials, key=total)) > total(g) + 1e-12 else g
+
 def reconcile_weights(choices: dict[str, np.ndarray], Zs: dict, ws: dict, tau: float,
                       grid: tuple = WEIGHT_GRID, passes: int = 2) -> np.ndarray:
     "One weight per check shared by all types that chose it: start at the median, then coordinate ascent."
@@ -103,10 +110,7 @@ def reconcile_weights(choices: dict[str, np.ndarray], Zs: dict, ws: dict, tau: f
                    for t in choices)
     for _ in range(passes):
         for c in [c for c in range(C) if used[c]]:
-            trials = [g.copy() for _ in grid]
-            for tv, x in zip(trials, grid):
-                tv[c] = x
-            g = max(trials, key=total) if total(max(trials, key=total)) > total(g) + 1e-12 else g
+            g = _best_trial(g, c, grid, total)
     return g
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #34938122
@@ -154,6 +158,26 @@ class OfflineProposer:
         self.W = weight_candidates(len(OFFLINE_CHECKS), max_checks, grid)
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #9ec1de87
+def _type_choice(self: OfflineProposer, pool: RubricPool, t: str, Z: np.ndarray,
+                 w: np.ndarray) -> np.ndarray | None:
+    "A type's best check weights, when they separate at least one more pair than its current ones."
+    best, s_best = search_type(Z, w, self.tau, self.W)
+    s_cur = table_scores(Z, type_weights(pool, t)[None], w, self.tau)[0]
+    return best if s_best - s_cur >= 0.99 else None
+
+def _chosen_criteria(tpl: dict, choices: dict, g: np.ndarray, taken: set[str]) -> list[Criterion]:
+    "One criterion per chosen check: its template's text, the shared weight, the types choosing it."
+    crits = []
+    for i, ch in enumerate(OFFLINE_CHECKS):
+        types = [t for t in QUESTION_TYPES if t in choices and choices[t][i] > 0]
+        if types:
+            t = tpl[ch]
+            name = t.name if t.name not in taken else f"{t.name}_{'_'.join(types)}"[:64]
+            taken.add(name)
+            crits.append(Criterion(name, t.description, float(g[i]), dict(t.boundaries), types,
+                                   list(t.cues), ch))
+    return crits
+
 @patch
 def propose(self: OfflineProposer, pool: RubricPool, working: list[Pair], context: list[Pair],
             views: dict) -> tuple[RubricPool, dict]:
@@ -165,24 +189,10 @@ def propose(self: OfflineProposer, pool: RubricPool, working: list[Pair], contex
         by_type.setdefault(question_type(p.question), []).append(p)
     Zs = {t: pair_tables(ps, views) for t, ps in by_type.items() if len(ps) >= self.min_pairs}
     ws = {t: np.array([2.0 if p.qid in wq else 1.0 for p in by_type[t]]) for t in Zs}
-    choices = {}
-    for t in Zs:
-        best, s_best = search_type(Zs[t], ws[t], self.tau, self.W)
-        s_cur = table_scores(Zs[t], type_weights(pool, t)[None], ws[t], self.tau)[0]
-        # change a type's criteria only for at least one more separated pair
-        if s_best - s_cur >= 0.99:
-            choices[t] = best
+    choices = {t: c for t in Zs if (c := _type_choice(self, pool, t, Zs[t], ws[t])) is not None}
     g = reconcile_weights(choices, Zs, ws, self.tau, self.grid)
-    tpl, crits = check_templates(pool), _carry(pool, set(choices))
-    taken = {c.name for c in crits}
-    for i, ch in enumerate(OFFLINE_CHECKS):
-        types = [t for t in QUESTION_TYPES if t in choices and choices[t][i] > 0]
-        if types:
-            t = tpl[ch]
-            name = t.name if t.name not in taken else f"{t.name}_{'_'.join(types)}"[:64]
-            taken.add(name)
-            crits.append(Criterion(name, t.description, float(g[i]), dict(t.boundaries), types,
-                                   list(t.cues), ch))
+    crits = _carry(pool, set(choices))
+    crits += _chosen_criteria(check_templates(pool), choices, g, {c.name for c in crits})
     new = RubricPool(crits, pool.name, pool.version, False, pool.description, pool.question_types)
     return new, {'types': sorted(choices), 'calls': []}
 
@@ -251,25 +261,29 @@ def _new_criterion(e: dict, old: Criterion | None = None) -> Criterion:
          'cues': get('cues', []), 'check': get('check', 'direct_support')}
     return RubricPool.validate({'name': 'edit', 'criteria': [c]}).criteria[0]
 
+def _apply_edit(crits: dict[str, Criterion], e: dict, op: str | None, name: str | None) -> bool:
+    "Apply one edit to `crits` in place; False when it does not apply (unknown op, name clash)."
+    if op == 'delete':
+        crits.pop(name)
+    elif op == 'decompose':
+        old = crits.pop(name)
+        crits.update({c.name: c for c in (_new_criterion(p, old) for p in e.get('parts') or [])})
+    elif op in ('rewrite', 'reweight') and name in crits:
+        crits[name] = _new_criterion(e if op == 'rewrite'
+                                     else {'name': name, 'weight': e.get('weight')}, crits[name])
+    elif op == 'add' and name not in crits:
+        crits[name] = _new_criterion(e)
+    else:
+        return False
+    return True
+
 def apply_edits(pool: RubricPool, edits: list[dict]) -> tuple[RubricPool, list[str]]:
     "Apply proposer edits in order; returns the new pool and notes on skipped edits."
     crits, notes = {c.name: c for c in pool.criteria}, []
     for e in edits:
         op, name = e.get('op'), e.get('name')
         try:
-            if op == 'delete':
-                crits.pop(name)
-            elif op == 'decompose':
-                old = crits.pop(name)
-                crits.update({c.name: c
-                              for c in (_new_criterion(p, old) for p in e.get('parts') or [])})
-            elif op in ('rewrite', 'reweight') and name in crits:
-                crits[name] = _new_criterion(e if op == 'rewrite'
-                                             else {'name': name, 'weight': e.get('weight')},
-                                             crits[name])
-            elif op == 'add' and name not in crits:
-                crits[name] = _new_criterion(e)
-            else:
+            if not _apply_edit(crits, e, op, name):
                 notes.append(f"skipped {op} {name!r}: not applicable")
         except (KeyError, ValueError, TypeError) as err:
             notes.append(f"skipped {op} {name!r}: {err}")
@@ -280,12 +294,16 @@ def apply_edits(pool: RubricPool, edits: list[dict]) -> tuple[RubricPool, list[s
     return new, notes
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #36ea65ee
+def _pair_block(i: int, p: Pair) -> str:
+    "Pair i of the prompt: type, question, options, correct answer, E⁺ and E⁻."
+    return (f"Pair {i + 1} (type {question_type(p.question)}): "
+            f"{p.question.question}\n{p.question.options_text()}\nCorrect: "
+            f"{p.question.answer}\nE+:\n{evidence_block(p.pos, 60)}\n"
+            f"E-:\n{evidence_block(p.neg, 60)}")
+
 def proposer_prompt(pool: RubricPool, pairs: list[Pair]) -> str:
     "The proposer's user message: the pool with boundaries and the contrastive pairs."
-    blocks = [f"Pair {i + 1} (type {question_type(p.question)}): "
-              f"{p.question.question}\n{p.question.options_text()}\nCorrect: "
-              f"{p.question.answer}\nE+:\n{evidence_block(p.pos, 60)}\nE-:\n{evidence_block(p.neg, 60)}"
-              for i, p in enumerate(pairs)]
+    blocks = [_pair_block(i, p) for i, p in enumerate(pairs)]
     return (f"Rubric pool:\n{pool.catalog(boundaries=True)}\n\n" + '\n\n'.join(blocks) +
             '\n\nReply as {"edits": [{"op": "add", "name": "...", "description": "...", "weight": '
             '1.0, "boundaries": {"1": "...", "0.5": "...", "0": "..."}, "question_types": '
@@ -324,17 +342,20 @@ def _restore(old: RubricPool, new: RubricPool, drop: set[str]) -> RubricPool:
              or c.name in old]
     return RubricPool(crits, new.name, new.version, new.seed, new.description, new.question_types)
 
+def _own_rho(c: Criterion, p: Pair, views: dict, model: ChatModel | None, config: Config | None,
+             calls: list[dict]) -> tuple[float, float]:
+    "(ρ on E⁺, ρ on E⁻) of a criterion on one of its pairs, rounded; its calls go to `calls`."
+    a, b, cs = criterion_rho(c, p, views, model, config)
+    calls += cs
+    return round(a, 4), round(b, 4)
+
 def reject_unseparating(old: RubricPool, new: RubricPool, own: dict[str, list[Pair]], views: dict,
                         model: ChatModel | None = None,
                         config: Config | None = None) -> tuple[RubricPool, list[dict], list[dict]]:
     "Reject the proposed criteria that separate none of their own pairs alone: (pool, rejected, calls made)."
     rejected, calls = [], []
     for name in proposed_criteria(old, new):
-        rhos = []
-        for p in own.get(name) or []:
-            a, b, cs = criterion_rho(new[name], p, views, model, config)
-            rhos.append((round(a, 4), round(b, 4)))
-            calls += cs
+        rhos = [_own_rho(new[name], p, views, model, config, calls) for p in own.get(name) or []]
         if rhos and not any(a > b for a, b in rhos):
             rejected.append({'name': name, 'pairs': [p.qid for p in own[name]], 'rho': rhos})
     if not rejected: return new, [], calls
@@ -349,6 +370,13 @@ class ModelProposer:
         self.model, self.per, self.max_calls = model, pairs_per_call, max_calls
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #a3b32140
+def _ask_proposer(self: ModelProposer, pool: RubricPool,
+                  batch: list[Pair]) -> tuple[ProposerReply | None, dict]:
+    "One proposer call on a batch of pairs: (the parsed reply, None if unusable; the call)."
+    data, rec = role_call(self.model, 'proposer', PROPOSER_SYSTEM, proposer_prompt(pool, batch),
+                          proposer_schema(), max_tokens=reply_tokens('proposer'))
+    return parse_reply(ProposerReply, data), rec
+
 @patch
 def propose(self: ModelProposer, pool: RubricPool, working: list[Pair], context: list[Pair],
             views: dict) -> tuple[RubricPool, dict]:
@@ -357,10 +385,8 @@ def propose(self: ModelProposer, pool: RubricPool, working: list[Pair], context:
     n = len(working) if self.max_calls is None else min(len(working), self.per * self.max_calls)
     for i in range(0, n, self.per):
         batch = working[i:i + self.per]
-        data, rec = role_call(self.model, 'proposer', PROPOSER_SYSTEM, proposer_prompt(pool, batch),
-                              proposer_schema(), max_tokens=reply_tokens('proposer'))
+        r, rec = _ask_proposer(self, pool, batch)
         calls.append(rec)
-        r = parse_reply(ProposerReply, data)
         if r is None:
             notes.append(f"proposer reply unusable ({rec.get('error') or 'invalid'})")
             continue

@@ -213,14 +213,19 @@ def read_counting(q: Question, target: tuple, r: Reading, searched: bool) -> Non
     r.missing = [] if closed else [f'{_ph(target)} again'] if n else [_ph(target)]
 
 # %% ../../nbs/22a_reveal.reader.ipynb #48237800
+def _anchor_next(events: list[ReadEvent],
+                 anchor: tuple) -> tuple[ReadEvent | None, ReadEvent | None]:
+    "The anchor's first event and the first other event after it (None where there is none)."
+    A = next((e for e in events if e.triple == anchor), None)
+    after = [e for e in events if A and (e.t_start, e.pos) > (A.t_start, A.pos)
+             and e.triple != anchor]
+    return A, (after[0] if after else None)
+
 def read_temporal(q: Question, anchor: tuple, r: Reading, evidence: list[Evidence]) -> None:
     "Temporal order: the first event after the anchor, settled when the evidence has no hole between them."
     facts = {o: option_fact('temporal_order', t) for o, t in q.options.items()}
     seen = {e.triple for e in r.events}
-    A = next((e for e in r.events if e.triple == anchor), None)
-    after = [e for e in r.events if A and (e.t_start, e.pos) > (A.t_start, A.pos)
-             and e.triple != anchor]
-    nxt = after[0] if after else None
+    A, nxt = _anchor_next(r.events, anchor)
     fixed = bool(nxt) and _covered(evidence, A.t_start, nxt.t_start)
     r.directions = _dirs(facts, nxt.triple if nxt else None, fixed)
     r.answer = next((o for o, f in facts.items() if nxt and f == nxt.triple), None)
@@ -291,6 +296,17 @@ def _target(q: Question) -> tuple | None:
     m = EVENT_RE.search(norm_text(q.question.split('right after')[-1]))
     return (NAMES[m[1]], VERBS[m[2]], m[3]) if m else None
 
+def _read_kind(q: Question, r: Reading, tgt: tuple | None, evidence: list[Evidence],
+               duration: float | None, searched: bool) -> None:
+    "Fill `r` by the rules of its question kind."
+    k = r.kind
+    if k == 'counting': read_counting(q, tgt, r, searched)
+    elif k == 'temporal_order': read_temporal(q, tgt, r, evidence)
+    elif k == 'negation': read_negation(q, r)
+    elif k == 'action': read_action(q, r)
+    elif k == 'causal': read_causal(q, tgt, r)
+    else: read_global(q, r, evidence, duration)
+
 def read_question(q: Question, evidence: list[Evidence], duration: float | None = None,
                   searched: bool = False) -> Reading:
     "Read the evidence into events and answer `q` from them alone (rules above); undetermined outside the language."
@@ -300,12 +316,7 @@ def read_question(q: Question, evidence: list[Evidence], duration: float | None 
     if k is None or (k in ('counting', 'temporal_order', 'causal') and tgt is None) or not r.events:
         r.missing = [] if k is None else [_ph(tgt) if tgt else q.question]
         return r
-    if k == 'counting': read_counting(q, tgt, r, searched)
-    elif k == 'temporal_order': read_temporal(q, tgt, r, evidence)
-    elif k == 'negation': read_negation(q, r)
-    elif k == 'action': read_action(q, r)
-    elif k == 'causal': read_causal(q, tgt, r)
-    else: read_global(q, r, evidence, duration)
+    _read_kind(q, r, tgt, evidence, duration, searched)
     return r
 
 # %% ../../nbs/22a_reveal.reader.ipynb #4e930973

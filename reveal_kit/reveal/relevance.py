@@ -89,20 +89,22 @@ def span_relevant(q: Question, evidence: list[dict | Evidence]) -> bool:
     return any(get(e, 't_start') < b and get(e, 't_end') > a for e in evidence for a, b in spans)
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #7ede1f65
+def _round_row(q: Question, judged: Question, got: list[Evidence], r: int,
+               embed: Callable[[list[str]], np.ndarray]) -> dict:
+    "One round's row: the offline score of the evidence `got` so far against `judged`; the truth."
+    vecs = np.asarray(embed([e.text for e in got]), np.float64) if got else None
+    # another video's evidence: never
+    truth = judged.video_id == q.video_id and span_relevant(judged, got)
+    return {'qid': q.qid, 'judged': judged.qid, 'round': r, 'relevant': truth,
+            'score': relevance_score(judged, EvidenceView(got, vecs, embed))}
+
 def relevance_rows(q: Question, trace: dict, embed: Callable[[list[str]], np.ndarray],
                    against: Question | None = None) -> list[dict]:
     "Per round of q's trace: the offline score of the evidence so far against `against` (default q), and the truth."
     judged, keys = against or q, ('item_id', 'level', 't_start', 't_end', 'text', 'round')
     ev = [Evidence(*(e[k] for k in keys)) for e in trace['evidence']]
-    rows = []
-    for r in range(len(trace['rounds'])):
-        got = [e for e in ev if e.round <= r]
-        vecs = np.asarray(embed([e.text for e in got]), np.float64) if got else None
-        # another video's evidence: never
-        truth = judged.video_id == q.video_id and span_relevant(judged, got)
-        rows.append({'qid': q.qid, 'judged': judged.qid, 'round': r, 'relevant': truth,
-                     'score': relevance_score(judged, EvidenceView(got, vecs, embed))})
-    return rows
+    return [_round_row(q, judged, [e for e in ev if e.round <= r], r, embed)
+            for r in range(len(trace['rounds']))]
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #98a52ced
 def partner_question(q: Question, questions: list[Question]) -> Question | None:
@@ -118,16 +120,17 @@ def partner_question(q: Question, questions: list[Question]) -> Question | None:
     return theirs[mine.index(q.qid) % len(theirs)]
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #852aed2b
+def _threshold_line(rows: list[dict], t: float) -> dict:
+    "One threshold's line: true positive and negative rates, balanced accuracy, share relevant."
+    pos, neg = [r for r in rows if r['relevant']], [r for r in rows if not r['relevant']]
+    tpr = sum(r['score'] >= t for r in pos) / len(pos) if pos else 1.0
+    tnr = sum(r['score'] < t for r in neg) / len(neg) if neg else 1.0
+    stop = sum(r['score'] >= t for r in rows) / max(len(rows), 1)
+    return {'threshold': t, 'tpr': round(tpr, 4), 'tnr': round(tnr, 4),
+            'balanced_accuracy': round((tpr + tnr) / 2, 4), 'judged_relevant': round(stop, 4)}
+
 def choose_threshold(rows: list[dict], grid: list[float]) -> tuple[float, list[dict]]:
     "The grid threshold with the best balanced accuracy on (score, relevant) rows (ties: the lowest); every line."
-    table = []
-    for t in grid:
-        pos, neg = [r for r in rows if r['relevant']], [r for r in rows if not r['relevant']]
-        tpr = sum(r['score'] >= t for r in pos) / len(pos) if pos else 1.0
-        tnr = sum(r['score'] < t for r in neg) / len(neg) if neg else 1.0
-        stop = sum(r['score'] >= t for r in rows) / max(len(rows), 1)
-        table.append({'threshold': t, 'tpr': round(tpr, 4), 'tnr': round(tnr, 4),
-                      'balanced_accuracy': round((tpr + tnr) / 2, 4),
-                      'judged_relevant': round(stop, 4)})
+    table = [_threshold_line(rows, t) for t in grid]
     best = max(table, key=lambda x: (x['balanced_accuracy'], -x['threshold']))
     return best['threshold'], table

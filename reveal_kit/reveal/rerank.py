@@ -44,6 +44,13 @@ def topk_for(spec: MethodSpec, config: Config) -> dict[int, int]:
     return {l: k[l] for l in spec.search_levels}
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #9a7e0006
+def _merge_hits(merged: dict[str, Candidate], hits: list, q: str) -> None:
+    "Add one query's hits to `merged`, keeping each item's best score and the query that found it."
+    for h in hits:
+        c = merged.get(h.item.item_id)
+        if c is None or h.score > c.score:
+            merged[h.item.item_id] = Candidate(h.item, float(h.score), q)
+
 def retrieve(memory: Memory, queries: list[str], k: dict[int, int],
              qvecs: np.ndarray | None = None) -> tuple[dict[str, Candidate], dict[str, int]]:
     "Search every query in the text channel (by its vector when given), merge across queries; also hits per query."
@@ -53,27 +60,32 @@ def retrieve(memory: Memory, queries: list[str], k: dict[int, int],
         hits = memory.search_text(q if qvecs is None else np.asarray(qvecs[i], dtype=np.float32),
                                   k=k)
         per_query[q] = len(hits)
-        for h in hits:
-            c = merged.get(h.item.item_id)
-            if c is None or h.score > c.score:
-                merged[h.item.item_id] = Candidate(h.item, float(h.score), q)
+        _merge_hits(merged, hits, q)
     return merged, per_query
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #c14f96fa
+def _target_base(q: Question) -> list[str]:
+    "The rerank targets by question type: the counted focus, the options' events, else the options."
+    qt = role_type(q)
+    if qt == 'counting':
+        return [focus(q.question) or q.question]
+    if qt == 'temporal_order':
+        return list(dict.fromkeys(e for o in q.options.values() for e in option_events(o)))
+    return list(q.options.values())
+
 def rerank_targets(q: Question, missing: list[str]) -> list[str]:
     "What the rubric asks the evidence to show: option texts / events / the counted focus, the anchor, plus A_t."
-    qt, anchor = role_type(q), question_anchor(q)
-    if qt == 'counting':
-        base = [focus(q.question) or q.question]
-    elif qt == 'temporal_order':
-        base = list(dict.fromkeys(e for o in q.options.values() for e in option_events(o)))
-    else:
-        base = list(q.options.values())
+    base, anchor = _target_base(q), question_anchor(q)
     return [t for t in dict.fromkeys(base + ([anchor[1]] if anchor else []) + list(missing))
             if t.strip()]
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #9a7e0009
 RERANK_WEIGHTS = (0.4, 0.4, 0.2)
+
+def _cue_share(c: Candidate, crits: list) -> float:
+    "The weight share of the criteria with a cue word in the candidate's narrative."
+    toks, wsum = set(tokens(c.item.narrative)), sum(cr.weight for cr in crits) or 1.0
+    return sum(cr.weight for cr in crits if toks & set(cr.cues)) / wsum
 
 def rubric_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: list[str],
                   missing: list[str], vecs: np.ndarray | None,
@@ -84,12 +96,9 @@ def rubric_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: 
     ev = [Evidence.from_item(c.item) for c in cands]
     sup = EvidenceView(ev, vecs, embed).support(rerank_targets(q, missing)).max(axis=0)
     crits = [pool[n] for n in names]
-    wsum = sum(c.weight for c in crits) or 1.0
     a, b, g = RERANK_WEIGHTS
     for c, s in zip(cands, sup):
-        toks = set(tokens(c.item.narrative))
-        cue = sum(cr.weight for cr in crits if toks & set(cr.cues)) / wsum
-        c.rank_score = a * c.score + b * float(s) + g * cue
+        c.rank_score = a * c.score + b * float(s) + g * _cue_share(c, crits)
     return sorted(cands, key=lambda c: -c.rank_score)
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #9a7e000b
@@ -119,6 +128,10 @@ def rerank_schema(n: int) -> dict:
     return reply_schema(rerank_reply(n))
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #ad94039f
+_ANCHOR_NOTE = ("The question is anchored on: {}. A candidate that shows this anchor event is a "
+                "target too (it places the options in time): score it as one that shows an "
+                "option.\n\n")
+
 def rerank_prompt(q: Question, pool: RubricPool, names: list[str], missing: list[str],
                   cands: list[Candidate], token_budget: int | None = EVIDENCE_TOKENS) -> str:
     "The rerank call's user message: question, options, the selected rubric, A_t, the numbered candidates."
@@ -127,16 +140,18 @@ def rerank_prompt(q: Question, pool: RubricPool, names: list[str], missing: list
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
             f"Rubric:\n{pool.catalog(names, boundaries=True)}\n\n"
             + (f"Still missing:{miss}\n\n" if miss else '')
-            + (f"The question is anchored on: {anchor[1]}. A candidate that shows this anchor "
-               f"event is a "
-               "target too (it places the options in time): score it as one that shows an "
-               "option.\n\n"
-               if anchor else '')
+            + (_ANCHOR_NOTE.format(anchor[1]) if anchor else '')
             + f"Candidates:\n{block}\n\n"
             'Reply as {"scores": {"0": 1, "1": 0.5, "2": 0, ...}} with one score per candidate '
             'number.')
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #0334238f
+def _by_scores(cands: list[Candidate], scores: dict[str, float]) -> list[Candidate]:
+    "Candidates with the model's score (keyed by number) as rank score, best first (ties: retrieval)."
+    for i, c in enumerate(cands):
+        c.rank_score = scores[str(i)]
+    return sorted(cands, key=lambda c: (-c.rank_score, -c.score))
+
 def model_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: list[str],
                  missing: list[str], model: ChatModel,
                  token_budget: int | None = EVIDENCE_TOKENS) -> tuple[list[Candidate] | None, dict]:
@@ -147,7 +162,4 @@ def model_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: l
     r = parse_reply(rerank_reply(len(cands)), data)
     if r is None:
         return None, rec
-    scores = keyed_values(r.scores)
-    for i, c in enumerate(cands):
-        c.rank_score = scores[str(i)]
-    return sorted(cands, key=lambda c: (-c.rank_score, -c.score)), rec
+    return _by_scores(cands, keyed_values(r.scores)), rec

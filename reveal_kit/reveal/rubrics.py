@@ -126,16 +126,17 @@ def _criterion(c: dict, vocab: set[str], where: str) -> Criterion:
                      _boundaries(c['name'], c['boundaries']), list(c['question_types']),
                      [str(x).lower() for x in c.get('cues', [])], c.get('check', 'direct_support'))
 
-@patch(cls_method=True)
-def validate(cls: RubricPool, d: dict, path: str | None = None) -> RubricPool:
-    "Validate a parsed pool mapping and build the pool; raises ValueError naming the problem."
+def _check_schema(d: dict, where: str) -> None:
+    "Raise ValueError naming the first place where `d` breaks `POOL_SCHEMA`."
     import jsonschema
-    where = f"{path}: " if path else ''
     try:
         jsonschema.validate(d, POOL_SCHEMA)
     except jsonschema.ValidationError as e:
         at = '/'.join(map(str, e.absolute_path)) or '(root)'
         raise ValueError(f"{where}invalid rubric pool at {at}: {e.message}") from None
+
+def _criteria(d: dict, where: str) -> list[Criterion]:
+    "The pool's criteria, names unique, types from its vocabulary (its own, else `QUESTION_TYPES`)."
     vocab = set(d.get('question_types') or QUESTION_TYPES) | {'all'}
     crits, seen = [], set()
     for c in d['criteria']:
@@ -143,6 +144,14 @@ def validate(cls: RubricPool, d: dict, path: str | None = None) -> RubricPool:
             raise ValueError(f"{where}duplicate criterion name {c['name']!r}")
         seen.add(c['name'])
         crits.append(_criterion(c, vocab, where))
+    return crits
+
+@patch(cls_method=True)
+def validate(cls: RubricPool, d: dict, path: str | None = None) -> RubricPool:
+    "Validate a parsed pool mapping and build the pool; raises ValueError naming the problem."
+    where = f"{path}: " if path else ''
+    _check_schema(d, where)
+    crits = _criteria(d, where)
     return RubricPool(crits, d['name'], d.get('version', 1), bool(d.get('seed', False)),
                       d.get('description', ''), d.get('question_types'), path)
 
@@ -217,13 +226,8 @@ def pool_origin(path: str | Path) -> dict:
                 provenance={k: prov[k] for k in _ORIGIN_KEYS if k in prov})
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #f8dbd70f
-def pool_label(origin: dict, short: bool = False) -> str:
-    "One line naming a pool, for `run.json` and reports (`short`: for figure subtitles)."
-    kind, p = origin['kind'], origin.get('provenance') or {}
-    if kind != 'induced':
-        what = 'hand-written' if short else ('hand-written seed, not induced' if kind == 'seed'
-                                              else 'hand-written, no induction provenance')
-        return f"{'pool' if short else 'rubric pool'} {origin['name']} ({what})"
+def _induced_label(origin: dict, p: dict, short: bool) -> str:
+    "An induced pool's line: where it was induced, by whom (unless `short`), which iteration it is."
     it = p.get('iteration')
     chosen = (('start pool kept' if short else 'start pool kept: no iteration beat it') if it == 0
               else f"iteration {it}")
@@ -231,6 +235,15 @@ def pool_label(origin: dict, short: bool = False) -> str:
         return f"pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, {chosen})"
     return (f"rubric pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, "
             f"teacher {p.get('teacher')}, proposer {p.get('proposer')}, {chosen})")
+
+def pool_label(origin: dict, short: bool = False) -> str:
+    "One line naming a pool, for `run.json` and reports (`short`: for figure subtitles)."
+    kind, p = origin['kind'], origin.get('provenance') or {}
+    if kind != 'induced':
+        what = 'hand-written' if short else ('hand-written seed, not induced' if kind == 'seed'
+                                              else 'hand-written, no induction provenance')
+        return f"{'pool' if short else 'rubric pool'} {origin['name']} ({what})"
+    return _induced_label(origin, p, short)
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #e6c50c2e
 @patch

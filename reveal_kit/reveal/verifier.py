@@ -165,6 +165,16 @@ class Verifier:
         self._selected: dict[tuple, tuple[list[str], str]] = {}
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #9016213c
+def _model_select(self: Verifier, q: Question) -> tuple[list[str], dict]:
+    "Call 1 by the model: the criterion names it selects (none if the reply is unusable), the call."
+    user = (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCriterion "
+            f"catalog:\n{self.pool.catalog()}\n\n"
+            'Reply as {"criteria": ["name", ...]}.')
+    data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, user,
+                          select_schema(self.pool), reply_tokens('verifier_select'))
+    r = parse_reply(select_reply(tuple(self.pool.names)), data)
+    return (list(dict.fromkeys(r.criteria)) if r else []), rec
+
 @patch
 def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
     "Call 1: (criterion names, source, call records); cached per question, a cache hit costs no call."
@@ -176,13 +186,7 @@ def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
     if self.offline:
         self._selected[key] = (offline_names, 'offline')
         return offline_names, 'offline', []
-    user = (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCriterion "
-            f"catalog:\n{self.pool.catalog()}\n\n"
-            'Reply as {"criteria": ["name", ...]}.')
-    data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, user,
-                          select_schema(self.pool), reply_tokens('verifier_select'))
-    r = parse_reply(select_reply(tuple(self.pool.names)), data)
-    names = list(dict.fromkeys(r.criteria)) if r else []
+    names, rec = _model_select(self, q)
     src = 'model' if names else 'fallback'
     if not names: mark(rec, 'offline criteria')
     names = names or offline_names
@@ -199,6 +203,14 @@ def _model_table(r: BaseModel) -> tuple[dict, list[str], list[str]]:
     return table, list(dict.fromkeys(d['unknown_options'])), missing
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c002a
+def _model_scores(self: Verifier, q: Question, names: list[str],
+                  view: EvidenceView) -> tuple[ReplyModel | None, dict]:
+    "Call 2 by the model: its parsed score table (None when unusable) and the call."
+    prompt = score_prompt(q, self.pool, names, view.evidence, self.evidence_tokens)
+    data, rec = role_call(self.model, 'verifier', SCORE_SYSTEM, prompt,
+                          score_schema(list(q.options), names), reply_tokens('verifier'))
+    return parse_reply(score_reply(tuple(q.options), tuple(names)), data), rec
+
 @patch
 def verify(self: Verifier, q: Question, view: EvidenceView,
            names: list[str] | None = None) -> VerifierReport:
@@ -210,11 +222,8 @@ def verify(self: Verifier, q: Question, view: EvidenceView,
     off = offline_scores(q, crits, view)
     table, unknown, missing, src = off.table, off.unknown_options, off.missing, 'offline'
     if not self.offline:
-        prompt = score_prompt(q, self.pool, names, view.evidence, self.evidence_tokens)
-        data, rec = role_call(self.model, 'verifier', SCORE_SYSTEM, prompt,
-                              score_schema(list(q.options), names), reply_tokens('verifier'))
+        r, rec = _model_scores(self, q, names, view)
         calls.append(rec)
-        r = parse_reply(score_reply(tuple(q.options), tuple(names)), data)
         if r is None:
             src = 'fallback'
             mark(rec, 'offline scores')
