@@ -43,8 +43,7 @@ TOOL_SPECS = {
                          parameters=reply_schema(GlobalBrowseArgs)),
     'ClipSearch': dict(description="The full descriptions of the top_k clips most similar to an "
                        "event description, each prefixed with its [HH:MM:SS–HH:MM:SS] time range, "
-                       "in time order (keep the default top_k).",
-                       # DVD's clip_search_tool: top_k = 16
+                       "in time order (keep the default top_k).",  # DVD's: top_k = 16
                        parameters=(s := reply_schema(ClipSearchArgs))
                        | {'properties': s['properties']
                           | {'top_k': s['properties']['top_k'] | {'default': 16}}}),
@@ -186,8 +185,7 @@ class ToolBox:
         self.video_path = video_path or db.manifest.get('video_path')
         self.retrieve_topk, self.factors, self.evidence, self.browsed = retrieve_topk, None, {}, []
         self.answer = None
-        # the video's ReadingMemo, opened at the first FrameInspect
-        self._memo = None
+        self._memo = None       # the video's ReadingMemo, opened at the first FrameInspect
 
     @property
     def duration(self) -> float: return self.db.duration
