@@ -100,6 +100,13 @@ def _run_models(ms: PaceModels, model: ChatModel | None, plain: EvidenceDB) -> d
     offline = ms.agent is None and ms.vision is None
     return {**models_record(ms.agent or model, offline, plain.text_embedder), 'pace': ms.record()}
 
+def _keep_trace(res: dict, trace: dict, trace_dir: str | Path | None, q: Question, method: str,
+                return_trace: bool) -> dict:
+    "The result with its trace's path (written when `trace_dir` is given) and, asked, the trace."
+    if trace_dir is not None: res['trace'] = _write_trace(trace, trace_dir, q.qid, method)
+    if return_trace: res['trace_data'] = trace
+    return res
+
 def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace',
                 model: ChatModel | None = None,
                 config: Config | None = None, trace_dir: str | Path | None = None,
@@ -111,7 +118,4 @@ def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace',
     ep = _run_episode(q, plain, spec, ms, config)
     models = _run_models(ms, model, plain)
     res = pace_result(ep, time.perf_counter() - t0, config, models)
-    trace = pace_trace(res, ep)
-    if trace_dir is not None: res['trace'] = _write_trace(trace, trace_dir, q.qid, spec.name)
-    if return_trace: res['trace_data'] = trace
-    return res
+    return _keep_trace(res, pace_trace(res, ep), trace_dir, q, spec.name, return_trace)

@@ -132,13 +132,16 @@ def judge_name(model: ChatModel | None = None) -> str:
     return f"model:{getattr(model, 'model_id', '?')}" if is_meaningful(model) else 'lexical'
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0002
+def _lexical_judged(q: Question, rows: Sequence[dict], spans: bool) -> dict:
+    "The lexical judge's row of a result: its needle recall, no verdicts, no calls."
+    return dict(qid=q.qid, needle_recall=needle_recall(q, rows, spans=spans),
+                needle_judge='lexical', verdicts=[], calls=[])
+
 def judge_result(q: Question, result: dict, model: ChatModel | None = None, spans: bool = True,
                  max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict:
     "A result's needle recall by a judge model (else the lexical judge), its name, verdicts, calls."
     rows = judge_rows(result)
-    if not is_meaningful(model):
-        return dict(qid=q.qid, needle_recall=needle_recall(q, rows, spans=spans),
-                    needle_judge='lexical', verdicts=[], calls=[])
+    if not is_meaningful(model): return _lexical_judged(q, rows, spans)
     rec, verdicts, calls = model_judge(model, q, rows, max_tokens)
     return dict(qid=q.qid, needle_recall=rec, needle_judge=judge_name(model), verdicts=verdicts,
                 calls=calls)

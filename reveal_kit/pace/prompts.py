@@ -48,14 +48,17 @@ _FINISH_RESOLVED = ("When you judge every contrastive factor resolved by the evi
                     "with one option letter.")
 _FINISH_SETTLED = "When the evidence settles the question, call Finish with one option letter."
 
-def agent_system(names: Sequence[str], clip_s: float = 10.0, protocol: str = 'json') -> str:
-    "The agent's system prompt for exactly these tools (and the reply format, protocol json)."
-    stop = _FINISH_RESOLVED if 'QueryDecompose' in names else _FINISH_SETTLED
+def _agent_task(names: Sequence[str], clip_s: float) -> str:
+    "The agent's task over the clip index, then the guide to each of these tools."
     task = ("You answer a multiple-choice question about a long video by calling tools over an "
             f"index of its {clip_s:g}-second clips. Each turn, think about what is still "
             "unresolved, call the tool that resolves it, and read its result. ")
-    guide = ' '.join(TOOL_GUIDE[n] for n in names if n in TOOL_GUIDE)
-    L = [task + guide, stop, f"Tools:\n{tool_lines(names)}"]
+    return task + ' '.join(TOOL_GUIDE[n] for n in names if n in TOOL_GUIDE)
+
+def agent_system(names: Sequence[str], clip_s: float = 10.0, protocol: str = 'json') -> str:
+    "The agent's system prompt for exactly these tools (and the reply format, protocol json)."
+    stop = _FINISH_RESOLVED if 'QueryDecompose' in names else _FINISH_SETTLED
+    L = [_agent_task(names, clip_s), stop, f"Tools:\n{tool_lines(names)}"]
     return '\n'.join(L + ([JSON_REPLY] if protocol == 'json' else []))
 
 # %% ../../nbs/32e_pace.prompts.ipynb #7cd970fb
