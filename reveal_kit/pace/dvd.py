@@ -118,7 +118,7 @@ def observe(self: ToolCallPolicy, st: AgentState, call_id: str | None, obs) -> N
 
 # %% ../../nbs/32b_pace.dvd.ipynb #fd1b0002
 def dvd_extract_answer(message: dict) -> str | None:
-    "DVD's `extract_answer` (`dvd/utils.py`): a tool call's `answer`, else the message text, or None."
+    "DVD's `extract_answer` (`dvd/utils.py`): a tool call's `answer`, else the text, or None."
     for c in message.get('tool_calls') or []:
         args = c.get('function', {}).get('arguments') or '{}'
         a = (json.loads(args) if isinstance(args, str) else args).get('answer')
@@ -143,7 +143,7 @@ DVD_INDEX_CAPS = {'pace_caption_max_tokens': 4096,   # `_caption_clip`: the call
                   'pace_tool_max_tokens': 4096}      # on an index only the registry merge reads it
 
 def dvd_index_config(config: Config) -> Config:
-    "The config of DVD's plain index: captions and merge at DVD's 4,096 tokens unless set by the run."
+    "DVD's plain index config: captions and merge at DVD's 4,096 tokens unless set by the run."
     base = Config()
     dvd = {k: v for k, v in DVD_INDEX_CAPS.items() if getattr(config, k) == getattr(base, k)}
     return config.replace(**dvd)
