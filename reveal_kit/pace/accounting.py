@@ -35,23 +35,32 @@ class PaceEpisode:
     totals: dict                        # `step_totals` of the loop
 
 # %% ../../nbs/32g_pace.accounting.ipynb #bfe8e1be
+def _tot(cs: list[dict], k: str) -> int:
+    "The sum of one count over call records."
+    return sum(int(c.get(k) or 0) for c in cs)
+
 def _per_clip(cs: list[dict], n: int, name: str) -> dict:
     "Prompt and completion tokens per clip of one indexing pass's calls (`<name>_…_per_clip`)."
-    tot = lambda k: sum(int(c.get(k) or 0) for c in cs)
-    return {f'{name}_prompt_tokens_per_clip': tot('prompt_tokens') / n,
-            f'{name}_completion_tokens_per_clip': tot('completion_tokens') / n}
+    return {f'{name}_prompt_tokens_per_clip': _tot(cs, 'prompt_tokens') / n,
+            f'{name}_completion_tokens_per_clip': _tot(cs, 'completion_tokens') / n}
 
 def _db_path(db: EvidenceDB) -> str | None: return str(db.path) if db.path else None
 
+def _question_dbs(db: EvidenceDB, plain: EvidenceDB) -> list[EvidenceDB]:
+    "The databases a question used: the plain one, and its own when it is another."
+    return [plain] + ([db] if db is not plain else [])
+
+def _index_calls(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> list[dict]:
+    "The calls of each index pass (plain first, then the question's), then F_Q's calls."
+    cs = [d.manifest.get('index_calls', {}) for d in _question_dbs(db, plain)]
+    return cs + [dict(calls=1, **c) for c in factor_calls]
+
 def index_cost(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> dict:
     "Indexing cost of a question: every call its indexes made, per clip; shared, own passes apart."
-    dbs = [plain] + ([db] if db is not plain else [])
-    cs = [d.manifest.get('index_calls', {}) for d in dbs]
-    cs += [dict(calls=1, **c) for c in factor_calls]
-    tot = lambda k: sum(int(c.get(k) or 0) for c in cs)
+    cs = _index_calls(db, plain, factor_calls)
     n = max(len(db), 1)
-    toks = {k: tot(k) for k in ('prompt_tokens', 'completion_tokens', 'reasoning_tokens')}
-    return dict(kind=db.kind, n_clips=len(db), calls=tot('calls'), **toks,
+    toks = {k: _tot(cs, k) for k in ('prompt_tokens', 'completion_tokens', 'reasoning_tokens')}
+    return dict(kind=db.kind, n_clips=len(db), calls=_tot(cs, 'calls'), **toks,
                 **{f'{k}_per_clip': v / n for k, v in toks.items()},
                 **_per_clip(cs[:1], n, 'shared'),               # the plain pass, every question's
                 **_per_clip(cs[1:], n, 'question'),             # F_Q and its records
@@ -69,7 +78,7 @@ def step_totals(tr: dict, factor_calls: list[dict]) -> dict:
 def pace_marks(db: EvidenceDB, plain: EvidenceDB, fcalls: list[dict],
                fsrc: str | None) -> list[dict]:
     "Marks of what stand-ins wrote for a question: its indexes' clips and registry, a fallback F_Q."
-    dbs = [plain] + ([db] if db is not plain else [])
+    dbs = _question_dbs(db, plain)
     calls = [c for d in dbs for r in d.records for c in r.meta.get('calls', [])]
     calls += [c for d in dbs for c in d.manifest.get('registry_calls') or []]
     fallback = fsrc == 'fallback' and fcalls
@@ -93,20 +102,29 @@ def _unresolved(tr: dict) -> list[str]:
     "The criteria of the contrastive factors the tools left unaddressed."
     return [d['criterion'] for d in tr.get('contrastive_factors') or [] if not d['addressed']]
 
+def _question_fields(ep: PaceEpisode) -> dict:
+    "The result fields of the question and its answer: ids, preset, type, answer, gold, rounds."
+    q, tr = ep.q, ep.loop
+    return dict(qid=q.qid, video_id=q.video_id, preset=ep.spec.name, qtype=question_type(q),
+                answer=tr.get('answer'), gold=q.answer,
+                rounds=tr.get('turns', len(tr.get('steps', []))))
+
+def _outcome_fields(ep: PaceEpisode, models: dict, error: str | None) -> dict:
+    "The result fields of how the run went: failure, degradation, failed calls, stand-ins."
+    tr = ep.loop
+    return dict(failed=error is not None, error=error, degraded=bool(tr.get('notes')),
+                failed_calls=ep.totals['failed_calls'], substitutions=tr.get('substitutions', []),
+                answer_source='offline' if models.get('roles') == 'offline' else 'model')
+
 def pace_result(ep: PaceEpisode, seconds: float, config: Config, models: dict,
                 error: str | None = None) -> dict:
     "The result row of one question via the record (common fields, PACE's part); the protocol used."
-    q, tr, tot = ep.q, ep.loop, ep.totals
-    turns = tr.get('turns', len(tr.get('steps', [])))
-    row = Result(qid=q.qid, video_id=q.video_id, preset=ep.spec.name, qtype=question_type(q),
-                 answer=tr.get('answer'), gold=q.answer, rounds=turns,
-                 **usage_fields(tot, seconds), stop_reason=tr.get('stop_reason'),
+    tr = ep.loop
+    row = Result(**_question_fields(ep), **usage_fields(ep.totals, seconds),
+                 stop_reason=tr.get('stop_reason'),
                  evidence=[{k: d[k] for k in _PACE_EVIDENCE_KEYS} for d in ep.evidence],
                  missing_evidence=_unresolved(tr), trace=None, config_hash=config.hash(),
-                 models=models,
-                 failed=error is not None, error=error, degraded=bool(tr.get('notes')),
-                 failed_calls=tot['failed_calls'], substitutions=tr.get('substitutions', []),
-                 answer_source='offline' if models.get('roles') == 'offline' else 'model',
+                 models=models, **_outcome_fields(ep, models, error),
                  part=_pace_part(ep)).to_row()
     refused = tr['refused_calls']                                   # calls over the budget
     return {**row, 'protocol': ep.policy.protocol, 'refused_calls': refused}

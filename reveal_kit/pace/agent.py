@@ -25,12 +25,16 @@ from .accounting import PaceEpisode, pace_marks, pace_result, pace_trace, step_t
 __all__ = ['pace_models_of', 'answer_pace']
 
 # %% ../../nbs/33_pace.agent.ipynb #57ee3e69
-def pace_models_of(model: ChatModel | None, roles: str = 'auto',
-                  substitute: str = '') -> PaceModels:
-    "The models a question runs with: none under the offline roles, as given, or one for both."
+def _check_roles(model: ChatModel | None, roles: str):
+    "Raise a ValueError for an unknown `roles`, or for roles='model' without a chat model."
     if roles not in ('auto', 'offline', 'model'):
         raise ValueError(f"roles must be auto, offline or model: {roles!r}")
     if roles == 'model' and model is None: raise ValueError("roles='model' needs a chat model")
+
+def pace_models_of(model: ChatModel | None, roles: str = 'auto',
+                  substitute: str = '') -> PaceModels:
+    "The models a question runs with: none under the offline roles, as given, or one for both."
+    _check_roles(model, roles)
     if roles == 'offline': return PaceModels(substitute=substitute)
     if isinstance(model, PaceModels): return model
     if roles == 'model': return PaceModels(model, model, substitute)
@@ -71,20 +75,37 @@ def _question_factors(q: Question, spec: PaceSpec, agent: Any, config: Config,
     k = spec.force_factors or config.pace_force_factors
     return extract_factors(q.question, agent, config, k, st.factor_max_tokens)
 
+def _toolbox(q: Question, db: EvidenceDB, spec: PaceSpec, ms: PaceModels, vision: Any,
+             config: Config) -> ToolBox:
+    "The question's tool box over its database; roles whose replies mean nothing run offline."
+    models = PaceModels(_meaningful(ms.agent), vision, ms.substitute)
+    return ToolBox(q, db, config, models, tools=spec.tools, retrieve_topk=config.pace_retrieve_topk)
+
 def _run_episode(q: Question, plain: EvidenceDB, spec: PaceSpec, ms: PaceModels,
                  config: Config) -> PaceEpisode:
     "F_Q, the database it conditions, the tool box, the policy, the loop: one question's run."
     st, vision = pace_settings(config), _meaningful(ms.vision)
     fq, fsrc, fcalls = _question_factors(q, spec, ms.agent, config, st)
     db = _factor_db(plain, fq, config, vision)
-    models = PaceModels(_meaningful(ms.agent), vision, ms.substitute)
-    tb = ToolBox(q, db, config, models, tools=spec.tools, retrieve_topk=config.pace_retrieve_topk)
+    tb = _toolbox(q, db, spec, ms, vision, config)
     policy = make_policy(spec, tb, fq, ms.agent, st, config.pace_clip_s)
     tr = run_agent(tb, policy, fq, config.pace_max_steps)
     tr['substitutions'] = pace_marks(db, plain, fcalls, fsrc) + tr.get('substitutions', [])
     rows = trace_evidence(tb) + tb.browsed
     tot = step_totals(tr, fcalls)
     return PaceEpisode(q, spec, policy, fq, fsrc, fcalls, db, plain, tr, rows, tot)
+
+def _run_models(ms: PaceModels, model: ChatModel | None, plain: EvidenceDB) -> dict:
+    "The models record of a run: the chat model (or offline), the embedder, PACE's roles."
+    offline = ms.agent is None and ms.vision is None
+    return {**models_record(ms.agent or model, offline, plain.text_embedder), 'pace': ms.record()}
+
+def _keep_trace(res: dict, trace: dict, trace_dir: str | Path | None, q: Question, method: str,
+                return_trace: bool) -> dict:
+    "The result with its trace's path (written when `trace_dir` is given) and, asked, the trace."
+    if trace_dir is not None: res['trace'] = _write_trace(trace, trace_dir, q.qid, method)
+    if return_trace: res['trace_data'] = trace
+    return res
 
 def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace',
                 model: ChatModel | None = None,
@@ -95,10 +116,6 @@ def answer_pace(q: Question, plain: EvidenceDB, spec: str | PaceSpec = 'pace',
     ms = pace_models_of(model, roles, pace_settings(config).vision_substitute)
     t0 = time.perf_counter()
     ep = _run_episode(q, plain, spec, ms, config)
-    offline = ms.agent is None and ms.vision is None
-    models = {**models_record(ms.agent or model, offline, plain.text_embedder), 'pace': ms.record()}
+    models = _run_models(ms, model, plain)
     res = pace_result(ep, time.perf_counter() - t0, config, models)
-    trace = pace_trace(res, ep)
-    if trace_dir is not None: res['trace'] = _write_trace(trace, trace_dir, q.qid, spec.name)
-    if return_trace: res['trace_data'] = trace
-    return res
+    return _keep_trace(res, pace_trace(res, ep), trace_dir, q, spec.name, return_trace)

@@ -93,6 +93,16 @@ def _offline_caption(frames, t0: float, t1: float, subtitles: str,
     if subtitles: meta['subtitles'] = subtitles
     return (cap.text if cap else f"[{fmt_time(t0)}-{fmt_time(t1)}] (no decodable frames)"), meta
 
+def _images_for(model: ChatModel, frames: Sequence[np.ndarray]) -> list | None:
+    "The frames to attach for a model that reads images, else None (it reads the facts instead)."
+    return list(frames) if getattr(model, 'supports_images', False) and frames else None
+
+def _ask_caption(model: ChatModel, user: str, imgs: list | None, max_tokens: int) -> tuple:
+    "The caption call: (reply data, parsed reply or None when unusable, call record)."
+    schema = caption_schema(4 * max_tokens)
+    data, rec = role_call(model, 'pace_caption', CLIP_SYSTEM, user, schema, max_tokens, images=imgs)
+    return data, parse_reply(caption_reply(4 * max_tokens), data), rec
+
 def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles: str = '',
                   model: ChatModel | None = None, config: Config = Config(),
                   max_tokens: int = 600) -> tuple[str, dict, list[dict]]:
@@ -100,18 +110,15 @@ def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles:
     text, meta = _offline_caption(frames, t0, t1, subtitles, config)
     if offline_role(model): return text, meta, []
     if not frames: return text, dict(meta, no_frames=True), []      # a sliver clip: nothing to see
-    imgs = list(frames) if getattr(model, 'supports_images', False) and frames else None
+    imgs = _images_for(model, frames)
     if imgs is None: meta['vision_substitute'] = 'ocr-facts'
     user = f"{clip_header(t0, t1, subtitles, '' if imgs else text, len(frames))}\n\n{CAPTION_TASK}"
-    schema = caption_schema(4 * max_tokens)
-    data, rec = role_call(model, 'pace_caption', CLIP_SYSTEM, user, schema, max_tokens, images=imgs)
-    r = parse_reply(caption_reply(4 * max_tokens), data)
+    data, r, rec = _ask_caption(model, user, imgs, max_tokens)
     if r is None:
         return text, dict(meta, fallback='offline-perceptual'), [mark(rec, 'offline caption')]
     meta['subjects'] = data['subjects']          # as the model wrote them (their key order kept)
     text = with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {r.description}", subtitles)
     return text, meta, [rec]
-
 
 # %% ../../nbs/30b_pace.captions.ipynb #ab09c0d3
 class RegistryReply(ReplyModel):
@@ -131,7 +138,7 @@ def registry_schema() -> dict:
 
 # %% ../../nbs/30b_pace.captions.ipynb #f03febf7
 def union_subjects(lists: Sequence[Sequence[dict]]) -> list[dict]:
-    "The subjects of several lists, one per name (case-insensitive): earliest first_seen, descriptions united."
+    "The subjects of lists, one per name (any case): the earliest first_seen, descriptions united."
     out: dict[str, dict] = {}
     for s in (s for l in lists for s in l):
         k = s['name'].strip().lower()
@@ -142,7 +149,7 @@ def union_subjects(lists: Sequence[Sequence[dict]]) -> list[dict]:
 
 # %% ../../nbs/30b_pace.captions.ipynb #e1cf7b6f
 def _batches(lists: list, max_chars: int) -> list[list]:
-    "Consecutive lists grouped while their JSON fits `max_chars` (at least two per group, so every round shrinks)."
+    "Consecutive lists grouped while their JSON fits `max_chars` (two or more: each round shrinks)"
     out, cur, n = [], [], 0
     for l in lists:
         size = len(json.dumps(l))
@@ -150,21 +157,25 @@ def _batches(lists: list, max_chars: int) -> list[list]:
         cur, n = cur + [l], n + size
     return out + [cur] if cur else out
 
+def _merge_batch(model: ChatModel, b: list, max_tokens: int) -> tuple[list[dict], dict]:
+    "One merge call over a batch of lists: the merged subjects (else their name union), the call."
+    user = "Subject lists of the clips, in time order:\n" + json.dumps(b, ensure_ascii=False)
+    data, rec = role_call(model, 'pace_registry', REGISTRY_SYSTEM, user, registry_schema(),
+                          max_tokens)
+    ok = parse_reply(RegistryReply, data) is not None
+    if not ok: mark(rec, 'name union')
+    return (data['subjects'] if ok else union_subjects(b)), rec
+
 def merge_registry(model: ChatModel, lists: Sequence[Sequence[dict]], max_tokens: int = 800,
                    max_chars: int = 128000) -> tuple[list[dict], list[dict]]:
-    "The video's subject registry merged by `model` from the clips' lists (in batches), and the merge calls."
+    "The video's subject registry merged by `model` from the clips' lists (in batches); the calls."
     parts, calls = [list(l) for l in lists if l], []
     while len(parts) > 1 or (parts and not calls):
         merged = []
         for b in _batches(parts, max_chars):
-            user = ("Subject lists of the clips, in time order:\n"
-                    + json.dumps(b, ensure_ascii=False))
-            data, rec = role_call(model, 'pace_registry', REGISTRY_SYSTEM, user, registry_schema(),
-                                  max_tokens)
+            subjects, rec = _merge_batch(model, b, max_tokens)
             calls.append(rec)
-            ok = parse_reply(RegistryReply, data) is not None
-            merged.append(data['subjects'] if ok else union_subjects(b))
-            if not ok: mark(rec, 'name union')
+            merged.append(subjects)
         parts = merged
     return (parts[0] if parts else []), calls
 
@@ -204,29 +215,39 @@ RECORD_TASK = (
     'whether it is observed in this clip, and how.')
 
 def factor_record_schema(factors: Sequence[Factor], max_chars: int = 2400) -> dict:
-    "JSON schema of a factor-conditioned record: the narration and one {id, observed, how} per factor."
+    "JSON schema of a factor-conditioned record: the narration, one {id, observed, how} per factor."
     return reply_schema(factor_record_reply(tuple(f.fid for f in factors), int(max_chars)))
 
 # %% ../../nbs/30b_pace.captions.ipynb #c74063ae
 def factor_record_prompt(t0: float, t1: float, factors: Sequence[Factor], subtitles: str = '',
                          facts: str = '', n_frames: int = 0) -> str:
-    "The user message of a factor-conditioned record: the clip header, then the factors and the task."
+    "The user message of a factor-conditioned record: the clip header, the factors, the task."
     fl = '\n'.join(f"- {f.fid} ({f.kind}): {f.text}" for f in factors)
     return f"{clip_header(t0, t1, subtitles, facts, n_frames)}\n\n{RECORD_TASK.format(factors=fl)}"
 
 # %% ../../nbs/30b_pace.captions.ipynb #8355ad16
+def _ask_record(model: ChatModel, user: str, imgs: list | None, factors: Sequence[Factor],
+                max_tokens: int) -> tuple:
+    "The factor-conditioned record call: (parsed reply or None when unusable, call record)."
+    schema = factor_record_schema(factors, 4 * max_tokens)
+    data, rec = role_call(model, 'pace_index', CLIP_SYSTEM, user, schema, max_tokens, images=imgs)
+    reply = factor_record_reply(tuple(f.fid for f in factors), 4 * max_tokens)
+    return parse_reply(reply, data), rec
+
+def _reply_tags(factors: Sequence[Factor], r) -> dict:
+    "The tags of a record reply, one per factor (unobserved where the reply says nothing)."
+    tags = {f.fid: dict(observed=False, how='', cover=None, score=None) for f in factors}
+    for d in r.factors: tags[d.id] = dict(observed=d.observed, how=d.how, cover=None, score=None)
+    return tags
+
 def model_record(model: ChatModel, frames: Sequence[np.ndarray], t0: float, t1: float,
                  factors: Sequence[Factor], subtitles: str = '', facts: str = '',
                  max_tokens: int = 600) -> tuple[str | None, dict | None, list[dict]]:
     "A VLM's factor-conditioned (text, tags, calls), transcript appended; no text if unusable."
     if not frames: return None, None, []                      # a sliver clip: not sent to the VLM
-    imgs = list(frames) if getattr(model, 'supports_images', False) and frames else None
+    imgs = _images_for(model, frames)
     user = factor_record_prompt(t0, t1, factors, subtitles, '' if imgs else facts, len(frames))
-    schema = factor_record_schema(factors, 4 * max_tokens)
-    data, rec = role_call(model, 'pace_index', CLIP_SYSTEM, user, schema, max_tokens, images=imgs)
-    r = parse_reply(factor_record_reply(tuple(f.fid for f in factors), 4 * max_tokens), data)
+    r, rec = _ask_record(model, user, imgs, factors, max_tokens)
     if r is None: return None, None, [mark(rec, 'lexical tagger')]
-    tags = {f.fid: dict(observed=False, how='', cover=None, score=None) for f in factors}
-    for d in r.factors: tags[d.id] = dict(observed=d.observed, how=d.how, cover=None, score=None)
     text = with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {r.description}", subtitles)
-    return text, tags, [rec]
+    return text, _reply_tags(factors, r), [rec]

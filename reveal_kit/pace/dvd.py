@@ -42,27 +42,28 @@ DVD_TASK = (
     "Choose the option that best answers the question and give its letter to Finish.")
 
 def dvd_messages(q: Question, duration: float) -> list[dict]:
-    "The start of a DVD conversation: the system prompt and the request with the video's length and the question."
+    "The start of a DVD conversation: the system prompt, the request (video length, question)."
     task = DVD_TASK.format(seconds=round(duration, 1), hms=fmt_time(duration, hours=True),
                            question=q.question, options=q.options_text())
     return [system_message(DVD_SYSTEM), user_message(task)]
 
 # %% ../../nbs/32b_pace.dvd.ipynb #1739970b
 FINISH_NOW = "This is your last turn: call Finish with the letter of the best option."
-CALL_A_TOOL = "Your reply had no tool call. Call one of the tools (Finish once you know the answer)."
+CALL_A_TOOL = ("Your reply had no tool call. Call one of the tools (Finish once you know the "
+               "answer).")
 LAST_TOOLS = ('finish', 'all')
 
 class ToolCallPolicy:
-    "Turns from a chat model by OpenAI function calling: one conversation per episode, several calls per turn."
+    "Turns from a chat model by OpenAI function calling: one conversation, several calls per turn."
     kind = 'model'
 
     def __init__(self, model: ChatModel, messages: list[dict], names: Sequence[str] = DVD_TOOLS,
                  letters: Sequence[str] = (), max_tokens: int = 400, max_chars: int | None = None,
                  last_tools: str = 'finish'):
-        self.model, self.messages, self.names, self.letters = (model, list(messages), tuple(names),
-                                                               list(letters))
-        self.max_tokens, self.max_chars, self._pending, self.protocols = (max_tokens, max_chars, {},
-                                                                          [])
+        self.model, self.messages = model, list(messages)
+        self.names, self.letters = tuple(names), list(letters)
+        self.max_tokens, self.max_chars = max_tokens, max_chars
+        self._pending, self.protocols = {}, []
         if last_tools not in LAST_TOOLS:
             raise ValueError(f"last_tools: one of {LAST_TOOLS}, not {last_tools!r}")
         # the last turn offers 'finish' (Finish only) | 'all' (DVD's code)
@@ -70,13 +71,13 @@ class ToolCallPolicy:
 
     @property
     def protocol(self) -> str:
-        "The protocol the turns actually used: 'tools', 'tools_as_json' (a server without function calling), both."
+        "The protocol the turns used: 'tools', 'tools_as_json' (no function calling on the server)."
         return '+'.join(dict.fromkeys(p for p in self.protocols if p)) or 'tools'
 
 # %% ../../nbs/32b_pace.dvd.ipynb #d16de987
 @patch
 def _send(self: ToolCallPolicy) -> list[dict]:
-    "The conversation to send: the tool results fit to the history budget (older ones shortened first)."
+    "The conversation to send: tool results fit to the history budget (older ones shortened first)."
     at = [i for i, m in enumerate(self.messages) if m['role'] == 'tool']
     fit = fit_results([self.messages[i]['content'] for i in at], self.max_chars)
     out = list(self.messages)
@@ -85,16 +86,22 @@ def _send(self: ToolCallPolicy) -> list[dict]:
 
 # %% ../../nbs/32b_pace.dvd.ipynb #a2910a58
 @patch
-def next_turn(self: ToolCallPolicy, st: AgentState, last: bool) -> Turn:
-    "Ask for the next turn's calls (the last: say so; Finish only, or every tool as DVD); the turn is kept."
-    if last: self.messages.append(user_message(FINISH_NOW))
-    names = ['Finish'] if last and self.last_tools == 'finish' else self.names
+def _ask(self: ToolCallPolicy, names: Sequence[str]) -> tuple[Any, dict]:
+    "One agent call offering the tools `names` (a call required): the reply and its call record."
     tools = tool_schemas(names, self.letters)
     t0 = time.perf_counter()
     res = self.model.chat_tools(self._send(), tools, tool_choice='required', role='pace_agent',
                                 max_tokens=self.max_tokens, temperature=0.0)
     rec = {**record_dict(res.record), 'role': 'pace_agent',
            'wall_s': round(time.perf_counter() - t0, 6)}
+    return res, rec
+
+@patch
+def next_turn(self: ToolCallPolicy, st: AgentState, last: bool) -> Turn:
+    "Ask for the next turn's calls (the last: say so; Finish only, or every tool as DVD); kept."
+    if last: self.messages.append(user_message(FINISH_NOW))
+    names = ['Finish'] if last and self.last_tools == 'finish' else self.names
+    res, rec = self._ask(names)
     self.protocols.append(rec.get('protocol'))
     self.messages.append(res.message())
     self._pending = {c.id: c for c in res.calls}
@@ -111,7 +118,7 @@ def observe(self: ToolCallPolicy, st: AgentState, call_id: str | None, obs) -> N
 
 # %% ../../nbs/32b_pace.dvd.ipynb #fd1b0002
 def dvd_extract_answer(message: dict) -> str | None:
-    "DVD's `extract_answer` (`dvd/utils.py`): a tool call's `answer`, else the message's text, else None."
+    "DVD's `extract_answer` (`dvd/utils.py`): a tool call's `answer`, else the text, or None."
     for c in message.get('tool_calls') or []:
         args = c.get('function', {}).get('arguments') or '{}'
         a = (json.loads(args) if isinstance(args, str) else args).get('answer')
@@ -121,7 +128,7 @@ def dvd_extract_answer(message: dict) -> str | None:
 # %% ../../nbs/32b_pace.dvd.ipynb #fd1b0004
 @patch
 def unfinished_answer(self: ToolCallPolicy) -> tuple[str | None, str] | None:
-    "DVD's rule: a conversation's answer without Finish (its last message's: a letter or none), and why."
+    "DVD's rule: the answer without Finish (the last message's: a letter or none), and why."
     if self.last_tools != 'all':
         return None                  # the kit's rule: the loop's offline answer
     got = dvd_extract_answer(self.messages[-1]) if self.messages else None
@@ -136,7 +143,7 @@ DVD_INDEX_CAPS = {'pace_caption_max_tokens': 4096,   # `_caption_clip`: the call
                   'pace_tool_max_tokens': 4096}      # on an index only the registry merge reads it
 
 def dvd_index_config(config: Config) -> Config:
-    "The config of DVD's plain index: captions and merge at DVD's 4,096 tokens, unless the run set them."
+    "DVD's plain index config: captions and merge at DVD's 4,096 tokens unless set by the run."
     base = Config()
     dvd = {k: v for k, v in DVD_INDEX_CAPS.items() if getattr(config, k) == getattr(base, k)}
     return config.replace(**dvd)

@@ -81,6 +81,17 @@ _CONNECT = ('after', 'before', 'then', 'while', 'during', 'when', 'until', 'beca
 _NEGATIONS = ('not', 'never', 'no', 'none', 'except')
 _SPLIT_RE = re.compile(r'\b(' + '|'.join(_CONNECT) + r')\b', re.I)
 
+def _phrase_kind(ph: str, anchor: str | None) -> str:
+    "A phrase's kind: after 'because' a relation, after another connective temporal, else by size."
+    if anchor == 'because': return 'relation'
+    if anchor: return 'temporal'
+    return 'action' if len(ph.split()) > 1 else 'entity'
+
+def _whole_question(question: str) -> list[tuple[str, str]]:
+    "One action phrase of the question's content words (no negations), or 'main events'."
+    words = [w for w in tokens(question) if w not in STOPWORDS and w not in _NEGATIONS]
+    return [(' '.join(words or ['main events']), 'action')]
+
 def question_phrases(question: str) -> list[tuple[str, str]]:
     "(phrase, kind) parts of the question: content words between connectives, kinds by the rule."
     out, anchor = [], None
@@ -90,15 +101,9 @@ def question_phrases(question: str) -> list[tuple[str, str]]:
             continue
         ph = ' '.join(w for w in focus(part).split() if w not in ('right', 'just', 'video'))
         if not ph: continue
-        kind = 'relation' if anchor == 'because' else 'temporal' if anchor else \
-            'action' if len(ph.split()) > 1 else 'entity'
-        out.append((ph, kind))
+        out.append((ph, _phrase_kind(ph, anchor)))
         anchor = None
-    if not out:
-        words = [w for w in tokens(question) if w not in STOPWORDS and w not in _NEGATIONS]
-        words = words or ['main events']
-        out = [(' '.join(words), 'action')]
-    return out
+    return out or _whole_question(question)
 
 # %% ../../nbs/30_pace.factors.ipynb #2462fc86
 def _split_once(ph: list[tuple[str, str]]) -> bool:
@@ -110,19 +115,26 @@ def _split_once(ph: list[tuple[str, str]]) -> bool:
     ph[i:i + 1] = [(words[0], 'entity'), rest]
     return True
 
-def fit_phrases(ph: list[tuple[str, str]], lo: int, hi: int) -> list[tuple[str, str]]:
-    "Merge or split phrases until lo <= len <= hi (padding with the whole focus and word pairs)."
-    ph = list(ph)
+def _merge_last(ph: list[tuple[str, str]], hi: int) -> None:
+    "Merge the last two phrases, in place, until at most `hi` remain (the first one's kind)."
     while len(ph) > hi:
         (a, ka), (b, _) = ph[-2], ph[-1]
         ph[-2:] = [(f"{a} {b}", ka)]
-    while len(ph) < lo and _split_once(ph): pass
+
+def _pads(ph: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    "Padding phrases, in order: the whole focus, word pairs, then templates around the focus."
     words = ' '.join(p for p, _ in ph).split()
     whole = ' '.join(words)
     pads = [(whole, 'action')] + [(f"{a} {b}", 'relation') for a, b in zip(words, words[1:])]
-    pads += [(f"when {whole} happens", 'temporal'), (f"appearance of {whole}", 'attribute'),
-             (f"who or what is with {whole}", 'relation'), (f"what {whole} does", 'action')]
-    for p in pads:
+    return pads + [(f"when {whole} happens", 'temporal'), (f"appearance of {whole}", 'attribute'),
+                   (f"who or what is with {whole}", 'relation'), (f"what {whole} does", 'action')]
+
+def fit_phrases(ph: list[tuple[str, str]], lo: int, hi: int) -> list[tuple[str, str]]:
+    "Merge or split phrases until lo <= len <= hi (padding with the whole focus and word pairs)."
+    ph = list(ph)
+    _merge_last(ph, hi)
+    while len(ph) < lo and _split_once(ph): pass
+    for p in _pads(ph):
         if len(ph) >= lo: break
         if p[0] not in {x for x, _ in ph}: ph.append(p)
     return ph
@@ -155,6 +167,13 @@ def _repaired(data: Any, question: str, lo: int, hi: int) -> list[Factor] | None
     out = [Factor(f"f{i + 1}", f.text, f.kind) for i, f in enumerate(got + extra)]
     return out if len(out) >= lo else None
 
+def _ask_factors(question: str, model: ChatModel, lo: int, hi: int, max_tokens: int) -> tuple:
+    "The factor call: (reply data, call record, its factors or None when too few are usable)."
+    data, rec = role_call(model, 'pace_factors', FACTOR_SYSTEM, factor_prompt(question, lo, hi),
+                          factor_schema(lo, hi), max_tokens=max_tokens)
+    r = parse_reply(factor_reply(lo, hi), data)
+    return data, rec, _model_factors(r and r.model_dump(), lo, hi)
+
 def extract_factors(question: str, model: ChatModel | None = None, config: Config = Config(),
                     force: int = 0, max_tokens: int = 256) -> tuple[list[Factor], str, list[dict]]:
     "F_Q from the question text: (factors, source, call records); the options are never an input."
@@ -162,12 +181,8 @@ def extract_factors(question: str, model: ChatModel | None = None, config: Confi
         raise TypeError("extract_factors takes the question text only (no options)")
     lo, hi = factor_budget(config, force)
     if offline_role(model): return offline_factors(question, lo, hi), 'offline', []
-    data, rec = role_call(model, 'pace_factors', FACTOR_SYSTEM, factor_prompt(question, lo, hi),
-                          factor_schema(lo, hi), max_tokens=max_tokens)
-    r = parse_reply(factor_reply(lo, hi), data)
-    got = _model_factors(r and r.model_dump(), lo, hi)
+    data, rec, got = _ask_factors(question, model, lo, hi, max_tokens)
     if got is not None: return got, 'model', [rec]
     fixed = _repaired(data, question, lo, hi)
     if fixed: return fixed, 'model+offline', [rec]
     return offline_factors(question, lo, hi), 'fallback', [rec]
-

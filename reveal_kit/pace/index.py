@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 import numpy as np
 from fastcore.basics import patch
-from ..core import Config, run_subtitles, MemoryBuildError, runs_dir, kit_version, digest, build_stamp
+from ..core import (Config, run_subtitles, MemoryBuildError, runs_dir, kit_version, digest,
+                             build_stamp)
 from ..text import content_words, fmt_time
 from ..io import atomic_write_json, atomic_save_npy, append_jsonl, read_jsonl_rows, locked_dir
 from ..protocols import ChatModel
@@ -103,20 +104,22 @@ def _where(words: set, meta: dict) -> str:
     src = [n for n, s in (('on-screen text', ocr), ('subtitles', sub)) if words & s]
     return ' and '.join(src) or 'caption'
 
+def _tag(f: Factor, have: set, meta: dict, cos: float | None) -> dict:
+    "One factor's tag: observed, how (the words and where), stem cover, cosine."
+    fw = content_words(f.text)
+    hit = [w for w in fw if w in have]
+    cover = len(hit) / len(fw) if fw else 0.0
+    obs = bool(fw) and cover >= TAG_MIN_COVER
+    how = f"{', '.join(hit)} in the {_where(set(hit), meta)}" if obs else ''
+    return dict(observed=obs, how=how, cover=round(cover, 3),
+                score=None if cos is None else round(cos, 4))
+
 def tag_factors(factors: Sequence[Factor], text: str, meta: dict | None = None,
                 cosines: Sequence[float] | None = None) -> dict:
     "Offline factor tags of a caption: observed when ≥ TAG_MIN_COVER of a factor's stems occur."
-    have, out = set(content_words(text)), {}
-    for j, f in enumerate(factors):
-        fw = content_words(f.text)
-        hit = [w for w in fw if w in have]
-        cover = len(hit) / len(fw) if fw else 0.0
-        obs = bool(fw) and cover >= TAG_MIN_COVER
-        how = f"{', '.join(hit)} in the {_where(set(hit), meta or {})}" if obs else ''
-        cos = float(cosines[j]) if cosines is not None else None
-        out[f.fid] = dict(observed=obs, how=how, cover=round(cover, 3),
-                          score=None if cos is None else round(cos, 4))
-    return out
+    have = set(content_words(text))
+    return {f.fid: _tag(f, have, meta or {}, float(cosines[j]) if cosines is not None else None)
+            for j, f in enumerate(factors)}
 
 # %% ../../nbs/31_pace.index.ipynb #069c6fe0
 def factor_text(text: str, factors: Sequence[Factor], tags: dict) -> str:
@@ -148,7 +151,8 @@ class EvidenceDB:
                                        max((r.t_end for r in self.records), default=0.0)))
     def __len__(self) -> int: return len(self.records)
     def __repr__(self) -> str:
-        return f"EvidenceDB({self.kind}, {len(self)} clips, {fmt_time(self.duration)}, factors={len(self.factors)})"
+        return (f"EvidenceDB({self.kind}, {len(self)} clips, {fmt_time(self.duration)}, "
+                f"factors={len(self.factors)})")
 
 # %% ../../nbs/31_pace.index.ipynb #8cf71504
 @patch
@@ -158,17 +162,20 @@ def get(self: EvidenceDB, clip_id: str) -> ClipRecord:
     return self.records[self._by_id[clip_id]]
 
 # %% ../../nbs/31_pace.index.ipynb #b7c0e201
+def _cut_manifest(db: EvidenceDB, keep: list[int], t: float) -> dict:
+    "The manifest of a view cut at `t`: its duration; a registry of the kept clips (no future)."
+    man = dict(db.manifest, duration=min(db.duration, float(t)), before=float(t))
+    if man.get('subject_registry') is not None and len(keep) < len(db.records):
+        man['subject_registry'] = union_subjects([db.records[i].meta.get('subjects', [])
+                                                  for i in keep])
+    return man
+
 @patch
 def before(self: EvidenceDB, t: float) -> EvidenceDB:
     "A view of the clips that end by time `t` (a question asked at `t`); `whole`: what it cuts."
     keep = [i for i, r in enumerate(self.records) if r.t_end <= t]
-    man = dict(self.manifest, duration=min(self.duration, float(t)), before=float(t))
-    # the week's registry: the future
-    if man.get('subject_registry') is not None and len(keep) < len(self.records):
-        man['subject_registry'] = union_subjects([self.records[i].meta.get('subjects', [])
-                                                  for i in keep])
     view = EvidenceDB([self.records[i] for i in keep], self.vectors[keep], self.text_embedder,
-                      self.factors, man, self.path)
+                      self.factors, _cut_manifest(self, keep, t), self.path)
     view.whole = getattr(self, 'whole', self)
     return view
 
@@ -212,7 +219,7 @@ PACE_FIELDS = ('pace_clip_s', 'pace_fps', 'ocr_every_s', 'theta')
 INDEX_CAPS = ('pace_caption_max_tokens', 'pace_tool_max_tokens')     # captions; the registry merge
 
 def index_config(config: Config = Config()) -> dict:
-    "What a PACE index depends on: the `PACE_FIELDS`, the frame height, the reply caps set off the default."
+    "What a PACE index depends on: `PACE_FIELDS`, the frame height, reply caps set off the default."
     caps = {k: getattr(config, k) for k in INDEX_CAPS if getattr(config, k) != getattr(Config(), k)}
     fixed = {k: getattr(config, k) for k in PACE_FIELDS}
     return {**fixed, 'pace_frame_height': pace_settings(config).frame_height, **caps}
@@ -229,7 +236,7 @@ pace_models = pace_index_models       # the old name, for callers outside the ki
 
 # %% ../../nbs/31_pace.index.ipynb #b81a981e
 class PaceIndexError(MemoryBuildError):
-    "A video, subtitle file or index directory a PACE index cannot be built from or loaded; the message says why."
+    "A video, subtitle file or index folder a PACE index cannot be built from or loaded (says why)."
 
 # %% ../../nbs/31_pace.index.ipynb #82d9b2e7
 def pace_dir_for(video: str | Path, config: Config = Config(), models: dict | None = None,
@@ -280,9 +287,8 @@ def _finish(out: Path, ident: dict, recs: list[ClipRecord], te, factors, extra: 
     return EvidenceDB(recs, vecs, te, factors, man, out)
 
 # %% ../../nbs/31_pace.index.ipynb #2aa08b6d
-def load_db(path: str | Path, text_embedder=None) -> EvidenceDB:
-    "Load a complete evidence database; refuses an unfinished one or one of another text embedder."
-    p = Path(path)
+def _read_manifest(p: Path, text_embedder=None) -> tuple[dict, Any]:
+    "The manifest of a complete database and its text embedder; a PaceIndexError otherwise."
     if not (p / 'manifest.json').exists():
         raise PaceIndexError(f"not a complete PACE index: {p} has no manifest.json (build it again "
                              f"to resume)")
@@ -291,6 +297,12 @@ def load_db(path: str | Path, text_embedder=None) -> EvidenceDB:
     if man['models']['text_embedder'] != te.model_id:
         raise PaceIndexError(f"{p} was embedded with {man['models']['text_embedder']!r}, not "
                              f"{te.model_id!r}")
+    return man, te
+
+def load_db(path: str | Path, text_embedder=None) -> EvidenceDB:
+    "Load a complete evidence database; refuses an unfinished one or one of another text embedder."
+    p = Path(path)
+    man, te = _read_manifest(p, text_embedder)
     recs = sorted((ClipRecord.from_dict(r) for r in read_jsonl_rows(p / 'clips.jsonl')),
                   key=lambda r: r.t_start)
     if len(recs) != man['n_clips']:
@@ -304,6 +316,12 @@ def _subs_for(subtitles, spans) -> list[str]:
     if not subtitles: return ['' for _ in spans]
     return [cues_text(c) for c in align_cues(load_subtitles(subtitles), spans)]
 
+def _plain_record(i: int, a: float, b: float, frames: list, sub: str, model, config: Config,
+                  st: PaceSettings) -> ClipRecord:
+    "Clip i's plain caption as a record (its meta: what was read, the calls, the frames seen)."
+    text, meta, calls = plain_caption(frames, a, b, sub, model, config, st.caption_max_tokens)
+    return ClipRecord(f"C{i:04d}", a, b, text, {}, dict(meta, calls=calls, n_frames=len(frames)))
+
 def _caption_clips(video, info, config, model, subtitles, done: dict, out: Path,
                    st: PaceSettings) -> list:
     "Every clip's plain caption in order, one flushed line per clip not already `done`."
@@ -312,9 +330,7 @@ def _caption_clips(video, info, config, model, subtitles, done: dict, out: Path,
     for i, a, b, frames in clip_frames(video, config, info, st.frame_height):
         cid = f"C{i:04d}"
         if cid in done: continue
-        text, meta, calls = plain_caption(frames, a, b, subs[i], model, config,
-                                          st.caption_max_tokens)
-        done[cid] = ClipRecord(cid, a, b, text, {}, dict(meta, calls=calls, n_frames=len(frames)))
+        done[cid] = _plain_record(i, a, b, frames, subs[i], model, config, st)
         append_jsonl(out / 'clips.jsonl', done[cid].to_dict())
     return [done[f"C{i:04d}"] for i in range(len(spans))]
 
@@ -324,15 +340,19 @@ def _registry(recs: list[ClipRecord], model, st: PaceSettings) -> tuple[list | N
     return merge_registry(model, [r.meta.get('subjects', []) for r in recs], st.tool_max_tokens,
                           4 * st.history_tokens)
 
+def _plain_ident(video: Path, config: Config, model, te, subtitles) -> dict:
+    "The identity of a plain index: the video, the index settings, the models, the subtitles."
+    return dict(kind='plain', video_sha256=content_sha256(video), config=index_config(config),
+                models=pace_index_models(model, te),
+                subtitles_sha256=content_sha256(subtitles) if subtitles else None)
+
 def build_plain_db(video: str | Path, out: str | Path, config: Config = Config(),
                    model: ChatModel | None = None, subtitles: str | Path | None = None,
                    text_embedder=None) -> EvidenceDB:
     "Build (or resume, or reuse) a video's plain per-clip captions in `out`, its subject registry."
     t0, video, out, te = time.time(), Path(video), Path(out), text_embedder or get_text_embedder()
     info, st = probe_video(video), pace_settings(config)
-    ident = dict(kind='plain', video_sha256=content_sha256(video), config=index_config(config),
-                 models=pace_index_models(model, te),
-                 subtitles_sha256=content_sha256(subtitles) if subtitles else None)
+    ident = _plain_ident(video, config, model, te, subtitles)
     with locked_dir(out):
         if (out / 'manifest.json').exists(): return load_db(out, te)
         recs = _caption_clips(video, info, config, model, subtitles, _start(out, ident), out, st)
@@ -342,17 +362,17 @@ def build_plain_db(video: str | Path, out: str | Path, config: Config = Config()
         return _finish(out, ident, recs, te, [], extra, t0, calls)
 
 # %% ../../nbs/31_pace.index.ipynb #7df95f5d
+def _offline_record(r: ClipRecord, factors: Sequence[Factor], cos) -> ClipRecord:
+    "A plain record tagged offline: its text with the observed factors, its meta without calls."
+    tags = tag_factors(factors, r.text, r.meta, cos)
+    return ClipRecord(r.clip_id, r.t_start, r.t_end, factor_text(r.text, factors, tags), tags,
+                      {k: v for k, v in r.meta.items() if k != 'calls'} | {'calls': []})
+
 def offline_records(plain: EvidenceDB, factors: Sequence[Factor]) -> list[ClipRecord]:
     "Factor-conditioned records by the offline tagger over the plain captions."
     cos = (plain.vectors @ plain.embed([f.text for f in factors]).T if len(plain)
            else np.zeros((0, len(factors))))
-    out = []
-    for r, c in zip(plain.records, cos):
-        tags = tag_factors(factors, r.text, r.meta, c)
-        out.append(ClipRecord(r.clip_id, r.t_start, r.t_end, factor_text(r.text, factors, tags),
-                              tags,
-                              {k: v for k, v in r.meta.items() if k != 'calls'} | {'calls': []}))
-    return out
+    return [_offline_record(r, factors, c) for r, c in zip(plain.records, cos)]
 
 # %% ../../nbs/31_pace.index.ipynb #5ed2dc41
 def tagger_kind(model: ChatModel | None = None) -> str:
@@ -361,40 +381,54 @@ def tagger_kind(model: ChatModel | None = None) -> str:
             else pace_index_models(model, SimpleNamespace(model_id=''))['captioner'])
 
 # %% ../../nbs/31_pace.index.ipynb #8387a26a
+def _vlm_record(model, plain: EvidenceDB, i: int, span: tuple[float, float], frames: list,
+                factors, st: PaceSettings) -> ClipRecord:
+    "Clip i's factor-conditioned record by the VLM (the offline one, marked, where it fails)."
+    p, (a, b) = plain.records[i], span
+    text, tags, calls = model_record(model, frames, a, b, factors, p.meta.get('subtitles', ''),
+                                     p.text, st.caption_max_tokens)
+    # in meta: tags hold factors only
+    fb = {} if text is not None else {'fallback': 'offline tagger'}
+    if text is None:
+        one = EvidenceDB([p], plain.vectors[i:i + 1], plain.text_embedder)
+        r = offline_records(one, factors)[0]
+        text, tags = r.text, r.tags
+    else: text = factor_text(text, factors, tags)
+    return ClipRecord(p.clip_id, a, b, text, tags, dict(p.meta, calls=calls, **fb))
+
 def _model_records(video, plain: EvidenceDB, factors, config, model, done: dict, out: Path) -> None:
     "Factor-conditioned records by the VLM, a line per clip (the offline ones where it fails)."
     st = pace_settings(config)
     for i, a, b, frames in clip_frames(video, config, max_height=st.frame_height):
         p = plain.records[i]
         if p.clip_id in done: continue
-        text, tags, calls = model_record(model, frames, a, b, factors, p.meta.get('subtitles', ''),
-                                         p.text, st.caption_max_tokens)
-        # in meta: tags hold factors only
-        fb = {} if text is not None else {'fallback': 'offline tagger'}
-        if text is None:
-            r = offline_records(EvidenceDB([p], plain.vectors[i:i + 1], plain.text_embedder),
-                                factors)[0]
-            text, tags = r.text, r.tags
-        else: text = factor_text(text, factors, tags)
-        done[p.clip_id] = ClipRecord(p.clip_id, a, b, text, tags, dict(p.meta, calls=calls, **fb))
+        done[p.clip_id] = _vlm_record(model, plain, i, (a, b), frames, factors, st)
         append_jsonl(out / 'clips.jsonl', done[p.clip_id].to_dict())
+
+def _factor_ident(plain: EvidenceDB, factors: Sequence[Factor], model) -> dict:
+    "The identity of a factor index: the plain one's video, settings and models, tagger, factors."
+    return dict(kind='factor', plain=plain.manifest.get('video_sha256'),
+                config=plain.manifest.get('config'),
+                models=dict(plain.manifest.get('models', {}), tagger=tagger_kind(model)),
+                factors=[f.to_dict() for f in factors])
+
+def _factor_records(plain: EvidenceDB, factors, config, model, done: dict,
+                    out: Path) -> list[ClipRecord]:
+    "The factor-conditioned records, in the plain order: the offline tagger's, or the VLM's."
+    if tagger_kind(model) == 'offline-tagger': return offline_records(plain, factors)
+    _model_records(plain.manifest['video_path'], plain, factors, config, model, done, out)
+    return [done[r.clip_id] for r in plain.records]
 
 def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Path,
                     config: Config = Config(), model: ChatModel | None = None) -> EvidenceDB:
     "Build (or resume, or reuse) the factor-conditioned database of a factor set from the plain."
     if not factors: raise ValueError("a factor-conditioned index needs at least one factor")
     t0, out, te = time.time(), Path(out), plain.text_embedder
-    ident = dict(kind='factor', plain=plain.manifest.get('video_sha256'),
-                 config=plain.manifest.get('config'),
-                 models=dict(plain.manifest.get('models', {}), tagger=tagger_kind(model)),
-                 factors=[f.to_dict() for f in factors])
+    ident = _factor_ident(plain, factors, model)
     with locked_dir(out):
         if (out / 'manifest.json').exists(): return load_db(out, te)
         done = _start(out, ident)
-        if tagger_kind(model) == 'offline-tagger': recs = offline_records(plain, factors)
-        else:
-            _model_records(plain.manifest['video_path'], plain, factors, config, model, done, out)
-            recs = [done[r.clip_id] for r in plain.records]
+        recs = _factor_records(plain, factors, config, model, done, out)
         for r in recs:
             if r.clip_id not in done: append_jsonl(out / 'clips.jsonl', r.to_dict())
         extra = {k: plain.manifest.get(k)

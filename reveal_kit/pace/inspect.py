@@ -21,20 +21,29 @@ __all__ = ['INSPECT_SYSTEM', 'INSPECT_TASK', 'NOT_FOUND', 'OFFLINE_READ_FRAMES',
            'inspect_reply', 'inspect_schema', 'look_text', 'offline_reading', 'reading_key', 'ReadingMemo']
 
 # %% ../../nbs/31a_pace.inspect.ipynb #7196f6e9
-def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50,
-                  fps: float = 2.0) -> list[float]:
-    "Frame times over the ranges: per range ∝ its length (largest remainder), ≤ fps, ≤ max_frames."
-    total = sum(b - a for a, b in ranges)
-    n_all = min(max_frames, max(len(ranges), math.ceil(total * fps)))
+def _frame_counts(ranges: Sequence[tuple[float, float]], n_all: int, total: float) -> list[int]:
+    "Frames per range ∝ its length (at least one; the largest remainders round up to `n_all`)."
     raw = [n_all * (b - a) / total for a, b in ranges]
     n = [max(1, int(x)) for x in raw]
     for i in sorted(range(len(raw)), key=lambda i: int(raw[i]) - raw[i]):
         if sum(n) >= n_all: break
         n[i] += 1
-    times = sorted(a + (j + 0.5) * (b - a) / k for (a, b), k in zip(ranges, n) for j in range(k))
+    return n
+
+def _thin(times: list[float], max_frames: int) -> list[float]:
+    "At most `max_frames` of the times, evenly spread over them."
     if len(times) <= max_frames: return times
     picks = np.unique(np.linspace(0, len(times) - 1, max_frames).round())
     return [times[int(j)] for j in picks]
+
+def inspect_times(ranges: Sequence[tuple[float, float]], max_frames: int = 50,
+                  fps: float = 2.0) -> list[float]:
+    "Frame times over the ranges: per range ∝ its length (largest remainder), ≤ fps, ≤ max_frames."
+    total = sum(b - a for a, b in ranges)
+    n_all = min(max_frames, max(len(ranges), math.ceil(total * fps)))
+    n = _frame_counts(ranges, n_all, total)
+    times = sorted(a + (j + 0.5) * (b - a) / k for (a, b), k in zip(ranges, n) for j in range(k))
+    return _thin(times, max_frames)
 
 # %% ../../nbs/31a_pace.inspect.ipynb #ab10c0d1
 @functools.lru_cache(maxsize=16)
@@ -67,10 +76,14 @@ def look_text(data: dict) -> str:
 # %% ../../nbs/31a_pace.inspect.ipynb #6afcc639
 OFFLINE_READ_FRAMES = 4
 
+def _screen_lines(frames: Sequence) -> list[str]:
+    "The distinct on-screen text lines of a few frames spread over the range."
+    idx = np.unique(np.linspace(0, len(frames) - 1, min(OFFLINE_READ_FRAMES, len(frames))).round())
+    return list(dict.fromkeys(l for i in idx for l in ocr_text(frames[int(i)])))
+
 def offline_reading(frames: Sequence, a: float, b: float) -> str:
     "The offline stand-in for a VLM's look at a range: colour facts, a few frames' on-screen text."
-    idx = np.unique(np.linspace(0, len(frames) - 1, min(OFFLINE_READ_FRAMES, len(frames))).round())
-    lines = list(dict.fromkeys(l for i in idx for l in ocr_text(frames[int(i)])))
+    lines = _screen_lines(frames)
     facts = PerceptualCaptioner().facts(list(frames))[0]
     quoted = '; '.join(chr(34) + l + chr(34) for l in lines)
     txt = f"On-screen text: {quoted}." if lines else "No on-screen text was read in these frames."

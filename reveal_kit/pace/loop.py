@@ -21,7 +21,7 @@ __all__ = ['AgentState', 'Turn', 'trace_evidence', 'best_supported', 'fit_result
 # %% ../../nbs/32a_pace.loop.ipynb #18857d12
 @dataclass
 class AgentState:
-    "What a policy sees: the tool box (question, options, factors, evidence), the steps and turns so far, the budget."
+    "What a policy sees: the tool box (question, options, factors, evidence), steps, turns, budget."
     tb: ToolBox
     fq: list[Factor]
     steps: list[dict] = field(default_factory=list)
@@ -46,7 +46,7 @@ class AgentState:
 # %% ../../nbs/32a_pace.loop.ipynb #bb5a98fc
 @dataclass
 class Turn:
-    "A policy's turn: tool calls `(name, arguments, call id, error)`, its model calls, thought and reasoning."
+    "A policy's turn: tool calls `(name, arguments, call id, error)`, model calls, thoughts."
     calls: list[tuple] = field(default_factory=list)
     records: list[dict] = field(default_factory=list)
     thought: str = ''
@@ -64,48 +64,60 @@ def trace_evidence(tb: ToolBox) -> list[dict]:
     return sorted(best.values(), key=lambda d: (d['t_start'], d['item_id']))
 
 # %% ../../nbs/32a_pace.loop.ipynb #9933b6e9
+def _as_evidence(rows: list[dict]) -> list[Evidence]:
+    "Localized evidence rows as text `Evidence` items (level 1, their scores)."
+    return [Evidence(d['item_id'], 1, d['t_start'], d['t_end'], d['text'], 0, d['score'], 'text')
+            for d in rows]
+
 def best_supported(tb: ToolBox) -> str:
-    "The offline answer: `answerer.offline_answer` over the trajectory's localized evidence (a letter; no rubric pool)."
-    rows = trace_evidence(tb)
-    ev = [Evidence(d['item_id'], 1, d['t_start'], d['t_end'], d['text'], 0, d['score'], 'text')
-          for d in rows]
+    "The offline answer: `answerer.offline_answer` over the localized evidence (a letter)."
+    ev = _as_evidence(trace_evidence(tb))
     vecs = tb.db.embed([e.text for e in ev]) if ev else None
     view = EvidenceView(ev, vecs, tb.db.embed, 0, tb.duration)
     return offline_answer(tb.q, view).answer
 
 # %% ../../nbs/32a_pace.loop.ipynb #63231a44
+def _shortened(t: str, keep: int) -> str:
+    "The first `keep` characters of a result, marked as shortened (the whole result if it fits)."
+    return t if keep == len(t) else f"{t[:keep]}… [shortened: {keep} of {len(t)} characters shown]"
+
 def fit_results(texts: Sequence[str], max_chars: int | None) -> list[str]:
-    "The results, oldest first, fit to `max_chars` in all: the newest kept whole, older ones shortened, marked."
+    "The results, oldest first, fit to `max_chars` in all: the newest whole, older ones shortened."
     if max_chars is None or sum(map(len, texts)) <= max_chars: return list(texts)
     out, left = [], max_chars
     for t in reversed(texts):
         keep = max(0, min(len(t), left))
         left -= keep
-        out.append(t if keep == len(t)
-                   else f"{t[:keep]}… [shortened: {keep} of {len(t)} characters shown]")
+        out.append(_shortened(t, keep))
     return out[::-1]
 
 # %% ../../nbs/32a_pace.loop.ipynb #3a76c38c
+_STEP_RECORD_KEYS = ('item_id', 't_start', 't_end', 'source', 'score')
+
 def _tokens(recs: list[dict], key: str) -> int:
     "The sum of one token count over call records."
     return sum(int(c.get(key) or 0) for c in recs)
 
+def _step_tokens(recs: list[dict]) -> dict:
+    "Prompt, completion and reasoning tokens of a step's call records."
+    return {k: _tokens(recs, k) for k in ('prompt_tokens', 'completion_tokens', 'reasoning_tokens')}
+
+def _step_data(obs: Observation) -> dict:
+    "The scalar data of an observation, less its latency and invalid flag."
+    return {k: v for k, v in obs.data.items()
+            if isinstance(v, (bool, int, float, str)) and k not in ('latency_s', 'invalid')}
+
 def step_row(i: int, turn: int, name, obs: Observation, calls: list[dict], policy_s: float,
              thought: str = '', reasoning: str = '') -> dict:
-    "One trace step: turn, tool, arguments, ok/error, the whole result, evidence rows, thought, tokens, latency, data."
+    "One trace step: turn, tool, arguments, ok/error, result, evidence, thought, tokens, latency."
     recs = calls + obs.calls
     return dict(step=i, turn=turn, tool=name if isinstance(name, str) else repr(name),
                 arguments=obs.arguments, ok=obs.ok, error=obs.error,
                 invalid=bool(obs.data.get('invalid')), summary=obs.summary,
-                records=[{k: d[k] for k in ('item_id', 't_start', 't_end', 'source', 'score')}
-                         for d in obs.records], thought=thought, reasoning=reasoning,
-                prompt_tokens=_tokens(recs, 'prompt_tokens'),
-                completion_tokens=_tokens(recs, 'completion_tokens'),
-                reasoning_tokens=_tokens(recs, 'reasoning_tokens'),
+                records=[{k: d[k] for k in _STEP_RECORD_KEYS} for d in obs.records],
+                thought=thought, reasoning=reasoning, **_step_tokens(recs),
                 latency_s=round(policy_s + obs.data.get('latency_s', 0.0), 6), calls=recs,
-                data={k: v for k, v in obs.data.items()
-                      if isinstance(v, (bool, int, float, str))
-                      and k not in ('latency_s', 'invalid')})
+                data=_step_data(obs))
 
 # %% ../../nbs/32a_pace.loop.ipynb #d297cef9
 def invalid_obs(name, error: str | None) -> Observation:
@@ -137,26 +149,34 @@ def _refuse(st: AgentState, policy, name, args, cid) -> None:
                            arguments=obs.arguments, error=obs.error))
     policy.observe(st, cid, obs)
 
+def _over_budget(st: AgentState, name, free: bool) -> bool:
+    "Whether a call is refused: the budget is spent, or its last call is kept for Finish."
+    return st.left <= 0 or (st.left == 1 and name != 'Finish' and not free)
+
+def _add_step(st: AgentState, turn: Turn, name, obs: Observation, policy_s: float,
+              first: bool) -> None:
+    "Append a call's step row; the turn's model calls, latency, thought go with its first call."
+    st.steps.append(step_row(len(st.steps), st.turn, name, obs, turn.records if first else [],
+                             policy_s if first else 0.0, turn.thought if first else '',
+                             turn.reasoning if first else ''))
+
 def _play(st: AgentState, policy, turn: Turn, last: bool, policy_s: float) -> None:
-    "Run a turn's calls in order (until a Finish) while the budget lasts, one step each; the rest are refused."
+    "Run a turn's calls in order (until a Finish) while the budget lasts; the rest are refused."
     free = last and getattr(policy, 'last_tools', 'finish') == 'all'     # DVD: every tool offered
-    for j, (name, args, cid,
-            err) in enumerate(turn.calls or [(None, None, None, 'no tool call in the reply')]):
+    calls = turn.calls or [(None, None, None, 'no tool call in the reply')]
+    for j, (name, args, cid, err) in enumerate(calls):
         name, args = _forced(name, args, last and not free)
-        if st.left <= 0 or (st.left == 1 and name != 'Finish' and not free):
+        if _over_budget(st, name, free):
             _refuse(st, policy, name, args, cid)
             continue
         obs = st.tb.call(name, args) if name is not None and not err else invalid_obs(name, err)
-        first = j == 0
-        st.steps.append(step_row(len(st.steps), st.turn, name, obs, turn.records if first else [],
-                                 policy_s if first else 0.0, turn.thought if first else '',
-                                 turn.reasoning if first else ''))
+        _add_step(st, turn, name, obs, policy_s, j == 0)
         policy.observe(st, cid, obs)
         if st.tb.answer is not None: return
 
 # %% ../../nbs/32a_pace.loop.ipynb #fd1a0001
 def _unfinished(tb: ToolBox, policy) -> tuple[list, list]:
-    "No valid Finish: the policy's own answer (DVD's rule), else the offline best-supported one, marked."
+    "No valid Finish: the policy's own answer (DVD's rule), else the offline best-supported one."
     own = getattr(policy, 'unfinished_answer', lambda: None)()
     if own is not None:
         tb.answer = own[0]
@@ -166,22 +186,30 @@ def _unfinished(tb: ToolBox, policy) -> tuple[list, list]:
     if getattr(policy, 'kind', None) == 'offline': return [note], []        # never replaced
     return [note], [substitution('agent', 'missing_finish', 'offline best-supported answer', note)]
 
-
 # %% ../../nbs/32a_pace.loop.ipynb #1c312580
-def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 15) -> dict:
-    "One question's loop: at most `max_steps` tool calls; steps, refusals, stop, answer, factors, switches."
-    st, stop = AgentState(tb, list(fq), max_steps=max_steps), 'budget'
-    while st.left > 0 and tb.answer is None:
+def _play_turns(st: AgentState, policy) -> str:
+    "Play the policy's turns until an answer or the budget's end; the stop reason."
+    stop = 'budget'
+    while st.left > 0 and st.tb.answer is None:
         last, t0 = st.left == 1, time.perf_counter()
         turn = policy.next_turn(st, last)
         _play(st, policy, turn, last, time.perf_counter() - t0)
         st.turn += 1
-        if tb.answer is not None: stop = turn.reason or ('budget' if last else 'finish')
-    notes, subs = _unfinished(tb, policy) if tb.answer is None else ([], [])
-    return dict(steps=st.steps, turns=st.turn, stop_reason=stop, answer=tb.answer, notes=notes,
-                substitutions=subs, contrastive_factors=[d.to_dict() for d in tb.factors]
-                if tb.factors is not None else None,
-                invalid_calls=sum(s['invalid'] for s in st.steps),
+        if st.tb.answer is not None: stop = turn.reason or ('budget' if last else 'finish')
+    return stop
+
+def _step_counts(st: AgentState) -> dict:
+    "Invalid calls, tool errors and refused calls of an episode."
+    return dict(invalid_calls=sum(s['invalid'] for s in st.steps),
                 tool_errors=sum(not s['ok'] and not s['invalid'] for s in st.steps),
-                refused=st.refused, refused_calls=len(st.refused),
+                refused=st.refused, refused_calls=len(st.refused))
+
+def run_agent(tb: ToolBox, policy, fq: Sequence[Factor] = (), max_steps: int = 15) -> dict:
+    "One question's loop: at most `max_steps` tool calls; steps, refusals, stop, answer, switches."
+    st = AgentState(tb, list(fq), max_steps=max_steps)
+    stop = _play_turns(st, policy)
+    notes, subs = _unfinished(tb, policy) if tb.answer is None else ([], [])
+    factors = [d.to_dict() for d in tb.factors] if tb.factors is not None else None
+    return dict(steps=st.steps, turns=st.turn, stop_reason=stop, answer=tb.answer, notes=notes,
+                substitutions=subs, contrastive_factors=factors, **_step_counts(st),
                 switches=run_switches(tb.config, getattr(tb.db, 'text_embedder', None)))

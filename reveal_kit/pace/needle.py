@@ -29,21 +29,23 @@ def _overlaps(d: dict, span) -> bool:
     if span is None or d.get('t_start') is None: return True
     return d['t_start'] < span[1] and span[0] < d['t_end']
 
+def _covers(words: list[str], text: str, min_cover: float) -> bool:
+    "Whether a text holds at least `min_cover` of the (non-empty) content-word stems."
+    have = set(content_words(text))
+    return sum(w in have for w in words) / len(words) >= min_cover
+
 def cue_recovered(cue: str, span: tuple[float, float] | None, rows: Sequence[dict],
                   min_cover: float = NEEDLE_MIN_COVER) -> bool:
-    "Whether some row overlapping `span` holds ≥ `min_cover` of the cue's content-word stems (the lexical judge)."
+    "Whether a row overlapping `span` has ≥ `min_cover` of the cue's word stems (lexical judge)."
     words = content_words(cue)
     if not words: return False
-    for d in rows:
-        if d.get('registry') or not _overlaps(d, span): continue
-        have = set(content_words(d.get('text', '')))
-        if sum(w in have for w in words) / len(words) >= min_cover: return True
-    return False
+    return any(_covers(words, d.get('text', ''), min_cover) for d in rows
+               if not d.get('registry') and _overlaps(d, span))
 
 # %% ../../nbs/32c_pace.needle.ipynb #ddea4f60
 def needle_recall(q: Question, rows: Sequence[dict], min_cover: float = NEEDLE_MIN_COVER,
                   spans: bool = True) -> float | None:
-    "The lexical judge's fraction of the question's cues the rows recover (`spans`: within their spans); None: no cues."
+    "The fraction of the question's cues the rows recover (`spans`: in their spans); None: no cues."
     if not q.cues: return None
     sp = (q.evidence_spans if spans and len(q.evidence_spans) == len(q.cues)
           else [None] * len(q.cues))
@@ -52,22 +54,26 @@ def needle_recall(q: Question, rows: Sequence[dict], min_cover: float = NEEDLE_M
 # %% ../../nbs/32c_pace.needle.ipynb #ba086043
 _LABEL = re.compile(r'\[(\d+(?::\d{2}){1,2})\s*[-–]\s*(\d+(?::\d{2}){1,2})\]')
 
-def browse_rows(d: dict) -> list[dict]:
-    "A GlobalBrowse row as judge rows: its events' time-labelled sentences (timed), the rest (untimed), the registry."
-    try: got = json.loads(d['text'])
-    except (ValueError, TypeError): return [d]
-    ev, parts = str(got.get('query_related_event', '')), []
-    bits = _LABEL.split(ev)                       # text, start, end, text, start, end, text …
+def _event_parts(ev: str) -> list[dict]:
+    "GlobalBrowse's events text as rows: time-labelled sentences (timed), a leading rest (untimed)."
+    bits, parts = _LABEL.split(ev), []            # text, start, end, text, start, end, text …
     if bits[0].strip(): parts.append(dict(t_start=None, t_end=None, text=bits[0].strip()))
     for a, b, t in zip(bits[1::3], bits[2::3], bits[3::3]):
         parts.append(dict(t_start=hms_to_seconds(a), t_end=hms_to_seconds(b), text=t.strip()))
+    return parts
+
+def browse_rows(d: dict) -> list[dict]:
+    "A GlobalBrowse row as judge rows: its events' sentences (timed or not), then the registry."
+    try: got = json.loads(d['text'])
+    except (ValueError, TypeError): return [d]
+    parts = _event_parts(str(got.get('query_related_event', '')))
     reg = dict(t_start=None, t_end=None,
                text=json.dumps(got.get('subject_registry'), ensure_ascii=False), registry=True)
     return [dict(p, source='GlobalBrowse') for p in parts] + [dict(reg, source='GlobalBrowse')]
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0022
 def judge_rows(result: dict) -> list[dict]:
-    "What a judge sees of a result: its rows (GlobalBrowse's read apart); a model-answered `direct`: its reasoning."
+    "What a judge sees of a result: its rows (GlobalBrowse's apart); a model's `direct`: reasoning."
     if result.get('answer_source') == 'model' and result.get('reasoning'):
         return [dict(t_start=None, t_end=None, text=str(result['reasoning']), source='reasoning')]
     rows = [e for e in result.get('evidence') or [] if 'text' in e]
@@ -94,7 +100,7 @@ def _row_line(d: dict) -> str:
     return f"[{fmt_time(d['t_start'], hours=True)}–{fmt_time(d['t_end'], hours=True)}] {text}"
 
 def judge_prompt(q: Question, cue: str, rows: Sequence[dict], max_chars: int = 64000) -> str:
-    "The judge's user message: the question, the cue and the evidence (cut at `max_chars`, saying so); no options."
+    "The judge's user message: question, cue, evidence (cut at `max_chars`, saying so); no options."
     ev = '\n'.join(_row_line(d) for d in rows) or '(no evidence)'
     if len(ev) > max_chars:
         ev = ev[:max_chars] + f"… [cut: {max_chars} of {len(ev)} characters shown]"
@@ -102,18 +108,21 @@ def judge_prompt(q: Question, cue: str, rows: Sequence[dict], max_chars: int = 6
     return f"Question: {q.question}\n\nCue: {cue}\n\nEvidence:\n{ev}"
 
 # %% ../../nbs/32c_pace.needle.ipynb #ba0841ec
+def _judge_cue(model: ChatModel, q: Question, cue: str, rows: Sequence[dict], max_tokens: int,
+               max_chars: int) -> tuple[dict | None, dict]:
+    "The judge model's verdict on one cue (None: unusable reply) and its call."
+    data, rec = role_call(model, 'needle_judge', JUDGE_SYSTEM,
+                          judge_prompt(q, cue, rows, max_chars), JUDGE_SCHEMA, max_tokens)
+    r = parse_reply(JudgeReply, data)
+    return (None if r is None else dict(cue=cue, found=r.found, why=r.why)), rec
+
 def model_judge(model: ChatModel, q: Question, rows: Sequence[dict],
                 max_tokens: int = REPLY_TOKENS['needle_judge'],
                 max_chars: int = 64000) -> tuple[float | None, list, list[dict]]:
-    "The judge model's needle recall of the rows, its verdict per cue (None: unusable reply) and its calls."
+    "The judge model's needle recall of the rows, its verdict per cue (None: unusable), its calls."
     if not q.cues: return None, [], []
-    verdicts, calls = [], []
-    for cue in q.cues:
-        data, rec = role_call(model, 'needle_judge', JUDGE_SYSTEM,
-                              judge_prompt(q, cue, rows, max_chars), JUDGE_SCHEMA, max_tokens)
-        calls.append(rec)
-        r = parse_reply(JudgeReply, data)
-        verdicts.append(None if r is None else dict(cue=cue, found=r.found, why=r.why))
+    got = [_judge_cue(model, q, cue, rows, max_tokens, max_chars) for cue in q.cues]
+    verdicts, calls = [v for v, _ in got], [c for _, c in got]
     found = [v['found'] for v in verdicts if v is not None]
     return (sum(found) / len(q.cues) if len(found) == len(q.cues) else None), verdicts, calls
 
@@ -123,13 +132,16 @@ def judge_name(model: ChatModel | None = None) -> str:
     return f"model:{getattr(model, 'model_id', '?')}" if is_meaningful(model) else 'lexical'
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0002
+def _lexical_judged(q: Question, rows: Sequence[dict], spans: bool) -> dict:
+    "The lexical judge's row of a result: its needle recall, no verdicts, no calls."
+    return dict(qid=q.qid, needle_recall=needle_recall(q, rows, spans=spans),
+                needle_judge='lexical', verdicts=[], calls=[])
+
 def judge_result(q: Question, result: dict, model: ChatModel | None = None, spans: bool = True,
                  max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict:
-    "A result's needle recall by a judge model (else the lexical judge), with the judge's name, verdicts and calls."
+    "A result's needle recall by a judge model (else the lexical judge), its name, verdicts, calls."
     rows = judge_rows(result)
-    if not is_meaningful(model):
-        return dict(qid=q.qid, needle_recall=needle_recall(q, rows, spans=spans),
-                    needle_judge='lexical', verdicts=[], calls=[])
+    if not is_meaningful(model): return _lexical_judged(q, rows, spans)
     rec, verdicts, calls = model_judge(model, q, rows, max_tokens)
     return dict(qid=q.qid, needle_recall=rec, needle_judge=judge_name(model), verdicts=verdicts,
                 calls=calls)
@@ -141,20 +153,27 @@ def needles_path(run_dir: str | Path, judge: str) -> Path:
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0004
 def judge_failed(row: dict) -> bool:
-    "Whether a judged row is a model judge's failure (a cue without a usable verdict): never kept, asked again."
+    "Whether a judged row is a model judge's failure (a cue without a usable verdict): asked again."
     return (row.get('needle_judge') != 'lexical' and row.get('needle_recall') is None
             and bool(row.get('verdicts')))
 
 # %% ../../nbs/32c_pace.needle.ipynb #3eb829d0
+def _kept_verdicts(p: Path) -> dict[str, dict]:
+    "The judged rows already in a needles file, less the failed ones: `{qid: row}`."
+    return {r['qid']: r for r in read_jsonl_rows(p) if not judge_failed(r)} if p.exists() else {}
+
+def _run_results(run_dir: str | Path) -> dict[str, dict]:
+    "A run's result rows by question id."
+    return {r['qid']: r for r in read_jsonl_rows(Path(run_dir) / 'results.jsonl') if 'qid' in r}
+
 def judge_run(run_dir: str | Path, questions: Sequence[Question], model: ChatModel | None = None,
               spans: bool = True,
               max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict[str, dict]:
-    "Judge every result of a run with cues (resumable: verdicts are kept, failed ones are not); `{qid: judged row}`."
+    "Judge every result with cues of a run (resumable: failed verdicts are not kept); `{qid: row}`."
     p, qs = needles_path(run_dir, judge_name(model)), {q.qid: q for q in questions if q.cues}
-    done = {r['qid']: r for r in read_jsonl_rows(p) if not judge_failed(r)} if p.exists() else {}
+    done = _kept_verdicts(p)
     p.parent.mkdir(parents=True, exist_ok=True)
-    results = {r['qid']: r for r in read_jsonl_rows(Path(run_dir) / 'results.jsonl') if 'qid' in r}
-    for qid, r in results.items():
+    for qid, r in _run_results(run_dir).items():
         if qid in qs and qid not in done and not r.get('failed'):
             done[qid] = judge_result(qs[qid], r, model, spans, max_tokens)
             if not judge_failed(done[qid]): append_jsonl(p, done[qid])
@@ -162,7 +181,7 @@ def judge_run(run_dir: str | Path, questions: Sequence[Question], model: ChatMod
 
 # %% ../../nbs/32c_pace.needle.ipynb #8107d708
 def judged_needles(run_dir: str | Path) -> dict[str, dict[str, float | None]]:
-    "Every judge's needle recall per question in a run folder: `{judge: {qid: recall}}` (the `needles/` files)."
+    "Each judge's needle recall per question in a run folder (`needles/`): `{judge: {qid: recall}}`"
     out = {}
     for p in sorted((Path(run_dir) / 'needles').glob('*.jsonl')):
         rows = read_jsonl_rows(p)

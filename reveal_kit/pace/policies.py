@@ -34,11 +34,15 @@ def _inspect(tb: ToolBox, ranges: list) -> tuple[str, dict, None]:
     "FrameInspect of the question over `ranges`."
     return 'FrameInspect', {'question': tb.q.question, 'time_ranges_hhmmss': ranges}, None
 
+def _untested(st: AgentState) -> list:
+    "The contrastive factors no EvidenceRetrieve call has asked for yet."
+    asked = {s['arguments'].get('factor') for s in st.steps if s['tool'] == 'EvidenceRetrieve'}
+    return [d for d in st.tb.factors if d.did not in asked]
+
 def _factor_step(st: AgentState) -> tuple | None:
     "With contrastive factors: retrieve the next untested one, else inspect the unresolved ones."
     tb, tools = st.tb, st.tb.tools
-    asked = {s['arguments'].get('factor') for s in st.steps if s['tool'] == 'EvidenceRetrieve'}
-    todo = [d for d in tb.factors if d.did not in asked]
+    todo = _untested(st)
     if todo and 'EvidenceRetrieve' in tools:
         return 'EvidenceRetrieve', {'factor': todo[0].did}, None
     rng = [_hms(r) for d in st.unresolved for r in d.ranges[:1]][:4]
@@ -130,6 +134,11 @@ class ModelPolicy:
         "The model reads the results in its next prompt."
 
 # %% ../../nbs/32f_pace.policies.ipynb #b7578a38
+def _tools_messages(spec: PaceSpec, tb: ToolBox, fq: Sequence[Factor], clip_s: float) -> list:
+    "The start of a PACE conversation by function calling: the system prompt and the state."
+    return [system_message(agent_system(spec.tools, clip_s, 'tools')),
+            user_message(state_text(AgentState(tb, list(fq)), clip_s))]
+
 def make_policy(spec: PaceSpec, tb: ToolBox, fq: Sequence[Factor], agent: Any,
                 settings: PaceSettings, clip_s: float = 10.0):
     "The variant's policy: offline without an agent model; DVD's function calling; else PACE's."
@@ -139,7 +148,6 @@ def make_policy(spec: PaceSpec, tb: ToolBox, fq: Sequence[Factor], agent: Any,
         return ToolCallPolicy(agent, dvd_messages(tb.q, tb.duration), spec.tools, letters, n, chars,
                               last_tools='all')                              # DVD's rule
     if settings.protocol == 'tools':
-        msgs = [system_message(agent_system(spec.tools, clip_s, 'tools')),
-                user_message(state_text(AgentState(tb, list(fq)), clip_s))]
+        msgs = _tools_messages(spec, tb, fq, clip_s)
         return ToolCallPolicy(agent, msgs, spec.tools, letters, n, chars)
     return ModelPolicy(agent, n, clip_s=clip_s, history_chars=chars)

@@ -48,38 +48,49 @@ _FINISH_RESOLVED = ("When you judge every contrastive factor resolved by the evi
                     "with one option letter.")
 _FINISH_SETTLED = "When the evidence settles the question, call Finish with one option letter."
 
-def agent_system(names: Sequence[str], clip_s: float = 10.0, protocol: str = 'json') -> str:
-    "The agent's system prompt for exactly these tools (and the reply format, protocol json)."
-    stop = _FINISH_RESOLVED if 'QueryDecompose' in names else _FINISH_SETTLED
+def _agent_task(names: Sequence[str], clip_s: float) -> str:
+    "The agent's task over the clip index, then the guide to each of these tools."
     task = ("You answer a multiple-choice question about a long video by calling tools over an "
             f"index of its {clip_s:g}-second clips. Each turn, think about what is still "
             "unresolved, call the tool that resolves it, and read its result. ")
-    guide = ' '.join(TOOL_GUIDE[n] for n in names if n in TOOL_GUIDE)
-    L = [task + guide, stop, f"Tools:\n{tool_lines(names)}"]
+    return task + ' '.join(TOOL_GUIDE[n] for n in names if n in TOOL_GUIDE)
+
+def agent_system(names: Sequence[str], clip_s: float = 10.0, protocol: str = 'json') -> str:
+    "The agent's system prompt for exactly these tools (and the reply format, protocol json)."
+    stop = _FINISH_RESOLVED if 'QueryDecompose' in names else _FINISH_SETTLED
+    L = [_agent_task(names, clip_s), stop, f"Tools:\n{tool_lines(names)}"]
     return '\n'.join(L + ([JSON_REPLY] if protocol == 'json' else []))
 
 # %% ../../nbs/32e_pace.prompts.ipynb #7cd970fb
+def _retrieved_at(d, steps: list[dict]) -> list[str]:
+    "The (1-based) steps whose EvidenceRetrieve of a contrastive factor succeeded."
+    return [str(s['step'] + 1) for s in steps if s['tool'] == 'EvidenceRetrieve' and s['ok']
+            and s['arguments'].get('factor') == d.did]
+
 def _factor_line(d, steps: list[dict]) -> str:
     "A contrastive factor, the options it rules in and out, the steps that retrieved or saw it."
-    got = [str(s['step'] + 1) for s in steps if s['tool'] == 'EvidenceRetrieve' and s['ok']
-           and s['arguments'].get('factor') == d.did]
+    got = _retrieved_at(d, steps)
     seen = [f"retrieved at step {', '.join(got)}"] if got else []
     if d.by == 'inspected': seen.append('its best records were inspected')
     ins, outs = ','.join(d.rules_in) or '-', ','.join(d.rules_out) or '-'
     done = '; '.join(seen) or 'not tested yet'
     return f"{d.did}: {d.criterion} [rules in {ins}; out {outs}] — {done}"
 
+def _question_lines(st: AgentState, clip_s: float) -> list[str]:
+    "The question, its options, the video's length and the index's clips."
+    tb, d = st.tb, st.tb.duration
+    return [f"Question: {tb.q.question}", f"Options:\n{tb.q.options_text()}",
+            f"The video is {d:g} seconds long ({fmt_time(d, hours=True)}); "
+            f"the index holds {len(tb.db)} clips of {clip_s:g} s."]
+
 def state_text(st: AgentState, clip_s: float = 10.0) -> str:
     "What the agent knows besides its steps: question, options, duration, F_Q, contrastive factors."
-    tb, d = st.tb, st.tb.duration
-    L = [f"Question: {tb.q.question}", f"Options:\n{tb.q.options_text()}",
-         f"The video is {d:g} seconds long ({fmt_time(d, hours=True)}); "
-         f"the index holds {len(tb.db)} clips of {clip_s:g} s."]
+    L = _question_lines(st, clip_s)
     if st.fq:
         fs = '; '.join(f"{f.fid}: {f.text}" for f in st.fq)
         L.append("Question factors the index was built with: " + fs)
-    if tb.factors is not None:
-        ds = '\n'.join(_factor_line(x, st.steps) for x in tb.factors)
+    if st.tb.factors is not None:
+        ds = '\n'.join(_factor_line(x, st.steps) for x in st.tb.factors)
         L.append("Contrastive factors:\n" + ds)
     return '\n\n'.join(L)
 

@@ -101,7 +101,7 @@ def __call__(self: PaceModels, role: str) -> Any:
 # %% ../../nbs/30a_pace.roles.ipynb #2bce237e
 @patch(as_prop=True)
 def sees_frames(self: PaceModels) -> bool:
-    "Whether the vision group's model is sent frames (False offline and under the OCR substitution)."
+    "Whether the vision group's model is sent frames (False offline and under OCR substitution)."
     return self.vision is not None and bool(getattr(self.vision, 'supports_images', False))
 
 # %% ../../nbs/30a_pace.roles.ipynb #f9479a62

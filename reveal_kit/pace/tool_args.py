@@ -61,15 +61,18 @@ def tool_args(name: str, letters: tuple[str, ...] | None = None) -> type[BaseMod
     return create_model('FinishArgs', __base__=ReplyModel, answer=(choice(letters), ...))
 
 # %% ../../nbs/31b_pace.tool_args.ipynb #ta000304
-@functools.lru_cache(maxsize=64)
-def contrastive_reply(letters: tuple[str, ...]) -> type[ReplyModel]:
-    "The QueryDecompose reply model: 1…5 criteria, each with the letters it rules in and out."
+def _criterion_item(letters: tuple[str, ...]) -> type[ReplyModel]:
+    "One criterion of the QueryDecompose reply, with the letters it rules in and out."
     order = {'x-order': ['type', 'items', 'maxItems']}
     L = Annotated[list[choice(letters)], Field(max_length=len(letters), json_schema_extra=order)]
     text = Annotated[str, Field(min_length=1, max_length=160)]
-    item = create_model('ContrastiveItem', __base__=ReplyModel, criterion=(text, ...),
+    return create_model('ContrastiveItem', __base__=ReplyModel, criterion=(text, ...),
                         rules_in=(L, ...), rules_out=(L, ...))
-    items = Annotated[list[item], Field(min_length=1, max_length=5)]
+
+@functools.lru_cache(maxsize=64)
+def contrastive_reply(letters: tuple[str, ...]) -> type[ReplyModel]:
+    "The QueryDecompose reply model: 1…5 criteria, each with the letters it rules in and out."
+    items = Annotated[list[_criterion_item(letters)], Field(min_length=1, max_length=5)]
     return create_model('ContrastiveReply', __base__=ReplyModel, factors=(items, ...))
 
 # %% ../../nbs/31b_pace.tool_args.ipynb #ta000306

@@ -23,9 +23,9 @@ from ..protocols import ChatModel
 from .roles import PaceModels, pace_settings
 from .captions import offline_registry
 from .index import EvidenceDB, ClipRecord, time_label, frame_width
-from .tool_args import (BROWSE_SCHEMA, BrowseReply, ClipSearchArgs, EvidenceRetrieveArgs,
-                                       FinishArgs, FrameInspectArgs, GlobalBrowseArgs, QueryDecomposeArgs,
-                                       contrastive_reply, tool_args)
+from .tool_args import (
+    BROWSE_SCHEMA, BrowseReply, ClipSearchArgs, EvidenceRetrieveArgs, FinishArgs,
+    FrameInspectArgs, GlobalBrowseArgs, QueryDecomposeArgs, contrastive_reply, tool_args)
 from .inspect import (inspect_times, INSPECT_SYSTEM, INSPECT_TASK, inspect_reply, inspect_schema,
                                      look_text, offline_reading, reading_key, ReadingMemo)
 
@@ -37,23 +37,26 @@ __all__ = ['TOOL_SPECS', 'PACE_TOOLS', 'DVD_TOOLS', 'DECOMPOSE_SYSTEM', 'RETRIEV
 
 # %% ../../nbs/32_pace.tools.ipynb #30dd98cd
 TOOL_SPECS = {
-    'GlobalBrowse': dict(description="The subjects of the whole video and the events related to a query, as JSON "
-                         "{subject_registry, query_related_event}, summarized from the clip descriptions most "
-                         "similar to the query.", parameters=reply_schema(GlobalBrowseArgs)),
-    'ClipSearch': dict(description="The full descriptions of the top_k clips most similar to an event description, "
-                       "each prefixed with its [HH:MM:SS–HH:MM:SS] time range, in time order (keep the default "
-                       "top_k).",
-                       parameters=(s := reply_schema(ClipSearchArgs))       # DVD's clip_search_tool: top_k = 16
-                       | {'properties': s['properties'] | {'top_k': s['properties']['top_k'] | {'default': 16}}}),
-    'FrameInspect': dict(description="Look at the frames of time ranges [[start, end], …] (HH:MM:SS; up to 50 frames "
-                         "over them, at most 2 per second) and answer a detailed question about what they show (the "
-                         "question without the times); it says so when nothing there answers it.",
+    'GlobalBrowse': dict(description="The subjects of the whole video and the events related to a "
+                         "query, as JSON {subject_registry, query_related_event}, summarized from "
+                         "the clip descriptions most similar to the query.",
+                         parameters=reply_schema(GlobalBrowseArgs)),
+    'ClipSearch': dict(description="The full descriptions of the top_k clips most similar to an "
+                       "event description, each prefixed with its [HH:MM:SS–HH:MM:SS] time range, "
+                       "in time order (keep the default top_k).",  # DVD's: top_k = 16
+                       parameters=(s := reply_schema(ClipSearchArgs))
+                       | {'properties': s['properties']
+                          | {'top_k': s['properties']['top_k'] | {'default': 16}}}),
+    'FrameInspect': dict(description="Look at the frames of time ranges [[start, end], …] "
+                         "(HH:MM:SS; up to 50 frames over them, at most 2 per second) and answer a "
+                         "detailed question about what they show (the question without the times); "
+                         "it says so when nothing there answers it.",
                          parameters=reply_schema(FrameInspectArgs)),
-    'QueryDecompose': dict(description="Once per question: contrastive factors that distinguish the options, each "
-                           "with the options it rules in and out.",
+    'QueryDecompose': dict(description="Once per question: contrastive factors that distinguish "
+                           "the options, each with the options it rules in and out.",
                            parameters=reply_schema(QueryDecomposeArgs)),
-    'EvidenceRetrieve': dict(description="The top-k records whose factor tags or text match one contrastive factor "
-                             "(its id, e.g. 'd1', or a criterion text).",
+    'EvidenceRetrieve': dict(description="The top-k records whose factor tags or text match one "
+                             "contrastive factor (its id, e.g. 'd1', or a criterion text).",
                              parameters=reply_schema(EvidenceRetrieveArgs)),
     'Finish': dict(description="Commit to the final answer: one option letter.",
                    parameters=reply_schema(FinishArgs)),
@@ -66,8 +69,9 @@ def _spec(n: str, letters: Sequence[str] | None) -> dict:
     if n != 'Finish' or not letters: return TOOL_SPECS[n]
     return dict(TOOL_SPECS[n], parameters=reply_schema(tool_args(n, tuple(letters))))
 
-def tool_schemas(names: Sequence[str] = PACE_TOOLS, letters: Sequence[str] | None = None) -> list[dict]:
-    "The tools as OpenAI function specs `{type: 'function', function: {name, description, parameters}}`."
+def tool_schemas(names: Sequence[str] = PACE_TOOLS,
+                 letters: Sequence[str] | None = None) -> list[dict]:
+    "The tools as OpenAI specs `{type: 'function', function: {name, description, parameters}}`."
     return [{'type': 'function', 'function': {'name': n, **_spec(n, letters)}} for n in names]
 
 # %% ../../nbs/32_pace.tools.ipynb #3b207ca4
@@ -77,7 +81,7 @@ class ToolError(ValueError):
 # %% ../../nbs/32_pace.tools.ipynb #41abc84c
 @dataclass
 class Observation:
-    "What one tool call returned: ok or the error, a text summary, evidence rows, data, and model calls made."
+    "What one tool call returned: ok or the error, a summary, evidence rows, data, model calls."
     tool: str
     arguments: dict
     ok: bool = True
@@ -92,16 +96,17 @@ class Observation:
 # %% ../../nbs/32_pace.tools.ipynb #de8af2d8
 def evidence_row(r: ClipRecord, score: float, tool: str) -> dict:
     "A record as trace evidence: id, time range, text, score and the tool that surfaced it."
-    return dict(item_id=r.clip_id, level=1, t_start=r.t_start, t_end=r.t_end, text=r.text, score=round(float(score), 4),
-                source=tool, observed=r.observed())
+    return dict(item_id=r.clip_id, level=1, t_start=r.t_start, t_end=r.t_end, text=r.text,
+                score=round(float(score), 4), source=tool, observed=r.observed())
 
 # %% ../../nbs/32_pace.tools.ipynb #fb71265d
 _TIME_PREFIX = re.compile(r'^\[[0-9:]+\s*[-–]\s*[0-9:]+\]\s*')
 
 def format_rows(rows: Sequence[dict]) -> str:
-    "Evidence rows, whole, as `[HH:MM:SS–HH:MM:SS] text` lines in time order (a caption's own time prefix dropped)."
+    "Evidence rows, whole, as `[HH:MM:SS–HH:MM:SS] text` lines in time order (own prefix dropped)."
     rows = sorted(rows, key=lambda d: d['t_start'])
-    return '\n'.join(f"{time_label(d['t_start'], d['t_end'])} {' '.join(_TIME_PREFIX.sub('', d['text']).split())}"
+    return '\n'.join(f"{time_label(d['t_start'], d['t_end'])} "
+                     f"{' '.join(_TIME_PREFIX.sub('', d['text']).split())}"
                      for d in rows)
 
 # %% ../../nbs/32_pace.tools.ipynb #d33f8280
@@ -117,7 +122,8 @@ def check_ranges(ranges: Sequence[Sequence[float]], duration: float) -> list[tup
     out = []
     for r in ranges:
         a, b = parse_time(r[0]), parse_time(r[1])
-        if a < 0 or b <= a: raise ToolError(f"time range [{a:g}, {b:g}] is not a range: need 0 <= start < end")
+        if a < 0 or b <= a:
+            raise ToolError(f"time range [{a:g}, {b:g}] is not a range: need 0 <= start < end")
         if a >= duration or b > duration + 0.5:
             raise ToolError(f"time range [{a:g}, {b:g}] is past the video's end ({duration:.1f} s)")
         out.append((a, min(b, duration)))
@@ -126,7 +132,7 @@ def check_ranges(ranges: Sequence[Sequence[float]], duration: float) -> list[tup
 # %% ../../nbs/32_pace.tools.ipynb #22afa8f2
 @dataclass
 class ContrastiveFactor:
-    "One d_i of F_{Q,A}: a criterion, the retrieval text, the options it rules in / out, and its resolution."
+    "One d_i of F_{Q,A}: a criterion, retrieval text, options it rules in / out, its resolution."
     did: str
     criterion: str
     query: str
@@ -150,14 +156,15 @@ def offline_contrastive_factors(q: Question) -> list[ContrastiveFactor]:
     for i, (o, t) in enumerate(q.options.items()):
         words = ' '.join(w for w in content_words(t) if w not in common) or t
         query = f"{foc} {t}" if question_type(q) == 'causal' and foc else t
-        out.append(ContrastiveFactor(f"d{i + 1}", f"option {o}: {words}", query, [o], [x for x in letters if x != o]))
+        out.append(ContrastiveFactor(f"d{i + 1}", f"option {o}: {words}", query, [o],
+                                     [x for x in letters if x != o]))
     return out
 
 # %% ../../nbs/32_pace.tools.ipynb #13bfb5d2
 DECOMPOSE_SYSTEM = (
-    "You verify a multiple-choice question about a long video. Give 1-5 contrastive factors: short checkable "
-    "criteria that distinguish the options; for each, the option letters it would rule in and rule out. "
-    "Answer with JSON only.")
+    "You verify a multiple-choice question about a long video. Give 1-5 contrastive factors: short "
+    "checkable criteria that distinguish the options; for each, the option letters it would rule "
+    "in and rule out. Answer with JSON only.")
 
 def contrastive_schema(letters: list[str]) -> dict:
     "JSON schema of the QueryDecompose reply."
@@ -168,7 +175,7 @@ RETRIEVE_TOPK = 8
 TAG_BONUS = 0.25
 
 class ToolBox:
-    "The tools of one question over one evidence database; `call(name, arguments)` never raises a tool error."
+    "The tools of one question over one evidence database; `call(name, arguments)` never raises."
     def __init__(self, q: Question, db: EvidenceDB, config: Config = Config(),
                  model: ChatModel | None = None, video_path: str | None = None,
                  tools: Sequence[str] = PACE_TOOLS, retrieve_topk: int = RETRIEVE_TOPK):
@@ -178,7 +185,7 @@ class ToolBox:
         self.video_path = video_path or db.manifest.get('video_path')
         self.retrieve_topk, self.factors, self.evidence, self.browsed = retrieve_topk, None, {}, []
         self.answer = None
-        self._memo = None                      # the video's ReadingMemo, opened at the first FrameInspect
+        self._memo = None       # the video's ReadingMemo, opened at the first FrameInspect
 
     @property
     def duration(self) -> float: return self.db.duration
@@ -187,23 +194,25 @@ class ToolBox:
         "Remember rows as trace evidence (best score per item and tool) and return them."
         for d in rows:
             k = (d['item_id'], d['source'])
-            if k not in self.evidence or d['score'] > self.evidence[k]['score']: self.evidence[k] = d
+            if k not in self.evidence or d['score'] > self.evidence[k]['score']:
+                self.evidence[k] = d
         return rows
 
 # %% ../../nbs/32_pace.tools.ipynb #17b6110b
 @patch
 def registry(self: ToolBox) -> tuple[list[dict], str]:
-    "The video's subject registry and where it comes from ('model' when merged by the vision model, else 'offline')."
+    "The video's subject registry and its source ('model' if merged by the VLM, else 'offline')."
     reg = self.db.manifest.get('subject_registry')
     return (reg, 'model') if reg is not None else (offline_registry(self.db.records), 'offline')
 
 # %% ../../nbs/32_pace.tools.ipynb #9c6f7f58
-BROWSE_SYSTEM = ("You answer questions about a long video from time-stamped descriptions of its clips. "
-                 "Answer with JSON only.")
+BROWSE_SYSTEM = ("You answer questions about a long video from time-stamped descriptions of its "
+                 "clips. Answer with JSON only.")
 BROWSE_TASK = (
-    "Below are descriptions of clips of the video, each with its time range, in time order. Read the order of events, "
-    "the details and movements of objects, and people's actions and poses closely, then answer the query thoroughly "
-    "and specifically, naming the key events and their times.\nQuery: {query}\n\n{captions}")
+    "Below are descriptions of clips of the video, each with its time range, in time order. Read "
+    "the order of events, the details and movements of objects, and people's actions and poses "
+    "closely, then answer the query thoroughly and specifically, naming the key events and their "
+               "times.\nQuery: {query}\n\n{captions}")
 
 def _browse_captions(hits: list, max_chars: int) -> str:
     "The hits' rows in time order, the most similar kept first when they do not fit `max_chars`."
@@ -216,30 +225,34 @@ def _browse_captions(hits: list, max_chars: int) -> str:
 
 @patch
 def global_browse(self: ToolBox, query: str) -> Observation:
-    "GlobalBrowse: the registry and the query's events from the top `pace_browse_records` captions, as JSON."
+    "GlobalBrowse: registry and query events from the top `pace_browse_records` captions (JSON)."
     hits = self.db.search(query, self.config.pace_browse_records)
     (reg, src), m, calls = self.registry(), self.models('pace_browse'), []
-    events = extractive_summary([(r.t_start, r.t_end, r.text) for r, _ in sorted(hits, key=lambda h: h[0].t_start)],
+    events = extractive_summary([(r.t_start, r.t_end, r.text)
+                                 for r, _ in sorted(hits, key=lambda h: h[0].t_start)],
                                 300) if hits else ''
     if m is not None and hits:
-        user = BROWSE_TASK.format(query=query, captions=_browse_captions(hits, 4 * self.settings.history_tokens))
+        user = BROWSE_TASK.format(query=query,
+                                  captions=_browse_captions(hits, 4 * self.settings.history_tokens))
         data, rec = role_call(m, 'pace_browse', BROWSE_SYSTEM, user, BROWSE_SCHEMA,
                               self.settings.tool_max_tokens)
         r = parse_reply(BrowseReply, data)
         calls, events = [rec], (r.answer if r else events)
     text = json.dumps({'subject_registry': reg, 'query_related_event': events}, ensure_ascii=False)
-    self.browsed.append(dict(item_id=f"browse@{len(self.browsed)}", level=0, t_start=0.0, t_end=self.duration,
-                             text=text, score=0.0, source='GlobalBrowse', observed=[]))
+    self.browsed.append(dict(item_id=f"browse@{len(self.browsed)}", level=0, t_start=0.0,
+                             t_end=self.duration, text=text, score=0.0, source='GlobalBrowse',
+                             observed=[]))
     return Observation('GlobalBrowse', dict(query=query), summary=text, calls=calls,
-                       data=dict(n_records=len(hits), registry=src, events='model' if calls and calls[0]['ok'] else
-                                 'offline'))
+                       data=dict(n_records=len(hits), registry=src,
+                                 events='model' if calls and calls[0]['ok'] else 'offline'))
 
 # %% ../../nbs/32_pace.tools.ipynb #4ffa466b
 @patch
 def clip_search(self: ToolBox, event_description: str, top_k: int | None = None) -> Observation:
-    "ClipSearch: the full captions of the top-k records by similarity, in time order with their time ranges."
+    "ClipSearch: full captions of the top-k records by similarity, in time order, with time ranges."
     k = int(top_k or self.config.clipsearch_topk)
-    rows = self._keep([evidence_row(r, s, 'ClipSearch') for r, s in self.db.search(event_description, k)])
+    rows = self._keep([evidence_row(r, s, 'ClipSearch')
+                       for r, s in self.db.search(event_description, k)])
     return Observation('ClipSearch', dict(event_description=event_description, top_k=k),
                        summary=f"The clip descriptions found:\n{format_rows(rows)}",
                        records=sorted(rows, key=lambda d: d['t_start']))
@@ -252,10 +265,11 @@ def _cover(words: Sequence[str], text: str) -> float:
 
 @patch
 def _resolve_factor(self: ToolBox, factor: str) -> tuple[ContrastiveFactor | None, str, list[str]]:
-    "(contrastive factor or None, retrieval text, distinctive words) for an id like 'd1' or a free criterion text."
+    "(contrastive factor or None, retrieval text, distinctive words) for an id like 'd1' or a text."
     d = next((x for x in self.factors or [] if x.did == factor.strip()), None)
     text = d.query if d else factor
-    common = option_common_words(list(self.q.options.values())) if d and len(d.rules_in) == 1 else set()
+    common = (option_common_words(list(self.q.options.values())) if d and len(d.rules_in) == 1
+              else set())
     words = [w for w in content_words(text) if w not in common] or content_words(text)
     return d, text, words
 
@@ -263,11 +277,13 @@ def _resolve_factor(self: ToolBox, factor: str) -> tuple[ContrastiveFactor | Non
 def evidence_retrieve(self: ToolBox, factor: str) -> Observation:
     "EvidenceRetrieve: the top-k records for one contrastive factor by factor tags or text."
     if self.factors is None and factor.strip().startswith('d') and factor.strip()[1:].isdigit():
-        raise ToolError(f"no contrastive factor {factor!r}: call QueryDecompose first, or pass a criterion text")
+        raise ToolError(f"no contrastive factor {factor!r}: call QueryDecompose first, or pass a "
+                        f"criterion text")
     d, text, words = self._resolve_factor(factor)
     tagged = {f.fid for f in self.db.factors if set(content_words(f.text)) & set(words)}
     cos = dict((r.clip_id, s) for r, s in self.db.search(text, len(self.db)))
-    score = lambda r: cos.get(r.clip_id, 0.0) + _cover(words, r.text) + TAG_BONUS * bool(tagged & set(r.observed()))
+    score = (lambda r: cos.get(r.clip_id, 0.0) + _cover(words, r.text)
+             + TAG_BONUS * bool(tagged & set(r.observed())))
     best = sorted(self.db.records, key=lambda r: -score(r))[:self.retrieve_topk]
     rows = self._keep([evidence_row(r, score(r), 'EvidenceRetrieve') for r in best])
     sup = max((_cover(words, r.text) for r in best), default=0.0)
@@ -276,47 +292,53 @@ def evidence_retrieve(self: ToolBox, factor: str) -> Observation:
     elif d is not None: d.support = max(d.support, round(sup, 3))
     return Observation('EvidenceRetrieve', dict(factor=factor), summary=format_rows(rows),
                        records=sorted(rows, key=lambda x: x['t_start']),
-                       data=dict(factor=d.to_dict() if d else None, support=round(sup, 3), tags_used=sorted(tagged)))
+                       data=dict(factor=d.to_dict() if d else None, support=round(sup, 3),
+                                 tags_used=sorted(tagged)))
 
 # %% ../../nbs/32_pace.tools.ipynb #3ec3b164
 @patch
 def query_decompose(self: ToolBox) -> Observation:
     "QueryDecompose: the contrastive factors of question + options; a second call is a ToolError."
-    if self.factors is not None: raise ToolError("QueryDecompose was already called for this question (at most once)")
+    if self.factors is not None:
+        raise ToolError("QueryDecompose was already called for this question (at most once)")
     calls, fs, m = [], None, self.models('pace_decompose')
     if m is not None:
         user = f"Question: {self.q.question}\nOptions:\n{self.q.options_text()}"
         schema = contrastive_schema(list(self.q.options))
-        data, rec = role_call(m, 'pace_decompose', DECOMPOSE_SYSTEM, user, schema, self.settings.decompose_max_tokens)
+        data, rec = role_call(m, 'pace_decompose', DECOMPOSE_SYSTEM, user, schema,
+                              self.settings.decompose_max_tokens)
         calls = [rec]
         r = parse_reply(contrastive_reply(tuple(self.q.options)), data)
         if r: fs = [ContrastiveFactor(f"d{i + 1}", c.criterion, c.criterion, c.rules_in,
                                       c.rules_out) for i, c in enumerate(r.factors)]
     self.factors = fs or offline_contrastive_factors(self.q)
-    lines = [f"{d.did}: {d.criterion} (rules in {','.join(d.rules_in) or '-'}; out {','.join(d.rules_out) or '-'})"
+    lines = [f"{d.did}: {d.criterion} (rules in {','.join(d.rules_in) or '-'}; out "
+             f"{','.join(d.rules_out) or '-'})"
              for d in self.factors]
     return Observation('QueryDecompose', {}, summary='\n'.join(lines), calls=calls,
-                       data=dict(factors=[d.to_dict() for d in self.factors], source='model' if fs else 'offline'))
+                       data=dict(factors=[d.to_dict() for d in self.factors],
+                                 source='model' if fs else 'offline'))
 
 # %% ../../nbs/32_pace.tools.ipynb #b1d795b5
 @patch
 def reading_memo(self: ToolBox) -> ReadingMemo:
-    "This video's memo: beside the database's files when it was loaded from disk for this video, else in memory."
+    "This video's memo: beside the database's files if loaded from disk for it, else in memory."
     if self._memo is None:
         own = self.db.path is not None and self.video_path == self.db.manifest.get('video_path')
-        self._memo = ReadingMemo(Path(self.db.path).parent / 'inspect_readings.jsonl' if own else None)
+        self._memo = ReadingMemo(Path(self.db.path).parent / 'inspect_readings.jsonl' if own
+                                 else None)
     return self._memo
 
 # %% ../../nbs/32_pace.tools.ipynb #85d1db90
 @patch
 def _width(self: ToolBox) -> int | None:
-    "The width that brings the video's frames to at most `frame_height` high; a ToolError when it cannot be read."
+    "The width that brings the video's frames to at most `frame_height`; a ToolError if unreadable."
     try: return frame_width(probe_video(self.video_path), self.settings.frame_height)
     except (VideoError, OSError) as e: raise ToolError(f"could not read frames: {e}") from None
 
 @patch
 def _readings(self: ToolBox, ranges: list, times: list[float], vlm: bool) -> tuple[list, list, int]:
-    "(reading, n_frames) per range, the frames decoded, and how many ranges the memo held (decoding only if needed)."
+    "(reading, n_frames) per range, frames decoded, ranges the memo held (decodes only if needed)."
     width = self._width()
     keys = [reading_key(a, b, [t for t in times if a <= t <= b], width) for a, b in ranges]
     memo = self.reading_memo()
@@ -335,9 +357,11 @@ def _readings(self: ToolBox, ranges: list, times: list[float], vlm: bool) -> tup
 # %% ../../nbs/32_pace.tools.ipynb #07830bb4
 def _vlm_look(model: ChatModel, question: str, ranges: list, frames: list, rows: list[dict],
               max_tokens: int) -> tuple[str | None, list]:
-    "A VLM's look at the frames (each row's text becomes it) and the call; None when the reply is unusable."
-    user = INSPECT_TASK.format(ranges=', '.join(time_label(a, b) for a, b in ranges), question=question)
-    data, rec = role_call(model, 'pace_inspect', INSPECT_SYSTEM, user, inspect_schema(4 * max_tokens), max_tokens,
+    "A VLM's look at the frames (each row's text becomes it) and the call; None if unusable."
+    user = INSPECT_TASK.format(ranges=', '.join(time_label(a, b) for a, b in ranges),
+                               question=question)
+    data, rec = role_call(model, 'pace_inspect', INSPECT_SYSTEM, user,
+                          inspect_schema(4 * max_tokens), max_tokens,
                           images=[f.rgb for f in frames])
     look = parse_reply(inspect_reply(4 * max_tokens), data)
     if look is None: return None, [rec]
@@ -346,7 +370,7 @@ def _vlm_look(model: ChatModel, question: str, ranges: list, frames: list, rows:
     return text, [rec]
 
 def _mark_inspected(factors: list | None, ranges: list) -> None:
-    "Contrastive factors whose retrieved ranges overlap an inspected range are addressed by inspection."
+    "Contrastive factors whose retrieved ranges overlap an inspected range are addressed by it."
     for d in factors or []:
         if not d.addressed and any(a < y and x < b for x, y in d.ranges for a, b in ranges):
             d.addressed, d.by = True, 'inspected'
@@ -357,14 +381,16 @@ def _hms_ranges(ranges: list) -> list[list[str]]:
 
 @patch
 def frame_inspect(self: ToolBox, question: str, time_ranges_hhmmss: list) -> Observation:
-    "FrameInspect: frames spread over the checked ranges, read by a VLM (or offline, memoised); errors: ToolErrors."
-    if not self.video_path: raise ToolError("FrameInspect needs the video, and this evidence database has none")
+    "FrameInspect: frames spread over the checked ranges, read by a VLM (or offline, memoised)."
+    if not self.video_path:
+        raise ToolError("FrameInspect needs the video, and this evidence database has none")
     ranges = check_ranges(time_ranges_hhmmss, self.duration)
     times = inspect_times(ranges, self.config.frameinspect_max_frames, self.config.pace_fps)
     m, vlm = self.models('pace_inspect'), self.models.sees_frames
     read, frames, reused = self._readings(ranges, times, vlm)
-    rows = [dict(item_id=f"inspect@{a:g}-{b:g}", level=1, t_start=a, t_end=b, score=1.0, source='FrameInspect',
-                 observed=[], text=txt) for (a, b), (txt, _) in zip(ranges, read)]
+    rows = [dict(item_id=f"inspect@{a:g}-{b:g}", level=1, t_start=a, t_end=b, score=1.0,
+                 source='FrameInspect', observed=[], text=txt)
+            for (a, b), (txt, _) in zip(ranges, read)]
     ans, calls = ' '.join(r['text'] for r in rows), []
     if vlm:
         looked, calls = _vlm_look(m, question, ranges, frames, rows, self.settings.tool_max_tokens)
@@ -372,25 +398,30 @@ def frame_inspect(self: ToolBox, question: str, time_ranges_hhmmss: list) -> Obs
     self._keep(rows)
     _mark_inspected(self.factors, ranges)
     sub = 'ocr-facts' if m is not None and not vlm else None
-    return Observation('FrameInspect', dict(question=question, time_ranges_hhmmss=_hms_ranges(ranges)), summary=ans,
-                       records=rows, calls=calls, data=dict(n_frames=sum(n for _, n in read), readings_reused=reused,
-                                                            **({'vision_substitute': sub} if sub else {})))
+    return Observation('FrameInspect',
+                       dict(question=question, time_ranges_hhmmss=_hms_ranges(ranges)), summary=ans,
+                       records=rows, calls=calls,
+                       data=dict(n_frames=sum(n for _, n in read), readings_reused=reused,
+                                                            **({'vision_substitute': sub} if sub
+                                                               else {})))
 
 # %% ../../nbs/32_pace.tools.ipynb #2204a17d
 @patch
 def finish(self: ToolBox, answer: str) -> Observation:
     "Finish: commit to an option letter; a letter outside the options is a ToolError."
     a = str(answer).strip().strip('().').upper()
-    if a not in self.q.options: raise ToolError(f"answer {answer!r} is not one of the options {list(self.q.options)}")
+    if a not in self.q.options:
+        raise ToolError(f"answer {answer!r} is not one of the options {list(self.q.options)}")
     self.answer = a
     return Observation('Finish', dict(answer=answer), summary=f"answer {a}", data=dict(answer=a))
 
 # %% ../../nbs/32_pace.tools.ipynb #8d163935
-_DISPATCH = dict(GlobalBrowse='global_browse', ClipSearch='clip_search', FrameInspect='frame_inspect',
-                 QueryDecompose='query_decompose', EvidenceRetrieve='evidence_retrieve', Finish='finish')
+_DISPATCH = dict(GlobalBrowse='global_browse', ClipSearch='clip_search',
+                 FrameInspect='frame_inspect', QueryDecompose='query_decompose',
+                 EvidenceRetrieve='evidence_retrieve', Finish='finish')
 
 def check_call(name: Any, arguments: Any, allowed: Sequence[str]) -> dict:
-    "The arguments of a valid call, or a ToolError saying why the call is invalid (unknown tool, bad arguments)."
+    "The arguments of a valid call, or a ToolError saying why not (unknown tool, bad arguments)."
     if not isinstance(name, str) or name not in allowed:
         raise ToolError(f"unknown tool {name!r}; available tools: {', '.join(allowed)}")
     if not isinstance(arguments, dict):
@@ -403,15 +434,17 @@ def check_call(name: Any, arguments: Any, allowed: Sequence[str]) -> dict:
 # %% ../../nbs/32_pace.tools.ipynb #8b3340cc
 @patch
 def call(self: ToolBox, name: Any, arguments: Any = None) -> Observation:
-    "Run one tool call; an invalid call or a tool error becomes an observation with `ok=False` and the error."
+    "Run one tool call; an invalid call or a tool error becomes an observation with `ok=False`."
     args = {} if arguments is None else arguments
     t0 = time.perf_counter()
     try: check_call(name, args, self.tools)
     except ToolError as e:
         raw = args if isinstance(args, dict) else {'raw': str(args)[:200]}
-        obs = Observation(str(name), raw, ok=False, summary=f"ERROR: {e}", error=str(e), data={'invalid': True})
+        obs = Observation(str(name), raw, ok=False, summary=f"ERROR: {e}", error=str(e),
+                          data={'invalid': True})
     else:
         try: obs = getattr(self, _DISPATCH[name])(**args)
-        except ToolError as e: obs = Observation(name, args, ok=False, summary=f"ERROR: {e}", error=str(e))
+        except ToolError as e:
+            obs = Observation(name, args, ok=False, summary=f"ERROR: {e}", error=str(e))
     obs.data['latency_s'] = round(time.perf_counter() - t0, 6)
     return obs
