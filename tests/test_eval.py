@@ -798,9 +798,11 @@ def test_a_damaged_call_cache_is_recomputed_not_failed(tmp_path):
         assert len(srv.requests) == 3 * asked
 
 
-def test_ask_honours_the_configured_rubric_pool_and_a_missing_one_is_one_line(tmp_path):
-    "`reveal ask --set rubric_pool=PATH` answers with that pool (named in the trace); a missing PATH exits 2, one line."
+def test_ask_honours_the_configured_rubric_pool_and_a_missing_one_is_one_line(tmp_path, monkeypatch):
+    """`reveal ask --set rubric_pool=PATH` answers with that pool (named in the trace); a missing PATH exits 2, one line,
+    before any memory is built (a fresh runs folder: no memory to reuse)."""
     from reveal_kit.cli.main import app
+    monkeypatch.setenv('REVEAL_RUNS', str(tmp_path / 'runs'))
     vid = make_test_video(tmp_path / 'v.mp4', scenes=((3, 1), (3, 2)))
     ask = ['ask', str(vid), '-q', 'What colour is shown first?', '-o', 'A. red', '-o', 'B. blue', '--json',
            '--trace-dir', str(tmp_path / 'tr'), '--set']
@@ -809,7 +811,7 @@ def test_ask_honours_the_configured_rubric_pool_and_a_missing_one_is_one_line(tm
     assert len(missing.output.strip().splitlines()) == 1
     own = CliRunner().invoke(app, ask + ['rubric_pool=rubrics/induced-synth.yaml'])
     assert own.exit_code == 0, own.output
-    trace = json.loads(Path(json.loads(own.output)['trace']).read_text())
+    trace = json.loads(Path(json.loads(own.stdout)['trace']).read_text())    # stderr: the memory's build
     assert trace['rubric_pool']['name'] == 'induced-synth'
     paced = CliRunner().invoke(app, ['ask', str(vid), '-q', 'What colour?', '-o', 'A. red', '-o', 'B. blue',
                                      '--method', 'pace', '--cache', 'fresh', '--trace-dir', str(tmp_path / 'tr')])

@@ -15,6 +15,7 @@ from ..memory.store import OfflineMemory, memory_dir_for, memory_models, content
 from ..memory.build import get_or_build_memory
 from .agent import answer_question
 from .presets import get_preset
+from .rubrics import load_rubric_pool
 
 # %% auto #0
 __all__ = ['ASK_JSON_KEYS', 'load_trace', 'format_trace', 'subtitles_beside', 'AskSettings', 'ask']
@@ -145,9 +146,10 @@ def ask(video: str | Path, question: str, options: list[str], method: str = 'rev
     q = Question('ask', Path(video).stem, question, list(options))
     chat = _ask_chat(s, cfg)
     subs = Path(s.subtitles) if s.subtitles else subtitles_beside(video)
+    pool = load_rubric_pool(cfg.rubric_pool or None)   # a bad pool fails before the memory is built
     mem, built_s = _get_memory(Path(video), Path(s.memory) if s.memory else None, cfg, chat, subs)
     td = s.trace_dir or ask_trace_dir()
-    res = answer_question(q, mem, chat, cfg, spec, trace_dir=td, roles=s.roles)
+    res = answer_question(q, mem, chat, cfg, spec, trace_dir=td, roles=s.roles, pool=pool)
     if td is None:
         res['trace_error'] = "trace not written: the runs folder cannot be created (set $REVEAL_RUNS)"
     return {'trace_error': None, **res, 'options': q.options, 'tau': cfg.tau,
