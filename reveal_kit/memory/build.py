@@ -39,11 +39,12 @@ def _pbar(total: int, desc: str, progress: bool):
 
 # %% ../../nbs/14a_memory.build.ipynb #5813b76c
 def _sampled(video: Path | ClipFolder, info, config: Config):
-    "The frames stage 1 reads: a video file's at `config.fps`, or a span of clips' (on the span's own clock)."
-    return video.frames(config.fps) if isinstance(video, ClipFolder) else iter_frames(video, config.fps, info=info)
+    "Stage 1's frames: a video file's at `config.fps`, or a span of clips' (on its own clock)."
+    if isinstance(video, ClipFolder): return video.frames(config.fps)
+    return iter_frames(video, config.fps, info=info)
 
 def _batches(items: Iterable, n: int) -> Iterator[list]:
-    "`items` in lists of `n` (the last one shorter, none empty), each yielded as soon as it is full."
+    "`items` in lists of `n` (the last one shorter, none empty), each yielded once it is full."
     buf = []
     for x in items:
         buf.append(x)
@@ -52,39 +53,51 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
             buf = []
     if buf: yield buf
 
+class _Feed:
+    "Stage 1's segmenter fed in time order: kept frames and the dropped samples between them."
+    def __init__(self, seg, report: QualityReport, ahead: ReadAhead | None):
+        self.seg, self.report, self.ahead, self.segs, self.nd = seg, report, ahead, [], 0
+
+    def emit(self, new: list[L1Segment]):
+        "Keep the segments that became final (and pass them to the read-ahead)."
+        self.segs.extend(new)
+        for s in new if self.ahead else (): self.ahead.segment(s)
+
+    def drops_before(self, t: float):
+        "Tell the segmenter of the samples the filter dropped before `t`."
+        dropped = self.report.dropped
+        while self.nd < len(dropped) and dropped[self.nd] < t:
+            self.emit(self.seg.skip(dropped[self.nd]))
+            self.nd += 1
+
+    def frames(self, buf: list, embs):
+        "Push a batch of kept frames with their embeddings, each after the drops before it."
+        for f, e in zip(buf, embs):
+            self.drops_before(f.t)
+            if self.ahead: self.ahead.frame(f.t, f.rgb)
+            self.emit(self.seg.push(f.t, e))
+
 def _segment_pass(video: Path | ClipFolder, info, config: Config, image_embedder, progress: bool,
                   batch: int = 32, ahead: ReadAhead | None = None):
-    "Decode → filter → embed → segment, streamed (a video, or a span of clips), feeding `ahead`. (segments, report)"
-    report, seg, segs = QualityReport(), make_segmenter(config), []
+    "Decode → filter → embed → segment, streamed (a video, or a span of clips), feeding `ahead`."
+    report = QualityReport()
+    feed = _Feed(make_segmenter(config), report, ahead)
     n_total = int(math.floor(info.duration * config.fps - 1e-6)) + 1
-    nd = 0
-    def emit(new):
-        segs.extend(new)
-        for s in new if ahead else (): ahead.segment(s)
-    def drops_before(t):
-        nonlocal nd
-        while nd < len(report.dropped) and report.dropped[nd] < t:
-            emit(seg.skip(report.dropped[nd]))
-            nd += 1
-    def run(buf):
-        if not buf: return
-        for f, e in zip(buf, image_embedder.encode([f.rgb for f in buf])):
-            drops_before(f.t)
-            if ahead: ahead.frame(f.t, f.rgb)
-            emit(seg.push(f.t, e))
     with _pbar(n_total, 'frames', progress) as bar:
-        for buf in _batches(filter_frames(prefetch(_sampled(video, info, config)), config, report),
-                            batch):
-            run(buf)
+        kept = filter_frames(prefetch(_sampled(video, info, config)), config, report)
+        for buf in _batches(kept, batch):
+            feed.frames(buf, image_embedder.encode([f.rgb for f in buf]))
             bar.n = report.n_frames
             bar.refresh()
-    drops_before(math.inf)
-    emit(seg.finish(info.duration))
-    return segs, report
+    feed.drops_before(math.inf)
+    feed.emit(feed.seg.finish(info.duration))
+    return feed.segs, report
 
 # %% ../../nbs/14a_memory.build.ipynb #1020d1a0
+# no frame is below 0 or above 255: the filter drops nothing
 _NO_FILTER = dict(dark_max_mean=0.0, bright_min_mean=256.0, uniform_max_std=0.0,
-                  min_jpeg_bytes_per_kpx=0.0, blur_min_laplacian_var=0.0)      # no frame is below 0 or above 255: the filter drops nothing
+                  min_jpeg_bytes_per_kpx=0.0, blur_min_laplacian_var=0.0)
+
 FALLBACK_NOTE = 'all frames failed the quality filter; memory built from unfiltered frames'
 
 def _filtered_segments(video: Path, info, config: Config, image_embedder, progress: bool,
@@ -121,7 +134,7 @@ def _merged_quality(qs: list[dict]) -> dict:
                 spans=len(qs))
 
 def _span_segments(folder: ClipFolder, config: Config, image_embedder, progress: bool):
-    "Stage 1 of a folder of clips: every span segmented on its own, its segments placed on the folder's timeline."
+    "Stage 1 of a folder of clips: each span segmented on its own, placed on the folder's timeline."
     segs, qs = [], []
     for span in folder.spans():
         ss, q = _filtered_segments(span, span.info, config, image_embedder, progress)
@@ -130,18 +143,23 @@ def _span_segments(folder: ClipFolder, config: Config, image_embedder, progress:
     return segs, _merged_quality(qs)
 
 # %% ../../nbs/14a_memory.build.ipynb #0e7225e3
+def _read_segments(out: Path) -> tuple[list[L1Segment], dict]:
+    "Stage 1's segments and quality report, read back from the files an earlier run wrote."
+    sj = json.loads((out / 'segments.json').read_text())
+    vv = np.load(out / 'visual.npy')
+    return [L1Segment.from_dict(d, vv[i]) for i, d in enumerate(sj['segments'])], sj['quality']
+
 def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder, progress: bool,
                     ahead=None):
-    "Stage 1 (a video file's feeding `ahead`), or its files read back when an earlier run finished it."
-    if (out / 'segments.json').exists():
-        sj = json.loads((out / 'segments.json').read_text())
-        vv = np.load(out / 'visual.npy')
-        return [L1Segment.from_dict(d, vv[i]) for i, d in enumerate(sj['segments'])], sj['quality']
+    "Stage 1 (a video file's feeding `ahead`), or its files read back when an earlier run did it."
+    if (out / 'segments.json').exists(): return _read_segments(out)
     t = time.time()
-    if is_clip_folder(video): segs, quality = _span_segments(open_clip_folder(video), config, image_embedder, progress)
+    if is_clip_folder(video):
+        segs, quality = _span_segments(open_clip_folder(video), config, image_embedder, progress)
     else: segs, quality = _filtered_segments(video, info, config, image_embedder, progress, ahead)
     dim = next((s.keyframe_emb.shape[0] for s in segs if s.keyframe_emb is not None), 1)
-    vv = np.stack([s.keyframe_emb if s.keyframe_emb is not None else np.zeros(dim, np.float32) for s in segs])
+    zero = np.zeros(dim, np.float32)
+    vv = np.stack([s.keyframe_emb if s.keyframe_emb is not None else zero for s in segs])
     atomic_save_npy(out / 'visual.npy', vv.astype(np.float32))
     timings = dict(segment_s=round(time.time() - t, 2))
     sj = dict(segments=[s.to_dict() for s in segs], quality=quality, timings=timings)
@@ -150,30 +168,31 @@ def _segments_stage(out: Path, video: Path, info, config: Config, image_embedder
 
 # %% ../../nbs/14a_memory.build.ipynb #738ce6f4
 def frames_per_caption(seg: L1Segment, captioner, config: Config) -> int:
-    "How many frames the caption of `seg` sees: `caption_frames`, or one per `ocr_every_s` for the offline captioner."
+    "Frames the caption of `seg` sees: `caption_frames`, or one per `ocr_every_s` (offline)."
     if not isinstance(captioner, PerceptualCaptioner) or config.ocr_every_s <= 0:
         return config.caption_frames
     return max(config.caption_frames, int(np.ceil((seg.t_end - seg.t_start) / config.ocr_every_s)))
 
 # %% ../../nbs/14a_memory.build.ipynb #2bc8b771
 def _caption_times(seg: L1Segment, n: int) -> list[float]:
-    "Up to n evenly chosen *kept* frame times of the segment (so captions never see dropped dark/blurred frames)."
+    "Up to n evenly chosen *kept* frame times of the segment (captions never see dropped frames)."
     ft = seg.frame_times
     if not ft: return spread_times(seg.t_start, seg.t_end, min(n, 2))
     return [ft[int(i)] for i in np.unique(np.linspace(0, len(ft) - 1, min(n, len(ft))).round())]
 
 # %% ../../nbs/14a_memory.build.ipynb #9d97b1e4
 def _l1_item(s: L1Segment, c, subtitles: str, where=None) -> MemoryItem:
-    "The L1 memory item of segment `s` from its caption `c` (`where(t0, t1)`: its clip and offset, for a folder)."
+    "The L1 item of segment `s` from its caption `c` (`where(t0, t1)`: its clip and offset)."
     meta = dict(c.meta, captioner=c.captioner, keyframe_t=s.keyframe_t, n_frames=len(s.frame_times),
                 subtitles=subtitles, **(where(s.t_start, s.t_end) if where else {}))
     return MemoryItem(f"L1_{s.idx:04d}", 1, s.t_start, s.t_end, c.text, [], meta)
 
 # %% ../../nbs/14a_memory.build.ipynb #406d143a
 def call_concurrency(chat_model=None, concurrency: int | None = None) -> int:
-    "Caption/summary calls a build keeps in flight: `concurrency`, else 4 per replica of an HTTP model, else 1."
+    "Caption/summary calls in flight: `concurrency`, else 4 per replica of an HTTP model, else 1."
     if concurrency is not None:
-        if int(concurrency) < 1: raise ValueError(f"concurrency must be at least 1, got {concurrency!r}")
+        if int(concurrency) < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency!r}")
         return int(concurrency)
     inner = getattr(chat_model, 'inner', chat_model)
     if getattr(inner, 'backend_name', '') != 'http': return 1
@@ -181,7 +200,7 @@ def call_concurrency(chat_model=None, concurrency: int | None = None) -> int:
 
 # %% ../../nbs/14a_memory.build.ipynb #12e61e55
 class _InOrder:
-    "Calls on up to `n` threads (inline when `n` is 1); each result goes to `write` in the order the calls were given."
+    "Calls on up to `n` threads (inline when `n` is 1); results go to `write` in the calls' order."
     def __init__(self, n: int, write):
         self.n, self.write, self.q = max(1, int(n)), write, deque()
         self.ex = ThreadPoolExecutor(self.n) if self.n > 1 else None
@@ -190,7 +209,8 @@ class _InOrder:
         "Start `fn(*args)`; write the finished results at the head of the line (at most `2n` wait)."
         if self.ex is None: return self.write(fn(*args))
         self.q.append(self.ex.submit(fn, *args))
-        while self.q and (self.q[0].done() or len(self.q) > 2 * self.n): self.write(self.q.popleft().result())
+        while self.q and (self.q[0].done() or len(self.q) > 2 * self.n):
+            self.write(self.q.popleft().result())
 
     def __enter__(self): return self
 
@@ -204,16 +224,17 @@ class _InOrder:
 # %% ../../nbs/14a_memory.build.ipynb #94b7b878
 def _caption_frames(video: Path, times: list[float], where):
     "The frames at `times`, from a clip folder or a video file, 640 pixels wide at most."
-    return open_clip_folder(video).frames_at(times, 640) if where else iter_frames_at(video, times, max_width=640)
+    if where: return open_clip_folder(video).frames_at(times, 640)
+    return iter_frames_at(video, times, max_width=640)
 
 def _caption_requests(todo: list[L1Segment], early: dict, cap,
                       config: Config) -> list[tuple[float, int]]:
-    "(time, segment index) of every caption frame still to decode, in time order (segments read ahead left out)."
+    "(time, segment index) of each caption frame to decode, in time order (not those read ahead)."
     return sorted((t, j) for j, s in enumerate(todo) if j not in early
                   for t in _caption_times(s, frames_per_caption(s, cap, config)))
 
 def _caption_one(cap, where, s: L1Segment, frames: list, text: str, fut) -> MemoryItem:
-    "One L1 item: `s` captioned from `frames` (or from its reading `fut`, made ahead) with its subtitle `text`."
+    "One L1 item: `s` captioned from `frames` (or its reading `fut`, made ahead), subtitle `text`."
     kw = dict(reading=fut.result()) if fut else {}
     return _l1_item(s, cap.caption(frames, s.t_start, s.t_end, text, s.boundary_sim, **kw), text,
                     where)
@@ -221,19 +242,35 @@ def _caption_one(cap, where, s: L1Segment, frames: list, text: str, fut) -> Memo
 def _check_captioned(todo: list[L1Segment], nxt: int) -> None:
     "Refuse a stage that stopped before its last segment (its caption frames could not be decoded)."
     if nxt < len(todo):
-        raise VideoError(f"could not read caption frames after {fmt_time(todo[nxt].t_start)} (truncated video?)")
+        raise VideoError(f"could not read caption frames after {fmt_time(todo[nxt].t_start)} "
+                         "(truncated video?)")
+
+def _done_items(fn: Path) -> dict[str, MemoryItem]:
+    "The items a stage already wrote to `fn` (a damaged last line repaired), by id."
+    return {r['item_id']: MemoryItem.from_dict(r) for r in read_jsonl_rows(fn, repair=True)}
+
+def _writer(fn: Path, done: dict, bar):
+    "`write(item)`: append the item to `fn`, record it in `done`, advance `bar`."
+    def write(it: MemoryItem):
+        append_jsonl(fn, it.to_dict())
+        done[it.item_id] = it
+        bar.update(1)
+    return write
 
 def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue], config: Config,
                    ahead, progress: bool, concurrency: int = 1) -> list[MemoryItem]:
-    "Stage 2: a caption per L1 segment, resuming from `l1.jsonl` (`ahead`: a `ReadAhead`, or the chat model)."
-    done = {r['item_id']: MemoryItem.from_dict(r) for r in read_jsonl_rows(out / 'l1.jsonl', repair=True)}
+    "Stage 2: a caption per L1 segment, resuming `l1.jsonl` (`ahead`: a `ReadAhead` or chat model)."
+    fn = out / 'l1.jsonl'
+    done = _done_items(fn)
     todo = [s for s in segs if f"L1_{s.idx:04d}" not in done]
     if not todo: return [done[f"L1_{s.idx:04d}"] for s in segs]
     ahead = ahead if isinstance(ahead, ReadAhead) else ReadAhead(make_captioner(ahead, config))
-    cap, early = ahead.captioner, {j: f for j, s in enumerate(todo) if (f := ahead.take(s)) is not None}
+    cap = ahead.captioner
+    early = {j: f for j, s in enumerate(todo) if (f := ahead.take(s)) is not None}
     subs = align_cues(cues, [(s.t_start, s.t_end) for s in todo]) if cues else [[] for _ in todo]
     reqs = _caption_requests(todo, early, cap, config)
-    want, pending, nxt = Counter(j for _, j in reqs), {}, 0      # frames per segment, gathered; the next to caption
+    # frames per segment, gathered; the next to caption
+    want, pending, nxt = Counter(j for _, j in reqs), {}, 0
     where = open_clip_folder(video).source_meta if is_clip_folder(video) else None
     def ready():
         nonlocal nxt
@@ -241,13 +278,10 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
             line.submit(_caption_one, cap, where, todo[nxt], pending.pop(nxt, []),
                         cues_text(subs[nxt]), early.get(nxt))
             nxt += 1
-    def write(it):
-        append_jsonl(out / 'l1.jsonl', it.to_dict())
-        done[it.item_id] = it
-        bar.update(1)
     n = getattr(cap, 'workers', concurrency)            # the offline captioner: one per core
-    with _pbar(len(todo), 'L1 captions', progress) as bar, _InOrder(n, write) as line:
-        ready()                                                        # those read ahead, up to the first to read
+    bar = _pbar(len(todo), 'L1 captions', progress)
+    with bar, _InOrder(n, _writer(fn, done, bar)) as line:
+        ready()                                     # those read ahead, up to the first to read
         for (t, j), fr in zip(reqs, _caption_frames(video, [t for t, _ in reqs], where)):
             pending.setdefault(j, []).append(fr.rgb)
             ready()
@@ -255,27 +289,25 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
     return [done[f"L1_{s.idx:04d}"] for s in segs]
 
 # %% ../../nbs/14a_memory.build.ipynb #c84d4640
+def _summarize_group(summ, level: int, j: int, grp: list[MemoryItem]) -> MemoryItem:
+    "Item `j` of `level`: the summary of the children `grp`, spanning them."
+    c = summ.summarize(level, [(x.t_start, x.t_end, x.narrative) for x in grp])
+    return MemoryItem(f"L{level}_{j:04d}", level, grp[0].t_start, grp[-1].t_end, c.text,
+                      [x.item_id for x in grp], dict(c.meta, captioner=c.captioner))
+
 def _summary_stage(out: Path, level: int, children: list[MemoryItem], config: Config, chat_model,
                    progress: bool, concurrency: int = 1) -> list[MemoryItem]:
-    "Every `l{level}_group` children → one item of `level` (at least one); `concurrency` calls in flight, in order."
+    "Every `l{level}_group` children → one item of `level` (at least one); `concurrency` in flight."
     fn = out / f'l{level}.jsonl'
-    done = {r['item_id']: MemoryItem.from_dict(r) for r in read_jsonl_rows(fn, repair=True)}
+    done = _done_items(fn)
     g = config.l2_group if level == 2 else config.l3_group
     groups = [children[i:i + g] for i in range(0, len(children), g)]
     summ = make_summarizer(chat_model, level, config)
-    def one(j, grp):
-        c = summ.summarize(level, [(x.t_start, x.t_end, x.narrative) for x in grp])
-        return MemoryItem(f"L{level}_{j:04d}", level, grp[0].t_start, grp[-1].t_end, c.text,
-                          [x.item_id for x in grp], dict(c.meta, captioner=c.captioner))
-    def write(it):
-        append_jsonl(fn, it.to_dict())
-        done[it.item_id] = it
-        bar.update(1)
     bar = _pbar(len(groups), f'L{level} summaries', progress)
-    with bar, _InOrder(concurrency, write) as line:
+    with bar, _InOrder(concurrency, _writer(fn, done, bar)) as line:
         for j, grp in enumerate(groups):
             if f"L{level}_{j:04d}" in done: bar.update(1)
-            else: line.submit(one, j, grp)
+            else: line.submit(_summarize_group, summ, level, j, grp)
     return [done[f"L{level}_{j:04d}"] for j in range(len(groups))]
 
 # %% ../../nbs/14a_memory.build.ipynb #27ef8194
@@ -311,7 +343,6 @@ def _warn_late_cues(cues: list, info, subtitles) -> None:
     warn(f"{Path(subtitles).name}: {late} subtitle cue(s) run past the video's end "
          f"({fmt_time(info.duration)}); the part after the end is not in the memory")
 
-
 def _run_stages(out: Path, video: Path, info, cues: list, config: Config, chat_model,
                 how: BuildOptions) -> StageOutputs:
     "The four stages of a build (segments, captions, summaries, text vectors); `how`: its options."
@@ -332,6 +363,23 @@ def _run_stages(out: Path, video: Path, info, cues: list, config: Config, chat_m
     return StageOutputs(quality, l1, l2 + l3, timings)
 
 # %% ../../nbs/14a_memory.build.ipynb #2a59e9ec
+def _identity(video: Path, config: Config, chat_model, subtitles, how: BuildOptions) -> tuple:
+    "The build's identity, and its options with the embedders resolved."
+    te, ie = memory_embedders(how.text_embedder, how.image_embedder)
+    how = replace(how, text_embedder=te, image_embedder=ie)
+    sub_sha = content_sha256(subtitles) if subtitles else None
+    models = memory_models(chat_model, te, ie)
+    return build_identity(config, models, sub_sha, content_sha256(video)), how
+
+def _load(cls, out: Path, config: Config, how: BuildOptions) -> OfflineMemory:
+    "The memory in `out`, with the build's embedders."
+    return cls.load(out, config, text_embedder=how.text_embedder, image_embedder=how.image_embedder)
+
+def _reuse(cls, out: Path, config: Config, how: BuildOptions) -> OfflineMemory | None:
+    "The complete memory in `out`; None when it does not load (it is resumed, keeping valid lines)."
+    try: return _load(cls, out, config, how)
+    except MemoryBuildError as e: warn(f"{e}; repairing it")
+
 @patch(cls_method=True)
 def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path,
           config: Config = Config(), chat_model=None, subtitles: str | Path | None = None,
@@ -339,35 +387,30 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path,
     "Build (or resume, or reuse) the memory of a video in `out_dir` (`how`: `BuildOptions`)."
     t0, video, out, how = time.time(), Path(video_path), Path(out_dir), BuildOptions(**how)
     subtitles = run_subtitles(subtitles, config)                         # off: the run reads none
-    info = probe_source(video)                                           # one-line VideoError on bad input
+    info = probe_source(video)                               # one-line VideoError on bad input
     cues = load_subtitles(subtitles) if subtitles else []               # one-line SubtitleError
-    te, ie = memory_embedders(how.text_embedder, how.image_embedder)
-    how = replace(how, text_embedder=te, image_embedder=ie)
-    sub_sha = content_sha256(subtitles) if subtitles else None
-    models = memory_models(chat_model, te, ie)
-    ident = build_identity(config, models, sub_sha, content_sha256(video))
+    ident, how = _identity(video, config, chat_model, subtitles, how)
     _warn_late_cues(cues, info, subtitles)
     if not how.rebuild and memory_complete(out, ident):       # no lock, no write: read-only is fine
-        return cls.load(out, config, text_embedder=te, image_embedder=ie)
+        return _load(cls, out, config, how)
     with locked_dir(out):
         state = prepare_dir(out, ident, how.rebuild)
-        if state == 'complete':
-            try: return cls.load(out, config, text_embedder=te, image_embedder=ie)
-            except MemoryBuildError as e: warn(f"{e}; repairing it")           # resume, keeping valid lines
+        if state == 'complete' and (mem := _reuse(cls, out, config, how)) is not None: return mem
         if state == 'new':
             atomic_write_json(out / 'build.json', dict(ident, started=build_stamp()))
-        if is_clip_folder(video): atomic_write_json(out / 'clips.json', open_clip_folder(video).records())
+        if is_clip_folder(video):
+            atomic_write_json(out / 'clips.json', open_clip_folder(video).records())
         stages = _run_stages(out, video, info, cues, config, chat_model, how)
         subs = subtitle_record(subtitles, cues, stages.l1)
         man = build_manifest(out, ident, video, info, config, stages, subs, t0)
         atomic_write_json(out / 'manifest.json', man)
-    return cls.load(out, config, text_embedder=te, image_embedder=ie)
+    return _load(cls, out, config, how)
 
 # %% ../../nbs/14a_memory.build.ipynb #4eeb0679
 def get_or_build_memory(video_path: str | Path, config: Config = Config(), chat_model=None,
                         subtitles: str | Path | None = None, root: str | Path | None = None,
                         **how) -> OfflineMemory:
-    "This video's memory for these settings: loaded when complete (see `fallback_rebuild`), resumed, or built."
+    "This video's memory for these settings: loaded if complete (`fallback_rebuild`), else built."
     how = BuildOptions(**dict(progress=False) | how)          # `how`: `BuildOptions` fields
     te, ie = memory_embedders(how.text_embedder, how.image_embedder)
     subtitles = run_subtitles(subtitles, config)
@@ -394,7 +437,7 @@ def _build_summary(mem: OfflineMemory, seconds: float, reused: bool) -> dict:
 def build_memory(video: str | Path, out: str | Path | None = None, config: Config | None = None,
                  chat_model=None, subtitles: str | Path | None = None, chunking: str | None = None,
                  **how) -> dict:
-    "Build, resume or reuse the memory of `video` (default `out`: runs/memories/<stem>-<sha8>-<key>); a summary dict."
+    "Build, resume or reuse `video`'s memory (`out`: runs/memories/<stem>-<sha8>-<key>); a summary."
     t0, how = time.time(), BuildOptions(**how)                # `how`: `BuildOptions` fields
     if chunking not in (None, 'adaptive', 'fixed'):
         raise MemoryBuildError(f"--chunking must be adaptive or fixed, got {chunking!r}")

@@ -33,14 +33,14 @@ def egolife_seconds(date: str, time: str) -> float:
 CLIP_NAME = re.compile(r'^(DAY\d+)_.+_(\d{8}|\d{6})$', re.I)      # DAYn_<identity>_HHMMSSFF
 
 def clip_start(path: str | Path) -> float | None:
-    "The start of a clip named `DAYn_<identity>_HHMMSSFF.mp4` in seconds since DAY1 00:00, None for another name."
+    "The start of a clip `DAYn_<identity>_HHMMSSFF.mp4` in seconds since DAY1 00:00 (else None)."
     m = CLIP_NAME.match(Path(path).stem)
     return egolife_seconds(m.group(1), m.group(2)) if m else None
 
 # %% ../../nbs/14b_memory.clips.ipynb #69de101f
 @dataclass
 class Clip:
-    "One clip of a folder: its file, its start on the folder's timeline (s) and what `probe_video` says of it."
+    "One clip of a folder: its file, its start on the folder's timeline (s), its `probe_video`."
     path: Path
     start: float
     info: VideoInfo
@@ -59,7 +59,7 @@ def find_clips(folder: str | Path) -> list[Path]:
 SPAN_GAP_S = 2.0           # clips less than this apart belong to one span (one recording)
 
 class ClipFolder:
-    "The clips of a folder on one timeline (seconds since DAY1 00:00 minus `origin`), read like one video."
+    "A folder's clips on one timeline (seconds since DAY1 00:00 minus `origin`), read as one video."
     def __init__(self, path: str | Path, clips: Sequence[Clip], origin: float = 0.0):
         self.path, self.clips, self.origin = Path(path), sorted(clips,
                                                                 key=lambda c: (c.start,
@@ -78,23 +78,27 @@ class ClipFolder:
         return f"ClipFolder({self.name!r}, {len(self)} clips, {self.duration:.1f}s)"
 
 # %% ../../nbs/14b_memory.clips.ipynb #609ec50b
+def _check_clips(p: Path, paths: list[Path]):
+    "Refuse a folder that holds no clips, or .mp4 files without a time stamp."
+    bad = [x for x in paths if clip_start(x) is None]
+    if paths and not bad: return
+    why = f"holds .mp4 files without one (e.g. {bad[0].name})" if bad else "holds no .mp4 clips"
+    raise VideoError(f"expected a video file or a folder of time-stamped clips "
+                     f"(DAYn_<identity>_HHMMSSFF.mp4); the directory {p} {why}")
+
 @patch(cls_method=True)
 def open(cls: ClipFolder, folder: str | Path) -> ClipFolder:
-    "The clips under `folder`, probed and ordered by their time stamps; a one-line `VideoError` for a bad folder."
+    "The clips under `folder`, probed, in time-stamp order; a `VideoError` for a bad folder."
     p = Path(folder)
     if not p.is_dir(): raise VideoError(f"not a folder of clips: {p}")
     paths = find_clips(p)
-    bad = [x for x in paths if clip_start(x) is None]
-    if not paths or bad:
-        why = f"holds .mp4 files without one (e.g. {bad[0].name})" if bad else "holds no .mp4 clips"
-        raise VideoError(f"expected a video file or a folder of time-stamped clips "
-                         f"(DAYn_<identity>_HHMMSSFF.mp4); the directory {p} {why}")
+    _check_clips(p, paths)
     return cls(p, [Clip(x, clip_start(x), probe_video(x)) for x in paths])
 
 # %% ../../nbs/14b_memory.clips.ipynb #b63d437b
 @patch(as_prop=True)
 def info(self: ClipFolder) -> VideoInfo:
-    "The folder as one video: its timeline's length, the first clip's rate and size, the frames of all clips."
+    "The folder as one video: its timeline's length, the first clip's rate and size, all frames."
     c = self.clips[0].info
     return VideoInfo(str(self.path), self.duration, c.fps, sum(x.info.n_frames for x in self.clips),
                      c.width, c.height, c.codec, True)
@@ -102,7 +106,7 @@ def info(self: ClipFolder) -> VideoInfo:
 # %% ../../nbs/14b_memory.clips.ipynb #7d71c4c1
 @patch
 def spans(self: ClipFolder, gap: float = SPAN_GAP_S) -> list[ClipFolder]:
-    "The runs of clips that follow each other (less than `gap` s apart), each with its own origin at its start."
+    "Runs of clips that follow each other (under `gap` s apart), each with its origin at its start."
     runs: list[list[Clip]] = [[self.clips[0]]]
     for c in self.clips[1:]:
         if c.start - max(x.end for x in runs[-1]) < gap: runs[-1].append(c)
@@ -112,7 +116,7 @@ def spans(self: ClipFolder, gap: float = SPAN_GAP_S) -> list[ClipFolder]:
 # %% ../../nbs/14b_memory.clips.ipynb #94d17ae4
 @patch
 def locate(self: ClipFolder, t: float) -> tuple[Clip, float]:
-    "The clip holding timeline time `t` and the offset in it (in a gap: the next clip's start; past the end: its end)."
+    "The clip holding timeline time `t`, the offset in it (in a gap: next start; past: the end)."
     a = t + self.origin
     for c in self.clips:
         if a < c.end: return c, max(0.0, a - c.start)
@@ -122,7 +126,7 @@ def locate(self: ClipFolder, t: float) -> tuple[Clip, float]:
 # %% ../../nbs/14b_memory.clips.ipynb #612f4fd2
 @patch
 def frames(self: ClipFolder, fps: float = 1.0, max_width: int | None = 640) -> Iterator[Frame]:
-    "Frames sampled at `fps` from every clip in turn, on the timeline (a time two clips share is taken once)."
+    "Frames sampled at `fps` from each clip in turn, on the timeline (a time shared is taken once)."
     last = -float('inf')
     for c in self.clips:
         for f in iter_frames(c.path, fps, max_width, info=c.info):
@@ -148,7 +152,7 @@ def frames_at(self: ClipFolder, times: Sequence[float],
 # %% ../../nbs/14b_memory.clips.ipynb #8c54580e
 @patch
 def sha256(self: ClipFolder) -> str:
-    "A digest of the clips: relative path, size and the first 64 KiB of each (not every byte of a week of video)."
+    "A digest of the clips: relative path, size and first 64 KiB of each (not all the bytes)."
     h = hashlib.sha256()
     for c in self.clips:
         with open(c.path, 'rb') as fh: head = fh.read(1 << 16)
@@ -158,20 +162,24 @@ def sha256(self: ClipFolder) -> str:
 
 # %% ../../nbs/14b_memory.clips.ipynb #2e8ce2ab
 @patch
+def _part(self: ClipFolder, c: Clip, a: float, b: float) -> list:
+    "Clip `c`'s path in the folder and the part of [a, b) (folder clock) in it, on its own clock."
+    return [c.path.relative_to(self.path).as_posix(), round(max(a, c.start) - c.start, 3),
+            round(min(b, c.end) - c.start, 3)]
+
+@patch
 def source_meta(self: ClipFolder, t0: float, t1: float) -> dict:
-    "Where a span of the timeline comes from: the clip it starts in and the offset there, and every clip it draws on."
+    "Where a span of the timeline comes from: the clip it starts in, offset there, every clip used."
     c0, off = self.locate(t0)
     a, b = t0 + self.origin, t1 + self.origin
     used = [c for c in self.clips if c.start < b and c.end > a] or [c0]
-    def part(c: Clip) -> list:
-        return [c.path.relative_to(self.path).as_posix(), round(max(a, c.start) - c.start, 3),
-                round(min(b, c.end) - c.start, 3)]
-    return dict(source=part(c0)[0], source_offset=round(off, 3), sources=[part(c) for c in used])
+    return dict(source=self._part(c0, a, b)[0], source_offset=round(off, 3),
+                sources=[self._part(c, a, b) for c in used])
 
 # %% ../../nbs/14b_memory.clips.ipynb #7427f93c
 @patch
 def records(self: ClipFolder) -> list[dict]:
-    "The clips as plain data (`clips.json` of a memory): relative path, start and what the probe said."
+    "The clips as plain data (a memory's `clips.json`): relative path, start, what the probe said."
     return [dict(path=c.path.relative_to(self.path).as_posix(), start=c.start,
                  duration=c.info.duration, fps=c.info.fps, n_frames=c.info.n_frames,
                  width=c.info.width, height=c.info.height, codec=c.info.codec)
@@ -191,7 +199,7 @@ def from_records(cls: ClipFolder, folder: str | Path, records: Sequence[dict]) -
 # %% ../../nbs/14b_memory.clips.ipynb #3689858f
 @patch
 def summary(self: ClipFolder) -> dict:
-    "What a memory's manifest says about its clips: how many, the first and last, the spans of the timeline."
+    "What a memory's manifest says of its clips: how many, first and last, the timeline's spans."
     return dict(n_clips=len(self), first=self.clips[0].path.name, last=self.clips[-1].path.name,
                 spans=[[round(s.origin, 3), round(s.end, 3)] for s in self.spans()])
 
@@ -201,19 +209,22 @@ def is_clip_folder(path: str | Path | None) -> bool:
     return bool(path) and Path(path).is_dir()
 
 # %% ../../nbs/14b_memory.clips.ipynb #0123ebcb
+def _special_kind(mode: int) -> str:
+    "What a file that is neither regular nor a folder is: a FIFO, a device or a socket."
+    if stat.S_ISFIFO(mode): return 'a FIFO'
+    return 'a device' if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else 'a socket'
+
 def video_problem(path: str | Path) -> str | None:
-    "Why a video path cannot be read as a video (missing, a link loop, a FIFO, a device, a socket), or None."
+    "Why a video path cannot be read as a video (missing, a link loop, a FIFO, a device, a socket)."
     try: st = os.stat(path)
     except FileNotFoundError: return f"video not found: {path}"
     except OSError as e: return f"video {path} cannot be read: {e.strerror or e}"
     if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode): return None
-    kind = 'a FIFO' if stat.S_ISFIFO(st.st_mode) else 'a device' if stat.S_ISCHR(st.st_mode) or \
-        stat.S_ISBLK(st.st_mode) else 'a socket'
-    return f"video {path} is {kind}, not a regular file or a folder of clips"
+    return f"video {path} is {_special_kind(st.st_mode)}, not a regular file or a folder of clips"
 
 # %% ../../nbs/14b_memory.clips.ipynb #e0d8b0b2
 def check_video(path: str | Path) -> Path:
-    "The path of a video that can be read (a regular file or a folder of clips); a one-line `VideoError` if not."
+    "The path of a readable video (a regular file or a folder of clips), else a `VideoError`."
     why = video_problem(path)
     if why: raise VideoError(why)
     return Path(path)
@@ -234,7 +245,7 @@ def probe_source(path: str | Path) -> VideoInfo:
 # %% ../../nbs/14b_memory.clips.ipynb #0d443c5f
 def read_source_frames_at(path: str | Path, times: Sequence[float], max_width: int | None = None,
                           records: Sequence[dict] | None = None) -> list[Frame]:
-    "The frames at these times of a video file or a folder of clips (there, each from the clip that holds it)."
+    "The frames at these times of a video file or a folder of clips (each from its clip)."
     if is_clip_folder(path):
         return list(open_clip_folder(path, records).frames_at(times, max_width))
     return list(iter_frames_at(path, times, max_width))

@@ -26,37 +26,60 @@ def build_identity(config: Config, models: dict, sub_sha: str | None, vsha: str)
                 memory_key=memory_key(config, models, sub_sha))
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #eb456d42
-def _differences(old: dict, new: dict) -> str:
-    "Human-readable list of what differs between two build identities."
+def _setting_changes(old: dict, new: dict) -> list[str]:
+    "Each memory setting or model that differs, as 'name old → new'."
     out = []
-    if old.get('video_sha256') != new.get('video_sha256'): out.append('a different video file')
     for part in ('memory_config', 'models'):
         for k, v in new[part].items():
             was = old.get(part, {}).get(k)
             if was != v: out.append(f"{k} {was!r} → {v!r}")
+    return out
+
+def _differences(old: dict, new: dict) -> str:
+    "Human-readable list of what differs between two build identities."
+    out = []
+    if old.get('video_sha256') != new.get('video_sha256'): out.append('a different video file')
+    out += _setting_changes(old, new)
     if old.get('subtitles_sha256') != new.get('subtitles_sha256'): out.append('different subtitles')
     if old.get('format_version') != new.get('format_version'):
         out.append(f"format {old.get('format_version')} → {new['format_version']}")
     return ', '.join(out) or 'unknown'
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #244009d3
+def _load_record(f: Path, rebuild: bool) -> dict:
+    "A recorded identity; {} when the file is damaged and `rebuild`, else an error."
+    try: return json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        why = f"damaged {f} (not valid JSON); pass --rebuild to replace it"
+        if not rebuild: raise MemoryBuildError(why)
+        return {}
+
+def _recorded(out: Path, rebuild: bool) -> dict | None:
+    "The identity `out` records (its manifest, else its build.json); None when it records none."
+    old = None
+    for f in (out / 'manifest.json', out / 'build.json'):
+        if old is None and f.exists(): old = _load_record(f, rebuild)
+    return old
+
+def _start_empty(out: Path) -> str:
+    "A new build in `out`, refused when `out` holds files that are no memory."
+    if out.exists() and any(p.name != '.lock' for p in out.iterdir()):
+        raise MemoryBuildError(f"{out} is not empty and holds no memory; "
+                               "choose another output directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return 'new'
+
+def _start_again(out: Path) -> str:
+    "A new build in `out` once everything but its lock is removed."
+    for p in out.iterdir():
+        if p.name != '.lock': shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return 'new'
+
 def prepare_dir(out: Path, ident: dict, rebuild: bool) -> str:
     "'complete' (reuse), 'resume' or 'new' (also for fallback narratives); others need `rebuild`."
-    man, bj = out / 'manifest.json', out / 'build.json'
-    old = None
-    for f in (man, bj):
-        if old is None and f.exists():
-            try: old = json.loads(f.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                why = f"damaged {f} (not valid JSON); pass --rebuild to replace it"
-                if not rebuild: raise MemoryBuildError(why)
-                old = {}
-    if old is None:
-        if out.exists() and any(p.name != '.lock' for p in out.iterdir()):
-            raise MemoryBuildError(f"{out} is not empty and holds no memory; "
-                                   "choose another output directory")
-        out.mkdir(parents=True, exist_ok=True)
-        return 'new'
+    man = out / 'manifest.json'
+    old = _recorded(out, rebuild)
+    if old is None: return _start_empty(out)
     same = {k: old.get(k) for k in ident} == ident
     if same and not rebuild and not (man.exists() and fallback_rebuild(out, old)):
         return 'complete' if man.exists() else 'resume'
@@ -65,17 +88,19 @@ def prepare_dir(out: Path, ident: dict, rebuild: bool) -> str:
         raise MemoryMismatchError(f"memory at {out} was built differently ({why}); "
                                   "pass rebuild=True (CLI: --rebuild) to replace it, "
                                   "or use another output directory")
-    for p in out.iterdir():
-        if p.name != '.lock': shutil.rmtree(p) if p.is_dir() else p.unlink()
-    return 'new'
+    return _start_again(out)
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #4cc5d39a
+def _same_build(man: dict, ident: dict) -> bool:
+    "Whether a manifest records this identity, with no fallback narratives to build again."
+    if {k: man.get(k) for k in ident} != ident: return False
+    return not (caption_fallbacks(man) and fallback_policy() == 'rebuild')
+
 def memory_complete(out: Path, ident: dict) -> bool:
     "Whether `out` holds a finished memory of exactly this identity that loads (read only)."
     try:
         man = json.loads((out / 'manifest.json').read_text())
-        if {k: man.get(k) for k in ident} != ident: return False
-        if caption_fallbacks(man) and fallback_policy() == 'rebuild': return False  # built again
+        if not _same_build(man, ident): return False
         OfflineMemory.load(out)
         return True
     except (OSError, ValueError): return False
@@ -92,15 +117,18 @@ def produced_by(items: list[MemoryItem]) -> dict:
     return out
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #6f9de069
+def _warn_lost_cues(subtitles, lost: int, n: int, min_overlap: float):
+    "Warn that `lost` of `n` subtitle cues reached no segment, so the memory lacks them."
+    warn(f"{Path(subtitles).name}: {lost} of {n} subtitle cues overlap no segment "
+         f"by more than {min_overlap} s (too short, or where no frame was kept): "
+         "they are not in the memory")
+
 def subtitle_record(subtitles, cues: list[Cue], l1: list[MemoryItem],
                     min_overlap: float = 0.05) -> dict:
     "The manifest's subtitles: the file, its cues, how many reached an L1 segment (others: warned)."
     spans = [(it.t_start, it.t_end) for it in l1]
     used = {id(c) for seg in align_cues(cues, spans, min_overlap) for c in seg}
-    if (lost := len(cues) - len(used)):
-        warn(f"{Path(subtitles).name}: {lost} of {len(cues)} subtitle cues overlap no segment "
-             f"by more than {min_overlap} s (too short, or where no frame was kept): "
-             "they are not in the memory")
+    if (lost := len(cues) - len(used)): _warn_lost_cues(subtitles, lost, len(cues), min_overlap)
     return dict(path=str(subtitles) if subtitles else None, n_cues=len(cues), n_in_memory=len(used))
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #11b5cd28
@@ -113,23 +141,38 @@ class StageOutputs:
     timings: dict
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #9a8beaf4
+def _video_facts(video: Path, info) -> dict:
+    "The manifest's facts about the video: id, path, duration, native fps and frame size."
+    return dict(video_id=video.stem, video_path=str(video.resolve()), duration=info.duration,
+                native_fps=info.fps, width=info.width, height=info.height)
+
+def _narrators(ident: dict, stages: StageOutputs) -> dict:
+    "Who wrote the narratives: the captioner, the summarizers, fallbacks, and per level."
+    l1, higher = stages.l1, stages.higher
+    return dict(captioner=ident['models']['captioner'],
+                summarizer=sorted({it.meta.get('captioner', '') for it in higher}),
+                caption_fallbacks=sum('fallback' in it.meta for it in l1),
+                produced_by=produced_by(l1 + higher))
+
+def _stage_counts(stages: StageOutputs) -> dict:
+    "Frames read and kept, and the items of each level."
+    n_at = lambda lv: sum(it.level == lv for it in stages.higher)
+    q = stages.quality
+    return dict(n_frames=q['n_frames'], n_kept=q['n_kept'], n_l1=len(stages.l1),
+                n_l2=n_at(2), n_l3=n_at(3))
+
+def _clips_summary(video: Path) -> dict:
+    "The clip folder's summary, for a video given as a folder of clips ({} otherwise)."
+    return {'clips': open_clip_folder(video).summary()} if is_clip_folder(video) else {}
+
 def build_manifest(out: Path, ident: dict, video: Path, info, config: Config, stages: StageOutputs,
                    subs: dict, t0: float) -> dict:
     "The manifest of a finished build (`stages`: what stages 1-4 made; `subs`: its subtitles)."
     stage1 = json.loads((out / 'segments.json').read_text()).get('timings', {})
-    l1, higher, quality = stages.l1, stages.higher, stages.quality
-    n_at = lambda lv: sum(it.level == lv for it in higher)
-    counts = dict(n_frames=quality['n_frames'], n_kept=quality['n_kept'], n_l1=len(l1),
-                  n_l2=n_at(2), n_l3=n_at(3))
-    return dict(ident, video_id=video.stem, video_path=str(video.resolve()), duration=info.duration,
-                native_fps=info.fps, width=info.width, height=info.height,
-                config_hash=config.hash(),
-                kit_version=kit_version(), captioner=ident['models']['captioner'],
-                summarizer=sorted({it.meta.get('captioner', '') for it in higher}),
-                caption_fallbacks=sum('fallback' in it.meta for it in l1),
-                produced_by=produced_by(l1 + higher), quality=quality, subtitles=subs,
-                counts=counts,
-                mean_l1_seconds=round(float(np.mean([it.duration for it in l1])), 3),
+    mean_l1 = round(float(np.mean([it.duration for it in stages.l1])), 3)
+    return dict(ident, **_video_facts(video, info), config_hash=config.hash(),
+                kit_version=kit_version(), **_narrators(ident, stages), quality=stages.quality,
+                subtitles=subs, counts=_stage_counts(stages), mean_l1_seconds=mean_l1,
                 timings=dict(stage1, **stages.timings),
                 build_seconds=round(time.time() - t0, 2), created=build_stamp(),
-                **({'clips': open_clip_folder(video).summary()} if is_clip_folder(video) else {}))
+                **_clips_summary(video))

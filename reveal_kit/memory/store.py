@@ -42,7 +42,7 @@ class MemoryMismatchError(MemoryBuildError):
 
 # %% ../../nbs/14_memory.store.ipynb #16af85a7
 def memory_key(config: Config, models: dict, subtitles_sha256: str | None = None) -> str:
-    "Short digest of format version + memory config + model ids + subtitles: equal keys ⇔ interchangeable memories."
+    "Digest of format version, memory config, models, subtitles: equal keys ⇔ interchangeable."
     return digest(dict(format=FORMAT_VERSION, config=memory_config(config), models=models,
                        subtitles=subtitles_sha256))
 
@@ -68,7 +68,7 @@ def memory_models(chat_model=None, text_embedder=None, image_embedder=None) -> d
 _SHA_CACHE: dict = {}
 
 def content_sha256(path: str | Path) -> str:
-    "SHA-256 of a file, or the digest of a folder of clips (`ClipFolder.sha256`), cached per (path, size, mtime)."
+    "SHA-256 of a file or a folder of clips (`ClipFolder.sha256`), cached per (path, size, mtime)."
     p = check_video(path).resolve()                      # a FIFO or a device would be read forever
     st = p.stat()
     k = (str(p), st.st_size, st.st_mtime_ns)
@@ -81,7 +81,7 @@ video_sha256 = content_sha256       # the old name, for callers outside the kit
 # %% ../../nbs/14_memory.store.ipynb #343249e7
 def memory_dir_for(video_path: str | Path, config: Config, models: dict | Any = None,
                    subtitles: str | Path | None = None, root: str | Path | None = None) -> Path:
-    "Where the memory of this video (or folder of clips) lives: `<root>/<stem>-<sha8>-<key>` (root: runs/memories)."
+    "Where this video's (or clip folder's) memory lives: `<root>/<stem>-<sha8>-<key>`."
     if not isinstance(models, dict): models = memory_models(models)
     p = check_video(video_path)
     if p.is_dir():
@@ -107,13 +107,13 @@ class Hit:
 
 # %% ../../nbs/14_memory.store.ipynb #af33a179
 class OfflineMemory:
-    "REVEAL's offline memory of one video: L1/L2/L3 items with a text channel (all levels) and a visual channel (L1)."
+    "REVEAL's offline memory of a video: L1/L2/L3 items, text channel (all levels), visual (L1)."
     def __init__(self, items: list[MemoryItem], text_vectors: np.ndarray,
                  visual_vectors: np.ndarray | None = None, manifest: dict | None = None,
                  config: Config | None = None, text_embedder=None, image_embedder=None,
                  path: Path | None = None):
-        self.items, self.manifest, self.config, self.path = list(items), dict(manifest
-                                                                              or {}), config or Config(), path
+        self.items, self.manifest = list(items), dict(manifest or {})
+        self.config, self.path = config or Config(), path
         self._by_id = {it.item_id: i for i, it in enumerate(self.items)}
         self._tv = np.asarray(text_vectors, dtype=np.float32).reshape(len(self.items), -1)
         self._vv = visual_vectors
@@ -177,15 +177,20 @@ def image_embedder(self: OfflineMemory):
     return self._ie
 
 # %% ../../nbs/14_memory.store.ipynb #59139c87
-@patch(cls_method=True)
-def from_items(cls: OfflineMemory, items: Sequence[MemoryItem], text_embedder=None,
-               config: Config | None = None, video_id: str = 'in-memory',
-               video_path: str | None = None) -> OfflineMemory:
-    "An in-memory OfflineMemory from MemoryItems: text vectors computed now, no visual channel, nothing on disk."
+def _sorted_items(items: Sequence[MemoryItem]) -> list[MemoryItem]:
+    "The items by level, then time; at least one, with distinct ids."
     items = sorted(items, key=lambda it: (it.level, it.t_start, it.item_id))
     if not items: raise ValueError("from_items needs at least one MemoryItem")
     if len({it.item_id for it in items}) < len(items):
         raise ValueError("duplicate item_id in items")
+    return items
+
+@patch(cls_method=True)
+def from_items(cls: OfflineMemory, items: Sequence[MemoryItem], text_embedder=None,
+               config: Config | None = None, video_id: str = 'in-memory',
+               video_path: str | None = None) -> OfflineMemory:
+    "An in-memory OfflineMemory of MemoryItems: text vectors computed now, no visual channel."
+    items = _sorted_items(items)
     text_embedder = text_embedder or get_text_embedder()
     tv = text_embedder.encode([it.narrative for it in items])
     counts = {f'n_l{l}': sum(it.level == l for it in items) for l in (1, 2, 3)}
@@ -208,11 +213,11 @@ def _index(self: OfflineMemory, level: int) -> VectorIndex:
 @patch
 def search_text(self: OfflineMemory, query: str | np.ndarray,
                 k: dict[int, int] | None = None) -> list[Hit]:
-    "Top-k items per level for a text query (default k: Config.topk_l1/l2/l3), level 1 first, best first in a level."
+    "Top-k items per level for a text query (default: Config.topk_l1/l2/l3), L1 first, best first."
     k = k if k is not None else {1: self.config.topk_l1, 2: self.config.topk_l2,
                                  3: self.config.topk_l3}
-    q = self.text_embedder.encode([query])[0] if isinstance(query, str) else np.asarray(query,
-                                                                                        dtype=np.float32)
+    if isinstance(query, str): q = self.text_embedder.encode([query])[0]
+    else: q = np.asarray(query, dtype=np.float32)
     hits = []
     for level in sorted(k):
         if k[level] <= 0 or not self.level(level): continue
@@ -222,10 +227,8 @@ def search_text(self: OfflineMemory, query: str | np.ndarray,
 
 # %% ../../nbs/14_memory.store.ipynb #5cbaa2f6
 @patch
-def search_visual(self: OfflineMemory, query: str | np.ndarray, k: int | None = None) -> list[Hit]:
-    "L1 segments nearest to a visual query: an RGB frame, an image-embedding vector, or text (with a text tower)."
-    if self._vv is None or not len(self._vv): return []
-    k = k or self.config.topk_l1
+def _visual_query(self: OfflineMemory, query: str | np.ndarray) -> np.ndarray:
+    "A visual query as a unit image-embedding vector: a frame embedded, a text via the text tower."
     q = np.asarray(query) if not isinstance(query, str) else None
     if q is None:
         try: q = self.image_embedder.encode_text([query])[0]
@@ -234,8 +237,14 @@ def search_visual(self: OfflineMemory, query: str | np.ndarray, k: int | None = 
                              f"no text tower; "
                              "query it with an image or an embedding vector") from None
     elif q.ndim == 3: q = self.image_embedder.encode([q])[0]
-    q = q.astype(np.float32) / (np.linalg.norm(q) + 1e-12)
-    sims = self._vv @ q
+    return q.astype(np.float32) / (np.linalg.norm(q) + 1e-12)
+
+@patch
+def search_visual(self: OfflineMemory, query: str | np.ndarray, k: int | None = None) -> list[Hit]:
+    "L1 segments nearest to a visual query: an RGB frame, an image-embedding vector, or text."
+    if self._vv is None or not len(self._vv): return []
+    k = k or self.config.topk_l1
+    sims = self._vv @ self._visual_query(query)
     valid = np.linalg.norm(self._vv, axis=1) > 0
     order = [i for i in np.argsort(-sims, kind='stable') if valid[i]][:k]
     return [Hit(self.level(1)[i], float(sims[i]), 'visual') for i in order]
@@ -260,7 +269,7 @@ def spread_times(a: float, b: float, n: int) -> list[float]:
 @patch
 def frames(self: OfflineMemory, item: MemoryItem | str, n: int | None = None,
            max_width: int | None = 640) -> list[np.ndarray]:
-    "`n` frames (default Config.caption_frames) evenly spread over the item's time bounds, cut from its video now."
+    "`n` frames (default Config.caption_frames) evenly over the item's span, cut from its video."
     item = self.get(item) if isinstance(item, str) else item
     vp = self.manifest.get('video_path')
     if not vp or not Path(vp).exists():
@@ -297,23 +306,25 @@ def _read_npy(f: Path, rows: int, what: str) -> np.ndarray:
     return a
 
 
-@patch(cls_method=True)
-def load(cls: OfflineMemory, path: str | Path, config: Config | None = None, text_embedder=None,
-         image_embedder=None) -> OfflineMemory:
-    "Load a complete memory from its directory (reads only; no model call); with `config`, refuse other settings."
-    p = Path(path)
-    if not (p / 'manifest.json').exists():
-        partial = (p / 'build.json').exists()
-        why = ('an unfinished build — run the build again to resume it' if partial
-               else 'no memory here')
-        raise MemoryBuildError(f"not a complete memory: {p} has no manifest.json ({why})")
-    man = _read_json(p / 'manifest.json')
-    if config is not None and man['memory_config'] != memory_config(config):
-        diff = [f"{k} {man['memory_config'].get(k)!r} vs {v!r}"
-                for k, v in memory_config(config).items() if man['memory_config'].get(k) != v]
-        raise MemoryMismatchError(f"memory at {p} was built with other settings "
-                                  f"({', '.join(diff)}); "
-                                  "rebuild it for this Config")
+def _require_manifest(p: Path):
+    "Refuse a directory without a manifest: an unfinished build, or no memory at all."
+    if (p / 'manifest.json').exists(): return
+    partial = (p / 'build.json').exists()
+    why = ('an unfinished build — run the build again to resume it' if partial
+           else 'no memory here')
+    raise MemoryBuildError(f"not a complete memory: {p} has no manifest.json ({why})")
+
+def _require_settings(p: Path, man: dict, config: Config | None):
+    "Refuse a memory built with memory settings other than `config`'s (None: any)."
+    if config is None or man['memory_config'] == memory_config(config): return
+    diff = [f"{k} {man['memory_config'].get(k)!r} vs {v!r}"
+            for k, v in memory_config(config).items() if man['memory_config'].get(k) != v]
+    raise MemoryMismatchError(f"memory at {p} was built with other settings "
+                              f"({', '.join(diff)}); "
+                              "rebuild it for this Config")
+
+def _read_items(p: Path, man: dict) -> tuple[dict, list]:
+    "The items of all levels by id, the ids in vector order; an error when they and `man` disagree."
     rows = {r['item_id']: MemoryItem.from_dict(r) for lv in (1, 2, 3)
             for r in read_jsonl_rows(p / f'l{lv}.jsonl')}
     ids = _read_json(p / 'text_ids.json')
@@ -321,6 +332,17 @@ def load(cls: OfflineMemory, path: str | Path, config: Config | None = None, tex
         raise MemoryBuildError(f"damaged memory at {p}: items and manifest disagree (a damaged "
                                f"line in "
                                "l1/l2/l3.jsonl?); build it again to repair it, or --rebuild")
+    return rows, ids
+
+@patch(cls_method=True)
+def load(cls: OfflineMemory, path: str | Path, config: Config | None = None, text_embedder=None,
+         image_embedder=None) -> OfflineMemory:
+    "Load a complete memory from its directory (reads only, no model call); refuse other `config`s."
+    p = Path(path)
+    _require_manifest(p)
+    man = _read_json(p / 'manifest.json')
+    _require_settings(p, man, config)
+    rows, ids = _read_items(p, man)
     tv = _read_npy(p / 'text_emb.npy', len(ids), 'one per item')
     vv = _read_npy(p / 'visual.npy', man['counts']['n_l1'], 'one per L1 segment')
     return cls([rows[i] for i in ids], tv, vv, man, config or Config(), text_embedder,
@@ -328,7 +350,7 @@ def load(cls: OfflineMemory, path: str | Path, config: Config | None = None, tex
 
 # %% ../../nbs/14_memory.store.ipynb #85cf5ab6
 def quality_line(quality: dict) -> str:
-    "How the frames were filtered, in the same words for `memory show`, the build summary and the manifest reader."
+    "How the frames were filtered, one wording for `memory show`, the build summary, the manifest."
     q = quality
     s = f"{q.get('n_kept')}/{q.get('n_frames')} frames used, rejected {q.get('rejected') or 'none'}"
     if q.get('fallback'): s += f" — FALLBACK: {q['fallback']}"
@@ -337,14 +359,14 @@ def quality_line(quality: dict) -> str:
 
 # %% ../../nbs/14_memory.store.ipynb #e0b04c79
 def caption_fallbacks(manifest: dict) -> int:
-    "How many narratives of a memory are fallbacks (its model failed): all levels of `produced_by`, else L1's count."
+    "How many narratives are fallbacks (model failed): all levels of `produced_by`, else L1's."
     by = manifest.get('produced_by')
     if isinstance(by, dict) and by: return sum(int(lv.get('fallbacks', 0)) for lv in by.values())
     return int(manifest.get('caption_fallbacks') or 0)
 
 # %% ../../nbs/14_memory.store.ipynb #6398d5b4
 def produced_line(manifest: dict) -> str:
-    "Who wrote the narratives, per level: 'L1 model:m 3, offline-perceptual 4 (4 fallbacks); L2 …' ('' if unknown)."
+    "Who wrote the narratives, per level: 'L1 model:m 3, offline-perceptual 4 (4 fallbacks); L2 …'."
     parts = []
     for lv, d in sorted((manifest.get('produced_by') or {}).items()):
         who = ', '.join(f"{k} {v}" for k, v in sorted(d.get('by', {}).items()))
@@ -356,7 +378,7 @@ def produced_line(manifest: dict) -> str:
 FALLBACK_POLICIES = ('rebuild', 'keep')
 
 def fallback_policy() -> str:
-    "`$REVEAL_FALLBACK_MEMORY`: 'rebuild' (default) or 'keep' a finished memory that holds fallback narratives."
+    "`$REVEAL_FALLBACK_MEMORY`: 'rebuild' (default) or 'keep' a finished memory with fallbacks."
     policy = os.environ.get('REVEAL_FALLBACK_MEMORY', 'rebuild')
     if policy not in FALLBACK_POLICIES:
         raise MemoryBuildError(f"REVEAL_FALLBACK_MEMORY must be one of "
@@ -365,7 +387,7 @@ def fallback_policy() -> str:
 
 # %% ../../nbs/14_memory.store.ipynb #a6cff709
 def fallback_rebuild(out: Path, manifest: dict) -> bool:
-    "Whether the finished memory at `out` is built again because it holds fallback narratives (warns once if so)."
+    "Whether the finished memory at `out` is built again for its fallback narratives (warns once)."
     n = caption_fallbacks(manifest)
     if not n or fallback_policy() == 'keep': return False
     warn(f"memory at {out} has {n} fallback narratives (its model failed while it was built): "

@@ -46,7 +46,7 @@ def files_info(root: Path, names: list[str]) -> dict:
 
 # %% ../../nbs/09c_synth.bench.ipynb #4251df36
 def write_script_files(root: Path, tl: Timeline) -> list[str]:
-    "Write a timeline's subtitles (.srt) and script (.timeline.json) under root/videos; returns their relative paths."
+    "Write a timeline's subtitles (.srt) and script (.timeline.json) in root/videos; their paths."
     names = [f'videos/{tl.video_id}.srt', f'videos/{tl.video_id}.timeline.json']
     (root / 'videos').mkdir(parents=True, exist_ok=True)
     write_subtitles(root / names[0], subtitle_cues(tl.events))
@@ -69,7 +69,7 @@ def _is_done(mp4: Path, done: Path, params: dict) -> bool:
 
 def render_once(tl: Timeline, mp4: Path, params: dict, overwrite: bool = False,
                 progress: bool = False) -> float:
-    "Render tl to mp4 unless a matching `.done.json` says it is there already; the render seconds (0 if reused)."
+    "Render tl to mp4 unless a matching `.done.json` says it is there; render seconds (0: reused)."
     done = mp4.with_name(f'{tl.video_id}.done.json')
     if not overwrite and _is_done(mp4, done, params): return 0.0
     t0 = time.perf_counter()
@@ -81,7 +81,7 @@ def render_once(tl: Timeline, mp4: Path, params: dict, overwrite: bool = False,
 # %% ../../nbs/09c_synth.bench.ipynb #72f10e61
 @dataclass(frozen=True)
 class BenchSpec:
-    "What a synthetic benchmark is: length, count, questions, seed, split, frame size and rate, codec, subtitles."
+    "A synthetic benchmark: length, count, questions, seed, split, size, fps, codec, subtitles."
     minutes: float = 10.0
     videos: int = 4
     questions_per_video: int = 12
@@ -94,23 +94,34 @@ class BenchSpec:
     subtitle_rate: float = 0.5
 
 # %% ../../nbs/09c_synth.bench.ipynb #3b2a0bb2
+def _render_step(root: Path, tl: Timeline, spec: BenchSpec, overwrite: bool,
+                 progress: bool) -> float:
+    "Render the video when `spec.render` (reusing a matching one); the render seconds."
+    if not spec.render: return 0.0
+    params = render_params(tl, spec.size, spec.fps, spec.codec)
+    return render_once(tl, root / f'videos/{tl.video_id}.mp4', params, overwrite, progress)
+
+def _video_questions(tl: Timeline, seed: int, render: bool, timeline_path: str) -> list[Question]:
+    "The video's questions, with their split, seed and generator in meta, and their file paths."
+    vid = tl.video_id
+    meta = dict(split=vid.split('-')[0], video_seed=seed, generator_version=GENERATOR_VERSION,
+                timeline_path=timeline_path)
+    qs = make_questions(tl, meta)
+    for q in qs:
+        q.video_path = f'videos/{vid}.mp4' if render else None
+        q.subtitle_path = f'videos/{vid}.srt'
+    return qs
+
 def build_video(out_dir: str | Path, video_id: str, seed: int, duration: float, n_questions: int,
                 spec: BenchSpec = BenchSpec(), overwrite: bool = False,
                 progress: bool = False) -> dict:
-    "Script, render and write one video (mp4, srt, timeline json); returns its record with questions as dicts."
+    "Script, render and write one video (mp4, srt, timeline json); its record, questions as dicts."
     root = Path(out_dir)
     tl = script_video(video_id, seed, duration, video_qtypes(seed, n_questions), spec.subtitle_rate)
-    names, rsec = write_script_files(root, tl), 0.0
-    if spec.render:
-        params = render_params(tl, spec.size, spec.fps, spec.codec)
-        rsec = render_once(tl, root / f'videos/{video_id}.mp4', params, overwrite, progress)
-        names.insert(0, f'videos/{video_id}.mp4')
-    meta = dict(split=video_id.split('-')[0], video_seed=seed, generator_version=GENERATOR_VERSION,
-                timeline_path=names[-1])
-    qs = make_questions(tl, meta)
-    for q in qs:
-        q.video_path, q.subtitle_path = (f'videos/{video_id}.mp4' if spec.render
-                                         else None), f'videos/{video_id}.srt'
+    names = write_script_files(root, tl)
+    rsec = _render_step(root, tl, spec, overwrite, progress)
+    if spec.render: names.insert(0, f'videos/{video_id}.mp4')
+    qs = _video_questions(tl, seed, spec.render, names[-1])
     return dict(video_id=video_id, seed=seed, duration=duration, n_scenes=len(tl.scenes),
                 n_events=len(tl.events), n_planned=n_questions, n_questions=len(qs),
                 render_s=round(rsec, 2), files=files_info(root, names),
@@ -131,25 +142,33 @@ def check_params(minutes: float, videos: int, questions_per_video: int, split: s
 # %% ../../nbs/09c_synth.bench.ipynb #3aac3383
 def _build_one(kw: dict) -> dict: return build_video(**kw)
 
+def _in_processes(jobs: list[dict], workers: int):
+    "The records of the jobs built in `workers` processes, as they finish."
+    with ProcessPoolExecutor(workers) as ex:
+        for f in as_completed([ex.submit(_build_one, j) for j in jobs]): yield f.result()
+
 def build_all(jobs: list[dict], workers: int = 1, progress: bool = True,
               desc: str = 'synth') -> list[dict]:
     "Run build_video for every job (in `workers` processes when > 1); records in job order."
     recs = {}
     with tqdm(total=len(jobs), desc=desc, unit='video', disable=not progress) as bar:
-        if workers > 1:
-            with ProcessPoolExecutor(workers) as ex:
-                for f in as_completed([ex.submit(_build_one, j) for j in jobs]):
-                    r = f.result()
-                    recs[r['video_id']] = r
-                    bar.update()
-        else:
-            for j in jobs:
-                r = _build_one(j)
-                recs[r['video_id']] = r
-                bar.update()
+        built = _in_processes(jobs, workers) if workers > 1 else map(_build_one, jobs)
+        for r in built:
+            recs[r['video_id']] = r
+            bar.update()
     return [recs[j['video_id']] for j in jobs]
 
 # %% ../../nbs/09c_synth.bench.ipynb #d1337732
+def _question_counts(qs: list[dict]) -> dict:
+    "Questions per type (most common first) and per answer letter."
+    return dict(counts_by_type=dict(Counter(q['qtype'] for q in qs).most_common()),
+                letter_distribution=dict(sorted(Counter(q['answer'] for q in qs).items())))
+
+def _bench_files(root: Path, recs: list[dict]) -> dict:
+    "Checksum and size of every file of the benchmark: the videos' files, then questions.jsonl."
+    return {**{k: v for r in recs for k, v in r['files'].items()},
+            **files_info(root, ['questions.jsonl'])}
+
 def write_benchmark(root: Path, recs: list[dict], params: dict) -> dict:
     "Write questions.jsonl and manifest.json from the per-video records; returns the manifest."
     qs = [q for r in recs for q in r['questions']]
@@ -159,11 +178,9 @@ def write_benchmark(root: Path, recs: list[dict], params: dict) -> dict:
                generator='reveal_kit.synth.bench', generator_version=GENERATOR_VERSION,
                kit_version=kit_version(), seed=params['seed'], split=params['split'],
                parameters=params, n_videos=len(recs), n_questions=len(qs),
-               counts_by_type=dict(Counter(q['qtype'] for q in qs).most_common()),
-               letter_distribution=dict(sorted(Counter(q['answer'] for q in qs).items())),
+               **_question_counts(qs),
                render_seconds=round(sum(r['render_s'] for r in recs), 2),
-               files={**{k: v for r in recs for k, v in r['files'].items()},
-                      **files_info(root, ['questions.jsonl'])},
+               files=_bench_files(root, recs),
                videos=[{k: v for k, v in r.items() if k != 'questions'} for r in recs])
     atomic_write_json(root / 'manifest.json', man)
     return man
@@ -177,19 +194,22 @@ def _jobs(root: Path, s: BenchSpec, overwrite: bool, progress: bool) -> list[dic
                  n_questions=s.questions_per_video, spec=one, overwrite=overwrite,
                  progress=progress) for i in range(s.videos)]
 
+def _bench_params(s: BenchSpec) -> dict:
+    "The parameters a manifest records (the codec as resolved, None without rendering)."
+    return dict(minutes=s.minutes, videos=s.videos, questions_per_video=s.questions_per_video,
+                seed=s.seed, split=s.split, size=list(s.size), fps=s.fps,
+                codec=pick_codec(s.codec) if s.render else None, render=s.render,
+                subtitle_rate=s.subtitle_rate)
+
 def generate_benchmark(out_dir: str | Path, *args, spec: BenchSpec | None = None, workers: int = 1,
                        overwrite: bool = False, progress: bool = True, **kw) -> dict:
-    "Generate a benchmark into out_dir (videos/*.mp4, *.srt, *.timeline.json, questions.jsonl, manifest.json)."
+    "Generate a benchmark in out_dir: videos/ (mp4, srt, timeline), questions.jsonl, manifest.json."
     s = spec or BenchSpec(*args, **kw)
     check_params(s.minutes, s.videos, s.questions_per_video, s.split, s.subtitle_rate)
     root = Path(out_dir)
     jobs = _jobs(root, s, overwrite, progress and workers == 1 and s.minutes >= 20)
     recs = build_all(jobs, workers, progress, f'synth {s.split}')
-    params = dict(minutes=s.minutes, videos=s.videos, questions_per_video=s.questions_per_video,
-                  seed=s.seed, split=s.split, size=list(s.size), fps=s.fps,
-                  codec=pick_codec(s.codec) if s.render else None, render=s.render,
-                  subtitle_rate=s.subtitle_rate)
-    return write_benchmark(root, recs, params)
+    return write_benchmark(root, recs, _bench_params(s))
 
 # %% ../../nbs/09c_synth.bench.ipynb #bb9b5aa5
 def _strict_rows(f: Path) -> list[dict]:
@@ -199,33 +219,42 @@ def _strict_rows(f: Path) -> list[dict]:
         try: return read_jsonl_rows(f)
         except UserWarning as w: raise ValueError(f"malformed question file: {w}") from None
 
+def _row_question(row: dict, where: str, parent: Path) -> Question:
+    "The question of one row, its video and subtitle paths made absolute against `parent`."
+    try: q = Question.from_dict(row)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: malformed question: {e}") from e
+    for k in ('video_path', 'subtitle_path'):
+        if getattr(q, k):
+            # a link loop: fails later
+            setattr(q, k, os.path.abspath(parent / getattr(q, k)))
+    return q
+
 def load_questions(root: str | Path) -> list[Question]:
-    "Questions of a generated benchmark (a folder or its questions.jsonl), paths made absolute, one per qid."
+    "Questions of a generated benchmark (folder or questions.jsonl), absolute paths, one per qid."
     root = Path(root)
     f = root / 'questions.jsonl' if root.is_dir() else root
     if not f.exists():
         raise FileNotFoundError(f"no questions.jsonl at {f} — run `reveal synth {root}` first")
     out, wheres = [], []
     for n, row in enumerate(_strict_rows(f), 1):
-        try: q = Question.from_dict(row)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{f}:{n}: malformed question: {e}") from e
-        for k in ('video_path', 'subtitle_path'):
-            if getattr(q, k):
-                # a link loop: fails later
-                setattr(q, k, os.path.abspath(f.parent / getattr(q, k)))
-        out.append(q)
         wheres.append(f"{f}:{n}")
+        out.append(_row_question(row, wheres[-1], f.parent))
     return unique_qids(out, wheres)
 
+
 # %% ../../nbs/09c_synth.bench.ipynb #2f1efe01
+def _shortfall_line(v: dict, minutes: float) -> str:
+    "The note on a video that holds fewer questions than planned."
+    return (f"  note: {v['video_id']} holds {v['n_questions']} of the {v['n_planned']} questions "
+            f"asked: its {minutes:g}-min timeline has no room for the distinct events the others "
+            f"need (use longer --minutes)")
+
 def shortfall_lines(man: dict) -> list[str]:
-    "Why a benchmark holds fewer questions than asked: the videos whose timelines had no room for every question."
+    "Why a benchmark holds fewer questions than asked: videos whose timelines lacked room for all."
     short = [v for v in man.get('videos', []) if v.get('n_questions', 0) < v.get('n_planned', 0)]
     if not short:
         return []
     minutes = man.get('parameters', {}).get('minutes')
-    return [f"  note: {v['video_id']} holds {v['n_questions']} of the {v['n_planned']} questions "
-            f"asked: its {minutes:g}-min timeline has no room for the distinct events the others "
-            f"need (use longer --minutes)"
-            for v in short]
+    return [_shortfall_line(v, minutes) for v in short]
+

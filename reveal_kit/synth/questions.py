@@ -18,18 +18,28 @@ def _by_id(tl: Timeline) -> dict[str, Event]: return {e.eid: e for e in tl.event
 def _ph(e: Event) -> str: return phrase(e.entity, e.action, e.obj)
 def _tgt(p: dict) -> tuple:
     return (p['target']['entity'], p['target']['action'], p['target']['obj'])
+def _planned(tl: Timeline, ids: list[str]) -> list[Event]:
+    "The timeline's events with these ids (the plan's evidence or distractors), in order."
+    return [_by_id(tl)[x] for x in ids]
+
+def _other_counts(n: int, w: int) -> list[str]:
+    "The wrong counts: the window of 4 consecutive counts from `w` (or ending at `n`) without `n`."
+    lo = w if w <= n <= w + 3 else max(1, n - 3)
+    return [str(k) for k in range(lo, lo + 4) if k != n]
 
 def derive_counting(tl: Timeline, p: dict, rng: np.random.Generator):
-    "How many times a triple occurs; options are the planned window of 4 consecutive counts (gold uniform inside it)."
+    "How many times a triple occurs; options: the planned window of 4 consecutive counts."
     t = _tgt(p)
     hits = [e for e in tl.events if e.triple == t]
-    n, w = len(hits), p.get('window', 1)
-    lo = w if w <= n <= w + 3 else max(1, n - 3)
     q = f"How many times does {phrase(*t, 'base')} in the video?"
-    return q, str(n), [str(k) for k in range(lo, lo + 4)
-                       if k != n], hits, [_by_id(tl)[x] for x in p['distractors']]
+    wrong = _other_counts(len(hits), p.get('window', 1))
+    return q, str(len(hits)), wrong, hits, _planned(tl, p['distractors'])
 
 # %% ../../nbs/09a_synth.questions.ipynb #a97524d7
+def _around(tl: Timeline, i: int) -> list[Event]:
+    "The events one to three places from event `i`, nearest first."
+    return [tl.events[j] for j in (i - 1, i + 2, i - 2, i + 3) if 0 <= j < len(tl.events)]
+
 def derive_temporal(tl: Timeline, p: dict, rng: np.random.Generator):
     "What happens right after the (unique) anchor event; wrong options are events at other times."
     t = _tgt(p)
@@ -37,9 +47,8 @@ def derive_temporal(tl: Timeline, p: dict, rng: np.random.Generator):
     if len(idx) != 1 or idx[0] + 1 >= len(tl.events): return None
     i = idx[0]
     A, B = tl.events[i], tl.events[i + 1]
-    near = [_by_id(tl)[x] for x in p['distractors']]
-    others = [tl.events[j] for j in (i - 1, i + 2, i - 2, i + 3) if 0 <= j < len(tl.events)]
-    wrong = [e for e in near[1:] + others if e.triple not in (A.triple, B.triple)]
+    near = _planned(tl, p['distractors'])
+    wrong = [e for e in near[1:] + _around(tl, i) if e.triple not in (A.triple, B.triple)]
     q = pick_from(rng, [f"What happens right after {phrase(*t, 'present')}?",
                     f"What does the video show right after {phrase(*t)}?"])
     return q, _ph(B), [_ph(e) for e in wrong], [A, B], near + wrong
@@ -56,33 +65,39 @@ def derive_negation(tl: Timeline, p: dict, rng: np.random.Generator):
     return q, phrase(*t), [_ph(e) for e in ev], ev, [ids[x] for x in p['distractors']]
 
 # %% ../../nbs/09a_synth.questions.ipynb #a99768f7
+def _other_actions(near: list[Event], a: str, rng: np.random.Generator) -> list[str]:
+    "Actions other than `a`: those of the nearby distractors first, then the rest shuffled."
+    shuffled = [str(x) for x in rng.permutation(sorted(ACTIONS))]
+    return [x for x in dict.fromkeys([x.action for x in near] + shuffled) if x != a]
+
 def derive_action(tl: Timeline, p: dict, rng: np.random.Generator):
-    "What the entity does with the object (the pair occurs once); wrong options reuse actions seen nearby in wording."
+    "What the entity does with the object (the pair occurs once); wrong: actions seen nearby."
     e, _, o = _tgt(p)
     hits = [x for x in tl.events if (x.entity, x.obj) == (e, o)]
     if len({x.action for x in hits}) != 1: return None
     a = hits[0].action
-    near = [_by_id(tl)[x] for x in p['distractors']]
-    acts = list(dict.fromkeys([x.action for x in near]
-                              + [str(x) for x in rng.permutation(sorted(ACTIONS))]))
-    wrong = [phrase(e, x, o) for x in acts if x != a][:4]
+    near = _planned(tl, p['distractors'])
+    wrong = [phrase(e, x, o) for x in _other_actions(near, a, rng)][:4]
     return f"What does {ENTITIES[e][0]} do with the {o}?", phrase(e, a, o), wrong, hits, near
 
 # %% ../../nbs/09a_synth.questions.ipynb #7c964d38
+def _other_causes(near: list[Event], cause: str, rng: np.random.Generator) -> list[str]:
+    "Up to 3 wrong causes: those shown with the nearby distractors first, then others shuffled."
+    seen = [x.cause for x in near if x.cause] + [c for c in rng.permutation(CAUSES) if c != cause]
+    return [f"because {c}" for c in dict.fromkeys(seen) if c != cause][:3]
+
 def derive_causal(tl: Timeline, p: dict, rng: np.random.Generator):
-    "Why the entity did it: the cause shown with the (unique) event; wrong options are causes shown elsewhere."
+    "Why the entity did it: the cause shown with the (unique) event; wrong: causes shown elsewhere."
     t = _tgt(p)
     hits = [e for e in tl.events if e.triple == t]
     if len(hits) != 1 or not hits[0].cause: return None
-    near = [_by_id(tl)[x] for x in p['distractors']]
-    seen = [x.cause for x in near if x.cause] + [c for c in rng.permutation(CAUSES)
-                                                 if c != hits[0].cause]
-    wrong = [f"because {c}" for c in dict.fromkeys(seen) if c != hits[0].cause][:3]
+    near = _planned(tl, p['distractors'])
+    wrong = _other_causes(near, hits[0].cause, rng)
     return f"Why does {phrase(*t, 'base')}?", f"because {hits[0].cause}", wrong, hits, near
 
 # %% ../../nbs/09a_synth.questions.ipynb #8d36d466
 def derive_global(tl: Timeline, p: dict, rng: np.random.Generator):
-    "Who appears in the most events across the whole video (needs a lead of 2); the runner-up's events mislead."
+    "Who appears in the most events (by a lead of 2); the runner-up's events mislead."
     c = Counter(e.entity for e in tl.events).most_common()
     if len(c) < 4 or c[0][1] - c[1][1] < 2: return None
     top, second = c[0][0], c[1][0]
@@ -106,22 +121,27 @@ def _clean_distractors(dis: list[Event], ev: list[Event]) -> list[Event]:
     keep = [e for e in dis if e.eid not in eids and not any(_overlaps(e.span, s) for s in spans)]
     return list({e.eid: e for e in keep}.values())
 
+def _evidence_fields(p: dict, ev: list[Event], dis: list[Event], meta: dict | None) -> dict:
+    "A question's evidence and distractor spans, its cues, and its meta (plan target, event ids)."
+    return dict(evidence_spans=[e.span for e in ev], distractor_spans=[e.span for e in dis],
+                cues=[cue_text(e) for e in ev],
+                meta=dict(target=p['target'], evidence_events=[e.eid for e in ev],
+                          distractor_events=[e.eid for e in dis], **(meta or {})))
+
 def make_question(tl: Timeline, p: dict, j: int, rng: np.random.Generator,
                   meta: dict | None = None) -> Question | None:
-    "Derive one question from a plan, with shuffled unique options and spans; None when the plan does not hold."
+    "One question from a plan: shuffled unique options, spans; None when the plan does not hold."
     out = DERIVERS[p['qtype']](tl, p, rng)
     if not out: return None
     q, gold, wrong, ev, dis = out
     wrong = [w for w in dict.fromkeys(wrong) if w != gold][:N_OPTIONS[p['qtype']] - 1]
     if len(wrong) < 3: return None
     pos = int(rng.integers(len(wrong) + 1))
-    dis = _clean_distractors(dis, ev)
-    return Question(f"{tl.video_id}-q{j:02d}", tl.video_id, q, wrong[:pos] + [gold] + wrong[pos:],
+    options = wrong[:pos] + [gold] + wrong[pos:]
+    return Question(f"{tl.video_id}-q{j:02d}", tl.video_id, q, options,
                     answer=LETTERS[pos], qtype=p['qtype'], duration=tl.duration,
-                    duration_group=duration_group(tl.duration), evidence_spans=[e.span for e in ev],
-                    distractor_spans=[e.span for e in dis], cues=[cue_text(e) for e in ev],
-                    meta=dict(target=p['target'], evidence_events=[e.eid for e in ev],
-                              distractor_events=[e.eid for e in dis], **(meta or {})))
+                    duration_group=duration_group(tl.duration),
+                    **_evidence_fields(p, ev, _clean_distractors(dis, ev), meta))
 
 # %% ../../nbs/09a_synth.questions.ipynb #f53bf9dc
 def make_questions(tl: Timeline, meta: dict | None = None) -> list[Question]:

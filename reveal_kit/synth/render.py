@@ -22,6 +22,17 @@ def palette(hues: tuple[float, float]) -> np.ndarray:
                      colorsys.hsv_to_rgb(hues[1], 0.55, 0.42)]) * 255
 
 # %% ../../nbs/09b_synth.render.ipynb #b26c4172
+def _lattice(kind: str, x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray | None:
+    "The patterns that need no random draw (checks, dots, waves, bricks) of period `p`; else None."
+    if kind == 'checks': return ((x // (p / 2) + y // (p / 2)) % 2).astype(bool)
+    if kind == 'dots': return ((x % p - p / 2) ** 2 + (y % p - p / 2) ** 2) < (p / 3) ** 2
+    if kind == 'waves':
+        return np.sin(x * 2 * np.pi / p + 2.5 * np.sin(y * 2 * np.pi / (2 * p))) > 0
+    if kind == 'bricks':
+        r = (y // (p / 2)).astype(int)
+        return ((y % (p / 2)) < p / 12) | (((x + (r % 2) * p / 2) % p) < p / 12)
+    return None
+
 def pattern(kind: str, h: int, w: int, rng: np.random.Generator) -> np.ndarray:
     "A binary (h, w) pattern of the given texture kind, scaled to the frame height."
     y, x = np.mgrid[0:h, 0:w].astype(np.float32)
@@ -29,12 +40,7 @@ def pattern(kind: str, h: int, w: int, rng: np.random.Generator) -> np.ndarray:
     if kind == 'stripes':
         a = rng.uniform(0, np.pi)
         return np.sin((x * np.cos(a) + y * np.sin(a)) * 2 * np.pi / p) > 0
-    if kind == 'checks': return ((x // (p / 2) + y // (p / 2)) % 2).astype(bool)
-    if kind == 'dots': return ((x % p - p / 2) ** 2 + (y % p - p / 2) ** 2) < (p / 3) ** 2
-    if kind == 'waves': return np.sin(x * 2 * np.pi / p + 2.5 * np.sin(y * 2 * np.pi / (2 * p))) > 0
-    if kind == 'bricks':
-        r = (y // (p / 2)).astype(int)
-        return ((y % (p / 2)) < p / 12) | (((x + (r % 2) * p / 2) % p) < p / 12)
+    if (fixed := _lattice(kind, x, y, p)) is not None: return fixed
     cells = rng.random((int(h / p * 2) + 1, int(w / p * 2) + 1)) > 0.5
     return cells[(y / (p / 2)).astype(int), (x / (p / 2)).astype(int)]
 
@@ -56,7 +62,7 @@ _FONTS = ['/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf',
           'C:/Windows/Fonts/arialbd.ttf']
 
 def get_font(size: int) -> ImageFont.ImageFont:
-    "A bold TrueType font of `size` px (DejaVu Sans Bold when present, else Pillow's built-in scalable font)."
+    "A bold TrueType font of `size` px (DejaVu Sans Bold when present, else Pillow's scalable one)."
     for f in _FONTS:
         if os.path.exists(f): return ImageFont.truetype(f, size)
     return ImageFont.load_default(size=size)
@@ -88,7 +94,7 @@ def draw_line(dr: ImageDraw.ImageDraw, words: list[str], font, y: int, w: int, p
 
 # %% ../../nbs/09b_synth.render.ipynb #f934a18b
 def event_card(base: np.ndarray, ev: Event) -> np.ndarray:
-    "The background with the event's text: white words on black tiles, main line ~11 % of the frame height."
+    "The background with the event's text: white words on black tiles, main line ~11 % high."
     h, w = base.shape[:2]
     img = Image.fromarray(base)
     dr = ImageDraw.Draw(img)
@@ -122,7 +128,7 @@ def shape_sprite(entity: str, r: int) -> tuple[np.ndarray, np.ndarray]:
 # %% ../../nbs/09b_synth.render.ipynb #96258c3b
 def draw_shape(img: np.ndarray, sprite: tuple[np.ndarray, np.ndarray],
                progress: float) -> np.ndarray:
-    "Draw the sprite moving left to right along the lower band at `progress` ∈ [0, 1] (in place; returns img)."
+    "Draw the sprite moving left to right along the lower band at `progress` ∈ [0, 1] (in place)."
     col, m = sprite
     h, w = img.shape[:2]
     s = col.shape[0]
@@ -133,6 +139,10 @@ def draw_shape(img: np.ndarray, sprite: tuple[np.ndarray, np.ndarray],
     return img
 
 # %% ../../nbs/09b_synth.render.ipynb #ae1ca203
+def _on_screen(tl: Timeline, ei: int, t: float) -> Event | None:
+    "Event `ei` when it has started by `t` (not ended: the caller moved past those), else None."
+    return tl.events[ei] if ei < len(tl.events) and tl.events[ei].t_start <= t else None
+
 def frame_plan(tl: Timeline, fps: float) -> list[tuple[int, int | None, float]]:
     "For every output frame: (scene index, event index or None, event progress)."
     n = int(round(tl.duration * fps))
@@ -141,20 +151,25 @@ def frame_plan(tl: Timeline, fps: float) -> list[tuple[int, int | None, float]]:
         t = k / fps
         while tl.scenes[si].t_end <= t and si + 1 < len(tl.scenes): si += 1
         while ei < len(tl.events) and tl.events[ei].t_end <= t: ei += 1
-        e = tl.events[ei] if ei < len(tl.events) and tl.events[ei].t_start <= t else None
-        out.append((si, ei if e else None, (t - e.t_start) / (e.t_end - e.t_start) if e else 0.0))
+        e = _on_screen(tl, ei, t)
+        prog = (t - e.t_start) / (e.t_end - e.t_start) if e else 0.0
+        out.append((si, ei if e else None, prog))
     return out
 
 # %% ../../nbs/09b_synth.render.ipynb #cd90ac57
+def _still(tl: Timeline, si: int, ei: int | None, size: tuple[int, int]) -> np.ndarray:
+    "The static part of a frame: scene `si`'s background, with event `ei`'s card when one is on."
+    bg = scene_background(tl.scenes[si], size)
+    return event_card(bg, tl.events[ei]) if ei is not None else bg
+
 def timeline_frames(tl: Timeline, size: tuple[int, int] = (640, 360), fps: float = 2.0):
-    "Yield the video's RGB frames (h, w, 3) uint8 in order; backgrounds and cards are made once and reused."
+    "Yield the video's RGB frames (h, w, 3) uint8 in order; backgrounds and cards made once."
     r = max(6, size[1] // 14)
     sprites, cache = {}, {}
     for si, ei, prog in frame_plan(tl, fps):
         if (si, ei) not in cache:
             cache.clear()
-            bg = scene_background(tl.scenes[si], size)
-            cache[si, ei] = event_card(bg, tl.events[ei]) if ei is not None else bg
+            cache[si, ei] = _still(tl, si, ei, size)
         img = cache[si, ei]
         if ei is not None:
             ent = tl.events[ei].entity
@@ -164,7 +179,7 @@ def timeline_frames(tl: Timeline, size: tuple[int, int] = (640, 360), fps: float
 # %% ../../nbs/09b_synth.render.ipynb #3e0fb1dc
 def render_video(tl: Timeline, path: str | Path, size: tuple[int, int] = (640, 360),
                  fps: float = 2.0, codec: str = 'auto', progress: bool = False) -> Path:
-    "Render a scripted timeline to an MP4 (reproducible bytes: one encoder thread, a key frame every 10 s)."
+    "Render a scripted timeline to an MP4 (reproducible: one encoder thread, a key frame each 10 s)."
     frames = timeline_frames(tl, size, fps)
     return write_video(path, frames, fps=fps, codec=codec, gop_s=10, threads=1,
                        total=int(round(tl.duration * fps)), progress=progress)

@@ -61,7 +61,7 @@ class Scene:
 # %% ../../nbs/09_synth.script.ipynb #12298eee
 @dataclass
 class Event:
-    "An entity doing an action with an object, on screen during [t_start, t_end); `cause` makes it a causal event."
+    "An entity doing an action with an object, shown in [t_start, t_end); `cause`: a causal event."
     t_start: float
     t_end: float
     entity: str
@@ -81,7 +81,7 @@ class Event:
 
 # %% ../../nbs/09_synth.script.ipynb #87f076fc
 def phrase(entity: str, action: str, obj: str, tense: str = 'present') -> str:
-    "How questions and options say an event: 'the chef slices the tomato' (tense 'present', 'past' or 'base')."
+    "How questions and options say an event: 'the chef slices the tomato' (present/past/base)."
     verb = {'present': ACTIONS[action][0], 'past': ACTIONS[action][1], 'base': action}[tense]
     return f"{ENTITIES[entity][0]} {verb} the {obj}"
 
@@ -119,18 +119,22 @@ def _new_hue(rng: np.random.Generator, prev: Scene | None) -> float:
         h = float(rng.uniform(0, 1))
     return h
 
+def _next_scene(rng: np.random.Generator, t: float, L: float, prev: Scene | None) -> Scene:
+    "A scene of `L` s from `t` whose texture and hue differ from the previous scene's."
+    tex = pick_from(rng, [x for x in TEXTURES if not prev or x != prev.texture])
+    h = _new_hue(rng, prev)
+    return Scene(t, t + L, tex, (h, (h + float(rng.uniform(0.06, 0.18))) % 1),
+                 int(rng.integers(2**31)))
+
 def plan_scenes(rng: np.random.Generator, duration: float) -> list[Scene]:
-    "Cut [0, duration) into scenes of varied length with visibly different neighbouring backgrounds."
+    "Cut [0, duration) into scenes of varied length, visibly different neighbouring backgrounds."
     scenes, t, prev = [], 0.0, None
     while t < duration:
         L = min(scene_length(rng), duration - t)
         if scenes and L < 5:
             scenes[-1].t_end = duration
             break
-        tex = pick_from(rng, [x for x in TEXTURES if not prev or x != prev.texture])
-        h = _new_hue(rng, prev)
-        prev = Scene(t, t + L, tex, (h, (h + float(rng.uniform(0.06, 0.18))) % 1),
-                     int(rng.integers(2**31)))
+        prev = _next_scene(rng, t, L, prev)
         scenes.append(prev)
         t += L
     return scenes
@@ -182,7 +186,7 @@ def new_draft(rng: np.random.Generator, duration: float) -> tuple[Draft, list[Sc
 
 # %% ../../nbs/09_synth.script.ipynb #be443f14
 def fresh_triple(d: Draft, entity=None, action=None, obj=None, avoid=()) -> tuple | None:
-    "An (entity, action, object) never used or banned, with the given parts fixed and none of `avoid`'s values."
+    "An (entity, action, object) never used or banned, the given parts fixed, none of `avoid`'s."
     for _ in range(300):
         t = (entity or pick_from(d.rng, d.cast), action or pick_from(d.rng, d.actions),
              obj or pick_from(d.rng, d.objects))
@@ -214,16 +218,22 @@ def take(d: Draft, n: int, adjacent: bool = False) -> list[int] | None:
 
 # %% ../../nbs/09_synth.script.ipynb #e381594b
 def _nmiss(d: Draft, slots: list[int], specs: list[dict], role: str, causes=()) -> list[Event]:
-    "Place near-miss events from partial specs (fixed parts + parts to avoid); skip specs that cannot be met."
+    "Place near-miss events from partial specs (fixed parts + parts to avoid); skip those unmet."
     out = []
     for slot, spec, c in zip(slots, specs, list(causes) + [None] * len(specs)):
         t = fresh_triple(d, **spec)
         if t: out.append(place(d, slot, t, role, c))
     return out
 
+def _plan(qtype: str, t: tuple, evidence: list[Event], distractors: list[Event], **more) -> dict:
+    "A question plan: its type, target triple, evidence and distractor events (and `more`)."
+    e, a, o = t
+    return dict(qtype=qtype, target=dict(entity=e, action=a, obj=o), evidence=evidence,
+                distractors=distractors, **more)
+
 # %% ../../nbs/09_synth.script.ipynb #e1b26a51
 def plant_counting(d: Draft) -> dict | None:
-    "n ∈ 1..6 occurrences of one triple, plus a same-entity/other-action and an other-entity/same-action near miss."
+    "n ∈ 1..6 occurrences of one triple; near misses: same entity/other action, other entity/same."
     cap = min(6, len(d.free()) - 2)
     if cap < 1: return None
     lo = int(d.rng.integers(1, min(3, cap) + 1))
@@ -236,12 +246,11 @@ def plant_counting(d: Draft) -> dict | None:
     e, a, o = t
     dis = _nmiss(d, slots[n:], [dict(entity=e, obj=o, avoid=(a,)),
                                 dict(action=a, obj=o, avoid=(e,))], 'distractor')
-    return dict(qtype='counting', target=dict(entity=e, action=a, obj=o), evidence=ev,
-                distractors=dis, window=lo)
+    return _plan('counting', t, ev, dis, window=lo)
 
 # %% ../../nbs/09_synth.script.ipynb #6d1508b4
 def plant_temporal(d: Draft) -> dict | None:
-    "Anchor A then B in adjacent slots; a look-alike anchor (same entity and action, other object) then C elsewhere."
+    "Anchor A then B in adjacent slots; a look-alike anchor (other object) then C elsewhere."
     ab = take(d, 2, adjacent=True)
     if not ab: return None
     A = fresh_triple(d)
@@ -253,8 +262,7 @@ def plant_temporal(d: Draft) -> dict | None:
         A2 = fresh_triple(d, entity=A[0], action=A[1], avoid=(A[2],))
         C = A2 and fresh_triple(d, avoid=(B[1],))
         if C: dis = [place(d, cc[0], A2, 'distractor'), place(d, cc[1], C, 'distractor')]
-    return dict(qtype='temporal_order', target=dict(entity=A[0], action=A[1], obj=A[2]),
-                evidence=ev, distractors=dis)
+    return _plan('temporal_order', A, ev, dis)
 
 # %% ../../nbs/09_synth.script.ipynb #b4ab6700
 def plant_negation(d: Draft) -> dict | None:
@@ -269,8 +277,7 @@ def plant_negation(d: Draft) -> dict | None:
     if len(shown) < 3: return None
     dis = _nmiss(d, slots[k:], [dict(entity=e, action=a, avoid=(o,)),
                                 dict(action=a, obj=o, avoid=(e,))], 'distractor')
-    return dict(qtype='negation', target=dict(entity=e, action=a, obj=o), evidence=shown,
-                distractors=dis)
+    return _plan('negation', X, shown, dis)
 
 # %% ../../nbs/09_synth.script.ipynb #bcdeaa97
 def _unused_pair_triple(d: Draft) -> tuple | None:
@@ -282,7 +289,7 @@ def _unused_pair_triple(d: Draft) -> tuple | None:
     return None
 
 def plant_action(d: Draft) -> dict | None:
-    "One (entity, object) pair used once, plus other-entity/same-object and same-entity/other-object near misses."
+    "One (entity, object) pair used once; near misses: other entity/same object, same entity/other."
     slots = take(d, 3)
     if not slots: return None
     t = _unused_pair_triple(d)
@@ -292,12 +299,11 @@ def plant_action(d: Draft) -> dict | None:
     e, a, o = t
     dis = _nmiss(d, slots[1:], [dict(obj=o, avoid=(e, a)), dict(entity=e, avoid=(a, o))],
                  'distractor')
-    return dict(qtype='action', target=dict(entity=e, action=a, obj=o), evidence=ev,
-                distractors=dis)
+    return _plan('action', t, ev, dis)
 
 # %% ../../nbs/09_synth.script.ipynb #e432ec13
 def plant_causal(d: Draft) -> dict | None:
-    "A unique triple shown with its cause, plus near misses with other causes (other entity or other act)."
+    "A unique triple shown with its cause; near misses with other causes (other entity or act)."
     slots = take(d, 3)
     t = fresh_triple(d)
     if not slots or not t: return None
@@ -307,12 +313,11 @@ def plant_causal(d: Draft) -> dict | None:
     e, a, o = t
     dis = _nmiss(d, slots[1:], [dict(action=a, obj=o, avoid=(e,)), dict(entity=e, avoid=(a, o))],
                  'distractor', c[1:])
-    return dict(qtype='causal', target=dict(entity=e, action=a, obj=o), evidence=ev,
-                distractors=dis)
+    return _plan('causal', t, ev, dis)
 
 # %% ../../nbs/09_synth.script.ipynb #11707585
 def plant_global(d: Draft) -> dict | None:
-    "Nothing planted: fillers favour the protagonist; the answer is counted from the finished timeline."
+    "Nothing planted: fillers favour the protagonist; the answer is counted from the timeline."
     return dict(qtype='global', target={}, evidence=[], distractors=[])
 
 PLANTERS = dict(counting=plant_counting, temporal_order=plant_temporal, negation=plant_negation,
@@ -366,7 +371,7 @@ def fix_margin(d: Draft, margin: int = 2) -> None:
 
 # %% ../../nbs/09_synth.script.ipynb #69547a35
 def subtitle_for(ev: Event, rng: np.random.Generator, rate: float = 0.5) -> str | None:
-    "A dialogue line that mentions the event with probability `rate`, else None (causal events always get one)."
+    "A dialogue line mentioning the event with probability `rate`, else None (always if causal)."
     p = phrase(ev.entity, ev.action, ev.obj)
     if ev.cause: return f"Narrator: {ev.cause[0].upper()}{ev.cause[1:]}, so {p}."
     if rng.random() >= rate: return None
@@ -393,7 +398,7 @@ class Timeline:
 
 # %% ../../nbs/09_synth.script.ipynb #3815390e
 def _plant_all(d: Draft, qtypes: list[str]) -> list[dict]:
-    "One plan per question type that fits (temporal-order first: it needs adjacent free slots), in `qtypes` order."
+    "One plan per question type that fits (temporal order first: adjacent slots), `qtypes` order."
     order = sorted(range(len(qtypes)), key=lambda i: (qtypes[i] != 'temporal_order', i))
     planted = {i: PLANTERS[qtypes[i]](d) for i in order}
     return [planted[i] for i in range(len(qtypes)) if planted[i]]
@@ -402,9 +407,17 @@ def _by_eid(plan: dict) -> dict:
     return dict(plan, evidence=[e.eid for e in plan['evidence']],
                 distractors=[e.eid for e in plan['distractors']])
 
+def _numbered(d: Draft, rng: np.random.Generator, subtitle_rate: float) -> list[Event]:
+    "The draft's events in time order, numbered, each given its subtitle (drawn in that order)."
+    events = sorted(d.events.values(), key=lambda e: e.t_start)
+    for i, e in enumerate(events):
+        e.eid = f"e{i:04d}"
+        e.subtitle = subtitle_for(e, rng, subtitle_rate)
+    return events
+
 def script_video(video_id: str, seed: int, duration: float, qtypes: list[str],
                  subtitle_rate: float = 0.5) -> Timeline:
-    "Script one video deterministically from its seed: scenes, planted question events, fillers, subtitles."
+    "Script one video deterministically from its seed: scenes, planted events, fillers, subtitles."
     rng = np.random.default_rng(seed)
     d, scenes = new_draft(rng, duration)
     plans = _plant_all(d, qtypes)
@@ -413,8 +426,5 @@ def script_video(video_id: str, seed: int, duration: float, qtypes: list[str],
     fix_margin(d)
     for p in plans:
         if p['qtype'] == 'global': p['target'] = dict(entity=d.protagonist)
-    events = sorted(d.events.values(), key=lambda e: e.t_start)
-    for i, e in enumerate(events):
-        e.eid = f"e{i:04d}"
-        e.subtitle = subtitle_for(e, rng, subtitle_rate)
+    events = _numbered(d, rng, subtitle_rate)
     return Timeline(video_id, seed, float(duration), scenes, events, [_by_eid(p) for p in plans])

@@ -19,16 +19,19 @@ def _touch(p: Path, videos: bool) -> None:
         p.write_bytes(b'')
 
 # %% ../../nbs/01b_testing.annotation_files.ipynb #b8f64f51
+def _videomme_row(i: int, d: str, j: int, t: str) -> dict:
+    "Video-MME's question `j` (task type `t`) about video `i` of duration group `d`."
+    return dict(video_id=f'{i:03d}', duration=d, domain='Knowledge',
+                sub_category='Humanity & History', url=f'https://www.youtube.com/watch?v=V{i}',
+                videoID=f'V{i}', question_id=f'{i:03d}-{j}', task_type=t,
+                question=f'What happens {j}?',
+                options=[f'A. L. Pasteur and R. Koch {j}.', f'B. two {j}',
+                         f'C. (c)(a)(d)(e)(b) {j}.', f'D. four {j}'], answer='ABCD'[j % 4])
+
 def _fixture_videomme(root: Path, videos: bool) -> None:
     "Video-MME: a parquet of questions with options as a list of `'A. …'` strings."
     import pandas as pd
-    rows = [dict(video_id=f'{i:03d}', duration=d, domain='Knowledge',
-                 sub_category='Humanity & History', url=f'https://www.youtube.com/watch?v=V{i}',
-                 videoID=f'V{i}', question_id=f'{i:03d}-{j}', task_type=t,
-                 question=f'What happens {j}?',
-                 options=[f'A. L. Pasteur and R. Koch {j}.', f'B. two {j}',
-                          f'C. (c)(a)(d)(e)(b) {j}.', f'D. four {j}'], answer='ABCD'[j % 4])
-            for i, d in ((1, 'long'), (2, 'short'))
+    rows = [_videomme_row(i, d, j, t) for i, d in ((1, 'long'), (2, 'short'))
             for j, t in ((1, 'Counting Problem'), (2, 'Temporal Reasoning'))]
     (root / 'videomme').mkdir(exist_ok=True)
     pd.DataFrame(rows).to_parquet(root / 'videomme' / 'test-00000-of-00001.parquet')
@@ -36,69 +39,87 @@ def _fixture_videomme(root: Path, videos: bool) -> None:
     _touch(root / 'subtitle' / 'V1.srt', videos)
 
 # %% ../../nbs/01b_testing.annotation_files.ipynb #3395bd95
+def _lvbench_qa() -> list[dict]:
+    "LVBench's `qa` list of one video: options inline in the question, times as (H:)MM:SS spans."
+    return [dict(uid='101', question='What appears first?\n(A) a boat\n(B) a car\n(C) a plane\n'
+                 '(D) a bike', answer='C',
+                 question_type=['key information retrieval'], time_reference='00:15-00:19'),
+            dict(uid='102', question='Why does he leave?\n(A) rain\n(B) B. B. King calls\n(C) '
+                 '(c)(a)(b)\n(D) fear', answer='B',
+                 question_type=['reasoning', 'event understanding'],
+                 time_reference='1:02:03-1:02:09')]
+
 def _fixture_lvbench(root: Path, videos: bool) -> None:
     "LVBench: a JSONL of videos, each with its `qa` list and options inline in the question."
-    qa = [dict(uid='101', question='What appears first?\n(A) a boat\n(B) a car\n(C) a plane\n(D) a '
-               'bike', answer='C',
-               question_type=['key information retrieval'], time_reference='00:15-00:19'),
-          dict(uid='102', question='Why does he leave?\n(A) rain\n(B) B. B. King calls\n(C) '
-               '(c)(a)(b)\n(D) fear', answer='B',
-               question_type=['reasoning', 'event understanding'],
-               time_reference='1:02:03-1:02:09')]
     info = dict(duration_minutes=70.5, fps=30.0, resolution=dict(width=640, height=360))
-    recs = [dict(key='vidA', type='documentary', video_info=info, qa=qa)]
+    recs = [dict(key='vidA', type='documentary', video_info=info, qa=_lvbench_qa())]
     (root / 'video_info.meta.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in recs))
     _touch(root / 'videos' / 'vidA.mp4', videos)
 
 # %% ../../nbs/01b_testing.annotation_files.ipynb #9216379f
+def _longvideobench_rec(k: int) -> dict:
+    "One LongVideoBench question whose correct choice is candidate `k`."
+    return dict(video_id='86CxyhFV9MI', id=f'86CxyhFV9MI_{k}', video_path='86CxyhFV9MI.mp4',
+                subtitle_path='86CxyhFV9MI_en.json',
+                question=f'Which subtitle appears with the red cup {k}?',
+                candidates=['hello', 'B. B. King sings', 'thanks', 'sorry'], correct_choice=k,
+                duration=512.3, duration_group=600, question_category='T3O',
+                topic_category='NP-News-Programs', level='L2-Relation',
+                starting_timestamp_for_subtitles=0.0, position=[100, 200])
+
 def _fixture_longvideobench(root: Path, videos: bool) -> None:
-    "LongVideoBench: `lvb_val.json`, a list of questions with `candidates` and a `correct_choice` index."
-    recs = [dict(video_id='86CxyhFV9MI', id=f'86CxyhFV9MI_{k}', video_path='86CxyhFV9MI.mp4',
-                 subtitle_path='86CxyhFV9MI_en.json',
-                 question=f'Which subtitle appears with the red cup {k}?',
-                 candidates=['hello', 'B. B. King sings', 'thanks', 'sorry'], correct_choice=k,
-                 duration=512.3, duration_group=600, question_category='T3O',
-                 topic_category='NP-News-Programs', level='L2-Relation',
-                 starting_timestamp_for_subtitles=0.0, position=[100, 200]) for k in (0, 2)]
+    "LongVideoBench: `lvb_val.json`, questions with `candidates` and a `correct_choice` index."
+    recs = [_longvideobench_rec(k) for k in (0, 2)]
     (root / 'lvb_val.json').write_text(json.dumps(recs))
     _touch(root / 'videos' / '86CxyhFV9MI.mp4', videos)
 
 # %% ../../nbs/01b_testing.annotation_files.ipynb #f569b5f2
+def _egoschema_question(u: str) -> dict:
+    "EgoSchema's question `u`: five `option i` fields."
+    return {'q_uid': u, 'google_drive_id': 'gd' + u, 'question': f'What is C doing overall in {u}?',
+            **{f'option {i}': f'activity {i} {u}' for i in range(5)},
+            'option 2': f'C. walks to the door {u}'}
+
 def _fixture_egoschema(root: Path, videos: bool) -> None:
-    "EgoSchema: `questions.json` with `option 0..4` fields and `subset_answers.json` for the answered subset."
-    qs = [{'q_uid': u, 'google_drive_id': 'gd' + u, 'question': f'What is C doing overall in {u}?',
-           **{f'option {i}': f'activity {i} {u}' for i in range(5)},
-           'option 2': f'C. walks to the door {u}'} for u in ('uid-a', 'uid-b', 'uid-c')]
+    "EgoSchema: `questions.json` (`option 0..4` fields), `subset_answers.json` for the answered ones."
+    qs = [_egoschema_question(u) for u in ('uid-a', 'uid-b', 'uid-c')]
     (root / 'questions.json').write_text(json.dumps(qs))
     (root / 'subset_answers.json').write_text(json.dumps({'uid-a': 3, 'uid-b': 0}))
     _touch(root / 'videos' / 'uid-a.mp4', videos)
 
 # %% ../../nbs/01b_testing.annotation_files.ipynb #606c9262
-def _fixture_mmrv(root: Path, videos: bool) -> None:
-    "MMR-V: a parquet with options as `'(A) …'` strings and `correctAnswer` as `'(D)'`."
-    import pandas as pd
-    recs = [dict(video='Magic Tricks.mp4', videoType='TV',
-                 question='How does he control the flame?',
+def _mmrv_recs() -> list[dict]:
+    "Two MMR-V questions about one video, options as `'(A) …'` strings."
+    tv = dict(video='Magic Tricks.mp4', videoType='TV')
+    return [dict(tv, question='How does he control the flame?',
                  options=['(A) a hologram', '(B) a chemical', '(C) immunity',
                           '(D) a hidden lighter, sleight of hand'], correctAnswer='(D)',
                  abilityType_L2='Counterintuitive Reasoning', abilityType_L3='Magic Deconstruction',
                  question_idx=20),
-            dict(video='Magic Tricks.mp4', videoType='TV', question='What is in the box?',
+            dict(tv, question='What is in the box?',
                  options=['(A) a coin', '(B) B. a card', '(C) (c)(a)(b) nothing'],
                  correctAnswer='(B)', abilityType_L2='Causal Reasoning', abilityType_L3='x',
                  question_idx=21)]
+
+def _fixture_mmrv(root: Path, videos: bool) -> None:
+    "MMR-V: a parquet with options as `'(A) …'` strings and `correctAnswer` as `'(D)'`."
+    import pandas as pd
     (root / 'data').mkdir(exist_ok=True)
-    pd.DataFrame(recs).to_parquet(root / 'data' / 'test-00000-of-00001.parquet')
+    pd.DataFrame(_mmrv_recs()).to_parquet(root / 'data' / 'test-00000-of-00001.parquet')
     _touch(root / 'videos' / 'Magic Tricks.mp4', videos)
 
 # %% ../../nbs/01b_testing.annotation_files.ipynb #e0095c71
+def _egolife_rec(i: int) -> dict:
+    "One EgoLifeQA question: `choice_a..d`, query and target times as DAY + HHMMSSff."
+    return dict(ID=str(i), query_time=dict(date='DAY2', time='11210250'), type='EntityLog',
+                need_audio=False, need_name=True, last_time=False,
+                question=f'Who used the screwdriver first? ({i})', choice_a='Tasha',
+                choice_b='Alice', choice_c='Shure', choice_d='Lucia', answer='B',
+                target_time=dict(date='DAY1', time='11152408'), keywords='HINT')
+
 def _fixture_egolife(root: Path, videos: bool, name: str) -> None:
-    "EgoLifeQA / Ego-R1: a JSON list with `choice_a..d`, `query_time` and `target_time` as DAY + HHMMSSff."
-    recs = [dict(ID=str(i), query_time=dict(date='DAY2', time='11210250'), type='EntityLog',
-                 need_audio=False, need_name=True, last_time=False,
-                 question=f'Who used the screwdriver first? ({i})', choice_a='Tasha',
-                 choice_b='Alice', choice_c='Shure', choice_d='Lucia', answer='B',
-                 target_time=dict(date='DAY1', time='11152408'), keywords='HINT') for i in (1, 2)]
+    "EgoLifeQA / Ego-R1: a JSON list of questions (`_egolife_rec`), in the file each names."
+    recs = [_egolife_rec(i) for i in (1, 2)]
     p = (root / 'EgoLifeQA' / 'EgoLifeQA_A1_JAKE.json' if name == 'egolifeqa'
          else root / 'Ego-R1-Bench.json')
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -106,25 +127,28 @@ def _fixture_egolife(root: Path, videos: bool, name: str) -> None:
     _touch(root / 'A1_JAKE' / 'DAY1' / 'DAY1_A1_JAKE_11150000.mp4', videos)
 
 # %% ../../nbs/01b_testing.annotation_files.ipynb #615c6faf
+def _synth_question(i: int) -> Question:
+    "Question `i` of the generated benchmark (two per video)."
+    return Question(f's{i}', f'v{i // 2}', f'How many red balls appear? ({i})',
+                    ['one', 'two', 'three'], answer='B', qtype='counting', duration=60.0,
+                    duration_group='short', video_path=f'videos/v{i // 2}.mp4',
+                    subtitle_path=f'videos/v{i // 2}.srt', evidence_spans=[(10.0, 14.0)])
+
 def _fixture_synth(root: Path, videos: bool) -> None:
     "The generated benchmark: `questions.jsonl` in the kit's own question schema."
-    qs = [Question(f's{i}', f'v{i // 2}', f'How many red balls appear? ({i})',
-                   ['one', 'two', 'three'], answer='B', qtype='counting', duration=60.0,
-                   duration_group='short', video_path=f'videos/v{i // 2}.mp4',
-                   subtitle_path=f'videos/v{i // 2}.srt', evidence_spans=[(10.0, 14.0)])
-          for i in range(4)]
+    qs = [_synth_question(i) for i in range(4)]
     (root / 'questions.jsonl').write_text(''.join(json.dumps(q.to_dict()) + '\n' for q in qs))
     _touch(root / 'videos' / 'v0.mp4', videos)
 
 # %% ../../nbs/01b_testing.annotation_files.ipynb #d8f45304
 _FIXTURES = {'videomme': _fixture_videomme, 'lvbench': _fixture_lvbench,
              'longvideobench': _fixture_longvideobench, 'egoschema': _fixture_egoschema,
-             'mmrv': _fixture_mmrv, 'synth': _fixture_synth, 'egolifeqa': lambda r,
-             v: _fixture_egolife(r, v, 'egolifeqa'), 'egor1': lambda r,
-             v: _fixture_egolife(r, v, 'egor1')}
+             'mmrv': _fixture_mmrv, 'synth': _fixture_synth,
+             'egolifeqa': lambda r, v: _fixture_egolife(r, v, 'egolifeqa'),
+             'egor1': lambda r, v: _fixture_egolife(r, v, 'egor1')}
 
 def write_fixture(name: str, root: str | Path, videos: bool = True) -> Path:
-    "Write a tiny annotation file in `name`'s official format under `root` (and empty video files when `videos`)."
+    "Write a tiny annotation file in `name`'s official format under `root` (empty videos if `videos`)."
     if name not in _FIXTURES:
         raise KeyError(f"no fixture for {name!r}")
     root = Path(root)

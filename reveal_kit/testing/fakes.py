@@ -15,22 +15,26 @@ from ..text import content_words, fmt_time
 __all__ = ['FakeChatServer', 'HashEmbedder', 'synthetic_items', 'TinyHit', 'TinyMemory']
 
 # %% ../../nbs/01a_testing.fakes.ipynb #f20d9cda
+def _openai_calls(calls: list[dict]) -> list[dict]:
+    "Tool calls in OpenAI's form: `{'name', 'arguments'}` ones wrapped, complete ones kept."
+    args = lambda a: a if isinstance(a, str) else json.dumps(a)
+    return [c if 'function' in c else {'id': f'chatcmpl-tool-{i}', 'type': 'function',
+                                       'function': {'name': c['name'],
+                                                    'arguments': args(c['arguments'])}}
+            for i, c in enumerate(calls)]
+
 def _completion_body(out: str | dict) -> dict:
-    "The chat completion for a handler's reply: a text, or a message dict (`tool_calls` as `{'name', 'arguments'}`)."
+    "The chat completion for a handler's reply: a text, or a message dict (its `tool_calls` short)."
     m = {'content': out} if isinstance(out, str) else dict(out)
     usage = {'prompt_tokens': 11, 'completion_tokens': len(str(m.get('content') or '').split()),
              **m.pop('usage', {})}
-    args = lambda a: a if isinstance(a, str) else json.dumps(a)
-    calls = [c if 'function' in c else {'id': f'chatcmpl-tool-{i}', 'type': 'function',
-                                        'function': {'name': c['name'],
-                                                     'arguments': args(c['arguments'])}}
-             for i, c in enumerate(m.pop('tool_calls', None) or [])]
+    calls = _openai_calls(m.pop('tool_calls', None) or [])
     finish = m.pop('finish_reason', 'tool_calls' if calls else 'stop')
     msg = {'role': 'assistant', 'content': None, **m, **({'tool_calls': calls} if calls else {})}
     return {'choices': [{'index': 0, 'message': msg, 'finish_reason': finish}], 'usage': usage}
 
 class FakeChatServer:
-    "A tiny OpenAI-style chat server in a thread; `handler(payload) -> str | dict | (status, body)`; a context manager."
+    "A tiny OpenAI-style chat server in a thread (a context manager); `handler(payload)` replies."
     def __init__(self, handler: Callable[[dict], Any], model: str = 'fake-model'):
         self.handler, self.model, self.requests = handler, model, []
 
@@ -73,7 +77,7 @@ class FakeChatServer:
 
 # %% ../../nbs/01a_testing.fakes.ipynb #e65a12b9
 class HashEmbedder:
-    "Test fixture: a bag-of-stems hashing embedder with the TextEmbedder interface (64-d, L2-normalized)."
+    "Test fixture: a bag-of-stems hashing embedder, TextEmbedder interface (64-d, L2-normalized)."
     model_id, dim, is_fallback, why = 'test-hash-64', 64, True, 'test fixture'
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -92,7 +96,7 @@ _OBJ = ['the hallway', 'a wooden bench', 'the window', 'the bookshelf', 'the sof
         'the garden gate', 'the staircase']
 
 def _summarize_up(items: list[MemoryItem], level: int, group: int, words: int) -> list[MemoryItem]:
-    "Parents of every `group` consecutive items: their time-labelled narratives, cut to `words` words."
+    "Parents of every `group` consecutive items: their time-labelled narratives, cut to `words`."
     out = []
     for j in range(0, len(items), group):
         ch = items[j:j + group]
@@ -102,12 +106,15 @@ def _summarize_up(items: list[MemoryItem], level: int, group: int, words: int) -
     return out
 
 # %% ../../nbs/01a_testing.fakes.ipynb #6cec8b12
+def _filler(rng: random.Random) -> str:
+    "A seeded filler narrative: someone doing something somewhere."
+    return f"{rng.choice(_SUBJ)} {rng.choice(_VERB)} {rng.choice(_OBJ)}"
+
 def synthetic_items(n_l1: int = 60, events: dict[int, str] | None = None, seed: int = 0,
                     l1_s: float = 10.0, group: int = 12, l2_words: int = 120) -> list[MemoryItem]:
-    "L1/L2/L3 `MemoryItem`s of a synthetic video: seeded filler narratives, `events` planted at L1 indices."
+    "L1/L2/L3 `MemoryItem`s of a synthetic video: seeded filler, `events` planted at L1 indices."
     rng, events = random.Random(seed), events or {}
-    l1 = [MemoryItem(f'L1_{i:04d}', 1, l1_s * i, l1_s * (i + 1),
-                     events.get(i) or f"{rng.choice(_SUBJ)} {rng.choice(_VERB)} {rng.choice(_OBJ)}")
+    l1 = [MemoryItem(f'L1_{i:04d}', 1, l1_s * i, l1_s * (i + 1), events.get(i) or _filler(rng))
           for i in range(n_l1)]
     l2 = _summarize_up(l1, 2, group, l2_words)
     return l1 + l2 + _summarize_up(l2, 3, group, 300)

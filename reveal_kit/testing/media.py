@@ -23,23 +23,33 @@ def ffmpeg_exe() -> str:
     return imageio_ffmpeg.get_ffmpeg_exe()
 
 # %% ../../nbs/01c_testing.media.ipynb #d3572eba
-def ffmpeg_write(path: str | Path, frames: Iterable[np.ndarray], rate: str = '10',
-                 inputs: Sequence[str] = (), args: Sequence[str] = ()) -> Path:
-    "Pipe RGB frames into FFmpeg at an exact `rate` ('30000/1001'); `inputs`: more input files; `args`: output options."
-    import subprocess
-    path, frames = Path(path), iter(frames)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    first = next(frames)
-    h, w = first.shape[:2]
+def _ffmpeg_cmd(path: Path, size: tuple[int, int], rate: str, inputs: Sequence[str],
+                args: Sequence[str]) -> list[str]:
+    "FFmpeg's command: RGB frames of `size` on stdin at `rate`, then `inputs`; `args`: output options."
+    w, h = size
     extra = [a for f in inputs for a in ('-i', str(f))]
-    cmd = [ffmpeg_exe(), '-y', '-loglevel', 'error', '-f', 'rawvideo', '-pix_fmt', 'rgb24', '-s',
-           f'{w}x{h}', '-r', rate, '-i', '-', *extra, '-pix_fmt', 'yuv420p', *args, str(path)]
-    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    return [ffmpeg_exe(), '-y', '-loglevel', 'error', '-f', 'rawvideo', '-pix_fmt', 'rgb24', '-s',
+            f'{w}x{h}', '-r', rate, '-i', '-', *extra, '-pix_fmt', 'yuv420p', *args, str(path)]
+
+def _feed(p, first: np.ndarray, frames: Iterable[np.ndarray]):
+    "Write the frames to FFmpeg's stdin as uint8 RGB, until FFmpeg stops reading."
     try:
         for fr in [first, *frames]:
             p.stdin.write(np.ascontiguousarray(fr, dtype=np.uint8).tobytes())
     except BrokenPipeError:
         pass                          # ffmpeg gave up early: its stderr says why
+
+def ffmpeg_write(path: str | Path, frames: Iterable[np.ndarray], rate: str = '10',
+                 inputs: Sequence[str] = (), args: Sequence[str] = ()) -> Path:
+    "Pipe RGB frames to FFmpeg at an exact `rate` ('30000/1001'); `inputs`: more files; `args`: options."
+    import subprocess
+    path, frames = Path(path), iter(frames)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    first = next(frames)
+    h, w = first.shape[:2]
+    cmd = _ffmpeg_cmd(path, (w, h), rate, inputs, args)
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    _feed(p, first, frames)
     _, err = p.communicate()
     if p.returncode: raise RuntimeError(f"ffmpeg failed: {err.decode()[-300:]}")
     return path
@@ -49,7 +59,7 @@ def make_mkv_with_subtitles(path: str | Path, scenes: Sequence[Scene] = ((3, 1),
                             cues: Iterable[CueTuple] = ((1.0, 2.0, 'hello'),
                                                         (8.0, 9.5, 'after the video ends')),
                             fps: float = 10, size: tuple[int, int] = (64, 48)) -> Path:
-    "A Matroska file with an H.264 video stream and a SubRip track whose last cue may end after the video does."
+    "A Matroska file: an H.264 video stream, a SubRip track whose last cue may end after the video."
     path = Path(path)
     srt = write_srt(path.with_suffix('.srt'), cues)
     return ffmpeg_write(path, scene_frames(scenes, fps, size), str(fps), inputs=[srt],
@@ -59,68 +69,102 @@ def make_mkv_with_subtitles(path: str | Path, scenes: Sequence[Scene] = ((3, 1),
 # %% ../../nbs/01c_testing.media.ipynb #d050f606
 def make_ntsc_video(path: str | Path, scenes: Sequence[Scene] = ((12, 1), (12, 2)),
                     size: tuple[int, int] = (64, 48)) -> Path:
-    "A clip at exactly 30000/1001 fps (NTSC); the container comes from the suffix (.mp4, .mkv, .webm)."
+    "A clip at exactly 30000/1001 fps (NTSC) in the container of its suffix (.mp4, .mkv, .webm)."
     path = Path(path)
     webm = path.suffix == '.webm'
-    codec = ['-c:v', 'libvpx', '-b:v', '200k'] if webm else ['-c:v', 'libx264', '-preset',
-                                                             'ultrafast']
+    x264 = ['-c:v', 'libx264', '-preset', 'ultrafast']
+    codec = ['-c:v', 'libvpx', '-b:v', '200k'] if webm else x264
     return ffmpeg_write(path, scene_frames(scenes, 30000 / 1001, size), '30000/1001', args=codec)
 
 # %% ../../nbs/01c_testing.media.ipynb #41d6db48
 def make_raw_h264(path: str | Path, scenes: Sequence[Scene] = ((5, 1), (5, 2)), fps: float = 10,
                   size: tuple[int, int] = (64, 48)) -> Path:
-    "A raw H.264 elementary stream (`.h264`): frames but no container, so no duration or frame count is declared."
+    "A raw H.264 elementary stream (`.h264`): no container, so no declared duration or frame count."
     return ffmpeg_write(path, scene_frames(scenes, fps, size), str(fps),
                         args=['-c:v', 'libx264', '-preset', 'ultrafast', '-f', 'h264'])
 
 # %% ../../nbs/01c_testing.media.ipynb #f8eb6a5a
-def _scene_canvas(key, size: tuple[int, int], rng) -> np.ndarray:
-    "A canvas twice the frame size: a gradient backdrop, large shapes in the scene's palette, a fine texture on top."
-    import cv2
+def _backdrop(pal: np.ndarray, size: tuple[int, int], rng) -> np.ndarray:
+    "A float canvas twice the frame size: a vertical gradient between two of the palette's colours."
     w, h = size
-    pal = scene_palette(key).astype(np.float32)
     i, j = rng.permutation(len(pal))[:2]
     a = np.linspace(0, 1, 2 * h)[:, None, None]
-    img = (1 - a) * pal[i] + a * pal[j] + np.zeros((2 * h, 2 * w, 3), np.float32)
-    for _ in range(int(rng.integers(4, 8))):
-        c = tuple(float(x) for x in pal[rng.integers(len(pal))] * rng.uniform(0.6, 1.2))
-        x, y = int(rng.uniform(0, 2 * w)), int(rng.uniform(0, 2 * h))
-        rw, rh = int(rng.uniform(0.15, 0.5) * w), int(rng.uniform(0.15, 0.5) * h)
-        if rng.random() < 0.5: cv2.rectangle(img, (x - rw, y - rh), (x + rw, y + rh), c, -1)
-        else: cv2.ellipse(img, (x, y), (rw, rh), float(rng.uniform(0, 180)), 0, 360, c, -1)
+    return (1 - a) * pal[i] + a * pal[j] + np.zeros((2 * h, 2 * w, 3), np.float32)
+
+def _draw_shape(img: np.ndarray, pal: np.ndarray, size: tuple[int, int], rng):
+    "Draw a rectangle or an ellipse of a (shaded) palette colour at a random place on `img`."
+    import cv2
+    w, h = size
+    c = tuple(float(x) for x in pal[rng.integers(len(pal))] * rng.uniform(0.6, 1.2))
+    x, y = int(rng.uniform(0, 2 * w)), int(rng.uniform(0, 2 * h))
+    rw, rh = int(rng.uniform(0.15, 0.5) * w), int(rng.uniform(0.15, 0.5) * h)
+    if rng.random() < 0.5: cv2.rectangle(img, (x - rw, y - rh), (x + rw, y + rh), c, -1)
+    else: cv2.ellipse(img, (x, y), (rw, rh), float(rng.uniform(0, 180)), 0, 360, c, -1)
+
+def _scene_canvas(key, size: tuple[int, int], rng) -> np.ndarray:
+    "A canvas twice the frame size: gradient backdrop, large shapes in the scene's palette, fine texture."
+    w, h = size
+    pal = scene_palette(key).astype(np.float32)
+    img = _backdrop(pal, size, rng)
+    for _ in range(int(rng.integers(4, 8))): _draw_shape(img, pal, size, rng)
     tex = scene_texture(key, (2 * w, 2 * h), block=int(rng.choice([4, 6, 8]))).astype(np.float32)
     return np.clip(img + 0.35 * (tex - tex.mean((0, 1))), 0, 255).astype(np.uint8)
 
 # %% ../../nbs/01c_testing.media.ipynb #4febf667
-def camera_view(key, size: tuple[int, int] = (160, 120), seed: int = 0) -> Callable[[float],
-                                                                                    np.ndarray]:
-    "`view(t)`: the frame a moving camera sees of scene `key` at `t` s into the scene (pan, zoom, shake, jolt, blob)."
-    import cv2
+def _camera_path(size: tuple[int, int], rng) -> tuple:
+    "The camera's pan (px/s), the start of its 0.5-s jolt (inf: none), the blob (x, y, speed, radius)."
     w, h = size
-    rng = np.random.default_rng(seed)
-    canvas = _scene_canvas(key, size, np.random.default_rng(rng.integers(1 << 30)))
     v = rng.uniform(0.015, 0.04, 2) * (w, h) * rng.choice([-1, 1], 2)           # pan, px/s
     # a 0.5-s hand-held jolt
     jolt = rng.uniform(0.5, 3.0) if rng.random() < 0.5 else math.inf
-    bx, by, bv, br = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(-0.06,
-                                                                       0.06) * w, int(0.12 * h)
-    def view(t: float) -> np.ndarray:
-        img = canvas.copy()
-        cv2.circle(img, (int(w / 2 + bx + bv * t), int(h / 2 + by)), br, (235, 235, 235), -1)
-        bump = np.sin(np.pi * np.clip((t - jolt) / 0.5, 0, 1))
-        cx = w + v[0] * t + 0.15 * w * bump + 0.02 * w * np.sin(2.1 * t)
-        cy = h + v[1] * t + 0.02 * h * np.sin(1.7 * t + 1)
-        z = 1.0 + 0.05 * np.sin(0.3 * t)
-        M = np.float32([[z, 0, w / 2 - z * cx], [0, z, h / 2 - z * cy]])
-        fr = cv2.warpAffine(img, M, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
-        k = int(1
-                + 0.15 * w * np.pi / 15 * abs(np.cos(np.pi * (t - jolt) / 0.5))) if jolt <= t < jolt + 0.5 else 1
-        # motion blur along the jolt
-        return cv2.blur(fr, (k, 1)) if k > 1 else fr
+    blob = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(-0.06, 0.06) * w, int(0.12 * h)
+    return v, jolt, blob
+
+def _camera_matrix(t: float, size: tuple[int, int], v, jolt: float) -> np.ndarray:
+    "The camera's affine map at `t`: its centre panned, shaken and jolted, a slow zoom."
+    w, h = size
+    bump = np.sin(np.pi * np.clip((t - jolt) / 0.5, 0, 1))
+    cx = w + v[0] * t + 0.15 * w * bump + 0.02 * w * np.sin(2.1 * t)
+    cy = h + v[1] * t + 0.02 * h * np.sin(1.7 * t + 1)
+    z = 1.0 + 0.05 * np.sin(0.3 * t)
+    return np.float32([[z, 0, w / 2 - z * cx], [0, z, h / 2 - z * cy]])
+
+def _jolt_blur(t: float, jolt: float, w: int) -> int:
+    "Width of the motion blur along the jolt at `t` (1: none)."
+    if not jolt <= t < jolt + 0.5: return 1
+    return int(1 + 0.15 * w * np.pi / 15 * abs(np.cos(np.pi * (t - jolt) / 0.5)))
+
+def _shot(canvas: np.ndarray, t: float, size: tuple[int, int], path: tuple) -> np.ndarray:
+    "The frame at `t`: the blob drawn on the canvas, seen by the moving camera, blurred in a jolt."
+    import cv2
+    w, h = size
+    v, jolt, (bx, by, bv, br) = path
+    img = canvas.copy()
+    cv2.circle(img, (int(w / 2 + bx + bv * t), int(h / 2 + by)), br, (235, 235, 235), -1)
+    M = _camera_matrix(t, size, v, jolt)
+    fr = cv2.warpAffine(img, M, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    k = _jolt_blur(t, jolt, w)
+    return cv2.blur(fr, (k, 1)) if k > 1 else fr
+
+def camera_view(key, size: tuple[int, int] = (160, 120),
+                seed: int = 0) -> Callable[[float], np.ndarray]:
+    "`view(t)`: what a moving camera sees of scene `key` `t` s in (pan, zoom, shake, jolt, blob)."
+    rng = np.random.default_rng(seed)
+    canvas = _scene_canvas(key, size, np.random.default_rng(rng.integers(1 << 30)))
+    path = _camera_path(size, rng)
+    def view(t: float) -> np.ndarray: return _shot(canvas, t, size, path)
     return view
 
 # %% ../../nbs/01c_testing.media.ipynb #3050c7bb
 Transition = tuple  # ('cut',) | ('black', s) | ('fade', s, hold_s) | ('dissolve', s)
+
+def _transition(tr: Transition) -> tuple[str, float, float]:
+    "(kind, seconds, hold) of a transition; an unknown kind is an error."
+    kind, s, hold = (tr[0], float(tr[1]) if len(tr) > 1 else 0.0,
+                     float(tr[2]) if len(tr) > 2 else 0.0)
+    if kind not in ('cut', 'black', 'fade', 'dissolve'):
+        raise ValueError(f"unknown transition {kind!r}")
+    return kind, s, hold
 
 def _spans(scenes: Sequence[Scene], transitions: Sequence[Transition]) -> list[tuple]:
     "(boundary time, kind, s, hold, half-span) of each transition."
@@ -129,42 +173,41 @@ def _spans(scenes: Sequence[Scene], transitions: Sequence[Transition]) -> list[t
                          f"{len(transitions)}")
     out = []
     for c, tr in zip(scene_boundaries(scenes), transitions):
-        kind, s, hold = (tr[0], float(tr[1]) if len(tr) > 1 else 0.0,
-                         float(tr[2]) if len(tr) > 2 else 0.0)
-        if kind not in ('cut', 'black', 'fade', 'dissolve'):
-            raise ValueError(f"unknown transition {kind!r}")
-        out.append((c, kind, s, hold,
-                    dict(cut=0.0, black=s / 2, fade=s + hold / 2, dissolve=s / 2)[kind]))
+        kind, s, hold = _transition(tr)
+        half = dict(cut=0.0, black=s / 2, fade=s + hold / 2, dissolve=s / 2)[kind]
+        out.append((c, kind, s, hold, half))
     return out
 
 
 def transition_truth(scenes: Sequence[Scene],
                      transitions: Sequence[Transition]) -> list[tuple[float, str, float]]:
-    "(time, kind, half-width) per boundary: a boundary within half-width (+ a tolerance) of time is right."
+    "(time, kind, half-width) per boundary: one found within half-width (+ a tolerance) is right."
     return [(c, k, s / 2 if k == 'black' else hold / 2 if k == 'fade' else 0.0)
             for c, k, s, hold, _ in _spans(scenes, transitions)]
 
 # %% ../../nbs/01c_testing.media.ipynb #6fa8adb1
+def _dissolve(t: float, c: float, half: float, views, starts, j: int) -> np.ndarray:
+    "The cross-fade at `t` from scene `j` into scene `j + 1` around the boundary `c`."
+    a = (t - c + half) / (2 * half)
+    before = views[j](t - starts[j]).astype(np.float32)
+    return (1 - a) * before + a * views[j + 1](t - starts[j + 1])
+
 def _at(t: float, views, starts, spans) -> np.ndarray:
-    "The float frame at `t`: the current scene's view, darkened or blended by the transition around `t`."
+    "The float frame at `t`: the current scene's view, darkened or blended by a transition at `t`."
     i = max(j for j, s in enumerate(starts) if s <= t)
     fr = views[i](t - starts[i]).astype(np.float32)
     for j, (c, kind, s, hold, half) in enumerate(spans):
         if not c - half <= t < c + half: continue
         if kind == 'black': fr = fr * 0
         if kind == 'fade': fr = fr * min(1.0, max(0.0, (abs(t - c) - hold / 2) / s))
-        if kind == 'dissolve':
-            a = (t - c + half) / (2 * half)
-            fr = (1 - a) * views[j](t - starts[j]).astype(np.float32) + a * views[j
-                                                                                  + 1](t - starts[j
-                                                                                                  + 1])
+        if kind == 'dissolve': fr = _dissolve(t, c, half, views, starts, j)
     return fr
 
 
 def transition_frames(scenes: Sequence[Scene], transitions: Sequence[Transition],
                       fps: float = 30000 / 1001, size: tuple[int, int] = (160, 120),
                       noise: float = 2.0, seed: int = 0) -> Iterable[np.ndarray]:
-    "RGB frames of camera-filmed `scenes` joined by `transitions`, with sensor noise of std `noise`."
+    "RGB frames of camera-filmed `scenes` joined by `transitions`, sensor noise of std `noise`."
     spans, starts = _spans(scenes, transitions), [0.0, *scene_boundaries(scenes)]
     views = [camera_view(sc[1], size, seed * 1000 + i) for i, sc in enumerate(scenes)]
     rng = np.random.default_rng(seed)
@@ -176,46 +219,64 @@ def transition_frames(scenes: Sequence[Scene], transitions: Sequence[Transition]
 def make_transition_video(path: str | Path, scenes: Sequence[Scene],
                           transitions: Sequence[Transition], size: tuple[int, int] = (160, 120),
                           seed: int = 0) -> Path:
-    "An NTSC-rate (30000/1001 fps) H.264 file of `transition_frames`; true boundaries from `transition_truth`."
+    "An NTSC-rate H.264 file of `transition_frames`; its true boundaries: `transition_truth`."
     return ffmpeg_write(path, transition_frames(scenes, transitions, 30000 / 1001, size, seed=seed),
                         '30000/1001',
                         args=['-c:v', 'libx264', '-preset', 'ultrafast', '-crf', '20'])
 
 # %% ../../nbs/01c_testing.media.ipynb #81bc4914
-def match_boundaries(found: Sequence[float], truth: Sequence[tuple], tol: float = 1.0) -> dict:
-    "Recall, precision and counts per transition kind (and 'all') of `found` times against `transition_truth`."
+def _pair_up(found: Sequence[float], truth: Sequence[tuple], tol: float) -> dict[int, int]:
+    "True boundary → the found one matched to it: nearest pairs first, each used at most once."
     pairs = sorted((abs(f - t) - h, i, j) for i, (t, _, h) in enumerate(truth)
                    for j, f in enumerate(found) if abs(f - t) <= h + tol)
-    hit, used = {}, set()
+    hit = {}
     for _, i, j in pairs:
-        if i not in hit and j not in used: hit[i] = j
-        used = set(hit.values())
-    near = [truth[int(np.argmin([abs(f - t) for t, _, _ in truth]))][1]
-            for f in found] if truth else []
-    out = {}
-    for kind in [*sorted({k for _, k, _ in truth}), 'all']:
-        idx = [i for i, (_, k, _) in enumerate(truth) if kind in (k, 'all')]
-        att = [j for j, k in enumerate(near) if kind in (k, 'all')]
-        out[kind] = dict(recall=round(sum(i in hit for i in idx) / max(1, len(idx)), 3), n=len(idx),
-                         precision=round(sum(j in used for j in att) / max(1, len(att)), 3),
-                         found=len(att))
-    return out
+        if i not in hit and j not in set(hit.values()): hit[i] = j
+    return hit
+
+def _nearest_kinds(found: Sequence[float], truth: Sequence[tuple]) -> list[str]:
+    "The kind of the true transition nearest to each found boundary."
+    if not truth: return []
+    return [truth[int(np.argmin([abs(f - t) for t, _, _ in truth]))][1] for f in found]
+
+def _kind_scores(kind: str, truth: Sequence[tuple], near: list[str], hit: dict) -> dict:
+    "Recall over the true boundaries of `kind`, precision over the found ones nearest to that kind."
+    used = set(hit.values())
+    idx = [i for i, (_, k, _) in enumerate(truth) if kind in (k, 'all')]
+    att = [j for j, k in enumerate(near) if kind in (k, 'all')]
+    return dict(recall=round(sum(i in hit for i in idx) / max(1, len(idx)), 3), n=len(idx),
+                precision=round(sum(j in used for j in att) / max(1, len(att)), 3),
+                found=len(att))
+
+def match_boundaries(found: Sequence[float], truth: Sequence[tuple], tol: float = 1.0) -> dict:
+    "Recall, precision and counts per transition kind (and 'all') of `found` against the truth."
+    hit, near = _pair_up(found, truth, tol), _nearest_kinds(found, truth)
+    kinds = [*sorted({k for _, k, _ in truth}), 'all']
+    return {kind: _kind_scores(kind, truth, near, hit) for kind in kinds}
 
 # %% ../../nbs/01c_testing.media.ipynb #19431e98
-def transition_mix(n_each: int = 3, seed: int = 0) -> tuple[list[Scene], list[Transition]]:
-    "Scenes and transitions: each kind `n_each` times, shuffled; every third scene has its predecessor's colours."
-    rng = np.random.default_rng(seed)
+def _shuffled_kinds(n_each: int, rng) -> list[Transition]:
+    "Each kind of transition `n_each` times (random lengths), shuffled."
     kinds = []
     for _ in range(n_each):
         kinds += [('cut',), ('black', float(rng.choice([0.3, 0.7, 1.5, 2.5]))),
                   ('fade', round(float(rng.uniform(0.5, 1.5)), 2),
                    float(rng.choice([0, 0, 0.5, 1.0]))),
                   ('dissolve', round(float(rng.uniform(1.0, 2.0)), 2))]
-    kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+    return [kinds[i] for i in rng.permutation(len(kinds))]
+
+def _next_key(i: int, key, rng):
+    "Scene `i`'s key: every third scene its predecessor's colours one unit apart, else a new one."
+    if i % 3 == 2 and isinstance(key, tuple): return (key[0], key[1], key[2] + 1)
+    if rng.random() < 0.5: return tuple(int(x) for x in rng.integers(30, 220, 3))
+    return int(rng.integers(1, 10**6))
+
+def transition_mix(n_each: int = 3, seed: int = 0) -> tuple[list[Scene], list[Transition]]:
+    "Scenes and transitions: each kind `n_each` times, shuffled; every third scene keeps the colours."
+    rng = np.random.default_rng(seed)
+    kinds = _shuffled_kinds(n_each, rng)
     scenes, key = [], None
     for i in range(len(kinds) + 1):
-        if i % 3 == 2 and isinstance(key, tuple): key = (key[0], key[1], key[2] + 1)
-        elif rng.random() < 0.5: key = tuple(int(x) for x in rng.integers(30, 220, 3))
-        else: key = int(rng.integers(1, 10**6))
+        key = _next_key(i, key, rng)
         scenes.append((round(float(rng.uniform(4, 8)), 2), key))
     return scenes, kinds

@@ -13,7 +13,7 @@ __all__ = ['toy_questions', 'first_letter', 'renamed_pool']
 
 # %% ../../nbs/01g_testing.runs.ipynb #c50719aa
 def toy_questions(n: int, per_video: int = 2, answers: str = 'AB') -> list[Question]:
-    "`n` questions on videos `v0`, `v1`, … (`per_video` each, no files), gold letters cycling through `answers`."
+    "`n` questions on videos `v0`, `v1`, … (`per_video` each, no files), gold cycling `answers`."
     return [Question(f'q{k}', f'v{k // per_video}', f'question {k}?', ['x', 'y'],
                      answer=answers[k % len(answers)])
             for k in range(n)]
@@ -26,7 +26,7 @@ def first_letter(q: Question, ctx: Any = None) -> dict:
 # %% ../../nbs/01g_testing.runs.ipynb #4c477ed0
 def renamed_pool(src: str | Path, dst: str | Path, prefix: str = 'alt_',
                  provenance: dict | None = None) -> Path:
-    "A copy of the pool YAML `src` at `dst` with every criterion name prefixed, and `provenance` appended if given."
+    "A copy of the pool YAML `src` at `dst`, every criterion name prefixed, `provenance` appended."
     text = Path(src).read_text().replace('- name: ', f'- name: {prefix}')
     if provenance: text += 'provenance:\n' + ''.join(f'  {k}: {v}\n' for k, v in provenance.items())
     dst = Path(dst)

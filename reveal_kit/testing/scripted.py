@@ -22,18 +22,18 @@ DOOR_EVENTS = {5: 'the man opens the red door and carries a box inside',
                50: 'the man opens the red door for a delivery worker with flowers'}
 
 def door_memory(chunking: str = 'adaptive') -> TinyMemory:
-    "A `TinyMemory` of 60 L1 segments of 10 s (with their L2 and L3 summaries) and the door openings of `DOOR_EVENTS`."
+    "A `TinyMemory` of 60 L1 segments of 10 s (and L2, L3 summaries) with the `DOOR_EVENTS`."
     return TinyMemory(synthetic_items(60, DOOR_EVENTS), chunking=chunking)
 
 # %% ../../nbs/01d_testing.scripted.ipynb #8b2c1377
 def count_question() -> Question:
-    "The counting question about `door_memory`: how many times the man opens the red door (gold `C`, three)."
+    "The counting question on `door_memory`: how often the man opens the red door (gold `C`: 3)."
     return Question('c1', 'tiny', 'How many times does the man open the red door?',
                     ['1', '2', '3', '4'], answer='C')
 
 # %% ../../nbs/01d_testing.scripted.ipynb #691941f0
 class StampedFrames:
-    "A memory whose frames are 8×8 arrays filled with their segment's start time (mod 256): no video needed."
+    "A memory whose frames are 8×8 arrays of their segment's start time (mod 256): no video needed."
     def __init__(self, memory: Memory):
         self.memory = memory
 
@@ -46,13 +46,13 @@ class StampedFrames:
 
 # %% ../../nbs/01d_testing.scripted.ipynb #6b3d9327
 def event_narrative(e: dict) -> str:
-    "A timeline event as a caption: `the red robot lifts the box` (+ `because <cause>` when it has one)."
+    "A timeline event as a caption: `the red robot lifts the box` (+ `because <cause>` if any)."
     cause = f" because {e['cause']}" if e.get('cause') else ''
     return f"the {e['entity'].replace('_', ' ')} {e['action']}s the {e['obj']}" + cause
 
 # %% ../../nbs/01d_testing.scripted.ipynb #f35aa546
 def script_memory(bench: str | Path, q: Question, emb: Any = None) -> TinyMemory:
-    "A memory of q's video built from its timeline in `bench`: one L1 item per event, one L2, one L3."
+    "A memory of q's video from its timeline in `bench`: one L1 item per event, one L2, one L3."
     tl = json.loads((Path(bench) / q.meta['timeline_path']).read_text())
     l1 = [MemoryItem(f"L1_{i:03d}", 1, e['t_start'], e['t_end'], event_narrative(e))
           for i, e in enumerate(tl['events'])]
@@ -63,7 +63,7 @@ def script_memory(bench: str | Path, q: Question, emb: Any = None) -> TinyMemory
 
 # %% ../../nbs/01d_testing.scripted.ipynb #aabb45f6
 class ScriptedMemories:
-    "`memories(q)` for the questions of a generated benchmark: each video's `script_memory`, built once."
+    "`memories(q)` for a generated benchmark's questions: each video's `script_memory`, built once."
     def __init__(self, bench: str | Path, emb: Any = None):
         self.bench, self.emb, self.cache = Path(bench), emb or HashEmbedder(), {}
 

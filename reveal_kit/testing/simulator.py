@@ -20,7 +20,7 @@ BEHAVIOURS = ('plain', 'think_field', 'think_block', 'cut', 'too_many_images', '
 
 @dataclass
 class SimSettings:
-    "The simulated server's limits: images per request, context length (tokens), delay of a slow reply, calls per turn."
+    "The simulated server's limits: images per request, context (tokens), slow-reply delay, calls."
     max_images: int = 2
     max_context: int = 2048
     image_tokens: int = 256            # what one image costs in the context
@@ -32,21 +32,21 @@ class SimSettings:
 _TAG = re.compile(r'\[sim:([a-z_]+)\]')
 
 def behaviour_of(payload: dict, default: str = 'plain') -> str:
-    "The behaviour a conversation asks for: a tag `[sim:NAME]` in any message (the first one wins), else `default`."
+    "The behaviour a conversation asks for: a tag `[sim:NAME]` (the first wins), or `default`."
     for m in payload.get('messages') or []:
         if (t := _TAG.search(message_text(m))) and t.group(1) in BEHAVIOURS: return t.group(1)
     return default
 
 # %% ../../nbs/01e_testing.simulator.ipynb #3d0035e6
 def _string(s: dict) -> str:
-    "A plausible string under a schema node: a time for time patterns, a name for name patterns, else a phrase."
+    "A plausible string under a schema node: a time, a name (for such patterns), else a phrase."
     p = s.get('pattern', '')
     if ':' in p: return '00:00:10'
     if p: return 'sim_criterion'
     return 'the person near the door'[:s.get('maxLength', 64)].ljust(s.get('minLength', 0), 'x')
 
 def instance(schema: dict | None) -> Any:
-    "A valid, plausible value under `schema` (strings filled, one item per array), as a model's reply would be."
+    "A valid, plausible value under `schema` (strings filled, one item per array), as a reply."
     s = schema or {}
     if 'const' in s or 'enum' in s or any(k in s for k in ('anyOf', 'oneOf', 'allOf')):
         return _pick(s)
@@ -72,7 +72,7 @@ def _tool_names(payload: dict) -> list[str]:
 _STEP = re.compile(r'^Step \d+\.', re.M)
 
 def _turn(payload: dict) -> int:
-    "Steps taken so far: assistant turns, or steps a JSON-protocol prompt lists as text (PACE: `Step 1. …`)."
+    "Steps taken so far: assistant turns, or steps a JSON-protocol prompt lists (`Step 1. …`)."
     msgs = payload.get('messages') or []
     return sum(m.get('role') == 'assistant' for m in msgs) + sum(len(_STEP.findall(message_text(m)))
                                                                  for m in msgs)
@@ -80,20 +80,27 @@ def _turn(payload: dict) -> int:
 def _is_finish(name: str) -> bool: return name.lower() == 'finish'
 
 # %% ../../nbs/01e_testing.simulator.ipynb #9afcb092
-def _native_calls(payload: dict, how: str, s: SimSettings) -> list[dict]:
-    "The tool calls of a native function-calling reply: a search first, Finish next, or the call `how` asks for."
-    tools = {t['function']['name']: t['function'].get('parameters') or {} for t in payload['tools']}
+def _tool_call(payload: dict, name: str, args) -> dict:
+    "One tool call of this turn: `name` with `args` (a dict, or a raw arguments string)."
+    return {'id': f'call-{name}-{_turn(payload)}', 'type': 'function',
+            'function': {'name': name,
+                         'arguments': args if isinstance(args, str) else json.dumps(args)}}
+
+def _next_tool(tools: dict, payload: dict, how: str) -> str | None:
+    "The tool a reply calls: a search first (always for `never_finish`, `many_calls`), then Finish."
     other = next((n for n in tools if not _is_finish(n)), None)
     fin = next((n for n in tools if _is_finish(n)), None)
-    name = other if (how in ('never_finish', 'many_calls') or _turn(payload) == 0
+    return other if (how in ('never_finish', 'many_calls') or _turn(payload) == 0
                      or not fin) and other else fin
-    call = lambda n, a: {'id': f'call-{n}-{_turn(payload)}', 'type': 'function',
-                         'function': {'name': n,
-                                      'arguments': a if isinstance(a, str) else json.dumps(a)}}
-    if how == 'unknown_tool': return [call('Teleport', {'to': '00:00:10'})]
-    if how == 'bad_arguments': return [call(name, '{"query": ')]
+
+def _native_calls(payload: dict, how: str, s: SimSettings) -> list[dict]:
+    "A native function-calling reply's tool calls: a search first, Finish next, or what `how` asks."
+    tools = {t['function']['name']: t['function'].get('parameters') or {} for t in payload['tools']}
+    name = _next_tool(tools, payload, how)
+    if how == 'unknown_tool': return [_tool_call(payload, 'Teleport', {'to': '00:00:10'})]
+    if how == 'bad_arguments': return [_tool_call(payload, name, '{"query": ')]
     n = s.n_calls if how == 'many_calls' else 1
-    return [call(name, instance(tools[name])) for _ in range(n)]
+    return [_tool_call(payload, name, instance(tools[name])) for _ in range(n)]
 
 # %% ../../nbs/01e_testing.simulator.ipynb #48202bdb
 def _tool_branches(schema: dict) -> list[dict]:
@@ -101,7 +108,7 @@ def _tool_branches(schema: dict) -> list[dict]:
     return [b for b in schema.get('anyOf') or [] if isinstance(b, dict) and 'properties' in b]
 
 def _schema_reply(schema: dict, payload: dict, how: str) -> Any:
-    "A JSON reply under a schema; for a tool schema, a search first and Finish next (or what `how` asks for)."
+    "A JSON reply under a schema; for tools, a search first, Finish next (or what `how` asks)."
     branches = _tool_branches(schema)
     if not branches: return instance(schema)
     fin = [b for b in branches if 'Finish' in json.dumps(b)]
@@ -122,7 +129,7 @@ def _images(payload: dict) -> int:
     return sum(isinstance(c, dict) and c.get('type') == 'image_url' for c in parts)
 
 def _prompt_tokens(payload: dict, s: SimSettings) -> int:
-    "The request's prompt tokens as the simulated server counts them (text, and a fixed cost per image)."
+    "The request's prompt tokens as the simulated server counts them (text, a cost per image)."
     text = sum(estimate_tokens(message_text(m)) for m in payload.get('messages') or [])
     return text + s.image_tokens * _images(payload)
 
@@ -133,7 +140,7 @@ def _error(message: str) -> tuple[int, dict]:
 
 # %% ../../nbs/01e_testing.simulator.ipynb #46bc8417
 def _refusal(payload: dict, how: str, s: SimSettings) -> tuple[int, dict] | None:
-    "The HTTP 400 of a request over the server's image or context limit (for the behaviours that have one)."
+    "The HTTP 400 of a request over the server's image or context limit (for behaviours with one)."
     n, asked = _images(payload), int(payload.get('max_tokens') or 0)
     if how == 'too_many_images' and n > s.max_images:
         return _error(f"At most {s.max_images} image(s) may be provided in one prompt.")
@@ -149,23 +156,23 @@ def _refusal(payload: dict, how: str, s: SimSettings) -> tuple[int, dict] | None
 _THOUGHT = "Let me look at the question, the options and the evidence once more before I answer."
 
 def _reasoning(how: str, s: SimSettings) -> str:
-    "What a thinking reply reasons before its answer ('' for the others); `cut` reasons a hundred times longer."
+    "What a thinking reply reasons before its answer ('' for others); `cut`: 100 times longer."
     n = {'think_field': 1, 'think_block': 1, 'cut': 100}.get(how, 0) * s.reasoning_words
     return ' '.join((_THOUGHT.split() * (1 + n // 16))[:n])
 
 def _written(text: str, thought: str, how: str) -> tuple[str, str]:
-    "`(content, reasoning field)` as the model writes them: reasoning in its own field, or first in a `<think>` block."
+    "`(content, reasoning field)` as the model writes them: reasoning in its field or `<think>`."
     if thought and how == 'think_field': return text, thought
     return (f"<think>\n{thought}\n</think>\n\n{text}" if thought else text), ''
 
 # %% ../../nbs/01e_testing.simulator.ipynb #90111a9a
 def _fit(content: str, thought: str, calls: list | None, limit: int) -> tuple[dict, str, int]:
-    "The message as the server returns it, its text cut at `limit` tokens (finish 'length'), and its tokens."
-    n, finish = (estimate_tokens(thought) + estimate_tokens(content),
-                 'tool_calls' if calls else 'stop')
+    "The message as the server returns it, cut at `limit` tokens (finish 'length'), and its tokens."
+    n = estimate_tokens(thought) + estimate_tokens(content)
+    finish = 'tool_calls' if calls else 'stop'
     if n > limit:
-        thought, content = cut_to_tokens(thought,
-                                         limit), ('' if thought else cut_to_tokens(content, limit))
+        content = '' if thought else cut_to_tokens(content, limit)
+        thought = cut_to_tokens(thought, limit)
         calls, finish, n = None, 'length', limit
     # calls are not cut (`many_calls` writes 50)
     n += estimate_tokens(json.dumps(calls)) if calls else 0
@@ -199,7 +206,7 @@ def _answer(payload: dict, how: str, s: SimSettings) -> tuple[str, list | None]:
 
 # %% ../../nbs/01e_testing.simulator.ipynb #51568f6f
 class ModelSimulator:
-    "A FakeChatServer handler that behaves like a thinking VLM served by vLLM; a tag `[sim:NAME]` picks the behaviour."
+    "A FakeChatServer handler behaving like a thinking VLM served by vLLM; `[sim:NAME]` picks how."
     def __init__(self, behaviour: str = 'plain', settings: SimSettings | None = None,
                  model: str = 'sim-vlm'):
         if behaviour not in BEHAVIOURS:

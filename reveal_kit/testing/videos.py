@@ -33,7 +33,7 @@ def scene_palette(key, n: int = 4) -> np.ndarray:
 
 # %% ../../nbs/01_testing.videos.ipynb #268ab9d0
 def scene_texture(key, size: tuple[int, int] = (160, 120), block: int = 8) -> np.ndarray:
-    "A sharp-edged block texture (H×W×3 uint8) that is the same for the same `key` (int seed or RGB colour)."
+    "A sharp-edged block texture (H×W×3 uint8), the same for one `key` (int seed or RGB colour)."
     w, h = size
     seed = int(key) if not isinstance(key, (tuple, list)) else int(sum(c * 256 ** i
                                                                        for i, c in enumerate(key)))
@@ -77,46 +77,61 @@ def scene_boundaries(scenes: Sequence[Scene]) -> list[float]:
     return list(np.cumsum([s[0] for s in scenes])[:-1].astype(float))
 
 # %% ../../nbs/01_testing.videos.ipynb #2dcc640f
+def _scene_still(key, text: str | None, size: tuple[int, int]) -> np.ndarray:
+    "A scene's texture, with its caption `text` drawn on it when it has one."
+    tex = scene_texture(key, size)
+    return _draw_text(tex, text) if text else tex
+
+def _spoiled(fr: np.ndarray, t: float, dark, blur) -> np.ndarray:
+    "The frame blurred and/or darkened when `t` falls in a `blur` or `dark` span."
+    if _in_spans(t, blur): fr = blur_frame(fr)
+    if _in_spans(t, dark): fr = (fr * 0.03).astype(np.uint8)
+    return fr
+
 def scene_frames(scenes: Sequence[Scene], fps: float = 10, size: tuple[int, int] = (160, 120),
                  dark=(), blur=(), drift_px_per_s: float = 3.0) -> Iterable[np.ndarray]:
-    "Yield the RGB frames of a scene list (textures drift slowly; `dark`/`blur` are (t0, t1) spans)."
+    "Yield the RGB frames of a scene list (textures drift slowly; `dark`/`blur`: (t0, t1) spans)."
     t0 = 0.0
     for sc in scenes:
-        secs, key, text = sc[0], sc[1], (sc[2] if len(sc) > 2 else None)
-        tex = scene_texture(key, size)
-        if text: tex = _draw_text(tex, text)
+        secs, text = sc[0], (sc[2] if len(sc) > 2 else None)
+        tex = _scene_still(sc[1], text, size)
         for i in range(int(round(secs * fps))):
-            t = t0 + i / fps
             fr = np.roll(tex, int(drift_px_per_s * i / fps), axis=1) if not text else tex
-            if _in_spans(t, blur): fr = blur_frame(fr)
-            if _in_spans(t, dark): fr = (fr * 0.03).astype(np.uint8)
-            yield fr
+            yield _spoiled(fr, t0 + i / fps, dark, blur)
         t0 += secs
 
 # %% ../../nbs/01_testing.videos.ipynb #7086cfc3
 def make_test_video(path: str | Path, scenes: Sequence[Scene] = ((4, 1), (5, 2), (3, 3)),
                     fps: float = 10, size: tuple[int, int] = (160, 120), dark=(), blur=(),
                     **kw) -> Path:
-    "A tiny textured .mp4 with scene changes at `scene_boundaries(scenes)`; `dark`/`blur` spans degrade frames."
+    "A tiny textured .mp4, scene changes at `scene_boundaries(scenes)`; `dark`/`blur` spans spoil."
     return write_video(path, scene_frames(scenes, fps, size, dark, blur), fps=fps, **kw)
 
 # %% ../../nbs/01_testing.videos.ipynb #aaffba38
+def _tone(seconds: float, rate: int) -> np.ndarray:
+    "`seconds` of a 440 Hz sine tone as 16-bit PCM samples at `rate`."
+    t = np.arange(int(seconds * rate)) / rate
+    return (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)
+
+def _audio_frames(pcm: np.ndarray, rate: int, fmt: str) -> list:
+    "The samples as PyAV audio frames in sample format `fmt` (resampled unless 's16')."
+    import av
+    frame = av.AudioFrame.from_ndarray(pcm[None, :], format='s16', layout='mono')
+    frame.sample_rate = rate
+    if fmt == 's16': return [frame]
+    return av.AudioResampler(format=fmt, layout='mono', rate=rate).resample(frame)
+
 def make_audio_only(path: str | Path, seconds: float = 1.0, rate: int = 16000) -> Path:
-    "An audio-only file (a sine tone; AAC in .m4a, PCM in .wav): a valid media file with no video stream."
+    "An audio-only file (a sine tone; AAC in .m4a, PCM in .wav): valid media, no video stream."
     import av
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    t = np.arange(int(seconds * rate)) / rate
-    pcm = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)
+    pcm = _tone(seconds, rate)
     codec, fmt = ('pcm_s16le', 's16') if path.suffix == '.wav' else ('aac', 'fltp')
     with av.open(str(path), 'w') as out:
         st = out.add_stream(codec, rate=rate)
         st.layout = 'mono'
-        frame = av.AudioFrame.from_ndarray(pcm[None, :], format='s16', layout='mono')
-        frame.sample_rate = rate
-        frames = [frame] if fmt == 's16' else av.AudioResampler(format=fmt, layout='mono',
-                                                                rate=rate).resample(frame)
-        for f in frames:
+        for f in _audio_frames(pcm, rate, fmt):
             for pkt in st.encode(f): out.mux(pkt)
         for pkt in st.encode(): out.mux(pkt)
     return path
@@ -129,20 +144,24 @@ def truncate_copy(src: str | Path, dst: str | Path, keep: float = 0.3) -> Path:
     return Path(dst)
 
 # %% ../../nbs/01_testing.videos.ipynb #10b222e5
-def make_faststart_truncated(path: str | Path, scenes: Sequence[Scene] = ((6, 1), (6, 2)),
-                             keep: float = 0.5, fps: float = 10) -> Path:
-    "A video whose index is at the front (faststart) but whose data is cut: it opens, then decoding stops early."
+def _write_faststart(path: Path, scenes: Sequence[Scene], fps: float) -> Path:
+    "The 160×120 `scene_frames` of `scenes` as an MP4 whose index is at the front."
     import av
     from fractions import Fraction
-    path = Path(path)
-    full = path.with_name(path.stem + '.full.mp4')
-    with av.open(str(full), 'w', options={'movflags': 'faststart'}) as out:
+    with av.open(str(path), 'w', options={'movflags': 'faststart'}) as out:
         st = out.add_stream(pick_codec(), rate=Fraction(fps).limit_denominator(1000))
         st.pix_fmt = 'yuv420p'
         st.width, st.height = 160, 120
         for fr in scene_frames(scenes, fps):
             for pkt in st.encode(av.VideoFrame.from_ndarray(fr, format='rgb24')): out.mux(pkt)
         for pkt in st.encode(): out.mux(pkt)
+    return path
+
+def make_faststart_truncated(path: str | Path, scenes: Sequence[Scene] = ((6, 1), (6, 2)),
+                             keep: float = 0.5, fps: float = 10) -> Path:
+    "A video with its index at the front (faststart), its data cut: it opens, then decoding stops."
+    path = Path(path)
+    full = _write_faststart(path.with_name(path.stem + '.full.mp4'), scenes, fps)
     truncate_copy(full, path, keep)
     full.unlink()
     return path

@@ -31,7 +31,7 @@ identities (who/what, distinguishing attributes), objects, actions, state change
 Do not speculate or add anything not visible or said."""
 
 def caption_prompt(t_start: float, t_end: float, subtitles: str = '', facts: str = '') -> str:
-    "The L1 caption prompt with aligned subtitles (and, for text-only models, the perceptual facts)."
+    "The L1 caption prompt with aligned subtitles (and for text-only models the perceptual facts)."
     subs = f'Subtitles spoken during this segment: "{subtitles}"\n' if subtitles else ''
     facts = f'Automatically extracted facts: {facts}\n' if facts else ''
     return CAPTION_PROMPT.format(t0=fmt_time(t_start), t1=fmt_time(t_end), subs=subs, facts=facts)
@@ -104,7 +104,7 @@ OCR_OPTIONS = dict(det_limit_type='max', det_limit_side_len=640, use_cls=False,
 _ENGINES = threading.local()
 
 def get_ocr():
-    "This thread's RapidOCR engine (ONNX models shipped in the wheel), configured by `OCR_OPTIONS`; one per thread."
+    "This thread's RapidOCR engine (ONNX models in the wheel), configured by `OCR_OPTIONS`."
     if getattr(_ENGINES, 'ocr', None) is None:
         import_onnxruntime()                              # telemetry off before RapidOCR loads it
         from rapidocr_onnxruntime import RapidOCR
@@ -139,7 +139,7 @@ class PerceptualCaptioner:
 
     @property
     def workers(self) -> int:
-        "Segments a memory build captions at once with this captioner: one per core (its OCR uses one), up to four."
+        "Segments a build captions at once with this captioner: one per core (OCR uses one), ≤ 4."
         return max(1, min(4, os.cpu_count() or 1))
 
 # %% ../../nbs/13_video.captioning.ipynb #cfe41845
@@ -148,13 +148,17 @@ def _light(luma: float) -> str:
 def _move(mot: float) -> str:
     return 'static' if mot < 2 else 'some motion' if mot < 12 else 'strong motion'
 
+def _top_colours(frames: Sequence[np.ndarray]) -> list[str]:
+    "The three colour names most often seen in the frames (ties: first seen first)."
+    cols = [c for f in frames for c in colour_names(f)]
+    counts = {c: cols.count(c) for c in cols}
+    return [c for c, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:3]
+
 @patch
 def facts(self: PerceptualCaptioner, frames: Sequence[np.ndarray],
           boundary_sim: float | None = None) -> tuple[str, dict]:
     "The visual-facts sentence(s) and their raw values."
-    cols = [c for f in frames for c in colour_names(f)]
-    top = [c
-           for c, _ in sorted({c: cols.count(c) for c in cols}.items(), key=lambda kv: -kv[1])][:3]
+    top = _top_colours(frames)
     luma = float(np.mean([f.mean() for f in frames])) if frames else 0.0
     mot = motion_level(frames)
     s = f"Scene colours: {' and '.join(top) if top else 'mixed'}; {_light(luma)}; {_move(mot)}."
@@ -164,7 +168,7 @@ def facts(self: PerceptualCaptioner, frames: Sequence[np.ndarray],
 
 # %% ../../nbs/13_video.captioning.ipynb #de4115a5
 def same_picture(a: np.ndarray, b: np.ndarray, tol: float = 2.0) -> bool:
-    "Whether two frames show the same picture up to compression noise: no 8×8 block's mean differs by more than `tol`."
+    "Whether two frames show one picture up to compression noise (8×8 block means within `tol`)."
     import cv2
     if a.shape != b.shape: return False
     size = (max(1, a.shape[1] // 8), max(1, a.shape[0] // 8))
@@ -174,7 +178,7 @@ def same_picture(a: np.ndarray, b: np.ndarray, tol: float = 2.0) -> bool:
 # %% ../../nbs/13_video.captioning.ipynb #91dab2c7
 @patch
 def ocr(self: PerceptualCaptioner, frames: Sequence[np.ndarray]) -> list[str]:
-    "Distinct OCR lines from every frame given (or `ocr_frames` evenly chosen), reusing a reading on the same picture."
+    "Distinct OCR lines of the frames (or `ocr_frames` evenly chosen), one reading per picture."
     n = len(frames) if self.ocr_frames is None else min(self.ocr_frames, len(frames))
     if not frames or n <= 0: return []
     idx = sorted(set(np.linspace(0, len(frames) - 1, n).round().astype(int)))
@@ -189,7 +193,7 @@ def ocr(self: PerceptualCaptioner, frames: Sequence[np.ndarray]) -> list[str]:
 @patch
 def read(self: PerceptualCaptioner, frames: Sequence[np.ndarray],
          boundary_sim: float | None = None) -> tuple[str, dict]:
-    "What a segment's frames show: the visual-facts sentence, and its values with the OCR lines (`ocr`)."
+    "What a segment's frames show: the visual-facts sentence, its values and OCR lines (`ocr`)."
     facts, meta = self.facts(frames, boundary_sim)
     return facts, dict(meta, ocr=self.ocr(frames))
 
@@ -198,7 +202,7 @@ def read(self: PerceptualCaptioner, frames: Sequence[np.ndarray],
 def caption(self: PerceptualCaptioner, frames: Sequence[np.ndarray], t_start: float, t_end: float,
             subtitles: str = '', boundary_sim: float | None = None,
             reading: tuple | None = None) -> Caption:
-    "An L1 narrative: time span, visual facts, on-screen text, subtitles (from `reading`, or a `read` of `frames`)."
+    "An L1 narrative: time span, visual facts, on-screen text, subtitles (`reading` or a `read`)."
     facts, meta = reading or self.read(frames, boundary_sim)
     parts = [f"[{fmt_time(t_start)}-{fmt_time(t_end)}] {facts}"]
     if meta['ocr']: parts.append(f"On-screen text: {'; '.join(_q(l) for l in meta['ocr'])}.")
@@ -207,7 +211,7 @@ def caption(self: PerceptualCaptioner, frames: Sequence[np.ndarray], t_start: fl
 
 # %% ../../nbs/13_video.captioning.ipynb #6a9ad4b7
 class ReadAhead:
-    "Readings of L1 segments taken from frames as they stream (`times_for(seg)`: the caption frames' times)."
+    "Readings of L1 segments from frames as they stream (`times_for(seg)`: caption frame times)."
     def __init__(self, captioner, times_for=None, on: bool = True):
         self.captioner, self.times_for, self.ex = captioner, times_for, None
         self.on = on and times_for is not None and isinstance(captioner, PerceptualCaptioner)
@@ -221,6 +225,13 @@ class ReadAhead:
 
 # %% ../../nbs/13_video.captioning.ipynb #b237d6a3
 @patch
+def _throttle(self: ReadAhead):
+    "Wait while over two readings per worker are queued (each queued reading holds its frames)."
+    while len(busy := [f for _, f in self.jobs.values()
+                       if not f.done()]) > 2 * self.captioner.workers:
+        wait(busy, return_when=FIRST_COMPLETED)
+
+@patch
 def segment(self: ReadAhead, s) -> None:
     "Start reading final segment `s` when all its caption frames were held; let go of its frames."
     if not self.on or not s.frame_times: return
@@ -229,15 +240,12 @@ def segment(self: ReadAhead, s) -> None:
     if any(f is None for f in frames): return
     self.ex = self.ex or ThreadPoolExecutor(self.captioner.workers)
     self.jobs[s.idx] = (self._key(s), self.ex.submit(self.captioner.read, frames, s.boundary_sim))
-    while len(busy := [f for _, f in self.jobs.values()
-                       if not f.done()]) > 2 * self.captioner.workers:
-        # each queued reading holds its frames
-        wait(busy, return_when=FIRST_COMPLETED)
+    self._throttle()
 
 # %% ../../nbs/13_video.captioning.ipynb #e818ca5e
 @patch
 def take(self: ReadAhead, s):
-    "The reading of segment `s` (a future) taken ahead, once; None if it was not, or was for another segment."
+    "The reading of segment `s` (a future) taken ahead, once; None if none, or for another segment."
     key, fut = self.jobs.pop(s.idx, (None, None))
     return fut if fut is not None and key == self._key(s) else None
 
@@ -257,14 +265,14 @@ def close(self: ReadAhead) -> None:
 
 # %% ../../nbs/13_video.captioning.ipynb #1dab45a6
 class VLMCaptioner:
-    "L1 captions through a `ChatModel` (role 'caption'), from the segment's frames plus aligned subtitles."
+    "L1 captions through a `ChatModel` (role 'caption'), from a segment's frames and its subtitles."
     def __init__(self, model, max_tokens: int | None = None):
         self.model, self.max_tokens = model, max_tokens or reply_tokens('caption')
         self.kind = f"model:{getattr(model, 'model_id', type(model).__name__)}"
         self.fallback = PerceptualCaptioner()
 
     def _message(self, frames, t_start, t_end, subtitles, boundary_sim) -> dict:
-        "The caption request: frames as images, or (text-only model) the perceptual facts in the prompt."
+        "The caption request: frames as images, or (text-only model) the perceptual facts in it."
         if getattr(self.model, 'supports_images', True):
             return user_message(caption_prompt(t_start, t_end, subtitles), images=list(frames))
         facts = [self.fallback.facts(frames, boundary_sim)[0]]
@@ -273,7 +281,7 @@ class VLMCaptioner:
 
     def caption(self, frames: Sequence[np.ndarray], t_start: float, t_end: float,
                 subtitles: str = '', boundary_sim: float | None = None) -> Caption:
-        "Ask the model for the segment's narrative; on a failed call, the perceptual caption (marked in meta)."
+        "The model's narrative of the segment; on a failed call, the perceptual caption (in meta)."
         msg = self._message(frames, t_start, t_end, subtitles, boundary_sim)
         r = self.model.chat([msg], role='caption', max_tokens=self.max_tokens)
         text = (getattr(r, 'text', '') or '').strip()
@@ -296,7 +304,7 @@ _BOILER = set('scene colours colour medium brightness bright dark static motion 
               'begins visual change previous segment on-screen text subtitles'.split())
 
 def _content(s: str) -> set[str]:
-    "The content words of a sentence: lower-case words that are neither stop words nor captioner boilerplate."
+    "A sentence's content words: lower-case words, neither stop words nor captioner boilerplate."
     return {w for w in re.findall(r"[a-z0-9']+", s.lower()) if w not in STOPWORDS
             and w not in _BOILER}
 
@@ -324,7 +332,7 @@ def _gain(sent: str, seen: set) -> int:
 
 # %% ../../nbs/13_video.captioning.ipynb #170896a5
 def _pick_round(units, children, chosen: set, seen: set, labels: set, budget: int) -> int:
-    "One round: from each child in order, the sentence adding most new content that fits; returns the budget left."
+    "One round: from each child in order, the sentence adding most new content that fits; budget."
     for i in range(len(children)):
         cands = [(_gain(u[3], seen), -u[1], u) for u in units if u[0] == i and u[:2] not in chosen]
         cands = [c for c in cands if c[0] > 0]
@@ -339,15 +347,19 @@ def _pick_round(units, children, chosen: set, seen: set, labels: set, budget: in
     return budget
 
 def extractive_summary(children: Sequence[tuple[float, float, str]], words: int) -> str:
-    "Time-labelled sentences of the children, chosen greedily by new content words within `words`, in time order."
+    "Time-labelled sentences of the children, chosen greedily by new content words within `words`."
     units, chosen, seen, labels, budget = _units(children), set(), set(), set(), words
     # one sentence per child per round: every child is represented early
     while True:
         n = len(chosen)
         budget = _pick_round(units, children, chosen, seen, labels, budget)
         if len(chosen) == n: break
+    return _labelled(sorted(x for x in units if x[:2] in chosen))
+
+def _labelled(units: list) -> str:
+    "The chosen sentences in time order, each time label written once before its first sentence."
     out, last = [], None
-    for u in sorted(x for x in units if x[:2] in chosen):
+    for u in units:
         out.append(u[3] if u[2] == last else f"[{u[2]}] {u[3]}")
         last = u[2]
     return ' '.join(out)
@@ -360,13 +372,13 @@ class ExtractiveSummarizer:
     def __init__(self, words: int): self.words = words
 
     def summarize(self, level: int, children: Sequence[tuple[float, float, str]]) -> Caption:
-        "Summary text of the children (falls back to each child's first sentence if the budget is tiny)."
+        "Summary text of the children (each child's first sentence if the budget is tiny)."
         t = extractive_summary(children, self.words) or ' '.join(_SENT.split(children[0][2])[:1])
         return Caption(t, self.kind)
 
 # %% ../../nbs/13_video.captioning.ipynb #f9ecaed9
 class ModelSummarizer:
-    "L2/L3 summaries through a `ChatModel` (roles 'summarize_l2' / 'summarize_l3'); extractive on a failed call."
+    "L2/L3 summaries through a `ChatModel` (roles 'summarize_l2', 'summarize_l3'); else extractive."
     def __init__(self, model, words: int):
         self.model, self.words = model, words
         self.kind = f"model:{getattr(model, 'model_id', type(model).__name__)}"
@@ -383,7 +395,7 @@ class ModelSummarizer:
 
 # %% ../../nbs/13_video.captioning.ipynb #a729b063
 def make_summarizer(model, level: int, config: Config = Config()):
-    "The L2 (level 2) or L3 (level 3) summarizer: through the model when it is meaningful, else extractive."
+    "The L2 or L3 summarizer: through the model when it is meaningful, else extractive."
     words = config.l2_words if level == 2 else config.l3_words
     if is_meaningful(model): return ModelSummarizer(model, words)
     return ExtractiveSummarizer(words)

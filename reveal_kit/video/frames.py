@@ -29,7 +29,7 @@ class VideoError(MemoryBuildError):
 # %% ../../nbs/10_video.frames.ipynb #410c36ca
 @dataclass
 class VideoInfo:
-    "What a video holds: its video stream's duration (s), native fps, frame count, size; `timed`: frames carry times."
+    "A video's stream: duration (s), native fps, frame count, size; `timed`: frames carry times."
     path: str
     duration: float
     fps: float
@@ -41,7 +41,7 @@ class VideoInfo:
 
 # %% ../../nbs/10_video.frames.ipynb #d576adf1
 def _open_container(p: Path):
-    "Open a file with PyAV, or raise the one-line `VideoError` for a path that is not a readable video file."
+    "Open a file with PyAV, or raise a one-line `VideoError` for a path that is no readable video."
     import av
     if not p.exists(): raise VideoError(f"video not found: {p}")
     if p.is_dir(): raise VideoError(f"expected a video file, got a directory: {p}")
@@ -57,14 +57,8 @@ def _hms(s: str) -> float | None:
     try: return hms_to_seconds(s) if str(s).count(':') == 2 else None
     except ValueError: return None
 
-
-def _video_extent(c, s) -> tuple[float, int, bool]:
-    "(seconds, frames, timed) of the video stream itself: its own duration or tag, else its packets counted."
-    if s.duration: return float(s.duration * s.time_base), int(s.frames or 0), True
-    tag = _hms(s.metadata.get('DURATION', ''))
-    if tag: return tag, int(s.frames or 0), True
-    if c.duration and len(c.streams) == 1: return c.duration / 1e6, int(s.frames or 0), True
-    # no declared extent (a raw stream, or a muxer that wrote none)
+def _count_packets(c, s) -> tuple[float, int, bool]:
+    "(seconds, frames, timed) of a stream that declares no extent, from its packets."
     n, end = 0, 0.0
     for p in c.demux(s):
         if not p.size: continue
@@ -72,9 +66,17 @@ def _video_extent(c, s) -> tuple[float, int, bool]:
         if p.pts is not None: end = max(end, float((p.pts + (p.duration or 0)) * s.time_base))
     return (end, n, True) if end else (n / float(s.guessed_rate or s.average_rate or 25), n, False)
 
+def _video_extent(c, s) -> tuple[float, int, bool]:
+    "(seconds, frames, timed) of the video stream itself: its duration or tag, else its packets."
+    if s.duration: return float(s.duration * s.time_base), int(s.frames or 0), True
+    tag = _hms(s.metadata.get('DURATION', ''))
+    if tag: return tag, int(s.frames or 0), True
+    if c.duration and len(c.streams) == 1: return c.duration / 1e6, int(s.frames or 0), True
+    # no declared extent (a raw stream, or a muxer that wrote none)
+    return _count_packets(c, s)
 
 def probe_video(path: str | Path) -> VideoInfo:
-    "Describe a video by its video stream's own extent (not the container's), or raise a one-line `VideoError`."
+    "Describe a video by its video stream's own extent (not the container's), or a `VideoError`."
     p = Path(path)
     with _open_container(p) as c:
         if not c.streams.video:
@@ -86,21 +88,21 @@ def probe_video(path: str | Path) -> VideoInfo:
         fps = float((s.average_rate if timed else s.guessed_rate) or s.guessed_rate or 0) or 25.0
         n = n or round(dur * fps)
         if dur <= 0 or n <= 0: raise VideoError(f"zero-length video: {p.name} has no frames")
-        return VideoInfo(str(p), dur, fps, n, s.codec_context.width, s.codec_context.height,
-                         s.codec_context.name, timed)
+        cc = s.codec_context
+        return VideoInfo(str(p), dur, fps, n, cc.width, cc.height, cc.name, timed)
 
 # %% ../../nbs/10_video.frames.ipynb #3ebb7618
 SEEK_COST_FRAMES = 150   # one seek costs about this many sequential frame decodes
 DENSE_STRATEGY = 'decode'
 
 def choose_strategy(n_samples: int, n_frames: int) -> str:
-    "'seek' when the samples are sparse enough that seeking beats decoding everything, else `DENSE_STRATEGY`."
+    "'seek' when samples are sparse enough that seeking beats decoding all, else `DENSE_STRATEGY`."
     return 'seek' if n_samples * SEEK_COST_FRAMES < n_frames else DENSE_STRATEGY
 
 # %% ../../nbs/10_video.frames.ipynb #3c33c0b9
 @dataclass
 class Frame:
-    "One sampled frame: its presentation time (s), RGB pixels, and quality statistics once filtered."
+    "One sampled frame: its presentation time (s), RGB pixels, quality statistics once filtered."
     t: float
     rgb: np.ndarray
     quality: dict = field(default_factory=dict)
@@ -116,9 +118,8 @@ def _resize(rgb: np.ndarray, max_width: int | None) -> np.ndarray:
 
 # %% ../../nbs/10_video.frames.ipynb #b1149fa5
 def _next_target(t: float, half: float, step: float, k: int) -> int:
-    "Index of the first sample time not covered by a frame at `t` (a frame covers the targets up to `t + half`)."
+    "Index of the first sample time not covered by a frame at `t` (it covers those to `t + half`)."
     return max(k + 1, math.floor((t + half) / step + 1e-6) + 1)
-
 
 def _iter_grab(path: str, fps: float, max_width: int | None) -> Iterator[Frame]:
     "Sequential OpenCV grab() of every frame, retrieve() only the first frame at each sample time."
@@ -140,7 +141,7 @@ def _iter_grab(path: str, fps: float, max_width: int | None) -> Iterator[Frame]:
 
 # %% ../../nbs/10_video.frames.ipynb #b83cd2a9
 def _iter_decode(path: str, fps: float, max_width: int | None) -> Iterator[Frame]:
-    "PyAV: decode every frame (threaded), convert only the first frame at or after each sample time."
+    "PyAV: decode every frame (threaded), convert only the first at or after each sample time."
     import av
     try: c = av.open(path)
     except Exception as e:
@@ -162,7 +163,7 @@ def _iter_decode(path: str, fps: float, max_width: int | None) -> Iterator[Frame
 
 # %% ../../nbs/10_video.frames.ipynb #4650cb23
 def _decode_to(dec, target: float, tb: float, rate: float, n: int, pos: float | None):
-    "Decode forward to the first frame at or after `target`: (that frame or None at the end, its time, frames so far)."
+    "Decode forward to the first frame at or after `target`: (it or None, its time, frames so far)."
     got = None
     for fr in dec:
         pos = float(fr.pts * tb) if fr.pts is not None else n / rate
@@ -171,42 +172,44 @@ def _decode_to(dec, target: float, tb: float, rate: float, n: int, pos: float | 
         if pos + 1e-3 >= target: break
     return got, pos, n
 
+def _stream_clock(c) -> tuple:
+    "The video stream (threaded), its time base, its frame rate, and whether it is untimed (raw)."
+    s = c.streams.video[0]
+    s.thread_type = 'AUTO'
+    rate = float(s.guessed_rate or s.average_rate or 25)
+    return s, float(s.time_base), rate, s.duration is None and c.duration is None
+
+def _decoder(c, s, target: float, tb: float, untimed: bool):
+    "A fresh decoder of `s` from the keyframe before `target` (from where it is, when untimed)."
+    if not untimed:
+        c.seek(int(max(target - 0.001, 0) / tb), stream=s, backward=True, any_frame=False)
+    return c.decode(s)
 
 def iter_frames_at(path: str | Path, times: Sequence[float], max_width: int | None = None,
                    forward_s: float = 5.0) -> Iterator[Frame]:
-    "One frame per requested time (in sorted order): seek with PyAV, or decode forward when < `forward_s` ahead."
+    "One frame per requested time (sorted): seek with PyAV, or decode on if < `forward_s` ahead."
     import av
     times = sorted(float(t) for t in times)
     if not times: return
     with av.open(str(path)) as c:
-        s = c.streams.video[0]
-        s.thread_type = 'AUTO'
-        tb, pos, last, dec, n = float(s.time_base), None, None, None, 0
-        rate = float(s.guessed_rate or s.average_rate or 25)
-        # a raw stream: decode forward, count frames
-        untimed = s.duration is None and c.duration is None
+        s, tb, rate, untimed = _stream_clock(c)
+        pos, last, dec, n = None, None, None, 0
         for target in times:
             # already there (or a repeated time)
             if last is not None and pos is not None and target <= pos + 1e-3:
                 yield Frame(round(pos, 3), last)
                 continue
             if dec is None or (not untimed and target - pos > forward_s):
-                if not untimed:
-                    c.seek(int(max(target - 0.001, 0) / tb), stream=s, backward=True,
-                           any_frame=False)
-                dec = c.decode(s)
+                dec = _decoder(c, s, target, tb, untimed)
             got, pos, n = _decode_to(dec, target, tb, rate, n, pos)
-            if got is None:                      # past the last frame: serve the last one, if any
-                if last is None: return
-                yield Frame(round(pos, 3), last)
-                continue
-            last = _resize(got.to_ndarray(format='rgb24'), max_width)
+            if got is not None: last = _resize(got.to_ndarray(format='rgb24'), max_width)
+            elif last is None: return            # past the last frame: serve the last one, if any
             yield Frame(round(pos, 3), last)
 
 # %% ../../nbs/10_video.frames.ipynb #20b3036a
 def read_frames_at(path: str | Path, times: Sequence[float],
                    max_width: int | None = None) -> list[Frame]:
-    "List version of `iter_frames_at`: the first frame at or after each requested time (the last frame past the end)."
+    "`iter_frames_at` as a list: the first frame at or after each time (the last one past the end)."
     return list(iter_frames_at(path, times, max_width))
 
 # %% ../../nbs/10_video.frames.ipynb #d7f8bf5b
@@ -223,13 +226,13 @@ def _sampler(path: str, strategy: str, times: list[float], fps: float,
 
 # %% ../../nbs/10_video.frames.ipynb #c195e5a1
 def sample_times(info: VideoInfo, fps: float) -> list[float]:
-    "The target sample times at `fps` over the video stream's extent: one frame is sampled for each."
+    "The target sample times at `fps` over the video stream's extent: one frame sampled for each."
     return [k / fps for k in range(int(math.floor(info.duration * fps - 1e-6)) + 1)]
 
 # %% ../../nbs/10_video.frames.ipynb #6f2e0923
 def iter_frames(path: str | Path, fps: float = 1.0, max_width: int | None = 640,
                 strategy: str = 'auto', info: VideoInfo | None = None) -> Iterator[Frame]:
-    "Stream frames sampled at `fps` (nothing is accumulated). `VideoError` if none decode or they stop early."
+    "Stream frames sampled at `fps` (none kept); `VideoError` if none decode or they stop early."
     info = info or probe_video(path)
     times = sample_times(info, fps)
     if strategy == 'auto':
@@ -247,22 +250,24 @@ def iter_frames(path: str | Path, fps: float = 1.0, max_width: int | None = 640,
                          f"{info.duration:.1f}s its video stream declares")
 
 # %% ../../nbs/10_video.frames.ipynb #07eb07d1
+def _put_all(items: Iterable, q: queue.Queue, done: object, stop: threading.Event):
+    "Put each item on `q`, then `done` (or the exception raised); give up once `stop` is set."
+    try:
+        for x in items:
+            while not stop.is_set():
+                try:
+                    q.put(x, timeout=0.1)
+                    break
+                except queue.Full: pass
+            if stop.is_set(): return
+        q.put(done)
+    except BaseException as e: q.put(e)
+
 def prefetch(items: Iterable, n: int = 16) -> Iterator:
-    "Run an iterator in a background thread with a bounded queue; exceptions re-raise in the consumer."
+    "Run an iterator in a background thread, bounded queue; exceptions re-raise in the consumer."
     q: queue.Queue = queue.Queue(maxsize=n)
     done, stop = object(), threading.Event()
-    def work():
-        try:
-            for x in items:
-                while not stop.is_set():
-                    try:
-                        q.put(x, timeout=0.1)
-                        break
-                    except queue.Full: pass
-                if stop.is_set(): return
-            q.put(done)
-        except BaseException as e: q.put(e)
-    threading.Thread(target=work, daemon=True).start()
+    threading.Thread(target=_put_all, args=(items, q, done, stop), daemon=True).start()
     try:
         while True:
             x = q.get()
@@ -280,7 +285,7 @@ def _jpeg_bytes(gray: np.ndarray) -> int:
 
 # %% ../../nbs/10_video.frames.ipynb #ea9b1bb9
 def frame_quality(rgb: np.ndarray) -> dict:
-    "Luma mean and std, JPEG bytes per 1000 pixels beyond a flat frame's, variance of the Laplacian."
+    "Luma mean and std, JPEG bytes per 1000 pixels beyond a flat frame's, Laplacian variance."
     import cv2
     gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
     if gray.shape not in _FLAT_JPEG: _FLAT_JPEG[gray.shape] = _jpeg_bytes(np.full_like(gray, 128))
@@ -297,12 +302,12 @@ _REL_STATS = (('lap_var', 'blur_min_laplacian_var'), ('std', 'uniform_max_std'),
               ('jpeg_kpx', 'min_jpeg_bytes_per_kpx'))
 
 def absolute_thresholds(config: Config) -> dict:
-    "The Config thresholds of the relative statistics (used before the video's distribution is known)."
+    "The Config thresholds of the relative statistics (before the video's distribution is known)."
     return {k: getattr(config, f) for k, f in _REL_STATS}
 
 # %% ../../nbs/10_video.frames.ipynb #107c9a72
 def relative_thresholds(medians: dict, config: Config) -> dict:
-    "Per-statistic thresholds for this video: `REL_FRACTION` × its median, within [floor, Config value]."
+    "This video's thresholds: `REL_FRACTION` × its median per statistic, in [floor, Config value]."
     out = {}
     for k, f in _REL_STATS:
         a = getattr(config, f)
@@ -326,7 +331,7 @@ WARN_FRACTION = 0.5      # warn when more than this fraction of the frames is dr
 
 @dataclass
 class QualityReport:
-    "Counts of the quality filter: frames seen, kept, rejected per reason, thresholds used, fallback, warning."
+    "The quality filter's counts: frames seen, kept, rejected (why); thresholds, fallback, warning."
     n_frames: int = 0
     n_kept: int = 0
     reasons: Counter = field(default_factory=Counter)
@@ -336,10 +341,11 @@ class QualityReport:
 
     @property
     def warning(self) -> str | None:
-        "A one-line warning when the filter dropped more than `WARN_FRACTION` of the frames (or all of them)."
+        "A one-line warning when the filter dropped over `WARN_FRACTION` of the frames (or all)."
         n_drop = sum(self.reasons.values())
         if not self.n_frames or n_drop <= WARN_FRACTION * self.n_frames: return None
-        return f"the quality filter dropped {n_drop} of {self.n_frames} sampled frames ({dict(self.reasons)})"
+        return (f"the quality filter dropped {n_drop} of {self.n_frames} sampled frames "
+                f"({dict(self.reasons)})")
 
     def to_dict(self) -> dict:
         return dict(n_frames=self.n_frames, n_kept=self.n_kept, rejected=dict(self.reasons),
@@ -349,44 +355,51 @@ class QualityReport:
 
 # %% ../../nbs/10_video.frames.ipynb #da510c34
 class _Medians:
-    "Running medians of the relative statistics over the frames that are not near-black or near-white."
+    "Running medians of the relative statistics over frames neither near-black nor near-white."
     def __init__(self): self.v = {k: [] for k, _ in _REL_STATS}
     def add(self, q: dict, config: Config):
         if config.dark_max_mean <= q['mean'] <= config.bright_min_mean:
             for k in self.v: insort(self.v[k], q[k])
     def get(self) -> dict: return {k: v[len(v) // 2] for k, v in self.v.items() if v}
 
+def _passes(f: Frame, report: QualityReport, med: _Medians, config: Config) -> bool:
+    "Whether `f` passes at the video's current thresholds; counted in `report` (why not: in `f`)."
+    report.thresholds = relative_thresholds(med.get(), config)
+    why = quality_reason(f.quality, config, report.thresholds)
+    if why is None:
+        report.n_kept += 1
+        return True
+    report.reasons[why] += 1
+    report.dropped.append(f.t)
+    f.quality['reason'] = why
+    return False
 
-def filter_frames(frames: Iterable[Frame], config: Config, report: QualityReport | None = None) -> Iterator[Frame]:
-    "Yield the frames that pass the (video-relative) quality filter, counting reasons in `report`; never drops all."
+def _judged(held: list[Frame], report: QualityReport, med: _Medians, config: Config,
+            best: list) -> Iterator[Frame]:
+    "The held frames that pass, in order; `best`: [frame, score], the fallback while none passed."
+    for g in held:
+        if _passes(g, report, med, config): yield g
+        elif report.n_kept == 0 and (s := g.quality['std'] * g.quality['lap_var']) > best[1]:
+            best[:] = g, s
+
+def filter_frames(frames: Iterable[Frame], config: Config,
+                  report: QualityReport | None = None) -> Iterator[Frame]:
+    "The frames that pass the (video-relative) quality filter, counted in `report`; never none."
     report = report if report is not None else QualityReport()
-    med, held, best, best_score = _Medians(), [], None, -1.0
-    def judge(f: Frame):
-        nonlocal best, best_score
-        report.thresholds = relative_thresholds(med.get(), config)
-        why = quality_reason(f.quality, config, report.thresholds)
-        if why is None:
-            report.n_kept += 1
-            return f
-        report.reasons[why] += 1
-        report.dropped.append(f.t)
-        f.quality['reason'] = why
-        if report.n_kept == 0 and (s := f.quality['std'] * f.quality['lap_var']) > best_score:
-            best, best_score = f, s
+    med, held, best = _Medians(), [], [None, -1.0]
     for f in frames:
         report.n_frames += 1
         f.quality = frame_quality(f.rgb)
         med.add(f.quality, config)
         held.append(f)
         if report.n_frames < WARMUP: continue
-        for g in held:
-            if judge(g) is not None: yield g
+        yield from _judged(held, report, med, config, best)
         held = []
-    for g in held:
-        if judge(g) is not None: yield g
-    if report.n_kept == 0 and best is not None:
+    yield from _judged(held, report, med, config, best)
+    if report.n_kept == 0 and best[0] is not None:
         report.fallback, report.n_kept = True, 1
-        yield best
+        yield best[0]
+
 
 # %% ../../nbs/10_video.frames.ipynb #d604b156
 def pick_codec(prefer: str = 'auto') -> str:
@@ -398,7 +411,7 @@ def pick_codec(prefer: str = 'auto') -> str:
 # %% ../../nbs/10_video.frames.ipynb #fa57e910
 @dataclass(frozen=True)
 class Encoding:
-    "How `write_video` encodes: frame rate, quality (crf), x264 preset, codec, keyframe interval (s), threads."
+    "How `write_video` encodes: frame rate, quality (crf), preset, codec, keyframe gap, threads."
     fps: float = 10
     crf: int = 23
     preset: str = 'veryfast'
@@ -420,7 +433,7 @@ def _video_stream(out, e: Encoding, size: tuple[int, int]):
 # %% ../../nbs/10_video.frames.ipynb #55d1fb3e
 def write_video(path: str | Path, frames: Iterable[np.ndarray], enc: Encoding | None = None, *,
                 total: int | None = None, progress: bool = False, **kw) -> Path:
-    "Encode RGB uint8 frames (even width and height) to an .mp4 with PyAV, atomically; `kw`: `Encoding`'s fields."
+    "Encode RGB uint8 frames (even sides) to an .mp4 with PyAV, atomically; `kw`: `Encoding`'s."
     import av
     path, e = Path(path), enc or Encoding(**kw)
     e = replace(e, codec=pick_codec(e.codec))
@@ -430,9 +443,8 @@ def write_video(path: str | Path, frames: Iterable[np.ndarray], enc: Encoding | 
         for img in tqdm(frames, total=total, disable=not progress, leave=False, desc=path.name,
                         unit='frame'):
             st = st or _video_stream(out, e, img.shape[1::-1])
-            for pkt in st.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img),
-                                                            format='rgb24')):
-                out.mux(pkt)
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format='rgb24')
+            for pkt in st.encode(frame): out.mux(pkt)
         for pkt in (st.encode() if st else []): out.mux(pkt)
     os.replace(tmp, path)
     return path

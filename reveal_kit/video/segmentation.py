@@ -17,7 +17,7 @@ __all__ = ['REL_K', 'REL_FLOOR', 'RUN_MAX', 'L1Segment', 'AdaptiveSegmenter', 's
 # %% ../../nbs/11_video.segmentation.ipynb #e2759e6e
 @dataclass
 class L1Segment:
-    "A span of the video (contiguous with its neighbours) with its sampled frame times and representative keyframe."
+    "A span of the video (contiguous with its neighbours): its sampled frame times, its keyframe."
     idx: int
     t_start: float
     t_end: float
@@ -43,7 +43,7 @@ class L1Segment:
 def _unit(v: np.ndarray) -> np.ndarray: return v / (np.linalg.norm(v) + 1e-12)
 
 def _close(idx: int, times: list, embs: list, t_start: float, boundary_sim=None) -> L1Segment:
-    "A segment whose keyframe is the member closest to the members' mean (t_end is filled in by the next segment)."
+    "A segment whose keyframe is the member closest to the members' mean (t_end: set by the next)."
     if not embs: return L1Segment(idx, t_start, t_start, list(times), None, None, boundary_sim)
     E = np.stack(embs)
     k = int(np.argmax(E @ _unit(E.mean(0))))
@@ -65,7 +65,7 @@ class AdaptiveSegmenter:
         self._reset([], [], None)
 
     def _reset(self, times, embs, bsim, start=None):
-        "Open a new segment with these member frames (`bsim`: its boundary similarity; `start`: when it starts)."
+        "Open a new segment of these member frames (`bsim`: boundary similarity; from `start`)."
         self.times, self.embs, self.bsim, self.open_start = list(times), list(embs), bsim, start
         self.sum = np.sum(embs, axis=0) if embs else None
         # members' frame-to-frame change
@@ -89,7 +89,7 @@ class AdaptiveSegmenter:
 # %% ../../nbs/11_video.segmentation.ipynb #86afcf85
 @patch
 def _cut(self: AdaptiveSegmenter, new_times, new_embs, bsim, start=None) -> list[L1Segment]:
-    "Close the open segment, open one with the given frames (from `start`); returns the segment that became final."
+    "Close the open segment, open one with these frames (from `start`); the segment now final."
     seg = _close(len(self.done), sorted(self.times + self.extra), self.embs, self._start(),
                  self.bsim)
     if self.done: self.done[-1].t_end = seg.t_start
@@ -100,16 +100,16 @@ def _cut(self: AdaptiveSegmenter, new_times, new_embs, bsim, start=None) -> list
 # %% ../../nbs/11_video.segmentation.ipynb #2860e282
 @patch
 def _spike(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> bool:
-    "Whether `emb` moved from the last member `REL_K` times more than the members move per sample (≥ `REL_FLOOR`)."
+    "Whether `emb` moved from the last member `REL_K` times the members' step (≥ `REL_FLOOR`)."
     if len(self.steps) < 2: return False
     n = max(1.0, round((t - self.times[-1]) / self.step))
-    return 1 - float(emb @ self.embs[-1]) >= max(REL_FLOOR,
-                                                 REL_K * n * float(np.median(self.steps[-10:])))
+    med = float(np.median(self.steps[-10:]))
+    return 1 - float(emb @ self.embs[-1]) >= max(REL_FLOOR, REL_K * n * med)
 
 # %% ../../nbs/11_video.segmentation.ipynb #14d948b4
 @patch
 def _joins(self: AdaptiveSegmenter, t: float, emb: np.ndarray, sim: float) -> bool:
-    "Whether a kept frame continues the open segment (and is not closer to the held run's last frame)."
+    "Whether a kept frame continues the open segment (not closer to the held run's last frame)."
     if sim < self.theta or self._spike(t, emb): return False
     k = self._kept_run()
     return not k or sim >= float(emb @ k[-1][1])
@@ -117,7 +117,7 @@ def _joins(self: AdaptiveSegmenter, t: float, emb: np.ndarray, sim: float) -> bo
 # %% ../../nbs/11_video.segmentation.ipynb #a950d2c6
 @patch
 def _boundary(self: AdaptiveSegmenter, f: int, ref: np.ndarray) -> float:
-    "The middle of the dropped samples before run[f], else the run frame least like either side, else run[f]."
+    "The middle of the dropped samples before run[f], else the run frame least like either side."
     drop = [r[0] for r in self.run[:f] if r[1] is None]
     if drop: return drop[len(drop) // 2]
     if not f: return self.run[0][0]
@@ -125,20 +125,29 @@ def _boundary(self: AdaptiveSegmenter, f: int, ref: np.ndarray) -> float:
 
 # %% ../../nbs/11_video.segmentation.ipynb #d1395e77
 @patch
-def _resolve(self: AdaptiveSegmenter) -> list[L1Segment]:
-    "Cut once the run ends in two adjacent frames that agree (or holds `RUN_MAX` frames); returns final segments."
-    k = self._kept_run()
+def _settled(self: AdaptiveSegmenter, k: list) -> np.ndarray | None:
+    "The run's reference once it settles (two adjacent frames agree, or `RUN_MAX` kept), else None."
     if len(k) >= 2 and self.run[-2] is k[-2] and float(k[-1][1] @ k[-2][1]) >= self.theta:
-        ref = _unit(k[-1][1] + k[-2][1])
-    elif len(k) >= RUN_MAX: ref = k[-1][1]
-    else: return []
-    f = next(i for i, r in enumerate(self.run)
-             if r is k[-1] or r[1] is not None and r[1] @ ref >= max(self.theta, r[2]))
-    b = self._boundary(f, ref)
-    if b - self._start() < self.min_s:                                  # rule 4: too short to close
-        for r in k: self._add(r[0], r[1])
-        self.run = []
-        return []
+        return _unit(k[-1][1] + k[-2][1])
+    if len(k) >= RUN_MAX: return k[-1][1]
+    return None
+
+@patch
+def _first_new(self: AdaptiveSegmenter, k: list, ref: np.ndarray) -> int:
+    "Where in the run the new segment starts: the first frame closer to `ref` than to the mean."
+    return next(i for i, r in enumerate(self.run)
+                if r is k[-1] or r[1] is not None and r[1] @ ref >= max(self.theta, r[2]))
+
+@patch
+def _absorb(self: AdaptiveSegmenter, k: list) -> list[L1Segment]:
+    "Rule 4: the run's kept frames join the open segment, too short to close."
+    for r in k: self._add(r[0], r[1])
+    self.run = []
+    return []
+
+@patch
+def _cut_run(self: AdaptiveSegmenter, f: int, b: float) -> list[L1Segment]:
+    "Cut at `b`: run[f:] opens the new segment; held frames before `f` stay on their side of `b`."
     new = [r for r in self.run[f:] if r[1] is not None]
     held = [r[0] for r in self.run[:f] if r[1] is not None]
     self.extra += [t for t in held if t < b]
@@ -146,26 +155,49 @@ def _resolve(self: AdaptiveSegmenter) -> list[L1Segment]:
     self.extra += [t for t in held if t >= b]
     return out
 
+@patch
+def _resolve(self: AdaptiveSegmenter) -> list[L1Segment]:
+    "Cut once the run ends in two adjacent frames that agree (or holds `RUN_MAX`); final segments."
+    k = self._kept_run()
+    ref = self._settled(k)
+    if ref is None: return []
+    f = self._first_new(k, ref)
+    b = self._boundary(f, ref)
+    if b - self._start() < self.min_s: return self._absorb(k)          # rule 4: too short to close
+    return self._cut_run(f, b)
+
 # %% ../../nbs/11_video.segmentation.ipynb #50b333eb
 @patch
+def _open_with(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
+    "A segment without frames takes this one (the held run's kept frames stay in its span)."
+    self.extra += [r[0] for r in self._kept_run()]
+    self.run, self.times, self.embs, self.sum = [], [t], [emb], emb.copy()
+    return []
+
+@patch
+def _continue(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
+    "Rule 2: the frame joins the open segment; a held run (a flicker) stays in its span."
+    self.extra += [r[0] for r in self._kept_run()]
+    self.run = []
+    self._add(t, emb)
+    return []
+
+@patch
+def _cut_to(self: AdaptiveSegmenter, k: list, t: float) -> list[L1Segment]:
+    "Close the open segment; the kept frames `k` open the next, from the first (else from `t`)."
+    return self._cut([r[0] for r in k], [r[1] for r in k], k[0][2] if k else None,
+                     start=k[0][0] if k else t)
+
+@patch
 def push(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
-    "Add one kept frame; returns segments that are now final (closed and with their end time known)."
+    "Add one kept frame; the segments now final (closed, their end time known)."
     emb = _unit(np.asarray(emb, dtype=np.float32))
-    # a segment without frames takes it
-    if not self.times:
-        self.extra += [r[0] for r in self._kept_run()]
-        self.run, self.times, self.embs, self.sum = [], [t], [emb], emb.copy()
-        return []
+    if not self.times: return self._open_with(t, emb)
     sim = float(emb @ _unit(self.sum))
     if t + self.step - self._start() > self.max_s + 1e-6:               # rule 1
-        k = self._kept_run() + [(t, emb, sim)]
-        return self._cut([r[0] for r in k], [r[1] for r in k], k[0][2], start=k[0][0])
+        return self._cut_to(self._kept_run() + [(t, emb, sim)], t)
     # rule 2 (+ flicker absorbed)
-    if self._joins(t, emb, sim):
-        self.extra += [r[0] for r in self._kept_run()]
-        self.run = []
-        self._add(t, emb)
-        return []
+    if self._joins(t, emb, sim): return self._continue(t, emb)
     self.run.append((t, emb, sim))                                      # rule 3
     return self._resolve()
 
@@ -173,30 +205,34 @@ def push(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
 @patch
 def skip(self: AdaptiveSegmenter, t: float) -> list[L1Segment]:
     "Note a sample dropped by the quality filter at `t`; returns segments that are now final."
-    if t + self.step - self._start() <= self.max_s + 1e-6 or not (self.times or self.extra
-                                                                  or self.run):
+    fits = t + self.step - self._start() <= self.max_s + 1e-6
+    if fits or not (self.times or self.extra or self.run):
         self.run.append((t, None, None))
         return []
     # held frames open the new segment; dropped ones stay in the old span
     k = self._kept_run()
     self.run = []
-    return self._cut([r[0] for r in k], [r[1] for r in k], k[0][2] if k else None,
-                     start=k[0][0] if k else t)
+    return self._cut_to(k, t)
 
 # %% ../../nbs/11_video.segmentation.ipynb #090b683c
 @patch
+def _merge_tail(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
+    "The too-short tail joins the last closed segment, which now ends at `duration`."
+    last = self.done[-1]
+    last.frame_times = sorted(last.frame_times + self.times + self.extra)
+    last.t_end = duration
+    return [last]
+
+@patch
 def finish(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
-    "Close the last segment at `duration` (a too-short tail joins its predecessor); returns the remaining segments."
+    "Close the last segment at `duration` (a too-short tail joins its predecessor); the rest."
     self.extra += [r[0] for r in self._kept_run()]
     self.run = []
     if not self.times and not self.done: return []
     start = self._start()
     if (self.done and duration - start < self.min_s
         and duration - self.done[-1].t_start <= self.max_s):
-        last = self.done[-1]
-        last.frame_times = sorted(last.frame_times + self.times + self.extra)
-        last.t_end = duration
-        return [last]
+        return self._merge_tail(duration)
     out = self._cut([], [], None)
     self.done[-1].t_end = max(duration, self.done[-1].t_start)
     return out + [self.done[-1]]
@@ -204,7 +240,7 @@ def finish(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
 # %% ../../nbs/11_video.segmentation.ipynb #6e354067
 def segment_adaptive(times: Sequence[float], embs: np.ndarray, duration: float,
                      config: Config = Config(), dropped: Sequence[float] = ()) -> list[L1Segment]:
-    "Non-streaming convenience: all L1 segments for kept frame times, their embeddings and the `dropped` times."
+    "Non-streaming: all L1 segments of kept frame times, their embeddings, and `dropped` times."
     s, out = AdaptiveSegmenter(config), []
     ev = sorted([(float(t), 1, e) for t, e in zip(times, embs)]
                 + [(float(t), 0, None) for t in dropped], key=lambda x: (x[0], x[1]))
@@ -213,7 +249,7 @@ def segment_adaptive(times: Sequence[float], embs: np.ndarray, duration: float,
 
 # %% ../../nbs/11_video.segmentation.ipynb #cead7db0
 class FixedSegmenter:
-    "Streaming fixed-length chunking: chunk k covers [k·c, (k+1)·c); empty chunks and a short tail join a neighbour."
+    "Streaming fixed chunks: chunk k covers [k·c, (k+1)·c); empty ones, a short tail join a neighbour."
     def __init__(self, config: Config = Config()):
         self.c, self.k, self.n = config.fixed_chunk_s, 0, 0
         self.min_s, self.max_s = config.min_segment_s, config.max_segment_s
@@ -222,11 +258,11 @@ class FixedSegmenter:
     def skip(self, t: float) -> list[L1Segment]: return []
 
     def _emit(self, end: float) -> list[L1Segment]:
-        "Close chunk k at `end`; an empty chunk extends the previous one (while within `max_segment_s`)."
+        "Close chunk k at `end`; an empty chunk extends the previous one (within `max_segment_s`)."
         start, self.k = self.k * self.c, self.k + 1
         p = self.prev
-        if p is not None and (not self.times
-                              or end - start < self.min_s) and end - p.t_start <= self.max_s + 1e-6:
+        short = not self.times or end - start < self.min_s
+        if p is not None and short and end - p.t_start <= self.max_s + 1e-6:
             p.t_end = end
             p.frame_times += self.times
             self.times, self.embs = [], []
@@ -246,7 +282,7 @@ class FixedSegmenter:
         return out
 
     def finish(self, duration: float) -> list[L1Segment]:
-        "Emit the remaining chunks up to `duration` (a tail shorter than `min_segment_s` joins the previous chunk)."
+        "Emit the remaining chunks up to `duration` (a tail under `min_segment_s` joins the last)."
         out = []
         while self.k * self.c < duration - 1e-6:
             out += self._emit(min((self.k + 1) * self.c, duration))

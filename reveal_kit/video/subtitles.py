@@ -30,7 +30,7 @@ class Cue:
 _TAG = re.compile(r'<[^>]+>|\{[^}]*\}')
 
 def _plain(ev) -> str:
-    "A pysubs2 event's text without markup, on one line (without an unreadable next block pysubs2 glued onto it)."
+    "A pysubs2 event's text without markup, on one line (no unreadable block glued onto it)."
     text = ev.plaintext.split('\n\n')[0] if '-->' in ev.plaintext else ev.plaintext
     return re.sub(r'\s+', ' ', _TAG.sub('', text)).strip()
 
@@ -43,7 +43,7 @@ def _load_latin1(p: Path):
 def _first_line(e: Exception) -> str: return str(e).splitlines()[0][:120] if str(e) else ''
 
 def load_subtitles(path: str | Path) -> list[Cue]:
-    "Time-sorted cues of an SRT/WebVTT (any pysubs2 format) file, warning how many were dropped; one-line errors."
+    "Time-sorted cues of an SRT/WebVTT (any pysubs2 format) file, warning of those dropped."
     import pysubs2
     p = Path(path)
     if not p.exists(): raise SubtitleError(f"subtitle file not found: {p}")
@@ -70,7 +70,7 @@ def load_subtitles(path: str | Path) -> list[Cue]:
 # %% ../../nbs/12_video.subtitles.ipynb #67ef0eb3
 def align_cues(cues: Sequence[Cue], spans: Sequence[tuple[float, float]],
                min_overlap: float = 0.05) -> list[list[Cue]]:
-    "For each (t_start, t_end) span, the cues overlapping it by more than `min_overlap` seconds, in time order."
+    "For each (t_start, t_end) span, the cues overlapping it over `min_overlap` s, in time order."
     starts = [c.start for c in cues]
     longest = max((c.end - c.start for c in cues), default=0.0)
     out = []
