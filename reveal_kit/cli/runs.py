@@ -17,17 +17,13 @@ __all__ = ['eval_app', 'SubstitutedOpt', 'rubrics_app', 'ask_pace_method', 'ask'
            'eval_compare', 'eval_cost', 'rubrics_induce', 'rubrics_show']
 
 # %% ../../nbs/90b_cli.runs.ipynb #508fce74
-def ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles,
-                    trace_dir, config, overrides, cache, timeout) -> tuple[dict, str, tuple]:
-    "`reveal ask` with a PACE method: the result, its summary text and the keys `--json` prints."
+def ask_pace_method(video, question, option, method, settings) -> tuple[dict, str, tuple]:
+    "`reveal ask` with a PACE method and its options (a `PaceAskSettings`): the result, its summary, the JSON keys."
     from reveal_kit.cli.pace_ask import ask_pace
     from reveal_kit.cli.present_pace import format_pace_summary
     from reveal_kit.reveal.ask import ASK_JSON_KEYS
     with cli_errors():
-        res = ask_pace(video, question, list(option), method=method, subtitles=subtitles,
-                       backend=backend, model=model, base_url=base_url, roles=roles,
-                       trace_dir=trace_dir, config=config, overrides=overrides or [], cache=cache,
-                       timeout_s=timeout)
+        res = ask_pace(video, question, list(option), method=method, settings=settings)
     keys = tuple(ASK_JSON_KEYS) + ('steps', 'tool_calls', 'factors', 'needle_recall', 'index')
     return res, format_pace_summary(res), keys
 
@@ -68,8 +64,10 @@ def ask(video: Annotated[Path, typer.Argument(help="video file")],
     from reveal_kit.reveal.ask import subtitles_beside
     subtitles = subtitles or subtitles_beside(video)              # VIDEO's .srt/.vtt, as benchmark runs use
     if method_family(method) == 'pace':      # the registry says who answers
-        res, text, keys = ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles,
-                                          trace_dir, config, set_, cache, timeout)
+        from reveal_kit.cli.pace_ask import PaceAskSettings
+        s = PaceAskSettings(subtitles=subtitles, backend=backend, model=model, base_url=base_url, roles=roles,
+                            trace_dir=trace_dir, config=config, overrides=set_ or [], cache=cache, timeout_s=timeout)
+        res, text, keys = ask_pace_method(video, question, option, method, s)
     else:
         res, text, keys = _ask_reveal(dict(video=video, question=question, options=list(option), method=method,
             memory=memory, subtitles=subtitles, backend=backend, model=model, base_url=base_url, roles=roles,
