@@ -48,13 +48,19 @@ def _ask_tail(res: dict) -> list[str]:
     where = f"reveal trace show {trace}" if trace else f"not written ({res.get('trace_error')})"
     return L + [f"Trace: {where}"]
 
+def _ask_head(res: dict) -> str:
+    "'Answer: B. <its text>', or 'Answer: none (<the error>)'."
+    a = res['answer']
+    return f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})"
+
+def _ask_usage(res: dict) -> str:
+    "The answer's rounds and stop reason, model calls, tokens and seconds."
+    return (f"Rounds: {res['rounds']} (stop: {res['stop_reason']}), LLM calls: {res['llm_calls']}, "
+            f"tokens: {res['tokens']}, {res['seconds']:.2f}s")
+
 def format_ask_summary(res: dict) -> str:
     "The human-readable `reveal ask` output of an `ask` result."
-    a = res['answer']
-    head = f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})"
-    cost = (f"Rounds: {res['rounds']} (stop: {res['stop_reason']}), LLM calls: {res['llm_calls']}, "
-            f"tokens: {res['tokens']}, {res['seconds']:.2f}s")
-    L = [head, _verdict_line(res), cost, _memory_line(res), "Evidence:"]
+    L = [_ask_head(res), _verdict_line(res), _ask_usage(res), _memory_line(res), "Evidence:"]
     return '\n'.join(L + _evidence_lines(res) + _ask_tail(res))
 
 # %% ../../nbs/90e_cli.present.ipynb #6b63b9c9
@@ -110,14 +116,17 @@ def format_check(r: dict) -> str:
     return '\n'.join(L + _questions_lines(r) + _media_lines(r))
 
 # %% ../../nbs/90e_cli.present.ipynb #5dbc5e42
+def _type_lines(man: dict) -> list[str]:
+    "One line per question type: its count in the benchmark."
+    return [f"  {k:15s} {v}" for k, v in man['counts_by_type'].items()]
+
 def describe_benchmark(man: dict, out_dir: str | Path | None = None) -> str:
     "A short summary of a benchmark manifest: counts per question type and the gold letters."
     from reveal_kit.synth.bench import shortfall_lines
     where = f" to {out_dir}" if out_dir is not None else ''
-    lines = [f"wrote {man['n_questions']} questions over {man['n_videos']} videos{where}"]
-    lines += [f"  {k:15s} {v}" for k, v in man['counts_by_type'].items()]
+    head = f"wrote {man['n_questions']} questions over {man['n_videos']} videos{where}"
     letters = f"  gold letters: {man['letter_distribution']}"
-    return '\n'.join(lines + [letters] + shortfall_lines(man))
+    return '\n'.join([head, *_type_lines(man), letters] + shortfall_lines(man))
 
 # %% ../../nbs/90e_cli.present.ipynb #77c9446d
 def format_build_summary(s: dict) -> str:
@@ -164,17 +173,17 @@ def _identity_lines(mem: OfflineMemory) -> list[str]:
     if produced_line(m): lines.insert(4, f"captions {produced_line(m)}")
     return lines
 
+def _level_line(l: int, its: list, d: float) -> str:
+    "Level `l`: its items, their mean length, the share of `d` seconds of video they cover."
+    import numpy as np
+    mean = np.mean([it.duration for it in its]) if its else 0
+    cov = sum(it.duration for it in its) / d
+    return f"L{l}       {len(its)} items, mean {mean:.1f}s, covers {cov:.0%} of the video"
+
 def _level_lines(mem: OfflineMemory) -> list[str]:
     "One line per level: its items, their mean length, the share of the video they cover."
-    import numpy as np
-    d, lines = max(mem.duration, 1e-9), []
-    for l in (1, 2, 3):
-        its = mem.level(l)
-        mean = np.mean([it.duration for it in its]) if its else 0
-        cov = sum(it.duration for it in its) / d
-        lines.append(f"L{l}       {len(its)} items, mean {mean:.1f}s, "
-                     f"covers {cov:.0%} of the video")
-    return lines
+    d = max(mem.duration, 1e-9)
+    return [_level_line(l, mem.level(l), d) for l in (1, 2, 3)]
 
 def _narrative_line(it, width: int) -> str:
     "An item's narrative cut to `width` characters, after its time span unless it starts with one."
@@ -206,13 +215,16 @@ def format_induction_summary(rep: dict) -> str:
             f"start pool {prov['start_val_accuracy']:.3f}) -> {rep['pool']}")
 
 # %% ../../nbs/90e_cli.present.ipynb #aad9b2a7
+def _cost_row(name: str, calls: float, prompt: float, completion: float) -> str:
+    "One row of the cost table: a role's calls, prompt and completion tokens per question."
+    return f"{name:22s} {calls:8.2f} {prompt:10.0f} {completion:13.0f}"
+
 def _role_rows(rep: dict) -> list[str]:
     "The table's header, one row per role and one for all roles: calls and tokens per question."
-    row = lambda name, c, p, k: f"{name:22s} {c:8.2f} {p:10.0f} {k:13.0f}"
     head = f"{'role':22s} {'calls/q':>8s} {'prompt/q':>10s} {'completion/q':>13s}"
-    rows = [row(r, d['calls'], d['prompt_tokens'], d['completion_tokens'])
+    rows = [_cost_row(r, d['calls'], d['prompt_tokens'], d['completion_tokens'])
             for r, d in rep['roles'].items()]
-    total = row('all', rep['calls_per_q'], rep['prompt_per_q'], rep['completion_per_q'])
+    total = _cost_row('all', rep['calls_per_q'], rep['prompt_per_q'], rep['completion_per_q'])
     return [head, *rows, total]
 
 def _projection_line(p: dict | None) -> str:
@@ -224,12 +236,15 @@ def _projection_line(p: dict | None) -> str:
             f"{p['concurrency']:g} requests in flight each): {p['wall_hours']:.2f} h wall, "
             f"{p['gpu_hours']:.1f} GPU-h, {p['tokens_m']:.1f} M tokens, {p['calls']:.0f} calls")
 
+def _depth_line(rep: dict) -> str:
+    "The run's sequential depth per question (mean, max) and its tokens (and reasoning tokens)."
+    why = f", {rep['reasoning_per_q']:.0f} reasoning/q" if rep['reasoning_per_q'] else ''
+    return (f"sequential depth {rep['depth_mean']:.2f} per question (max {rep['depth_max']}); "
+            f"{rep['tokens_total']} tokens in all{why}")
+
 def format_cost(rep: dict) -> str:
     "The cost table: calls and tokens per question of each role, totals, depth, the projection."
-    why = f", {rep['reasoning_per_q']:.0f} reasoning/q" if rep['reasoning_per_q'] else ''
-    L = [f"cost of {rep['run']} ({rep['questions']} questions)", *_role_rows(rep),
-         f"sequential depth {rep['depth_mean']:.2f} per question (max {rep['depth_max']}); "
-         f"{rep['tokens_total']} tokens in all{why}"]
+    L = [f"cost of {rep['run']} ({rep['questions']} questions)", *_role_rows(rep), _depth_line(rep)]
     if not rep['calls_per_q']:
         L.append('no model calls (offline roles): the run costs no model time')
     return '\n'.join(L + [_projection_line(rep.get('projection'))])
