@@ -85,15 +85,18 @@ def _renamed(q: Question, qid: str) -> Question:
     "The question under a new id, the old one kept in its meta (`qid_renamed_from`)."
     return dataclasses.replace(q, qid=qid, meta={**q.meta, 'qid_renamed_from': q.qid})
 
+def _refuse_repeat(qid: str, first: str, where: str) -> None:
+    "Refuse a qid given twice, naming both records."
+    raise ValueError(f"{first} and {where} share the qid {qid!r}: give each question "
+                     "its own id (or set REVEAL_DUPLICATE_QIDS=rename)")
+
 def unique_qids(questions: list[Question], wheres: list[str] | None = None,
                 mode: str | None = None) -> list[Question]:
     "One question per id: a repeated qid refused (naming both records) or, with `mode='rename'`, renamed `qid#2` …"
     mode = _duplicate_mode(mode)
     wheres, seen, out = wheres or [f"question {i + 1}" for i in range(len(questions))], {}, []
     for q, w in zip(questions, wheres):
-        if q.qid in seen and mode == 'refuse':
-            raise ValueError(f"{seen[q.qid]} and {w} share the qid {q.qid!r}: give each question "
-                             "its own id (or set REVEAL_DUPLICATE_QIDS=rename)")
+        if q.qid in seen and mode == 'refuse': _refuse_repeat(q.qid, seen[q.qid], w)
         qid = _free_qid(q.qid, seen)
         seen[qid] = w
         out.append(q if qid == q.qid else _renamed(q, qid))

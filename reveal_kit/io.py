@@ -84,6 +84,11 @@ def _jsonl_line(row: dict) -> str:
     "One row as a JSONL line (values JSON lacks written by `json_default`)."
     return json.dumps(row, default=json_default) + '\n'
 
+def _warn_damaged(path: Path, bad: int) -> None:
+    "Warn that `bad` damaged lines of the log at `path` were skipped."
+    warn(f"{path}: skipped {bad} damaged line(s) "
+         "(a write cut short, e.g. by a kill or a full disk)")
+
 def read_jsonl_rows(path: str | Path, repair: bool = False) -> list[dict]:
     "Rows of a JSONL log, skipping damaged lines with a warning; `repair=True` rewrites the log without them."
     path = Path(path)
@@ -92,9 +97,7 @@ def read_jsonl_rows(path: str | Path, repair: bool = False) -> list[dict]:
     data = path.read_bytes()
     rows, bad = _parse_lines(data)
     torn = bool(data) and not data.endswith(b'\n')
-    if bad:
-        warn(f"{path}: skipped {bad} damaged line(s) "
-             "(a write cut short, e.g. by a kill or a full disk)")
+    if bad: _warn_damaged(path, bad)
     if repair and (bad or torn):
         atomic_write_text(path, ''.join(map(_jsonl_line, rows)))
     return rows
@@ -125,12 +128,14 @@ def write_subtitles(path: str | Path, cues: Iterable[tuple[float, float, str]]) 
     return path
 
 # %% ../nbs/00b_io.ipynb #acef9034
+def _rename_damaged(f: Path) -> None:
+    "Rename `f`, when it exists, to `<name>.damaged`."
+    if f.exists(): os.replace(f, f.with_name(f.name + '.damaged'))
+
 def move_aside(path: str | Path, why: str, companions: Iterable[str] = ()) -> Path:
     "Rename a damaged `path` (and its `companions` suffixes, e.g. SQLite's `-wal`) to `<name>.damaged`, warning once."
     p = Path(path)
-    for suffix in ('', *companions):
-        f = p.with_name(p.name + suffix)
-        if f.exists(): os.replace(f, f.with_name(f.name + '.damaged'))
+    for suffix in ('', *companions): _rename_damaged(p.with_name(p.name + suffix))
     warn(f"{p} is damaged ({why}): moved aside to {p.name}.damaged, building it again")
     return p.with_name(p.name + '.damaged')
 

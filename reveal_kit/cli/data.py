@@ -16,16 +16,19 @@ __all__ = ['backends_report', 'backends_check', 'memory_build', 'memory_show', '
            'data_check']
 
 # %% ../../nbs/90a_cli.data.ipynb #fe11c4df
+def _chat_entry(backend: str | None, model: str | None, base_url: str | None) -> dict:
+    "The chat model these options name (which, fallback, why), or why it could not be had."
+    from reveal_kit.backends.models import get_chat_model, describe_chat_model
+    try:
+        return describe_chat_model(get_chat_model(backend, model, base_url, cache=None))
+    except Exception as e:
+        return {'backend': backend, 'error': f"{type(e).__name__}: {e}", 'is_fallback': None}
+
 def backends_report(backend: str | None = None, model: str | None = None,
                     base_url: str | None = None, text: str = 'auto', vision: str = 'auto') -> dict:
     "The chat model, text embedder and vision embedder in use: which, whether a fallback, and why."
-    from reveal_kit.backends.models import get_chat_model, describe_chat_model
     from reveal_kit.cli.present import describe_embedders
-    try:
-        chat = describe_chat_model(get_chat_model(backend, model, base_url, cache=None))
-    except Exception as e:
-        chat = {'backend': backend, 'error': f"{type(e).__name__}: {e}", 'is_fallback': None}
-    return {'chat': chat, **describe_embedders(text, vision)}
+    return {'chat': _chat_entry(backend, model, base_url), **describe_embedders(text, vision)}
 
 # %% ../../nbs/90a_cli.data.ipynb #77a09cf9
 @backends_app.callback()

@@ -261,12 +261,16 @@ def _kib(n: int) -> str:
     "A byte count in whole KiB."
     return f"{n / 1024:.0f} KiB"
 
+def _pack_contents(s: dict) -> str:
+    "What a pack holds: its runs by name, their questions, cached calls and memories."
+    return (f"{len(s['runs'])} run(s) ({', '.join(s['runs'])}): {s['questions']} questions, "
+            f"{s['calls']} cached calls, {s['memories']} memories")
+
 def format_pack_summary(s: dict) -> str:
     "One line about a pack: runs, questions, calls, memories, sizes, time, id; partial runs."
     partial = s.get('partial')
     part = f"; PARTIAL (still running when packed): {', '.join(partial)}" if partial else ''
-    return (f"packed {len(s['runs'])} run(s) ({', '.join(s['runs'])}): {s['questions']} questions, "
-            f"{s['calls']} cached calls, {s['memories']} memories → {s['pack']} "
+    return (f"packed {_pack_contents(s)} → {s['pack']} "
             f"({_kib(s['bytes'])}; {_kib(s['unpacked_bytes'])} unpacked), "
             f"checked by a rerun in {s['seconds']:.1f} s; id {s['id'][:12]}{part}")
 
