@@ -68,23 +68,38 @@ class Question:
 # %% ../nbs/00_core.ipynb #d0b1e002
 DUPLICATE_QIDS = ('refuse', 'rename')
 
-def unique_qids(questions: list[Question], wheres: list[str] | None = None,
-                mode: str | None = None) -> list[Question]:
-    "One question per id: a repeated qid refused (naming both records) or, with `mode='rename'`, renamed `qid#2` …"
+def _duplicate_mode(mode: str | None) -> str:
+    "The duplicate-qid mode asked for, else `$REVEAL_DUPLICATE_QIDS`, else refuse; refused if unknown."
     mode = mode or os.environ.get('REVEAL_DUPLICATE_QIDS') or 'refuse'
     if mode not in DUPLICATE_QIDS:
         raise ValueError(f"duplicate-qid mode must be one of {DUPLICATE_QIDS}, got {mode!r}")
+    return mode
+
+def _free_qid(qid: str, seen: dict) -> str:
+    "`qid` itself when unused, else the first of `qid#2`, `qid#3`, … not yet seen."
+    n, new = 2, qid
+    while new in seen: new, n = f"{qid}#{n}", n + 1
+    return new
+
+def _renamed(q: Question, qid: str) -> Question:
+    "The question under a new id, the old one kept in its meta (`qid_renamed_from`)."
+    return dataclasses.replace(q, qid=qid, meta={**q.meta, 'qid_renamed_from': q.qid})
+
+def _refuse_repeat(qid: str, first: str, where: str) -> None:
+    "Refuse a qid given twice, naming both records."
+    raise ValueError(f"{first} and {where} share the qid {qid!r}: give each question "
+                     "its own id (or set REVEAL_DUPLICATE_QIDS=rename)")
+
+def unique_qids(questions: list[Question], wheres: list[str] | None = None,
+                mode: str | None = None) -> list[Question]:
+    "One question per id: a repeated qid refused (naming both records) or, with `mode='rename'`, renamed `qid#2` …"
+    mode = _duplicate_mode(mode)
     wheres, seen, out = wheres or [f"question {i + 1}" for i in range(len(questions))], {}, []
     for q, w in zip(questions, wheres):
-        if q.qid in seen and mode == 'refuse':
-            raise ValueError(f"{seen[q.qid]} and {w} share the qid {q.qid!r}: give each question "
-                             f"its own id "
-                             "(or set REVEAL_DUPLICATE_QIDS=rename)")
-        n, qid = 2, q.qid
-        while qid in seen: qid, n = f"{q.qid}#{n}", n + 1
+        if q.qid in seen and mode == 'refuse': _refuse_repeat(q.qid, seen[q.qid], w)
+        qid = _free_qid(q.qid, seen)
         seen[qid] = w
-        out.append(q if qid == q.qid
-                   else dataclasses.replace(q, qid=qid, meta={**q.meta, 'qid_renamed_from': q.qid}))
+        out.append(q if qid == q.qid else _renamed(q, qid))
     return out
 
 # %% ../nbs/00_core.ipynb #fe074ef8
@@ -270,15 +285,17 @@ def parse_overrides(pairs: Iterable[str] | None) -> dict[str, str]:
     return out
 
 # %% ../nbs/00_core.ipynb #a6a2dea4
+def _config_yaml(path: str | Path) -> dict:
+    "A config YAML file's mapping (empty file: `{}`); refused when it is not a mapping."
+    d = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: config YAML must be a mapping")
+    return d
+
 def load_config(path: str | Path | None = None,
                 overrides: Iterable[str] | dict | None = None) -> Config:
     "Config from defaults, then an optional YAML file (flat or by section), then `key=value` overrides."
-    cfg = Config()
-    if path:
-        d = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(d, dict):
-            raise ValueError(f"{path}: config YAML must be a mapping")
-        cfg = cfg.replace(**flatten_sections(d))
+    cfg = Config().replace(**flatten_sections(_config_yaml(path))) if path else Config()
     ov = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     return cfg.replace(**ov) if ov else cfg
 

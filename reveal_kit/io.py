@@ -27,15 +27,19 @@ def json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 # %% ../nbs/00b_io.ipynb #d1033c18
+def _write_synced(path: Path, text: str) -> None:
+    "Write `text` to `path` (UTF-8) and make it durable before returning (flush, fsync)."
+    with open(path, 'w', encoding='utf-8') as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     "Replace `path` with `text` atomically (temp file, fsync, rename); creates the parent folder."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, 'w', encoding='utf-8') as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    _write_synced(tmp, text)
     os.replace(tmp, path)
     return path
 
@@ -76,6 +80,15 @@ def _parse_lines(data: bytes) -> tuple[list[dict], int]:
     return rows, bad
 
 # %% ../nbs/00b_io.ipynb #add493eb
+def _jsonl_line(row: dict) -> str:
+    "One row as a JSONL line (values JSON lacks written by `json_default`)."
+    return json.dumps(row, default=json_default) + '\n'
+
+def _warn_damaged(path: Path, bad: int) -> None:
+    "Warn that `bad` damaged lines of the log at `path` were skipped."
+    warn(f"{path}: skipped {bad} damaged line(s) "
+         "(a write cut short, e.g. by a kill or a full disk)")
+
 def read_jsonl_rows(path: str | Path, repair: bool = False) -> list[dict]:
     "Rows of a JSONL log, skipping damaged lines with a warning; `repair=True` rewrites the log without them."
     path = Path(path)
@@ -84,34 +97,45 @@ def read_jsonl_rows(path: str | Path, repair: bool = False) -> list[dict]:
     data = path.read_bytes()
     rows, bad = _parse_lines(data)
     torn = bool(data) and not data.endswith(b'\n')
-    if bad:
-        warn(f"{path}: skipped {bad} damaged line(s) (a write cut short, e.g. by a kill or a full disk)")
+    if bad: _warn_damaged(path, bad)
     if repair and (bad or torn):
-        atomic_write_text(path, ''.join(json.dumps(r, default=json_default) + '\n' for r in rows))
+        atomic_write_text(path, ''.join(map(_jsonl_line, rows)))
     return rows
 
 # %% ../nbs/00b_io.ipynb #75966b5a
+def _subtitle_format(path: Path) -> str:
+    "pysubs2's format for a subtitle file's suffix (`.srt` → srt, `.vtt` → vtt); others refused."
+    fmt = {'.srt': 'srt', '.vtt': 'vtt'}.get(path.suffix.lower())
+    if fmt is None:
+        raise ValueError(f"{path}: subtitle files must end in .srt or .vtt")
+    return fmt
+
+def _cue_event(start_s: float, end_s: float, text: str) -> Any:
+    "One cue as a pysubs2 event (times in whole milliseconds)."
+    import pysubs2
+    ms = lambda t: int(round(t * 1000))
+    return pysubs2.SSAEvent(start=ms(start_s), end=ms(end_s), text=text)
+
 def write_subtitles(path: str | Path, cues: Iterable[tuple[float, float, str]]) -> Path:
     "Write `(start_s, end_s, text)` cues as SubRip or WebVTT, chosen by the suffix (`.srt`, `.vtt`)."
     import pysubs2
     path = Path(path)
-    fmt = {'.srt': 'srt', '.vtt': 'vtt'}.get(path.suffix.lower())
-    if fmt is None:
-        raise ValueError(f"{path}: subtitle files must end in .srt or .vtt")
+    fmt = _subtitle_format(path)
     subs = pysubs2.SSAFile()
-    for s, e, text in cues:
-        subs.append(pysubs2.SSAEvent(start=int(round(s * 1000)), end=int(round(e * 1000)), text=text))
+    for s, e, text in cues: subs.append(_cue_event(s, e, text))
     path.parent.mkdir(parents=True, exist_ok=True)
     subs.save(str(path), format_=fmt)
     return path
 
 # %% ../nbs/00b_io.ipynb #acef9034
+def _rename_damaged(f: Path) -> None:
+    "Rename `f`, when it exists, to `<name>.damaged`."
+    if f.exists(): os.replace(f, f.with_name(f.name + '.damaged'))
+
 def move_aside(path: str | Path, why: str, companions: Iterable[str] = ()) -> Path:
     "Rename a damaged `path` (and its `companions` suffixes, e.g. SQLite's `-wal`) to `<name>.damaged`, warning once."
     p = Path(path)
-    for suffix in ('', *companions):
-        f = p.with_name(p.name + suffix)
-        if f.exists(): os.replace(f, f.with_name(f.name + '.damaged'))
+    for suffix in ('', *companions): _rename_damaged(p.with_name(p.name + suffix))
     warn(f"{p} is damaged ({why}): moved aside to {p.name}.damaged, building it again")
     return p.with_name(p.name + '.damaged')
 

@@ -22,20 +22,29 @@ def _own_letter(text: Any) -> tuple[str, str] | None:
     return ((m.group(1) or m.group(2)).upper(), m.group(3).strip()) if m else None
 
 # %% ../nbs/00d_options.ipynb #61f0855c
-def _options_from_list(options: list | tuple) -> dict[str, str]:
-    "`['B. x', 'A. y']` keeps the letters each text carries, in the order given; plain texts are lettered A, B, …"
-    if len(options) > len(LETTERS): raise ValueError(f"at most {len(LETTERS)} options, got {len(options)}")
-    own = [_own_letter(o) for o in options]
-    if own and all(own):
-        letters = [l for l, _ in own]
-        dup = sorted({l for l in letters if letters.count(l) > 1})
-        if dup: raise ValueError(f"option letter(s) {', '.join(dup)} given twice")
-        return dict(own)
+def _distinct_letters(own: list[tuple[str, str]]) -> dict[str, str]:
+    "Options that each carry their own letter, as given; refused when a letter repeats."
+    letters = [l for l, _ in own]
+    dup = sorted({l for l in letters if letters.count(l) > 1})
+    if dup: raise ValueError(f"option letter(s) {', '.join(dup)} given twice")
+    return dict(own)
+
+def _check_lettering(options: list | tuple, own: list) -> None:
+    "Refuse a text whose own letter differs from the one it would be given (A, B, … by position)."
     for i, (o, ow) in enumerate(zip(options, own)):
         if ow and ow[0] != LETTERS[i]:
-            raise ValueError(f"option {i + 1} {str(o)!r} carries the letter {ow[0]} but would be lettered "
-                             f"{LETTERS[i]}; letter every option or none")
-    return {LETTERS[i]: ow[1] if ow else str(o).strip() for i, (o, ow) in enumerate(zip(options, own))}
+            raise ValueError(f"option {i + 1} {str(o)!r} carries the letter {ow[0]} but would be "
+                             f"lettered {LETTERS[i]}; letter every option or none")
+
+def _options_from_list(options: list | tuple) -> dict[str, str]:
+    "`['B. x', 'A. y']` keeps the letters each text carries, in the order given; plain texts are lettered A, B, …"
+    if len(options) > len(LETTERS):
+        raise ValueError(f"at most {len(LETTERS)} options, got {len(options)}")
+    own = [_own_letter(o) for o in options]
+    if own and all(own): return _distinct_letters(own)
+    _check_lettering(options, own)
+    return {LETTERS[i]: ow[1] if ow else str(o).strip()
+            for i, (o, ow) in enumerate(zip(options, own))}
 
 # %% ../nbs/00d_options.ipynb #795b322c
 def _options_from_str(options: str) -> dict[str, str]:
@@ -48,29 +57,34 @@ def _options_from_str(options: str) -> dict[str, str]:
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
 
 # %% ../nbs/00d_options.ipynb #b4395f8b
+def _option_key(k: Any) -> str:
+    "A dict key as an option letter (`'a'`, `'(B)'`, `'C.'` → A, B, C); refused if not a letter."
+    key = str(k).strip().upper().strip('.()')
+    if len(key) != 1 or key not in LETTERS:
+        raise ValueError(f"option key {k!r} is not a letter A-Z")
+    return key
+
 def _options_from_dict(options: dict) -> dict[str, str]:
     "`{'a': 'x', '(B)': 'L. y'}` → `{'A': 'x', 'B': 'L. y'}`: keys are letters; each text is kept as it is (stripped)."
     out = {}
     for k, v in options.items():
-        key = str(k).strip().upper().strip('.()')
-        if len(key) != 1 or key not in LETTERS: raise ValueError(f"option key {k!r} is not a letter A-Z")
+        key = _option_key(k)
         if key in out: raise ValueError(f"option letter {key} given twice")
         out[key] = str(v).strip()
     return out
 
 # %% ../nbs/00d_options.ipynb #cd2d01e6
+def _options_by_form(options: Any) -> dict[str, str]:
+    "Options read by their form: a dict, an inline string or a list."
+    if isinstance(options, dict): return _options_from_dict(options)
+    if isinstance(options, str): return _options_from_str(options)
+    if isinstance(options, (list, tuple)): return _options_from_list(options)
+    raise ValueError(f"options must be a dict, list or string, got {type(options).__name__}")
+
 def normalize_options(options: Any) -> dict[str, str]:
     "Turn options given as a dict, a list (`'A. foo'` or plain `'foo'`) or an inline string into `{letter: text}`."
-    if isinstance(options, dict):
-        out = _options_from_dict(options)
-    elif isinstance(options, str):
-        out = _options_from_str(options)
-    elif isinstance(options, (list, tuple)):
-        out = _options_from_list(options)
-    else:
-        raise ValueError(f"options must be a dict, list or string, got {type(options).__name__}")
+    out = _options_by_form(options)
     if len(out) < 2:
         raise ValueError(f"a multiple-choice question needs at least 2 options, got {len(out)}")
-    if any(not v for v in out.values()):
-        raise ValueError(f"empty option text in {out}")
+    if any(not v for v in out.values()): raise ValueError(f"empty option text in {out}")
     return out

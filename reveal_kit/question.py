@@ -53,22 +53,22 @@ _QTYPE_ALIASES = [('negation', ('negat', 'not', 'exclu', 'absen')),
                   ('action', ('action', 'activity')),
                   ('attribute', ('attrib', 'colo', 'object', 'spatial', 'percept'))]
 
+def _labelled_type(qtype: str | None) -> str | None:
+    "The type a `qtype` label names (itself, or by one of its aliases); None when it names none."
+    q = (qtype or '').strip().lower()
+    if q in QUESTION_TYPES: return q
+    return next((t for t, keys in _QTYPE_ALIASES if q and any(k in q for k in keys)), None)
+
+def _type_of_text(question: str) -> str:
+    "The type the rules read from the text: negation first, then the first rule that matches."
+    if _NEG.search(question): return 'negation'
+    return next((t for t, rx in _TYPE_RULES if rx.search(question)), 'other')
+
 def question_type(question: Question | str, qtype: str | None = None) -> str:
     "The question's evidence type: a known `qtype` label (aliases allowed) wins, else rules on the question text."
     if isinstance(question, Question):
         qtype, question = qtype or question.qtype, question.question
-    q = (qtype or '').strip().lower()
-    if q in QUESTION_TYPES:
-        return q
-    for t, keys in _QTYPE_ALIASES:
-        if q and any(k in q for k in keys):
-            return t
-    if _NEG.search(question):
-        return 'negation'
-    for t, rx in _TYPE_RULES:
-        if rx.search(question):
-            return t
-    return 'other'
+    return _labelled_type(qtype) or _type_of_text(question)
 
 # %% ../nbs/00e_question.ipynb #5aaa57d7
 def option_common_words(options: list[str]) -> set[str]:

@@ -66,13 +66,15 @@ def call_marks(calls: Iterable[dict]) -> list[dict]:
     return [call_substitution(c, c['substituted']) for c in calls if c.get('substituted')]
 
 # %% ../nbs/00c_record.ipynb #4b935ed1
+def _merged_detail(ms: list[dict], unit: str) -> Any:
+    "The detail of merged marks: how many and the first one's detail (one mark: its detail)."
+    return f"{len(ms)} {unit}; first: {ms[0]['detail']}" if len(ms) > 1 else ms[0]['detail']
+
 def merge_marks(marks: Iterable[dict], unit: str = 'clips') -> list[dict]:
     "Marks with the same role, reason and stand-in merged into one that counts them (the first detail kept)."
     groups: dict[tuple, list[dict]] = {}
     for m in marks: groups.setdefault((m['role'], m['reason'], m['replaced_by']), []).append(m)
-    return [substitution(*k, f"{len(ms)} {unit}; first: {ms[0]['detail']}" if len(ms) > 1
-                         else ms[0]['detail'])
-            for k, ms in groups.items()]
+    return [substitution(*k, _merged_detail(ms, unit)) for k, ms in groups.items()]
 
 # %% ../nbs/00c_record.ipynb #942a61b7
 class RevealPart(BaseModel):
@@ -187,14 +189,22 @@ class Result(BaseModel):
 # %% ../nbs/00c_record.ipynb #3a0d60ae
 _RETIRED = ('sufficient', 'rho')        # REVEAL's keys that other methods used to fill with None
 
+def _row_kind(row: dict) -> str:
+    "The part kind a row names, or the one its keys imply (rows of older kits)."
+    return row.get('part', {}).get('kind') if isinstance(row.get('part'), dict) else part_kind(row)
+
+def _part_keys(cls: Result, P: type, row: dict) -> set:
+    "The row's keys that go to part `P` (a baseline's part also takes the keys the record lacks)."
+    mine = set(P.model_fields) - {'kind'}
+    return mine | (set() if P is not BaselinePart
+                   else set(row) - set(cls.model_fields) - set(_RETIRED))
+
 @patch(cls_method=True)
 def from_row(cls: Result, row: dict) -> Result:
     "A record from a flat row (of this kit or an older one)."
-    kind = row.get('part', {}).get('kind') if isinstance(row.get('part'), dict) else part_kind(row)
+    kind = _row_kind(row)
     P = PARTS[kind]
-    mine = set(P.model_fields) - {'kind'}
-    keys = mine | (set() if P is not BaselinePart
-                   else set(row) - set(cls.model_fields) - set(_RETIRED))
+    keys = _part_keys(cls, P, row)
     part = {k: row[k] for k in keys if k in row}
     common = {k: v for k, v in row.items() if k not in keys and k not in _RETIRED and k != 'part'}
     common.update(answer_source=source_of(row), degraded=bool(row.get('degraded')))
@@ -211,14 +221,14 @@ def to_row(self: Result) -> dict:
     return {**d, **self.part.model_dump(exclude={'kind'}, exclude_unset=True)}
 
 # %% ../nbs/00c_record.ipynb #aa3acfbe
+_CALL_TOTALS = ('llm_calls', 'cache_hits', 'calls_by_role', 'prompt_tokens', 'completion_tokens')
+
 def usage_fields(tot: dict, seconds: float) -> dict:
     "A result's calls, cache hits, tokens and times from call totals and the question's wall seconds."
-    return dict(llm_calls=tot['llm_calls'], cache_hits=tot['cache_hits'],
-                calls_by_role=tot['calls_by_role'], prompt_tokens=tot['prompt_tokens'],
-                completion_tokens=tot['completion_tokens'],
-                tokens=tot['prompt_tokens'] + tot['completion_tokens'], seconds=round(seconds, 6),
-                model_seconds=tot['model_seconds'],
-                loop_seconds=round(max(seconds - tot['model_seconds'], 0.0), 6))
+    calls = {k: tot[k] for k in _CALL_TOTALS}
+    loop = round(max(seconds - tot['model_seconds'], 0.0), 6)
+    return dict(calls, tokens=tot['prompt_tokens'] + tot['completion_tokens'],
+                seconds=round(seconds, 6), model_seconds=tot['model_seconds'], loop_seconds=loop)
 
 # %% ../nbs/00c_record.ipynb #771ef432
 def as_record(row: dict | Result) -> Result:
@@ -258,14 +268,19 @@ def read_row(row: dict) -> dict:
         return row
 
 # %% ../nbs/00c_record.ipynb #5398b937
-def substitution_counts(rows: Iterable[dict]) -> dict:
-    "Answers, substituted answers, their marks by 'role/reason', and whether every answer came from offline roles."
-    rows = list(rows)
-    sub = [r for r in rows if r.get('answer_source') == 'substituted']
+def _marks_by_reason(sub: list[dict]) -> Counter:
+    "The marks of substituted rows counted by 'role/reason' (rows without marks: 'unmarked')."
     by = Counter(f"{m['role']}/{m['reason']}" for r in sub for m in r.get('substitutions') or [])
     # rows of older kits (direct's 'fallback')
     unmarked = sum(not r.get('substitutions') for r in sub)
     if unmarked: by['unmarked'] += unmarked
+    return by
+
+def substitution_counts(rows: Iterable[dict]) -> dict:
+    "Answers, substituted answers, their marks by 'role/reason', and whether every answer came from offline roles."
+    rows = list(rows)
+    sub = [r for r in rows if r.get('answer_source') == 'substituted']
+    by = _marks_by_reason(sub)
     offline = bool(rows) and all(r.get('answer_source', 'offline') == 'offline' for r in rows)
     return dict(n=len(rows), substituted=len(sub), by=dict(by.most_common()), offline=offline)
 

@@ -33,16 +33,19 @@ def range_text(info: Any) -> str | None:
 # %% ../nbs/00g_settings.ipynb #6d00b261
 _RANGE_ERRORS = ('greater_than', 'greater_than_equal', 'less_than_equal', 'finite_number')
 
+def _field_message(model: type[BaseModel], err: dict, name: str, msg: str) -> str:
+    "What a field's value must be: in its range, one of its choices, or valid (pydantic's `msg`)."
+    if err['type'] in _RANGE_ERRORS: return f"must be {range_text(model.model_fields[name])}"
+    if err['type'] == 'literal_error': return f"must be one of {err['ctx']['expected']}"
+    return f"must be valid: {msg[0].lower()}{msg[1:]}"
+
 def invalid_line(model: type[BaseModel], e: ValidationError, owner: str = 'Config') -> str:
     "The first error of `e` as one line: `Config.tau must be in [0, 1], got 1.5`."
     err = e.errors()[0]
     name, got = '.'.join(map(str, err['loc'])), err.get('input')
     msg = err['msg'].removeprefix('Value error, ')
     if not name or err['type'] == 'value_error': return msg
-    if err['type'] in _RANGE_ERRORS: msg = f"must be {range_text(model.model_fields[name])}"
-    elif err['type'] == 'literal_error': msg = f"must be one of {err['ctx']['expected']}"
-    else: msg = f"must be valid: {msg[0].lower()}{msg[1:]}"
-    return f"{owner}.{name} {msg}, got {got!r}"
+    return f"{owner}.{name} {_field_message(model, err, name, msg)}, got {got!r}"
 
 # %% ../nbs/00g_settings.ipynb #8673ac60
 def about(default: Any, text: str) -> Any:

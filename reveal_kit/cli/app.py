@@ -61,19 +61,22 @@ def disk_error(e: OSError) -> str | None:
     return f"{where}: {why}" if where else why
 
 # %% ../../nbs/90_cli.app.ipynb #fab3bf99
+def _fail(line: str) -> None:
+    "Say `error: <line>` on stderr and end the command with exit status 2."
+    say(f"error: {line}", err=True)
+    raise typer.Exit(2)
+
 @contextlib.contextmanager
 def cli_errors() -> Iterator[None]:
     "Turn an expected error inside a command into `error: <one line>` on stderr and exit status 2."
     try:
         yield
     except expected_errors() as e:
-        say(f"error: {one_line(e)}", err=True)
-        raise typer.Exit(2)
+        _fail(one_line(e))
     except OSError as e:
         line = disk_error(e)
         if line is None: raise
-        say(f"error: {line}", err=True)
-        raise typer.Exit(2)
+        _fail(line)
 
 # %% ../../nbs/90_cli.app.ipynb #3a9849d0
 def chat_model_from_options(backend: str | None, model: str | None = None,

@@ -16,67 +16,77 @@ __all__ = ['backends_report', 'backends_check', 'memory_build', 'memory_show', '
            'data_check']
 
 # %% ../../nbs/90a_cli.data.ipynb #fe11c4df
+def _chat_entry(backend: str | None, model: str | None, base_url: str | None) -> dict:
+    "The chat model these options name (which, fallback, why), or why it could not be had."
+    from reveal_kit.backends.models import get_chat_model, describe_chat_model
+    try:
+        return describe_chat_model(get_chat_model(backend, model, base_url, cache=None))
+    except Exception as e:
+        return {'backend': backend, 'error': f"{type(e).__name__}: {e}", 'is_fallback': None}
+
 def backends_report(backend: str | None = None, model: str | None = None,
                     base_url: str | None = None, text: str = 'auto', vision: str = 'auto') -> dict:
     "The chat model, text embedder and vision embedder in use: which, whether a fallback, and why."
-    from reveal_kit.backends.models import get_chat_model, describe_chat_model
     from reveal_kit.cli.present import describe_embedders
-    try:
-        chat = describe_chat_model(get_chat_model(backend, model, base_url, cache=None))
-    except Exception as e:
-        chat = {'backend': backend, 'error': f"{type(e).__name__}: {e}", 'is_fallback': None}
-    return {'chat': chat, **describe_embedders(text, vision)}
+    return {'chat': _chat_entry(backend, model, base_url), **describe_embedders(text, vision)}
 
 # %% ../../nbs/90a_cli.data.ipynb #77a09cf9
 @backends_app.callback()
 def _backends():
     "Inspect the model backends."
 
-@backends_app.command('check')
-def backends_check(
-        backend: Annotated[Optional[str], typer.Option(help="embedded | http | vllm | scripted "
-                                                       "(default $REVEAL_BACKEND)")] = None,
-        model: Annotated[Optional[str],
-                         typer.Option(help="model id or path for the backend")] = None,
-        base_url: BaseUrlOpt = None,
-        text: Annotated[str, typer.Option(help="text embedder: auto | bge-m3 | minilm")] = 'auto',
-        vision: Annotated[str, typer.Option(help="vision embedder: auto | siglip | "
-                                            "descriptor")] = 'auto',
-        as_json: JsonOpt = False):
-    "Report the chat model, text embedder and vision embedder in use (fallback or not, and why)."
-    rep = backends_report(backend, model, base_url, text, vision)
-    if as_json:
-        say(json.dumps(rep, indent=1, default=str))
-        return
+_ChatBackendOpt = Annotated[Optional[str], typer.Option(
+    help="embedded | http | vllm | scripted (default $REVEAL_BACKEND)")]
+_BackendModelOpt = Annotated[Optional[str], typer.Option(help="model id or path for the backend")]
+_TextOpt = Annotated[str, typer.Option(help="text embedder: auto | bge-m3 | minilm")]
+_VisionOpt = Annotated[str, typer.Option(help="vision embedder: auto | siglip | descriptor")]
+
+def _say_replica(r: dict) -> None:
+    "One line on a chat replica: its URL, health, requests in flight, served and failed."
+    say(f"  replica {r['url']}  {'healthy' if r['healthy'] else 'down'}, {r['in_flight']} "
+        f"in flight, {r['served']} served, {r['failures']} failures")
+
+def _say_backends(rep: dict) -> None:
+    "One line per model in use (fallback or not, and why), its replicas beneath."
     for k, d in rep.items():
         name, why = d.get('model_id') or d.get('backend'), d.get('why') or d.get('error') or ''
         say(f"{k:7s} {name}  {'(fallback) ' if d.get('is_fallback') else ''}{why}")
-        for r in d.get('replicas') or []:
-            say(f"  replica {r['url']}  {'healthy' if r['healthy'] else 'down'}, {r['in_flight']} "
-                       f"in flight, {r['served']} served, {r['failures']} failures")
+        for r in d.get('replicas') or []: _say_replica(r)
+
+@backends_app.command('check')
+def backends_check(backend: _ChatBackendOpt = None, model: _BackendModelOpt = None,
+                   base_url: BaseUrlOpt = None, text: _TextOpt = 'auto',
+                   vision: _VisionOpt = 'auto', as_json: JsonOpt = False):
+    "Report the chat model, text embedder and vision embedder in use (fallback or not, and why)."
+    rep = backends_report(backend, model, base_url, text, vision)
+    if as_json: say(json.dumps(rep, indent=1, default=str))
+    else: _say_backends(rep)
 
 app.add_typer(backends_app, name='backends')
 
 # %% ../../nbs/90a_cli.data.ipynb #e3d6db27
+_VideoArg = Annotated[Path, typer.Argument(
+    help="video file, or a folder of time-stamped clips "
+         "(EgoLife: DAYn/DAYn_<identity>_HHMMSSFF.mp4)")]
+_SubtitlesOpt = Annotated[Optional[Path], typer.Option(
+    help="SRT or WebVTT file aligned to the video")]
+_MemoryOutOpt = Annotated[Optional[Path], typer.Option(
+    help="memory directory (default: runs/memories/<stem>-<sha8>-<key>)")]
+_ChunkingOpt = Annotated[str, typer.Option(help="adaptive | fixed")]
+_CaptionerOpt = Annotated[str, typer.Option(
+    help="captioning model: none (offline captioner) | embedded | http | vllm")]
+_RebuildOpt = Annotated[bool, typer.Option(help="replace a memory built with other settings")]
+_CallsOpt = Annotated[Optional[int], typer.Option(
+    help="model calls in flight (default 4 per HTTP replica, 1 in-process); "
+         "the memory is the same")]
+
 @memory_app.command('build')
-def memory_build(
-        video: Annotated[Path, typer.Argument(help="video file, or a folder of time-stamped clips "
-                                                   "(EgoLife: DAYn/DAYn_<identity>_HHMMSSFF.mp4)")],
-        subtitles: Annotated[Optional[Path],
-                             typer.Option(help="SRT or WebVTT file aligned to the video")] = None,
-        out: Annotated[Optional[Path], typer.Option(help="memory directory (default: "
-                                                    "runs/memories/<stem>-<sha8>-<key>)")] = None,
-        chunking: Annotated[str, typer.Option(help="adaptive | fixed")] = 'adaptive',
-        config: ConfigOpt = None, set_: SetOpt = None,
-        backend: Annotated[str, typer.Option(help="captioning model: none (offline captioner) | "
-                                                  "embedded | http | vllm")] = 'none',
-        model: ModelOpt = None, base_url: BaseUrlOpt = None,
-        rebuild: Annotated[bool,
-                           typer.Option(help="replace a memory built with other settings")] = False,
-        concurrency: Annotated[Optional[int], typer.Option(help="model calls in flight (default 4 "
-                                                           "per HTTP replica, 1 in-process); the "
-                                                           "memory is the same")] = None,
-        cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None, as_json: JsonSummaryOpt = False):
+def memory_build(video: _VideoArg, subtitles: _SubtitlesOpt = None, out: _MemoryOutOpt = None,
+                 chunking: _ChunkingOpt = 'adaptive', config: ConfigOpt = None, set_: SetOpt = None,
+                 backend: _CaptionerOpt = 'none', model: ModelOpt = None,
+                 base_url: BaseUrlOpt = None, rebuild: _RebuildOpt = False,
+                 concurrency: _CallsOpt = None, cache: CacheOpt = 'readwrite',
+                 timeout: TimeoutOpt = None, as_json: JsonSummaryOpt = False):
     "Build (or resume, or reuse) the offline memory of VIDEO (a folder of clips: one memory on one timeline)."
     from reveal_kit.core import load_config
     from reveal_kit.memory.build import build_memory
@@ -92,11 +102,12 @@ def memory_build(
 app.add_typer(memory_app, name='memory')
 
 # %% ../../nbs/90a_cli.data.ipynb #cacb9118
+_MemoryArg = Annotated[Path, typer.Argument(help="memory directory")]
+_NarrativesOpt = Annotated[int, typer.Option(help="L1 narratives to show")]
+_ManifestJsonOpt = Annotated[bool, typer.Option('--json', help="print the manifest as JSON")]
+
 @memory_app.command('show')
-def memory_show(path: Annotated[Path, typer.Argument(help="memory directory")],
-                n: Annotated[int, typer.Option(help="L1 narratives to show")] = 3,
-                as_json: Annotated[bool, typer.Option('--json',
-                                                      help="print the manifest as JSON")] = False):
+def memory_show(path: _MemoryArg, n: _NarrativesOpt = 3, as_json: _ManifestJsonOpt = False):
     "Summarize a memory: levels, time coverage, a few narratives."
     from reveal_kit.memory.store import OfflineMemory
     from reveal_kit.cli.present import describe
@@ -105,64 +116,82 @@ def memory_show(path: Annotated[Path, typer.Argument(help="memory directory")],
     say(json.dumps(mem.manifest, indent=1) if as_json else describe(mem, n))
 
 # %% ../../nbs/90a_cli.data.ipynb #bb09aef1
+_ChunkingsOpt = Annotated[Optional[List[str]], typer.Option(
+    help="adaptive | fixed (repeatable; default the config's)")]
+_AllCaptionerOpt = Annotated[str, typer.Option(
+    help="captioning model: none | embedded | http | vllm (use the same as the later `eval run`)")]
+_BuildersOpt = Annotated[int, typer.Option('--concurrency', '-c', help="memories built at once")]
+
+def _check_chunkings(chunkings: list[str] | None) -> None:
+    "Refuse a chunking other than adaptive or fixed, naming it."
+    bad = sorted(set(chunkings or []) - {'adaptive', 'fixed'})
+    if bad: raise ValueError(f"--chunking must be adaptive or fixed, got {', '.join(bad)}")
+
 @memory_app.command('build-all')
 def memory_build_all(
-        benchmark: BenchmarkArg, root: RootOpt = None, split: SplitOpt = None, limit: LimitOpt = None,
-        shard: ShardOpt = '0/1', only_present: OnlyPresentOpt = False,
-        chunking: Annotated[Optional[List[str]], typer.Option(help="adaptive | fixed (repeatable; default the "
-                                                              "config's)")] = None,
-        config: ConfigOpt = None, set_: SetOpt = None,
-        backend: Annotated[str, typer.Option(help="captioning model: none | embedded | http | vllm (use the same as "
-                                                  "the later `eval run`)")] = 'none',
-        model: ModelOpt = None, base_url: BaseUrlOpt = None, cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None,
-        concurrency: Annotated[int, typer.Option('--concurrency', '-c', help="memories built at once")] = 1,
+        benchmark: BenchmarkArg, root: RootOpt = None, split: SplitOpt = None,
+        limit: LimitOpt = None, shard: ShardOpt = '0/1', only_present: OnlyPresentOpt = False,
+        chunking: _ChunkingsOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
+        backend: _AllCaptionerOpt = 'none', model: ModelOpt = None, base_url: BaseUrlOpt = None,
+        cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None, concurrency: _BuildersOpt = 1,
         ray: RayOpt = None, worker_cpus: WorkerCpusOpt = 1.0, retries: RetriesOpt = None,
         as_json: JsonSummaryOpt = False):
     "Build (or resume, or reuse) every memory BENCHMARK's questions need."
     from reveal_kit.eval.ray import build_all
     from reveal_kit.cli.present import format_build_all_summary
     with cli_errors():
-        bad = sorted(set(chunking or []) - {'adaptive', 'fixed'})
-        if bad: raise ValueError(f"--chunking must be adaptive or fixed, got {', '.join(bad)}")
-        s = build_all(benchmark, root=root, config=config, overrides=set_, chunkings=chunking, split=split, limit=limit,
-                      shard=shard, only_present=only_present, backend=backend, model=model, base_url=base_url,
-                      cache_mode=cache, timeout_s=timeout, concurrency=concurrency, ray_address=ray,
+        _check_chunkings(chunking)
+        s = build_all(benchmark, root=root, config=config, overrides=set_, chunkings=chunking,
+                      split=split, limit=limit, shard=shard, only_present=only_present,
+                      backend=backend, model=model, base_url=base_url, cache_mode=cache,
+                      timeout_s=timeout, concurrency=concurrency, ray_address=ray,
                       worker_cpus=worker_cpus, retries=retries)
     say(json.dumps(s) if as_json else format_build_all_summary(s))
     if s['failed']: raise typer.Exit(1)
 
 # %% ../../nbs/90a_cli.data.ipynb #3c7faa95
+def _require_positive(flag: str, v: float, unit: str) -> None:
+    "Refuse `v` for `flag` unless it is a finite number > 0 (of `unit`)."
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{flag} must be a finite number of {unit} > 0, got {v!r}")
+
+def _require_even_size(flag: str, v: int) -> None:
+    "Refuse a frame size `v` for `flag` unless it is even and at least 16 pixels."
+    if v < 16 or v % 2:
+        raise ValueError(f"{flag} must be an even number of pixels ≥ 16 (H.264 needs even sizes), "
+                         f"got {v}")
+
 def check_synth_options(minutes: float, width: int, height: int, fps: float) -> None:
     "Refuse a video length, frame size or frame rate the renderer cannot make, naming the valid range."
-    if not (math.isfinite(minutes) and minutes > 0):
-        raise ValueError(f"--minutes must be a finite number of minutes > 0, got {minutes!r}")
-    for k, v in (('--width', width), ('--height', height)):
-        if v < 16 or v % 2:
-            raise ValueError(f"{k} must be an even number of pixels ≥ 16 (H.264 needs even sizes), "
-                             f"got {v}")
-    if not (math.isfinite(fps) and fps > 0):
-        raise ValueError(f"--fps must be a finite number of frames per second > 0, got {fps!r}")
+    _require_positive('--minutes', minutes, 'minutes')
+    for k, v in (('--width', width), ('--height', height)): _require_even_size(k, v)
+    _require_positive('--fps', fps, 'frames per second')
 
 # %% ../../nbs/90a_cli.data.ipynb #d8414725
+_OutDirArg = Annotated[Path, typer.Argument(help="folder to write the benchmark into")]
+_MinutesOpt = Annotated[float, typer.Option(help="length of each video in minutes")]
+_VideosOpt = Annotated[int, typer.Option(help="number of videos")]
+_PerVideoOpt = Annotated[int, typer.Option(help="questions per video (spread over the 6 types)")]
+_SeedOpt = Annotated[int, typer.Option(help="benchmark seed")]
+_SynthSplitOpt = Annotated[str, typer.Option(
+    help="train | dev | test (disjoint seeds and video ids)")]
+_WidthOpt = Annotated[int, typer.Option(help="frame width")]
+_HeightOpt = Annotated[int, typer.Option(help="frame height")]
+_FpsOpt = Annotated[float, typer.Option(help="output frame rate")]
+_WorkersOpt = Annotated[int, typer.Option(help="videos rendered in parallel")]
+_SubtitleRateOpt = Annotated[float, typer.Option(
+    help="share of events also in the subtitles (causal: always)")]
+_NoRenderOpt = Annotated[bool, typer.Option(
+    '--no-render', help="write questions and subtitles only")]
+_OverwriteOpt = Annotated[bool, typer.Option(help="re-render videos that are already complete")]
+
 @app.command('synth')
-def synth(out_dir: Annotated[Path, typer.Argument(help="folder to write the benchmark into")],
-          minutes: Annotated[float, typer.Option(help="length of each video in minutes")] = 10.0,
-          videos: Annotated[int, typer.Option(help="number of videos")] = 4,
-          questions_per_video: Annotated[int, typer.Option(help="questions per video (spread over "
-                                                           "the 6 types)")] = 12,
-          seed: Annotated[int, typer.Option(help="benchmark seed")] = 0,
-          split: Annotated[str, typer.Option(help="train | dev | test (disjoint seeds and video "
-                                             "ids)")] = 'test',
-          width: Annotated[int, typer.Option(help="frame width")] = 640,
-          height: Annotated[int, typer.Option(help="frame height")] = 360,
-          fps: Annotated[float, typer.Option(help="output frame rate")] = 2.0,
-          workers: Annotated[int, typer.Option(help="videos rendered in parallel")] = 1,
-          subtitle_rate: Annotated[float, typer.Option(help="share of events also in the subtitles "
-                                                       "(causal: always)")] = 0.5,
-          no_render: Annotated[bool, typer.Option('--no-render', help="write questions and "
-                                                  "subtitles only")] = False,
-          overwrite: Annotated[bool, typer.Option(help="re-render videos that are already "
-                                                  "complete")] = False):
+def synth(out_dir: _OutDirArg, minutes: _MinutesOpt = 10.0, videos: _VideosOpt = 4,
+          questions_per_video: _PerVideoOpt = 12, seed: _SeedOpt = 0,
+          split: _SynthSplitOpt = 'test', width: _WidthOpt = 640, height: _HeightOpt = 360,
+          fps: _FpsOpt = 2.0, workers: _WorkersOpt = 1,
+          subtitle_rate: _SubtitleRateOpt = 0.5, no_render: _NoRenderOpt = False,
+          overwrite: _OverwriteOpt = False):
     "Generate a long-video QA benchmark with exact ground truth."
     from reveal_kit.synth.bench import generate_benchmark, SPLITS
     from reveal_kit.cli.present import describe_benchmark
@@ -180,12 +209,13 @@ def synth(out_dir: Annotated[Path, typer.Argument(help="folder to write the benc
 def _data():
     "Benchmark data utilities."
 
+_BenchmarkNameArg = Annotated[str, typer.Argument(
+    help="a benchmark name (see reveal_kit.eval.loaders.LOADERS)")]
+_DataSplitOpt = Annotated[Optional[str],
+                        typer.Option(help="split, where the benchmark has several")]
+
 @data_app.command('check')
-def data_check(benchmark: Annotated[str, typer.Argument(help="a benchmark name (see "
-                                                             "reveal_kit.eval.loaders.LOADERS)")],
-               root: RootOpt = None,
-               split: Annotated[Optional[str],
-                                typer.Option(help="split, where the benchmark has several")] = None,
+def data_check(benchmark: _BenchmarkNameArg, root: RootOpt = None, split: _DataSplitOpt = None,
                as_json: JsonOpt = False):
     "Report present/missing annotations, videos and subtitles, with counts against the manifest."
     from reveal_kit.eval.data_check import check_data

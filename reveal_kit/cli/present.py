@@ -34,43 +34,53 @@ def _evidence_lines(res: dict) -> list[str]:
     return [f"  [L{e['level']} {fmt_time(e['t_start'])}-{fmt_time(e['t_end'])}] "
             f"{' '.join(e['text'].split()[:25])}" for e in res['evidence']] or ['  (none)']
 
+def _degraded_line(failed_calls: dict) -> str:
+    "The failed model calls by role of a degraded answer, which used the offline fallback."
+    fc = ', '.join(f"{r} {n}" for r, n in failed_calls.items())
+    return f"DEGRADED: failed model calls ({fc}); those steps used the offline fallback"
+
 def _ask_tail(res: dict) -> list[str]:
     "The missing evidence, the failed calls of a degraded answer, and where the trace is."
     missing = res.get('missing_evidence')
     L = ['Missing evidence: ' + '; '.join(missing)] if missing else []
-    if res.get('degraded'):
-        fc = ', '.join(f"{r} {n}" for r, n in res['failed_calls'].items())
-        L.append(f"DEGRADED: failed model calls ({fc}); those steps used the offline fallback")
+    if res.get('degraded'): L.append(_degraded_line(res['failed_calls']))
     trace = res.get('trace')
     where = f"reveal trace show {trace}" if trace else f"not written ({res.get('trace_error')})"
     return L + [f"Trace: {where}"]
 
+def _ask_head(res: dict) -> str:
+    "'Answer: B. <its text>', or 'Answer: none (<the error>)'."
+    a = res['answer']
+    return f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})"
+
+def _ask_usage(res: dict) -> str:
+    "The answer's rounds and stop reason, model calls, tokens and seconds."
+    return (f"Rounds: {res['rounds']} (stop: {res['stop_reason']}), LLM calls: {res['llm_calls']}, "
+            f"tokens: {res['tokens']}, {res['seconds']:.2f}s")
+
 def format_ask_summary(res: dict) -> str:
     "The human-readable `reveal ask` output of an `ask` result."
-    a = res['answer']
-    head = f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})"
-    cost = (f"Rounds: {res['rounds']} (stop: {res['stop_reason']}), LLM calls: {res['llm_calls']}, "
-            f"tokens: {res['tokens']}, {res['seconds']:.2f}s")
-    L = [head, _verdict_line(res), cost, _memory_line(res), "Evidence:"]
+    L = [_ask_head(res), _verdict_line(res), _ask_usage(res), _memory_line(res), "Evidence:"]
     return '\n'.join(L + _evidence_lines(res) + _ask_tail(res))
 
 # %% ../../nbs/90e_cli.present.ipynb #6b63b9c9
+def _embedder_entry(key: str, get, name: str, probe: list, load: bool) -> dict:
+    "One embedder's description (`load`: after encoding `probe` once), or why it could not be had."
+    try:
+        emb = get(name)
+        if load: emb.encode(probe)
+        return dict(emb.describe(), which=emb.backend, ok=True)
+    except Exception as e:
+        why = f"{type(e).__name__}: {e}"
+        return dict(kind=key, which=None, model_id=None, is_fallback=True, ok=False, why=why)
+
 def describe_embedders(text: str = 'auto', vision: str = 'auto', load: bool = True) -> dict:
     "For `reveal backends check`: each embedder in use, fallback or not, why; `load` runs it once."
     import numpy as np
     from reveal_kit.retrieval.choice import get_text_embedder, get_image_embedder
-    probes, out = dict(text=['probe'], vision=[np.zeros((64, 64, 3), np.uint8)]), {}
+    probes = dict(text=['probe'], vision=[np.zeros((64, 64, 3), np.uint8)])
     asked = (('text', get_text_embedder, text), ('vision', get_image_embedder, vision))
-    for key, get, name in asked:
-        try:
-            emb = get(name)
-            if load: emb.encode(probes[key])
-            out[key] = dict(emb.describe(), which=emb.backend, ok=True)
-        except Exception as e:
-            why = f"{type(e).__name__}: {e}"
-            out[key] = dict(kind=key, which=None, model_id=None, is_fallback=True, ok=False,
-                            why=why)
-    return out
+    return {key: _embedder_entry(key, get, name, probes[key], load) for key, get, name in asked}
 
 # %% ../../nbs/90e_cli.present.ipynb #2e7f1bc2
 def _known(x) -> str:
@@ -106,14 +116,17 @@ def format_check(r: dict) -> str:
     return '\n'.join(L + _questions_lines(r) + _media_lines(r))
 
 # %% ../../nbs/90e_cli.present.ipynb #5dbc5e42
+def _type_lines(man: dict) -> list[str]:
+    "One line per question type: its count in the benchmark."
+    return [f"  {k:15s} {v}" for k, v in man['counts_by_type'].items()]
+
 def describe_benchmark(man: dict, out_dir: str | Path | None = None) -> str:
     "A short summary of a benchmark manifest: counts per question type and the gold letters."
     from reveal_kit.synth.bench import shortfall_lines
     where = f" to {out_dir}" if out_dir is not None else ''
-    lines = [f"wrote {man['n_questions']} questions over {man['n_videos']} videos{where}"]
-    lines += [f"  {k:15s} {v}" for k, v in man['counts_by_type'].items()]
+    head = f"wrote {man['n_questions']} questions over {man['n_videos']} videos{where}"
     letters = f"  gold letters: {man['letter_distribution']}"
-    return '\n'.join(lines + [letters] + shortfall_lines(man))
+    return '\n'.join([head, *_type_lines(man), letters] + shortfall_lines(man))
 
 # %% ../../nbs/90e_cli.present.ipynb #77c9446d
 def format_build_summary(s: dict) -> str:
@@ -134,32 +147,43 @@ def format_build_all_summary(s: dict) -> str:
     return '\n'.join([head, *(f"  failed {f}" for f in s['failed'])])
 
 # %% ../../nbs/90e_cli.present.ipynb #d9144244
+def _video_line(mem: OfflineMemory) -> str:
+    "The memory's video: its id, path, length and the start of its sha256."
+    m = mem.manifest
+    return (f"video    {m.get('video_id')} ({m.get('video_path')}), {fmt_time(mem.duration)}, "
+            f"sha256 {m.get('video_sha256', '')[:12]}")
+
+def _built_line(m: dict) -> str:
+    "When and by which kit a memory was built, its key and config hash (from its manifest `m`)."
+    return (f"built    {m.get('created')} by reveal_kit {m.get('kit_version')}; "
+            f"key {m.get('memory_key')} (config {m.get('config_hash')})")
+
+def _models_line(m: dict) -> str:
+    "The captioner and embedders a memory was built with (from its manifest `m`)."
+    models = m.get('models', {})
+    return (f"models   captioner={m.get('captioner')} image={models.get('image_embedder')} "
+            f"text={models.get('text_embedder')}")
+
 def _identity_lines(mem: OfflineMemory) -> list[str]:
     "Where the memory is, its video, when and how it was built, its models, frames and captions."
     from reveal_kit.memory.store import produced_line, quality_line
-    m, models = mem.manifest, mem.manifest.get('models', {})
-    lines = [f"memory   {mem.path}",
-             f"video    {m.get('video_id')} ({m.get('video_path')}), {fmt_time(mem.duration)}, "
-             f"sha256 {m.get('video_sha256', '')[:12]}",
-             f"built    {m.get('created')} by reveal_kit {m.get('kit_version')}; "
-             f"key {m.get('memory_key')} (config {m.get('config_hash')})",
-             f"models   captioner={m.get('captioner')} image={models.get('image_embedder')} "
-             f"text={models.get('text_embedder')}",
+    m = mem.manifest
+    lines = [f"memory   {mem.path}", _video_line(mem), _built_line(m), _models_line(m),
              f"frames   {quality_line(m.get('quality') or dict(m['counts']))}"]
     if produced_line(m): lines.insert(4, f"captions {produced_line(m)}")
     return lines
 
+def _level_line(l: int, its: list, d: float) -> str:
+    "Level `l`: its items, their mean length, the share of `d` seconds of video they cover."
+    import numpy as np
+    mean = np.mean([it.duration for it in its]) if its else 0
+    cov = sum(it.duration for it in its) / d
+    return f"L{l}       {len(its)} items, mean {mean:.1f}s, covers {cov:.0%} of the video"
+
 def _level_lines(mem: OfflineMemory) -> list[str]:
     "One line per level: its items, their mean length, the share of the video they cover."
-    import numpy as np
-    d, lines = max(mem.duration, 1e-9), []
-    for l in (1, 2, 3):
-        its = mem.level(l)
-        mean = np.mean([it.duration for it in its]) if its else 0
-        cov = sum(it.duration for it in its) / d
-        lines.append(f"L{l}       {len(its)} items, mean {mean:.1f}s, "
-                     f"covers {cov:.0%} of the video")
-    return lines
+    d = max(mem.duration, 1e-9)
+    return [_level_line(l, mem.level(l), d) for l in (1, 2, 3)]
 
 def _narrative_line(it, width: int) -> str:
     "An item's narrative cut to `width` characters, after its time span unless it starts with one."
@@ -191,13 +215,16 @@ def format_induction_summary(rep: dict) -> str:
             f"start pool {prov['start_val_accuracy']:.3f}) -> {rep['pool']}")
 
 # %% ../../nbs/90e_cli.present.ipynb #aad9b2a7
+def _cost_row(name: str, calls: float, prompt: float, completion: float) -> str:
+    "One row of the cost table: a role's calls, prompt and completion tokens per question."
+    return f"{name:22s} {calls:8.2f} {prompt:10.0f} {completion:13.0f}"
+
 def _role_rows(rep: dict) -> list[str]:
     "The table's header, one row per role and one for all roles: calls and tokens per question."
-    row = lambda name, c, p, k: f"{name:22s} {c:8.2f} {p:10.0f} {k:13.0f}"
     head = f"{'role':22s} {'calls/q':>8s} {'prompt/q':>10s} {'completion/q':>13s}"
-    rows = [row(r, d['calls'], d['prompt_tokens'], d['completion_tokens'])
+    rows = [_cost_row(r, d['calls'], d['prompt_tokens'], d['completion_tokens'])
             for r, d in rep['roles'].items()]
-    total = row('all', rep['calls_per_q'], rep['prompt_per_q'], rep['completion_per_q'])
+    total = _cost_row('all', rep['calls_per_q'], rep['prompt_per_q'], rep['completion_per_q'])
     return [head, *rows, total]
 
 def _projection_line(p: dict | None) -> str:
@@ -209,12 +236,15 @@ def _projection_line(p: dict | None) -> str:
             f"{p['concurrency']:g} requests in flight each): {p['wall_hours']:.2f} h wall, "
             f"{p['gpu_hours']:.1f} GPU-h, {p['tokens_m']:.1f} M tokens, {p['calls']:.0f} calls")
 
+def _depth_line(rep: dict) -> str:
+    "The run's sequential depth per question (mean, max) and its tokens (and reasoning tokens)."
+    why = f", {rep['reasoning_per_q']:.0f} reasoning/q" if rep['reasoning_per_q'] else ''
+    return (f"sequential depth {rep['depth_mean']:.2f} per question (max {rep['depth_max']}); "
+            f"{rep['tokens_total']} tokens in all{why}")
+
 def format_cost(rep: dict) -> str:
     "The cost table: calls and tokens per question of each role, totals, depth, the projection."
-    why = f", {rep['reasoning_per_q']:.0f} reasoning/q" if rep['reasoning_per_q'] else ''
-    L = [f"cost of {rep['run']} ({rep['questions']} questions)", *_role_rows(rep),
-         f"sequential depth {rep['depth_mean']:.2f} per question (max {rep['depth_max']}); "
-         f"{rep['tokens_total']} tokens in all{why}"]
+    L = [f"cost of {rep['run']} ({rep['questions']} questions)", *_role_rows(rep), _depth_line(rep)]
     if not rep['calls_per_q']:
         L.append('no model calls (offline roles): the run costs no model time')
     return '\n'.join(L + [_projection_line(rep.get('projection'))])
@@ -227,31 +257,44 @@ def format_browser_summary(s: dict) -> str:
     return f"wrote {s['page']}: {s['questions']} questions, {s['traces']} trace pages{diff}"
 
 # %% ../../nbs/90e_cli.present.ipynb #4270ae46
+def _kib(n: int) -> str:
+    "A byte count in whole KiB."
+    return f"{n / 1024:.0f} KiB"
+
+def _pack_contents(s: dict) -> str:
+    "What a pack holds: its runs by name, their questions, cached calls and memories."
+    return (f"{len(s['runs'])} run(s) ({', '.join(s['runs'])}): {s['questions']} questions, "
+            f"{s['calls']} cached calls, {s['memories']} memories")
+
 def format_pack_summary(s: dict) -> str:
     "One line about a pack: runs, questions, calls, memories, sizes, time, id; partial runs."
     partial = s.get('partial')
     part = f"; PARTIAL (still running when packed): {', '.join(partial)}" if partial else ''
-    kib = lambda n: f"{n / 1024:.0f} KiB"
-    return (f"packed {len(s['runs'])} run(s) ({', '.join(s['runs'])}): {s['questions']} questions, "
-            f"{s['calls']} cached calls, {s['memories']} memories → {s['pack']} "
-            f"({kib(s['bytes'])}; {kib(s['unpacked_bytes'])} unpacked), "
-            f"checked by a rerun in {s['seconds']:.1f} s; "
-            f"id {s['id'][:12]}{part}")
+    return (f"packed {_pack_contents(s)} → {s['pack']} "
+            f"({_kib(s['bytes'])}; {_kib(s['unpacked_bytes'])} unpacked), "
+            f"checked by a rerun in {s['seconds']:.1f} s; id {s['id'][:12]}{part}")
 
 # %% ../../nbs/90e_cli.present.ipynb #7a55b026
+def _replay_outcome(r: dict) -> str:
+    "Identical to the packed run, or 'DIFFERS: ' and the differences."
+    differs = 'DIFFERS: ' + '; '.join(r.get('differences') or [])
+    return 'identical to the packed run' if r['identical'] else differs
+
 def _replayed_line(r: dict) -> str:
     "One replayed run: identical or its differences, and the replay's time against the run's."
-    differs = 'DIFFERS: ' + '; '.join(r.get('differences') or [])
-    what = 'identical to the packed run' if r['identical'] else differs
+    what = _replay_outcome(r)
     part = ', partial: packed while it ran' if r.get('partial') else ''
     return (f"  {r['name']} ({r['method']} on {r['benchmark']}, {r['questions']} questions{part}): "
             f"{what}; answered in {r['seconds']:.1f} s "
             f"(the run's questions took {r['run_seconds']:.1f} s)")
 
-def format_replay_summary(s: dict) -> str:
-    "One line per replayed run: identical or its first differences, its time against the run's."
-    head = (f"replayed {s['pack']} (id {s['id'][:12]}, kit {s['kit_version']}) into {s['out']} in "
+def _replay_head(s: dict) -> str:
+    "What was replayed into where, in what time, and how long its memories took to build."
+    return (f"replayed {s['pack']} (id {s['id'][:12]}, kit {s['kit_version']}) into {s['out']} in "
             f"{s['seconds']:.1f} s; the packed memories took "
             f"{s['memory_build_seconds']:.1f} s to build")
+
+def format_replay_summary(s: dict) -> str:
+    "One line per replayed run: identical or its first differences, its time against the run's."
     problems = [f"  DIFFERS: {p}" for p in s.get('cache_problems') or []]
-    return '\n'.join([head] + [_replayed_line(r) for r in s['runs']] + problems)
+    return '\n'.join([_replay_head(s)] + [_replayed_line(r) for r in s['runs']] + problems)

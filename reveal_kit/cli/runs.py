@@ -17,28 +17,50 @@ __all__ = ['eval_app', 'SubstitutedOpt', 'rubrics_app', 'ask_pace_method', 'ask'
            'eval_compare', 'eval_cost', 'rubrics_induce', 'rubrics_show']
 
 # %% ../../nbs/90b_cli.runs.ipynb #508fce74
-def ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles,
-                    trace_dir, config, overrides, cache, timeout) -> tuple[dict, str, tuple]:
-    "`reveal ask` with a PACE method: the result, its summary text and the keys `--json` prints."
+def ask_pace_method(video, question, option, method, settings) -> tuple[dict, str, tuple]:
+    "`reveal ask` with a PACE method and its `PaceAskSettings`: the result, summary and JSON keys."
     from reveal_kit.cli.pace_ask import ask_pace
     from reveal_kit.cli.present_pace import format_pace_summary
     from reveal_kit.reveal.ask import ASK_JSON_KEYS
     with cli_errors():
-        res = ask_pace(video, question, list(option), method=method, subtitles=subtitles,
-                       backend=backend, model=model, base_url=base_url, roles=roles,
-                       trace_dir=trace_dir, config=config, overrides=overrides or [], cache=cache,
-                       timeout_s=timeout)
+        res = ask_pace(video, question, list(option), method=method, settings=settings)
     keys = tuple(ASK_JSON_KEYS) + ('steps', 'tool_calls', 'factors', 'needle_recall', 'index')
     return res, format_pace_summary(res), keys
 
 # %% ../../nbs/90b_cli.runs.ipynb #a251428e
+_VideoArg = Annotated[Path, typer.Argument(help="video file")]
+_QuestionOpt = Annotated[str, typer.Option('--question', '-q', help="the question")]
+_OptionsOpt = Annotated[List[str], typer.Option('--option', '-o',
+                                                help="an option, e.g. 'A. a red car' (repeat)")]
+_AskMethodOpt = Annotated[str, typer.Option(
+    help=f"a REVEAL preset: {PRESET_NAMES} (each also with the suffix "
+         f"+oracle or +oracle-frames); or a PACE method: {PACE_NAMES}")]
+_MemoryOpt = Annotated[Optional[Path], typer.Option(
+    help="folder of memories, one per memory-config key (or one memory of this video); "
+         "built there if missing")]
+_SubtitlesOpt = Annotated[Optional[Path], typer.Option(
+    help="SRT/WebVTT subtitles aligned to the video (default: VIDEO's .srt or .vtt beside it, "
+         "as benchmark runs use)")]
+_AnswerJsonOpt = Annotated[bool, typer.Option('--json', help="print one JSON object")]
+_AskBackendOpt = Annotated[str, typer.Option(help="embedded | http | vllm | scripted")]
+_AskModelOpt = Annotated[Optional[str], typer.Option(help="model name / path")]
+_TraceDirOpt = Annotated[Optional[Path], typer.Option(help="where to write the trace")]
+_AskConfigOpt = Annotated[Optional[Path], typer.Option(help="config YAML")]
+_AskSetOpt = Annotated[Optional[List[str]],
+                       typer.Option('--set', help="config override key=value (repeat)")]
+
 def _ask_reveal(kw: dict) -> tuple[dict, str, list]:
-    "Answer with a REVEAL preset (`kw`: `reveal.ask.ask`'s arguments): the result, its summary, the JSON keys."
+    "Answer with a REVEAL preset (`kw`: `reveal.ask.ask`'s arguments): result, summary, JSON keys."
     from reveal_kit.reveal.ask import ask as ask_question, ASK_JSON_KEYS
     from reveal_kit.cli.present import format_ask_summary
     with cli_errors():
         res = ask_question(**kw)
     return res, format_ask_summary(res), ASK_JSON_KEYS
+
+def _ask_pace(video: Path, question: str, option: list[str], method: str, kw: dict) -> tuple:
+    "Answer with a PACE method (`kw`: `PaceAskSettings`' fields): result, summary, JSON keys."
+    from reveal_kit.cli.pace_ask import PaceAskSettings
+    return ask_pace_method(video, question, option, method, PaceAskSettings(**kw))
 
 def _say_answer(res: dict, text: str, keys: list, as_json: bool) -> None:
     "Print the answer's summary (or one JSON object of `keys`); exit 1 when the answer failed."
@@ -46,34 +68,25 @@ def _say_answer(res: dict, text: str, keys: list, as_json: bool) -> None:
     if res['failed']: raise typer.Exit(1)
 
 @app.command('ask')
-def ask(video: Annotated[Path, typer.Argument(help="video file")],
-        question: Annotated[str, typer.Option('--question', '-q', help="the question")],
-        option: Annotated[List[str], typer.Option('--option', '-o', help="an option, e.g. 'A. a red car' (repeat)")],
-        method: Annotated[str, typer.Option(help=f"a REVEAL preset: {PRESET_NAMES} (each also with the suffix "
-            f"+oracle or +oracle-frames); or a PACE method: {PACE_NAMES}")] = 'reveal',
-        memory: Annotated[Optional[Path], typer.Option(help="folder of memories, one per memory-config key (or one "
-                                                       "memory of this video); built there if missing")] = None,
-        subtitles: Annotated[Optional[Path], typer.Option(help="SRT/WebVTT subtitles aligned to the video (default: "
-                                                  "VIDEO's .srt or .vtt beside it, as benchmark runs use)")] = None,
-        as_json: Annotated[bool, typer.Option('--json', help="print one JSON object")] = False,
-        backend: Annotated[str, typer.Option(help="embedded | http | vllm | scripted")] = 'embedded',
-        model: Annotated[Optional[str], typer.Option(help="model name / path")] = None, base_url: BaseUrlOpt = None,
-        roles: RolesOpt = 'auto',
-        trace_dir: Annotated[Optional[Path], typer.Option(help="where to write the trace")] = None,
-        config: Annotated[Optional[Path], typer.Option(help="config YAML")] = None,
-        set_: Annotated[Optional[List[str]], typer.Option('--set', help="config override key=value (repeat)")] = None,
-        cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None):
+def ask(video: _VideoArg, question: _QuestionOpt, option: _OptionsOpt,
+        method: _AskMethodOpt = 'reveal', memory: _MemoryOpt = None,
+        subtitles: _SubtitlesOpt = None, as_json: _AnswerJsonOpt = False,
+        backend: _AskBackendOpt = 'embedded', model: _AskModelOpt = None,
+        base_url: BaseUrlOpt = None, roles: RolesOpt = 'auto', trace_dir: _TraceDirOpt = None,
+        config: _AskConfigOpt = None, set_: _AskSetOpt = None, cache: CacheOpt = 'readwrite',
+        timeout: TimeoutOpt = None):
     "Answer one question about one video with a REVEAL or PACE method and show the evidence."
     from reveal_kit.eval.methods import method_family
     from reveal_kit.reveal.ask import subtitles_beside
-    subtitles = subtitles or subtitles_beside(video)              # VIDEO's .srt/.vtt, as benchmark runs use
+    # VIDEO's .srt/.vtt, as benchmark runs use
+    kw = dict(subtitles=subtitles or subtitles_beside(video),
+              backend=backend, model=model, base_url=base_url, roles=roles, trace_dir=trace_dir,
+              config=config, overrides=set_ or [], cache=cache, timeout_s=timeout)
     if method_family(method) == 'pace':      # the registry says who answers
-        res, text, keys = ask_pace_method(video, question, option, method, subtitles, backend, model, base_url, roles,
-                                          trace_dir, config, set_, cache, timeout)
+        res, text, keys = _ask_pace(video, question, option, method, kw)
     else:
-        res, text, keys = _ask_reveal(dict(video=video, question=question, options=list(option), method=method,
-            memory=memory, subtitles=subtitles, backend=backend, model=model, base_url=base_url, roles=roles,
-            trace_dir=trace_dir, config=config, overrides=set_ or [], cache=cache, timeout_s=timeout))
+        res, text, keys = _ask_reveal(dict(video=video, question=question, options=list(option),
+                                           method=method, memory=memory, **kw))
     _say_answer(res, text, keys, as_json)
 
 # %% ../../nbs/90b_cli.runs.ipynb #0d4302bb
@@ -105,27 +118,31 @@ def _eval_run_summary(benchmark: str, method: str, settings: dict, ray: dict) ->
         summary = run_eval_ray(benchmark, method, s.out_dir, **ray, settings=s)
     return format_run_summary(summary)
 
+_EvalMethodOpt = Annotated[str, typer.Option(
+    '--method', '-m',
+    help=f"a baseline: {BASELINE_NAMES}; a REVEAL preset: {PRESET_NAMES} (each also "
+         f"with +oracle or +oracle-frames); or a PACE method: {PACE_NAMES}")]
+_RunOutOpt = Annotated[Path, typer.Option(
+    '--out', '-o', help="RUN_DIR (results.jsonl, run.json, traces/)")]
+_ConcurrencyOpt = Annotated[int, typer.Option('--concurrency', '-c', help="questions in flight")]
+_EvalBackendOpt = Annotated[str, typer.Option(help="embedded | http | vllm | none")]
+_RoleModelOpt = Annotated[Optional[List[str]], typer.Option(
+    '--role-model', help="a PACE role group's own model: agent|vision=URL[,NAME[,text]]")]
+_EvalConfigOpt = Annotated[Optional[Path], typer.Option(help="YAML of Config values")]
+_RetryFailedOpt = Annotated[bool, typer.Option(help="rerun questions recorded as failed")]
+_MaxSubstitutedOpt = Annotated[Optional[float], typer.Option(
+    help="fail (exit 2) when more than this fraction of the answers came from stand-ins")]
+
 @eval_app.command('run')
-def eval_run(benchmark: BenchmarkArg,
-             method: Annotated[str, typer.Option('--method', '-m', help=f"a baseline: {BASELINE_NAMES}; a REVEAL "
-                                                 f"preset: {PRESET_NAMES} (each also with +oracle or +oracle-frames); "
-                                                 f"or a PACE method: {PACE_NAMES}")],
-             out: Annotated[Path, typer.Option('--out', '-o', help="RUN_DIR (results.jsonl, run.json, traces/)")],
+def eval_run(benchmark: BenchmarkArg, method: _EvalMethodOpt, out: _RunOutOpt,
              root: RootOpt = None, limit: LimitOpt = None, shard: ShardOpt = '0/1',
-             concurrency: Annotated[int, typer.Option('--concurrency', '-c', help="questions in flight")] = 1,
-             backend: Annotated[str, typer.Option(help="embedded | http | vllm | none")] = 'embedded',
-             model: ModelOpt = None, base_url: BaseUrlOpt = None,
-             role_model: Annotated[Optional[List[str]], typer.Option('--role-model', help="a PACE role group's own "
-                                                                      "model: agent|vision=URL[,NAME[,text]]")] = None,
-             config: Annotated[Optional[Path], typer.Option(help="YAML of Config values")] = None,
-             set_: SetOpt = None, split: SplitOpt = None,
-             retry_failed: Annotated[bool, typer.Option(help="rerun questions recorded as failed")] = False,
-             only_present: OnlyPresentOpt = False, roles: RolesOpt = 'auto',
-             cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None,
+             concurrency: _ConcurrencyOpt = 1, backend: _EvalBackendOpt = 'embedded',
+             model: ModelOpt = None, base_url: BaseUrlOpt = None, role_model: _RoleModelOpt = None,
+             config: _EvalConfigOpt = None, set_: SetOpt = None, split: SplitOpt = None,
+             retry_failed: _RetryFailedOpt = False, only_present: OnlyPresentOpt = False,
+             roles: RolesOpt = 'auto', cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None,
              ray: RayOpt = None, worker_cpus: WorkerCpusOpt = 1.0, retries: RetriesOpt = None,
-             quiet: QuietOpt = False,
-             max_substituted: Annotated[Optional[float], typer.Option(
-                 help="fail (exit 2) when more than this fraction of the answers came from stand-ins")] = None):
+             quiet: QuietOpt = False, max_substituted: _MaxSubstitutedOpt = None):
     "Run a method over a benchmark; rerunning the same command resumes. With `--ray`, `-c` is the number of workers."
     settings = dict(out=out, root=root, limit=limit, shard=shard, concurrency=concurrency,
                     backend=backend, model=model, base_url=base_url, role_model=role_model or [],
@@ -136,13 +153,12 @@ def eval_run(benchmark: BenchmarkArg,
     say(_eval_run_summary(benchmark, method, settings, ray_kw))
 
 # %% ../../nbs/90b_cli.runs.ipynb #ecce2e63
+_JudgeOpt = Annotated[Optional[str], typer.Option(
+    help="needle judge model URL[,NAME]: judge the run's cues first (cached; RUN_DIR/needles)")]
+
 @eval_app.command('report')
 def eval_report(run_dir: RunDirArg, as_json: JsonOpt = False, cache: CacheOpt = 'readwrite',
-                judge: Annotated[Optional[str],
-                                 typer.Option(help="needle judge model URL[,NAME]: judge the "
-                                                             "run's cues first (cached; "
-                                              "RUN_DIR/needles)")] = None,
-                substituted: SubstitutedOpt = 'wrong'):
+                judge: _JudgeOpt = None, substituted: SubstitutedOpt = 'wrong'):
     "Accuracy (overall, by type, by duration group), failures, rounds, calls, tokens, time, stop reasons."
     from reveal_kit.eval.metrics import judge_report, format_report
     with cli_errors():
@@ -150,13 +166,14 @@ def eval_report(run_dir: RunDirArg, as_json: JsonOpt = False, cache: CacheOpt = 
     say(json.dumps(rep, indent=1) if as_json else format_report(rep, title=str(run_dir)))
 
 # %% ../../nbs/90b_cli.runs.ipynb #0a88195e
+_RunAArg = Annotated[Path, typer.Argument(help="the first RUN_DIR")]
+_RunBArg = Annotated[Path, typer.Argument(help="the second RUN_DIR")]
+_BootSeedOpt = Annotated[int, typer.Option(help="bootstrap seed")]
+_NBootOpt = Annotated[int, typer.Option(help="bootstrap resamples")]
+
 @eval_app.command('compare')
-def eval_compare(run_a: Annotated[Path, typer.Argument(help="the first RUN_DIR")],
-                 run_b: Annotated[Path, typer.Argument(help="the second RUN_DIR")],
-                 as_json: JsonOpt = False,
-                 seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
-                 n_boot: Annotated[int, typer.Option(help="bootstrap resamples")] = 10000,
-                 substituted: SubstitutedOpt = 'wrong'):
+def eval_compare(run_a: _RunAArg, run_b: _RunBArg, as_json: JsonOpt = False, seed: _BootSeedOpt = 0,
+                 n_boot: _NBootOpt = 10000, substituted: SubstitutedOpt = 'wrong'):
     "Two runs side by side on the questions both answered, with McNemar's exact test and a paired bootstrap CI."
     from reveal_kit.eval.metrics import compare_runs, format_compare
     with cli_errors():
@@ -164,18 +181,17 @@ def eval_compare(run_a: Annotated[Path, typer.Argument(help="the first RUN_DIR")
     say(json.dumps(c, indent=1) if as_json else format_compare(c))
 
 # %% ../../nbs/90b_cli.runs.ipynb #afa72c3b
+_ProfileOpt = Annotated[Optional[Path], typer.Option(
+    help="throughput profile JSON: tokens/s by concurrency (benchmarks/vllm_bench.py)")]
+_ProjectedOpt = Annotated[Optional[int], typer.Option(
+    help="questions to project (default: the run's)")]
+_GpusOpt = Annotated[int, typer.Option(help="GPUs to project for, one engine each")]
+_PerGpuOpt = Annotated[Optional[float], typer.Option(
+    help="requests in flight per GPU (default: the profile's fastest)")]
+
 @eval_app.command('cost')
-def eval_cost(run_dir: RunDirArg,
-              profile: Annotated[Optional[Path], typer.Option(help="throughput profile JSON: "
-                                                              "tokens/s by concurrency "
-                                                              "(benchmarks/vllm_bench.py)")] = None,
-              questions: Annotated[Optional[int], typer.Option(help="questions to project "
-                                                               "(default: the run's)")] = None,
-              gpus: Annotated[int, typer.Option(help="GPUs to project for, one engine each")] = 1,
-              concurrency: Annotated[Optional[float],
-                                     typer.Option(help="requests in flight per GPU (default: the "
-                                                                   "profile's fastest)")] = None,
-              as_json: JsonOpt = False):
+def eval_cost(run_dir: RunDirArg, profile: _ProfileOpt = None, questions: _ProjectedOpt = None,
+              gpus: _GpusOpt = 1, concurrency: _PerGpuOpt = None, as_json: JsonOpt = False):
     "Calls, tokens and depth per question and role; with --profile, a benchmark's projected hours and GPU-hours."
     from reveal_kit.eval.cost import cost_report
     from reveal_kit.cli.present import format_cost

@@ -15,48 +15,59 @@ __all__ = ['trace_app', 'trace_show', 'pack', 'replay', 'demo_memories', 'demo']
 
 # %% ../../nbs/90c_cli.share.ipynb #fe1f3138
 trace_app = typer.Typer(help="Per-question traces: why each answer was given.", **PLAIN_HELP)
+_QidArg = Annotated[Optional[str],
+                    typer.Argument(help="a question id of that run (none: the run page)")]
+_HtmlOpt = Annotated[Optional[Path],
+                     typer.Option('--html', help="also write a standalone HTML page")]
+_CompareOpt = Annotated[Optional[Path], typer.Option(help="RUN_B beside RUN_DIR on the run page")]
+_ThumbsOpt = Annotated[bool, typer.Option(help="keyframe thumbnails in the HTML pages")]
+
+def _trace_file(path: Path) -> str:
+    "A trace file (as `reveal ask` prints its path) as text."
+    from reveal_kit.reveal.ask import load_trace, format_trace
+    return format_trace(load_trace(path))
+
+def _question_trace(run_dir: Path, qid: str, html: Path | None, thumbs: bool) -> str:
+    "One question's trace as text (also written as an HTML page with `html`)."
+    from reveal_kit.eval.trace_view import show_trace
+    return show_trace(run_dir, qid, html_out=html, thumbs=thumbs)
+
+def _run_page(run_dir: Path, html: Path, compare: Path | None, thumbs: bool) -> str:
+    "Write the run browser to `html` (run B beside it with `compare`): its summary line."
+    from reveal_kit.eval.browser import write_run_browser
+    from reveal_kit.cli.present import format_browser_summary
+    return format_browser_summary(write_run_browser(run_dir, html, compare, thumbs))
 
 @trace_app.command('show')
-def trace_show(run_dir: RunDirArg,
-               qid: Annotated[Optional[str], typer.Argument(help="a question id of that run (none: "
-                                                            "the run page)")] = None,
-               html: Annotated[Optional[Path], typer.Option('--html', help="also write a "
-                                                            "standalone HTML page")] = None,
-               compare: Annotated[Optional[Path],
-                                  typer.Option(help="RUN_B beside RUN_DIR on the run page")] = None,
-               thumbs: Annotated[bool, typer.Option(help="keyframe thumbnails in the HTML "
-                                                    "pages")] = True):
+def trace_show(run_dir: RunDirArg, qid: _QidArg = None, html: _HtmlOpt = None,
+               compare: _CompareOpt = None, thumbs: _ThumbsOpt = True):
     "Print a question's trace (rounds, queries, evidence, verifier, stop, calls); no QID: write the run browser."
     with cli_errors():
-        # a trace file, as `reveal ask` prints it
-        if run_dir.is_file() and qid is None and html is None:
-            from reveal_kit.reveal.ask import load_trace, format_trace
-            return say(format_trace(load_trace(run_dir)))
+        if run_dir.is_file() and qid is None and html is None: return say(_trace_file(run_dir))
         if qid is not None and compare is None:
-            from reveal_kit.eval.trace_view import show_trace
-            return say(show_trace(run_dir, qid, html_out=html, thumbs=thumbs))
+            return say(_question_trace(run_dir, qid, html, thumbs))
         if qid is not None or html is None:
             raise ValueError("the run page takes no QID and needs --html OUT.html")
-        from reveal_kit.eval.browser import write_run_browser
-        from reveal_kit.cli.present import format_browser_summary
-        say(format_browser_summary(write_run_browser(run_dir, html, compare, thumbs)))
+        say(_run_page(run_dir, html, compare, thumbs))
 
 app.add_typer(trace_app, name='trace')
 
 # %% ../../nbs/90c_cli.share.ipynb #87902118
+_RunDirsArg = Annotated[List[Path], typer.Argument(help="the RUN_DIRs to pack")]
+_PackOutOpt = Annotated[Path, typer.Option('--out', '-o',
+                                           help="NAME.tar.gz, or NAME.tar.zst (needs zstandard)")]
+_CallCacheOpt = Annotated[Optional[Path], typer.Option(
+    help="the runs' call cache, only read (default runs/cache/calls)")]
+_MemoriesOpt = Annotated[Optional[Path], typer.Option(
+    help="the runs' memories (default runs/memories)")]
+_VideosOpt = Annotated[bool, typer.Option(
+    help="pack the videos too (packed anyway when a rerun needs them)")]
+_PartialOpt = Annotated[bool, typer.Option(
+    help="pack a run that is still running as it is now, marked partial")]
+
 @app.command('pack')
-def pack(run_dirs: Annotated[List[Path], typer.Argument(help="the RUN_DIRs to pack")],
-         out: Annotated[Path, typer.Option('--out', '-o',
-                                           help="NAME.tar.gz, or NAME.tar.zst (needs zstandard)")],
-         cache: Annotated[Optional[Path],
-                          typer.Option(help="the runs' call cache, only read (default "
-                                                     "runs/cache/calls)")] = None,
-         memories: Annotated[Optional[Path], typer.Option(help="the runs' memories (default "
-                                                          "runs/memories)")] = None,
-         videos: Annotated[bool, typer.Option(help="pack the videos too (packed anyway when a "
-                                                   "rerun needs them)")] = False,
-         partial: Annotated[bool, typer.Option(help="pack a run that is still running as it is "
-                                                    "now, marked partial")] = False):
+def pack(run_dirs: _RunDirsArg, out: _PackOutOpt, cache: _CallCacheOpt = None,
+         memories: _MemoriesOpt = None, videos: _VideosOpt = False, partial: _PartialOpt = False):
     "Pack runs with the memories, PACE databases and cached calls they used, once a rerun shows that they replay."
     from reveal_kit.eval.replay import pack_runs
     from reveal_kit.cli.present import format_pack_summary
@@ -65,10 +76,12 @@ def pack(run_dirs: Annotated[List[Path], typer.Argument(help="the RUN_DIRs to pa
                                           videos=videos, partial=partial)))
 
 # %% ../../nbs/90c_cli.share.ipynb #ba24806b
+_PackArg = Annotated[Path, typer.Argument(help="a pack (NAME.tar.gz or NAME.tar.zst)")]
+_ReplayOutOpt = Annotated[Optional[Path],
+                          typer.Option('--out', '-o', help="a new folder (default NAME-replay)")]
+
 @app.command('replay')
-def replay(pack_file: Annotated[Path, typer.Argument(help="a pack (NAME.tar.gz or NAME.tar.zst)")],
-           out: Annotated[Optional[Path], typer.Option('--out', '-o', help="a new folder (default "
-                                                       "NAME-replay)")] = None):
+def replay(pack_file: _PackArg, out: _ReplayOutOpt = None):
     "Replay a pack's runs without a model (cache in replay mode) and compare them with it; exit 1 if one differs."
     from reveal_kit.eval.pack_replay import replay_pack
     from reveal_kit.cli.present import format_replay_summary
@@ -78,52 +91,74 @@ def replay(pack_file: Annotated[Path, typer.Argument(help="a pack (NAME.tar.gz o
     if not s['identical']: raise typer.Exit(1)
 
 # %% ../../nbs/90c_cli.share.ipynb #6134cb95
-def demo_memories(bench: Path, methods: list[str]) -> None:
-    "Build the memories the methods read (each video once per chunking, as `reveal eval` finds them), timed."
-    from reveal_kit.core import Config
-    from reveal_kit.eval.methods import method_spec
-    from reveal_kit.memory.build import get_or_build_memory
+def _bench_videos(bench: Path) -> dict:
+    "The benchmark's videos (paths under `bench`), each with its subtitle path or None."
     rows = [json.loads(l) for l in (bench / 'questions.jsonl').read_text().splitlines()
             if l.strip()]
-    videos = {r['video_path']: r.get('subtitle_path') for r in rows}
-    chunkings = sorted({s['chunking'] for s in map(method_spec, methods) if s
-                        and s.get('chunking')})
-    say(f"[2/4] building the memories: {len(videos)} videos × {', '.join(chunkings) or 'no'} "
-        f"segments")
+    return {r['video_path']: r.get('subtitle_path') for r in rows}
+
+def _chunkings_of(methods: list[str]) -> list[str]:
+    "The chunkings the methods' memories use, sorted (methods without a memory: none)."
+    from reveal_kit.eval.methods import method_spec
+    return sorted({s['chunking'] for s in map(method_spec, methods) if s and s.get('chunking')})
+
+def _build_timed(bench: Path, video: str, sub: str | None, chunking: str) -> None:
+    "Build (or find) one video's memory at one chunking and say how long it took."
+    from reveal_kit.core import Config
+    from reveal_kit.memory.build import get_or_build_memory
+    t = time.time()
+    get_or_build_memory(bench / video, Config(chunking=chunking),
+                        subtitles=bench / sub if sub else None, progress=True)
+    say(f"      {Path(video).name}, {chunking}: {time.time() - t:.1f}s")
+
+def demo_memories(bench: Path, methods: list[str]) -> None:
+    "Build the memories the methods read (each video once per chunking, as `reveal eval` finds them), timed."
+    videos, chunkings = _bench_videos(bench), _chunkings_of(methods)
+    say(f"[2/4] building the memories: {len(videos)} videos × "
+        f"{', '.join(chunkings) or 'no'} segments")
     for v, sub in videos.items():
-        for ch in chunkings:
-            t = time.time()
-            get_or_build_memory(bench / v, Config(chunking=ch),
-                                subtitles=bench / sub if sub else None, progress=True)
-            say(f"      {Path(v).name}, {ch}: {time.time() - t:.1f}s")
+        for ch in chunkings: _build_timed(bench, v, sub, ch)
 
 # %% ../../nbs/90c_cli.share.ipynb #5e24064f
-@app.command('demo')
-def demo(out: Annotated[Path, typer.Option(help="folder for the benchmark, memories and runs")] = Path('runs/demo'),
-         minutes: Annotated[float, typer.Option(help="length of each generated video")] = 2.0,
-         videos: Annotated[int, typer.Option(help="generated videos")] = 2,
-         questions_per_video: Annotated[int, typer.Option(help="questions per video")] = 6,
-         methods: Annotated[str, typer.Option(help="comma-separated methods to compare")] = 'base,reveal',
-         backend: Annotated[str, typer.Option(help="chat backend (embedded = packaged base model + offline "
-                                                   "roles)")] = 'embedded',
-         base_url: BaseUrlOpt = None, model: ModelOpt = None, cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None,
-         seed: Annotated[int, typer.Option(help="benchmark seed")] = 0):
-    "Generate a small benchmark, answer it with each method, print the table, the paired comparison and the traces."
+_DemoOutOpt = Annotated[Path, typer.Option(help="folder for the benchmark, memories and runs")]
+_MinutesOpt = Annotated[float, typer.Option(help="length of each generated video")]
+_VideosNOpt = Annotated[int, typer.Option(help="generated videos")]
+_PerVideoOpt = Annotated[int, typer.Option(help="questions per video")]
+_MethodsOpt = Annotated[str, typer.Option(help="comma-separated methods to compare")]
+_DemoBackendOpt = Annotated[str, typer.Option(
+    help="chat backend (embedded = packaged base model + offline roles)")]
+_SeedOpt = Annotated[int, typer.Option(help="benchmark seed")]
+
+def _demo_bench(out: Path, minutes: float, videos: int, per_video: int, seed: int) -> Path:
+    "[1/4] Generate the demo's benchmark in OUT/bench (640×360 test split): its folder."
     from reveal_kit.synth.bench import generate_benchmark
-    from reveal_kit.eval.runner import run_eval
-    from reveal_kit.eval.metrics import demo_report
-    out = Path(out)
     bench = out / 'bench'
-    say(f"[1/4] generating {videos} × {minutes:g}-min videos, {questions_per_video} questions each → {bench}")
+    say(f"[1/4] generating {videos} × {minutes:g}-min videos, {per_video} questions "
+        f"each → {bench}")
     with cli_errors():
-        generate_benchmark(bench, minutes=minutes, videos=videos, questions_per_video=questions_per_video, seed=seed,
-                           split='test', size=(640, 360))
-    names = [m.strip() for m in methods.split(',') if m.strip()]
+        generate_benchmark(bench, minutes=minutes, videos=videos, questions_per_video=per_video,
+                           seed=seed, split='test', size=(640, 360))
+    return bench
+
+def _demo_runs(out: Path, bench: Path, names: list[str], **kw) -> dict:
+    "[3/4] Answer the benchmark with each method (`kw`: `run_eval`'s settings): runs by method."
+    from reveal_kit.eval.runner import run_eval
     runs = {m: out / f"eval-{m.replace('+', 'plus-')}" for m in names}
-    with cli_errors(): demo_memories(bench, names)
     for i, m in enumerate(names):
         say(f"[3/4] answering with {m} ({i + 1}/{len(names)})")
-        with cli_errors():
-            run_eval('synth', m, runs[m], root=bench, backend=backend, model=model, base_url=base_url,
-                     cache_mode=cache, timeout_s=timeout)
-    say(demo_report(runs))
+        with cli_errors(): run_eval('synth', m, runs[m], root=bench, **kw)
+    return runs
+
+@app.command('demo')
+def demo(out: _DemoOutOpt = Path('runs/demo'), minutes: _MinutesOpt = 2.0, videos: _VideosNOpt = 2,
+         questions_per_video: _PerVideoOpt = 6, methods: _MethodsOpt = 'base,reveal',
+         backend: _DemoBackendOpt = 'embedded', base_url: BaseUrlOpt = None, model: ModelOpt = None,
+         cache: CacheOpt = 'readwrite', timeout: TimeoutOpt = None, seed: _SeedOpt = 0):
+    "Generate a small benchmark, answer it with each method, print the table, the paired comparison and the traces."
+    from reveal_kit.eval.metrics import demo_report
+    out = Path(out)
+    bench = _demo_bench(out, minutes, videos, questions_per_video, seed)
+    names = [m.strip() for m in methods.split(',') if m.strip()]
+    with cli_errors(): demo_memories(bench, names)
+    say(demo_report(_demo_runs(out, bench, names, backend=backend, model=model, base_url=base_url,
+                               cache_mode=cache, timeout_s=timeout)))
