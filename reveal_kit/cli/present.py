@@ -10,9 +10,16 @@ from ..text import fmt_time
 if TYPE_CHECKING: from reveal_kit.memory.store import OfflineMemory
 
 # %% auto #0
-__all__ = ['format_ask_summary', 'describe_embedders', 'format_check', 'describe_benchmark', 'format_build_summary',
-           'format_build_all_summary', 'describe', 'format_run_summary', 'format_induction_summary', 'format_cost',
-           'format_browser_summary', 'format_pack_summary', 'format_replay_summary']
+__all__ = ['answer_head', 'format_ask_summary', 'describe_embedders', 'format_check', 'describe_benchmark',
+           'format_build_summary', 'format_build_all_summary', 'describe', 'format_run_summary',
+           'format_induction_summary', 'format_cost', 'format_browser_summary', 'format_pack_summary',
+           'format_replay_summary']
+
+# %% ../../nbs/90e_cli.present.ipynb #a7c3e1f0
+def answer_head(res: dict) -> str:
+    "A REVEAL or PACE summary's first line: 'Answer: B. <its text>' or 'Answer: none (<the error>)'."
+    a = res['answer']
+    return f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})"
 
 # %% ../../nbs/90e_cli.present.ipynb #841eb03a
 def _memory_line(res: dict) -> str:
@@ -48,11 +55,6 @@ def _ask_tail(res: dict) -> list[str]:
     where = f"reveal trace show {trace}" if trace else f"not written ({res.get('trace_error')})"
     return L + [f"Trace: {where}"]
 
-def _ask_head(res: dict) -> str:
-    "'Answer: B. <its text>', or 'Answer: none (<the error>)'."
-    a = res['answer']
-    return f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})"
-
 def _ask_usage(res: dict) -> str:
     "The answer's rounds and stop reason, model calls, tokens and seconds."
     return (f"Rounds: {res['rounds']} (stop: {res['stop_reason']}), LLM calls: {res['llm_calls']}, "
@@ -60,7 +62,7 @@ def _ask_usage(res: dict) -> str:
 
 def format_ask_summary(res: dict) -> str:
     "The human-readable `reveal ask` output of an `ask` result."
-    L = [_ask_head(res), _verdict_line(res), _ask_usage(res), _memory_line(res), "Evidence:"]
+    L = [answer_head(res), _verdict_line(res), _ask_usage(res), _memory_line(res), "Evidence:"]
     return '\n'.join(L + _evidence_lines(res) + _ask_tail(res))
 
 # %% ../../nbs/90e_cli.present.ipynb #6b63b9c9

@@ -5,6 +5,7 @@
 # %% ../../nbs/90f_cli.present_pace.ipynb #c28cdfba
 from __future__ import annotations
 from ..text import fmt_time
+from .present import answer_head
 
 # %% auto #0
 __all__ = ['format_pace_summary']
@@ -15,11 +16,6 @@ def _evidence_line(e: dict) -> str:
     words = ' '.join(e['text'].split()[:25])
     return f"  [{fmt_time(e['t_start'])}-{fmt_time(e['t_end'])}] {e['source']}: {words}"
 
-def _answer_head(res: dict) -> str:
-    "'Answer: B. <its text>', or 'Answer: none (<the error>)'."
-    a = res['answer']
-    return f"Answer: {a}. {res['options'].get(a, '')}" if a else f"Answer: none ({res['error']})"
-
 def _pace_usage(res: dict) -> str:
     "The agent's steps and stop reason, tool calls, model calls, tokens and seconds."
     return (f"Steps: {res['steps']} (stop: {res['stop_reason']}), tools: {res['tool_calls']}, "
@@ -27,7 +23,7 @@ def _pace_usage(res: dict) -> str:
 
 def format_pace_summary(res: dict) -> str:
     "The human-readable `reveal ask --method pace|dvd` output."
-    L = [_answer_head(res), _pace_usage(res),
+    L = [answer_head(res), _pace_usage(res),
          f"Factors: {'; '.join(res['factors']) or '(plain captions)'}", "Evidence:"]
     L += [_evidence_line(e) for e in res['evidence']] or ['  (none)']
     if res.get('missing_evidence'): L.append('Unresolved: ' + '; '.join(res['missing_evidence']))
