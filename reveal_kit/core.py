@@ -274,15 +274,16 @@ def run_subtitles(path: str | Path | None, config: Config) -> str | Path | None:
     return path if config.subtitles else None
 
 # %% ../nbs/00_core.ipynb #bb86f7e4
+def _override_pair(p: str) -> tuple[str, str]:
+    "`'tau=0.8'` → `('tau', '0.8')`; refused without a `=`."
+    if '=' not in p:
+        raise ValueError(f"override {p!r} is not of the form key=value")
+    k, v = p.split('=', 1)
+    return k.strip(), v.strip()
+
 def parse_overrides(pairs: Iterable[str] | None) -> dict[str, str]:
     "Parse CLI overrides like `['tau=0.8', 'max_rounds=2']` into a dict."
-    out = {}
-    for p in pairs or []:
-        if '=' not in p:
-            raise ValueError(f"override {p!r} is not of the form key=value")
-        k, v = p.split('=', 1)
-        out[k.strip()] = v.strip()
-    return out
+    return dict(_override_pair(p) for p in pairs or [])
 
 # %% ../nbs/00_core.ipynb #a6a2dea4
 def _config_yaml(path: str | Path) -> dict:
@@ -348,9 +349,13 @@ def kit_version() -> str:
     return __version__
 
 # %% ../nbs/00_core.ipynb #9a7e000e
+def _pair_hash(qid: str, preset: str) -> str:
+    "8 hex digits of `(qid, preset)`, so names that shorten alike stay apart."
+    return hashlib.sha256(json.dumps([str(qid), str(preset)]).encode()).hexdigest()[:8]
+
 def trace_path(trace_dir: str | Path, qid: str, preset: str) -> Path:
-    "Where a question's trace goes: `<trace_dir>/<qid>__<preset>__<hash8>.json`, one file per (qid, preset)."
-    h = hashlib.sha256(json.dumps([str(qid), str(preset)]).encode()).hexdigest()[:8]
+    "A question's trace file, one per (qid, preset): `<trace_dir>/<qid>__<preset>__<hash8>.json`."
+    h = _pair_hash(qid, preset)
     return Path(trace_dir) / f"{safe_name(qid)[:80]}__{safe_name(preset)}__{h}.json"
 
 # %% ../nbs/00_core.ipynb #d1e5c0de
@@ -364,8 +369,12 @@ def build_stamp() -> str:
     return time.strftime('%Y-%m-%dT%H:%M:%S')
 
 # %% ../nbs/00_core.ipynb #9a7e0028
+def _stamp() -> str:
+    "`<time>-<random>`: a folder name no other run takes."
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
 def ask_trace_dir() -> Path | None:
-    "A fresh folder for one `ask`'s trace, `runs/traces/ask/<time>-<random>` (None when runs/ cannot be created)."
+    "A fresh folder for one `ask`'s trace, `runs/traces/ask/<time>-<random>` (None without runs/)."
     try: root = runs_dir()
     except OSError: return None
-    return root / 'traces' / 'ask' / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    return root / 'traces' / 'ask' / _stamp()

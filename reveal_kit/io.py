@@ -34,11 +34,15 @@ def _write_synced(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    "Replace `path` with `text` atomically (temp file, fsync, rename); creates the parent folder."
-    path = Path(path)
+def _temp_beside(path: Path, name: str) -> Path:
+    "The temporary file `name` beside `path`, its folder created."
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    return path.with_name(name)
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    "Replace `path` with `text` atomically: a temporary file, fsync, rename."
+    path = Path(path)
+    tmp = _temp_beside(path, f".{path.name}.{os.getpid()}.tmp")
     _write_synced(tmp, text)
     os.replace(tmp, path)
     return path
@@ -52,8 +56,7 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 1) -> Pat
 def atomic_save_npy(path: str | Path, arr: np.ndarray) -> Path:
     "Save an array as `.npy` atomically."
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
+    tmp = _temp_beside(path, f".{path.stem}.{os.getpid()}.tmp.npy")
     np.save(tmp, arr)
     os.replace(tmp, path)
     return path
@@ -104,7 +107,7 @@ def read_jsonl_rows(path: str | Path, repair: bool = False) -> list[dict]:
 
 # %% ../nbs/00b_io.ipynb #75966b5a
 def _subtitle_format(path: Path) -> str:
-    "pysubs2's format for a subtitle file's suffix (`.srt` → srt, `.vtt` → vtt); others refused."
+    "pysubs2's format for a subtitle file's suffix; others are refused."
     fmt = {'.srt': 'srt', '.vtt': 'vtt'}.get(path.suffix.lower())
     if fmt is None:
         raise ValueError(f"{path}: subtitle files must end in .srt or .vtt")

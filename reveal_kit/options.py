@@ -81,10 +81,13 @@ def _options_by_form(options: Any) -> dict[str, str]:
     if isinstance(options, (list, tuple)): return _options_from_list(options)
     raise ValueError(f"options must be a dict, list or string, got {type(options).__name__}")
 
-def normalize_options(options: Any) -> dict[str, str]:
-    "Turn options given as a dict, a list (`'A. foo'` or plain `'foo'`) or an inline string into `{letter: text}`."
-    out = _options_by_form(options)
+def _check_filled(out: dict[str, str]) -> dict[str, str]:
+    "`out`, refused when it has fewer than 2 options or an empty one."
     if len(out) < 2:
         raise ValueError(f"a multiple-choice question needs at least 2 options, got {len(out)}")
     if any(not v for v in out.values()): raise ValueError(f"empty option text in {out}")
     return out
+
+def normalize_options(options: Any) -> dict[str, str]:
+    "Options as `{letter: text}` from a dict, a list (`'A. foo'` or `'foo'`) or an inline string."
+    return _check_filled(_options_by_form(options))

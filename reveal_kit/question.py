@@ -54,7 +54,7 @@ _QTYPE_ALIASES = [('negation', ('negat', 'not', 'exclu', 'absen')),
                   ('attribute', ('attrib', 'colo', 'object', 'spatial', 'percept'))]
 
 def _labelled_type(qtype: str | None) -> str | None:
-    "The type a `qtype` label names (itself, or by one of its aliases); None when it names none."
+    "The type a `qtype` label names, itself or by an alias; else None."
     q = (qtype or '').strip().lower()
     if q in QUESTION_TYPES: return q
     return next((t for t, keys in _QTYPE_ALIASES if q and any(k in q for k in keys)), None)

@@ -118,25 +118,38 @@ def part_kind(row: dict) -> str:
 _SOURCES = {'model': 'model', 'offline': 'offline', 'fallback': 'substituted',
             'substituted': 'substituted'}
 
+def _offline_models(m: dict) -> bool:
+    "Whether a models record says no model answered: offline roles, none meaningful, or no chat model."
+    return m.get('roles') == 'offline' or m.get('meaningful') is False or not m.get('chat')
+
+def _implied_source(m: dict) -> str:
+    "The answer source a row's models record implies (rows of older kits)."
+    if m.get('answerer') in _SOURCES: return _SOURCES[m['answerer']]
+    return 'offline' if _offline_models(m) else 'model'
+
 def source_of(row: dict) -> str:
-    "The answer source a row states, or the one its models record implies (rows of older kits)."
+    "The answer source a row states, or the one its models record implies."
     if row.get('answer_source') in _SOURCES: return _SOURCES[row['answer_source']]
     m = row.get('models') if isinstance(row.get('models'), dict) else {}
-    if m.get('answerer') in _SOURCES: return _SOURCES[m['answerer']]
-    if m.get('roles') == 'offline' or m.get('meaningful') is False or not m.get('chat'):
-        return 'offline'
-    return 'model'
+    return _implied_source(m)
 
 # %% ../nbs/00c_record.ipynb #7b16fe70
-def settle(r: Any) -> Any:
-    "Derive `correct`, `answer_source` and `degraded` from the record's own fields (the one place they are computed)."
-    if r.substitutions: r.answer_source = 'substituted'
+def _score(r: Any):
+    "`r.correct` from its answer and gold unless given; a stand-in's answer scores 0."
     if 'correct' not in r.model_fields_set:
         r.correct = None if r.gold is None else r.answer == r.gold
+    if r.answer_source == 'substituted' and r.gold is not None: r.correct = False
+
+def _is_degraded(r: Any) -> bool:
+    "Degraded: marked so, or a call failed, the answer is a stand-in's or the memory fell back."
     subst = r.answer_source == 'substituted'
-    if subst and r.gold is not None:
-        r.correct = False          # a stand-in's answer scores 0 (`report` can exclude)
-    r.degraded = bool(r.degraded or r.failed_calls or subst or r.memory_fallbacks)
+    return bool(r.degraded or r.failed_calls or subst or r.memory_fallbacks)
+
+def settle(r: Any) -> Any:
+    "Derive `correct`, `answer_source` and `degraded` from the record's fields (computed only here)."
+    if r.substitutions: r.answer_source = 'substituted'
+    _score(r)
+    r.degraded = _is_degraded(r)
     return r
 
 # %% ../nbs/00c_record.ipynb #eb44214e

@@ -178,7 +178,7 @@ def section_of(name: str) -> str | None:
 
 # %% ../nbs/00g_settings.ipynb #465f301f
 def flat_key(key: str) -> str | None:
-    "The flat field a key names: `tau` or `reveal.tau` → `tau`; None for an unknown one."
+    "The flat field a key names (`tau` or `reveal.tau` → `tau`), or None."
     sec, _, name = key.rpartition('.')
     if not sec: return name if section_of(name) else None
     return name if sec in SECTIONS and name in SECTIONS[sec].model_fields else None

@@ -239,13 +239,17 @@ def _miss(self: CachedModel, key: str, role: str):
                         "Run once without replay to record it.")
 
 # %% ../../nbs/03_backends.cache.ipynb #e117dd4c
+def _chat_entry(res: ChatResult) -> dict:
+    "A chat result as a cache entry: text, data, record (and reasoning, if any)."
+    entry = {'text': res.text, 'data': res.data, 'record': res.record.to_dict()}
+    if res.reasoning: entry['reasoning'] = res.reasoning
+    return entry
+
 @patch
 def _store(self: CachedModel, key: str, res: ChatResult) -> None:
     "Store a successful result (failed calls are retried next time)."
     if not res.ok: return
-    entry = {'text': res.text, 'data': res.data, 'record': res.record.to_dict()}
-    if res.reasoning: entry['reasoning'] = res.reasoning
-    self.cache.put(key, entry)
+    self.cache.put(key, _chat_entry(res))
     self.stats['stores'] += 1
 
 # %% ../../nbs/03_backends.cache.ipynb #ddbb6545
@@ -298,12 +302,16 @@ def _tools_hit(self: CachedModel, e: dict, role: str, t0: float) -> ToolResult:
     return ToolResult([ToolCall(**c) for c in e['calls']], e['text'], e.get('reasoning', ''),
                       self._hit_record(e, role, t0))
 
+def _tools_entry(res: ToolResult) -> dict:
+    "A function-calling result as a cache entry: text, reasoning, calls, record."
+    return {'text': res.text, 'reasoning': res.reasoning,
+            'calls': [asdict(c) for c in res.calls], 'record': res.record.to_dict()}
+
 @patch
 def _store_tools(self: CachedModel, key: str, res: ToolResult):
     "Store a function-calling result that went through (a failed one is asked again next time)."
     if not res.record.ok: return
-    self.cache.put(key, {'text': res.text, 'reasoning': res.reasoning,
-                         'calls': [asdict(c) for c in res.calls], 'record': res.record.to_dict()})
+    self.cache.put(key, _tools_entry(res))
     self.stats['stores'] += 1
 
 @patch

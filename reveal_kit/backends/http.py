@@ -300,7 +300,7 @@ def _content(content) -> tuple[str, str]:
     return text, '\n\n'.join(x for x in (_part(p, ('reasoning', 'thinking')) for p in content) if x)
 
 def _count(v) -> int | None:
-    "A token count as a server gave it, or None when it is missing, not a whole number, not positive or absurd."
+    "A server's token count; None if missing, not whole, not positive or absurd."
     if isinstance(v, bool) or not isinstance(v, (int, float)): return None
     if not math.isfinite(v) or v != int(v): return None
     return int(v) if 0 < v <= _MAX_COUNT else None
@@ -323,7 +323,7 @@ def _estimates(messages: list[dict], text: str, calls) -> dict:
             + sum(estimate_tokens(str(c)) for c in calls or [])}
 
 def _reasoning_count(u) -> int | None:
-    "The reasoning tokens the server reported (`usage.completion_tokens_details`), else None."
+    "The reasoning tokens the server reported, else None."
     details = (u.get('completion_tokens_details') if isinstance(u, dict) else None) or {}
     return _count(details.get('reasoning_tokens')) if isinstance(details, dict) else None
 
@@ -407,7 +407,7 @@ def _complete(self: OpenAIHTTPModel, messages, *, schema, max_tokens, temperatur
 
 # %% ../../nbs/02b_backends.http.ipynb #abde075a
 def _calls_in_text(c: Completion) -> Completion:
-    "A reply whose calls the server's tool parser left in the text (cut off): the calls taken out of it."
+    "A reply with the calls the server's tool parser left in its text (cut off) taken out."
     if c.tool_calls or '<tool_call>' not in c.text: return c
     text, calls = text_tool_calls(c.text)
     return replace(c, text=text, tool_calls=calls)

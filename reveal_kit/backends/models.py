@@ -13,19 +13,22 @@ from .cache import MODES, CachedModel, CallCache, default_cache_path
 __all__ = ['BACKENDS', 'env_supports_images', 'make_backend', 'get_chat_model', 'describe_chat_model']
 
 # %% ../../nbs/03a_backends.models.ipynb #72166ff6
-def env_supports_images(default: bool = True) -> bool:
-    "`$REVEAL_IMAGES` (yes/no, true/false, 1/0): whether the HTTP or in-process model takes images; unset: `default`."
-    v = os.environ.get('REVEAL_IMAGES', '').strip().lower()
-    if not v: return default
+def _yes_no(name: str, v: str) -> bool:
+    "An environment switch's value (yes/true/1 or no/false/0) as a bool."
     if v in ('yes', 'true', '1'): return True
     if v in ('no', 'false', '0'): return False
-    raise ValueError(f"REVEAL_IMAGES must be yes or no, got {v!r}")
+    raise ValueError(f"{name} must be yes or no, got {v!r}")
+
+def env_supports_images(default: bool = True) -> bool:
+    "`$REVEAL_IMAGES` (yes or no): whether the HTTP or in-process model takes images; unset: `default`."
+    v = os.environ.get('REVEAL_IMAGES', '').strip().lower()
+    return _yes_no('REVEAL_IMAGES', v) if v else default
 
 # %% ../../nbs/03a_backends.models.ipynb #ccc80145
 BACKENDS = ('embedded', 'http', 'vllm', 'scripted')
 
 def _served(kw: dict) -> dict:
-    "HTTP and in-process vLLM settings from the environment: `$REVEAL_IMAGES`, `$REVEAL_TEXT_MAX_TOKENS`."
+    "HTTP and in-process vLLM settings from the environment (images, a text reply's budget)."
     kw.setdefault('supports_images', env_supports_images())
     kw.setdefault('text_max_tokens', int(os.environ.get('REVEAL_TEXT_MAX_TOKENS') or 0) or None)
     return kw
@@ -67,7 +70,7 @@ def _with_cache(inner: ChatModel, backend: str, cache: str | Path | None, mode: 
 
 # %% ../../nbs/03a_backends.models.ipynb #313832f6
 def _from_env(backend: str | None, model: str | None) -> tuple[str, str | None]:
-    "The backend and model as given, else `$REVEAL_BACKEND` (else 'embedded') and `$REVEAL_MODEL`."
+    "The backend and model as given, else as `$REVEAL_BACKEND` and `$REVEAL_MODEL` say."
     return (backend or os.environ.get('REVEAL_BACKEND', 'embedded'),
             model or os.environ.get('REVEAL_MODEL') or None)
 

