@@ -204,11 +204,14 @@ REPLY_TOKENS = {           # role → the most tokens of its reply (before any r
     'pace_inspect': 'pace_tool_max_tokens', 'pace_registry': 'pace_tool_max_tokens'}
 
 # %% ../nbs/00_core.ipynb #24f97ee6
+def _cast(old: Any, new: Any) -> Any:
+    "`new` cast to the type of a numeric default `old` (a bool `new` is kept); else `new` as it is."
+    numeric = isinstance(old, (int, float)) and not isinstance(old, bool)
+    return type(old)(new) if numeric and not isinstance(new, bool) else new
+
 def _coerce(old: Any, new: Any) -> Any:
     "Convert `new` (possibly a CLI string) to the type of the default `old`."
-    numeric = isinstance(old, (int, float)) and not isinstance(old, bool)
-    if not isinstance(new, str) or isinstance(old, str):
-        return type(old)(new) if numeric and not isinstance(new, bool) else new
+    if not isinstance(new, str) or isinstance(old, str): return _cast(old, new)
     if isinstance(old, bool):
         return new.strip().lower() in ('1', 'true', 'yes', 'on')
     return type(old)(yaml.safe_load(new))

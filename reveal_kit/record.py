@@ -70,11 +70,15 @@ def _merged_detail(ms: list[dict], unit: str) -> Any:
     "The detail of merged marks: how many and the first one's detail (one mark: its detail)."
     return f"{len(ms)} {unit}; first: {ms[0]['detail']}" if len(ms) > 1 else ms[0]['detail']
 
-def merge_marks(marks: Iterable[dict], unit: str = 'clips') -> list[dict]:
-    "Marks with the same role, reason and stand-in merged into one that counts them (the first detail kept)."
+def _grouped(marks: Iterable[dict]) -> dict[tuple, list[dict]]:
+    "Marks grouped by (role, reason, stand-in), in the order first seen."
     groups: dict[tuple, list[dict]] = {}
     for m in marks: groups.setdefault((m['role'], m['reason'], m['replaced_by']), []).append(m)
-    return [substitution(*k, _merged_detail(ms, unit)) for k, ms in groups.items()]
+    return groups
+
+def merge_marks(marks: Iterable[dict], unit: str = 'clips') -> list[dict]:
+    "Marks of one role, reason and stand-in merged into one that counts them (first detail kept)."
+    return [substitution(*k, _merged_detail(ms, unit)) for k, ms in _grouped(marks).items()]
 
 # %% ../nbs/00c_record.ipynb #942a61b7
 class RevealPart(BaseModel):
@@ -225,13 +229,17 @@ def from_row(cls: Result, row: dict) -> Result:
 
 
 # %% ../nbs/00c_record.ipynb #b74ee1b5
+def _own_fields(r: Result) -> dict:
+    "A record's own fields: those set, the derived ones, its marks."
+    d = r.model_dump(exclude={'part'}, exclude_unset=True)
+    d.update({k: getattr(r, k) for k in _DERIVED})
+    d['substitutions'] = [s.model_dump() for s in r.substitutions]
+    return d
+
 @patch
 def to_row(self: Result) -> dict:
-    "The flat row written to results.jsonl: the fields set (and the derived ones), the part's keys beside them."
-    d = self.model_dump(exclude={'part'}, exclude_unset=True)
-    d.update({k: getattr(self, k) for k in _DERIVED})
-    d['substitutions'] = [s.model_dump() for s in self.substitutions]
-    return {**d, **self.part.model_dump(exclude={'kind'}, exclude_unset=True)}
+    "The flat row of results.jsonl: the fields set, the derived ones, the part's keys beside them."
+    return {**_own_fields(self), **self.part.model_dump(exclude={'kind'}, exclude_unset=True)}
 
 # %% ../nbs/00c_record.ipynb #aa3acfbe
 _CALL_TOTALS = ('llm_calls', 'cache_hits', 'calls_by_role', 'prompt_tokens', 'completion_tokens')

@@ -117,12 +117,16 @@ class CallCache:
         if c is not None: c.close()
 
 # %% ../../nbs/03_backends.cache.ipynb #2af7ad4f
+def _table_row(key: str, entry: dict) -> tuple:
+    "An entry's row of the calls table: key, role, backend, model, time stored, the entry's JSON."
+    r = entry.get('record', {})
+    return (key, r.get('role', ''), r.get('backend', ''), r.get('model', ''), time.time(),
+            json.dumps(entry))
+
 @patch
 def put(self: CallCache, key: str, entry: dict) -> None:
     "Store an entry (a dict with `text`, `data`, `record`)."
-    r = entry.get('record', {})
-    row = (key, r.get('role', ''), r.get('backend', ''), r.get('model', ''), time.time(),
-           json.dumps(entry))
+    row = _table_row(key, entry)
     self._conn().execute('INSERT OR REPLACE INTO calls VALUES (?,?,?,?,?,?)', row)
 
 # %% ../../nbs/03_backends.cache.ipynb #b3e21045
@@ -200,14 +204,21 @@ def key(self: CachedModel, messages, schema=None, max_tokens=512, temperature=0.
                     base_url)
 
 # %% ../../nbs/03_backends.cache.ipynb #a7c1e0d4
+def _usable(entry: dict, fields: tuple) -> bool:
+    "Whether a cache entry has its record and `fields`."
+    return isinstance(entry.get('record'), dict) and all(f in entry for f in fields)
+
+def _warn_lacking(path: Path, key: str, fields: tuple):
+    "Warn that a cache entry lacks its record or `fields`: the call is made again."
+    warn(f"{path}: call-cache entry {key[:16]}… lacks {'/'.join(('record',) + fields)}: "
+         f"the call is made again")
+
 @patch
 def _lookup(self: CachedModel, key: str, fields: tuple = ('text',)) -> dict | None:
-    "The cache's entry for `key` when it has a record and `fields`; an unusable entry warns and is a miss."
+    "The cache's entry for `key` when usable; an unusable one warns and is a miss."
     entry = self.cache.get(key)
-    if entry is None or (isinstance(entry.get('record'), dict) and all(f in entry for f in fields)):
-        return entry
-    warn(f"{self.cache.path}: call-cache entry {key[:16]}… lacks {'/'.join(('record',) + fields)}: "
-         f"the call is made again")
+    if entry is None or _usable(entry, fields): return entry
+    _warn_lacking(self.cache.path, key, fields)
     return None
 
 # %% ../../nbs/03_backends.cache.ipynb #9f8da47f

@@ -126,10 +126,13 @@ def with_schema_instruction(messages: list[dict], schema: dict | None) -> list[d
     return msgs
 
 # %% ../../nbs/02_backends.replies.ipynb #635b16a2
+def _repair_turn(error: str, schema: dict) -> dict:
+    "The user turn saying what was wrong with a reply, then asking again for JSON under `schema`."
+    return user_message(f"Your reply was invalid ({error[:500]}). {schema_instruction(schema)}")
+
 def repair_messages(messages: list[dict], bad_reply: str, error: str, schema: dict) -> list[dict]:
-    "The conversation that asks the model once more, showing its invalid reply and what was wrong with it."
-    return [*messages, assistant_message(bad_reply[:2000]),
-            user_message(f"Your reply was invalid ({error[:500]}). {schema_instruction(schema)}")]
+    "The conversation asking the model once more: its invalid reply, then what was wrong with it."
+    return [*messages, assistant_message(bad_reply[:2000]), _repair_turn(error, schema)]
 
 # %% ../../nbs/02_backends.replies.ipynb #a1b2c3d1
 _ORDER = ('type', 'required', 'additionalProperties', 'properties', 'minItems', 'maxItems', 'items',
@@ -418,15 +421,19 @@ def calls_from_json(c: Completion) -> Completion:
 _TOOL_CALL = re.compile(r'<tool_call>\s*(.*?)\s*(?:</tool_call>|$)', re.S)
 _NAME = re.compile(r'"name"\s*:\s*"([^"]*)"')
 
+def _broken_call(b: str) -> dict:
+    "A broken block as a raw call: its name (if it can be found) and its arguments' text."
+    name = _NAME.search(b)
+    return {'name': name.group(1) if name else '',
+            'arguments': b.partition('"arguments":')[2].strip()}
+
 def _block_call(b: str) -> dict:
-    "One `<tool_call>` block as a raw call; a broken one keeps its name and its arguments' text."
+    "One `<tool_call>` block as a raw call."
     try: d = json.loads(b)
     except json.JSONDecodeError: d = None
     if isinstance(d, dict) and 'name' in d:
         return {'name': d['name'], 'arguments': d.get('arguments', {})}
-    name = _NAME.search(b)
-    return {'name': name.group(1) if name else '',
-            'arguments': b.partition('"arguments":')[2].strip()}
+    return _broken_call(b)
 
 def text_tool_calls(text: str) -> tuple[str, list[dict]]:
     "`(text before the calls, raw calls)` of Hermes-style `<tool_call>` blocks a server left in the text (cut off too)."

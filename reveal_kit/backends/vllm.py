@@ -283,13 +283,17 @@ def tied_to_parent(cmd: Sequence[str], parent: int | None = None) -> list[str]:
     return [sys.executable, '-c', _GUARD, str(parent or os.getpid()), *map(str, cmd)]
 
 # %% ../../nbs/02d_backends.vllm.ipynb #8f4bcc5c
+def _spawn(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
+    "`cmd` leading a new process group, its output to the file `log`."
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, 'wb') as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
 @patch
 def start(self: VLLMServer) -> VLLMServer:
     "Start the server (a process group led by its guard, output to the log); it dies with this process."
-    self.log.parent.mkdir(parents=True, exist_ok=True)
-    with open(self.log, 'wb') as out:
-        self.proc = subprocess.Popen(tied_to_parent(self.cmd), stdout=out, stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=True)
+    self.proc = _spawn(tied_to_parent(self.cmd), self.log, self.env)
     self.t_start = time.monotonic()
     return self
 
