@@ -12,6 +12,7 @@ from typing import Any, Callable
 from fastcore.basics import patch
 from .. import protocols
 from .messages import as_messages, assistant_message, make_messages, message_text, tool_turns_as_text
+from .calls import call_totals, record_dict, role_call
 from .replies import (Completion, ToolCall, as_completion, calls_from_json, estimate_tokens,
                                          minimal_instance, parse_json, parse_tool_call, repair_messages,
                                          tool_call_schema, validate_reply, with_schema_instruction, with_tools_prompt)
@@ -19,7 +20,7 @@ from .replies import (Completion, ToolCall, as_completion, calls_from_json, esti
 # %% auto #0
 __all__ = ['JSON_STATS', 'BackendError', 'BackendUnavailable', 'RequestRejected', 'BadReply', 'CallsFailing', 'CallRecord',
            'ChatResult', 'ToolResult', 'json_stats', 'ChatModel', 'ScriptedModel', 'is_meaningful', 'offline_role',
-           'models_record', 'set_thinking', 'record_dict', 'role_call', 'call_totals']
+           'models_record', 'set_thinking']
 
 # %% ../../nbs/02a_backends.chat.ipynb #fbd2b09f
 class BackendError(RuntimeError):
@@ -409,40 +410,3 @@ def chat_tools(self: ChatModel, messages, tools: list[dict], *,
             res = ToolResult(record=self._record(role, t0, 0, 0, ok=False, error=str(e)))
     res.record.protocol = self.tool_protocol()
     return self._check_failures(res)
-
-# %% ../../nbs/02a_backends.chat.ipynb #a8521275
-def record_dict(rec: Any) -> dict:
-    "A call record as a plain dict (dataclass, dict, or anything else as a string)."
-    if rec is None: return {}
-    if hasattr(rec, '__dataclass_fields__'): return asdict(rec)
-    return dict(rec) if isinstance(rec, dict) else {'record': str(rec)}
-
-# %% ../../nbs/02a_backends.chat.ipynb #52955c51
-def role_call(model: protocols.ChatModel, role: str, system: str, user: str, schema: dict,
-              max_tokens: int = 512, images: list | None = None) -> tuple[Any, dict]:
-    "Call `model` for `role` with a JSON schema; returns (parsed data or None when unusable, call record dict)."
-    t0 = time.perf_counter()
-    res = model.chat(make_messages(system, user, images), schema=schema, role=role,
-                     max_tokens=max_tokens, temperature=0.0)
-    rec = {**record_dict(getattr(res, 'record', None)), 'role': role,
-           'wall_s': round(time.perf_counter() - t0, 6)}
-    rec['ok'] = bool(getattr(res, 'ok', False)) and isinstance(res.data, dict)
-    return (res.data if rec['ok'] else None), rec
-
-# %% ../../nbs/02a_backends.chat.ipynb #9a7e0010
-def _total(calls: list[dict], key: str, cast=int):
-    "The sum of `key` over call records (missing or None counts 0)."
-    return sum(cast(c.get(key) or 0) for c in calls)
-
-def call_totals(calls: list[dict]) -> dict:
-    "Totals of calls: count, cache hits, tokens (reasoning, estimated), model seconds, calls per role."
-    failed = Counter(c.get('role', '?') for c in calls if c.get('ok') is False)
-    out = {'llm_calls': len(calls), 'cache_hits': _total(calls, 'cache_hit', bool),
-           'prompt_tokens': _total(calls, 'prompt_tokens'),
-           'completion_tokens': _total(calls, 'completion_tokens'),
-           'model_seconds': round(_total(calls, 'wall_s', float), 6),
-           'calls_by_role': dict(Counter(c.get('role', '?') for c in calls)),
-           'failed_calls': dict(sorted(failed.items()))}
-    if (rt := _total(calls, 'reasoning_tokens')): out['reasoning_tokens'] = rt
-    if (ne := _total(calls, 'usage_note', bool)): out['usage_estimated'] = ne
-    return out
