@@ -244,12 +244,16 @@ def to_row(self: Result) -> dict:
 # %% ../nbs/00c_record.ipynb #aa3acfbe
 _CALL_TOTALS = ('llm_calls', 'cache_hits', 'calls_by_role', 'prompt_tokens', 'completion_tokens')
 
-def usage_fields(tot: dict, seconds: float) -> dict:
-    "A result's calls, cache hits, tokens and times from call totals and the question's wall seconds."
-    calls = {k: tot[k] for k in _CALL_TOTALS}
+def _times(tot: dict, seconds: float) -> dict:
+    "The question's wall seconds, the model's, and the loop's own (the rest, at least 0)."
     loop = round(max(seconds - tot['model_seconds'], 0.0), 6)
-    return dict(calls, tokens=tot['prompt_tokens'] + tot['completion_tokens'],
-                seconds=round(seconds, 6), model_seconds=tot['model_seconds'], loop_seconds=loop)
+    return dict(seconds=round(seconds, 6), model_seconds=tot['model_seconds'], loop_seconds=loop)
+
+def usage_fields(tot: dict, seconds: float) -> dict:
+    "A result's calls, cache hits, tokens and times, from call totals and the question's wall time."
+    calls = {k: tot[k] for k in _CALL_TOTALS}
+    tokens = tot['prompt_tokens'] + tot['completion_tokens']
+    return dict(calls, tokens=tokens, **_times(tot, seconds))
 
 # %% ../nbs/00c_record.ipynb #771ef432
 def as_record(row: dict | Result) -> Result:

@@ -40,7 +40,7 @@ def _http_backend(model: str | None, base_url, **kw) -> ChatModel:
     return OpenAIHTTPModel(url, model, **kw)
 
 def _vllm_backend(model: str | None, **kw) -> ChatModel:
-    "vLLM in this process; `model` (a Hugging Face id or local path) is required."
+    "vLLM in this process (it needs `model`)."
     if not model:
         raise ValueError("backend 'vllm' needs model= (a Hugging Face id or local path)")
     from reveal_kit.backends.vllm import VLLMModel
