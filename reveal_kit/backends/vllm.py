@@ -318,7 +318,7 @@ def log_tail(self: VLLMServer, n: int = 3000) -> str:
 
 # %% ../../nbs/02d_backends.vllm.ipynb #b0192484
 def _kill_group(pid: int) -> None:
-    "SIGKILL to the process group `pid` led (its leader has ended; engine processes may live on)."
+    "SIGKILL to the group that `pid` led (the leader has ended; engine processes may live on)."
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
