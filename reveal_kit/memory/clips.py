@@ -20,17 +20,16 @@ __all__ = ['CLIP_NAME', 'SPAN_GAP_S', 'egolife_seconds', 'clip_start', 'Clip', '
            'video_problem', 'check_video', 'open_clip_folder', 'probe_source', 'read_source_frames_at']
 
 # %% ../../nbs/14b_memory.clips.ipynb #3c386f7a
-def _stamp_parts(date: str, time: str) -> tuple[int, str]:
-    "The day number and the HHMMSS[FF] digits of an EgoLife time stamp (ValueError if malformed)."
+def _stamp_parts(date: str, time: str) -> tuple[int, str, int]:
+    "The day number, the HHMMSS[FF] digits and the frames FF (0 if absent); ValueError if malformed."
     d, t = re.match(r'DAY(\d+)', str(date).upper()), str(time).strip()
     if not d or not re.fullmatch(r'\d{6,8}', t):
         raise ValueError(f"bad EgoLife timestamp {date!r} {time!r}")
-    return int(d.group(1)), t
+    return int(d.group(1)), t, int(t[6:8]) if len(t) == 8 else 0
 
 def egolife_seconds(date: str, time: str) -> float:
     "`('DAY2', '11210250')` → seconds since DAY1 00:00:00 (FF are frames at 20 fps)."
-    day, t = _stamp_parts(date, time)
-    ff = int(t[6:8]) if len(t) == 8 else 0
+    day, t, ff = _stamp_parts(date, time)
     return ((day - 1) * 86400 + int(t[:2]) * 3600 + int(t[2:4]) * 60 + int(t[4:6])
             + ff / 20)
 
@@ -55,7 +54,7 @@ class Clip:
 
 # %% ../../nbs/14b_memory.clips.ipynb #bc240e60
 def find_clips(folder: str | Path) -> list[Path]:
-    "The `.mp4` files anywhere under a folder (EgoLife nests them by day), in name order."
+    "All `.mp4` files under a folder (EgoLife nests them by day), in name order."
     found = (p for p in Path(folder).rglob('*') if p.suffix.lower() == '.mp4' and p.is_file())
     return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
 
@@ -91,8 +90,8 @@ def _clips_problem(paths: list[Path]) -> str | None:
 def _check_clips(p: Path, paths: list[Path]):
     "Refuse a folder that holds no clips, or .mp4 files without a time stamp."
     why = _clips_problem(paths)
-    if why: raise VideoError(f"expected a video file or a folder of time-stamped clips "
-                     f"(DAYn_<identity>_HHMMSSFF.mp4); the directory {p} {why}")
+    if why: raise VideoError("expected a video file or a folder of time-stamped clips "
+                             f"(DAYn_<identity>_HHMMSSFF.mp4); the directory {p} {why}")
 
 @patch(cls_method=True)
 def open(cls: ClipFolder, folder: str | Path) -> ClipFolder:
@@ -175,14 +174,14 @@ def sha256(self: ClipFolder) -> str:
     return h.hexdigest()
 
 def _clip_fingerprint(self: ClipFolder, c: Clip) -> bytes:
-    "What `sha256` digests of one clip: its relative path, its size and its first 64 KiB."
+    "What `sha256` digests of a clip: relative path, size and first 64 KiB."
     with open(c.path, 'rb') as fh: head = fh.read(1 << 16)
     return f"{c.path.relative_to(self.path).as_posix()}\0{c.path.stat().st_size}\0".encode() + head
 
 # %% ../../nbs/14b_memory.clips.ipynb #2e8ce2ab
 @patch
 def _part(self: ClipFolder, c: Clip, a: float, b: float) -> list:
-    "Clip `c`'s path in the folder and the part of [a, b) (folder clock) in it, on its own clock."
+    "Clip `c`'s path, and the part of [a, b) (folder clock) in it on its own clock."
     return [c.path.relative_to(self.path).as_posix(), round(max(a, c.start) - c.start, 3),
             round(min(b, c.end) - c.start, 3)]
 
@@ -224,7 +223,7 @@ def _record_clip(p: Path, r: dict) -> Clip:
 # %% ../../nbs/14b_memory.clips.ipynb #3689858f
 @patch
 def summary(self: ClipFolder) -> dict:
-    "What a memory's manifest says of its clips: how many, first and last, the timeline's spans."
+    "What a memory's manifest says of its clips (count, first, last, spans)."
     return dict(n_clips=len(self), first=self.clips[0].path.name, last=self.clips[-1].path.name,
                 spans=[[round(s.origin, 3), round(s.end, 3)] for s in self.spans()])
 

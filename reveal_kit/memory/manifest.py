@@ -5,6 +5,7 @@
 # %% ../../nbs/14a1_memory.manifest.ipynb #d6c3767d
 from __future__ import annotations
 import json, shutil, time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -31,7 +32,7 @@ def _setting_changes(old: dict, new: dict) -> list[str]:
     return [c for part in ('memory_config', 'models') for c in _part_changes(old, new, part)]
 
 def _part_changes(old: dict, new: dict, part: str) -> list[str]:
-    "Each entry of one part of the identity that differs, as 'name old → new'."
+    "Each entry of one identity part that differs, as 'name old → new'."
     out = []
     for k, v in new[part].items():
         was = old.get(part, {}).get(k)
@@ -91,7 +92,7 @@ def _refuse_other_build(out: Path, old: dict, ident: dict):
                               "or use another output directory")
 
 def _reuse_or_restart(out: Path, old: dict) -> str:
-    "'complete' or 'resume' for the same build; 'new' when its fallback narratives are redone."
+    "'complete' or 'resume' for the same build; 'new' when its fallbacks are redone."
     done = (out / 'manifest.json').exists()
     if done and fallback_rebuild(out, old): return _start_again(out)
     return 'complete' if done else 'resume'
@@ -127,7 +128,7 @@ def produced_by(items: list[MemoryItem]) -> dict:
     return out
 
 def _count_narrator(lv: dict, it: MemoryItem):
-    "Count the item's narrator (its fallback, else its captioner) in its level's tally `lv`."
+    "Count the item's narrator (its fallback, else its captioner) in its level's tally."
     who = it.meta.get('fallback') or it.meta.get('captioner', 'unknown')
     lv['by'][who] = lv['by'].get(who, 0) + 1
     lv['fallbacks'] += 'fallback' in it.meta
@@ -162,7 +163,7 @@ class StageOutputs:
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #9a8beaf4
 def _video_facts(video: Path, info) -> dict:
-    "The manifest's facts about the video: id, path, duration, native fps and frame size."
+    "The manifest's facts about the video."
     return dict(video_id=video.stem, video_path=str(video.resolve()), duration=info.duration,
                 native_fps=info.fps, width=info.width, height=info.height)
 
@@ -175,11 +176,11 @@ def _narrators(ident: dict, stages: StageOutputs) -> dict:
                 produced_by=produced_by(l1 + higher))
 
 def _stage_counts(stages: StageOutputs) -> dict:
-    "Frames read and kept, and the items of each level."
-    n_at = lambda lv: sum(it.level == lv for it in stages.higher)
+    "Frames read and kept, items per level."
+    n_at = Counter(it.level for it in stages.higher)
     q = stages.quality
     return dict(n_frames=q['n_frames'], n_kept=q['n_kept'], n_l1=len(stages.l1),
-                n_l2=n_at(2), n_l3=n_at(3))
+                n_l2=n_at[2], n_l3=n_at[3])
 
 def _clips_summary(video: Path) -> dict:
     "The clip folder's summary, for a video given as a folder of clips ({} otherwise)."

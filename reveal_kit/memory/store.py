@@ -152,7 +152,7 @@ def text_vector(self: OfflineMemory, item_id: str) -> np.ndarray:
 
 # %% ../../nbs/14_memory.store.ipynb #5cbc5bb8
 def _mismatch_message(kind: str, got: str, want: str) -> str:
-    "Why a loaded model that is not the memory's cannot be used, and what to do."
+    "Why a model other than the memory's cannot be used."
     return (f"this memory's {kind} is {want!r} but {got!r} is loaded; query vectors would not "
             f"be comparable (install/configure {want!r} or rebuild the memory)")
 
@@ -334,10 +334,10 @@ def _read_npy(f: Path, rows: int, what: str) -> np.ndarray:
     return a
 
 def _check_rows(f: Path, a: np.ndarray, rows: int, what: str):
-    "Refuse vectors that are not `rows` rows."
+    "Refuse vectors not of `rows` rows."
     if a.ndim != 2 or a.shape[0] != rows:
         raise MemoryBuildError(f"damaged {f}: shape {a.shape}, expected {rows} rows ({what}); "
-                               f"rebuild it (--rebuild)")
+                               "rebuild it (--rebuild)")
 
 
 def _require_manifest(p: Path):
@@ -434,7 +434,7 @@ def fallback_policy() -> str:
 
 # %% ../../nbs/14_memory.store.ipynb #a6cff709
 def fallback_rebuild(out: Path, manifest: dict) -> bool:
-    "Whether the finished memory at `out` is built again for its fallback narratives (warns once)."
+    "Whether the finished memory at `out` is built again for its fallbacks (warns once)."
     n = caption_fallbacks(manifest)
     if not n or fallback_policy() == 'keep': return False
     warn(_fallback_warning(out, n))
