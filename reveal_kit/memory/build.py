@@ -27,9 +27,10 @@ from .store import quality_line, caption_fallbacks
 from .clips import ClipFolder, is_clip_folder, open_clip_folder, probe_source
 from .manifest import StageOutputs, build_identity, prepare_dir, memory_complete
 from .manifest import build_manifest, produced_by, subtitle_record
+from .calls import call_concurrency, InOrder
 
 # %% auto #0
-__all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'call_concurrency', 'BuildOptions', 'get_or_build_memory', 'build_memory']
+__all__ = ['FALLBACK_NOTE', 'frames_per_caption', 'BuildOptions', 'get_or_build_memory', 'build_memory']
 
 # %% ../../nbs/14a_memory.build.ipynb #fbc24d3f
 def _pbar(total: int, desc: str, progress: bool):
@@ -100,14 +101,18 @@ _NO_FILTER = dict(dark_max_mean=0.0, bright_min_mean=256.0, uniform_max_std=0.0,
 
 FALLBACK_NOTE = 'all frames failed the quality filter; memory built from unfiltered frames'
 
+def _warn_unfiltered(video: Path, rep: QualityReport):
+    "Warn that every sampled frame failed the filter: the memory is built from all."
+    warn(f"{video.name}: all {rep.n_frames} sampled frames failed the quality filter "
+         f"({dict(rep.reasons)}); building from unfiltered frames")
+
 def _filtered_segments(video: Path, info, config: Config, image_embedder, progress: bool,
                        ahead=None):
     "Stage 1 with the quality-filter fallback (feeding `ahead`). Returns (segments, quality dict)."
     segs, rep = _segment_pass(video, info, config, image_embedder, progress, ahead=ahead)
     quality = rep.to_dict()
     if rep.fallback:
-        warn(f"{video.name}: all {rep.n_frames} sampled frames failed the quality filter "
-             f"({dict(rep.reasons)}); building from unfiltered frames")
+        _warn_unfiltered(video, rep)
         if ahead: ahead.reset()
         segs, raw = _segment_pass(video, info, config.replace(**_NO_FILTER), image_embedder,
                                   progress, ahead=ahead)
@@ -129,9 +134,12 @@ def _merged_quality(qs: list[dict]) -> dict:
     for q in qs: rej.update(q['rejected'])
     out = QualityReport(sum(q['n_frames'] for q in qs), sum(q['n_kept'] for q in qs), rej,
                         any(bool(q['fallback']) for q in qs), qs[-1]['thresholds']).to_dict()
+    return dict(out, fallback=_spans_fallback(qs), spans=len(qs))
+
+def _spans_fallback(qs: list[dict]) -> str | bool:
+    "The folder's fallback note: how many of its spans fell back (False when none did)."
     k = sum(isinstance(q['fallback'], str) for q in qs)
-    return dict(out, fallback=f"{FALLBACK_NOTE} ({k} of {len(qs)} spans)" if k else False,
-                spans=len(qs))
+    return f"{FALLBACK_NOTE} ({k} of {len(qs)} spans)" if k else False
 
 def _span_segments(folder: ClipFolder, config: Config, image_embedder, progress: bool):
     "Stage 1 of a folder of clips: each span segmented on its own, placed on the folder's timeline."
@@ -186,40 +194,6 @@ def _l1_item(s: L1Segment, c, subtitles: str, where=None) -> MemoryItem:
     meta = dict(c.meta, captioner=c.captioner, keyframe_t=s.keyframe_t, n_frames=len(s.frame_times),
                 subtitles=subtitles, **(where(s.t_start, s.t_end) if where else {}))
     return MemoryItem(f"L1_{s.idx:04d}", 1, s.t_start, s.t_end, c.text, [], meta)
-
-# %% ../../nbs/14a_memory.build.ipynb #406d143a
-def call_concurrency(chat_model=None, concurrency: int | None = None) -> int:
-    "Caption/summary calls in flight: `concurrency`, else 4 per replica of an HTTP model, else 1."
-    if concurrency is not None:
-        if int(concurrency) < 1:
-            raise ValueError(f"concurrency must be at least 1, got {concurrency!r}")
-        return int(concurrency)
-    inner = getattr(chat_model, 'inner', chat_model)
-    if getattr(inner, 'backend_name', '') != 'http': return 1
-    return 4 * len(getattr(inner, 'base_urls', ()) or (1,))
-
-# %% ../../nbs/14a_memory.build.ipynb #12e61e55
-class _InOrder:
-    "Calls on up to `n` threads (inline when `n` is 1); results go to `write` in the calls' order."
-    def __init__(self, n: int, write):
-        self.n, self.write, self.q = max(1, int(n)), write, deque()
-        self.ex = ThreadPoolExecutor(self.n) if self.n > 1 else None
-
-    def submit(self, fn, *args):
-        "Start `fn(*args)`; write the finished results at the head of the line (at most `2n` wait)."
-        if self.ex is None: return self.write(fn(*args))
-        self.q.append(self.ex.submit(fn, *args))
-        while self.q and (self.q[0].done() or len(self.q) > 2 * self.n):
-            self.write(self.q.popleft().result())
-
-    def __enter__(self): return self
-
-    def __exit__(self, exc_type, *_):
-        "Write the rest in order; after an error, cancel what has not started."
-        if self.ex is None: return
-        try:
-            while exc_type is None and self.q: self.write(self.q.popleft().result())
-        finally: self.ex.shutdown(wait=True, cancel_futures=True)
 
 # %% ../../nbs/14a_memory.build.ipynb #94b7b878
 def _caption_frames(video: Path, times: list[float], where):
@@ -280,7 +254,7 @@ def _caption_stage(out: Path, video: Path, segs: list[L1Segment], cues: list[Cue
             nxt += 1
     n = getattr(cap, 'workers', concurrency)            # the offline captioner: one per core
     bar = _pbar(len(todo), 'L1 captions', progress)
-    with bar, _InOrder(n, _writer(fn, done, bar)) as line:
+    with bar, InOrder(n, _writer(fn, done, bar)) as line:
         ready()                                     # those read ahead, up to the first to read
         for (t, j), fr in zip(reqs, _caption_frames(video, [t for t, _ in reqs], where)):
             pending.setdefault(j, []).append(fr.rgb)
@@ -295,16 +269,20 @@ def _summarize_group(summ, level: int, j: int, grp: list[MemoryItem]) -> MemoryI
     return MemoryItem(f"L{level}_{j:04d}", level, grp[0].t_start, grp[-1].t_end, c.text,
                       [x.item_id for x in grp], dict(c.meta, captioner=c.captioner))
 
+def _groups(children: list[MemoryItem], level: int, config: Config) -> list[list[MemoryItem]]:
+    "The children in runs of `l{level}_group` (the last one shorter)."
+    g = config.l2_group if level == 2 else config.l3_group
+    return [children[i:i + g] for i in range(0, len(children), g)]
+
 def _summary_stage(out: Path, level: int, children: list[MemoryItem], config: Config, chat_model,
                    progress: bool, concurrency: int = 1) -> list[MemoryItem]:
     "Every `l{level}_group` children → one item of `level` (at least one); `concurrency` in flight."
     fn = out / f'l{level}.jsonl'
     done = _done_items(fn)
-    g = config.l2_group if level == 2 else config.l3_group
-    groups = [children[i:i + g] for i in range(0, len(children), g)]
+    groups = _groups(children, level, config)
     summ = make_summarizer(chat_model, level, config)
     bar = _pbar(len(groups), f'L{level} summaries', progress)
-    with bar, _InOrder(concurrency, _writer(fn, done, bar)) as line:
+    with bar, InOrder(concurrency, _writer(fn, done, bar)) as line:
         for j, grp in enumerate(groups):
             if f"L{level}_{j:04d}" in done: bar.update(1)
             else: line.submit(_summarize_group, summ, level, j, grp)
@@ -343,12 +321,16 @@ def _warn_late_cues(cues: list, info, subtitles) -> None:
     warn(f"{Path(subtitles).name}: {late} subtitle cue(s) run past the video's end "
          f"({fmt_time(info.duration)}); the part after the end is not in the memory")
 
+def _read_ahead(cap, config: Config, video: Path) -> ReadAhead:
+    "Readings of the segments' caption frames while stage 1 decodes (not for a folder of clips)."
+    times = lambda s: _caption_times(s, frames_per_caption(s, cap, config))
+    return ReadAhead(cap, times, on=not is_clip_folder(video))
+
 def _run_stages(out: Path, video: Path, info, cues: list, config: Config, chat_model,
                 how: BuildOptions) -> StageOutputs:
     "The four stages of a build (segments, captions, summaries, text vectors); `how`: its options."
     cap, progress = make_captioner(chat_model, config), how.progress
-    times = lambda s: _caption_times(s, frames_per_caption(s, cap, config))
-    ahead = ReadAhead(cap, times, on=not is_clip_folder(video))       # read while stage 1 decodes
+    ahead = _read_ahead(cap, config, video)
     try:
         ie = how.image_embedder
         segs, quality = _segments_stage(out, video, info, config, ie, progress, ahead)
@@ -407,6 +389,11 @@ def build(cls: OfflineMemory, video_path: str | Path, out_dir: str | Path,
     return _load(cls, out, config, how)
 
 # %% ../../nbs/14a_memory.build.ipynb #4eeb0679
+def _finished(d: Path) -> bool:
+    "Whether `d` holds a finished memory without fallback narratives (read, not verified)."
+    man = d / 'manifest.json'
+    return man.exists() and not caption_fallbacks(json.loads(man.read_text()))
+
 def get_or_build_memory(video_path: str | Path, config: Config = Config(), chat_model=None,
                         subtitles: str | Path | None = None, root: str | Path | None = None,
                         **how) -> OfflineMemory:
@@ -415,8 +402,7 @@ def get_or_build_memory(video_path: str | Path, config: Config = Config(), chat_
     te, ie = memory_embedders(how.text_embedder, how.image_embedder)
     subtitles = run_subtitles(subtitles, config)
     d = memory_dir_for(video_path, config, memory_models(chat_model, te, ie), subtitles, root)
-    man = d / 'manifest.json'
-    if man.exists() and not caption_fallbacks(json.loads(man.read_text())):
+    if _finished(d):
         return OfflineMemory.load(d, config, text_embedder=te, image_embedder=ie)
     return OfflineMemory.build(video_path, d, config, chat_model, subtitles,
                                **dict(vars(how), text_embedder=te, image_embedder=ie))
@@ -429,9 +415,11 @@ def _build_summary(mem: OfflineMemory, seconds: float, reused: bool) -> dict:
                 n_l3=c['n_l3'], mean_l1_seconds=mem.manifest['mean_l1_seconds'],
                 seconds=round(seconds, 2), memory_dir=str(mem.path),
                 captioner=mem.manifest['captioner'], reused=reused,
-                rejected=mem.manifest['quality'].get('rejected', {}),
-                fallback=mem.manifest['quality'].get('fallback'),
-                quality=quality_line(mem.manifest['quality']))
+                **_quality_fields(mem.manifest['quality']))
+
+def _quality_fields(q: dict) -> dict:
+    "The summary's quality fields: frames rejected (why), the fallback, the one-line report."
+    return dict(rejected=q.get('rejected', {}), fallback=q.get('fallback'), quality=quality_line(q))
 
 # %% ../../nbs/14a_memory.build.ipynb #48b48e8f
 def build_memory(video: str | Path, out: str | Path | None = None, config: Config | None = None,

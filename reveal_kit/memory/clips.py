@@ -20,13 +20,17 @@ __all__ = ['CLIP_NAME', 'SPAN_GAP_S', 'egolife_seconds', 'clip_start', 'Clip', '
            'video_problem', 'check_video', 'open_clip_folder', 'probe_source', 'read_source_frames_at']
 
 # %% ../../nbs/14b_memory.clips.ipynb #3c386f7a
-def egolife_seconds(date: str, time: str) -> float:
-    "`('DAY2', '11210250')` → seconds since DAY1 00:00:00 (FF are frames at 20 fps)."
+def _stamp_parts(date: str, time: str) -> tuple[int, str, int]:
+    "The day number, the HHMMSS[FF] digits and the frames FF (0 if absent); ValueError if malformed."
     d, t = re.match(r'DAY(\d+)', str(date).upper()), str(time).strip()
     if not d or not re.fullmatch(r'\d{6,8}', t):
         raise ValueError(f"bad EgoLife timestamp {date!r} {time!r}")
-    ff = int(t[6:8]) if len(t) == 8 else 0
-    return ((int(d.group(1)) - 1) * 86400 + int(t[:2]) * 3600 + int(t[2:4]) * 60 + int(t[4:6])
+    return int(d.group(1)), t, int(t[6:8]) if len(t) == 8 else 0
+
+def egolife_seconds(date: str, time: str) -> float:
+    "`('DAY2', '11210250')` → seconds since DAY1 00:00:00 (FF are frames at 20 fps)."
+    day, t, ff = _stamp_parts(date, time)
+    return ((day - 1) * 86400 + int(t[:2]) * 3600 + int(t[2:4]) * 60 + int(t[4:6])
             + ff / 20)
 
 # %% ../../nbs/14b_memory.clips.ipynb #6ebc6544
@@ -50,10 +54,9 @@ class Clip:
 
 # %% ../../nbs/14b_memory.clips.ipynb #bc240e60
 def find_clips(folder: str | Path) -> list[Path]:
-    "The `.mp4` files anywhere under a folder (EgoLife nests them by day), in name order."
-    return sorted((p for p in Path(folder).rglob('*') if p.suffix.lower() == '.mp4'
-                   and p.is_file()),
-                  key=lambda p: p.relative_to(folder).as_posix())
+    "All `.mp4` files under a folder (EgoLife nests them by day), in name order."
+    found = (p for p in Path(folder).rglob('*') if p.suffix.lower() == '.mp4' and p.is_file())
+    return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
 
 # %% ../../nbs/14b_memory.clips.ipynb #9a86b3c9
 SPAN_GAP_S = 2.0           # clips less than this apart belong to one span (one recording)
@@ -78,13 +81,17 @@ class ClipFolder:
         return f"ClipFolder({self.name!r}, {len(self)} clips, {self.duration:.1f}s)"
 
 # %% ../../nbs/14b_memory.clips.ipynb #609ec50b
+def _clips_problem(paths: list[Path]) -> str | None:
+    "Why these files are no folder of clips (none, or one without a time stamp); None if they are."
+    bad = [x for x in paths if clip_start(x) is None]
+    if paths and not bad: return None
+    return f"holds .mp4 files without one (e.g. {bad[0].name})" if bad else "holds no .mp4 clips"
+
 def _check_clips(p: Path, paths: list[Path]):
     "Refuse a folder that holds no clips, or .mp4 files without a time stamp."
-    bad = [x for x in paths if clip_start(x) is None]
-    if paths and not bad: return
-    why = f"holds .mp4 files without one (e.g. {bad[0].name})" if bad else "holds no .mp4 clips"
-    raise VideoError(f"expected a video file or a folder of time-stamped clips "
-                     f"(DAYn_<identity>_HHMMSSFF.mp4); the directory {p} {why}")
+    why = _clips_problem(paths)
+    if why: raise VideoError("expected a video file or a folder of time-stamped clips "
+                             f"(DAYn_<identity>_HHMMSSFF.mp4); the directory {p} {why}")
 
 @patch(cls_method=True)
 def open(cls: ClipFolder, folder: str | Path) -> ClipFolder:
@@ -104,14 +111,18 @@ def info(self: ClipFolder) -> VideoInfo:
                      c.width, c.height, c.codec, True)
 
 # %% ../../nbs/14b_memory.clips.ipynb #7d71c4c1
+def _clip_runs(clips: list[Clip], gap: float) -> list[list[Clip]]:
+    "The clips (in time order) in runs: a clip under `gap` s after a run's end joins it."
+    runs: list[list[Clip]] = [[clips[0]]]
+    for c in clips[1:]:
+        if c.start - max(x.end for x in runs[-1]) < gap: runs[-1].append(c)
+        else: runs.append([c])
+    return runs
+
 @patch
 def spans(self: ClipFolder, gap: float = SPAN_GAP_S) -> list[ClipFolder]:
     "Runs of clips that follow each other (under `gap` s apart), each with its origin at its start."
-    runs: list[list[Clip]] = [[self.clips[0]]]
-    for c in self.clips[1:]:
-        if c.start - max(x.end for x in runs[-1]) < gap: runs[-1].append(c)
-        else: runs.append([c])
-    return [ClipFolder(self.path, r, r[0].start) for r in runs]
+    return [ClipFolder(self.path, r, r[0].start) for r in _clip_runs(self.clips, gap)]
 
 # %% ../../nbs/14b_memory.clips.ipynb #94d17ae4
 @patch
@@ -136,14 +147,19 @@ def frames(self: ClipFolder, fps: float = 1.0, max_width: int | None = 640) -> I
             yield Frame(t, f.rgb)
 
 # %% ../../nbs/14b_memory.clips.ipynb #4d40916e
-@patch
-def frames_at(self: ClipFolder, times: Sequence[float],
-              max_width: int | None = None) -> Iterator[Frame]:
-    "One frame per requested timeline time (sorted), each cut from the clip that holds it."
+def _offsets_by_clip(self: ClipFolder, times: Sequence[float]) -> dict[int, list[float]]:
+    "The times (sorted) as offsets inside their clips, by the clip's index."
     by: dict[int, list[float]] = {}
     for t in sorted(float(x) for x in times):
         c, off = self.locate(t)
         by.setdefault(self.clips.index(c), []).append(off)
+    return by
+
+@patch
+def frames_at(self: ClipFolder, times: Sequence[float],
+              max_width: int | None = None) -> Iterator[Frame]:
+    "One frame per requested timeline time (sorted), each cut from the clip that holds it."
+    by = _offsets_by_clip(self, times)
     for i in sorted(by):
         c = self.clips[i]
         for f in iter_frames_at(c.path, by[i], max_width):
@@ -154,16 +170,18 @@ def frames_at(self: ClipFolder, times: Sequence[float],
 def sha256(self: ClipFolder) -> str:
     "A digest of the clips: relative path, size and first 64 KiB of each (not all the bytes)."
     h = hashlib.sha256()
-    for c in self.clips:
-        with open(c.path, 'rb') as fh: head = fh.read(1 << 16)
-        h.update(f"{c.path.relative_to(self.path).as_posix()}\0{c.path.stat().st_size}\0".encode()
-                 + head)
+    for c in self.clips: h.update(_clip_fingerprint(self, c))
     return h.hexdigest()
+
+def _clip_fingerprint(self: ClipFolder, c: Clip) -> bytes:
+    "What `sha256` digests of a clip: relative path, size and first 64 KiB."
+    with open(c.path, 'rb') as fh: head = fh.read(1 << 16)
+    return f"{c.path.relative_to(self.path).as_posix()}\0{c.path.stat().st_size}\0".encode() + head
 
 # %% ../../nbs/14b_memory.clips.ipynb #2e8ce2ab
 @patch
 def _part(self: ClipFolder, c: Clip, a: float, b: float) -> list:
-    "Clip `c`'s path in the folder and the part of [a, b) (folder clock) in it, on its own clock."
+    "Clip `c`'s path, and the part of [a, b) (folder clock) in it on its own clock."
     return [c.path.relative_to(self.path).as_posix(), round(max(a, c.start) - c.start, 3),
             round(min(b, c.end) - c.start, 3)]
 
@@ -180,26 +198,32 @@ def source_meta(self: ClipFolder, t0: float, t1: float) -> dict:
 @patch
 def records(self: ClipFolder) -> list[dict]:
     "The clips as plain data (a memory's `clips.json`): relative path, start, what the probe said."
-    return [dict(path=c.path.relative_to(self.path).as_posix(), start=c.start,
-                 duration=c.info.duration, fps=c.info.fps, n_frames=c.info.n_frames,
-                 width=c.info.width, height=c.info.height, codec=c.info.codec)
-            for c in self.clips]
+    return [_clip_record(self, c) for c in self.clips]
+
+def _clip_record(self: ClipFolder, c: Clip) -> dict:
+    "One clip as plain data: its path in the folder, its start and its probe."
+    i = c.info
+    return dict(path=c.path.relative_to(self.path).as_posix(), start=c.start,
+                duration=i.duration, fps=i.fps, n_frames=i.n_frames, width=i.width,
+                height=i.height, codec=i.codec)
 
 # %% ../../nbs/14b_memory.clips.ipynb #a402c57e
 @patch(cls_method=True)
 def from_records(cls: ClipFolder, folder: str | Path, records: Sequence[dict]) -> ClipFolder:
     "The folder from its `records` (no clip is probed again)."
     p = Path(folder)
-    return cls(p, [Clip(p / r['path'], r['start'],
-                        VideoInfo(str(p / r['path']), r['duration'], r['fps'],
-                                                              r['n_frames'], r['width'],
-                                  r['height'], r['codec']))
-                   for r in records])
+    return cls(p, [_record_clip(p, r) for r in records])
+
+def _record_clip(p: Path, r: dict) -> Clip:
+    "The clip that record `r` of the folder `p` describes."
+    info = VideoInfo(str(p / r['path']), r['duration'], r['fps'], r['n_frames'], r['width'],
+                     r['height'], r['codec'])
+    return Clip(p / r['path'], r['start'], info)
 
 # %% ../../nbs/14b_memory.clips.ipynb #3689858f
 @patch
 def summary(self: ClipFolder) -> dict:
-    "What a memory's manifest says of its clips: how many, first and last, the timeline's spans."
+    "What a memory's manifest says of its clips (count, first, last, spans)."
     return dict(n_clips=len(self), first=self.clips[0].path.name, last=self.clips[-1].path.name,
                 spans=[[round(s.origin, 3), round(s.end, 3)] for s in self.spans()])
 

@@ -5,6 +5,7 @@
 # %% ../../nbs/14a1_memory.manifest.ipynb #d6c3767d
 from __future__ import annotations
 import json, shutil, time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -28,21 +29,31 @@ def build_identity(config: Config, models: dict, sub_sha: str | None, vsha: str)
 # %% ../../nbs/14a1_memory.manifest.ipynb #eb456d42
 def _setting_changes(old: dict, new: dict) -> list[str]:
     "Each memory setting or model that differs, as 'name old → new'."
+    return [c for part in ('memory_config', 'models') for c in _part_changes(old, new, part)]
+
+def _part_changes(old: dict, new: dict, part: str) -> list[str]:
+    "Each entry of one identity part that differs, as 'name old → new'."
     out = []
-    for part in ('memory_config', 'models'):
-        for k, v in new[part].items():
-            was = old.get(part, {}).get(k)
-            if was != v: out.append(f"{k} {was!r} → {v!r}")
+    for k, v in new[part].items():
+        was = old.get(part, {}).get(k)
+        if was != v: out.append(f"{k} {was!r} → {v!r}")
     return out
+
+def _changed(old: dict, new: dict, key: str, what: str) -> list[str]:
+    "[what] when the two identities differ at `key`, else []."
+    return [what] if old.get(key) != new.get(key) else []
+
+def _format_change(old: dict, new: dict) -> list[str]:
+    "['format a → b'] when the two identities have different format versions, else []."
+    if old.get('format_version') == new.get('format_version'): return []
+    return [f"format {old.get('format_version')} → {new['format_version']}"]
 
 def _differences(old: dict, new: dict) -> str:
     "Human-readable list of what differs between two build identities."
-    out = []
-    if old.get('video_sha256') != new.get('video_sha256'): out.append('a different video file')
+    out = _changed(old, new, 'video_sha256', 'a different video file')
     out += _setting_changes(old, new)
-    if old.get('subtitles_sha256') != new.get('subtitles_sha256'): out.append('different subtitles')
-    if old.get('format_version') != new.get('format_version'):
-        out.append(f"format {old.get('format_version')} → {new['format_version']}")
+    out += _changed(old, new, 'subtitles_sha256', 'different subtitles')
+    out += _format_change(old, new)
     return ', '.join(out) or 'unknown'
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #244009d3
@@ -56,10 +67,8 @@ def _load_record(f: Path, rebuild: bool) -> dict:
 
 def _recorded(out: Path, rebuild: bool) -> dict | None:
     "The identity `out` records (its manifest, else its build.json); None when it records none."
-    old = None
-    for f in (out / 'manifest.json', out / 'build.json'):
-        if old is None and f.exists(): old = _load_record(f, rebuild)
-    return old
+    found = [f for f in (out / 'manifest.json', out / 'build.json') if f.exists()]
+    return _load_record(found[0], rebuild) if found else None
 
 def _start_empty(out: Path) -> str:
     "A new build in `out`, refused when `out` holds files that are no memory."
@@ -75,20 +84,26 @@ def _start_again(out: Path) -> str:
         if p.name != '.lock': shutil.rmtree(p) if p.is_dir() else p.unlink()
     return 'new'
 
+def _refuse_other_build(out: Path, old: dict, ident: dict):
+    "Refuse to replace a memory built differently (without `rebuild`), saying what differs."
+    why = _differences(old, ident)
+    raise MemoryMismatchError(f"memory at {out} was built differently ({why}); "
+                              "pass rebuild=True (CLI: --rebuild) to replace it, "
+                              "or use another output directory")
+
+def _reuse_or_restart(out: Path, old: dict) -> str:
+    "'complete' or 'resume' for the same build; 'new' when its fallbacks are redone."
+    done = (out / 'manifest.json').exists()
+    if done and fallback_rebuild(out, old): return _start_again(out)
+    return 'complete' if done else 'resume'
+
 def prepare_dir(out: Path, ident: dict, rebuild: bool) -> str:
     "'complete' (reuse), 'resume' or 'new' (also for fallback narratives); others need `rebuild`."
-    man = out / 'manifest.json'
     old = _recorded(out, rebuild)
     if old is None: return _start_empty(out)
-    same = {k: old.get(k) for k in ident} == ident
-    if same and not rebuild and not (man.exists() and fallback_rebuild(out, old)):
-        return 'complete' if man.exists() else 'resume'
-    if not same and not rebuild:
-        why = _differences(old, ident)
-        raise MemoryMismatchError(f"memory at {out} was built differently ({why}); "
-                                  "pass rebuild=True (CLI: --rebuild) to replace it, "
-                                  "or use another output directory")
-    return _start_again(out)
+    if rebuild: return _start_again(out)
+    if {k: old.get(k) for k in ident} != ident: _refuse_other_build(out, old, ident)
+    return _reuse_or_restart(out, old)
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #4cc5d39a
 def _same_build(man: dict, ident: dict) -> bool:
@@ -109,12 +124,14 @@ def memory_complete(out: Path, ident: dict) -> bool:
 def produced_by(items: list[MemoryItem]) -> dict:
     "Per level: the narratives each captioner wrote (a fallback counts as its own), and fallbacks."
     out: dict = {}
-    for it in items:
-        lv = out.setdefault(f"L{it.level}", {'by': {}, 'fallbacks': 0})
-        who = it.meta.get('fallback') or it.meta.get('captioner', 'unknown')
-        lv['by'][who] = lv['by'].get(who, 0) + 1
-        lv['fallbacks'] += 'fallback' in it.meta
+    for it in items: _count_narrator(out.setdefault(f"L{it.level}", {'by': {}, 'fallbacks': 0}), it)
     return out
+
+def _count_narrator(lv: dict, it: MemoryItem):
+    "Count the item's narrator (its fallback, else its captioner) in its level's tally."
+    who = it.meta.get('fallback') or it.meta.get('captioner', 'unknown')
+    lv['by'][who] = lv['by'].get(who, 0) + 1
+    lv['fallbacks'] += 'fallback' in it.meta
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #6f9de069
 def _warn_lost_cues(subtitles, lost: int, n: int, min_overlap: float):
@@ -123,11 +140,15 @@ def _warn_lost_cues(subtitles, lost: int, n: int, min_overlap: float):
          f"by more than {min_overlap} s (too short, or where no frame was kept): "
          "they are not in the memory")
 
+def _cues_used(cues: list[Cue], l1: list[MemoryItem], min_overlap: float) -> set:
+    "The ids of the cues that reach at least one L1 segment."
+    spans = [(it.t_start, it.t_end) for it in l1]
+    return {id(c) for seg in align_cues(cues, spans, min_overlap) for c in seg}
+
 def subtitle_record(subtitles, cues: list[Cue], l1: list[MemoryItem],
                     min_overlap: float = 0.05) -> dict:
     "The manifest's subtitles: the file, its cues, how many reached an L1 segment (others: warned)."
-    spans = [(it.t_start, it.t_end) for it in l1]
-    used = {id(c) for seg in align_cues(cues, spans, min_overlap) for c in seg}
+    used = _cues_used(cues, l1, min_overlap)
     if (lost := len(cues) - len(used)): _warn_lost_cues(subtitles, lost, len(cues), min_overlap)
     return dict(path=str(subtitles) if subtitles else None, n_cues=len(cues), n_in_memory=len(used))
 
@@ -142,7 +163,7 @@ class StageOutputs:
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #9a8beaf4
 def _video_facts(video: Path, info) -> dict:
-    "The manifest's facts about the video: id, path, duration, native fps and frame size."
+    "The manifest's facts about the video."
     return dict(video_id=video.stem, video_path=str(video.resolve()), duration=info.duration,
                 native_fps=info.fps, width=info.width, height=info.height)
 
@@ -155,21 +176,29 @@ def _narrators(ident: dict, stages: StageOutputs) -> dict:
                 produced_by=produced_by(l1 + higher))
 
 def _stage_counts(stages: StageOutputs) -> dict:
-    "Frames read and kept, and the items of each level."
-    n_at = lambda lv: sum(it.level == lv for it in stages.higher)
+    "Frames read and kept, items per level."
+    n_at = Counter(it.level for it in stages.higher)
     q = stages.quality
     return dict(n_frames=q['n_frames'], n_kept=q['n_kept'], n_l1=len(stages.l1),
-                n_l2=n_at(2), n_l3=n_at(3))
+                n_l2=n_at[2], n_l3=n_at[3])
 
 def _clips_summary(video: Path) -> dict:
     "The clip folder's summary, for a video given as a folder of clips ({} otherwise)."
     return {'clips': open_clip_folder(video).summary()} if is_clip_folder(video) else {}
 
+def _segment_timings(out: Path) -> dict:
+    "The timings stage 1 recorded in `segments.json`."
+    return json.loads((out / 'segments.json').read_text()).get('timings', {})
+
+def _mean_duration(items: list[MemoryItem]) -> float:
+    "The items' mean duration in seconds, rounded to ms."
+    return round(float(np.mean([it.duration for it in items])), 3)
+
 def build_manifest(out: Path, ident: dict, video: Path, info, config: Config, stages: StageOutputs,
                    subs: dict, t0: float) -> dict:
     "The manifest of a finished build (`stages`: what stages 1-4 made; `subs`: its subtitles)."
-    stage1 = json.loads((out / 'segments.json').read_text()).get('timings', {})
-    mean_l1 = round(float(np.mean([it.duration for it in stages.l1])), 3)
+    stage1 = _segment_timings(out)
+    mean_l1 = _mean_duration(stages.l1)
     return dict(ident, **_video_facts(video, info), config_hash=config.hash(),
                 kit_version=kit_version(), **_narrators(ident, stages), quality=stages.quality,
                 subtitles=subs, counts=_stage_counts(stages), mean_l1_seconds=mean_l1,

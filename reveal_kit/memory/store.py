@@ -151,20 +151,25 @@ def text_vector(self: OfflineMemory, item_id: str) -> np.ndarray:
     return self._tv[self._by_id[item_id]]
 
 # %% ../../nbs/14_memory.store.ipynb #5cbc5bb8
+def _mismatch_message(kind: str, got: str, want: str) -> str:
+    "Why a model other than the memory's cannot be used."
+    return (f"this memory's {kind} is {want!r} but {got!r} is loaded; query vectors would not "
+            f"be comparable (install/configure {want!r} or rebuild the memory)")
+
 def _check_model(kind: str, got: str, want: str | None):
     "Refuse a loaded model whose id differs from the one the memory was built with."
-    if want and got != want:
-        raise MemoryMismatchError(f"this memory's {kind} is {want!r} but {got!r} is loaded; query "
-                                  f"vectors would not be comparable (install/configure {want!r} or "
-                                  f"rebuild the memory)")
+    if want and got != want: raise MemoryMismatchError(_mismatch_message(kind, got, want))
 
 # %% ../../nbs/14_memory.store.ipynb #be4adfa6
+def _built_with(self: OfflineMemory, role: str) -> str | None:
+    "The id of the model the memory was built with in this role (None: not recorded)."
+    return self.manifest.get('models', {}).get(role)
+
 @patch(as_prop=True)
 def text_embedder(self: OfflineMemory):
     "The text embedder matching the one the memory was built with (loaded on first use)."
     if self._te is None: self._te = get_text_embedder()
-    _check_model('text embedder', self._te.model_id,
-                 self.manifest.get('models', {}).get('text_embedder'))
+    _check_model('text embedder', self._te.model_id, _built_with(self, 'text_embedder'))
     return self._te
 
 # %% ../../nbs/14_memory.store.ipynb #a67270cd
@@ -172,8 +177,7 @@ def text_embedder(self: OfflineMemory):
 def image_embedder(self: OfflineMemory):
     "The image embedder matching the one the memory was built with (loaded on first use)."
     if self._ie is None: self._ie = get_image_embedder()
-    _check_model('image embedder', self._ie.model_id,
-                 self.manifest.get('models', {}).get('image_embedder'))
+    _check_model('image embedder', self._ie.model_id, _built_with(self, 'image_embedder'))
     return self._ie
 
 # %% ../../nbs/14_memory.store.ipynb #59139c87
@@ -199,44 +203,57 @@ def from_items(cls: OfflineMemory, items: Sequence[MemoryItem], text_embedder=No
     return cls(items, tv, None, man, config, text_embedder=text_embedder)
 
 # %% ../../nbs/14_memory.store.ipynb #2dcd4a40
+def _level_index(self: OfflineMemory, level: int) -> VectorIndex:
+    "A new VectorIndex of one level's text vectors."
+    idx = [i for i, it in enumerate(self.items) if it.level == level]
+    vi = VectorIndex(self._tv.shape[1])
+    if idx: vi.add([self.items[i].item_id for i in idx], self._tv[idx])
+    return vi
+
 @patch
 def _index(self: OfflineMemory, level: int) -> VectorIndex:
     "The VectorIndex of one level's text vectors (built on first use)."
-    if level not in self._indices:
-        idx = [i for i, it in enumerate(self.items) if it.level == level]
-        vi = VectorIndex(self._tv.shape[1])
-        if idx: vi.add([self.items[i].item_id for i in idx], self._tv[idx])
-        self._indices[level] = vi
+    if level not in self._indices: self._indices[level] = _level_index(self, level)
     return self._indices[level]
 
 # %% ../../nbs/14_memory.store.ipynb #346b442a
+def _default_k(config: Config) -> dict[int, int]:
+    "How many items per level a text search returns by default: Config.topk_l1/l2/l3."
+    return {1: config.topk_l1, 2: config.topk_l2, 3: config.topk_l3}
+
+def _text_query(self: OfflineMemory, query: str | np.ndarray) -> np.ndarray:
+    "A text query as a vector: a string embedded, a vector as is."
+    if isinstance(query, str): return self.text_embedder.encode([query])[0]
+    return np.asarray(query, dtype=np.float32)
+
+def _level_hits(self: OfflineMemory, q: np.ndarray, level: int, k: int) -> list[Hit]:
+    "The `k` items of one level nearest to the query vector `q`, best first."
+    if k <= 0 or not self.level(level): return []
+    found = self._index(level).search(q, min(k, len(self.level(level))))[0]
+    return [Hit(self.get(key), float(score), 'text') for key, score in found]
+
 @patch
 def search_text(self: OfflineMemory, query: str | np.ndarray,
                 k: dict[int, int] | None = None) -> list[Hit]:
     "Top-k items per level for a text query (default: Config.topk_l1/l2/l3), L1 first, best first."
-    k = k if k is not None else {1: self.config.topk_l1, 2: self.config.topk_l2,
-                                 3: self.config.topk_l3}
-    if isinstance(query, str): q = self.text_embedder.encode([query])[0]
-    else: q = np.asarray(query, dtype=np.float32)
-    hits = []
-    for level in sorted(k):
-        if k[level] <= 0 or not self.level(level): continue
-        for key, score in self._index(level).search(q, min(k[level], len(self.level(level))))[0]:
-            hits.append(Hit(self.get(key), float(score), 'text'))
-    return hits
+    k = k if k is not None else _default_k(self.config)
+    q = _text_query(self, query)
+    return [h for level in sorted(k) for h in _level_hits(self, q, level, k[level])]
 
 # %% ../../nbs/14_memory.store.ipynb #5cbaa2f6
+def _text_tower(self: OfflineMemory, query: str) -> np.ndarray:
+    "A text embedded by the visual channel's text tower (a one-line error when it has none)."
+    try: return self.image_embedder.encode_text([query])[0]
+    except NotImplementedError:
+        raise ValueError(f"the visual channel's embedder {self.image_embedder.model_id!r} has "
+                         "no text tower; query it with an image or an embedding vector") from None
+
 @patch
 def _visual_query(self: OfflineMemory, query: str | np.ndarray) -> np.ndarray:
     "A visual query as a unit image-embedding vector: a frame embedded, a text via the text tower."
-    q = np.asarray(query) if not isinstance(query, str) else None
-    if q is None:
-        try: q = self.image_embedder.encode_text([query])[0]
-        except NotImplementedError:
-            raise ValueError(f"the visual channel's embedder {self.image_embedder.model_id!r} has "
-                             f"no text tower; "
-                             "query it with an image or an embedding vector") from None
-    elif q.ndim == 3: q = self.image_embedder.encode([q])[0]
+    if isinstance(query, str): q = _text_tower(self, query)
+    else: q = np.asarray(query)
+    if q.ndim == 3: q = self.image_embedder.encode([q])[0]
     return q.astype(np.float32) / (np.linalg.norm(q) + 1e-12)
 
 @patch
@@ -250,12 +267,16 @@ def search_visual(self: OfflineMemory, query: str | np.ndarray, k: int | None = 
     return [Hit(self.level(1)[i], float(sims[i]), 'visual') for i in order]
 
 # %% ../../nbs/14_memory.store.ipynb #b7c0e102
+def _visual_before(self: OfflineMemory, t: float) -> np.ndarray | None:
+    "The visual vectors of the L1 segments that end by time `t`."
+    if self._vv is None or not len(self._vv): return self._vv
+    return self._vv[np.asarray([it.t_end <= t for it in self.level(1)], bool)]
+
 @patch
 def before(self: OfflineMemory, t: float) -> OfflineMemory:
     "A view of the memory holding only the items that end by time `t` (a question asked at `t`)."
     keep = [i for i, it in enumerate(self.items) if it.t_end <= t]
-    l1 = [it.t_end <= t for it in self.level(1)]
-    vv = self._vv[np.asarray(l1, bool)] if self._vv is not None and len(self._vv) else self._vv
+    vv = _visual_before(self, t)
     man = dict(self.manifest, duration=min(self.duration, float(t)), before=float(t))
     return OfflineMemory([self.items[i] for i in keep], self._tv[keep], vv, man, self.config,
                          self._te, self._ie, self.path)
@@ -266,26 +287,36 @@ def spread_times(a: float, b: float, n: int) -> list[float]:
     return [a + (i + 0.5) * (b - a) / n for i in range(n)]
 
 # %% ../../nbs/14_memory.store.ipynb #3fad1b39
+def _source_video(self: OfflineMemory) -> str:
+    "The memory's video path (an error when it is gone)."
+    vp = self.manifest.get('video_path')
+    if not vp or not Path(vp).exists():
+        raise VideoError(f"cannot cut frames: the memory's video is not available ({vp})")
+    return vp
+
+def _clip_records(self: OfflineMemory) -> list | None:
+    "A folder memory's clip records from `clips.json`, so frames are cut without probing clips."
+    cj = self.path / 'clips.json' if self.path else None
+    return json.loads(cj.read_text()) if cj and cj.exists() else None
+
 @patch
 def frames(self: OfflineMemory, item: MemoryItem | str, n: int | None = None,
            max_width: int | None = 640) -> list[np.ndarray]:
     "`n` frames (default Config.caption_frames) evenly over the item's span, cut from its video."
     item = self.get(item) if isinstance(item, str) else item
-    vp = self.manifest.get('video_path')
-    if not vp or not Path(vp).exists():
-        raise VideoError(f"cannot cut frames: the memory's video is not available ({vp})")
-    n = n or self.config.caption_frames
-    cj = self.path / 'clips.json' if self.path else None
-    # a folder's clips, without probing them
-    recs = json.loads(cj.read_text()) if cj and cj.exists() else None
-    return [f.rgb for f in read_source_frames_at(vp, spread_times(item.t_start, item.t_end, n),
-                                                 max_width, recs)]
+    vp, n = _source_video(self), n or self.config.caption_frames
+    times = spread_times(item.t_start, item.t_end, n)
+    return [f.rgb for f in read_source_frames_at(vp, times, max_width, _clip_records(self))]
 
 # %% ../../nbs/14_memory.store.ipynb #1fa39763
-def _read_json(f: Path):
-    "A memory file's JSON, or a one-line error naming the file."
+def _require_file(f: Path):
+    "Refuse a memory whose file `f` is missing."
     if not f.exists():
         raise MemoryBuildError(f"damaged memory: {f} is missing; rebuild it (--rebuild)")
+
+def _read_json(f: Path):
+    "A memory file's JSON, or a one-line error naming the file."
+    _require_file(f)
     try: return json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise MemoryBuildError(f"damaged {f} (not valid JSON); rebuild the memory "
@@ -294,16 +325,19 @@ def _read_json(f: Path):
 
 def _read_npy(f: Path, rows: int, what: str) -> np.ndarray:
     "A memory's vectors with `rows` rows, or a one-line error naming the file."
-    if not f.exists():
-        raise MemoryBuildError(f"damaged memory: {f} is missing; rebuild it (--rebuild)")
+    _require_file(f)
     try: a = np.load(f)
     except (ValueError, OSError, EOFError) as e:
         raise MemoryBuildError(f"damaged {f} ({type(e).__name__}); rebuild the memory "
                                f"(--rebuild)") from None
+    _check_rows(f, a, rows, what)
+    return a
+
+def _check_rows(f: Path, a: np.ndarray, rows: int, what: str):
+    "Refuse vectors not of `rows` rows."
     if a.ndim != 2 or a.shape[0] != rows:
         raise MemoryBuildError(f"damaged {f}: shape {a.shape}, expected {rows} rows ({what}); "
-                               f"rebuild it (--rebuild)")
-    return a
+                               "rebuild it (--rebuild)")
 
 
 def _require_manifest(p: Path):
@@ -317,22 +351,30 @@ def _require_manifest(p: Path):
 def _require_settings(p: Path, man: dict, config: Config | None):
     "Refuse a memory built with memory settings other than `config`'s (None: any)."
     if config is None or man['memory_config'] == memory_config(config): return
-    diff = [f"{k} {man['memory_config'].get(k)!r} vs {v!r}"
-            for k, v in memory_config(config).items() if man['memory_config'].get(k) != v]
-    raise MemoryMismatchError(f"memory at {p} was built with other settings "
-                              f"({', '.join(diff)}); "
+    diff = ', '.join(_settings_diff(man, config))
+    raise MemoryMismatchError(f"memory at {p} was built with other settings ({diff}); "
                               "rebuild it for this Config")
+
+def _settings_diff(man: dict, config: Config) -> list[str]:
+    "'field built vs wanted' for each memory setting that `config` changes."
+    built = man['memory_config']
+    return [f"{k} {built.get(k)!r} vs {v!r}"
+            for k, v in memory_config(config).items() if built.get(k) != v]
 
 def _read_items(p: Path, man: dict) -> tuple[dict, list]:
     "The items of all levels by id, the ids in vector order; an error when they and `man` disagree."
     rows = {r['item_id']: MemoryItem.from_dict(r) for lv in (1, 2, 3)
             for r in read_jsonl_rows(p / f'l{lv}.jsonl')}
     ids = _read_json(p / 'text_ids.json')
+    _check_items(p, man, rows, ids)
+    return rows, ids
+
+def _check_items(p: Path, man: dict, rows: dict, ids: list):
+    "Refuse items that the vector ids or the manifest's counts do not match."
     if set(ids) - set(rows) or len(ids) != sum(man['counts'][f'n_l{l}'] for l in (1, 2, 3)):
         raise MemoryBuildError(f"damaged memory at {p}: items and manifest disagree (a damaged "
-                               f"line in "
-                               "l1/l2/l3.jsonl?); build it again to repair it, or --rebuild")
-    return rows, ids
+                               "line in l1/l2/l3.jsonl?); build it again to repair it, "
+                               "or --rebuild")
 
 @patch(cls_method=True)
 def load(cls: OfflineMemory, path: str | Path, config: Config | None = None, text_embedder=None,
@@ -353,9 +395,13 @@ def quality_line(quality: dict) -> str:
     "How the frames were filtered, one wording for `memory show`, the build summary, the manifest."
     q = quality
     s = f"{q.get('n_kept')}/{q.get('n_frames')} frames used, rejected {q.get('rejected') or 'none'}"
-    if q.get('fallback'): s += f" — FALLBACK: {q['fallback']}"
-    elif q.get('warning'): s += f" — WARNING: {q['warning']}"
-    return s
+    return s + _quality_flag(q)
+
+def _quality_flag(q: dict) -> str:
+    "' — FALLBACK: …' or ' — WARNING: …' when the frame filter reported one, else ''."
+    if q.get('fallback'): return f" — FALLBACK: {q['fallback']}"
+    if q.get('warning'): return f" — WARNING: {q['warning']}"
+    return ''
 
 # %% ../../nbs/14_memory.store.ipynb #e0b04c79
 def caption_fallbacks(manifest: dict) -> int:
@@ -366,13 +412,14 @@ def caption_fallbacks(manifest: dict) -> int:
 
 # %% ../../nbs/14_memory.store.ipynb #6398d5b4
 def produced_line(manifest: dict) -> str:
-    "Who wrote the narratives, per level: 'L1 model:m 3, offline-perceptual 4 (4 fallbacks); L2 …'."
-    parts = []
-    for lv, d in sorted((manifest.get('produced_by') or {}).items()):
-        who = ', '.join(f"{k} {v}" for k, v in sorted(d.get('by', {}).items()))
-        parts.append(f"{lv} {who}"
-                     + (f" ({d['fallbacks']} fallbacks)" if d.get('fallbacks') else ''))
-    return '; '.join(parts)
+    "Who wrote the narratives, per level: 'L1 model:m 3, offline-perceptual 4 (4 fallbacks); L2 …'"
+    by_level = sorted((manifest.get('produced_by') or {}).items())
+    return '; '.join(_produced_part(lv, d) for lv, d in by_level)
+
+def _produced_part(lv: str, d: dict) -> str:
+    "One level's part of `produced_line`."
+    who = ', '.join(f"{k} {v}" for k, v in sorted(d.get('by', {}).items()))
+    return f"{lv} {who}" + (f" ({d['fallbacks']} fallbacks)" if d.get('fallbacks') else '')
 
 # %% ../../nbs/14_memory.store.ipynb #64beec6f
 FALLBACK_POLICIES = ('rebuild', 'keep')
@@ -387,11 +434,14 @@ def fallback_policy() -> str:
 
 # %% ../../nbs/14_memory.store.ipynb #a6cff709
 def fallback_rebuild(out: Path, manifest: dict) -> bool:
-    "Whether the finished memory at `out` is built again for its fallback narratives (warns once)."
+    "Whether the finished memory at `out` is built again for its fallbacks (warns once)."
     n = caption_fallbacks(manifest)
     if not n or fallback_policy() == 'keep': return False
-    warn(f"memory at {out} has {n} fallback narratives (its model failed while it was built): "
-         f"building it again "
-         "with the model (REVEAL_FALLBACK_MEMORY=keep reuses it; its answers are then marked "
-         "degraded)")
+    warn(_fallback_warning(out, n))
     return True
+
+def _fallback_warning(out: Path, n: int) -> str:
+    "The warning that a memory with `n` fallback narratives is built again."
+    return (f"memory at {out} has {n} fallback narratives (its model failed while it was built): "
+            "building it again with the model (REVEAL_FALLBACK_MEMORY=keep reuses it; its answers "
+            "are then marked degraded)")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 from ..core import Question, sha256_file, kit_version, unique_qids
-from ..video.frames import pick_codec
+from ..video.writing import pick_codec
 from ..io import atomic_write_json, atomic_write_text, read_jsonl_rows, write_subtitles
 from .script import QTYPES, Timeline, script_video
 from .questions import make_questions
@@ -27,9 +27,13 @@ __all__ = ['GENERATOR_VERSION', 'SPLITS', 'video_seed', 'video_qtypes', 'files_i
 GENERATOR_VERSION = '1.0'
 SPLITS = {'train': 0, 'dev': 1, 'test': 2}
 
-def video_seed(seed: int, split: str, i: int) -> int:
-    "The seed of video i of a split; disjoint across splits and user seeds (for i < 100000)."
+def _check_split(split: str):
+    "Refuse a split that is not one of SPLITS."
     if split not in SPLITS: raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+
+def video_seed(seed: int, split: str, i: int) -> int:
+    "The seed of video i of a split: disjoint across splits and user seeds."
+    _check_split(split)
     if not 0 <= i < 100_000: raise ValueError(f"video index {i} out of range")
     return (3 * int(seed) + SPLITS[split]) * 100_000 + i
 
@@ -55,10 +59,13 @@ def write_script_files(root: Path, tl: Timeline) -> list[str]:
 
 # %% ../../nbs/09c_synth.bench.ipynb #5caeb14c
 def render_params(tl: Timeline, size, fps: float, codec: str) -> dict:
-    "What a rendered MP4 depends on: generator version, a hash of the script, size, fps and codec."
-    script = hashlib.sha256(json.dumps(tl.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-    return dict(gen=GENERATOR_VERSION, script=script, size=list(size), fps=fps,
+    "What a rendered MP4 depends on: generator version, script hash, size, fps and codec."
+    return dict(gen=GENERATOR_VERSION, script=_script_hash(tl), size=list(size), fps=fps,
                 codec=pick_codec(codec))
+
+def _script_hash(tl: Timeline) -> str:
+    "The first 16 hex digits of the SHA-256 of the timeline's JSON (keys sorted)."
+    return hashlib.sha256(json.dumps(tl.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
 # %% ../../nbs/09c_synth.bench.ipynb #1a87567a
 def _is_done(mp4: Path, done: Path, params: dict) -> bool:
@@ -75,8 +82,12 @@ def render_once(tl: Timeline, mp4: Path, params: dict, overwrite: bool = False,
     t0 = time.perf_counter()
     render_video(tl, mp4, tuple(params['size']), params['fps'], params['codec'], progress)
     rsec = time.perf_counter() - t0
-    atomic_write_json(done, dict(params=params, sha256=sha256_file(mp4), render_s=round(rsec, 2)))
+    _mark_done(done, mp4, params, rsec)
     return rsec
+
+def _mark_done(done: Path, mp4: Path, params: dict, rsec: float):
+    "Write the `.done.json` of a rendered mp4: its parameters, checksum and render seconds."
+    atomic_write_json(done, dict(params=params, sha256=sha256_file(mp4), render_s=round(rsec, 2)))
 
 # %% ../../nbs/09c_synth.bench.ipynb #72f10e61
 @dataclass(frozen=True)
@@ -107,10 +118,13 @@ def _video_questions(tl: Timeline, seed: int, render: bool, timeline_path: str) 
     meta = dict(split=vid.split('-')[0], video_seed=seed, generator_version=GENERATOR_VERSION,
                 timeline_path=timeline_path)
     qs = make_questions(tl, meta)
-    for q in qs:
-        q.video_path = f'videos/{vid}.mp4' if render else None
-        q.subtitle_path = f'videos/{vid}.srt'
+    for q in qs: _set_files(q, vid, render)
     return qs
+
+def _set_files(q: Question, vid: str, render: bool):
+    "Point a question at its video (None without rendering) and subtitles, relative to the root."
+    q.video_path = f'videos/{vid}.mp4' if render else None
+    q.subtitle_path = f'videos/{vid}.srt'
 
 def build_video(out_dir: str | Path, video_id: str, seed: int, duration: float, n_questions: int,
                 spec: BenchSpec = BenchSpec(), overwrite: bool = False,
@@ -122,22 +136,31 @@ def build_video(out_dir: str | Path, video_id: str, seed: int, duration: float, 
     rsec = _render_step(root, tl, spec, overwrite, progress)
     if spec.render: names.insert(0, f'videos/{video_id}.mp4')
     qs = _video_questions(tl, seed, spec.render, names[-1])
-    return dict(video_id=video_id, seed=seed, duration=duration, n_scenes=len(tl.scenes),
-                n_events=len(tl.events), n_planned=n_questions, n_questions=len(qs),
+    counts = _video_counts(tl, n_questions, qs)
+    return dict(video_id=video_id, seed=seed, duration=duration, **counts,
                 render_s=round(rsec, 2), files=files_info(root, names),
                 questions=[q.to_dict() for q in qs])
+
+def _video_counts(tl: Timeline, n_questions: int, qs: list[Question]) -> dict:
+    "A video record's counts: scenes, events, questions planned and questions made."
+    return dict(n_scenes=len(tl.scenes), n_events=len(tl.events), n_planned=n_questions,
+                n_questions=len(qs))
 
 # %% ../../nbs/09c_synth.bench.ipynb #1b4adbeb
 def check_params(minutes: float, videos: int, questions_per_video: int, split: str,
                  subtitle_rate: float) -> None:
     "Raise a one-line ValueError for parameters no benchmark can be generated with."
+    _check_sizes(minutes, videos, questions_per_video)
+    if not 0 <= subtitle_rate <= 1:
+        raise ValueError(f"subtitle_rate must be in [0, 1], got {subtitle_rate}")
+    _check_split(split)
+
+def _check_sizes(minutes: float, videos: int, questions_per_video: int):
+    "Refuse a non-positive size, or videos under half a minute."
     if minutes <= 0 or videos < 1 or questions_per_video < 1:
         raise ValueError("minutes, videos and questions_per_video must be positive")
     if minutes * 60 < 30:
         raise ValueError(f"videos must be at least 0.5 minutes long, got {minutes}")
-    if not 0 <= subtitle_rate <= 1:
-        raise ValueError(f"subtitle_rate must be in [0, 1], got {subtitle_rate}")
-    if split not in SPLITS: raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
 
 # %% ../../nbs/09c_synth.bench.ipynb #3aac3383
 def _build_one(kw: dict) -> dict: return build_video(**kw)
@@ -172,18 +195,25 @@ def _bench_files(root: Path, recs: list[dict]) -> dict:
 def write_benchmark(root: Path, recs: list[dict], params: dict) -> dict:
     "Write questions.jsonl and manifest.json from the per-video records; returns the manifest."
     qs = [q for r in recs for q in r['questions']]
-    atomic_write_text(root / 'questions.jsonl',
-                      ''.join(json.dumps(q, sort_keys=True) + '\n' for q in qs))
+    _write_questions(root, qs)
     man = dict(name=root.name, format='reveal-kit questions.jsonl',
                generator='reveal_kit.synth.bench', generator_version=GENERATOR_VERSION,
                kit_version=kit_version(), seed=params['seed'], split=params['split'],
                parameters=params, n_videos=len(recs), n_questions=len(qs),
                **_question_counts(qs),
                render_seconds=round(sum(r['render_s'] for r in recs), 2),
-               files=_bench_files(root, recs),
-               videos=[{k: v for k, v in r.items() if k != 'questions'} for r in recs])
+               files=_bench_files(root, recs), videos=[_without_questions(r) for r in recs])
     atomic_write_json(root / 'manifest.json', man)
     return man
+
+def _write_questions(root: Path, qs: list[dict]):
+    "Write `questions.jsonl`: one question per line, keys sorted."
+    atomic_write_text(root / 'questions.jsonl',
+                      ''.join(json.dumps(q, sort_keys=True) + '\n' for q in qs))
+
+def _without_questions(rec: dict) -> dict:
+    "A video's record as the manifest lists it: everything but its questions."
+    return {k: v for k, v in rec.items() if k != 'questions'}
 
 # %% ../../nbs/09c_synth.bench.ipynb #b8dcfc84
 def _jobs(root: Path, s: BenchSpec, overwrite: bool, progress: bool) -> list[dict]:
@@ -224,18 +254,24 @@ def _row_question(row: dict, where: str, parent: Path) -> Question:
     try: q = Question.from_dict(row)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: malformed question: {e}") from e
-    for k in ('video_path', 'subtitle_path'):
-        if getattr(q, k):
-            # a link loop: fails later
-            setattr(q, k, os.path.abspath(parent / getattr(q, k)))
+    _absolute_paths(q, parent)
     return q
 
-def load_questions(root: str | Path) -> list[Question]:
-    "Questions of a generated benchmark (folder or questions.jsonl), absolute paths, one per qid."
-    root = Path(root)
+def _absolute_paths(q: Question, parent: Path):
+    "Make the question's video and subtitle paths absolute against `parent` (a loop fails later)."
+    for k in ('video_path', 'subtitle_path'):
+        if getattr(q, k): setattr(q, k, os.path.abspath(parent / getattr(q, k)))
+
+def _questions_file(root: Path) -> Path:
+    "The benchmark's `questions.jsonl` (root: its folder or the file); an error when it is missing."
     f = root / 'questions.jsonl' if root.is_dir() else root
     if not f.exists():
         raise FileNotFoundError(f"no questions.jsonl at {f} — run `reveal synth {root}` first")
+    return f
+
+def load_questions(root: str | Path) -> list[Question]:
+    "Questions of a generated benchmark (folder or questions.jsonl), absolute paths, one per qid."
+    f = _questions_file(Path(root))
     out, wheres = [], []
     for n, row in enumerate(_strict_rows(f), 1):
         wheres.append(f"{f}:{n}")
@@ -250,9 +286,13 @@ def _shortfall_line(v: dict, minutes: float) -> str:
             f"asked: its {minutes:g}-min timeline has no room for the distinct events the others "
             f"need (use longer --minutes)")
 
+def _short(v: dict) -> bool:
+    "Whether a video record holds fewer questions than planned."
+    return v.get('n_questions', 0) < v.get('n_planned', 0)
+
 def shortfall_lines(man: dict) -> list[str]:
     "Why a benchmark holds fewer questions than asked: videos whose timelines lacked room for all."
-    short = [v for v in man.get('videos', []) if v.get('n_questions', 0) < v.get('n_planned', 0)]
+    short = [v for v in man.get('videos', []) if _short(v)]
     if not short:
         return []
     minutes = man.get('parameters', {}).get('minutes')

@@ -27,10 +27,14 @@ def _other_counts(n: int, w: int) -> list[str]:
     lo = w if w <= n <= w + 3 else max(1, n - 3)
     return [str(k) for k in range(lo, lo + 4) if k != n]
 
+def _occurrences(tl: Timeline, t: tuple) -> list[Event]:
+    "The timeline's events showing triple `t`, in time order."
+    return [e for e in tl.events if e.triple == t]
+
 def derive_counting(tl: Timeline, p: dict, rng: np.random.Generator):
     "How many times a triple occurs; options: the planned window of 4 consecutive counts."
     t = _tgt(p)
-    hits = [e for e in tl.events if e.triple == t]
+    hits = _occurrences(tl, t)
     q = f"How many times does {phrase(*t, 'base')} in the video?"
     wrong = _other_counts(len(hits), p.get('window', 1))
     return q, str(len(hits)), wrong, hits, _planned(tl, p['distractors'])
@@ -40,28 +44,38 @@ def _around(tl: Timeline, i: int) -> list[Event]:
     "The events one to three places from event `i`, nearest first."
     return [tl.events[j] for j in (i - 1, i + 2, i - 2, i + 3) if 0 <= j < len(tl.events)]
 
+def _anchor(tl: Timeline, t: tuple) -> int | None:
+    "The index of the one event showing `t`, when it has a successor (else None)."
+    idx = [i for i, e in enumerate(tl.events) if e.triple == t]
+    return idx[0] if len(idx) == 1 and idx[0] + 1 < len(tl.events) else None
+
+def _after_question(t: tuple, rng: np.random.Generator) -> str:
+    "One of two wordings of 'what happens right after `t`?'."
+    return pick_from(rng, [f"What happens right after {phrase(*t, 'present')}?",
+                           f"What does the video show right after {phrase(*t)}?"])
+
 def derive_temporal(tl: Timeline, p: dict, rng: np.random.Generator):
     "What happens right after the (unique) anchor event; wrong options are events at other times."
     t = _tgt(p)
-    idx = [i for i, e in enumerate(tl.events) if e.triple == t]
-    if len(idx) != 1 or idx[0] + 1 >= len(tl.events): return None
-    i = idx[0]
+    i = _anchor(tl, t)
+    if i is None: return None
     A, B = tl.events[i], tl.events[i + 1]
     near = _planned(tl, p['distractors'])
     wrong = [e for e in near[1:] + _around(tl, i) if e.triple not in (A.triple, B.triple)]
-    q = pick_from(rng, [f"What happens right after {phrase(*t, 'present')}?",
-                    f"What does the video show right after {phrase(*t)}?"])
+    q = _after_question(t, rng)
     return q, _ph(B), [_ph(e) for e in wrong], [A, B], near + wrong
 
 # %% ../../nbs/09a_synth.questions.ipynb #2dae7006
+_NOT_SHOWN = ["Which of these is NOT shown in the video?",
+              "Which of the following events does NOT happen in the video?"]
+
 def derive_negation(tl: Timeline, p: dict, rng: np.random.Generator):
     "Which event is NOT shown: the absent triple against shown ones."
     t = _tgt(p)
     if t in {e.triple for e in tl.events}: return None
     ids = _by_id(tl)
     ev = [ids[x] for x in p['evidence']]
-    q = pick_from(rng, ["Which of these is NOT shown in the video?",
-                    "Which of the following events does NOT happen in the video?"])
+    q = pick_from(rng, _NOT_SHOWN)
     return q, phrase(*t), [_ph(e) for e in ev], ev, [ids[x] for x in p['distractors']]
 
 # %% ../../nbs/09a_synth.questions.ipynb #a99768f7
@@ -70,10 +84,14 @@ def _other_actions(near: list[Event], a: str, rng: np.random.Generator) -> list[
     shuffled = [str(x) for x in rng.permutation(sorted(ACTIONS))]
     return [x for x in dict.fromkeys([x.action for x in near] + shuffled) if x != a]
 
+def _pair_events(tl: Timeline, e: str, o: str) -> list[Event]:
+    "The events where entity `e` acts on object `o`."
+    return [x for x in tl.events if (x.entity, x.obj) == (e, o)]
+
 def derive_action(tl: Timeline, p: dict, rng: np.random.Generator):
     "What the entity does with the object (the pair occurs once); wrong: actions seen nearby."
     e, _, o = _tgt(p)
-    hits = [x for x in tl.events if (x.entity, x.obj) == (e, o)]
+    hits = _pair_events(tl, e, o)
     if len({x.action for x in hits}) != 1: return None
     a = hits[0].action
     near = _planned(tl, p['distractors'])
@@ -89,22 +107,27 @@ def _other_causes(near: list[Event], cause: str, rng: np.random.Generator) -> li
 def derive_causal(tl: Timeline, p: dict, rng: np.random.Generator):
     "Why the entity did it: the cause shown with the (unique) event; wrong: causes shown elsewhere."
     t = _tgt(p)
-    hits = [e for e in tl.events if e.triple == t]
+    hits = _occurrences(tl, t)
     if len(hits) != 1 or not hits[0].cause: return None
     near = _planned(tl, p['distractors'])
     wrong = _other_causes(near, hits[0].cause, rng)
     return f"Why does {phrase(*t, 'base')}?", f"because {hits[0].cause}", wrong, hits, near
 
 # %% ../../nbs/09a_synth.questions.ipynb #8d36d466
+_MOST_EVENTS = ["Who appears in the most events across the whole video?",
+                "Which character is shown doing the most things over the whole video?"]
+
+def _events_of(tl: Timeline, entity: str) -> list[Event]:
+    "The events of one entity, in time order."
+    return [e for e in tl.events if e.entity == entity]
+
 def derive_global(tl: Timeline, p: dict, rng: np.random.Generator):
     "Who appears in the most events (by a lead of 2); the runner-up's events mislead."
     c = Counter(e.entity for e in tl.events).most_common()
     if len(c) < 4 or c[0][1] - c[1][1] < 2: return None
-    top, second = c[0][0], c[1][0]
-    ev = [e for e in tl.events if e.entity == top]
-    dis = [e for e in tl.events if e.entity == second]
-    q = pick_from(rng, ["Who appears in the most events across the whole video?",
-                    "Which character is shown doing the most things over the whole video?"])
+    top = c[0][0]
+    ev, dis = _events_of(tl, top), _events_of(tl, c[1][0])
+    q = pick_from(rng, _MOST_EVENTS)
     return q, ENTITIES[top][0], [ENTITIES[k][0] for k, _ in c[1:]], ev, dis
 
 DERIVERS = dict(counting=derive_counting, temporal_order=derive_temporal, negation=derive_negation,
@@ -124,9 +147,16 @@ def _clean_distractors(dis: list[Event], ev: list[Event]) -> list[Event]:
 def _evidence_fields(p: dict, ev: list[Event], dis: list[Event], meta: dict | None) -> dict:
     "A question's evidence and distractor spans, its cues, and its meta (plan target, event ids)."
     return dict(evidence_spans=[e.span for e in ev], distractor_spans=[e.span for e in dis],
-                cues=[cue_text(e) for e in ev],
-                meta=dict(target=p['target'], evidence_events=[e.eid for e in ev],
-                          distractor_events=[e.eid for e in dis], **(meta or {})))
+                cues=[cue_text(e) for e in ev], meta=_plan_meta(p, ev, dis, meta))
+
+def _plan_meta(p: dict, ev: list[Event], dis: list[Event], meta: dict | None) -> dict:
+    "Meta: the target, evidence and distractor ids, then `meta`."
+    return dict(target=p['target'], evidence_events=[e.eid for e in ev],
+                distractor_events=[e.eid for e in dis], **(meta or {}))
+
+def _wrong_options(wrong: list[str], gold: str, qtype: str) -> list[str]:
+    "The distinct wrong options other than `gold`, as many as the type's options allow."
+    return [w for w in dict.fromkeys(wrong) if w != gold][:N_OPTIONS[qtype] - 1]
 
 def make_question(tl: Timeline, p: dict, j: int, rng: np.random.Generator,
                   meta: dict | None = None) -> Question | None:
@@ -134,7 +164,7 @@ def make_question(tl: Timeline, p: dict, j: int, rng: np.random.Generator,
     out = DERIVERS[p['qtype']](tl, p, rng)
     if not out: return None
     q, gold, wrong, ev, dis = out
-    wrong = [w for w in dict.fromkeys(wrong) if w != gold][:N_OPTIONS[p['qtype']] - 1]
+    wrong = _wrong_options(wrong, gold, p['qtype'])
     if len(wrong) < 3: return None
     pos = int(rng.integers(len(wrong) + 1))
     options = wrong[:pos] + [gold] + wrong[pos:]

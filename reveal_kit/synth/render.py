@@ -8,7 +8,7 @@ import colorsys, os
 from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from ..video.frames import write_video
+from ..video.writing import write_video
 from .script import ENTITIES, Event, Scene, Timeline, screen_lines
 
 # %% auto #0
@@ -28,31 +28,46 @@ def _lattice(kind: str, x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray | 
     if kind == 'dots': return ((x % p - p / 2) ** 2 + (y % p - p / 2) ** 2) < (p / 3) ** 2
     if kind == 'waves':
         return np.sin(x * 2 * np.pi / p + 2.5 * np.sin(y * 2 * np.pi / (2 * p))) > 0
-    if kind == 'bricks':
-        r = (y // (p / 2)).astype(int)
-        return ((y % (p / 2)) < p / 12) | (((x + (r % 2) * p / 2) % p) < p / 12)
+    if kind == 'bricks': return _bricks(x, y, p)
     return None
+
+def _bricks(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
+    "Mortar lines of bricks of period `p`, every other row shifted by half a brick."
+    r = (y // (p / 2)).astype(int)
+    return ((y % (p / 2)) < p / 12) | (((x + (r % 2) * p / 2) % p) < p / 12)
 
 def pattern(kind: str, h: int, w: int, rng: np.random.Generator) -> np.ndarray:
     "A binary (h, w) pattern of the given texture kind, scaled to the frame height."
     y, x = np.mgrid[0:h, 0:w].astype(np.float32)
     p = h / float(rng.uniform(6, 12))
-    if kind == 'stripes':
-        a = rng.uniform(0, np.pi)
-        return np.sin((x * np.cos(a) + y * np.sin(a)) * 2 * np.pi / p) > 0
+    if kind == 'stripes': return _stripes(x, y, p, rng)
     if (fixed := _lattice(kind, x, y, p)) is not None: return fixed
+    return _mosaic(x, y, p, rng)
+
+def _stripes(x: np.ndarray, y: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:
+    "Stripes of period `p` at a random angle."
+    a = rng.uniform(0, np.pi)
+    return np.sin((x * np.cos(a) + y * np.sin(a)) * 2 * np.pi / p) > 0
+
+def _mosaic(x: np.ndarray, y: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:
+    "Random on/off cells of side `p / 2`."
+    h, w = x.shape
     cells = rng.random((int(h / p * 2) + 1, int(w / p * 2) + 1)) > 0.5
     return cells[(y / (p / 2)).astype(int), (x / (p / 2)).astype(int)]
 
 # %% ../../nbs/09b_synth.render.ipynb #491738d2
+def _shade(rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
+    "Smooth random brightness (h, w), 0–255: 4×6 random values scaled up."
+    noise = Image.fromarray((rng.random((4, 6)) * 255).astype(np.uint8))
+    return np.asarray(noise.resize(size, Image.BILINEAR), np.float32)
+
 def scene_background(scene: Scene, size: tuple[int, int]) -> np.ndarray:
     "The scene's textured background, (h, w, 3) uint8."
     w, h = size
     rng = np.random.default_rng(scene.seed)
     pat = pattern(scene.texture, h, w, rng)
     pal = palette(scene.hues)
-    noise = Image.fromarray((rng.random((4, 6)) * 255).astype(np.uint8))
-    shade = np.asarray(noise.resize((w, h), Image.BILINEAR), np.float32)
+    shade = _shade(rng, size)
     img = np.where(pat[..., None], pal[1], pal[0]) * (0.8 + 0.4 * shade[..., None] / 255)
     return np.clip(img, 0, 255).astype(np.uint8)
 
@@ -100,11 +115,15 @@ def event_card(base: np.ndarray, ev: Event) -> np.ndarray:
     dr = ImageDraw.Draw(img)
     pad = max(2, h // 45)
     y = int(h * 0.12)
-    for i, l in enumerate(screen_lines(ev)):
-        words = l.split()
-        f = fit_font(words, int(w * 0.94), int(h * (0.11 if i == 0 else 0.08)), pad)
-        y += draw_line(dr, words, f, y, w, pad) + int(h * 0.04)
+    for i, l in enumerate(screen_lines(ev)): y += _card_line(dr, i, l, y, (w, h), pad)
     return np.asarray(img)
+
+def _card_line(dr: ImageDraw.ImageDraw, i: int, line: str, y: int, size: tuple, pad: int) -> int:
+    "Draw the card's line `i` at `y` (the first ~11 % high, others ~8 %); its height and gap."
+    w, h = size
+    words = line.split()
+    f = fit_font(words, int(w * 0.94), int(h * (0.11 if i == 0 else 0.08)), pad)
+    return draw_line(dr, words, f, y, w, pad) + int(h * 0.04)
 
 # %% ../../nbs/09b_synth.render.ipynb #caed39df
 def _sprite_draw(d: ImageDraw.ImageDraw, kind: str, r: int, fill, outline) -> None:
@@ -126,14 +145,18 @@ def shape_sprite(entity: str, r: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(c), np.asarray(m) > 0
 
 # %% ../../nbs/09b_synth.render.ipynb #96258c3b
+def _shape_at(hw: tuple[int, int], s: int, progress: float) -> tuple[int, int]:
+    "Sprite's top-left corner at `progress`: left to right, bobbing."
+    h, w = hw
+    x = int(0.05 * w + progress * (0.9 * w - s))
+    return x, int(0.72 * h) - s // 2 + int(0.06 * h * np.sin(progress * 6.28))
+
 def draw_shape(img: np.ndarray, sprite: tuple[np.ndarray, np.ndarray],
                progress: float) -> np.ndarray:
     "Draw the sprite moving left to right along the lower band at `progress` ∈ [0, 1] (in place)."
     col, m = sprite
-    h, w = img.shape[:2]
     s = col.shape[0]
-    x = int(0.05 * w + progress * (0.9 * w - s))
-    y = int(0.72 * h) - s // 2 + int(0.06 * h * np.sin(progress * 6.28))
+    x, y = _shape_at(img.shape[:2], s, progress)
     reg = img[y:y + s, x:x + s]
     reg[m] = col[m]
     return img
@@ -143,14 +166,19 @@ def _on_screen(tl: Timeline, ei: int, t: float) -> Event | None:
     "Event `ei` when it has started by `t` (not ended: the caller moved past those), else None."
     return tl.events[ei] if ei < len(tl.events) and tl.events[ei].t_start <= t else None
 
+def _advance(tl: Timeline, t: float, si: int, ei: int) -> tuple[int, int]:
+    "Scene and event indices at `t`, moved past those that ended."
+    while tl.scenes[si].t_end <= t and si + 1 < len(tl.scenes): si += 1
+    while ei < len(tl.events) and tl.events[ei].t_end <= t: ei += 1
+    return si, ei
+
 def frame_plan(tl: Timeline, fps: float) -> list[tuple[int, int | None, float]]:
     "For every output frame: (scene index, event index or None, event progress)."
     n = int(round(tl.duration * fps))
     out, si, ei = [], 0, 0
     for k in range(n):
         t = k / fps
-        while tl.scenes[si].t_end <= t and si + 1 < len(tl.scenes): si += 1
-        while ei < len(tl.events) and tl.events[ei].t_end <= t: ei += 1
+        si, ei = _advance(tl, t, si, ei)
         e = _on_screen(tl, ei, t)
         prog = (t - e.t_start) / (e.t_end - e.t_start) if e else 0.0
         out.append((si, ei if e else None, prog))
@@ -171,10 +199,12 @@ def timeline_frames(tl: Timeline, size: tuple[int, int] = (640, 360), fps: float
             cache.clear()
             cache[si, ei] = _still(tl, si, ei, size)
         img = cache[si, ei]
-        if ei is not None:
-            ent = tl.events[ei].entity
-            img = draw_shape(img.copy(), sprites.setdefault(ent, shape_sprite(ent, r)), prog)
+        if ei is not None: img = _with_shape(img, tl.events[ei].entity, prog, sprites, r)
         yield img
+
+def _with_shape(img: np.ndarray, ent: str, prog: float, sprites: dict, r: int) -> np.ndarray:
+    "A copy of the still with the entity's shape at `prog` (its sprite made once, in `sprites`)."
+    return draw_shape(img.copy(), sprites.setdefault(ent, shape_sprite(ent, r)), prog)
 
 # %% ../../nbs/09b_synth.render.ipynb #3e0fb1dc
 def render_video(tl: Timeline, path: str | Path, size: tuple[int, int] = (640, 360),

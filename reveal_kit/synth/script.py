@@ -7,94 +7,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, asdict
 import numpy as np
+from .vocab import QTYPES, ENTITIES, ACTIONS, OBJECTS, CAUSES, Scene, Event
+from .vocab import phrase, screen_lines, cue_text
 
 # %% auto #0
-__all__ = ['QTYPES', 'ENTITIES', 'ACTIONS', 'OBJECTS', 'CAUSES', 'TEXTURES', 'PLANTERS', 'Scene', 'Event', 'phrase',
-           'screen_lines', 'cue_text', 'pick_from', 'scene_length', 'plan_scenes', 'make_slots', 'Draft', 'new_draft',
-           'fresh_triple', 'place', 'take', 'plant_counting', 'plant_temporal', 'plant_negation', 'plant_action',
-           'plant_causal', 'plant_global', 'choose_protagonist', 'filler_triple', 'add_fillers', 'fix_margin',
-           'subtitle_for', 'Timeline', 'script_video']
-
-# %% ../../nbs/09_synth.script.ipynb #810c1ab9
-QTYPES = ('counting', 'temporal_order', 'negation', 'action', 'causal', 'global')
-
-# %% ../../nbs/09_synth.script.ipynb #5bb7ff5b
-ENTITIES = {  # key: (name in questions, on-screen label, shape colour, shape kind)
-    'chef': ('the chef', 'CHEF', (255, 255, 255), 'circle'),
-    'red_robot': ('the red robot', 'RED ROBOT', (230, 30, 30), 'square'),
-    'blue_robot': ('the blue robot', 'BLUE ROBOT', (40, 80, 240), 'square'),
-    'pilot': ('the pilot', 'PILOT', (250, 200, 0), 'triangle'),
-    'doctor': ('the doctor', 'DOCTOR', (0, 200, 120), 'circle'),
-    'farmer': ('the farmer', 'FARMER', (150, 90, 30), 'triangle'),
-    'painter': ('the painter', 'PAINTER', (220, 0, 220), 'circle'),
-    'guard': ('the guard', 'GUARD', (20, 20, 20), 'square'),
-    'girl': ('the girl', 'GIRL', (255, 140, 180), 'circle'),
-    'old_man': ('the old man', 'OLD MAN', (120, 120, 120), 'triangle'),
-}
-
-# %% ../../nbs/09_synth.script.ipynb #1a0b1c48
-ACTIONS = {  # key: (third person, past)
-    'open': ('opens', 'opened'), 'close': ('closes', 'closed'), 'lift': ('lifts', 'lifted'),
-    'drop': ('drops', 'dropped'), 'paint': ('paints', 'painted'), 'wash': ('washes', 'washed'),
-    'throw': ('throws', 'threw'), 'catch': ('catches', 'caught'), 'carry': ('carries', 'carried'),
-    'push': ('pushes', 'pushed'), 'repair': ('repairs', 'repaired'), 'hide': ('hides', 'hid'),
-    'kick': ('kicks', 'kicked'), 'fill': ('fills', 'filled'), 'sell': ('sells', 'sold'),
-}
-
-# %% ../../nbs/09_synth.script.ipynb #f549da1f
-OBJECTS = ['box', 'ball', 'lamp', 'cup', 'book', 'kite', 'drum', 'bottle', 'basket', 'chair',
-           'umbrella', 'bucket', 'clock', 'tomato', 'ladder']
-CAUSES = ['the alarm rang', 'the phone rang', 'the rain started', 'the lights went out',
-          'the baby cried', 'the dog barked', 'the bell rang', 'the music stopped', 'the wind blew',
-          'the kettle whistled', 'the door slammed', 'the train arrived']
-
-# %% ../../nbs/09_synth.script.ipynb #d4c71973
-@dataclass
-class Scene:
-    "A time range of the video with one textured background."
-    t_start: float
-    t_end: float
-    texture: str
-    hues: tuple[float, float]
-    seed: int
-
-# %% ../../nbs/09_synth.script.ipynb #12298eee
-@dataclass
-class Event:
-    "An entity doing an action with an object, shown in [t_start, t_end); `cause`: a causal event."
-    t_start: float
-    t_end: float
-    entity: str
-    action: str
-    obj: str
-    cause: str | None = None
-    scene: int = 0
-    subtitle: str | None = None
-    role: str = 'filler'
-    eid: str = ''
-
-    @property
-    def triple(self) -> tuple[str, str, str]: return (self.entity, self.action, self.obj)
-
-    @property
-    def span(self) -> tuple[float, float]: return (self.t_start, self.t_end)
-
-# %% ../../nbs/09_synth.script.ipynb #87f076fc
-def phrase(entity: str, action: str, obj: str, tense: str = 'present') -> str:
-    "How questions and options say an event: 'the chef slices the tomato' (present/past/base)."
-    verb = {'present': ACTIONS[action][0], 'past': ACTIONS[action][1], 'base': action}[tense]
-    return f"{ENTITIES[entity][0]} {verb} the {obj}"
-
-# %% ../../nbs/09_synth.script.ipynb #ad23baec
-def screen_lines(ev: Event) -> list[str]:
-    "The large on-screen text of an event: 'CHEF SLICES TOMATO' (+ 'BECAUSE THE ALARM RANG')."
-    lines = [f"{ENTITIES[ev.entity][1]} {ACTIONS[ev.action][0].upper()} {ev.obj.upper()}"]
-    return lines + ([f"BECAUSE {ev.cause.upper()}"] if ev.cause else [])
-
-# %% ../../nbs/09_synth.script.ipynb #70b7b290
-def cue_text(ev: Event) -> str:
-    "The needle-recall cue of an event: its on-screen words in lower case."
-    return ' '.join(screen_lines(ev)).lower()
+__all__ = ['TEXTURES', 'PLANTERS', 'pick_from', 'scene_length', 'plan_scenes', 'make_slots', 'Draft', 'new_draft', 'fresh_triple',
+           'place', 'take', 'plant_counting', 'plant_temporal', 'plant_negation', 'plant_action', 'plant_causal',
+           'plant_global', 'choose_protagonist', 'filler_triple', 'add_fillers', 'fix_margin', 'subtitle_for',
+           'Timeline', 'script_video']
 
 # %% ../../nbs/09_synth.script.ipynb #5029ecc0
 TEXTURES = ('stripes', 'checks', 'dots', 'waves', 'bricks', 'mosaic')
@@ -142,15 +62,16 @@ def plan_scenes(rng: np.random.Generator, duration: float) -> list[Scene]:
 # %% ../../nbs/09_synth.script.ipynb #48ffc3a5
 def make_slots(rng: np.random.Generator, scenes: list[Scene]) -> list[tuple[float, float, int]]:
     "Event slots (t_start, t_end, scene index) inside scenes, in time order."
-    slots = []
-    for i, s in enumerate(scenes):
-        t = s.t_start + 0.5
-        while True:
-            d = _q(rng.uniform(3.5, 5.0))
-            if t + d + 0.5 > s.t_end: break
-            slots.append((t, t + d, i))
-            t = _q(t + d + rng.uniform(1.0, 2.5))
-    return slots
+    return [slot for i, s in enumerate(scenes) for slot in _scene_slots(rng, s, i)]
+
+def _scene_slots(rng: np.random.Generator, s: Scene, i: int) -> list[tuple[float, float, int]]:
+    "The event slots of scene `i`: 3.5–5 s long, 1–2.5 s apart, 0.5 s inside its edges."
+    slots, t = [], s.t_start + 0.5
+    while True:
+        d = _q(rng.uniform(3.5, 5.0))
+        if t + d + 0.5 > s.t_end: return slots
+        slots.append((t, t + d, i))
+        t = _q(t + d + rng.uniform(1.0, 2.5))
 
 # %% ../../nbs/09_synth.script.ipynb #8cf17736
 @dataclass
@@ -176,24 +97,34 @@ def _draw(rng: np.random.Generator, pool, k: int) -> list[str]:
     return [str(x) for x in rng.choice(pool, k, replace=False)]
 
 def new_draft(rng: np.random.Generator, duration: float) -> tuple[Draft, list[Scene]]:
-    "Scenes, slots and a per-video vocabulary (5 entities, 8 actions, 8 objects, shuffled causes)."
+    "Scenes, slots and a per-video vocabulary (`_vocabulary`)."
     scenes = plan_scenes(rng, duration)
     slots = make_slots(rng, scenes)
-    cast, actions, objects = _draw(rng, list(ENTITIES), 5), _draw(rng, list(ACTIONS),
-                                                                  8), _draw(rng, OBJECTS, 8)
-    return Draft(rng, slots, cast, actions, objects,
-                 [str(x) for x in rng.permutation(CAUSES)]), scenes
+    return Draft(rng, slots, *_vocabulary(rng)), scenes
+
+def _vocabulary(rng: np.random.Generator) -> tuple[list, list, list, list]:
+    "A video's cast (5), actions (8), objects (8) and causes (all, shuffled), drawn in that order."
+    cast, actions = _draw(rng, list(ENTITIES), 5), _draw(rng, list(ACTIONS), 8)
+    objects = _draw(rng, OBJECTS, 8)
+    return cast, actions, objects, [str(x) for x in rng.permutation(CAUSES)]
 
 # %% ../../nbs/09_synth.script.ipynb #be443f14
 def fresh_triple(d: Draft, entity=None, action=None, obj=None, avoid=()) -> tuple | None:
     "An (entity, action, object) never used or banned, the given parts fixed, none of `avoid`'s."
     for _ in range(300):
-        t = (entity or pick_from(d.rng, d.cast), action or pick_from(d.rng, d.actions),
-             obj or pick_from(d.rng, d.objects))
-        if t in d.planted or t in d.banned or (t[0], t[2]) in d.reserved or set(t) & set(avoid):
-            continue
-        return t
+        t = _candidate(d, entity, action, obj)
+        if _unused(d, t, avoid): return t
     return None
+
+def _candidate(d: Draft, entity, action, obj) -> tuple:
+    "A triple with the given parts; the others drawn from the video's vocabulary, in order."
+    return (entity or pick_from(d.rng, d.cast), action or pick_from(d.rng, d.actions),
+            obj or pick_from(d.rng, d.objects))
+
+def _unused(d: Draft, t: tuple, avoid) -> bool:
+    "Whether `t` is not planted, banned or a reserved pair, and shares no part with `avoid`."
+    return not (t in d.planted or t in d.banned or (t[0], t[2]) in d.reserved
+                or set(t) & set(avoid))
 
 # %% ../../nbs/09_synth.script.ipynb #8270cbf6
 def place(d: Draft, slot: int, triple: tuple, role: str, cause: str | None = None) -> Event:
@@ -205,15 +136,22 @@ def place(d: Draft, slot: int, triple: tuple, role: str, cause: str | None = Non
     return ev
 
 # %% ../../nbs/09_synth.script.ipynb #edf5aee8
+def _free_run(d: Draft, free: list[int], n: int) -> list[int] | None:
+    "A random run of `n` consecutive free slots (None when there is none)."
+    fs = set(free)
+    runs = [i for i in free if all(i + j in fs for j in range(n))]
+    if not runs: return None
+    s = pick_from(d.rng, runs)
+    return list(range(s, s + n))
+
 def take(d: Draft, n: int, adjacent: bool = False) -> list[int] | None:
     "n random free slots (or one run of n consecutive free slots); None when there is no room."
     free = d.free()
-    fs = set(free)
-    if adjacent:
-        runs = [i for i in free if all(i + j in fs for j in range(n))]
-        if not runs: return None
-        s = pick_from(d.rng, runs)
-        return list(range(s, s + n))
+    if adjacent: return _free_run(d, free, n)
+    return _free_slots(d, free, n)
+
+def _free_slots(d: Draft, free: list[int], n: int) -> list[int] | None:
+    "`n` of the free slots drawn at random, in order (None when fewer are free)."
     return sorted(int(x) for x in d.rng.choice(free, n, replace=False)) if len(free) >= n else None
 
 # %% ../../nbs/09_synth.script.ipynb #e381594b
@@ -232,12 +170,18 @@ def _plan(qtype: str, t: tuple, evidence: list[Event], distractors: list[Event],
                 distractors=distractors, **more)
 
 # %% ../../nbs/09_synth.script.ipynb #e1b26a51
-def plant_counting(d: Draft) -> dict | None:
-    "n ∈ 1..6 occurrences of one triple; near misses: same entity/other action, other entity/same."
+def _window_and_count(d: Draft) -> tuple[int, int] | None:
+    "The question's window `lo` and the count n ≥ lo (None when fewer than 3 slots are free)."
     cap = min(6, len(d.free()) - 2)
     if cap < 1: return None
     lo = int(d.rng.integers(1, min(3, cap) + 1))
-    n = int(d.rng.integers(lo, min(lo + 3, cap) + 1))
+    return lo, int(d.rng.integers(lo, min(lo + 3, cap) + 1))
+
+def plant_counting(d: Draft) -> dict | None:
+    "n ∈ 1..6 occurrences of one triple; near misses: same entity/other action, other entity/same."
+    drawn = _window_and_count(d)
+    if drawn is None: return None
+    lo, n = drawn
     slots = take(d, n + 2)
     t = fresh_triple(d)
     if not slots or not t: return None
@@ -257,12 +201,16 @@ def plant_temporal(d: Draft) -> dict | None:
     B = A and fresh_triple(d)
     if not B: return None
     ev = [place(d, ab[0], A, 'decisive'), place(d, ab[1], B, 'decisive')]
-    dis, cc = [], take(d, 2, adjacent=True)
-    if cc:
-        A2 = fresh_triple(d, entity=A[0], action=A[1], avoid=(A[2],))
-        C = A2 and fresh_triple(d, avoid=(B[1],))
-        if C: dis = [place(d, cc[0], A2, 'distractor'), place(d, cc[1], C, 'distractor')]
-    return _plan('temporal_order', A, ev, dis)
+    return _plan('temporal_order', A, ev, _look_alike_then(d, A, B))
+
+def _look_alike_then(d: Draft, A: tuple, B: tuple) -> list[Event]:
+    "Distractors in two adjacent slots: A with another object, then a C of another action than B."
+    cc = take(d, 2, adjacent=True)
+    if not cc: return []
+    A2 = fresh_triple(d, entity=A[0], action=A[1], avoid=(A[2],))
+    C = A2 and fresh_triple(d, avoid=(B[1],))
+    if not C: return []
+    return [place(d, cc[0], A2, 'distractor'), place(d, cc[1], C, 'distractor')]
 
 # %% ../../nbs/09_synth.script.ipynb #b4ab6700
 def plant_negation(d: Draft) -> dict | None:
@@ -325,7 +273,7 @@ PLANTERS = dict(counting=plant_counting, temporal_order=plant_temporal, negation
 
 # %% ../../nbs/09_synth.script.ipynb #46240f75
 def choose_protagonist(d: Draft) -> str:
-    "The entity with the most planted events so far (seeded tie-break)."
+    "The entity with most planted events (seeded tie-break)."
     c = Counter(e.entity for e in d.events.values())
     tie = d.rng.permutation(len(d.cast))
     d.protagonist = min(d.cast, key=lambda e: (-c[e], tie[d.cast.index(e)]))
@@ -336,10 +284,14 @@ def _allowed(d: Draft, t: tuple) -> bool:
     "Whether a filler may use triple t (not planted, not banned, not a reserved pair)."
     return t not in d.planted and t not in d.banned and (t[0], t[2]) not in d.reserved
 
+def _cast_weights(d: Draft) -> np.ndarray:
+    "How often fillers pick each cast member: the protagonist three times as often as the others."
+    w = np.array([3.0 if c == d.protagonist else 1.0 for c in d.cast])
+    return w / w.sum()
+
 def filler_triple(d: Draft) -> tuple | None:
     "A filler triple: any combination that cannot change a planted answer."
-    w = np.array([3.0 if c == d.protagonist else 1.0 for c in d.cast])
-    w /= w.sum()
+    w = _cast_weights(d)
     for _ in range(100):
         e = d.cast[int(d.rng.choice(len(d.cast), p=w))]
         t = (e, pick_from(d.rng, d.actions), pick_from(d.rng, d.objects))
@@ -348,7 +300,7 @@ def filler_triple(d: Draft) -> tuple | None:
 
 # %% ../../nbs/09_synth.script.ipynb #44536464
 def add_fillers(d: Draft, density: float = 0.7) -> None:
-    "Fill a fraction of the free slots with filler events."
+    "Fill a share `density` of free slots with fillers."
     for s in d.free():
         if d.rng.random() < density and (t := filler_triple(d)):
             a, b, k = d.slots[s]
@@ -365,9 +317,12 @@ def fix_margin(d: Draft, margin: int = 2) -> None:
     for ev in fill:
         c = Counter(e.entity for e in d.events.values())
         if _lead(c, d.protagonist) >= margin: return
-        t = (d.protagonist, ev.action, ev.obj)
-        if _allowed(d, t) and c[ev.entity] == max(v for k, v in c.items() if k != d.protagonist):
-            ev.entity = d.protagonist
+        if _may_recast(d, ev, c): ev.entity = d.protagonist
+
+def _may_recast(d: Draft, ev: Event, c: Counter) -> bool:
+    "Whether filler `ev` may go to the protagonist: allowed, its entity a top rival."
+    if not _allowed(d, (d.protagonist, ev.action, ev.obj)): return False
+    return c[ev.entity] == max(v for k, v in c.items() if k != d.protagonist)
 
 # %% ../../nbs/09_synth.script.ipynb #69547a35
 def subtitle_for(ev: Event, rng: np.random.Generator, rate: float = 0.5) -> str | None:
@@ -415,16 +370,20 @@ def _numbered(d: Draft, rng: np.random.Generator, subtitle_rate: float) -> list[
         e.subtitle = subtitle_for(e, rng, subtitle_rate)
     return events
 
+def _cast_fillers(d: Draft, plans: list[dict]):
+    "Choose the protagonist (the global questions' target), add fillers, secure its lead."
+    choose_protagonist(d)
+    add_fillers(d)
+    fix_margin(d)
+    for p in plans:
+        if p['qtype'] == 'global': p['target'] = dict(entity=d.protagonist)
+
 def script_video(video_id: str, seed: int, duration: float, qtypes: list[str],
                  subtitle_rate: float = 0.5) -> Timeline:
     "Script one video deterministically from its seed: scenes, planted events, fillers, subtitles."
     rng = np.random.default_rng(seed)
     d, scenes = new_draft(rng, duration)
     plans = _plant_all(d, qtypes)
-    choose_protagonist(d)
-    add_fillers(d)
-    fix_margin(d)
-    for p in plans:
-        if p['qtype'] == 'global': p['target'] = dict(entity=d.protagonist)
+    _cast_fillers(d, plans)
     events = _numbered(d, rng, subtitle_rate)
     return Timeline(video_id, seed, float(duration), scenes, events, [_by_eid(p) for p in plans])

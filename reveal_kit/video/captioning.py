@@ -30,10 +30,15 @@ identities (who/what, distinguishing attributes), objects, actions, state change
 (what happens first, then), spatial relations, counts, and any on-screen text verbatim. \
 Do not speculate or add anything not visible or said."""
 
-def caption_prompt(t_start: float, t_end: float, subtitles: str = '', facts: str = '') -> str:
-    "The L1 caption prompt with aligned subtitles (and for text-only models the perceptual facts)."
+def _caption_extras(subtitles: str, facts: str) -> tuple[str, str]:
+    "The prompt's subtitles and facts lines."
     subs = f'Subtitles spoken during this segment: "{subtitles}"\n' if subtitles else ''
     facts = f'Automatically extracted facts: {facts}\n' if facts else ''
+    return subs, facts
+
+def caption_prompt(t_start: float, t_end: float, subtitles: str = '', facts: str = '') -> str:
+    "The L1 caption prompt with aligned subtitles (and for text-only models the perceptual facts)."
+    subs, facts = _caption_extras(subtitles, facts)
     return CAPTION_PROMPT.format(t0=fmt_time(t_start), t1=fmt_time(t_end), subs=subs, facts=facts)
 
 # %% ../../nbs/13_video.captioning.ipynb #e89ad2e6
@@ -51,9 +56,13 @@ Use only what the timelines say.
 
 {items}"""}
 
+def _child_lines(children: Sequence[tuple[float, float, str]]) -> str:
+    "The children one per line, each behind its time span: '[0:00-0:10] narrative'."
+    return '\n'.join(f"[{fmt_time(a)}-{fmt_time(b)}] {t}" for a, b, t in children)
+
 def summary_prompt(level: int, children: Sequence[tuple[float, float, str]], words: int) -> str:
     "The L2/L3 summary prompt over `(t_start, t_end, narrative)` children."
-    items = '\n'.join(f"[{fmt_time(a)}-{fmt_time(b)}] {t}" for a, b, t in children)
+    items = _child_lines(children)
     t0, t1 = fmt_time(children[0][0]), fmt_time(children[-1][1])
     return SUMMARY_PROMPTS[level].format(t0=t0, t1=t1, words=words, items=items)
 
@@ -67,7 +76,7 @@ def _thumb(rgb: np.ndarray, w: int = 64) -> np.ndarray:
     return cv2.resize(rgb, (w, h), interpolation=cv2.INTER_AREA)
 
 def _colour_name(h: float, s: float, v: float) -> str:
-    "The name of one HSV colour (h in degrees, s and v in 0–1)."
+    "One HSV colour's name (h in degrees, s and v in 0–1)."
     if v < 0.2: return 'black'
     if s < 0.18: return 'white' if v > 0.8 else 'grey'
     if 15 <= h < 40 and v < 0.6: return 'brown'
@@ -82,11 +91,15 @@ def _colour_name_array(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarra
     conds = [v < 0.2, (s < 0.18) & (v > 0.8), s < 0.18, brown]
     return np.select(conds, ['black', 'white', 'grey', 'brown'], hue)
 
-def colour_names(rgb: np.ndarray, min_share: float = 0.12, top: int = 3) -> list[str]:
-    "Names of the colours covering at least `min_share` of the frame, most common first."
+def _pixel_colours(rgb: np.ndarray) -> np.ndarray:
+    "Every pixel's colour name (on the thumbnail)."
     import cv2
     hsv = cv2.cvtColor(_thumb(rgb), cv2.COLOR_RGB2HSV_FULL).reshape(-1, 3).astype(float)
-    names = _colour_name_array(hsv[:, 0] * 360 / 256, hsv[:, 1] / 255, hsv[:, 2] / 255)
+    return _colour_name_array(hsv[:, 0] * 360 / 256, hsv[:, 1] / 255, hsv[:, 2] / 255)
+
+def colour_names(rgb: np.ndarray, min_share: float = 0.12, top: int = 3) -> list[str]:
+    "Names of the colours covering at least `min_share` of the frame, most common first."
+    names = _pixel_colours(rgb)
     vals, counts = np.unique(names, return_counts=True)
     order = np.argsort(-counts, kind='stable')
     return [str(vals[i]) for i in order[:top] if counts[i] / len(names) >= min_share]
@@ -112,11 +125,15 @@ def get_ocr():
     return _ENGINES.ocr
 
 # %% ../../nbs/13_video.captioning.ipynb #edaf41d5
+def _reading_order(r) -> tuple:
+    "Sort key of an OCR result: its top edge in 20-pixel rows, then its left edge."
+    return round(min(p[1] for p in r[0]) / 20), min(p[0] for p in r[0])
+
 def ocr_text(rgb: np.ndarray, min_score: float = 0.6) -> list[str]:
     "Text lines read from a frame (left-to-right, top-to-bottom), confident ones only."
     res, _ = get_ocr()(np.ascontiguousarray(rgb[:, :, ::-1]))
     if not res: return []
-    res = sorted(res, key=lambda r: (round(min(p[1] for p in r[0]) / 20), min(p[0] for p in r[0])))
+    res = sorted(res, key=_reading_order)
     return [str(r[1]).strip() for r in res if float(r[2]) >= min_score and str(r[1]).strip()]
 
 # %% ../../nbs/13_video.captioning.ipynb #fcb93bb9
@@ -154,6 +171,10 @@ def _top_colours(frames: Sequence[np.ndarray]) -> list[str]:
     counts = {c: cols.count(c) for c in cols}
     return [c for c, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:3]
 
+def _facts_sentence(top: list[str], luma: float, mot: float) -> str:
+    "'Scene colours: …; brightness; motion.' from the top colours, mean luma and motion level."
+    return f"Scene colours: {' and '.join(top) if top else 'mixed'}; {_light(luma)}; {_move(mot)}."
+
 @patch
 def facts(self: PerceptualCaptioner, frames: Sequence[np.ndarray],
           boundary_sim: float | None = None) -> tuple[str, dict]:
@@ -161,7 +182,7 @@ def facts(self: PerceptualCaptioner, frames: Sequence[np.ndarray],
     top = _top_colours(frames)
     luma = float(np.mean([f.mean() for f in frames])) if frames else 0.0
     mot = motion_level(frames)
-    s = f"Scene colours: {' and '.join(top) if top else 'mixed'}; {_light(luma)}; {_move(mot)}."
+    s = _facts_sentence(top, luma, mot)
     if boundary_sim is not None and boundary_sim < self.theta:
         s += " A new scene begins (visual change from the previous segment)."
     return s, dict(colours=top, luma=round(luma, 1), motion=round(mot, 2))
@@ -176,14 +197,17 @@ def same_picture(a: np.ndarray, b: np.ndarray, tol: float = 2.0) -> bool:
     return int(np.abs(ta - tb).max()) <= tol
 
 # %% ../../nbs/13_video.captioning.ipynb #91dab2c7
+def _ocr_picks(self: PerceptualCaptioner, frames: Sequence[np.ndarray]) -> list[int]:
+    "Which frames OCR reads: all, or `ocr_frames` evenly chosen."
+    n = len(frames) if self.ocr_frames is None else min(self.ocr_frames, len(frames))
+    if not frames or n <= 0: return []
+    return sorted(set(np.linspace(0, len(frames) - 1, n).round().astype(int)))
+
 @patch
 def ocr(self: PerceptualCaptioner, frames: Sequence[np.ndarray]) -> list[str]:
     "Distinct OCR lines of the frames (or `ocr_frames` evenly chosen), one reading per picture."
-    n = len(frames) if self.ocr_frames is None else min(self.ocr_frames, len(frames))
-    if not frames or n <= 0: return []
-    idx = sorted(set(np.linspace(0, len(frames) - 1, n).round().astype(int)))
     lines, read, seen = [], None, []
-    for i in idx:
+    for i in _ocr_picks(self, frames):
         if read is None or not same_picture(read, frames[i]):
             read, seen = frames[i], ocr_text(frames[i])
         lines += [l for l in seen if l not in lines]
@@ -204,10 +228,15 @@ def caption(self: PerceptualCaptioner, frames: Sequence[np.ndarray], t_start: fl
             reading: tuple | None = None) -> Caption:
     "An L1 narrative: time span, visual facts, on-screen text, subtitles (`reading` or a `read`)."
     facts, meta = reading or self.read(frames, boundary_sim)
-    parts = [f"[{fmt_time(t_start)}-{fmt_time(t_end)}] {facts}"]
-    if meta['ocr']: parts.append(f"On-screen text: {'; '.join(_q(l) for l in meta['ocr'])}.")
+    head = f"[{fmt_time(t_start)}-{fmt_time(t_end)}] {facts}"
+    return Caption(_perceptual_text(head, meta['ocr'], subtitles), self.kind, dict(meta))
+
+def _perceptual_text(head: str, ocr: list[str], subtitles: str) -> str:
+    "The narrative: `head` (span, facts), then on-screen text and subtitles, quoted."
+    parts = [head]
+    if ocr: parts.append(f"On-screen text: {'; '.join(_q(l) for l in ocr)}.")
     if subtitles: parts.append(f"Subtitles: {_q(subtitles)}.")
-    return Caption(' '.join(parts), self.kind, dict(meta))
+    return ' '.join(parts)
 
 # %% ../../nbs/13_video.captioning.ipynb #6a9ad4b7
 class ReadAhead:
@@ -227,16 +256,22 @@ class ReadAhead:
 @patch
 def _throttle(self: ReadAhead):
     "Wait while over two readings per worker are queued (each queued reading holds its frames)."
-    while len(busy := [f for _, f in self.jobs.values()
-                       if not f.done()]) > 2 * self.captioner.workers:
+    limit = 2 * self.captioner.workers
+    while len(busy := [f for _, f in self.jobs.values() if not f.done()]) > limit:
         wait(busy, return_when=FIRST_COMPLETED)
+
+@patch
+def _release(self: ReadAhead, s) -> list:
+    "The frames held at `s`'s caption times (None: missing); older ones let go."
+    frames, last = [self.frames.get(t) for t in self.times_for(s)], max(s.frame_times)
+    self.frames = {t: f for t, f in self.frames.items() if t > last}
+    return frames
 
 @patch
 def segment(self: ReadAhead, s) -> None:
     "Start reading final segment `s` when all its caption frames were held; let go of its frames."
     if not self.on or not s.frame_times: return
-    frames, last = [self.frames.get(t) for t in self.times_for(s)], max(s.frame_times)
-    self.frames = {t: f for t, f in self.frames.items() if t > last}
+    frames = self._release(s)
     if any(f is None for f in frames): return
     self.ex = self.ex or ThreadPoolExecutor(self.captioner.workers)
     self.jobs[s.idx] = (self._key(s), self.ex.submit(self.captioner.read, frames, s.boundary_sim))
@@ -314,13 +349,15 @@ _LABEL = re.compile(r'^\[(\d+:\d{2}(?::\d{2})?-\d+:\d{2}(?::\d{2})?)\]\s*')
 
 def _units(children: Sequence[tuple[float, float, str]]) -> list[tuple[int, int, str, str]]:
     "(child, position, time label, sentence) for every sentence of every child."
-    out = []
-    for i, (a, b, text) in enumerate(children):
-        label = f"{fmt_time(a)}-{fmt_time(b)}"
-        for j, sent in enumerate(_SENT.split(text)):
-            sent = sent.strip()
-            if m := _LABEL.match(sent): label, sent = m.group(1), sent[m.end():].strip()
-            if sent: out.append((i, j, label, sent))
+    return [u for i, (a, b, text) in enumerate(children) for u in _child_units(i, a, b, text)]
+
+def _child_units(i: int, a: float, b: float, text: str) -> list[tuple[int, int, str, str]]:
+    "(child, position, time label, sentence) for each sentence of child `i` (its own labels kept)."
+    label, out = f"{fmt_time(a)}-{fmt_time(b)}", []
+    for j, sent in enumerate(_SENT.split(text)):
+        sent = sent.strip()
+        if m := _LABEL.match(sent): label, sent = m.group(1), sent[m.end():].strip()
+        if sent: out.append((i, j, label, sent))
     return out
 
 # %% ../../nbs/13_video.captioning.ipynb #9075a692
@@ -334,26 +371,38 @@ def _gain(sent: str, seen: set) -> int:
 def _pick_round(units, children, chosen: set, seen: set, labels: set, budget: int) -> int:
     "One round: from each child in order, the sentence adding most new content that fits; budget."
     for i in range(len(children)):
-        cands = [(_gain(u[3], seen), -u[1], u) for u in units if u[0] == i and u[:2] not in chosen]
-        cands = [c for c in cands if c[0] > 0]
-        if not cands: continue
-        u = max(cands)[2]
+        u = _best_unit(units, i, chosen, seen)
+        if u is None: continue
         cost = len(u[3].split()) + (u[2] not in labels)
         if cost > budget: continue
-        chosen.add(u[:2])
-        seen |= _content(u[3])
-        labels.add(u[2])
+        _choose(u, chosen, seen, labels)
         budget -= cost
     return budget
 
-def extractive_summary(children: Sequence[tuple[float, float, str]], words: int) -> str:
-    "Time-labelled sentences of the children, chosen greedily by new content words within `words`."
-    units, chosen, seen, labels, budget = _units(children), set(), set(), set(), words
-    # one sentence per child per round: every child is represented early
+def _best_unit(units, i: int, chosen: set, seen: set):
+    "Child `i`'s unchosen sentence adding most new content."
+    cands = [(_gain(u[3], seen), -u[1], u) for u in units if u[0] == i and u[:2] not in chosen]
+    cands = [c for c in cands if c[0] > 0]
+    return max(cands)[2] if cands else None
+
+def _choose(u, chosen: set, seen: set, labels: set):
+    "Take sentence `u`: its key is chosen, its content words seen, its time label written."
+    chosen.add(u[:2])
+    seen |= _content(u[3])
+    labels.add(u[2])
+
+def _pick_all(units, children, words: int) -> set:
+    "The sentences chosen, one per child per round (every child early), until none is added."
+    chosen, seen, labels, budget = set(), set(), set(), words
     while True:
         n = len(chosen)
         budget = _pick_round(units, children, chosen, seen, labels, budget)
-        if len(chosen) == n: break
+        if len(chosen) == n: return chosen
+
+def extractive_summary(children: Sequence[tuple[float, float, str]], words: int) -> str:
+    "Time-labelled sentences of the children, chosen greedily by new content words within `words`."
+    units = _units(children)
+    chosen = _pick_all(units, children, words)
     return _labelled(sorted(x for x in units if x[:2] in chosen))
 
 def _labelled(units: list) -> str:

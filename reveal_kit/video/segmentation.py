@@ -45,10 +45,14 @@ def _unit(v: np.ndarray) -> np.ndarray: return v / (np.linalg.norm(v) + 1e-12)
 def _close(idx: int, times: list, embs: list, t_start: float, boundary_sim=None) -> L1Segment:
     "A segment whose keyframe is the member closest to the members' mean (t_end: set by the next)."
     if not embs: return L1Segment(idx, t_start, t_start, list(times), None, None, boundary_sim)
+    k, emb = _keyframe(embs)
+    return L1Segment(idx, t_start, t_start, list(times), times[k], emb, boundary_sim)
+
+def _keyframe(embs: list) -> tuple[int, np.ndarray]:
+    "The index of the member closest to the members' mean, and its embedding (float32)."
     E = np.stack(embs)
     k = int(np.argmax(E @ _unit(E.mean(0))))
-    return L1Segment(idx, t_start, t_start, list(times), times[k], E[k].astype(np.float32),
-                     boundary_sim)
+    return k, E[k].astype(np.float32)
 
 # %% ../../nbs/11_video.segmentation.ipynb #aadf184e
 # a spike: a step this many times the segment's median step, and at least this
@@ -87,11 +91,15 @@ class AdaptiveSegmenter:
     def _kept_run(self) -> list: return [r for r in self.run if r[1] is not None]
 
 # %% ../../nbs/11_video.segmentation.ipynb #86afcf85
+def _close_open(self: AdaptiveSegmenter) -> L1Segment:
+    "The open segment closed: its members, and the held frames in its span."
+    times = sorted(self.times + self.extra)
+    return _close(len(self.done), times, self.embs, self._start(), self.bsim)
+
 @patch
 def _cut(self: AdaptiveSegmenter, new_times, new_embs, bsim, start=None) -> list[L1Segment]:
     "Close the open segment, open one with these frames (from `start`); the segment now final."
-    seg = _close(len(self.done), sorted(self.times + self.extra), self.embs, self._start(),
-                 self.bsim)
+    seg = _close_open(self)
     if self.done: self.done[-1].t_end = seg.t_start
     self.done.append(seg)
     self._reset(new_times, new_embs, bsim, start)
@@ -184,9 +192,14 @@ def _continue(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segm
 
 @patch
 def _cut_to(self: AdaptiveSegmenter, k: list, t: float) -> list[L1Segment]:
-    "Close the open segment; the kept frames `k` open the next, from the first (else from `t`)."
+    "Close the open segment; kept frames `k` open the next, from the first (else `t`)."
     return self._cut([r[0] for r in k], [r[1] for r in k], k[0][2] if k else None,
                      start=k[0][0] if k else t)
+
+@patch
+def _too_long(self: AdaptiveSegmenter, t: float) -> bool:
+    "Rule 1: whether a sample at `t` would make the open segment longer than `max_segment_s`."
+    return t + self.step - self._start() > self.max_s + 1e-6
 
 @patch
 def push(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
@@ -194,7 +207,7 @@ def push(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
     emb = _unit(np.asarray(emb, dtype=np.float32))
     if not self.times: return self._open_with(t, emb)
     sim = float(emb @ _unit(self.sum))
-    if t + self.step - self._start() > self.max_s + 1e-6:               # rule 1
+    if self._too_long(t):                                               # rule 1
         return self._cut_to(self._kept_run() + [(t, emb, sim)], t)
     # rule 2 (+ flicker absorbed)
     if self._joins(t, emb, sim): return self._continue(t, emb)
@@ -204,12 +217,15 @@ def push(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> list[L1Segment]:
 # %% ../../nbs/11_video.segmentation.ipynb #b3fb2d39
 @patch
 def skip(self: AdaptiveSegmenter, t: float) -> list[L1Segment]:
-    "Note a sample dropped by the quality filter at `t`; returns segments that are now final."
-    fits = t + self.step - self._start() <= self.max_s + 1e-6
-    if fits or not (self.times or self.extra or self.run):
+    "Note a sample the filter dropped at `t`; the segments now final."
+    if not self._too_long(t) or not (self.times or self.extra or self.run):
         self.run.append((t, None, None))
         return []
-    # held frames open the new segment; dropped ones stay in the old span
+    return self._cut_held(t)
+
+@patch
+def _cut_held(self: AdaptiveSegmenter, t: float) -> list[L1Segment]:
+    "Cut at `t`: the held run's kept frames open the new segment; dropped ones stay in the old."
     k = self._kept_run()
     self.run = []
     return self._cut_to(k, t)
@@ -217,11 +233,17 @@ def skip(self: AdaptiveSegmenter, t: float) -> list[L1Segment]:
 # %% ../../nbs/11_video.segmentation.ipynb #090b683c
 @patch
 def _merge_tail(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
-    "The too-short tail joins the last closed segment, which now ends at `duration`."
+    "A too-short tail joins the last segment, now ending at `duration`."
     last = self.done[-1]
     last.frame_times = sorted(last.frame_times + self.times + self.extra)
     last.t_end = duration
     return [last]
+
+@patch
+def _tail_joins(self: AdaptiveSegmenter, duration: float) -> bool:
+    "Whether the open tail is too short and fits into the last closed segment."
+    if not self.done or duration - self._start() >= self.min_s: return False
+    return duration - self.done[-1].t_start <= self.max_s
 
 @patch
 def finish(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
@@ -229,22 +251,22 @@ def finish(self: AdaptiveSegmenter, duration: float) -> list[L1Segment]:
     self.extra += [r[0] for r in self._kept_run()]
     self.run = []
     if not self.times and not self.done: return []
-    start = self._start()
-    if (self.done and duration - start < self.min_s
-        and duration - self.done[-1].t_start <= self.max_s):
-        return self._merge_tail(duration)
+    if self._tail_joins(duration): return self._merge_tail(duration)
     out = self._cut([], [], None)
     self.done[-1].t_end = max(duration, self.done[-1].t_start)
     return out + [self.done[-1]]
 
 # %% ../../nbs/11_video.segmentation.ipynb #6e354067
+def _events(times: Sequence[float], embs: np.ndarray, dropped: Sequence[float]) -> list[tuple]:
+    "Kept `(t, 1, emb)` and dropped `(t, 0, None)` samples in time order (dropped first)."
+    ev = [(float(t), 1, e) for t, e in zip(times, embs)] + [(float(t), 0, None) for t in dropped]
+    return sorted(ev, key=lambda x: (x[0], x[1]))
+
 def segment_adaptive(times: Sequence[float], embs: np.ndarray, duration: float,
                      config: Config = Config(), dropped: Sequence[float] = ()) -> list[L1Segment]:
     "Non-streaming: all L1 segments of kept frame times, their embeddings, and `dropped` times."
     s, out = AdaptiveSegmenter(config), []
-    ev = sorted([(float(t), 1, e) for t, e in zip(times, embs)]
-                + [(float(t), 0, None) for t in dropped], key=lambda x: (x[0], x[1]))
-    for t, kept, e in ev: out += s.push(t, e) if kept else s.skip(t)
+    for t, kept, e in _events(times, embs, dropped): out += s.push(t, e) if kept else s.skip(t)
     return out + s.finish(duration)
 
 # %% ../../nbs/11_video.segmentation.ipynb #cead7db0
