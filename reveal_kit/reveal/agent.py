@@ -11,29 +11,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 import numpy as np
-from ..core import Config, Question, Evidence, MemoryItem, kit_version, trace_path
+from ..core import Config, Question, Evidence, MemoryItem, trace_path
 from ..io import atomic_write_text
 from ..protocols import ChatModel, Memory
-from ..record import (Result, RevealPart, call_marks, mark, substitution, usage_fields,
-                               run_switches)
+from ..record import mark
 from ..backends.chat import BackendUnavailable, offline_role, models_record, call_totals
 from ..backends.cache import CacheMiss
 from .online_memory import OnlineMemory
-from .rubrics import RubricPool, load_rubric_pool, question_type
-from .planner import Planner, screen_queries, uniform_sample, focus, is_negation
+from .rubrics import RubricPool, load_rubric_pool
+from .planner import Planner, screen_queries, uniform_sample, focus
 from .verifier import EVIDENCE_TOKENS, Verifier, VerifierReport
 from .offline_checks import EvidenceView
-from .relevance import RELEVANCE_COSINE, RELEVANCE_EMBEDDER, judge_relevance
+from .relevance import RELEVANCE_COSINE, judge_relevance
 from .answerer import Answerer, AnswerResult
 from .answer_frames import FRAMES_NOTES, answer_frames
 from .rerank import (Candidate, model_rerank, relevance_rank, rerank_targets, retrieve, rubric_rerank,
                                       topk_for)
 from .presets import MethodSpec, get_preset
 from ..memory.store import caption_fallbacks
+# `thresholds_record` as well: `reveal.agent.thresholds_record` keeps resolving
+from .agent_trace import result_row, thresholds_record, trace_doc
 
 # %% auto #0
-__all__ = ['PAPER_EMBEDDER', 'Roles', 'make_roles', 'MemoEmbed', 'oracle_evidence', 'run_loop', 'thresholds_record',
-           'answer_question']
+__all__ = ['Roles', 'make_roles', 'MemoEmbed', 'oracle_evidence', 'run_loop', 'answer_question']
 
 # %% ../../nbs/25b_reveal.agent.ipynb #1fcf976a
 def _item_row(c: Candidate) -> dict:
@@ -53,13 +53,17 @@ class Roles:
     offline: bool
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0030
-def make_roles(model: ChatModel | None, config: Config, roles: str = 'auto',
-               pool: RubricPool | None = None, evidence_tokens: int = EVIDENCE_TOKENS) -> Roles:
-    "Planner, verifier and answerer over `pool` (else `config.rubric_pool`); 'auto': offline iff no meaningful model."
+def _check_roles(model: ChatModel | None, roles: str) -> None:
+    "ValueError for an unknown `roles`, or for 'model' without a chat model."
     if roles not in ('auto', 'offline', 'model'):
         raise ValueError(f"roles must be 'auto', 'offline' or 'model', got {roles!r}")
     if roles == 'model' and model is None:
         raise ValueError("roles='model' needs a chat model")
+
+def make_roles(model: ChatModel | None, config: Config, roles: str = 'auto',
+               pool: RubricPool | None = None, evidence_tokens: int = EVIDENCE_TOKENS) -> Roles:
+    "Planner, verifier and answerer over `pool` (else `config.rubric_pool`); 'auto': offline iff no meaningful model."
+    _check_roles(model, roles)
     offline = offline_role(model, roles)
     # the configured pool, else the default
     pool = pool or load_rubric_pool(config.rubric_pool or None)
@@ -80,41 +84,57 @@ class _Run:
     om: OnlineMemory | None = None
     qvec_cache: dict = field(default_factory=dict)      # the question's vector, once embedded
 
+def _question_vector(run: _Run) -> np.ndarray | None:
+    "The question's vector, embedded once per run (None without an embedder)."
+    if run.embed is not None and 'q' not in run.qvec_cache:
+        run.qvec_cache['q'] = run.embed([run.q.question])[0]
+    return run.qvec_cache.get('q')
+
 def _uniform_candidates(run: _Run) -> list[Candidate]:
     "Uniform Sampling: unvisited L1 segments spread over the timeline, scored by cosine to the question."
-    memory, embed, qvec_cache = run.memory, run.embed, run.qvec_cache
+    memory = run.memory
     items = uniform_sample(memory.level(1), run.om.visited, run.config.uniform_samples)
-    if embed is not None and 'q' not in qvec_cache:
-        qvec_cache['q'] = embed([run.q.question])[0]
-    qvec = qvec_cache.get('q')
+    qvec = _question_vector(run)
     return [Candidate(it, float(memory.text_vector(it.item_id) @ qvec) if qvec is not None else 0.0,
                       None, 'uniform')
             for it in items]
 
-def _candidates(run: _Run, action: Any) -> tuple[list[Candidate], dict, dict]:
-    "Execute a plan; returns (candidates, round record, hits per query)."
-    rec = {'strategy': action.strategy, 'queries': list(action.queries), 'rejected': [],
-           'fallback': None}
+def _screen(run: _Run, action: Any, rec: dict) -> tuple[list[str], Any]:
+    "Text Retrieval's queries that pass the screen, and their vectors; none left → a fallback note."
     kept, qv = [], None
     if action.strategy == 'Text Retrieval':
         kept, rec['rejected'], qv = screen_queries(action.queries, run.om, run.embed, run.config)
         if not kept:
             why = 'no query survived' if action.queries else 'no queries'
             rec['fallback'] = f'Uniform Sampling ({why})'
-    rec['kept'] = kept
+    return kept, qv
+
+def _execute(run: _Run, kept: list[str], qv: Any, rec: dict) -> tuple[list[Candidate], dict]:
+    "Retrieve for the kept queries, else sample uniformly: (candidates, hits per query)."
     if kept:
         merged, per_query = retrieve(run.memory, kept, topk_for(run.spec, run.config), qv)
-        cands = list(merged.values())
         rec['strategy_executed'] = 'Text Retrieval'
-    else:
-        cands = _uniform_candidates(run)
-        per_query = {None: len(cands)}
-        rec['strategy_executed'] = 'Uniform Sampling'
+        return list(merged.values()), per_query
+    cands = _uniform_candidates(run)
+    rec['strategy_executed'] = 'Uniform Sampling'
+    return cands, {None: len(cands)}
+
+def _drop_visited(run: _Run, cands: list[Candidate], rec: dict) -> list[Candidate]:
+    "With online memory on, the candidates not visited yet (the others noted as skipped)."
+    if not run.om.enabled:
+        return cands
+    rec['skipped_visited'] = [c.item.item_id for c in cands if c.item.item_id in run.om.visited]
+    return [c for c in cands if c.item.item_id not in run.om.visited]
+
+def _candidates(run: _Run, action: Any) -> tuple[list[Candidate], dict, dict]:
+    "Execute a plan; returns (candidates, round record, hits per query)."
+    rec = {'strategy': action.strategy, 'queries': list(action.queries), 'rejected': [],
+           'fallback': None}
+    kept, qv = _screen(run, action, rec)
+    rec['kept'] = kept
+    cands, per_query = _execute(run, kept, qv, rec)
     rec['retrieved'] = [_item_row(c) for c in sorted(cands, key=lambda c: -c.score)]
-    if run.om.enabled:
-        rec['skipped_visited'] = [c.item.item_id for c in cands if c.item.item_id in run.om.visited]
-        cands = [c for c in cands if c.item.item_id not in run.om.visited]
-    return cands, rec, per_query
+    return _drop_visited(run, cands, rec), rec, per_query
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0015
 def _admit(om: OnlineMemory, ranked: list[Candidate], cap: int, round_: int,
@@ -143,33 +163,43 @@ class MemoEmbed:
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0019
 def _prime_texts(q: Question) -> list[str]:
-    "Texts every question needs embedded (question, focus, options, option events) — encoded in one batch up front."
+    "Texts every question needs embedded: question, focus, options, option events."
     texts = [q.question, focus(q.question), *q.options.values(), *rerank_targets(q, [])]
     return [t for t in dict.fromkeys(texts) if t.strip()]
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e001c
+def _overlap(it: MemoryItem, spans: list[tuple]) -> float:
+    "Seconds of the item inside the spans."
+    return sum(max(0.0, min(it.t_end, b) - max(it.t_start, a)) for a, b in spans)
+
+def _oracle_row(it: MemoryItem, spans: list[tuple]) -> dict:
+    "An oracle segment's row: id, level, times and its overlap with the spans."
+    return {'item_id': it.item_id, 'level': 1, 't_start': it.t_start, 't_end': it.t_end,
+            'overlap_s': round(_overlap(it, spans), 3)}
+
 def oracle_evidence(q: Question, memory: Memory, cap: int) -> tuple[list[MemoryItem], dict]:
     "The L1 segments overlapping `q.evidence_spans` (most overlap first, at most `cap`, in time order) and a record."
     spans = [tuple(s) for s in q.evidence_spans]
-    ov = lambda it: sum(max(0.0, min(it.t_end, b) - max(it.t_start, a)) for a, b in spans)
-    hits = [it for it in memory.level(1) if ov(it) > 0]
-    kept = sorted(sorted(hits, key=lambda it: (-ov(it), it.t_start))[:cap],
+    hits = [it for it in memory.level(1) if _overlap(it, spans) > 0]
+    kept = sorted(sorted(hits, key=lambda it: (-_overlap(it, spans), it.t_start))[:cap],
                   key=lambda it: it.t_start)
-    rows = [{'item_id': it.item_id, 'level': 1, 't_start': it.t_start, 't_end': it.t_end,
-             'overlap_s': round(ov(it), 3)}
-            for it in kept]
+    rows = [_oracle_row(it, spans) for it in kept]
     note = None if spans else 'the question has no evidence_spans: no oracle evidence'
     return kept, {'spans': [list(s) for s in spans], 'cap': cap, 'items': rows,
                   'left_out': [it.item_id for it in hits if it not in kept], 'note': note}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e001f
+def _check_rerank_by(spec: MethodSpec, roles: Roles) -> None:
+    "ValueError when the method ranks by model but the roles run offline."
+    if spec.rerank_by == 'model' and roles.offline:
+        raise ValueError("rerank_by='model' needs the roles to run on a model (roles='model' or a "
+                         "meaningful model)")
+
 def _rerank_kind(spec: MethodSpec, roles: Roles) -> str:
     "The round's ranking: 'relevance', or the rubric rerank by model ('rubric-model') or formula ('rubric-offline')."
     if not spec.rerank:
         return 'relevance'
-    if spec.rerank_by == 'model' and roles.offline:
-        raise ValueError("rerank_by='model' needs the roles to run on a model (roles='model' or a "
-                         "meaningful model)")
+    _check_rerank_by(spec, roles)
     by_model = spec.rerank_by == 'model' or (spec.rerank_by == 'auto' and not roles.offline)
     return 'rubric-model' if by_model else 'rubric-offline'
 
@@ -188,10 +218,13 @@ def _rank_round(run: _Run, cands: list[Candidate],
     vecs = np.stack([run.memory.text_vector(c.item.item_id) for c in cands])
     return rubric_rerank(cands, run.q, pool, names, run.om.missing, vecs, run.embed), kind, calls
 
+def _view(run: _Run, r: int) -> EvidenceView:
+    "O_t's evidence as the roles read it in round r."
+    return EvidenceView(*run.om.view(), run.embed, r, getattr(run.memory, 'duration', None))
+
 def _verify_round(run: _Run, names: list[str], r: int) -> VerifierReport:
-    "Verify the accumulated evidence; an insufficient verdict's missing evidence becomes A_t."
-    view = EvidenceView(*run.om.view(), run.embed, r, getattr(run.memory, 'duration', None))
-    report = run.roles.verifier.verify(run.q, view, names)
+    "Verify O_t; an insufficient verdict's missing evidence is A_t."
+    report = run.roles.verifier.verify(run.q, _view(run, r), names)
     run.om.set_missing([] if report.sufficient else report.missing)
     return report
 
@@ -222,12 +255,16 @@ def _run_round(run: _Run, r: int, names: list[str]) -> tuple[dict, VerifierRepor
     return rec, report, calls + report.calls
 
 def _relevance_round(run: _Run, r: int) -> tuple[dict, list]:
-    "The relevance judge on the evidence admitted so far (record for the round, model calls)."
-    view = EvidenceView(*run.om.view(), run.embed, r, getattr(run.memory, 'duration', None))
-    return judge_relevance(run.q, view, run.roles.answerer.model, run.roles.offline,
+    "The relevance judge on O_t: (record for the round, model calls)."
+    return judge_relevance(run.q, _view(run, r), run.roles.answerer.model, run.roles.offline,
                            RELEVANCE_COSINE, run.spec.evidence_tokens)
 
 # %% ../../nbs/25b_reveal.agent.ipynb #4a052b53
+def _nothing_new(rec: dict, om: OnlineMemory) -> bool:
+    "Nothing admitted, and nothing else to try (online memory off, or sampling already)."
+    return not rec['admitted'] and (not om.enabled
+                                    or rec['strategy_executed'] == 'Uniform Sampling')
+
 def _stop_reason(spec: MethodSpec, report: VerifierReport | None, rec: dict,
                  om: OnlineMemory) -> str | None:
     "Why the loop stops after a round (`sufficient`, `relevant`, `no_new_evidence`), or None; fixed rounds never stop."
@@ -237,7 +274,7 @@ def _stop_reason(spec: MethodSpec, report: VerifierReport | None, rec: dict,
         return 'sufficient'
     if (rec.get('relevance') or {}).get('relevant'):
         return 'relevant'
-    if not rec['admitted'] and (not om.enabled or rec['strategy_executed'] == 'Uniform Sampling'):
+    if _nothing_new(rec, om):
         return 'no_new_evidence'
     return None
 
@@ -263,27 +300,40 @@ def _select_criteria(q: Question, spec: MethodSpec,
 def _answer_step(run: _Run, n_rounds: int,
                  oracle_items: list | None = None) -> tuple[AnswerResult, dict]:
     "The answer from the accumulated evidence and the frames routed to the answerer; also the frames record."
-    q, memory, om, embed, answerer = run.q, run.memory, run.om, run.embed, run.roles.answerer
-    view = EvidenceView(*om.view(), embed, max(n_rounds - 1, 0), getattr(memory, 'duration', None))
+    q, memory, om, answerer = run.q, run.memory, run.om, run.roles.answerer
+    view = _view(run, max(n_rounds - 1, 0))
     images, frames = answer_frames(q, memory, om.evidence, run.spec, run.config, answerer.model,
                                    answerer.offline, oracle_items)
     return answerer.answer(q, view, images,
                            FRAMES_NOTES.get(frames['route'], '') if images else ''), frames
 
+def _answer_fields(ans: AnswerResult) -> dict:
+    "The answer, where it came from, its reasoning and notes."
+    return {'answer': ans.answer, 'answer_source': ans.source, 'answer_reasoning': ans.reasoning,
+            'answer_notes': ans.notes}
+
+def _verdict_fields(report: VerifierReport | None) -> dict:
+    "The last verdict's sufficiency, ρ and missing evidence (None / [] without one)."
+    last = report is not None
+    return {'sufficient': report.sufficient if last else None, 'rho': report.rho if last else None,
+            'missing_evidence': report.missing if last else []}
+
 def _loop_trace(criteria: dict, rounds: list, calls: list, stop: str, answered: tuple,
                 report: VerifierReport | None, om: OnlineMemory, oracle: dict | None) -> dict:
     "The loop's trace dict (without totals): criteria, rounds, calls, stop reason, answer, last verdict, evidence, O_t."
     ans, frames = answered
-    last = report is not None
     return {'criteria': criteria, 'rounds': rounds, 'calls': calls, 'stop_reason': stop,
-            'answer': ans.answer, 'answer_source': ans.source, 'answer_reasoning': ans.reasoning,
-            'answer_notes': ans.notes, 'sufficient': report.sufficient if last else None,
-            'rho': report.rho if last else None, 'missing_evidence': report.missing if last else [],
-            'answer_frames': frames, 'rerank': sorted({rd['ranking'] for rd in rounds}),
+            **_answer_fields(ans), **_verdict_fields(report), 'answer_frames': frames, 'rerank': sorted({rd['ranking'] for rd in rounds}),
             'evidence': [e.to_dict() for e in om.evidence], 'oracle': oracle,
             'online_memory': {k: v for k, v in om.to_dict().items() if k != 'evidence'}}
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9e8f3dda
+def _captions_answer(run: _Run) -> tuple[AnswerResult, dict]:
+    "The captions-only oracle arm: the answer on O_t, and a frames record of no frames."
+    ans = run.roles.answerer.answer(run.q, _view(run, 0))
+    return ans, {'route': 'none', 'frames': 0, 'items': [],
+                 'note': 'captions-only oracle arm: no frames'}
+
 def _oracle_run(run: _Run) -> dict:
     "The calibration arm: no retrieval; the answerer judges the capped oracle segments (`oracle_frames`: and frames)."
     q, memory, spec, config, roles = run.q, run.memory, run.spec, run.config, run.roles
@@ -295,12 +345,13 @@ def _oracle_run(run: _Run) -> dict:
     if spec.oracle_frames:
         ans, frames = _answer_step(run, 0, items)
     else:
-        ans = roles.answerer.answer(q, EvidenceView(*om.view(), run.embed, 0,
-                                                    getattr(memory, 'duration', None)))
-        frames = {'route': 'none', 'frames': 0, 'items': [],
-                  'note': 'captions-only oracle arm: no frames'}
+        ans, frames = _captions_answer(run)
     return _loop_trace({'names': [], 'source': None}, [], list(ans.calls), 'oracle', (ans, frames),
                        None, om, oracle)
+
+def _n_rounds(spec: MethodSpec, config: Config) -> int:
+    "The most rounds a method runs: its fixed rounds, else K when it iterates, else 1."
+    return spec.fixed_rounds or (config.max_rounds if spec.iterative else 1)
 
 def run_loop(q: Question, memory: Memory, spec: MethodSpec, config: Config, roles: Roles) -> dict:
     "The retrieve–verify–answer loop for one question; returns the trace dict (without totals)."
@@ -310,7 +361,7 @@ def run_loop(q: Question, memory: Memory, spec: MethodSpec, config: Config, role
     om = run.om = OnlineMemory(config.admit_dedup_cosine, enabled=spec.online_memory)
     names, crit_src, calls = _select_criteria(q, spec, roles)
     rounds, report, stop = [], None, 'budget'
-    n = spec.fixed_rounds or (config.max_rounds if spec.iterative else 1)
+    n = _n_rounds(spec, config)
     for r in range(n):
         rec, report, round_calls = _run_round(run, r, names)
         if spec.relevance_stop and not spec.verify and not spec.fixed_rounds and r < n - 1:
@@ -329,6 +380,11 @@ def run_loop(q: Question, memory: Memory, spec: MethodSpec, config: Config, role
 # %% ../../nbs/25b_reveal.agent.ipynb #316fcf7a
 _RAISE = (BackendUnavailable, CacheMiss)
 
+def _error_trace() -> dict:
+    "The trace of a failed loop: no calls, rounds or evidence, and the traceback."
+    return {'calls': [], 'rounds': [], 'evidence': [], 'stop_reason': 'error', 'answer': None,
+            'traceback': traceback.format_exc()}
+
 def _run_safely(q: Question, memory: Memory, spec: MethodSpec, config: Config,
                 roles: Roles) -> tuple[dict, str | None]:
     "`run_loop`, with any failure but `_RAISE` turned into an error trace; returns (trace, error or None)."
@@ -337,90 +393,13 @@ def _run_safely(q: Question, memory: Memory, spec: MethodSpec, config: Config,
     except Exception as e:
         if isinstance(e, _RAISE):
             raise
-        tr = {'calls': [], 'rounds': [], 'evidence': [], 'stop_reason': 'error', 'answer': None,
-              'traceback': traceback.format_exc()}
-        return tr, f"{type(e).__name__}: {e}"
-
-# %% ../../nbs/25b_reveal.agent.ipynb #9a7e0023
-_EVIDENCE_KEYS = ('item_id', 'level', 't_start', 't_end', 'round', 'score', 'source', 'text')
-
-def _reveal_part(q: Question, tr: dict) -> RevealPart:
-    "REVEAL's part of the result: negation, the rerank kinds, the verifier's verdict."
-    return RevealPart(negation=is_negation(q), rerank='+'.join(tr.get('rerank') or []) or None,
-                      sufficient=tr.get('sufficient'), rho=tr.get('rho'))
-
-def _caption_marks(fallbacks: int | None) -> list[dict]:
-    "The mark of a memory whose model captions failed for some segments (kept with the offline caption)."
-    if not fallbacks: return []
-    return [substitution('captioner', 'failed_call', 'offline caption',
-                         f"{fallbacks} narratives of the memory")]
-
-def _result(run: _Run, tr: dict, tot: dict, seconds: float, models: dict, error: str | None,
-            fallbacks: int | None = None) -> dict:
-    "The result row of one question (see above), built through the record."
-    q, config = run.q, run.config
-    return Result(qid=q.qid, video_id=q.video_id, preset=run.spec.name, qtype=question_type(q),
-                  answer=tr.get('answer'), gold=q.answer, rounds=len(tr.get('rounds', [])),
-                  **usage_fields(tot, seconds), stop_reason=tr.get('stop_reason'),
-                  missing_evidence=tr.get('missing_evidence', []),
-                  evidence=[{k: e[k] for k in _EVIDENCE_KEYS} for e in tr.get('evidence', [])],
-                  trace=None, config_hash=config.hash(), models=models, failed=error is not None,
-                  error=error, failed_calls=tot['failed_calls'],
-                  **({'memory_fallbacks': fallbacks} if fallbacks else {}),
-                  substitutions=call_marks(tr.get('calls', [])) + _caption_marks(fallbacks),
-                  answer_source='offline' if models.get('roles') == 'offline' else 'model',
-                  part=_reveal_part(q, tr)).to_row()
-
-# %% ../../nbs/25b_reveal.agent.ipynb #9a7e0024
-_TRACE_KEYS = ('qid', 'video_id', 'preset', 'qtype', 'negation', 'rerank', 'gold', 'answer',
-               'correct', 'sufficient', 'rho', 'stop_reason', 'config_hash', 'models', 'failed',
-               'error', 'degraded', 'failed_calls')
-PAPER_EMBEDDER = 'BGE-M3'
-
-def thresholds_record(config: Config, spec: MethodSpec,
-                      embedder: str | None) -> tuple[dict, list[str]]:
-    "The cosine thresholds a run used and the embedder they met, with a warning for each that was set for another."
-    rec = {'admit_dedup_cosine': config.admit_dedup_cosine,
-           'query_cosine_reject': config.query_cosine_reject, 'paper_embedder': PAPER_EMBEDDER,
-           'text_embedder': embedder}
-    warn = []
-    if (embedder
-        and PAPER_EMBEDDER.lower().replace('-', '') not in embedder.lower().replace('-', '')):
-        warn.append(f"the {config.admit_dedup_cosine} / {config.query_cosine_reject} cosine "
-                    f"thresholds are the paper's for {PAPER_EMBEDDER}; this run embeds with "
-                    f"{embedder}")
-    if spec.relevance_stop and not spec.verify:
-        rec.update(relevance_cosine=RELEVANCE_COSINE, relevance_embedder=RELEVANCE_EMBEDDER)
-        if embedder and embedder != RELEVANCE_EMBEDDER:
-            warn.append(f"the relevance threshold {RELEVANCE_COSINE} was chosen on dev with "
-                        f"{RELEVANCE_EMBEDDER}; this run embeds with {embedder}")
-    return rec, warn
-
-def _image_embedder(man: Any) -> str | None:
-    "The image embedder a memory was built with, from its manifest (None: not recorded)."
-    return ((man.get('models') or {}) if isinstance(man, dict) else {}).get('image_embedder')
-
-def _trace_doc(q: Question, spec: MethodSpec, config: Config, res: dict, tr: dict, tot: dict,
-               memory: Memory) -> dict:
-    "The trace document of one question: the result's identity, the loop's record, thresholds, warnings and totals."
-    man = getattr(memory, 'manifest', None)
-    chunk_mem = (man.get('memory_config') or {}).get('chunking') if isinstance(man, dict) else None
-    mismatch = chunk_mem and chunk_mem != spec.chunking
-    thr, warn = thresholds_record(config, spec, res['models'].get('text_embedder'))
-    warn = ([f"method needs a {spec.chunking} memory, got {chunk_mem}"] if mismatch else []) + warn
-    subs = {'substitutions': res['substitutions']} if res['substitutions'] else {}
-    return {**{k: res[k] for k in _TRACE_KEYS}, **subs,
-            'question': q.question, 'options': q.options, 'spec': spec.to_dict(),
-            'kit_version': kit_version(), 'tau': config.tau, 'thresholds': thr,
-            'memory_chunking': chunk_mem, 'warnings': warn,
-            'switches': run_switches(config, res['models'].get('text_embedder'),
-                                     _image_embedder(man)),
-            **{k: v for k, v in tr.items()
-               if k not in ('answer', 'sufficient', 'rho', 'stop_reason', 'rerank')},
-            'totals': {'rounds': res['rounds'], **tot, 'seconds': res['seconds'],
-                       'loop_seconds': res['loop_seconds']}}
+        return _error_trace(), f"{type(e).__name__}: {e}"
 
 # %% ../../nbs/25b_reveal.agent.ipynb #9a7e0025
+def _pool_record(pool: RubricPool) -> dict:
+    "The pool the roles read, by name and file name."
+    return {'name': pool.name, 'file': Path(pool.path or '').name}
+
 def answer_question(question: Question, memory: Memory, model: ChatModel | None = None,
                     config: Config | None = None, preset: str | MethodSpec = 'reveal',
                     trace_dir: str | Path | None = None, roles: str = 'auto', **options) -> dict:
@@ -437,10 +416,9 @@ def answer_question(question: Question, memory: Memory, model: ChatModel | None 
     models = models_record(model, rl.offline, getattr(memory, 'text_embedder', None))
     # a memory kept with fallback captions
     n = caption_fallbacks(getattr(memory, 'manifest', None) or {})
-    res = _result(_Run(question, memory, spec, config), tr, tot, seconds, models, error, n)
-    trace = _trace_doc(question, spec, config, res, tr, tot, memory)
-    read = rl.verifier.pool                                                # the pool the roles read
-    trace['rubric_pool'] = {'name': read.name, 'file': Path(read.path or '').name}
+    res = result_row(_Run(question, memory, spec, config), tr, tot, seconds, models, error, n)
+    trace = trace_doc(question, spec, config, res, tr, tot, memory)
+    trace['rubric_pool'] = _pool_record(rl.verifier.pool)                 # the pool the roles read
     if trace_dir is not None:
         p = trace_path(trace_dir, question.qid, spec.name)
         try: res['trace'] = str(atomic_write_text(p, json.dumps(trace, indent=1, default=str)))

@@ -12,7 +12,6 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
-import numpy as np
 import yaml
 from tqdm.auto import tqdm
 from ..core import Config, Question, RunMismatch, kit_version, project_root, runs_dir
@@ -24,79 +23,39 @@ from ..memory.build import get_or_build_memory
 from .rubrics import RubricPool, Criterion, question_type, load_rubric_pool
 from .answerer import Answerer
 from .agent import MemoEmbed
+# `merge_criteria`, `normalize_weights` as well: `reveal.induction.merge_criteria` etc. keep resolving
+from .merge import merge_criteria, merge_pool, normalize_weights
 from .proposers import (ModelProposer, OfflineProposer, own_pairs, pool_diff, proposed_criteria,
                                          reject_unseparating)
 from .pairs import (ModelTeacher, OracleTeacher, Pair, candidates, filter_counts, make_pair,
                                      pair_views, separation, separation_accuracy)
 
 # %% auto #0
-__all__ = ['criterion_text', 'merge_criteria', 'normalize_weights', 'merge_pool', 'SplitRefused', 'refuse_test_split',
-           'pool_provenance', 'write_pool', 'read_provenance', 'show_pool', 'pool_eval_warning', 'split_pairs',
-           'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir', 'InductionSettings', 'best_iteration',
-           'induce']
-
-# %% ../../nbs/26b_reveal.induction.ipynb #b854fcd8
-def criterion_text(c: Criterion) -> str:
-    "What near-duplicate detection embeds: the name in words and the description."
-    return f"{c.name.replace('_', ' ')}: {c.description}"
-
-# %% ../../nbs/26b_reveal.induction.ipynb #bc5509f4
-def _clusters(criteria: list[Criterion], V: np.ndarray, threshold: float) -> dict[int, list[int]]:
-    "Greedy clusters, head → members: each joins the first head of its check within `threshold`."
-    members: dict[int, list[int]] = {}
-    for i, c in enumerate(criteria):
-        h = next((h for h in members if criteria[h].check == c.check and V[h] @ V[i] >= threshold),
-                 None)
-        members.setdefault(i if h is None else h, []).append(i)
-    return members
-
-def _merged(ms: list[Criterion]) -> Criterion:
-    "A cluster as one criterion: the head's text and check, mean weight, union of types and cues."
-    types = list(dict.fromkeys(t for m in ms for t in m.question_types))
-    cues = list(dict.fromkeys(x for m in ms for x in m.cues))
-    w = float(np.mean([m.weight for m in ms]))
-    return Criterion(ms[0].name, ms[0].description, w, dict(ms[0].boundaries), types, cues,
-                     ms[0].check)
-
-def merge_criteria(criteria: list[Criterion], embed: Callable,
-                   threshold: float = 0.9) -> tuple[list[Criterion], list[list[str]]]:
-    "Cluster near-duplicates (cosine of name + description ≥ threshold, same check); merge each cluster."
-    if not criteria:
-        return [], []
-    V = np.asarray(embed([criterion_text(c) for c in criteria]), dtype=np.float64)
-    V /= np.linalg.norm(V, axis=1, keepdims=True) + 1e-12
-    members = _clusters(criteria, V, threshold)
-    out = [_merged([criteria[i] for i in ms]) for ms in members.values()]
-    return out, [[criteria[i].name for i in ms] for ms in members.values() if len(ms) > 1]
-
-# %% ../../nbs/26b_reveal.induction.ipynb #a2cd4961
-def normalize_weights(criteria: list[Criterion]) -> list[Criterion]:
-    "Weights scaled to mean 1 (rounded to 3 decimals)."
-    m = float(np.mean([c.weight for c in criteria])) if criteria else 1.0
-    return [Criterion(c.name, c.description, round(c.weight / m, 3), dict(c.boundaries),
-                      list(c.question_types), list(c.cues), c.check) for c in criteria]
-
-# %% ../../nbs/26b_reveal.induction.ipynb #fabd0b5b
-def merge_pool(pool: RubricPool, embed: Callable, threshold: float = 0.9) -> tuple[RubricPool,
-                                                                                   list[list[str]]]:
-    "The pool with near-duplicates merged and weights normalized; also the merged clusters."
-    crits, clusters = merge_criteria(pool.criteria, embed, threshold)
-    return RubricPool(normalize_weights(crits), pool.name, pool.version, pool.seed,
-                      pool.description, pool.question_types), clusters
+__all__ = ['SplitRefused', 'refuse_test_split', 'pool_provenance', 'write_pool', 'read_provenance', 'show_pool',
+           'pool_eval_warning', 'split_pairs', 'collect_pairs', 'iteration_row', 'write_report', 'claim_work_dir',
+           'InductionSettings', 'best_iteration', 'induce']
 
 # %% ../../nbs/26b_reveal.induction.ipynb #6ed8fd8c
 class SplitRefused(ValueError):
     "Induction was asked to run on a test split (or an unknown one without permission)."
 
 # %% ../../nbs/26b_reveal.induction.ipynb #371b880f
-def refuse_test_split(split: str | None, questions: list[Question],
-                      allow_unknown: bool = False) -> str:
-    "The split induction runs on; raises SplitRefused for a test split or an unknown one (unless allowed)."
-    recorded = sorted({str(q.meta.get('split')) for q in questions if q.meta.get('split')})
-    names = [s.lower() for s in ([split] if split else []) + recorded]
+def _recorded_splits(questions: list[Question]) -> list[str]:
+    "The splits the questions record, sorted."
+    return sorted({str(q.meta.get('split')) for q in questions if q.meta.get('split')})
+
+def _refuse_test(names: list[str]) -> None:
+    "SplitRefused when a split named is a test split."
     if any(s.startswith('test') for s in names):
         raise SplitRefused("refusing to induce a rubric pool on a test split: induce on a "
                            "development split and evaluate on the test split")
+
+def refuse_test_split(split: str | None, questions: list[Question],
+                      allow_unknown: bool = False) -> str:
+    "The split induction runs on; raises SplitRefused for a test split or an unknown one (unless allowed)."
+    recorded = _recorded_splits(questions)
+    names = [s.lower() for s in ([split] if split else []) + recorded]
+    _refuse_test(names)
     if split and recorded and recorded != [split]:
         raise SplitRefused(f"split {split!r} given, but the questions are from split(s) {recorded}")
     if not names:
@@ -116,10 +75,15 @@ def pool_provenance(benchmark: str, split: str, questions: list[Question], teach
             'config_hash': config.hash(), 'kit_version': kit_version(), **extra}
 
 # %% ../../nbs/26b_reveal.induction.ipynb #4176860b
-def write_pool(pool: RubricPool, path: str | Path, provenance: dict) -> RubricPool:
-    "Write the pool YAML with `seed: false` and its provenance; returns the pool loaded back from the file."
+def _pool_mapping(pool: RubricPool, provenance: dict) -> dict:
+    "The pool as a YAML mapping, `seed: false`, with its provenance (as JSON values)."
     d = yaml.safe_load(pool.to_yaml())
     d.update(seed=False, provenance=json.loads(json.dumps(provenance, default=str)))
+    return d
+
+def write_pool(pool: RubricPool, path: str | Path, provenance: dict) -> RubricPool:
+    "Write the pool YAML with `seed: false` and its provenance; returns the pool loaded back from the file."
+    d = _pool_mapping(pool, provenance)
     atomic_write_text(path, yaml.safe_dump(d, sort_keys=False, allow_unicode=True))
     return RubricPool.load(path)
 
@@ -136,6 +100,11 @@ def _provenance_lines(prov: dict) -> list[str]:
     return lines + [f"  {k}: {json.dumps(v)}" for k, v in prov.items()
                     if isinstance(v, (dict, list)) and k != 'iterations']
 
+def _criterion_line(c: Criterion, w: int) -> str:
+    "A criterion's line: name (padded to w), weight, check, types, description."
+    return (f"- {c.name:<{w}}  w={c.weight:<5g} check={c.check:<21} "
+            f"[{', '.join(c.question_types)}] {c.description}")
+
 def show_pool(path: str | Path) -> str:
     "`reveal rubrics show POOL`: provenance, then one line per criterion (name, weight, check, types, description)."
     pool, prov = RubricPool.load(path), read_provenance(path)
@@ -143,8 +112,7 @@ def show_pool(path: str | Path) -> str:
              f"{len(pool)} criteria"]
     w = max(len(n) for n in pool.names)
     lines += _provenance_lines(prov)
-    lines += [f"- {c.name:<{w}}  w={c.weight:<5g} check={c.check:<21} "
-              f"[{', '.join(c.question_types)}] {c.description}" for c in pool.criteria]
+    lines += [_criterion_line(c, w) for c in pool.criteria]
     return '\n'.join(lines)
 
 # %% ../../nbs/26b_reveal.induction.ipynb #094abe3b
@@ -154,8 +122,7 @@ def pool_eval_warning(pool_path: str | Path, benchmark: str, split: str | None,
     prov = read_provenance(pool_path)
     if not prov:
         return None
-    splits = ({split} if split
-              else {str(q.meta.get('split')) for q in questions or [] if q.meta.get('split')})
+    splits = {split} if split else set(_recorded_splits(questions or []))
     if prov.get('benchmark') == benchmark and prov.get('split') in splits:
         return (f"rubric pool {pool_path} was induced on {benchmark}/{prov['split']}, the split "
                 f"being evaluated: "
@@ -163,6 +130,11 @@ def pool_eval_warning(pool_path: str | Path, benchmark: str, split: str | None,
     return None
 
 # %% ../../nbs/26b_reveal.induction.ipynb #b5fae718
+def _n_held_out(n: int, val_frac: float) -> int:
+    "How many of a type's n pairs are held out: `val_frac`, at least one of two or more."
+    k = int(round(n * val_frac)) if n > 1 else 0
+    return max(k, 1) if n > 1 else 0
+
 def split_pairs(pairs: list[Pair], val_frac: float = 0.5, seed: int = 0) -> tuple[list[Pair],
                                                                                   list[Pair]]:
     "(training, held-out) pairs: per question type, a seeded shuffle, `val_frac` held out (at least one when ≥ 2)."
@@ -172,18 +144,21 @@ def split_pairs(pairs: list[Pair], val_frac: float = 0.5, seed: int = 0) -> tupl
     for t in sorted(by):
         ps = by[t][:]
         random.Random(f"{seed}-{t}").shuffle(ps)
-        k = int(round(len(ps) * val_frac)) if len(ps) > 1 else 0
-        k = max(k, 1) if len(ps) > 1 else 0
+        k = _n_held_out(len(ps), val_frac)
         val += ps[:k]
         train += ps[k:]
     return train, val
 
 # %% ../../nbs/26b_reveal.induction.ipynb #1ebc534e
+def _pairs_done(path: Path) -> dict[str, Pair]:
+    "The pairs already in `path` by question id (a torn last line repaired)."
+    rows = read_jsonl_rows(path, repair=True) if path.exists() else []
+    return {r['question']['qid']: Pair.from_dict(r) for r in rows}
+
 def collect_pairs(questions: list[Question], teacher: Any, answerer: Answerer, memories: Callable,
                   embed: Callable, path: Path, progress: bool = True) -> list[Pair]:
     "Candidates → labels → filter for every question, appending to `path`; questions already there are skipped."
-    rows = read_jsonl_rows(path, repair=True) if path.exists() else []
-    done = {r['question']['qid']: Pair.from_dict(r) for r in rows}
+    done = _pairs_done(path)
     for q in tqdm(questions, desc='pairs', disable=not progress):
         if q.qid in done:
             continue
@@ -195,7 +170,7 @@ def collect_pairs(questions: list[Question], teacher: Any, answerer: Answerer, m
 
 # %% ../../nbs/26b_reveal.induction.ipynb #6d78dce0
 def _edits(prev: RubricPool | None, pool: RubricPool) -> dict[str, list[str]]:
-    "The criteria added, deleted, reweighted and rewritten since `prev` (none for the start pool)."
+    "`pool_diff` since `prev` (all empty for the start pool)."
     return (pool_diff(prev, pool) if prev is not None
             else {k: [] for k in ('added', 'deleted', 'reweighted', 'rewritten')})
 
@@ -210,16 +185,21 @@ def iteration_row(i: int, pool: RubricPool, prev: RubricPool | None, val: list[d
             'next_working': [r['qid'] for r in val if not r['correct']], 'stale': 0, 'stop': None}
 
 # %% ../../nbs/26b_reveal.induction.ipynb #709faab8
+_REPORT_COLS = ['iteration', 'val_accuracy', 'train_accuracy', 'n_val', 'n_train', 'n_working',
+                'n_criteria', 'added', 'rewritten', 'deleted', 'reweighted']
+
+def _csv_text(rows: list[dict]) -> str:
+    "The per-iteration table as CSV text."
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, _REPORT_COLS, extrasaction='ignore')
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
 def write_report(report: dict, path_json: Path, path_csv: Path) -> None:
     "The induction report as JSON, and its per-iteration table as CSV."
     atomic_write_json(path_json, report)
-    cols = ['iteration', 'val_accuracy', 'train_accuracy', 'n_val', 'n_train', 'n_working',
-            'n_criteria', 'added', 'rewritten', 'deleted', 'reweighted']
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, cols, extrasaction='ignore')
-    w.writeheader()
-    w.writerows(report['iterations'])
-    atomic_write_text(path_csv, buf.getvalue())
+    atomic_write_text(path_csv, _csv_text(report['iterations']))
 
 # %% ../../nbs/26b_reveal.induction.ipynb #0273310b
 def _role_name(role: str, name: str, offline: str, model: ChatModel | None) -> None:
@@ -229,21 +209,33 @@ def _role_name(role: str, name: str, offline: str, model: ChatModel | None) -> N
     if name == 'model' and model is None:
         raise ValueError(f"{role} 'model' needs a chat model")
 
+def _teacher(teacher: str | Any, model: ChatModel | None) -> Any:
+    "The teacher named, or the object given."
+    if not isinstance(teacher, str):
+        return teacher
+    _role_name('teacher', teacher, 'oracle', model)
+    return OracleTeacher() if teacher == 'oracle' else ModelTeacher(model)
+
+def _proposer(proposer: str | Any, model: ChatModel | None, config: Config) -> Any:
+    "The proposer for a name ('offline' | 'model'), or the object given."
+    if not isinstance(proposer, str):
+        return proposer
+    _role_name('proposer', proposer, 'offline', model)
+    return OfflineProposer(config) if proposer == 'offline' else ModelProposer(model)
+
 def _roles(teacher: str | Any, proposer: str | Any, model: ChatModel | None, config: Config):
     "Teacher and proposer objects from names ('oracle' | 'model', 'offline' | 'model') or given objects."
-    if isinstance(teacher, str):
-        _role_name('teacher', teacher, 'oracle', model)
-        teacher = OracleTeacher() if teacher == 'oracle' else ModelTeacher(model)
-    if isinstance(proposer, str):
-        _role_name('proposer', proposer, 'offline', model)
-        proposer = OfflineProposer(config) if proposer == 'offline' else ModelProposer(model)
-    return teacher, proposer
+    return _teacher(teacher, model), _proposer(proposer, model, config)
 
 # %% ../../nbs/26b_reveal.induction.ipynb #433919fc
+def _finished_rows(work: Path) -> list[dict]:
+    "The finished iteration rows of a work folder (a torn last line repaired)."
+    p = work / 'iterations.jsonl'
+    return read_jsonl_rows(p, repair=True) if p.exists() else []
+
 def _resume(work: Path) -> tuple[list[dict], RubricPool | None]:
-    "Finished iteration rows and the pool of the last one (None when nothing is finished)."
-    rows = (read_jsonl_rows(work / 'iterations.jsonl', repair=True)
-            if (work / 'iterations.jsonl').exists() else [])
+    "Finished iteration rows and the last one's pool (None: none finished)."
+    rows = _finished_rows(work)
     return (rows,
             (RubricPool.load(work / f"pool_iter{rows[-1]['iteration']}.yaml") if rows else None))
 
@@ -263,18 +255,22 @@ def claim_work_dir(work: str | Path, setup: dict) -> None:
 
 # %% ../../nbs/26b_reveal.induction.ipynb #55972a9c
 def _checkpoint(work: Path, pool: RubricPool, row: dict) -> dict:
-    "Write an iteration's pool (`pool_iter<i>.yaml`), then its row (`iterations.jsonl`); returns the row."
+    "Write an iteration's pool, then its row (`iterations.jsonl`); returns the row."
     atomic_write_text(work / f"pool_iter{row['iteration']}.yaml", pool.to_yaml())
     append_jsonl(work / 'iterations.jsonl', row)
     return row
+
+def _stop(row: dict, i: int, max_iters: int, patience: int) -> str | None:
+    "Why the loop stops after iteration i (None: it goes on)."
+    return ('patience' if row['stale'] >= patience else 'max_iters' if i >= max_iters
+            else 'separated' if not row['next_working'] else None)
 
 def _mark_stop(row: dict, rows: list[dict], max_iters: int, patience: int) -> dict:
     "A new row's `stale` count (iterations not beating the best so far, iteration 0 too) and why the loop stops."
     # the start pool included
     i, best = row['iteration'], max(r['val_accuracy'] or 0.0 for r in rows)
     row['stale'] = 0 if (row['val_accuracy'] or 0.0) > best else rows[-1].get('stale', 0) + 1
-    row['stop'] = ('patience' if row['stale'] >= patience else 'max_iters' if i >= max_iters
-                   else 'separated' if not row['next_working'] else None)
+    row['stop'] = _stop(row, i, max_iters, patience)
     return row
 
 # %% ../../nbs/26b_reveal.induction.ipynb #f2409747
@@ -302,10 +298,14 @@ class InductionSettings:
     progress: bool = True
     reject: bool = True
 
-def _settings(settings: InductionSettings | None, kw: dict) -> InductionSettings:
-    "The record given (default: the defaults) with the keywords given replacing its fields."
+def _check_settings(settings: Any) -> None:
+    "TypeError unless `settings` is an InductionSettings or None."
     if settings is not None and not isinstance(settings, InductionSettings):
         raise TypeError(f"settings must be an InductionSettings, got {type(settings).__name__}")
+
+def _settings(settings: InductionSettings | None, kw: dict) -> InductionSettings:
+    "The record given (default: the defaults) with the keywords given replacing its fields."
+    _check_settings(settings)
     return replace(settings or InductionSettings(), **kw)
 
 @dataclass
@@ -333,7 +333,7 @@ def _propose(run: _Run, pool: RubricPool, working: list[Pair],
     return new, dict(rejected=rejected, clusters=clusters, calls=len(calls))
 
 def _working(last: dict, train: list[Pair], by: dict[str, Pair]) -> list[Pair]:
-    "Iteration 1's working set is every training pair; a later one, the last row's misjudged pairs."
+    "Iteration 1 works on all training pairs, a later one on the last row's misjudged ones."
     ids = last['next_working'] if last['iteration'] >= 1 else [p.qid for p in train]
     return [by[q] for q in ids if q in by]
 
@@ -387,7 +387,7 @@ def best_iteration(rows: list[dict]) -> dict:
     return max(rows, key=lambda r: (r['val_accuracy'] or 0.0, -r['iteration']))
 
 def _where(root: str | Path | None) -> str | None:
-    "The development data root as the provenance records it: relative to the checkout when inside it."
+    "The data root as the provenance records it: relative to the checkout when inside it."
     if not root: return None
     p = Path(root).resolve()
     return str(p.relative_to(project_root())) if p.is_relative_to(project_root()) else str(root)

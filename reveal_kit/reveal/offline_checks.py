@@ -6,64 +6,17 @@
 from __future__ import annotations
 import re
 from dataclasses import dataclass, field
-from typing import Callable
 import numpy as np
-from fastcore.basics import patch
-from ..core import Question, Evidence
-from ..text import content_words, tokens
+from ..core import Question
+from ..text import tokens
 from .rubrics import Criterion, OFFLINE_CHECKS
 from ..question import focus, option_common_words, option_number
 from .planner import option_events, question_anchor, role_type
 from .reader import Reading, option_fact, read_rounds, thirds_reached
+from .support import SUPPORT_HI, SUPPORT_LO, MARGIN, EvidenceView
 
 # %% auto #0
-__all__ = ['SUPPORT_HI', 'SUPPORT_LO', 'MARGIN', 'EvidenceView', 'count_instances', 'temporal_events', 'OfflineScores',
-           'reading_scores', 'offline_scores']
-
-# %% ../../nbs/23_reveal.offline_checks.ipynb #276260c9
-SUPPORT_HI, SUPPORT_LO, MARGIN = 0.55, 0.35, 0.10
-
-@dataclass
-class EvidenceView:
-    "The accumulated evidence with its normalized text embeddings, the embedder, the round and the video length."
-    evidence: list[Evidence]
-    vecs: np.ndarray | None = None
-    embed: Callable[[list[str]], np.ndarray] | None = None
-    round: int = 0
-    duration: float | None = None
-    _cw: dict = field(default_factory=dict, repr=False)
-    _tv: dict = field(default_factory=dict, repr=False)
-
-# %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c0008
-@patch
-def text_vecs(self: EvidenceView, texts: list[str]) -> np.ndarray | None:
-    "Embeddings of texts (memoized)."
-    if self.embed is None:
-        return None
-    todo = [t for t in dict.fromkeys(texts) if t not in self._tv]
-    if todo:
-        for t, v in zip(todo, np.asarray(self.embed(todo), dtype=np.float64)):
-            self._tv[t] = v
-    return np.stack([self._tv[t] for t in texts]) if texts else None
-
-# %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c000a
-def _lexical(view: EvidenceView, texts: list[str], common: set[str] | frozenset) -> np.ndarray:
-    "Share of each text's content words (less `common`, if any stay) found in each evidence item."
-    ecw = [view._cw.setdefault(e.item_id, set(content_words(e.text))) for e in view.evidence]
-    words = [[w for w in content_words(t) if w not in common] or content_words(t) for t in texts]
-    return np.array([[len(set(cw) & s) / len(cw) if cw else 0.0 for s in ecw] for cw in words])
-
-@patch
-def support(self: EvidenceView, texts: list[str],
-            common: set[str] | frozenset = frozenset()) -> np.ndarray:
-    "(len(texts), len(evidence)) support matrix: ½ cosine + ½ lexical coverage (of each text's words not in `common`)."
-    if not texts or not self.evidence:
-        return np.zeros((len(texts), len(self.evidence)))
-    lex = _lexical(self, texts, common)
-    tv = self.text_vecs(texts)
-    if tv is None or self.vecs is None or len(self.vecs) != len(self.evidence):
-        return lex
-    return 0.5 * np.clip(tv @ self.vecs.T, 0, 1) + 0.5 * lex
+__all__ = ['count_instances', 'temporal_events', 'OfflineScores', 'reading_scores', 'offline_scores']
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c000b
 def _merge_spans(hits: list[tuple], gap: float) -> list[tuple[float, float]]:
@@ -76,12 +29,16 @@ def _merge_spans(hits: list[tuple], gap: float) -> list[tuple[float, float]]:
             spans.append([a, b])
     return [tuple(x) for x in spans]
 
+def _l1_hits(view: EvidenceView, event: str, hi: float) -> list[tuple]:
+    "Time-sorted (start, end, id) of the L1 items supporting `event` at `hi`."
+    s = view.support([event])[0] if view.evidence else np.zeros(0)
+    return sorted((e.t_start, e.t_end, e.item_id)
+                  for e, v in zip(view.evidence, s) if e.level == 1 and v >= hi)
+
 def count_instances(view: EvidenceView, event: str, hi: float = SUPPORT_HI,
                     gap: float = 1.0) -> tuple[list[tuple[float, float]], list[str]]:
     "Distinct instances of `event` in the L1 evidence: supporting items merged when they touch in time; also their ids."
-    s = view.support([event])[0] if view.evidence else np.zeros(0)
-    hits = sorted((e.t_start, e.t_end, e.item_id)
-                  for e, v in zip(view.evidence, s) if e.level == 1 and v >= hi)
+    hits = _l1_hits(view, event, hi)
     return _merge_spans(hits, gap), [h[2] for h in hits]
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c000d
@@ -113,19 +70,27 @@ def _located(view: EvidenceView, events: list[str]) -> list[tuple[str, float | N
     return [_locate(view, row) for row in view.support(events)]
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c0011
+def _in_order(times: list[float]) -> tuple[bool, float | None]:
+    "Whether the times increase, and the gap of an ordered pair of events."
+    ok = len(times) < 2 or all(a < b for a, b in zip(times, times[1:]))
+    return ok, times[1] - times[0] if ok and len(times) == 2 else None
+
 def _order_direction(loc: list[tuple[str, float | None, str]]) -> tuple[float, str, float | None]:
     "(order_consistent z, direction, gap of a two-event option) of an option whose events are all located in L1 items."
     times, ids = [t for _, t, _ in loc], [i for _, _, i in loc]
     # two events in one segment: their order is not shown
     if any(a == b for a, b in zip(ids, ids[1:])):
         return 0.5, 'unknown', None
-    ok = len(times) < 2 or all(a < b for a, b in zip(times, times[1:]))
-    gap = times[1] - times[0] if ok and len(times) == 2 else None
+    ok, gap = _in_order(times)
     return 1.0, 'supported' if ok else 'ruled_out', gap
+
+def _all_placed(opts: dict, dirs: dict, gaps: dict) -> bool:
+    "Whether some options are located in order and every other one is ruled out."
+    return len(gaps) + sum(d == 'ruled_out' for d in dirs.values()) == len(opts) and bool(gaps)
 
 def _settle_anchored(opts: dict, zo: dict, dirs: dict, gaps: dict) -> None:
     "'right after X': settled only when every option is located (an unlocated one might be nearer); nearest wins."
-    if len(gaps) + sum(d == 'ruled_out' for d in dirs.values()) == len(opts) and gaps:
+    if _all_placed(opts, dirs, gaps):
         near = min(gaps, key=lambda o: gaps[o])
         for o in gaps:
             dirs[o] = 'supported' if o == near else 'ruled_out'
@@ -133,10 +98,11 @@ def _settle_anchored(opts: dict, zo: dict, dirs: dict, gaps: dict) -> None:
         for o in gaps:
             dirs[o], zo[o] = 'unknown', 0.5
 
+_LOCATED = {'l1': 1.0, 'coarse': 0.5}
+
 def _located_z(loc: list[tuple[str, float | None, str]]) -> float:
     "`events_located` z: an L1 item counts 1 per event, a coarse one ½; 1 when all, 0.5 from half."
-    frac = sum(1.0 if s == 'l1' else 0.5 if s == 'coarse' else 0.0
-               for s, _, _ in loc) / max(len(loc), 1)
+    frac = sum(_LOCATED.get(s, 0.0) for s, _, _ in loc) / max(len(loc), 1)
     return _z(frac, 1.0, 0.5)
 
 def _option_order(loc: list[tuple[str, float | None, str]]) -> tuple[float, str, float | None]:
@@ -144,6 +110,10 @@ def _option_order(loc: list[tuple[str, float | None, str]]) -> tuple[float, str,
     if loc and all(s == 'l1' for s, _, _ in loc):
         return _order_direction(loc)
     return (0.5 if any(s == 'l1' for s, _, _ in loc) else 0.0), 'unknown', None
+
+def _anchored(q: Question, opts: dict[str, str]) -> bool:
+    "A 'right after X' question: an anchor, and one event per option."
+    return bool(question_anchor(q)) and all(len(option_events(t)) == 1 for t in opts.values())
 
 def _temporal(q: Question, view: EvidenceView,
               opts: dict[str, str]) -> tuple[dict, dict, dict, list[str]]:
@@ -157,26 +127,38 @@ def _temporal(q: Question, view: EvidenceView,
         zo[o], dirs[o], gap = _option_order(loc)
         if gap is not None:
             gaps[o] = gap
-    if question_anchor(q) and all(len(option_events(t)) == 1 for t in opts.values()):
+    if _anchored(q, opts):
         _settle_anchored(opts, zo, dirs, gaps)
     return zl, zo, dirs, [f'when {e} happens' for e in missing]
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #c69cff93
+def _length(view: EvidenceView) -> float:
+    "The video's length, else the end of the latest item (0 without evidence)."
+    return view.duration or max([e.t_end for e in view.evidence] or [0.0])
+
+def _thirds(view: EvidenceView) -> set[int]:
+    "The thirds of the video the items' midpoints fall in (none without a length)."
+    dur = _length(view)
+    return {min(int(3 * ((e.t_start + e.t_end) / 2) / dur), 2)
+            for e in view.evidence} if dur > 0 else set()
+
 def _coverage_z(view: EvidenceView) -> float:
     "1: an L3 item or evidence in all three thirds of the video; 0.5: an L2 item or two thirds; else 0."
     if any(e.level == 3 for e in view.evidence):
         return 1.0
-    dur = view.duration or max([e.t_end for e in view.evidence] or [0.0])
-    thirds = {min(int(3 * ((e.t_start + e.t_end) / 2) / dur), 2)
-              for e in view.evidence} if dur > 0 else set()
+    thirds = _thirds(view)
     if len(thirds) == 3:
         return 1.0
     return 0.5 if len(thirds) == 2 or any(e.level == 2 for e in view.evidence) else 0.0
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c0015
+def _latest(view: EvidenceView, s: np.ndarray) -> list[tuple]:
+    "(item, support) of the items the latest round added."
+    return [(e, v) for e, v in zip(view.evidence, s) if e.round == view.round]
+
 def _exhausted_z(view: EvidenceView, s: np.ndarray) -> float:
     "`excludes_alternatives` z: 1 once the latest round adds nothing on the focus (0 in round 0)."
-    latest = [(e, v) for e, v in zip(view.evidence, s) if e.round == view.round]
+    latest = _latest(view, s)
     if view.round == 0 or any(v >= SUPPORT_HI and e.level == 1 for e, v in latest):
         return 0.0
     return 0.5 if any(v >= SUPPORT_LO for e, v in latest) else 1.0
@@ -184,6 +166,10 @@ def _exhausted_z(view: EvidenceView, s: np.ndarray) -> float:
 def _count_z(k: int | None, n: int) -> float:
     "`distinct_instances` z of an option saying `k`: 1 when it is the count `n`, 0.5 when one off."
     return 0.0 if k is None else 1.0 if k == n else 0.5 if abs(k - n) == 1 else 0.0
+
+def _attributes_z(n: int, s: np.ndarray) -> float:
+    "`instance_attributes` z: 1 with counted instances, 0.5 when some item supports the focus."
+    return 1.0 if n else (0.5 if any(v >= SUPPORT_HI for v in s) else 0.0)
 
 def _counting(q: Question, view: EvidenceView,
               opts: dict[str, str]) -> tuple[dict, dict, dict, dict, list[str], int]:
@@ -193,7 +179,7 @@ def _counting(q: Question, view: EvidenceView,
     n = len(spans)
     s = view.support([foc])[0] if view.evidence else np.zeros(0)
     zx = _exhausted_z(view, s)
-    za = 1.0 if n else (0.5 if any(v >= SUPPORT_HI for v in s) else 0.0)
+    za = _attributes_z(n, s)
     zd, dirs = {}, {}
     for o, text in opts.items():
         k = option_number(text)
@@ -205,14 +191,18 @@ def _counting(q: Question, view: EvidenceView,
 # %% ../../nbs/23_reveal.offline_checks.ipynb #5b0c0018
 _CAUSAL_WORDS = {'because', 'so', 'causing', 'caused', 'causes', 'therefore', 'result', 'due'}
 
+def _near(view: EvidenceView, e: Evidence) -> list[int]:
+    "Indices of items within 15 s (+ half their span) of e's middle."
+    mid = (e.t_start + e.t_end) / 2
+    return [k for k, f in enumerate(view.evidence)
+            if abs((f.t_start + f.t_end) / 2 - mid) <= 15 + (f.t_end - f.t_start) / 2]
+
 def _cause_effect_z(view: EvidenceView, best: float, j: int, fS: np.ndarray) -> float:
     "`cause_effect_link` for one option: supported, and the same or an adjacent item supports the effect."
     if best < SUPPORT_HI:
         return 0.5 if best >= SUPPORT_LO else 0.0
     e = view.evidence[j]
-    mid = (e.t_start + e.t_end) / 2
-    near = [k for k, f in enumerate(view.evidence)
-            if abs((f.t_start + f.t_end) / 2 - mid) <= 15 + (f.t_end - f.t_start) / 2]
+    near = _near(view, e)
     causal = bool(set(tokens(e.text)) & _CAUSAL_WORDS)
     return 1.0 if causal or any(fS[k] >= SUPPORT_LO for k in near) else 0.5
 
@@ -226,16 +216,23 @@ def _anchor_z(b: float, j: int, fS: np.ndarray) -> float:
     same = j >= 0 and b >= SUPPORT_LO and fS[j] >= SUPPORT_LO
     return 1.0 if same else 0.5 if (fS >= SUPPORT_LO).any() else 0.0
 
+def _exclusion_z(others: list[float]) -> float:
+    "`exclusion_coverage` z: 1 when no other option is below `SUPPORT_HI`, 0.5 when one is."
+    unconf = sum(x < SUPPORT_HI for x in others)
+    return 1.0 if unconf == 0 else 0.5 if unconf == 1 else 0.0
+
+def _absence_z(b: float) -> float:
+    "`absence_check` z: 1 when the option is unsupported, 0.5 when only weakly."
+    return 1.0 if b < SUPPORT_LO else 0.5 if b < SUPPORT_HI else 0.0
+
 def _check_z(name: str, b: float, others: list[float], j: int, fS: np.ndarray,
              view: EvidenceView) -> float | None:
     "One option's z on a support-based check from its best support `b` and item `j` (else None)."
     if name == 'direct_support': return _z(b, SUPPORT_HI, SUPPORT_LO)
     if name == 'discriminative': return _margin_z(b, others)
     if name == 'question_anchor': return _anchor_z(b, j, fS)
-    if name == 'exclusion_coverage':
-        unconf = sum(x < SUPPORT_HI for x in others)
-        return 1.0 if unconf == 0 else 0.5 if unconf == 1 else 0.0
-    if name == 'absence_check': return 1.0 if b < SUPPORT_LO else 0.5 if b < SUPPORT_HI else 0.0
+    if name == 'exclusion_coverage': return _exclusion_z(others)
+    if name == 'absence_check': return _absence_z(b)
     if name == 'cause_effect_link': return _cause_effect_z(view, b, j, fS)
     if name == 'coverage': return _coverage_z(view)
     return None
@@ -257,11 +254,15 @@ def _negation_dirs(opts: dict, best: dict) -> tuple[dict, list[str]]:
 
 _MOST = re.compile(r'\bmost\b|\bmore often\b|\bmost often\b|\bmost frequently\b', re.I)
 
+def _l1_frequency(opts: dict, S: np.ndarray, view: EvidenceView) -> dict[str, int]:
+    "How many L1 items support each option at `SUPPORT_LO`."
+    l1 = [j for j, e in enumerate(view.evidence) if e.level == 1]
+    return {o: int(sum(S[i, j] >= SUPPORT_LO for j in l1)) for i, o in enumerate(opts)}
+
 def _most_dirs(opts: dict, S: np.ndarray, view: EvidenceView,
                foc: str) -> tuple[dict, list[str], dict]:
     "Global 'most' questions: the option supported by the most L1 items, if unique; also the frequencies."
-    freq = {o: int(sum(S[i, j] >= SUPPORT_LO for j, e in enumerate(view.evidence) if e.level == 1))
-            for i, o in enumerate(opts)}
+    freq = _l1_frequency(opts, S, view)
     top = sorted(opts, key=lambda o: -freq[o])
     unique = freq[top[0]] > 0 and (len(top) < 2 or freq[top[0]] > freq[top[1]])
     dirs = {o: ('supported' if o == top[0] else 'ruled_out') if unique else 'unknown' for o in opts}
@@ -294,10 +295,14 @@ def _check_name(c: Criterion) -> str:
     "The offline check that scores a criterion (`direct_support` when it names none the kit has)."
     return c.check if c.check in OFFLINE_CHECKS else 'direct_support'
 
+def _option_texts(q: Question) -> list[str]:
+    "The options as support reads them (a causal question's focus before each)."
+    qt, foc = role_type(q), focus(q.question)
+    return [f'{foc} {t}' if qt == 'causal' and foc else t for t in q.options.values()]
+
 def _option_support(q: Question, view: EvidenceView) -> tuple[np.ndarray, dict, dict, np.ndarray]:
     "The options' support matrix, each option's best support and best item, and the question focus's support per item."
-    qt, foc = role_type(q), focus(q.question)
-    texts = [f'{foc} {t}' if qt == 'causal' and foc else t for t in q.options.values()]
+    foc, texts = focus(q.question), _option_texts(q)
     S = view.support(texts, option_common_words(texts))
     best = {o: float(S[i].max()) if S.shape[1] else 0.0 for i, o in enumerate(q.options)}
     arg = {o: (int(S[i].argmax()) if S.shape[1] else -1) for i, o in enumerate(q.options)}
@@ -305,14 +310,18 @@ def _option_support(q: Question, view: EvidenceView) -> tuple[np.ndarray, dict, 
     return S, best, arg, fS
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #1186045b
+def _needs(q: Question, criteria: list[Criterion], qtype: str, checks: tuple) -> bool:
+    "Whether the question is of `qtype` or a criterion uses one of `checks`."
+    return role_type(q) == qtype or any(c.check in checks for c in criteria)
+
 def _typed_checks(q: Question, criteria: list[Criterion], view: EvidenceView, checks: dict,
                   details: dict) -> dict:
     "Temporal and counting checks (into `checks`) when the type or a criterion needs them; their directions + missing."
-    qt, typed = role_type(q), {}
-    if qt == 'temporal_order' or any(c.check in _TEMPORAL_CHECKS for c in criteria):
+    typed = {}
+    if _needs(q, criteria, 'temporal_order', _TEMPORAL_CHECKS):
         zl, zo, *typed['temporal_order'] = _temporal(q, view, q.options)
         checks.update(events_located=zl, order_consistent=zo)
-    if qt == 'counting' or any(c.check in _COUNT_CHECKS for c in criteria):
+    if _needs(q, criteria, 'counting', _COUNT_CHECKS):
         zd, za, zx, *typed['counting'], details['count'] = _counting(q, view, q.options)
         checks.update(distinct_instances=zd, instance_attributes=za, excludes_alternatives=zx)
     return typed
@@ -332,43 +341,60 @@ def _directions(q: Question, S: np.ndarray, best: dict, view: EvidenceView, type
     return _support_dirs(opts, best, foc)
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #b9d2c3a2
+def _read_anchor_z(f: dict, cand: bool) -> float:
+    "`question_anchor` from the reader's facts: anchored and the candidate 1, anchored 0.5."
+    anchored = f.get('anchor') or f.get('pair') or f.get('event') or bool(f.get('count'))
+    return (1.0 if cand else 0.5) if anchored else 0.0
+
 def _candidate_z(check: str, r: Reading, o: str, view: EvidenceView) -> float | None:
     "The checks scored from the reading's direction and candidate (None: not one of them)."
     sup, cand, f = r.directions[o] == 'supported', r.answer == o, r.facts
     if check == 'direct_support': return 1.0 if sup else 0.5 if cand else 0.0
     if check == 'discriminative': return 1.0 if sup and r.determined else 0.5 if cand else 0.0
     if check == 'order_consistent': return 1.0 if sup else 0.5 if cand or f.get('event') else 0.0
-    if check == 'question_anchor':
-        anchored = f.get('anchor') or f.get('pair') or f.get('event') or bool(f.get('count'))
-        return (1.0 if cand else 0.5) if anchored else 0.0
+    if check == 'question_anchor': return _read_anchor_z(f, cand)
     if check == 'coverage': return {3: 1.0,
                                     2: 0.5}.get(thirds_reached(view.evidence, view.duration), 0.0)
     return None
 
 # %% ../../nbs/23_reveal.offline_checks.ipynb #b9d2c3a3
+def _read_distinct_z(n: int, k: int | None) -> float:
+    "`distinct_instances` from the reader's count `n`, for an option saying `k`."
+    return 1.0 if n and k == n else 0.5 if n and k and abs(k - n) == 1 else 0.0
+
 def _read_count_z(check: str, f: dict, k: int | None) -> float:
     "The counting checks from the reader's facts `f`, for an option saying `k`."
     n = f.get('count', 0)
-    if check == 'distinct_instances':
-        return 1.0 if n and k == n else 0.5 if n and k and abs(k - n) == 1 else 0.0
+    if check == 'distinct_instances': return _read_distinct_z(n, k)
     if check == 'instance_attributes': return 1.0 if n else 0.0
     return 1.0 if f.get('closed') else 0.0
+
+def _only_unread_z(unread: list[str], o: str) -> float:
+    "`exclusion_coverage`: `o` the only unread option 1, one of two 0.5."
+    return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
+
+def _absent_z(unread: list[str], o: str, view: EvidenceView) -> float:
+    "`absence_check`: `o` unread, in a video searched in all three thirds 1, else 0.5."
+    return (0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3
+            else 0.5)
 
 def _unread_z(check: str, unread: list[str], o: str, view: EvidenceView) -> float:
     "Negation's checks: `o` the only unread option (or one of two), absent from a searched video."
     if check == 'exclusion_coverage':
-        return 1.0 if unread == [o] else 0.5 if o in unread and len(unread) == 2 else 0.0
-    return (0.0 if o not in unread else 1.0 if thirds_reached(view.evidence, view.duration) == 3
-            else 0.5)
+        return _only_unread_z(unread, o)
+    return _absent_z(unread, o, view)
+
+def _read_located_z(f: dict, o: str) -> float:
+    "`events_located` from the reader's facts: anchor and option located (fixed) 1, one 0.5."
+    both = f.get('anchor', False) + f.get('located', {}).get(o, False)
+    return 1.0 if both == 2 and f.get('fixed') else 0.5 if both else 0.0
 
 def _typed_z(check: str, r: Reading, o: str, view: EvidenceView) -> float:
     "The checks of counting, temporal order, negation and causal questions, from the reader's facts."
     f, k = r.facts, r.facts.get('options', {}).get(o)
     unread = f.get('unread', [])
     if check in _COUNT_CHECKS: return _read_count_z(check, f, k)
-    if check == 'events_located':
-        both = f.get('anchor', False) + f.get('located', {}).get(o, False)
-        return 1.0 if both == 2 and f.get('fixed') else 0.5 if both else 0.0
+    if check == 'events_located': return _read_located_z(f, o)
     if check in ('exclusion_coverage', 'absence_check'): return _unread_z(check, unread, o, view)
     if check == 'cause_effect_link':
         return 1.0 if f.get('cause') and k == f['cause'] else 0.5 if f.get('event') else 0.0
@@ -380,12 +406,16 @@ def _reading_z(check: str, r: Reading, o: str, view: EvidenceView) -> float:
     v = _candidate_z(check, r, o, view)
     return v if v is not None else _typed_z(check, r, o, view)
 
+def _reader_applies(r: Reading, q: Question) -> bool:
+    "Whether the reader read the question and can read every option."
+    return not (r.kind is None or not r.events
+                or any(option_fact(r.kind, t) is None for t in q.options.values()))
+
 def reading_scores(q: Question, criteria: list[Criterion],
                    view: EvidenceView) -> OfflineScores | None:
     "Scores from what the offline reader establishes (table above); None where the reader does not apply."
     r = read_rounds(q, view.evidence, view.duration, view.round)
-    if (r.kind is None or not r.events
-        or any(option_fact(r.kind, t) is None for t in q.options.values())):
+    if not _reader_applies(r, q):
         return None
     table = {o: {c.name: _reading_z(_check_name(c), r, o, view) for c in criteria}
              for o in q.options}

@@ -32,13 +32,17 @@ def candidate_queries(q: Question) -> list[str]:
     return [q.question] + [f"{q.question} {t}" for t in q.options.values()]
 
 # %% ../../nbs/26_reveal.pairs.ipynb #32839d02
+def _top_per_level(found: list, k: dict[int, int]) -> list:
+    "The `k[level]` best of each level (score, then item id), ordered by level and time."
+    best = sorted(found, key=lambda c: (-c.score, c.item.item_id))
+    top = [c for lv in (1, 2, 3) for c in [c for c in best if c.item.level == lv][:k[lv]]]
+    return sorted(top, key=lambda c: (c.item.level, c.item.t_start, c.item.item_id))
+
 def candidates(q: Question, memory: Memory, k_l1: int = 16, k_l2: int = 16) -> list[Evidence]:
     "L1@16, L2@16 and all L3 items per question (B.4): the best over its queries (`retrieve`), by level and time."
     k = {1: k_l1, 2: k_l2, 3: max(len(memory.level(3)), 1)}
     merged, _ = retrieve(memory, candidate_queries(q), k)
-    best = sorted(merged.values(), key=lambda c: (-c.score, c.item.item_id))
-    top = [c for lv in (1, 2, 3) for c in [c for c in best if c.item.level == lv][:k[lv]]]
-    cs = sorted(top, key=lambda c: (c.item.level, c.item.t_start, c.item.item_id))
+    cs = _top_per_level(list(merged.values()), k)
     return [Evidence.from_item(c.item, score=round(c.score, 4), source='candidate') for c in cs]
 
 # %% ../../nbs/26_reveal.pairs.ipynb #be736237
@@ -132,21 +136,28 @@ def teacher_agreement(pred: dict[str, list[str]], gold: dict[str, list[str]]) ->
 # %% ../../nbs/26_reveal.pairs.ipynb #ae38d341
 FILTER_CONDITIONS = ('no_pair', 'wrong_with_pos', 'right_without_evidence', 'right_with_neg')
 
+def _embedded(evidence: list[Evidence], embed: Callable | None) -> np.ndarray | None:
+    "The evidence texts embedded as float64 rows (None without `embed` or evidence)."
+    if not (embed and evidence):
+        return None
+    return np.asarray(embed([e.text for e in evidence]), dtype=np.float64)
+
 def evidence_view(evidence: list[Evidence], embed: Callable | None,
                   duration: float | None = None) -> EvidenceView:
     "An EvidenceView at round 0 with the evidence texts embedded by `embed`."
-    vecs = (np.asarray(embed([e.text for e in evidence]), dtype=np.float64) if (embed and evidence)
-            else None)
-    return EvidenceView(list(evidence), vecs, embed, 0, duration)
+    return EvidenceView(list(evidence), _embedded(evidence, embed), embed, 0, duration)
 
 # %% ../../nbs/26_reveal.pairs.ipynb #953138e5
+def _supported(res: Any) -> bool:
+    "Whether the answer came from the model, or its option's offline direction is 'supported'."
+    direction = (res.scores.get('directions') or {}).get(res.answer)
+    return res.source == 'model' or direction == 'supported'
+
 def answer_outcome(q: Question, evidence: list[Evidence], answerer: Answerer,
                    embed: Callable | None) -> dict:
     "The answerer's letter on this evidence, whether it is right, and whether its option is supported."
     res = answerer.answer(q, evidence_view(evidence, embed, q.duration))
-    direction = (res.scores.get('directions') or {}).get(res.answer)
-    supported = res.source == 'model' or direction == 'supported'
-    return {'answer': res.answer, 'correct': res.answer == q.answer, 'supported': supported,
+    return {'answer': res.answer, 'correct': res.answer == q.answer, 'supported': _supported(res),
             'source': res.source}
 
 # %% ../../nbs/26_reveal.pairs.ipynb #3c5db80f
@@ -192,34 +203,49 @@ class Pair:
                    list(d.get('removed_by', [])), d.get('n_candidates', 0))
 
 # %% ../../nbs/26_reveal.pairs.ipynb #c5622f0b
+def _labelled(cands: list[Evidence], labels: Labels) -> tuple[list, list]:
+    "The candidates labelled E⁺ and those labelled E⁻, in label order."
+    by = {c.item_id: c for c in cands}
+    return [by[i] for i in labels.pos if i in by], [by[i] for i in labels.neg if i in by]
+
+def _outcomes(q: Question, pos: list, neg: list, answerer: Answerer, embed: Callable | None) -> dict:
+    "The answerer's outcome with E⁺, with no evidence and with E⁻."
+    return {k: answer_outcome(q, ev, answerer, embed)
+            for k, ev in (('pos', pos), ('none', []), ('neg', neg))}
+
 def make_pair(q: Question, cands: list[Evidence], labels: Labels, answerer: Answerer,
               embed: Callable | None) -> Pair:
     "Label → three answerer outcomes → filter: one `Pair`, kept or with the conditions that removed it."
-    by = {c.item_id: c for c in cands}
-    pos, neg = [by[i] for i in labels.pos if i in by], [by[i] for i in labels.neg if i in by]
+    pos, neg = _labelled(cands, labels)
     if not pos or not neg:
         return Pair(q, pos, neg, labels.source, None, ['no_pair'], len(cands))
-    outcomes = {k: answer_outcome(q, ev, answerer, embed)
-                for k, ev in (('pos', pos), ('none', []), ('neg', neg))}
+    outcomes = _outcomes(q, pos, neg, answerer, embed)
     return Pair(q, pos, neg, labels.source, outcomes, filter_conditions(outcomes), len(cands))
 
 # %% ../../nbs/26_reveal.pairs.ipynb #e9659592
+def _removed_first(pairs: list[Pair]) -> dict[str, int]:
+    "Per condition, how many pairs it is the first failed condition of."
+    return {c: sum(bool(p.removed_by) and p.removed_by[0] == c for p in pairs)
+            for c in FILTER_CONDITIONS}
+
 def filter_counts(pairs: list[Pair]) -> dict:
     "Candidates → kept; per condition how many it fails (`by_condition`) and how many it removes first (`first`)."
     n, kept = len(pairs), sum(p.kept for p in pairs)
     by = {c: sum(c in p.removed_by for p in pairs) for c in FILTER_CONDITIONS}
-    first = {c: sum(bool(p.removed_by) and p.removed_by[0] == c for p in pairs)
-             for c in FILTER_CONDITIONS}
+    first = _removed_first(pairs)
     return {'candidates': n, 'kept': kept, 'removed': n - kept,
             'removed_frac': (n - kept) / n if n else 0.0, 'by_condition': by, 'first': first}
 
 # %% ../../nbs/26_reveal.pairs.ipynb #06e334a5
+def _views(p: Pair, embed: Callable | None) -> tuple[EvidenceView, EvidenceView]:
+    "The views of one pair's E⁺ and E⁻."
+    return (evidence_view(p.pos, embed, p.question.duration),
+            evidence_view(p.neg, embed, p.question.duration))
+
 def pair_views(pairs: list[Pair],
                embed: Callable | None) -> dict[str, tuple[EvidenceView, EvidenceView]]:
     "`{qid: (view of E⁺, view of E⁻)}`."
-    return {p.qid: (evidence_view(p.pos, embed, p.question.duration),
-                    evidence_view(p.neg, embed, p.question.duration))
-            for p in pairs}
+    return {p.qid: _views(p, embed) for p in pairs}
 
 # %% ../../nbs/26_reveal.pairs.ipynb #99d7477e
 def _separation_row(v: Verifier, p: Pair, pair_views: tuple) -> dict:

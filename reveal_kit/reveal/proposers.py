@@ -4,39 +4,44 @@
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #008e0787
 from __future__ import annotations
+from functools import partial
 from itertools import combinations, product
-from typing import Annotated, Any, Callable, Literal
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, Callable
 import numpy as np
 from fastcore.basics import patch
 from ..core import Config, Question, reply_tokens
 from ..protocols import ChatModel
 from ..backends.chat import role_call
-from ..backends.replies import choice, parse_reply, reply_schema
+from ..backends.replies import parse_reply
 from .rubrics import RubricPool, Criterion, OFFLINE_CHECKS, QUESTION_TYPES, question_type
 from .offline_checks import EvidenceView, offline_scores
-from .verifier import Verifier, evidence_block
+from .verifier import Verifier
 from .pairs import Pair
-from .planner import REASONING
+from .edits import (PROPOSER_SYSTEM, ProposerReply, apply_edits, proposer_prompt,
+                                     proposer_schema, reply_edits)
 
 # %% auto #0
-__all__ = ['WEIGHT_GRID', 'PROPOSER_SYSTEM', 'pool_diff', 'check_table', 'pair_tables', 'table_rho', 'table_scores',
-           'weight_candidates', 'search_type', 'reconcile_weights', 'check_templates', 'type_weights',
-           'OfflineProposer', 'Boundaries', 'CriterionDraft', 'Edit', 'ProposerReply', 'proposer_schema', 'reply_edits',
-           'apply_edits', 'proposer_prompt', 'proposed_criteria', 'criterion_rho', 'own_pairs', 'reject_unseparating',
-           'ModelProposer']
+__all__ = ['WEIGHT_GRID', 'pool_diff', 'check_table', 'pair_tables', 'table_rho', 'table_scores', 'weight_candidates',
+           'search_type', 'reconcile_weights', 'check_templates', 'type_weights', 'OfflineProposer',
+           'proposed_criteria', 'criterion_rho', 'own_pairs', 'reject_unseparating', 'ModelProposer']
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #baa55dcb
+def _rewrite_key(c: Criterion) -> tuple:
+    "What a rewrite changes: description, boundaries, question types, check."
+    return (c.description, c.boundaries, sorted(c.question_types), c.check)
+
+def _reweighted(a: dict, b: dict, both: list[str]) -> list[str]:
+    "Criteria in both whose weight changed beyond the common (median) rescaling."
+    r = float(np.median([b[n].weight / a[n].weight for n in both])) if both else 1.0
+    return [n for n in both if abs(b[n].weight / r - a[n].weight) > 0.01 * a[n].weight]
+
 def pool_diff(old: RubricPool, new: RubricPool) -> dict[str, list[str]]:
     "Criteria added, deleted, reweighted (beyond a common rescaling) and rewritten (text, types or check changed)."
     a, b = {c.name: c for c in old.criteria}, {c.name: c for c in new.criteria}
     both = [n for n in b if n in a]
-    r = float(np.median([b[n].weight / a[n].weight for n in both])) if both else 1.0
-    def text(c): return (c.description, c.boundaries, sorted(c.question_types), c.check)
     return {'added': [n for n in b if n not in a], 'deleted': [n for n in a if n not in b],
-            'reweighted': [n for n in both
-                           if abs(b[n].weight / r - a[n].weight) > 0.01 * a[n].weight],
-            'rewritten': [n for n in both if text(a[n]) != text(b[n])]}
+            'reweighted': _reweighted(a, b, both),
+            'rewritten': [n for n in both if _rewrite_key(a[n]) != _rewrite_key(b[n])]}
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #653922f8
 WEIGHT_GRID = (0.5, 1.0, 1.5, 2.0, 3.0)
@@ -52,12 +57,16 @@ def check_table(q: Question, view: EvidenceView, n_options: int = 5) -> np.ndarr
     return Z
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #530bfe3e
+def _pair_table(p: Pair, views: dict, n: int) -> np.ndarray:
+    "(2, n, n_checks) check tables of one pair's E⁺ and E⁻."
+    return np.stack([check_table(p.question, v, n) for v in views[p.qid]])
+
 def pair_tables(pairs: list[Pair], views: dict) -> np.ndarray:
     "(n_pairs, 2, n_options, n_checks) check tables for E⁺ (index 0) and E⁻ (index 1)."
     n = max([len(p.question.options) for p in pairs] + [1])
-    return np.stack([np.stack([check_table(p.question, v, n) for v in views[p.qid]])
-                     for p in pairs]) if pairs else \
-        np.zeros((0, 2, n, len(OFFLINE_CHECKS)))
+    if not pairs:
+        return np.zeros((0, 2, n, len(OFFLINE_CHECKS)))
+    return np.stack([_pair_table(p, views, n) for p in pairs])
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #acaa6e7e
 def table_rho(Z: np.ndarray, W: np.ndarray) -> np.ndarray:
@@ -72,21 +81,27 @@ def table_scores(Z: np.ndarray, W: np.ndarray, pair_w: np.ndarray, tau: float) -
     return ok.astype(float) @ pair_w + 1e-3 * (rho[:, :, 0] - rho[:, :, 1]).mean(1)
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #b91120d8
+def _subset_vectors(n_checks: int, sub: tuple, grid: tuple) -> list[np.ndarray]:
+    "Weight vectors nonzero on the checks `sub`, from `grid`."
+    rows = []
+    for ws in product(grid, repeat=len(sub)):
+        w = np.zeros(n_checks)
+        w[list(sub)] = ws
+        rows.append(w)
+    return rows
+
 def weight_candidates(n_checks: int, max_checks: int = 3, grid: tuple = WEIGHT_GRID) -> np.ndarray:
     "Every weight vector with 1..max_checks nonzero checks, weights from `grid`: (K, n_checks)."
     rows = []
     for k in range(1, max_checks + 1):
         for sub in combinations(range(n_checks), k):
-            for ws in product(grid, repeat=k):
-                w = np.zeros(n_checks)
-                w[list(sub)] = ws
-                rows.append(w)
+            rows += _subset_vectors(n_checks, sub, grid)
     return np.array(rows)
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #1a7dd201
-def search_type(Z: np.ndarray, pair_w: np.ndarray, tau: float, W: np.ndarray) -> tuple[np.ndarray,
-                                                                                       float]:
-    "The best weight vector (first among equals) for one question type's pairs, and its score."
+def search_type(Z: np.ndarray, pair_w: np.ndarray, tau: float,
+                W: np.ndarray) -> tuple[np.ndarray, float]:
+    "A type's best weight vector (first among equals) and its score."
     s = table_scores(Z, W, pair_w, tau)
     i = int(np.argmax(s))
     return W[i], float(s[i])
@@ -99,17 +114,22 @@ def _best_trial(g: np.ndarray, c: int, grid: tuple, total: Callable) -> np.ndarr
         tv[c] = x
     return max(trials, key=total) if total(max(trials, key=total)) > total(g) + 1e-12 else g
 
+def _shared_score(g: np.ndarray, choices: dict, Zs: dict, ws: dict, tau: float) -> float:
+    "The summed type scores when each type uses the shared weights of the checks it chose."
+    return sum(table_scores(Zs[t], (g * (choices[t] > 0))[None], ws[t], tau)[0] for t in choices)
+
+def _chosen_weights(choices: dict[str, np.ndarray]) -> dict[int, list[float]]:
+    "Per check, the nonzero weights the types chose for it."
+    return {c: [v[c] for v in choices.values() if v[c] > 0] for c in range(len(OFFLINE_CHECKS))}
+
 def reconcile_weights(choices: dict[str, np.ndarray], Zs: dict, ws: dict, tau: float,
                       grid: tuple = WEIGHT_GRID, passes: int = 2) -> np.ndarray:
     "One weight per check shared by all types that chose it: start at the median, then coordinate ascent."
-    C = len(OFFLINE_CHECKS)
-    used = {c: [v[c] for v in choices.values() if v[c] > 0] for c in range(C)}
-    g = np.array([float(np.median(used[c])) if used[c] else 0.0 for c in range(C)])
-    def total(gv):
-        return sum(table_scores(Zs[t], (gv * (choices[t] > 0))[None], ws[t], tau)[0]
-                   for t in choices)
+    used = _chosen_weights(choices)
+    g = np.array([float(np.median(w)) if w else 0.0 for w in used.values()])
+    total = partial(_shared_score, choices=choices, Zs=Zs, ws=ws, tau=tau)
     for _ in range(passes):
-        for c in [c for c in range(C) if used[c]]:
+        for c in [c for c in used if used[c]]:
             g = _best_trial(g, c, grid, total)
     return g
 
@@ -117,33 +137,49 @@ def reconcile_weights(choices: dict[str, np.ndarray], Zs: dict, ws: dict, tau: f
 _GENERIC = {'1': 'The evidence fully meets this check for the option.',
             '0.5': 'The evidence partly meets it.', '0': 'The evidence does not meet it.'}
 
-def check_templates(pool: RubricPool) -> dict[str, Criterion]:
-    "Per offline check, the pool criterion whose text the offline proposer reuses (named after the check, else first)."
+def _generic(ch: str) -> Criterion:
+    "A stand-in criterion for a check no pool criterion uses."
+    return Criterion(ch, f"The evidence passes the {ch.replace('_', ' ')} check.", 1.0, _GENERIC,
+                     ['other'], [], ch)
+
+def _pool_templates(pool: RubricPool) -> dict[str, Criterion]:
+    "Per check the pool uses, its criterion named after the check, else its first."
     out = {}
     for c in pool.criteria:
         if c.check not in out or c.name == c.check:
             out[c.check] = c
+    return out
+
+def check_templates(pool: RubricPool) -> dict[str, Criterion]:
+    "Per offline check, the pool criterion whose text the offline proposer reuses (named after the check, else first)."
+    out = _pool_templates(pool)
     for ch in OFFLINE_CHECKS:
-        out.setdefault(ch, Criterion(ch, f"The evidence passes the {ch.replace('_', ' ')} check.",
-                                     1.0, _GENERIC, ['other'], [], ch))
+        out.setdefault(ch, _generic(ch))
     return out
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #7c0bd1b9
+def _check_index(c: Criterion) -> int:
+    "The index of the criterion's check (an unknown check counts as direct_support)."
+    return OFFLINE_CHECKS.index(c.check if c.check in OFFLINE_CHECKS else 'direct_support')
+
 def type_weights(pool: RubricPool, qtype: str) -> np.ndarray:
-    "The pool's criteria for a question type as a weight vector over the checks (weights of one check add up)."
+    "A type's criteria as a weight vector over the checks (weights of one check add up)."
     w = np.zeros(len(OFFLINE_CHECKS))
     for c in pool.for_type(qtype):
-        w[OFFLINE_CHECKS.index(c.check if c.check in OFFLINE_CHECKS
-                               else 'direct_support')] += c.weight
+        w[_check_index(c)] += c.weight
     return w
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #a8c7ba13
+def _untouched(pool: RubricPool, c: Criterion, searched: set[str]) -> list[str]:
+    "Its types ('all' spelled out) the search did not touch."
+    types = pool.question_types if 'all' in c.question_types else c.question_types
+    return [t for t in types if t not in searched and t != 'all']
+
 def _carry(pool: RubricPool, searched: set[str]) -> list[Criterion]:
     "Old criteria for the question types the search did not touch (types restricted, emptied ones dropped)."
     out = []
     for c in pool.criteria:
-        types = [t for t in (pool.question_types if 'all' in c.question_types else c.question_types)
-                 if t not in searched and t != 'all']
+        types = _untouched(pool, c, searched)
         if types:
             out.append(Criterion(c.name, c.description, c.weight, dict(c.boundaries), types,
                                  list(c.cues), c.check))
@@ -165,6 +201,12 @@ def _type_choice(self: OfflineProposer, pool: RubricPool, t: str, Z: np.ndarray,
     s_cur = table_scores(Z, type_weights(pool, t)[None], w, self.tau)[0]
     return best if s_best - s_cur >= 0.99 else None
 
+def _free_name(t: Criterion, types: list[str], taken: set[str]) -> str:
+    "The template's name, else suffixed with the types (≤ 64 characters); marked taken."
+    name = t.name if t.name not in taken else f"{t.name}_{'_'.join(types)}"[:64]
+    taken.add(name)
+    return name
+
 def _chosen_criteria(tpl: dict, choices: dict, g: np.ndarray, taken: set[str]) -> list[Criterion]:
     "One criterion per chosen check: its template's text, the shared weight, the types choosing it."
     crits = []
@@ -172,159 +214,64 @@ def _chosen_criteria(tpl: dict, choices: dict, g: np.ndarray, taken: set[str]) -
         types = [t for t in QUESTION_TYPES if t in choices and choices[t][i] > 0]
         if types:
             t = tpl[ch]
-            name = t.name if t.name not in taken else f"{t.name}_{'_'.join(types)}"[:64]
-            taken.add(name)
+            name = _free_name(t, types, taken)
             crits.append(Criterion(name, t.description, float(g[i]), dict(t.boundaries), types,
                                    list(t.cues), ch))
     return crits
+
+def _by_type(pairs: list[Pair]) -> dict[str, list[Pair]]:
+    "The pairs grouped by question type, in order."
+    by_type: dict[str, list[Pair]] = {}
+    for p in pairs:
+        by_type.setdefault(question_type(p.question), []).append(p)
+    return by_type
+
+def _searched_pool(pool: RubricPool, choices: dict, g: np.ndarray) -> RubricPool:
+    "The carried criteria and one per chosen check, as a new pool named like `pool`."
+    crits = _carry(pool, set(choices))
+    crits += _chosen_criteria(check_templates(pool), choices, g, {c.name for c in crits})
+    return RubricPool(crits, pool.name, pool.version, False, pool.description, pool.question_types)
 
 @patch
 def propose(self: OfflineProposer, pool: RubricPool, working: list[Pair], context: list[Pair],
             views: dict) -> tuple[RubricPool, dict]:
     "A new pool whose criteria for every question type with pairs are the best-separating checks and weights."
     wq = {p.qid for p in working}
-    pairs = list({p.qid: p for p in list(context) + list(working)}.values())
-    by_type: dict[str, list[Pair]] = {}
-    for p in pairs:
-        by_type.setdefault(question_type(p.question), []).append(p)
+    by_type = _by_type(list({p.qid: p for p in list(context) + list(working)}.values()))
     Zs = {t: pair_tables(ps, views) for t, ps in by_type.items() if len(ps) >= self.min_pairs}
     ws = {t: np.array([2.0 if p.qid in wq else 1.0 for p in by_type[t]]) for t in Zs}
     choices = {t: c for t in Zs if (c := _type_choice(self, pool, t, Zs[t], ws[t])) is not None}
     g = reconcile_weights(choices, Zs, ws, self.tau, self.grid)
-    crits = _carry(pool, set(choices))
-    crits += _chosen_criteria(check_templates(pool), choices, g, {c.name for c in crits})
-    new = RubricPool(crits, pool.name, pool.version, False, pool.description, pool.question_types)
-    return new, {'types': sorted(choices), 'calls': []}
-
-# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d1
-_LOOSE = ConfigDict(extra='allow', populate_by_name=True)   # keys the proposer adds (cues…): kept
-_BOUND = Annotated[str, Field(max_length=200)]
-
-class Boundaries(BaseModel):
-    "A proposed criterion's boundary text for the scores 1, 0.5 and 0."
-    model_config = _LOOSE
-    s1: _BOUND = Field(alias='1')
-    s05: _BOUND = Field(alias='0.5')
-    s0: _BOUND = Field(alias='0')
-
-# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d2
-class CriterionDraft(BaseModel):
-    "A criterion as a proposer writes it: a snake_case name; what it omits comes from the old one."
-    model_config = _LOOSE
-    name: Annotated[str, Field(pattern=r'^[a-z][a-z0-9_]*$', max_length=64)]
-    description: Annotated[str, Field(max_length=300)] = None
-    weight: Annotated[float, Field(ge=0.1)] = None
-    boundaries: Boundaries = None
-    question_types: list[choice(QUESTION_TYPES)] = None
-    check: choice(OFFLINE_CHECKS) = None
-
-# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d3
-class Edit(CriterionDraft):
-    "An edit of the pool: the operation, the criterion it makes or changes, the parts."
-    model_config = ConfigDict(**_LOOSE, json_schema_extra={'required': ['op', 'name']})
-    op: Literal['add', 'rewrite', 'decompose', 'delete', 'reweight']
-    parts: Annotated[list[CriterionDraft], Field(max_length=3)] = None
-
-# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d4
-class ProposerReply(BaseModel):
-    "The proposer's reply: up to 8 edits, and optional reasoning."
-    model_config = _LOOSE
-    edits: Annotated[list[Edit], Field(max_length=8)]
-    reasoning: REASONING = None
-
-# %% ../../nbs/26a_reveal.proposers.ipynb #1f7a61d3
-PROPOSER_SYSTEM = (
-    "You refine a rubric pool that decides whether video evidence is sufficient to answer a "
-    "multiple-choice question. You get the pool and contrastive pairs: sufficient evidence E+ that "
-    "leads to the correct answer and misleading evidence E- that is topically relevant but lacks "
-    "the decisive detail. Propose edits (add, rewrite, decompose, delete, reweight) so that every "
-    "criterion scores E+ higher than E-. A criterion has a snake_case name, a description, a "
-    "positive weight, boundaries for the scores 1, 0.5 and 0, and the question types it applies "
-                   "to. Answer with JSON only.")
-
-def proposer_schema() -> dict:
-    "JSON schema of the proposer's reply: a list of edits."
-    return reply_schema(ProposerReply)
-
-# %% ../../nbs/26a_reveal.proposers.ipynb #ab07c0d5
-def reply_edits(r: ProposerReply) -> list[dict]:
-    "The edits of a reply as the proposer wrote them (keys it left out stay out)."
-    return [e.model_dump(by_alias=True, exclude_unset=True) for e in r.edits]
-
-# %% ../../nbs/26a_reveal.proposers.ipynb #769696d0
-def _new_criterion(e: dict, old: Criterion | None = None) -> Criterion:
-    "A criterion from an edit's fields, defaults from `old`; raises ValueError when incomplete."
-    def get(k, d=None):
-        return e.get(k) if e.get(k) not in (None, '', []) else (getattr(old, k) if old else d)
-    c = {'name': e['name'], 'description': get('description'), 'weight': get('weight', 1.0),
-         'boundaries': get('boundaries'), 'question_types': get('question_types'),
-         'cues': get('cues', []), 'check': get('check', 'direct_support')}
-    return RubricPool.validate({'name': 'edit', 'criteria': [c]}).criteria[0]
-
-def _apply_edit(crits: dict[str, Criterion], e: dict, op: str | None, name: str | None) -> bool:
-    "Apply one edit to `crits` in place; False when it does not apply (unknown op, name clash)."
-    if op == 'delete':
-        crits.pop(name)
-    elif op == 'decompose':
-        old = crits.pop(name)
-        crits.update({c.name: c for c in (_new_criterion(p, old) for p in e.get('parts') or [])})
-    elif op in ('rewrite', 'reweight') and name in crits:
-        crits[name] = _new_criterion(e if op == 'rewrite'
-                                     else {'name': name, 'weight': e.get('weight')}, crits[name])
-    elif op == 'add' and name not in crits:
-        crits[name] = _new_criterion(e)
-    else:
-        return False
-    return True
-
-def apply_edits(pool: RubricPool, edits: list[dict]) -> tuple[RubricPool, list[str]]:
-    "Apply proposer edits in order; returns the new pool and notes on skipped edits."
-    crits, notes = {c.name: c for c in pool.criteria}, []
-    for e in edits:
-        op, name = e.get('op'), e.get('name')
-        try:
-            if not _apply_edit(crits, e, op, name):
-                notes.append(f"skipped {op} {name!r}: not applicable")
-        except (KeyError, ValueError, TypeError) as err:
-            notes.append(f"skipped {op} {name!r}: {err}")
-    if not crits:
-        return pool, notes + ['all criteria deleted; pool kept']
-    new = RubricPool(list(crits.values()), pool.name, pool.version, False, pool.description,
-                     pool.question_types)
-    return new, notes
-
-# %% ../../nbs/26a_reveal.proposers.ipynb #36ea65ee
-def _pair_block(i: int, p: Pair) -> str:
-    "Pair i of the prompt: type, question, options, correct answer, E⁺ and E⁻."
-    return (f"Pair {i + 1} (type {question_type(p.question)}): "
-            f"{p.question.question}\n{p.question.options_text()}\nCorrect: "
-            f"{p.question.answer}\nE+:\n{evidence_block(p.pos, 60)}\n"
-            f"E-:\n{evidence_block(p.neg, 60)}")
-
-def proposer_prompt(pool: RubricPool, pairs: list[Pair]) -> str:
-    "The proposer's user message: the pool with boundaries and the contrastive pairs."
-    blocks = [_pair_block(i, p) for i, p in enumerate(pairs)]
-    return (f"Rubric pool:\n{pool.catalog(boundaries=True)}\n\n" + '\n\n'.join(blocks) +
-            '\n\nReply as {"edits": [{"op": "add", "name": "...", "description": "...", "weight": '
-            '1.0, "boundaries": {"1": "...", "0.5": "...", "0": "..."}, "question_types": '
-            '["..."]}]}.')
+    return _searched_pool(pool, choices, g), {'types': sorted(choices), 'calls': []}
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #3bc66f5f
+def _proposal_key(c: Criterion) -> tuple:
+    "What makes a criterion a new proposal: its description, boundaries or check."
+    return (c.description, c.boundaries, c.check)
+
 def proposed_criteria(old: RubricPool, new: RubricPool) -> list[str]:
-    "Names of `new`'s proposals: criteria added, or rewritten (description, boundaries or check changed)."
-    def text(c: Criterion): return (c.description, c.boundaries, c.check)
-    return [c.name for c in new.criteria if c.name not in old or text(old[c.name]) != text(c)]
+    "Names of `new`'s proposals: criteria added, or rewritten (see `_proposal_key`)."
+    return [c.name for c in new.criteria
+            if c.name not in old or _proposal_key(old[c.name]) != _proposal_key(c)]
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #0abd9485
+def _alone(c: Criterion, model: ChatModel | None, config: Config | None) -> Verifier:
+    "A verifier with a one-criterion pool (offline rules without a model)."
+    return Verifier(RubricPool([c], 'one'), model, config or Config(),
+                    offline=None if model is not None else True)
+
 def criterion_rho(c: Criterion, pair: Pair, views: dict, model: ChatModel | None = None,
                   config: Config | None = None) -> tuple[float, float, list[dict]]:
     "ρ⁺ and ρ⁻ of the criterion alone on a pair's E⁺ and E⁻ (the max over options of its score), and the calls made."
-    v = Verifier(RubricPool([c], 'one'), model, config or Config(),
-                 offline=None if model is not None else True)
+    v = _alone(c, model, config)
     rp, rn = (v.verify(pair.question, view, names=[c.name]) for view in views[pair.qid])
     return rp.rho, rn.rho, rp.calls + rn.calls
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #1860f0cb
+def _typed_pairs(c: Criterion, working: list[Pair]) -> list[Pair]:
+    "The working pairs of the question types the criterion applies to."
+    return [p for p in working if c.applies_to(question_type(p.question))]
+
 def own_pairs(names: list[str], pool: RubricPool, working: list[Pair],
               declared: dict[str, list[str]] | None = None) -> dict[str, list[Pair]]:
     "The pairs each proposed criterion answers for: those the proposer declared, else the working pairs of its types."
@@ -332,7 +279,7 @@ def own_pairs(names: list[str], pool: RubricPool, working: list[Pair],
     out = {}
     for n in names:
         if n in declared: out[n] = [by[q] for q in declared[n] if q in by]
-        else: out[n] = [p for p in working if pool[n].applies_to(question_type(p.question))]
+        else: out[n] = _typed_pairs(pool[n], working)
     return out
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #9356109e
@@ -377,6 +324,11 @@ def _ask_proposer(self: ModelProposer, pool: RubricPool,
                           proposer_schema(), max_tokens=reply_tokens('proposer'))
     return parse_reply(ProposerReply, data), rec
 
+def _note_own(own: dict, before: RubricPool, after: RubricPool, batch: list[Pair]) -> None:
+    "Record the batch's pairs as what each criterion proposed on it answers for."
+    for name in proposed_criteria(before, after):
+        own.setdefault(name, []).extend(p.qid for p in batch)
+
 @patch
 def propose(self: ModelProposer, pool: RubricPool, working: list[Pair], context: list[Pair],
             views: dict) -> tuple[RubricPool, dict]:
@@ -393,6 +345,5 @@ def propose(self: ModelProposer, pool: RubricPool, working: list[Pair], context:
         before = pool
         pool, m = apply_edits(pool, reply_edits(r))
         notes += m
-        for name in proposed_criteria(before, pool):
-            own.setdefault(name, []).extend(p.qid for p in batch)
+        _note_own(own, before, pool, batch)
     return pool, {'calls': calls, 'notes': notes, 'own_pairs': own}

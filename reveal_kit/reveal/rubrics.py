@@ -55,14 +55,16 @@ def prompt_text(self: Criterion) -> str:
 # %% ../../nbs/21_reveal.rubrics.ipynb #cb3d6f4d
 _BKEY = {'1': '1', '1.0': '1', '0.5': '0.5', '.5': '0.5', '0': '0', '0.0': '0'}
 
+def _boundary_key(name: str, k: Any) -> str:
+    "Boundary key `k` as '1', '0.5' or '0'; ValueError for any other key."
+    key = _BKEY.get(str(k).strip())
+    if key is None:
+        raise ValueError(f"criterion {name!r}: boundary key {k!r} is not one of 1 / 0.5 / 0")
+    return key
+
 def _boundaries(name: str, b: dict) -> dict[str, str]:
     "Normalize boundary keys (YAML reads `1:` as int, `0.5:` as float) and require all three."
-    out = {}
-    for k, v in b.items():
-        key = _BKEY.get(str(k).strip())
-        if key is None:
-            raise ValueError(f"criterion {name!r}: boundary key {k!r} is not one of 1 / 0.5 / 0")
-        out[key] = str(v).strip()
+    out = {_boundary_key(name, k): str(v).strip() for k, v in b.items()}
     missing = [k for k in ('1', '0.5', '0') if not out.get(k)]
     if missing:
         raise ValueError(f"criterion {name!r}: missing boundary text for score(s) {missing}")
@@ -111,17 +113,25 @@ class RubricPool:
         return f"RubricPool({self.name!r} v{self.version}, {len(self)} criteria{', SEED' if self.seed else ''})"
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #334ad5e3
-def _criterion(c: dict, vocab: set[str], where: str) -> Criterion:
-    "One criterion from its parsed mapping; its question types must come from `vocab`."
+def _check_types(c: dict, vocab: set[str], where: str) -> None:
+    "Raise ValueError when the criterion names a question type outside `vocab`."
     bad = [t for t in c['question_types'] if t not in vocab]
     if bad:
         raise ValueError(f"{where}criterion {c['name']!r}: unknown question types {bad} "
                          f"(vocabulary: {sorted(vocab)})")
+
+def _weight(c: dict, where: str) -> float:
+    "The criterion's weight, finite and > 0 (NaN passes the schema, and makes every ρ NaN)."
     w = float(c['weight'])
-    # NaN passes the schema's minimum, and makes every ρ NaN
     if not (math.isfinite(w) and w > 0):
-        raise ValueError(f"{where}criterion {c['name']!r}: weight must be a finite number > 0, got "
-                         f"{c['weight']!r}")
+        raise ValueError(f"{where}criterion {c['name']!r}: weight must be a finite number > 0, "
+                         f"got {c['weight']!r}")
+    return w
+
+def _criterion(c: dict, vocab: set[str], where: str) -> Criterion:
+    "One criterion from its parsed mapping; its question types must come from `vocab`."
+    _check_types(c, vocab, where)
+    w = _weight(c, where)
     return Criterion(c['name'], c['description'].strip(), w,
                      _boundaries(c['name'], c['boundaries']), list(c['question_types']),
                      [str(x).lower() for x in c.get('cues', [])], c.get('check', 'direct_support'))
@@ -135,14 +145,18 @@ def _check_schema(d: dict, where: str) -> None:
         at = '/'.join(map(str, e.absolute_path)) or '(root)'
         raise ValueError(f"{where}invalid rubric pool at {at}: {e.message}") from None
 
+def _note_name(name: str, seen: set[str], where: str) -> None:
+    "Add a criterion name to `seen`; ValueError when it is there already."
+    if name in seen:
+        raise ValueError(f"{where}duplicate criterion name {name!r}")
+    seen.add(name)
+
 def _criteria(d: dict, where: str) -> list[Criterion]:
     "The pool's criteria, names unique, types from its vocabulary (its own, else `QUESTION_TYPES`)."
     vocab = set(d.get('question_types') or QUESTION_TYPES) | {'all'}
     crits, seen = [], set()
     for c in d['criteria']:
-        if c['name'] in seen:
-            raise ValueError(f"{where}duplicate criterion name {c['name']!r}")
-        seen.add(c['name'])
+        _note_name(c['name'], seen, where)
         crits.append(_criterion(c, vocab, where))
     return crits
 
@@ -156,37 +170,48 @@ def validate(cls: RubricPool, d: dict, path: str | None = None) -> RubricPool:
                       d.get('description', ''), d.get('question_types'), path)
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #1f0a2c1b
-@patch(cls_method=True)
-def load(cls: RubricPool, path: str | Path) -> RubricPool:
-    "Load and validate a pool YAML file."
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"rubric pool not found: {p}")
+def _read_mapping(p: Path) -> dict:
+    "The YAML mapping in file `p`; ValueError when it is not YAML or not a mapping."
     try:
         d = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(d, dict):
         raise ValueError(f"{p}: a rubric pool must be a YAML mapping")
-    return RubricPool.validate(d, str(p))
+    return d
+
+@patch(cls_method=True)
+def load(cls: RubricPool, path: str | Path) -> RubricPool:
+    "Load and validate a pool YAML file."
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"rubric pool not found: {p}")
+    return RubricPool.validate(_read_mapping(p), str(p))
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #1f0a2c1d
+def _yaml_criterion(c: Criterion) -> dict:
+    "A criterion as the pool YAML writes it (boundary keys as numbers)."
+    b = c.boundaries
+    return {**c.to_dict(), 'boundaries': {1: b['1'], 0.5: b['0.5'], 0: b['0']}}
+
 @patch
 def to_yaml(self: RubricPool) -> str:
     "The pool as YAML in the same schema (round-trips through `load`)."
-    crits = [{**c.to_dict(),
-              'boundaries': {1: c.boundaries['1'], 0.5: c.boundaries['0.5'], 0: c.boundaries['0']}}
-             for c in self.criteria]
+    crits = [_yaml_criterion(c) for c in self.criteria]
     d = {'name': self.name, 'version': self.version, 'seed': self.seed,
          'description': self.description, 'question_types': self.question_types, 'criteria': crits}
     return yaml.safe_dump(d, sort_keys=False, allow_unicode=True)
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #bd22ad47
+def _checkout_roots() -> tuple[Path, Path]:
+    "Where a checkout may be: the project root from the working folder, then the package's."
+    return project_root(), Path(reveal_kit.__file__).resolve().parent.parent
+
 def default_pool_path() -> Path:
     "`$REVEAL_RUBRICS`, else `rubrics/seed.yaml` of the checkout (found from the working dir or the package)."
     if os.environ.get('REVEAL_RUBRICS'):
         return Path(os.environ['REVEAL_RUBRICS'])
-    for root in (project_root(), Path(reveal_kit.__file__).resolve().parent.parent):
+    for root in _checkout_roots():
         p = root / 'rubrics' / 'seed.yaml'
         if p.exists():
             return p
@@ -194,10 +219,10 @@ def default_pool_path() -> Path:
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #7745e9e6
 def resolve_pool_path(path: str | Path) -> Path:
-    "A pool path as given when absolute or found from the working folder, else under the checkout's root."
+    "As given if absolute or found from here, else under a checkout root."
     p = Path(path).expanduser()
     if p.is_absolute() or p.exists(): return p
-    for root in (project_root(), Path(reveal_kit.__file__).resolve().parent.parent):
+    for root in _checkout_roots():
         if (root / p).exists(): return root / p
     return p
 
@@ -205,7 +230,7 @@ def resolve_pool_path(path: str | Path) -> Path:
 _POOLS: dict[str, RubricPool] = {}
 
 def load_rubric_pool(path: str | Path | None = None) -> RubricPool:
-    "Load (once per process) the pool at `path` (see `resolve_pool_path`), default `default_pool_path()`."
+    "Load the pool at `path` (or `default_pool_path()`) once per process."
     p = str(resolve_pool_path(path or default_pool_path()).resolve())
     if p not in _POOLS:
         _POOLS[p] = RubricPool.load(p)
@@ -216,52 +241,67 @@ POOL_KINDS = ('seed', 'induced', 'custom')
 _ORIGIN_KEYS = ('benchmark', 'split', 'n_questions', 'teacher', 'proposer', 'iteration',
                 'val_accuracy', 'start_val_accuracy', 'next_from', 'models')
 
+def _pool_kind(d: dict) -> str:
+    "seed (flagged so), induced (it carries provenance) or custom."
+    return 'seed' if d.get('seed') else 'induced' if d.get('provenance') else 'custom'
+
 def pool_origin(path: str | Path) -> dict:
     "Which pool a file is: path, name, kind (seed | induced | custom), SHA-256 and the induced pool's provenance."
     p = resolve_pool_path(path)
     d = yaml.safe_load(p.read_text()) or {}
     prov = d.get('provenance') or {}
-    kind = 'seed' if d.get('seed') else 'induced' if prov else 'custom'
-    return dict(path=str(p), name=d.get('name'), kind=kind, sha256=sha256_file(p),
+    return dict(path=str(p), name=d.get('name'), kind=_pool_kind(d), sha256=sha256_file(p),
                 provenance={k: prov[k] for k in _ORIGIN_KEYS if k in prov})
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #f8dbd70f
+def _chosen(it: Any, short: bool) -> str:
+    "Which iteration an induced pool is, or that the start pool was kept (iteration 0)."
+    if it != 0:
+        return f"iteration {it}"
+    return 'start pool kept' if short else 'start pool kept: no iteration beat it'
+
 def _induced_label(origin: dict, p: dict, short: bool) -> str:
     "An induced pool's line: where it was induced, by whom (unless `short`), which iteration it is."
-    it = p.get('iteration')
-    chosen = (('start pool kept' if short else 'start pool kept: no iteration beat it') if it == 0
-              else f"iteration {it}")
+    chosen = _chosen(p.get('iteration'), short)
     if short:
         return f"pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, {chosen})"
     return (f"rubric pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, "
             f"teacher {p.get('teacher')}, proposer {p.get('proposer')}, {chosen})")
 
+def _hand_written_label(origin: dict, short: bool) -> str:
+    "A seed or custom pool's line: its name, hand-written."
+    if short:
+        return f"pool {origin['name']} (hand-written)"
+    what = ('hand-written seed, not induced' if origin['kind'] == 'seed'
+            else 'hand-written, no induction provenance')
+    return f"rubric pool {origin['name']} ({what})"
+
 def pool_label(origin: dict, short: bool = False) -> str:
-    "One line naming a pool, for `run.json` and reports (`short`: for figure subtitles)."
-    kind, p = origin['kind'], origin.get('provenance') or {}
-    if kind != 'induced':
-        what = 'hand-written' if short else ('hand-written seed, not induced' if kind == 'seed'
-                                              else 'hand-written, no induction provenance')
-        return f"{'pool' if short else 'rubric pool'} {origin['name']} ({what})"
-    return _induced_label(origin, p, short)
+    "One line naming a pool, for `run.json` (`short`: for figure subtitles)."
+    if origin['kind'] != 'induced':
+        return _hand_written_label(origin, short)
+    return _induced_label(origin, origin.get('provenance') or {}, short)
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #e6c50c2e
 @patch
 def for_type(self: RubricPool, qtype: str) -> list[Criterion]:
-    "Criteria that apply to a question type, in pool order (the offline verifier's call-1 selection)."
+    "Criteria for a question type in pool order (the verifier's call-1 selection)."
     sel = [c for c in self.criteria if c.applies_to(qtype)]
     return sel or [c for c in self.criteria if c.applies_to('other')] or self.criteria[:1]
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #1f0a2c21
+def _catalog_line(c: Criterion, boundaries: bool) -> str:
+    "A catalog line (the prompt text if `boundaries`)."
+    if boundaries:
+        return c.prompt_text()
+    types = ', '.join(c.question_types)
+    return f"- {c.name} (weight {c.weight:g}; types: {types}): {c.description}"
+
 @patch
 def catalog(self: RubricPool, names: list[str] | None = None, boundaries: bool = False) -> str:
-    "The catalog text for prompts: one line per criterion (name, weight, description[, boundaries])."
+    "The catalog text for prompts: one line per criterion."
     cs = [self[n] for n in names] if names is not None else self.criteria
-    def line(c: Criterion) -> str:
-        if boundaries:
-            return c.prompt_text()
-        return f"- {c.name} (weight {c.weight:g}; types: {', '.join(c.question_types)}): {c.description}"
-    return '\n'.join(line(c) for c in cs)
+    return '\n'.join(_catalog_line(c, boundaries) for c in cs)
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #1f0a2c23
 @patch
