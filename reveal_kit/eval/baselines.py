@@ -200,11 +200,14 @@ def covering_items(items: list, times: list[float]) -> list:
     return sorted(out.values(), key=lambda it: it.t_start)
 
 # %% ../../nbs/41_eval.baselines.ipynb #e82657b9
+def _memory_vectors(ev: list[Evidence], memory) -> np.ndarray:
+    "The memory's own text vectors of the evidence items, stacked."
+    return np.stack([np.asarray(memory.text_vector(e.item_id), np.float64) for e in ev])
+
 def _evidence_vectors(ev: list[Evidence], memory, enc) -> np.ndarray | None:
     "The memory's text vectors of the evidence, else its texts encoded (None for no evidence)."
     try:
-        return np.stack([np.asarray(memory.text_vector(e.item_id), np.float64)
-                         for e in ev]) if ev else None
+        return _memory_vectors(ev, memory) if ev else None
     except (AttributeError, KeyError):
         return np.asarray(enc([e.text for e in ev]), np.float64) if ev else None
 

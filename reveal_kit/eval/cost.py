@@ -56,10 +56,14 @@ def question_cost(trace: dict) -> dict:
                 **_token_totals(calls), roles=_role_costs(calls))
 
 # %% ../../nbs/49_eval.cost.ipynb #094cf12a
+def _trace_places(p: Path, run_dir: Path | None) -> tuple[Path, ...]:
+    "Where a row's trace may be: its recorded path, then by name under the run's traces/."
+    return (p, *([run_dir / 'traces' / p.name] if run_dir else []))
+
 def _trace_of(row: dict, run_dir: Path | None) -> dict | None:
     "The trace JSON of a result row (its path, or by name under the run's traces/), or None."
     p = Path(row.get('trace') or '')
-    for f in (p, *([run_dir / 'traces' / p.name] if run_dir else [])):
+    for f in _trace_places(p, run_dir):
         if p.name and f.is_file() and f.suffix == '.json': return json.loads(f.read_text())
     return None
 

@@ -315,7 +315,7 @@ def _has_uid(rec: Any) -> bool:
 
 # %% ../../nbs/40a_eval.loaders.ipynb #80604d21
 def _answered(recs: list, answers: dict, src: Path) -> list:
-    "The records with a gold answer (one without a clip id is kept, to be skipped); refused if none."
+    "The records with a gold answer (one without a clip id kept, to be skipped); refused if none."
     def gold(r): return answers.get(_egoschema_uid(r)) if answers else r.get('answer')
     recs = [(w, r) for w, r in recs if not _has_uid(r) or gold(r) not in (None, '')]
     if not recs: raise ValueError(f"{src} has no gold answers: it is not the answered subset (use split 'full')")

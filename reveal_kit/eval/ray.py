@@ -69,11 +69,15 @@ def _init_ray(ray, address: str | None, local: bool, fresh: bool) -> None:
     except (ConnectionError, ValueError, RuntimeError) as e:
         raise _join_failed(address, e) from None
 
+def _is_local(address: str | None) -> bool:
+    "Whether `address` names this machine's cluster (None, '' or 'local')."
+    return address in (None, '', 'local')
+
 def connect_ray(address: str | None = 'local'):
     "The `ray` module joined to the cluster at `address` ('local': this machine's, or a new loopback one)."
     ray = _import_ray()
     if ray.is_initialized(): return ray
-    local = address in (None, '', 'local')
+    local = _is_local(address)
     fresh = local and not _existing_local_cluster()
     if local:
         # whatever ray.init starts here binds to 127.0.0.1 (joining is unaffected)

@@ -121,11 +121,15 @@ def load_run_questions(benchmark: str | list[Question], root,
     return benchmark, qs, rep.to_dict()
 
 # %% ../../nbs/42c_eval.runner.ipynb #4b2019e9
+def _thread_pool(concurrency: int) -> ThreadPoolExecutor:
+    "A pool of `concurrency` threads (at least one)."
+    return ThreadPoolExecutor(max_workers=max(1, int(concurrency)))
+
 def answer_in_process(todo: list[Question], method: str, ctx: RunContext,
                       concurrency: int = 1) -> Iterator[dict]:
     "Each question's result row as it finishes, from a bounded thread pool; on an abort, cancel what has not started."
     fn = get_method(method)
-    pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)))
+    pool = _thread_pool(concurrency)
     try:
         futs = [pool.submit(run_one, q, method, fn, ctx) for q in todo]
         for fut in as_completed(futs): yield fut.result()
