@@ -142,11 +142,15 @@ def role_models_meta(self: RunContext) -> dict | None:
     return role_models_of(self.role_models) or None
 
 # %% ../../nbs/42a_eval.context.ipynb #18fd1682
+def _subtitle_start(q: Question) -> float:
+    "Where LongVideoBench's subtitle clock starts in the video, in seconds (0 if not given)."
+    return float(q.meta.get('starting_timestamp_for_subtitles') or 0.0)
+
 def _as_srt(p: Path, out_dir: str | Path, q: Question) -> str:
     "A LongVideoBench JSON subtitle file as SRT in the run folder (converted once)."
     out = Path(out_dir) / 'subtitles' / (p.stem + '.srt')
     if not out.exists():
-        lvb_subtitles_to_srt(p, out, float(q.meta.get('starting_timestamp_for_subtitles') or 0.0))
+        lvb_subtitles_to_srt(p, out, _subtitle_start(q))
     return str(out)
 
 @patch

@@ -367,9 +367,13 @@ def _context(name: str, method: str, cfg: Config, s: RunSettings) -> RunContext:
                       s.base_url, None if named else m, s.cache_mode, s.timeout_s, s.roles,
                       dict(s.role_models))
 
+def _data_root(s: RunSettings) -> str | None:
+    "The benchmark's data root, absolute (None if not given)."
+    return str(Path(s.root).resolve()) if s.root else None
+
 def _recorded(s: RunSettings, shard: tuple[int, int], pool: dict, load_rep: dict) -> dict:
     "What `run.json` records of the run settings (beside the config and models)."
-    root = str(Path(s.root).resolve()) if s.root else None
+    root = _data_root(s)
     return dict(backend=s.backend, base_url=s.base_url, cache_mode=s.cache_mode, **pool, root=root,
                 split=s.split, limit=s.limit, only_present=s.only_present, shards=[shard],
                 load_report=load_rep)
