@@ -38,26 +38,47 @@ def _letter_patterns(letters: str) -> list[str]:
             rf'(?i:answer)\s*(?:is)?\s*[:：]?\s*\(?([{L}])\b', rf'^\(?([{L}])\)?(?:[\.\):]|$)']
 
 # %% ../../nbs/41_eval.baselines.ipynb #bac6bcf8
-def _letter_in_text(s: str, options: dict[str, str]) -> str | None:
-    "The letter a reply's text names: in an explicit shape, by option text, or as a lone letter."
-    for pat in _letter_patterns(''.join(options)):
+def _explicit_letter(s: str, letters: str) -> str | None:
+    "The letter the reply names in an explicit shape (`_letter_patterns`), most explicit first."
+    for pat in _letter_patterns(letters):
         m = re.search(pat, s)
         if m: return m.group(1)
+    return None
+
+def _option_named(s: str, options: dict[str, str]) -> str | None:
+    "The letter whose option text the reply is (case and a final period aside)."
     for k, v in options.items():
         if s.rstrip('.').lower() == v.rstrip('.').lower(): return k
-    hits = set(re.findall(rf"\b([{''.join(options)}])\b", s))
+    return None
+
+def _lone_letter(s: str, letters: str) -> str | None:
+    "The one option letter standing alone in the reply (None for none or several)."
+    hits = set(re.findall(rf"\b([{letters}])\b", s))
     return hits.pop() if len(hits) == 1 else None
+
+def _letter_in_text(s: str, options: dict[str, str]) -> str | None:
+    "The letter a reply's text names: in an explicit shape, by option text, or as a lone letter."
+    L = ''.join(options)
+    return _explicit_letter(s, L) or _option_named(s, options) or _lone_letter(s, L)
+
+def _reply_text(text: Any) -> str:
+    "A reply as stripped text (a dict: its `answer`, else its `letter`)."
+    if isinstance(text, dict): text = text.get('answer', text.get('letter', ''))
+    return str(text).strip()
+
+def _json_reply(s: str) -> dict | None:
+    "The reply's JSON object when it is one with an `answer`, else None."
+    try: d = json.loads(s)
+    except (json.JSONDecodeError, TypeError): return None
+    return d if isinstance(d, dict) and 'answer' in d else None
 
 def parse_letter(text: Any, options: dict[str, str]) -> str | None:
     "The option letter a reply names (`{'answer':'B'}`, `'[[B]]'`, `'Answer: (B)'`, `'B'`, the option's text), or None."
     if text is None: return None
-    if isinstance(text, dict): text = text.get('answer', text.get('letter', ''))
-    s = str(text).strip()
+    s = _reply_text(text)
     if not s: return None
-    try:
-        d = json.loads(s)
-        if isinstance(d, dict) and 'answer' in d: return parse_letter(d['answer'], options)
-    except (json.JSONDecodeError, TypeError): pass
+    d = _json_reply(s)
+    if d is not None: return parse_letter(d['answer'], options)
     return _letter_in_text(s, options)
 
 # %% ../../nbs/41_eval.baselines.ipynb #79a0c92c
@@ -67,12 +88,15 @@ def text_encoder():
     return e.encode, e.model_id
 
 # %% ../../nbs/41_eval.baselines.ipynb #4febdcf9
+def _answer_source(kw: dict) -> str:
+    "Who answered a baseline's row: 'model' when its models name a chat model, else 'offline'."
+    return 'offline' if not (kw.get('models') or {}).get('chat') else 'model'
+
 def make_result(q: Question, answer: str | None, method: str, **kw) -> dict:
     "A baseline's result row, built through the record (keys the record does not name go to the baseline's part)."
     r = dict(qid=q.qid, answer=answer, gold=q.answer, rounds=0, llm_calls=0, prompt_tokens=0,
              completion_tokens=0, seconds=0.0, stop_reason=method, evidence=[], trace=None,
-             preset=method, failed=False, error=None, models={},
-             answer_source='offline' if not (kw.get('models') or {}).get('chat') else 'model')
+             preset=method, failed=False, error=None, models={}, answer_source=_answer_source(kw))
     return as_row(r | kw)
 
 # %% ../../nbs/41_eval.baselines.ipynb #f9a9e012
@@ -118,13 +142,17 @@ def _ask_blind(q: Question, model) -> Any:
     return model.chat([user_message(blind_prompt(q))], schema=ANSWER_SCHEMA, role='blind',
                       max_tokens=reply_tokens('blind'))
 
+def _blind_letter(q: Question, res: Any) -> str | None:
+    "The letter the model's blind reply names (its schema's `answer`, else its text)."
+    r = parse_reply(BlindReply, res.data)
+    return parse_letter(r.answer if r else res.text, q.options)
+
 def blind(q: Question, model=None, config: Config | None = None) -> dict:
     "The blind baseline: question and options only (a meaningful model, else the offline embedding prior)."
     t0 = time.time()
     if offline_role(model): return _blind_prior(q, t0)
     res = _ask_blind(q, model)
-    r = parse_reply(BlindReply, res.data)
-    letter = parse_letter(r.answer if r else res.text, q.options)
+    letter = _blind_letter(q, res)
     return make_result(q, letter, 'blind', seconds=time.time() - t0, raw=res.text[:500],
                        models={'chat': getattr(model, 'model_id', '?')}, **_usage(res))
 
@@ -156,33 +184,43 @@ def recorded_spans(memory, duration: float) -> list[tuple[float, float]]:
     return [(a, min(b, duration)) for a, b in spans if a < duration] if spans else [(0.0, duration)]
 
 # %% ../../nbs/41_eval.baselines.ipynb #74682662
+def _covering(items: list, t: float):
+    "The first item whose span covers time `t`, else the one nearest to it."
+    hit = next((it for it in items if it.t_start <= t <= it.t_end), None)
+    return hit or min(items, key=lambda it: min(abs(it.t_start - t), abs(it.t_end - t)))
+
 def covering_items(items: list, times: list[float]) -> list:
     "The memory items whose `[t_start, t_end]` covers each time (nearest when none does), deduplicated, in time order."
     items = sorted(items, key=lambda it: it.t_start)
     if not items: return []
-    gap = lambda it, t: min(abs(it.t_start - t), abs(it.t_end - t))
     out = {}
     for t in times:
-        hit = next((it for it in items if it.t_start <= t <= it.t_end), None)
-        hit = hit or min(items, key=lambda it: gap(it, t))
+        hit = _covering(items, t)
         out[hit.item_id] = hit
     return sorted(out.values(), key=lambda it: it.t_start)
 
 # %% ../../nbs/41_eval.baselines.ipynb #e82657b9
+def _memory_vectors(ev: list[Evidence], memory) -> np.ndarray:
+    "The memory's own text vectors of the evidence items, stacked."
+    return np.stack([np.asarray(memory.text_vector(e.item_id), np.float64) for e in ev])
+
 def _evidence_vectors(ev: list[Evidence], memory, enc) -> np.ndarray | None:
     "The memory's text vectors of the evidence, else its texts encoded (None for no evidence)."
     try:
-        return np.stack([np.asarray(memory.text_vector(e.item_id), np.float64)
-                         for e in ev]) if ev else None
+        return _memory_vectors(ev, memory) if ev else None
     except (AttributeError, KeyError):
         return np.asarray(enc([e.text for e in ev]), np.float64) if ev else None
+
+def _text_encode(memory):
+    "The memory's text embedder's `encode`, else the kit's."
+    emb = getattr(memory, 'text_embedder', None)
+    return emb.encode if emb is not None else text_encoder()[0]
 
 def evidence_view(items: list, memory, duration: float | None = None) -> EvidenceView:
     "Items (memory items or `Evidence`) as a verifier `EvidenceView` (memory text vectors when it has them)."
     ev = [it if isinstance(it, Evidence) else Evidence.from_item(it, 0, 0.0, 'uniform')
           for it in items]
-    emb = getattr(memory, 'text_embedder', None)
-    enc = emb.encode if emb is not None else text_encoder()[0]
+    enc = _text_encode(memory)
     return EvidenceView(ev, _evidence_vectors(ev, memory, enc), enc, 0, duration)
 
 # %% ../../nbs/41_eval.baselines.ipynb #b3cc6374
@@ -201,15 +239,18 @@ def _direct_images(memory, items: list, times: list[float]) -> list:
 # %% ../../nbs/41_eval.baselines.ipynb #eaa62656
 DIRECT_TEXT = {'direct': None, 'direct-subs': 'subtitles', 'direct-captions': 'captions'}
 
+def _cue_evidence(cues: list) -> list[Evidence]:
+    "Subtitle cues as evidence lines (source 'subtitle'), numbered in order."
+    return [Evidence(f'sub_{i:05d}', 1, c.start, c.end, c.text, 0, 0.0, 'subtitle')
+            for i, c in enumerate(cues)]
+
 def _subtitle_evidence(path: str | Path | None, budget: int) -> list[Evidence]:
     "The subtitle cues as evidence lines (source 'subtitle'), evenly thinned to at most `budget` words in all."
     if not path: return []
     cues = load_subtitles(path)
     words = sum(len(c.text.split()) for c in cues)
     step = max(1, math.ceil(words / budget))
-    ev = [Evidence(f'sub_{i:05d}', 1, c.start, c.end, c.text, 0, 0.0, 'subtitle')
-          for i, c in enumerate(cues)]
-    return ev[::step]
+    return _cue_evidence(cues)[::step]
 
 def direct_text(kind: str | None, items: list, subtitles: str | Path | None = None,
                 budget: int = EVIDENCE_TOKENS) -> list[Evidence]:
@@ -229,13 +270,21 @@ def _frames_line(n_images: int) -> str:
     if not n_images: return "No frames are attached."
     return f"{n_images} frames sampled uniformly over the video are attached, in time order."
 
+def _timed_line(e: Evidence) -> str:
+    "One evidence line: its time span, then its text."
+    return f"[{fmt_time(e.t_start)}-{fmt_time(e.t_end)}] {e.text}"
+
+def _text_block(text: list[Evidence]) -> str:
+    "The variant's text lines under their label, or nothing."
+    if not text: return ''
+    label = 'Subtitles' if text[0].source == 'subtitle' else 'Segment descriptions'
+    return f"\n{label}:\n" + '\n'.join(_timed_line(e) for e in text) + '\n'
+
 def direct_prompt(q: Question, n_images: int, text: list[Evidence]) -> str:
     "The direct baseline's user message: question, options, the frames attached, the variant's text lines."
     fr = _frames_line(n_images)
-    lines = '\n'.join(f"[{fmt_time(e.t_start)}-{fmt_time(e.t_end)}] {e.text}" for e in text)
-    label = 'Subtitles' if text and text[0].source == 'subtitle' else 'Segment descriptions'
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n{fr}\n"
-            + (f"\n{label}:\n{lines}\n" if text else '')
+            + _text_block(text)
             + '\nReply as {"answer": "<letter>", "reasoning": "one sentence"}.')
 
 # %% ../../nbs/41_eval.baselines.ipynb #5f352d83
@@ -286,16 +335,24 @@ def _direct_models(model, source: str) -> dict:
     return {'chat': getattr(model, 'model_id', None) if is_meaningful(model) else None,
             'answerer': source}
 
+def _images_to_send(model, memory, items: list, times: list[float]) -> list | None:
+    "The frames to attach if the model is meaningful and takes images."
+    img = is_meaningful(model) and getattr(model, 'supports_images', False)
+    return _direct_images(memory, items, times) if img else None
+
+def _caption_evidence(text: list[Evidence], kind: str | None) -> list[dict]:
+    "The result's evidence: the captions read, at level 1 (none for other variants)."
+    return [dict(e.to_dict(), level=1) for e in text if kind == 'captions']
+
 def direct(q: Question, memory, model=None, config: Config | None = None, variant: str = 'direct',
            subtitles: str | Path | None = None) -> dict:
     "The direct baseline (B.1): uniform frames (+ a variant's subtitles or captions) and the question → one answer."
     cfg, t0, kind = config or Config(), time.time(), DIRECT_TEXT[variant]
     duration, times, items = _direct_frames(q, memory, cfg)
-    img = is_meaningful(model) and getattr(model, 'supports_images', False)
-    images = _direct_images(memory, items, times) if img else None
+    images = _images_to_send(model, memory, items, times)
     text = direct_text(kind, items, subtitles)
     letter, source, calls, note = _direct_answer(q, model, images, text, memory, duration)
-    ev = [dict(e.to_dict(), level=1) for e in text if kind == 'captions']
+    ev = _caption_evidence(text, kind)
     return make_result(q, letter, variant, seconds=time.time() - t0, evidence=ev,
                        n_frames=len(times), n_images=len(images or []), text=kind,
                        answer_source=source, note=note, models=_direct_models(model, source),

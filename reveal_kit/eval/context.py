@@ -91,13 +91,17 @@ def _role_pairs(pairs) -> Iterable:
     if isinstance(pairs, dict): return pairs.items()
     return [str(p).partition('=')[::2] for p in pairs or []]
 
-def _role_spec(g: str, v: Any) -> str:
-    "One group's spec `URL[,NAME[,text]]`, parts stripped; refused for an unknown group or shape."
-    parts = [x.strip() for x in str(v).split(',')]
+def _check_role_spec(g: str, v: Any, parts: list[str]) -> None:
+    "Refuse an unknown group, or a spec not shaped `URL[,NAME[,text]]`."
     bad = g not in ROLE_MODEL_GROUPS or not parts[0] or len(parts) > 3
     if bad or (len(parts) == 3 and parts[2] != 'text'):
         raise ValueError(f"role model {g}={v!r}: expected GROUP=URL[,NAME[,text]] with GROUP "
                          f"one of {', '.join(ROLE_MODEL_GROUPS)}")
+
+def _role_spec(g: str, v: Any) -> str:
+    "One group's spec `URL[,NAME[,text]]`, parts stripped; refused for an unknown group or shape."
+    parts = [x.strip() for x in str(v).split(',')]
+    _check_role_spec(g, v, parts)
     return ','.join(parts)
 
 def role_models_of(pairs) -> dict[str, str]:
@@ -105,18 +109,27 @@ def role_models_of(pairs) -> dict[str, str]:
     return {g: _role_spec(g, v) for g, v in _role_pairs(pairs)}
 
 # %% ../../nbs/42a_eval.context.ipynb #c1a7e0a4
+def _group_settings(ctx: RunContext, text: list) -> dict:
+    "The run's thinking settings, and no images when the group is text-only."
+    return {**ctx.config.thinking_settings(), **({'supports_images': False} if text else {})}
+
 def _group_model(ctx: RunContext, name: str, url: str, text: list) -> Any:
     "A role group's own chat model over HTTP: the run's thinking, cache, timeout; text-only if so."
-    kw = {**ctx.config.thinking_settings(), **({'supports_images': False} if text else {})}
+    kw = _group_settings(ctx, text)
     return get_chat_model('http', model=name or None, base_url=url, cache_mode=ctx.cache_mode,
                           timeout_s=ctx.timeout_s or ctx.config.timeout_s, **kw)
+
+def _spec_parts(spec: str) -> tuple[str, str, list]:
+    "A group spec's URL, name ('' if none) and text-only flag (`['text']`, else empty)."
+    url, name, *text = spec.split(',') + ([] if ',' in spec else [''])
+    return url, name, text
 
 @patch
 def model_for(self: RunContext, group: str):
     "The chat model of a PACE role group: its own (`role_models`, made on first use, cached calls) or the run's."
     spec = role_models_of(self.role_models).get(group)
     if spec is None: return self.model
-    url, name, *text = spec.split(',') + ([] if ',' in spec else [''])
+    url, name, text = _spec_parts(spec)
     with self._lock:
         made = self.__dict__.setdefault('_role_objs', {})
         if group not in made: made[group] = _group_model(self, name, url, text)
@@ -129,11 +142,15 @@ def role_models_meta(self: RunContext) -> dict | None:
     return role_models_of(self.role_models) or None
 
 # %% ../../nbs/42a_eval.context.ipynb #18fd1682
+def _subtitle_start(q: Question) -> float:
+    "Where LongVideoBench's subtitle clock starts in the video, in seconds (0 if not given)."
+    return float(q.meta.get('starting_timestamp_for_subtitles') or 0.0)
+
 def _as_srt(p: Path, out_dir: str | Path, q: Question) -> str:
     "A LongVideoBench JSON subtitle file as SRT in the run folder (converted once)."
     out = Path(out_dir) / 'subtitles' / (p.stem + '.srt')
     if not out.exists():
-        lvb_subtitles_to_srt(p, out, float(q.meta.get('starting_timestamp_for_subtitles') or 0.0))
+        lvb_subtitles_to_srt(p, out, _subtitle_start(q))
     return str(out)
 
 @patch
@@ -144,14 +161,16 @@ def subtitles(self: RunContext, q: Question) -> str | None:
     return str(p) if p.suffix.lower() != '.json' else _as_srt(p, self.out_dir, q)
 
 # %% ../../nbs/42a_eval.context.ipynb #7859b11d
+def _video_missing(q: Question) -> FileNotFoundError:
+    "The error of a question whose video is not there."
+    return FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
+
 def _check_video(q: Question) -> None:
     "Refuse a question whose video is missing or cannot be read (a link loop, a FIFO): it fails."
-    if not q.video_path:
-        raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}")
+    if not q.video_path: raise _video_missing(q)
     why = video_problem(q.video_path)
-    if why:
-        raise FileNotFoundError(f"video of {q.qid} not found: {q.video_path}"
-                                if 'not found' in why else f"{q.qid}: {why}")
+    if why and 'not found' in why: raise _video_missing(q)
+    if why: raise FileNotFoundError(f"{q.qid}: {why}")
 
 @patch
 def shared(self: RunContext, q: Question, kind: str, build: Callable[[], Any]) -> Any:
@@ -172,12 +191,15 @@ def cut(self: RunContext, q: Question, store: Any) -> Any:
     return store.before(t) if self.config.before_query and t is not None else store
 
 # %% ../../nbs/42a_eval.context.ipynb #73c0cf5d
+def _with_chunking(cfg: Config, chunking: str) -> Config:
+    "The config with `chunking` (itself when it has that chunking already)."
+    return cfg.replace(chunking=chunking) if chunking != cfg.chunking else cfg
+
 @patch
 def memory(self: RunContext, q: Question, chunking: str | None = None):
     "The offline memory of the question's video, built once per (video, chunking), shared; cut at its query time."
     chunking = chunking or self.config.chunking
-    cfg = (self.config.replace(chunking=chunking) if chunking != self.config.chunking
-           else self.config)
+    cfg = _with_chunking(self.config, chunking)
     build = lambda: get_or_build_memory(q.video_path, cfg, chat_model=self.model,
                                         subtitles=self.subtitles(q))
     return self.cut(q, self.shared(q, chunking, build))
@@ -189,13 +211,16 @@ def hold(self: RunContext, qs: list[Question]) -> None:
     for q in qs: self._pending[q.video_id] = self._pending.get(q.video_id, 0) + 1
 
 # %% ../../nbs/42a_eval.context.ipynb #3d7847b1
+def _drop_video(mems: dict, video_id: str) -> None:
+    "Drop every shared object of one video."
+    for k in [k for k in mems if k[0] == video_id]: mems.pop(k, None)
+
 @patch
 def release(self: RunContext, q: Question) -> None:
     "One question of this video is done; drop its memories after the last one."
     with self._lock:
         self._pending[q.video_id] = self._pending.get(q.video_id, 1) - 1
-        if self._pending[q.video_id] <= 0:
-            for k in [k for k in self._mems if k[0] == q.video_id]: self._mems.pop(k, None)
+        if self._pending[q.video_id] <= 0: _drop_video(self._mems, q.video_id)
 
 # %% ../../nbs/42a_eval.context.ipynb #5272cced
 @patch
@@ -214,10 +239,14 @@ def uses_pool(method: str | None) -> bool:
 # %% ../../nbs/42a_eval.context.ipynb #6b7171cd
 _WARNED: set[str] = set()
 
+def _seed_pool_matters(origin: dict, benchmark: str, method: str | None) -> bool:
+    "Whether REVEAL reads a pool that was not induced on a real benchmark."
+    real = benchmark not in ('synth', 'custom')
+    return origin['kind'] != 'induced' and real and uses_pool(method)
+
 def seed_pool_warning(origin: dict, benchmark: str, method: str | None) -> str | None:
     "The line to warn with when REVEAL runs on a real benchmark with a pool that was not induced, else None."
-    if origin['kind'] == 'induced' or benchmark in ('synth', 'custom') or not uses_pool(method):
-        return None
+    if not _seed_pool_matters(origin, benchmark, method): return None
     return (f"REVEAL on {benchmark} uses {pool_label(origin)}; the paper's REVEAL uses a pool "
             "induced on a development split (`reveal rubrics induce`, then --set rubric_pool=PATH)")
 
@@ -234,13 +263,17 @@ def _missing_pool(cfg: Config, p: Path) -> dict:
         raise FileNotFoundError(f"rubric pool {p} not found (Config.rubric_pool)")
     return dict(rubric_pool=str(p), rubric_pool_sha256=None, rubric_pool_warning=None)
 
+def _pool_names(origin: dict) -> dict:
+    "What `run.json` calls a pool: its name, kind, label and provenance."
+    return dict(rubric_pool_name=origin['name'], rubric_pool_kind=origin['kind'],
+                rubric_pool_label=pool_label(origin), rubric_pool_provenance=origin['provenance'])
+
 def _pool_record(p: Path, origin: dict, w: str | None, seed_w: str | None,
                  method: str | None) -> dict:
     "What `run.json` records of a pool: path, SHA-256, name, kind, label, provenance, use, warning."
     return dict(rubric_pool=str(p), rubric_pool_sha256=origin['sha256'], rubric_pool_warning=w,
-                rubric_pool_name=origin['name'], rubric_pool_kind=origin['kind'],
-                rubric_pool_label=pool_label(origin), rubric_pool_provenance=origin['provenance'],
-                rubric_pool_used=uses_pool(method), rubric_pool_seed_warning=seed_w)
+                **_pool_names(origin), rubric_pool_used=uses_pool(method),
+                rubric_pool_seed_warning=seed_w)
 
 def _pool_warnings(p: Path, origin: dict, benchmark: str, split: str | None, qs: list[Question],
                    method: str | None) -> tuple[str | None, str | None]:
@@ -251,10 +284,14 @@ def _pool_warnings(p: Path, origin: dict, benchmark: str, split: str | None, qs:
     if seed_w: _warn_once(seed_w)
     return w, seed_w
 
+def _pool_path(cfg: Config) -> Path:
+    "The run's rubric pool file: the Config's, else the default pool."
+    return resolve_pool_path(cfg.rubric_pool) if cfg.rubric_pool else default_pool_path()
+
 def pool_meta(cfg: Config, benchmark: str, split: str | None, qs: list[Question],
               method: str | None = None) -> dict:
     "What `run.json` records about the rubric pool: path, SHA-256, kind, label, provenance, use, and its warnings."
-    p = resolve_pool_path(cfg.rubric_pool) if cfg.rubric_pool else default_pool_path()
+    p = _pool_path(cfg)
     if not p.exists(): return _missing_pool(cfg, p)
     if uses_pool(method):
         load_rubric_pool(p)              # a bad pool (a NaN weight) fails before any question

@@ -32,29 +32,38 @@ def _tok(c: dict, k: str) -> int:
     "A call's token count `k` (0 when it was not recorded)."
     return int(c.get(k) or 0)
 
+def _add_call(r: dict, c: dict) -> None:
+    "Count call `c` and its tokens into a role's counts `r`."
+    r['calls'] += 1
+    r['prompt_tokens'] += _tok(c, 'prompt_tokens')
+    r['completion_tokens'] += _tok(c, 'completion_tokens')
+
 def _role_costs(calls: list[dict]) -> dict:
     "Calls, prompt tokens and completion tokens per role, roles in the order of their first call."
     roles: dict = defaultdict(lambda: dict(calls=0, prompt_tokens=0, completion_tokens=0))
-    for c in calls:
-        r = roles[c.get('role', '?')]
-        r['calls'] += 1
-        r['prompt_tokens'] += _tok(c, 'prompt_tokens')
-        r['completion_tokens'] += _tok(c, 'completion_tokens')
+    for c in calls: _add_call(roles[c.get('role', '?')], c)
     return dict(roles)
+
+def _token_totals(calls: list[dict]) -> dict:
+    "The calls' prompt, completion and reasoning tokens in all."
+    ks = ('prompt_tokens', 'completion_tokens', 'reasoning_tokens')
+    return {k: sum(_tok(c, k) for c in calls) for k in ks}
 
 def question_cost(trace: dict) -> dict:
     "One question's calls, depth, prompt / completion / reasoning tokens, and its calls and tokens per role."
     calls = trace_calls(trace)
-    total = lambda k: sum(_tok(c, k) for c in calls)
     return dict(qid=trace.get('qid'), calls=len(calls), depth=sequential_depth(calls),
-                prompt_tokens=total('prompt_tokens'), completion_tokens=total('completion_tokens'),
-                reasoning_tokens=total('reasoning_tokens'), roles=_role_costs(calls))
+                **_token_totals(calls), roles=_role_costs(calls))
 
 # %% ../../nbs/49_eval.cost.ipynb #094cf12a
+def _trace_places(p: Path, run_dir: Path | None) -> tuple[Path, ...]:
+    "Where a row's trace may be: its recorded path, then by name under the run's traces/."
+    return (p, *([run_dir / 'traces' / p.name] if run_dir else []))
+
 def _trace_of(row: dict, run_dir: Path | None) -> dict | None:
     "The trace JSON of a result row (its path, or by name under the run's traces/), or None."
     p = Path(row.get('trace') or '')
-    for f in (p, *([run_dir / 'traces' / p.name] if run_dir else [])):
+    for f in _trace_places(p, run_dir):
         if p.name and f.is_file() and f.suffix == '.json': return json.loads(f.read_text())
     return None
 
@@ -88,6 +97,10 @@ def _role_means(costs: list[dict]) -> dict:
         for role, d in c['roles'].items(): roles[role].update(d)
     return {r: {k: v / max(n, 1) for k, v in sorted(d.items())} for r, d in sorted(roles.items())}
 
+def _tokens_total(costs: list[dict]) -> int:
+    "The prompt and completion tokens of all the questions."
+    return sum(c['prompt_tokens'] + c['completion_tokens'] for c in costs)
+
 def cost_summary(costs: list[dict]) -> dict:
     "Per question (means) and in total: calls, depth (mean, max), tokens; per role, calls and tokens per question."
     per = lambda k: _mean([c[k] for c in costs])
@@ -95,7 +108,7 @@ def cost_summary(costs: list[dict]) -> dict:
                 depth_max=max((c['depth'] for c in costs), default=0),
                 prompt_per_q=per('prompt_tokens'), completion_per_q=per('completion_tokens'),
                 reasoning_per_q=per('reasoning_tokens'),
-                tokens_total=sum(c['prompt_tokens'] + c['completion_tokens'] for c in costs),
+                tokens_total=_tokens_total(costs),
                 roles=_role_means(costs))
 
 # %% ../../nbs/49_eval.cost.ipynb #b7db75f0
@@ -115,14 +128,18 @@ def _good_point(x) -> bool:
     "Whether a profile point is a dict with positive, finite numbers for all `PROFILE_POINT_KEYS`."
     return isinstance(x, dict) and all(_positive(x.get(k)) for k in PROFILE_POINT_KEYS)
 
+def _check_points(p: Path, pts) -> None:
+    "Refuse a profile without points, or with a bad one."
+    if not pts or not all(_good_point(x) for x in pts):
+        raise ValueError(f"{p}: a profile needs points with positive, finite "
+                         f"{', '.join(PROFILE_POINT_KEYS)}")
+
 def load_profile(path: str | Path) -> dict:
     "A throughput profile JSON (model, gpu, points of tokens/s by concurrency), checked; points by concurrency."
     p = Path(path)
     d = _read_profile(p)
     pts = d.get('points') if isinstance(d, dict) else None
-    if not pts or not all(_good_point(x) for x in pts):
-        raise ValueError(f"{p}: a profile needs points with positive, finite "
-                         f"{', '.join(PROFILE_POINT_KEYS)}")
+    _check_points(p, pts)
     return dict(d, points=sorted(pts, key=lambda x: float(x['concurrency'])))
 
 # %% ../../nbs/49_eval.cost.ipynb #18ab8647
@@ -156,11 +173,15 @@ def _check_rate_concurrency(concurrency: float | None) -> None:
         raise ValueError(f"--concurrency must be a finite number > 0 (or left out: the profile's "
                          f"fastest), got {concurrency}")
 
-def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
-    "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
+def _check_questions(questions: int | None) -> None:
+    "Refuse a number of questions that is not a whole number ≥ 1 (None: the run's)."
     if questions is not None and not _whole(questions):
         raise ValueError(f"--questions must be a whole number ≥ 1 (or left out: the run's), got "
                          f"{questions}")
+
+def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
+    "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
+    _check_questions(questions)
     if not _whole(gpus): raise ValueError(f"--gpus must be a whole number ≥ 1, got {gpus}")
     _check_rate_concurrency(concurrency)
 
@@ -182,6 +203,10 @@ def _wall_seconds(summary: dict, n: int, gpus: int, c: float, per_q: float) -> f
     chain = summary['depth_max'] * c * per_q / calls
     return n * per_q / gpus + (chain if summary['calls_per_q'] else 0.0)
 
+def _hours(wall: float, gpus: int) -> dict:
+    "Wall hours and GPU-hours of `wall` seconds on `gpus` engines."
+    return dict(wall_hours=wall / 3600, gpu_hours=wall * gpus / 3600)
+
 def project(summary: dict, profile: dict, questions: int | None = None, gpus: int = 1,
             concurrency: float | None = None) -> dict:
     "Projected wall hours and GPU-hours of `questions` (default: the run's) on `gpus` engines at `concurrency`."
@@ -190,10 +215,13 @@ def project(summary: dict, profile: dict, questions: int | None = None, gpus: in
     c = float(best_concurrency(profile) if concurrency is None else concurrency)
     wall = _wall_seconds(summary, n, gpus, c, _engine_seconds(summary, profile, c))
     return dict(questions=n, gpus=int(gpus), concurrency=c, model=profile.get('model'),
-                gpu=profile.get('gpu'), **_scaled(summary, n), wall_hours=wall / 3600,
-                gpu_hours=wall * gpus / 3600)
+                gpu=profile.get('gpu'), **_scaled(summary, n), **_hours(wall, gpus))
 
 # %% ../../nbs/49_eval.cost.ipynb #860ce37e
+def _as_profile(profile: str | Path | dict) -> dict:
+    "A profile as given, or loaded (and checked) from its file."
+    return profile if isinstance(profile, dict) else load_profile(profile)
+
 def cost_report(run_dir: str | Path, profile: str | Path | dict | None = None,
                 questions: int | None = None, gpus: int = 1,
                 concurrency: float | None = None) -> dict:
@@ -201,7 +229,7 @@ def cost_report(run_dir: str | Path, profile: str | Path | dict | None = None,
     check_projection(questions, gpus, concurrency)
     s = cost_summary(run_costs(run_dir))
     if profile is None: return dict(s, run=str(run_dir), projection=None)
-    prof = profile if isinstance(profile, dict) else load_profile(profile)
+    prof = _as_profile(profile)
     return dict(s, run=str(run_dir), projection=project(s, prof, questions, gpus, concurrency))
 
 # %% ../../nbs/49_eval.cost.ipynb #ffe67eaf
@@ -222,6 +250,11 @@ def _paper_row(b: dict) -> dict:
     gpus = round(b['gpu_hours'] / b['wall_hours'])
     return dict(b, method='REVEAL (paper)', gpus=gpus, source='paper')
 
+def _projected_hours(p: dict | None) -> dict:
+    "A projection's wall hours and GPU-hours (NaN without a projection)."
+    return dict(wall_hours=p['wall_hours'] if p else math.nan,
+                gpu_hours=p['gpu_hours'] if p else math.nan)
+
 def _projected_row(b: dict, m: str, rs: list[dict], prof: dict | None, gpus: int,
                    concurrency: float | None, label: str) -> dict:
     "Run `m`'s row for paper benchmark `b`: its costs per question scaled to the benchmark's size."
@@ -229,8 +262,7 @@ def _projected_row(b: dict, m: str, rs: list[dict], prof: dict | None, gpus: int
     p = project(s, prof, b['questions'], gpus, concurrency) if prof else None
     return dict(benchmark=b['benchmark'], questions=b['questions'], calls_per_q=s['calls_per_q'],
                 tokens_m=b['questions'] * (s['prompt_per_q'] + s['completion_per_q']) / 1e6,
-                wall_hours=p['wall_hours'] if p else math.nan,
-                gpu_hours=p['gpu_hours'] if p else math.nan, method=m, gpus=gpus, source=label)
+                **_projected_hours(p), method=m, gpus=gpus, source=label)
 
 def projection_table(runs: dict[str, list[dict]], profile: str | Path | dict | None = None,
                      gpus: int = 16, concurrency: float | None = None,

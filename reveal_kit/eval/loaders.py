@@ -6,7 +6,6 @@
 from __future__ import annotations
 import inspect
 import os
-import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from ..text import hms_to_seconds
 from ..io import write_subtitles
 from ..synth.bench import load_questions
 from ..memory.clips import egolife_seconds
+from .egolife_times import egolife_spans
 
 # %% auto #0
 __all__ = ['VIDEOMME_ANN', 'VIDEOMME_SPLITS', 'LVBENCH_ANN', 'LVB_ANN', 'LVB_GROUPS', 'EGOSCHEMA_ANN', 'MMRV_ANN',
@@ -104,6 +104,25 @@ def _req(rec: dict, key: str) -> Any:
     return v
 
 # %% ../../nbs/40a_eval.loaders.ipynb #19adbf05
+def _skip_bad(rep: LoadReport, source: Path, where: str, e: Exception, strict: bool) -> None:
+    "Count a bad record as skipped with its error; refused if `strict`."
+    if strict: raise AnnotationError(f"{source}: bad {where}: {type(e).__name__}: {e}") from None
+    rep.skip(where, f"{type(e).__name__}: {e}")
+
+def _fill_duration(q: Question, probed: dict) -> None:
+    "Give a question without a length its video's (probed once per video), and its group."
+    if q.duration is None and q.video_path:
+        if q.video_path not in probed: probed[q.video_path] = probe_seconds(q.video_path)
+        q.duration = probed[q.video_path]
+        q.duration_group = q.duration_group or duration_group(q.duration)
+
+def _warn_load(bench: str, source: Path, rep: LoadReport) -> None:
+    "Warn of the records skipped and of the questions that repeat an option text, if any."
+    if rep.skipped:
+        warn(f"{bench}: skipped {rep.skipped} bad record(s) in {source}; first: {rep.reasons[0]}")
+    if rep.notes: warn(f"{bench}: {len(rep.notes)} question(s) in {source} repeat an option text; "
+                       f"first: {rep.notes[0]}")
+
 def _collect(bench: str, source: Path, records: Iterable[tuple[str, Any]],
              build: Callable[[Any], Question | None], strict: bool = False) -> tuple[list[Question],
                                                                                      LoadReport]:
@@ -116,22 +135,14 @@ def _collect(bench: str, source: Path, records: Iterable[tuple[str, Any]],
             out.append(q)
             wheres.append(where)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            if strict:
-                raise AnnotationError(f"{source}: bad {where}: {type(e).__name__}: {e}") from None
-            rep.skip(where, f"{type(e).__name__}: {e}")
+            _skip_bad(rep, source, where, e, strict)
             continue
         dup = _duplicate_options(q)
         if dup: rep.note(where, f"options {', '.join(dup)} have the same text")
-        if q.duration is None and q.video_path:
-            if q.video_path not in probed: probed[q.video_path] = probe_seconds(q.video_path)
-            q.duration = probed[q.video_path]
-            q.duration_group = q.duration_group or duration_group(q.duration)
+        _fill_duration(q, probed)
     out = unique_qids(out, [f"{source}: {w}" for w in wheres])
     rep.loaded = len(out)
-    if rep.skipped:
-        warn(f"{bench}: skipped {rep.skipped} bad record(s) in {source}; first: {rep.reasons[0]}")
-    if rep.notes: warn(f"{bench}: {len(rep.notes)} question(s) in {source} repeat an option text; "
-                       f"first: {rep.notes[0]}")
+    _warn_load(bench, source, rep)
     return out, rep
 
 # %% ../../nbs/40a_eval.loaders.ipynb #4051aaf0
@@ -213,12 +224,16 @@ LVB_ANN = {'val': ['lvb_val.json', 'validation-*.parquet', 'data/validation-*.pa
 _LVB_META = ('topic_category', 'level', 'position', 'starting_timestamp_for_subtitles',
              'question_wo_referring_query')
 
+def _lvb_group(dur: float | None, bound) -> str | None:
+    "The kit's duration group of the video's length, else of LongVideoBench's group bound."
+    return duration_group(dur if dur is not None else (float(bound) if bound is not None else None))
+
 def _lvb_question(rec: dict, root: Path) -> Question:
     "One LongVideoBench record as a Question (plain `candidates`: the position is the letter)."
     stem, opts = extract_options(rec, style='plain')
     dur = float(rec['duration']) if rec.get('duration') is not None else None
     bound = rec.get('duration_group')
-    dg = duration_group(dur if dur is not None else (float(bound) if bound is not None else None))
+    dg = _lvb_group(dur, bound)
     sub = rec.get('subtitle_path')
     meta = {k: rec.get(k) for k in _LVB_META if rec.get(k) is not None}
     if bound is not None: meta['lvb_duration_group'] = str(bound)
@@ -299,6 +314,13 @@ def _has_uid(rec: Any) -> bool:
     except KeyError: return False
 
 # %% ../../nbs/40a_eval.loaders.ipynb #80604d21
+def _answered(recs: list, answers: dict, src: Path) -> list:
+    "The records with a gold answer (one without a clip id kept, to be skipped); refused if none."
+    def gold(r): return answers.get(_egoschema_uid(r)) if answers else r.get('answer')
+    recs = [(w, r) for w, r in recs if not _has_uid(r) or gold(r) not in (None, '')]
+    if not recs: raise ValueError(f"{src} has no gold answers: it is not the answered subset (use split 'full')")
+    return recs
+
 def load_egoschema(root: str | Path, split: str = 'subset', strict: bool = False) -> tuple[list[Question], LoadReport]:
     "EgoSchema: the 500-question answered subset (`split='subset'`) or the full set (`'full'`)."
     check_split('egoschema', split, EGOSCHEMA_ANN)
@@ -308,10 +330,7 @@ def load_egoschema(root: str | Path, split: str = 'subset', strict: bool = False
     if split == 'subset' and not answers and src.name == 'questions.json':
         raise FileNotFoundError(f"egoschema subset needs {ans_p}")
     recs = [(f"record {i}", r) for i, r in enumerate(read_table(src))]
-    if split == 'subset':
-        def gold(r): return answers.get(_egoschema_uid(r)) if answers else r.get('answer')
-        recs = [(w, r) for w, r in recs if not _has_uid(r) or gold(r) not in (None, '')]
-        if not recs: raise ValueError(f"{src} has no gold answers: it is not the answered subset (use split 'full')")
+    if split == 'subset': recs = _answered(recs, answers, src)
     return _collect('egoschema', src, recs, lambda r: _egoschema_question(r, answers, src.parent), strict)
 
 # %% ../../nbs/40a_eval.loaders.ipynb #69f9a48d
@@ -336,40 +355,20 @@ def load_mmrv(root: str | Path, strict: bool = False) -> tuple[list[Question], L
     recs = [(f"record {i}", (i, r)) for i, r in enumerate(read_table(src))]
     return _collect('mmrv', src, recs, lambda ir: _mmrv_question(ir[1], ir[0], base), strict)
 
-# %% ../../nbs/40a_eval.loaders.ipynb #30150eab
-_STAMPS = re.compile(r'(?:(DAY\d+)[_\s]*)?(\d{6,8})(?:\s*-\s*(?:(DAY\d+)[_\s]*)?(\d{6,8}))?', re.I)
-
-def _egolife_text(tt: Any, day: str) -> tuple[str, str]:
-    "Day and stamps text of one `target_time` entry (a string, or dict: time, time_list, start/end)."
-    if not isinstance(tt, dict): return day, str(tt)
-    parts = [str(tt.get('time', ''))] + [str(t) for t in tt.get('time_list') or []]
-    a, b = tt.get('start_time', tt.get('start')), tt.get('end_time', tt.get('end'))
-    return tt.get('date') or day, ' '.join(parts + ([f"{a}-{b}"] if a and b else []))
-
-def _egolife_spans(tt: Any, day: str = 'DAY1') -> list[tuple[float, float]]:
-    "Every time of an EgoLife / Ego-R1 `target_time`: a range `A-B` as (a, b), one time as (t, t)."
-    if not tt: return []
-    if isinstance(tt, list): return [s for x in tt for s in _egolife_spans(x, day)]
-    day, text = _egolife_text(tt, day)
-    out = []
-    for m in _STAMPS.finditer(text):
-        day = m.group(1) or day
-        a = egolife_seconds(day, m.group(2))
-        if m.group(4): day = m.group(3) or day
-        b = egolife_seconds(day, m.group(4)) if m.group(4) else a
-        out.append((min(a, b), max(a, b)))
-    return out
-
 # %% ../../nbs/40a_eval.loaders.ipynb #7e183d5e
 EGOLIFE_IDENTITIES = {'A1': 'A1_JAKE', 'A2': 'A2_ALICE', 'A3': 'A3_TASHA', 'A4': 'A4_LUCIA',
                       'A5': 'A5_KATRINA',
                       'A6': 'A6_SHURE'}       # the six EgoLife participants and their folders
 
+def _query_seconds(qt: dict) -> float | None:
+    "The query time on the week's clock, in seconds (None without a date and time)."
+    return egolife_seconds(qt['date'], qt['time']) if qt.get('date') and qt.get('time') else None
+
 def _egolife_question(rec: dict, identity: str, root: Path, bench: str) -> Question:
     "One EgoLife-shaped record as a Question on the identity's week of video (its folder of clips)."
     stem, opts = extract_options(rec)
     qt = rec.get('query_time') or {}
-    qsec = egolife_seconds(qt['date'], qt['time']) if qt.get('date') and qt.get('time') else None
+    qsec = _query_seconds(qt)
     who = str(rec.get('identity') or identity)
     who = EGOLIFE_IDENTITIES.get(who.upper(), who)
     flags = {k: rec[k] for k in ('need_audio', 'need_name', 'last_time') if k in rec}
@@ -377,7 +376,7 @@ def _egolife_question(rec: dict, identity: str, root: Path, bench: str) -> Quest
                     options=opts, answer=gold_letter(rec.get('answer'), opts),
                     qtype=str(rec.get('type') or 'unknown'), duration=qsec,
                     duration_group=duration_group(qsec), video_path=str(root / who),
-                    evidence_spans=_egolife_spans(rec.get('target_time')),
+                    evidence_spans=egolife_spans(rec.get('target_time')),
                     meta=dict(query_time=qt, query_seconds=qsec, target_time=rec.get('target_time'),
                               **flags))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import threading
+from functools import partial
 from pathlib import Path
 from dataclasses import asdict
 from typing import Any, Callable
@@ -46,20 +47,28 @@ def method_name(name: str) -> str:
     return PACE_ALIASES.get(name, preset_name(name))
 
 # %% ../../nbs/42b_eval.methods.ipynb #3d1a0004
+def _earlier_spellings(base: str, suffix: str) -> list[str]:
+    "The earlier spellings of method `base`, each with `suffix`."
+    return [old + suffix for old, new in METHOD_ALIASES.items() if new == base]
+
 def method_spellings(name: str) -> list[str]:
     "A method's current name, then each earlier spelling (a run folder may carry any of them)."
     name = method_name(name)
     for suffix in (ORACLE_FRAMES_SUFFIX, ORACLE_SUFFIX, ''):
         base = name[:len(name) - len(suffix)]
         if name.endswith(suffix) and base in METHOD_ALIASES.values():
-            return [name] + [old + suffix for old, new in METHOD_ALIASES.items() if new == base]
+            return [name] + _earlier_spellings(base, suffix)
     return [name]
 
 # %% ../../nbs/42b_eval.methods.ipynb #3d1a0006
+def _folder_method(out_dir: str | Path) -> str | None:
+    "The method a run folder's `run.json` names, or None."
+    try: return str(json.loads((Path(out_dir) / 'run.json').read_text())['method'])
+    except (OSError, ValueError, KeyError, TypeError): return None
+
 def run_spelling(out_dir: str | Path, name: str) -> str:
     "The name a run into `out_dir` goes under: the folder's own earlier spelling of it (so it resumes), else the current."
-    try: old = str(json.loads((Path(out_dir) / 'run.json').read_text())['method'])
-    except (OSError, ValueError, KeyError, TypeError): old = None
+    old = _folder_method(out_dir)
     return old if old in method_spellings(name) else method_name(name)
 
 # %% ../../nbs/42b_eval.methods.ipynb #389a11e2
@@ -98,13 +107,17 @@ _PLUGIN_ERRORS: dict[str, str] = {}
 _PLUGINS_TRIED: set[str] = set()
 _PLUGIN_LOCK = threading.RLock()
 
+def _import_plugin(m: str) -> None:
+    "Import plugin module `m`; if it does not import, record why."
+    try: importlib.import_module(m)
+    except Exception as e: _PLUGIN_ERRORS[m] = f"{type(e).__name__}: {e}"
+
 def load_plugins() -> dict[str, str]:
     "Import each plugin module once (importing registers its methods); the error of each one that did not import."
     with _PLUGIN_LOCK:
         for m in PLUGINS:
             if m in _PLUGINS_TRIED: continue
-            try: importlib.import_module(m)
-            except Exception as e: _PLUGIN_ERRORS[m] = f"{type(e).__name__}: {e}"
+            _import_plugin(m)
             _PLUGINS_TRIED.add(m)
         return dict(_PLUGIN_ERRORS)
 
@@ -122,11 +135,19 @@ def _is_preset(name: str) -> bool:
     except KeyError: return False
     return True
 
+def _known_methods() -> list[str]:
+    "The methods the runner knows, oracle variants aside."
+    return [m for m in available_methods()
+            if not m.endswith((ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX))]
+
+def _plugin_failures() -> str:
+    "Why each plugin that failed did not import ('; M did not import (E)' each)."
+    return ''.join(f"; {m} did not import ({e})" for m, e in load_plugins().items())
+
 def _unknown_method(name: str) -> KeyError:
     "The error for a name no one registered: the methods known, why each failed plugin did not."
-    known = [m for m in available_methods()
-             if not m.endswith((ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX))]
-    why = ''.join(f"; {m} did not import ({e})" for m, e in load_plugins().items())
+    known = _known_methods()
+    why = _plugin_failures()
     return KeyError(f"unknown method {name!r}; known: {', '.join(known)} (each preset also with "
                     f"the suffix {ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX}){why}")
 
@@ -153,13 +174,17 @@ def method_family(name: str) -> str:
     return 'reveal' if _is_preset(name) else 'baseline'
 
 # %% ../../nbs/42b_eval.methods.ipynb #7a3c5e01
+def _pace_group_model(ctx: RunContext, group: str) -> Any:
+    "A role group's model if the roles use it (model roles, or a meaningful model), else None."
+    m = ctx.model_for(group)
+    return m if ctx.roles == 'model' or is_meaningful(m) else None
+
 def pace_models_for(ctx: RunContext) -> PaceModels:
     "A run's PACE models: none under the offline roles, else each role group's model (`role_models`, else the run's)."
     if ctx.roles == 'offline': return PaceModels()
     check_roles(ctx.roles, ctx.model_for('agent'))
-    pick = (lambda g: ctx.model_for(g) if ctx.roles == 'model' or is_meaningful(ctx.model_for(g))
-            else None)
-    return PaceModels(pick('agent'), pick('vision'), pace_settings(ctx.config).vision_substitute)
+    agent, vision = _pace_group_model(ctx, 'agent'), _pace_group_model(ctx, 'vision')
+    return PaceModels(agent, vision, pace_settings(ctx.config).vision_substitute)
 
 # %% ../../nbs/42b_eval.methods.ipynb #a379f7f7
 def plain_index_model(ctx: RunContext) -> Any:
@@ -183,12 +208,15 @@ def index_caps(method: str, config: Config) -> dict | None:
                                        registry_max_tokens=c.pace_tool_max_tokens)
 
 # %% ../../nbs/42b_eval.methods.ipynb #c0312afe
+def _build_plain_db(q: Question, ctx: RunContext, method: str) -> EvidenceDB:
+    "Build or load the PACE method's plain database of the question's video."
+    model = plain_index_model(ctx)                        # offline captions have no reply cap
+    cfg = ctx.config if model is None else plain_index_config(method, ctx.config)
+    return get_pace_dbs(q.video_path, (), cfg, model, ctx.subtitles(q))[0]
+
 def shared_plain_db(q: Question, ctx: RunContext, method: str = 'pace') -> EvidenceDB:
     "A PACE method's plain database of the question's video: built or loaded once, shared, cut at query time."
-    def build():
-        model = plain_index_model(ctx)                        # offline captions have no reply cap
-        cfg = ctx.config if model is None else plain_index_config(method, ctx.config)
-        return get_pace_dbs(q.video_path, (), cfg, model, ctx.subtitles(q))[0]
+    build = partial(_build_plain_db, q, ctx, method)
     return ctx.cut(q, ctx.shared(q, 'pace-plain', build))     # a run is one method: one plain index
 
 # %% ../../nbs/42b_eval.methods.ipynb #664adbef

@@ -13,12 +13,13 @@ from ..io import read_jsonl_rows
 from ..record import format_substituted, read_row, scored_rows, substitution_counts
 from ..backends.models import get_chat_model
 from .loaders import load_benchmark
+from .paired import mcnemar_exact, paired_bootstrap_ci
 from ..pace.needle import judge_failed, judge_name, judged_needles, judge_run
 
 # %% auto #0
 __all__ = ['PAPER_EMBEDDERS', 'DEMO_GUIDE', 'load_results', 'report', 'with_judged_needles', 'embedders_line', 'format_report',
-           'mcnemar_exact', 'paired_bootstrap_ci', 'compare', 'format_compare', 'run_pool', 'report_run',
-           'judge_report', 'compare_runs', 'demo_table', 'demo_report']
+           'compare', 'format_compare', 'run_pool', 'report_run', 'judge_report', 'compare_runs', 'demo_table',
+           'demo_report']
 
 # %% ../../nbs/43_eval.metrics.ipynb #1dd65cde
 def load_results(run_dir: str | Path) -> list[dict]:
@@ -181,33 +182,51 @@ def _judge_note(judges: dict) -> str:
     return ('; judge '
             + ', '.join(j if len(judges) == 1 else f"{j} ({n})" for j, n in judges.items()))
 
+def _recall_lines(rep: dict) -> list[str]:
+    "The report's own needle recall line, with its judges (none without needle recall)."
+    if 'needle_recall_mean' not in rep: return []
+    return [f"-- needle recall {_pct(rep['needle_recall_mean'])} % ({rep['needle_recall_n']} "
+            f"questions with cues{_judge_note(rep.get('needle_judge', {}))})"]
+
+def _judged_lines(rep: dict) -> list[str]:
+    "One needle recall line per judge of `with_judged_needles`."
+    return [f"-- needle recall {_pct(v['mean'])} % ({v['n']} questions with cues; judge {j})"
+            for j, v in rep.get('needle_judged', {}).items()]
+
+def _judge_failed_lines(rep: dict) -> list[str]:
+    "The line on a needle judge that failed for some questions, if one did."
+    f = rep.get('judge_failed')
+    if not f: return []
+    return [f"-- needle judge {f['judge']} FAILED for {f['failed']} of {f['of']} questions "
+            f"with cues "
+            "(no verdict kept for them: rerun with a working judge)"]
+
+def _episode_lines(rep: dict) -> list[str]:
+    "Steps, invalid calls and tool calls per episode (PACE's runs)."
+    if 'tool_calls_mean' not in rep: return []
+    calls = ', '.join(f"{t} {v:.2f}" for t, v in rep['tool_calls_mean'].items())
+    return [f"-- per episode: steps {_num(rep['steps_mean'], '.2f')}, invalid calls "
+            f"{_num(rep['invalid_calls_mean'], '.2f')}; tool calls {calls}"]
+
+def _clip_token_lines(rep: dict) -> list[str]:
+    "Tokens per clip (indexing) and per query (reasoning), thinking apart."
+    if 'index_tokens_per_clip_mean' not in rep: return []
+    return [f"-- tokens per clip (indexing) {_num(rep['index_tokens_per_clip_mean'], '.0f')}, "
+            f"per query (reasoning) {_num(rep['query_tokens_mean'], '.0f')}; of which "
+            f"thinking: {_num(rep.get('index_reasoning_tokens_per_clip_mean'), '.0f')} per "
+            f"clip, {_num(rep.get('query_reasoning_tokens_mean'), '.0f')} per query"]
+
+def _pass_token_lines(rep: dict) -> list[str]:
+    "Tokens per clip by indexing pass: the shared plain captions, the question's own."
+    if 'index_shared_tokens_per_clip_mean' not in rep: return []
+    return [f"-- tokens per clip by indexing pass: shared plain captions "
+            f"{_num(rep['index_shared_tokens_per_clip_mean'], '.0f')}, this question's F_Q "
+            f"and records {_num(rep['index_question_tokens_per_clip_mean'], '.0f')}"]
+
 def _pace_lines(rep: dict) -> list[str]:
     "`format_report`'s lines on PACE's diagnostics (and each number's needle judge), for its keys."
-    L = []
-    if 'needle_recall_mean' in rep:
-        L.append(f"-- needle recall {_pct(rep['needle_recall_mean'])} % ({rep['needle_recall_n']} "
-                 f"questions with cues{_judge_note(rep.get('needle_judge', {}))})")
-    L += [f"-- needle recall {_pct(v['mean'])} % ({v['n']} questions with cues; judge {j})"
-          for j, v in rep.get('needle_judged', {}).items()]
-    if rep.get('judge_failed'):
-        f = rep['judge_failed']
-        L.append(f"-- needle judge {f['judge']} FAILED for {f['failed']} of {f['of']} questions "
-                 f"with cues "
-                 "(no verdict kept for them: rerun with a working judge)")
-    if 'tool_calls_mean' in rep:
-        calls = ', '.join(f"{t} {v:.2f}" for t, v in rep['tool_calls_mean'].items())
-        L.append(f"-- per episode: steps {_num(rep['steps_mean'], '.2f')}, invalid calls "
-                 f"{_num(rep['invalid_calls_mean'], '.2f')}; tool calls {calls}")
-    if 'index_tokens_per_clip_mean' in rep:
-        L.append(f"-- tokens per clip (indexing) {_num(rep['index_tokens_per_clip_mean'], '.0f')}, "
-                 f"per query (reasoning) {_num(rep['query_tokens_mean'], '.0f')}; of which "
-                 f"thinking: {_num(rep.get('index_reasoning_tokens_per_clip_mean'), '.0f')} per "
-                 f"clip, {_num(rep.get('query_reasoning_tokens_mean'), '.0f')} per query")
-    if 'index_shared_tokens_per_clip_mean' in rep:
-        L.append(f"-- tokens per clip by indexing pass: shared plain captions "
-                 f"{_num(rep['index_shared_tokens_per_clip_mean'], '.0f')}, this question's F_Q "
-                 f"and records {_num(rep['index_question_tokens_per_clip_mean'], '.0f')}")
-    return L
+    return (_recall_lines(rep) + _judged_lines(rep) + _judge_failed_lines(rep) + _episode_lines(rep)
+            + _clip_token_lines(rep) + _pass_token_lines(rep))
 
 # %% ../../nbs/43_eval.metrics.ipynb #5e1d9a01
 def with_judged_needles(rep: dict, run_dir: str | Path) -> dict:
@@ -259,33 +278,6 @@ def format_report(rep: dict, title: str = '') -> str:
     emb = [f"-- {rep['embedders']}"] if rep.get('embedders') else []
     return '\n'.join(L + _pace_lines(rep) + _pool_lines(rep) + emb)
 
-# %% ../../nbs/43_eval.metrics.ipynb #b9322a89
-def mcnemar_exact(b: int, c: int) -> float:
-    "Two-sided exact McNemar p of discordant counts b (A right, B wrong) and c (A wrong, B right)."
-    from scipy.stats import binomtest
-    if b + c == 0: return 1.0
-    return float(binomtest(int(b), int(b + c), 0.5, alternative='two-sided').pvalue)
-
-# %% ../../nbs/43_eval.metrics.ipynb #452d0a5a
-def _mean_diff(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-    "mean(x) − mean(y) along `axis` (the bootstrap statistic)."
-    return x.mean(axis=axis) - y.mean(axis=axis)
-
-# %% ../../nbs/43_eval.metrics.ipynb #02da236c
-def paired_bootstrap_ci(a: Iterable[bool], b: Iterable[bool], n_boot: int = 10000, seed: int = 0,
-                        alpha: float = 0.05) -> tuple[float, float]:
-    "Percentile bootstrap CI of mean(a) − mean(b) over paired 0/1 outcomes (resampled in pairs)."
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
-        raise ValueError(f"n_boot must be a whole number of bootstrap resamples ≥ 1, got {n_boot!r}")
-    from scipy.stats import bootstrap
-    a, b = np.asarray(list(a), float), np.asarray(list(b), float)
-    if len(a) != len(b): raise ValueError(f"paired outcomes need equal lengths, got {len(a)} and {len(b)}")
-    if len(a) == 0: return (float('nan'), float('nan'))
-    if len(a) == 1 or np.all(a - b == a[0] - b[0]): return (float(a[0] - b[0]),) * 2    # every resample is the same
-    res = bootstrap((a, b), _mean_diff, paired=True, vectorized=True, n_resamples=n_boot, confidence_level=1 - alpha,
-                    method='percentile', rng=np.random.default_rng(seed))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
-
 # %% ../../nbs/43_eval.metrics.ipynb #a544815f
 def _paired_counts(a: list[bool], b: list[bool]) -> dict:
     "The 2×2 table of paired outcomes."
@@ -336,6 +328,20 @@ def _labels(c: dict) -> tuple[str, str]:
     m = tuple(c.get('methods') or ())
     return m if len(m) == 2 and m[0] != m[1] else ('A', 'B')
 
+def _qtype_row(k: str, ra: dict, rb: dict, w: int) -> str:
+    "One question type's accuracy in each run and their difference."
+    x, y = ra['by_qtype'].get(k, {}).get('accuracy'), rb['by_qtype'].get(k, {}).get('accuracy')
+    d = _pct(x - y) if x is not None and y is not None else '—'
+    return f"  {k[:26]:<28}{_pct(x):>{w}}{_pct(y):>{w}}{d:>{w}}"
+
+def _paired_lines(c: dict, la: str, lb: str) -> list[str]:
+    "The paired table and its tests: McNemar's p, the bootstrap interval of the difference."
+    lo, hi = c['bootstrap_ci95']
+    return [f"paired: both right {c['both_correct']}, only {la} {c['only_a_correct']}, "
+            f"only {lb} {c['only_b_correct']}, both wrong {c['both_wrong']}",
+            f"McNemar exact p = {c['mcnemar_p']:.4g};  paired bootstrap 95 % CI of {la}-{lb}: "
+            f"[{_pct(lo)}, {_pct(hi)}] points (seed {c['bootstrap_seed']}, {c['n_boot']} resamples)"]
+
 def format_compare(c: dict) -> str:
     "A comparison as a readable side-by-side table, its columns named by the runs' methods."
     ra, rb, (la, lb) = c['a'], c['b'], _labels(c)
@@ -346,17 +352,10 @@ def format_compare(c: dict) -> str:
          f"degraded, kept: {ra.get('degraded', 0)} in {la}, {rb.get('degraded', 0)} in {lb})",
          f"{'':<30}{la:>{w}}{lb:>{w}}{la + '-' + lb:>{w}}",
          f"{'accuracy %':<30}{_pct(ra['accuracy']):>{w}}{_pct(rb['accuracy']):>{w}}{_pct(c['accuracy_diff']):>{w}}"]
-    for k in sorted(set(ra['by_qtype']) | set(rb['by_qtype'])):
-        x, y = ra['by_qtype'].get(k, {}).get('accuracy'), rb['by_qtype'].get(k, {}).get('accuracy')
-        d = _pct(x - y) if x is not None and y is not None else '—'
-        L.append(f"  {k[:26]:<28}{_pct(x):>{w}}{_pct(y):>{w}}{d:>{w}}")
+    L += [_qtype_row(k, ra, rb, w) for k in sorted(set(ra['by_qtype']) | set(rb['by_qtype']))]
     L += [f"{lab:<30}{_num(ra[key], '.2f'):>{w}}{_num(rb[key], '.2f'):>{w}}" for lab, key in _COST_ROWS]
     L += _compare_substituted(c)
-    L.append(f"paired: both right {c['both_correct']}, only {la} {c['only_a_correct']}, "
-             f"only {lb} {c['only_b_correct']}, both wrong {c['both_wrong']}")
-    lo, hi = c['bootstrap_ci95']
-    L.append(f"McNemar exact p = {c['mcnemar_p']:.4g};  paired bootstrap 95 % CI of {la}-{lb}: "
-             f"[{_pct(lo)}, {_pct(hi)}] points (seed {c['bootstrap_seed']}, {c['n_boot']} resamples)")
+    L += _paired_lines(c, la, lb)
     return '\n'.join(L)
 
 # %% ../../nbs/43_eval.metrics.ipynb #ca4bb6c1

@@ -56,20 +56,28 @@ def _import_ray():
         raise RayUnavailable("Ray is not installed: pip install 'reveal-kit[ray]'") from None
     return ray
 
+def _join_failed(address: str | None, e: Exception) -> RayUnavailable:
+    "The error for a cluster that could not be joined: where, and Ray's first line."
+    return RayUnavailable(f"could not join the Ray cluster at {address}: "
+                          f"{str(e).splitlines()[0]}")
+
 def _init_ray(ray, address: str | None, local: bool, fresh: bool) -> None:
     "Start a fresh loopback-only cluster, or join this machine's or the one at `address`."
     try:
         ray.init(address='local' if fresh else (None if local else address),
                  include_dashboard=False if fresh else None)
     except (ConnectionError, ValueError, RuntimeError) as e:
-        raise RayUnavailable(f"could not join the Ray cluster at {address}: "
-                             f"{str(e).splitlines()[0]}") from None
+        raise _join_failed(address, e) from None
+
+def _is_local(address: str | None) -> bool:
+    "Whether `address` names this machine's cluster (None, '' or 'local')."
+    return address in (None, '', 'local')
 
 def connect_ray(address: str | None = 'local'):
     "The `ray` module joined to the cluster at `address` ('local': this machine's, or a new loopback one)."
     ray = _import_ray()
     if ray.is_initialized(): return ray
-    local = address in (None, '', 'local')
+    local = _is_local(address)
     fresh = local and not _existing_local_cluster()
     if local:
         # whatever ray.init starts here binds to 127.0.0.1 (joining is unaffected)
@@ -80,46 +88,71 @@ def connect_ray(address: str | None = 'local'):
 # %% ../../nbs/46_eval.ray.ipynb #3c2cb57f
 _ENV_PREFIXES = ('REVEAL_', 'HF_', 'TRANSFORMERS_')
 
-def worker_spec(ctx: RunContext) -> dict:
-    "The picklable settings a worker rebuilds `ctx` from: context fields, the kit's environment, plugin modules."
+def _check_named_model(ctx: RunContext) -> None:
+    "Refuse a chat model object: workers rebuild the model from its name."
     if ctx.model_obj is not None:
         raise ValueError("a model object cannot be sent to Ray workers; name it (backend, model, "
                          "base URL)")
+
+def _kit_env() -> dict:
+    "The kit's environment variables here, with the runs folder made absolute."
     env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
-    return dict(context=ctx.spec(), env=dict(env, REVEAL_RUNS=str(runs_dir().resolve())),
-                plugins=list(PLUGINS))
+    return dict(env, REVEAL_RUNS=str(runs_dir().resolve()))
+
+def worker_spec(ctx: RunContext) -> dict:
+    "The picklable settings a worker rebuilds `ctx` from: context fields, the kit's environment, plugin modules."
+    _check_named_model(ctx)
+    env = _kit_env()
+    return dict(context=ctx.spec(), env=env, plugins=list(PLUGINS))
 
 # %% ../../nbs/46_eval.ray.ipynb #b640cf49
 _CONTEXTS: dict[str, RunContext] = {}
+
+def _adopt(spec: dict) -> None:
+    "Set the spec's environment in this process and import its plugin modules."
+    os.environ.update(spec['env'])
+    PLUGINS.extend(m for m in spec['plugins'] if m not in PLUGINS)
+    load_plugins()
 
 def worker_context(spec: dict) -> RunContext:
     "The run context of `spec` in this process (made once per process): environment set, plugins imported."
     key = json.dumps(spec, sort_keys=True, default=json_or_str)
     if key not in _CONTEXTS:
-        os.environ.update(spec['env'])
-        PLUGINS.extend(m for m in spec['plugins'] if m not in PLUGINS)
-        load_plugins()
+        _adopt(spec)
         _CONTEXTS[key] = RunContext(**spec['context'])
     return _CONTEXTS[key]
 
 # %% ../../nbs/46_eval.ray.ipynb #e15d4a0a
-def memory_jobs(qs: Iterable[Question], chunkings: Iterable[str]) -> list[dict]:
-    "One job per (video, chunking), in benchmark order: the video's first question stands for it."
+def _first_questions(qs: Iterable[Question]) -> dict[str, Question]:
+    "Each video's first question, by video id in benchmark order."
     first: dict[str, Question] = {}
     for q in qs: first.setdefault(q.video_id, q)
+    return first
+
+def memory_jobs(qs: Iterable[Question], chunkings: Iterable[str]) -> list[dict]:
+    "One job per (video, chunking), in benchmark order: the video's first question stands for it."
+    first = _first_questions(qs)
     cs = list(dict.fromkeys(chunkings))
     return [dict(video_id=v, chunking=c, question=q.to_dict()) for v, q in first.items()
             for c in cs]
 
 # %% ../../nbs/46_eval.ray.ipynb #14403857
-def _build_into(row: dict, ctx: RunContext, q: Question, chunking: str) -> None:
-    "Build, resume or reuse the memory of `q`'s video for `chunking`: status and folder in `row`."
+def _memory_exists(ctx: RunContext, q: Question, chunking: str) -> bool:
+    "Whether the memory of `q`'s video for `chunking` is built already (it has a manifest)."
     d = memory_dir_for(q.video_path, ctx.config.replace(chunking=chunking),
                        memory_models(ctx.model), ctx.subtitles(q))
-    reused = (d / 'manifest.json').exists()
+    return (d / 'manifest.json').exists()
+
+def _build_into(row: dict, ctx: RunContext, q: Question, chunking: str) -> None:
+    "Build, resume or reuse the memory of `q`'s video for `chunking`: status and folder in `row`."
+    reused = _memory_exists(ctx, q, chunking)
     ctx.hold([q])
     row.update(status='reused' if reused else 'built', memory_dir=str(ctx.memory(q, chunking).path))
     ctx.release(q)
+
+def _first_line(e: Exception) -> str:
+    "An exception as its type and the first line of its message."
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
 
 def build_one(job: dict, spec: dict) -> dict:
     "Build, resume or reuse one job's memory here: a row with status built | reused | failed | abort and the reason."
@@ -127,25 +160,30 @@ def build_one(job: dict, spec: dict) -> dict:
     row = dict(video_id=job['video_id'], chunking=job['chunking'], memory_dir=None, error=None)
     try: _build_into(row, ctx, q, job['chunking'])
     except ABORT_ERRORS as e: row.update(status='abort', error=f"{type(e).__name__}: {e}")
-    except Exception as e:
-        row.update(status='failed', error=f"{type(e).__name__}: {str(e).strip().splitlines()[0]}")
+    except Exception as e: row.update(status='failed', error=_first_line(e))
     return dict(row, seconds=round(time.time() - t0, 2))
 
 # %% ../../nbs/46_eval.ray.ipynb #b2130eca
+def _stage_failed(e: Exception) -> RayRunFailed:
+    "The error for a stopped Ray stage: Ray's first line, and that a rerun resumes."
+    return RayRunFailed(f"a Ray stage stopped: {str(e).strip().splitlines()[0]} — what finished "
+                        "is kept; rerun the same command to resume")
+
 def _ray_rows(ray, ds) -> Iterator[dict]:
     "The rows a Ray dataset of JSON strings yields, decoded; Ray's failures become `RayRunFailed`."
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format='numpy', prefetch_batches=0):
             yield from (json.loads(r) for r in batch['row'])
-    except ray.exceptions.RayError as e:
-        raise RayRunFailed(f"a Ray stage stopped: {str(e).strip().splitlines()[0]} — what finished "
-                           "is kept; rerun the same command to resume") from None
+    except ray.exceptions.RayError as e: raise _stage_failed(e) from None
+
+def _abort_error(error: str) -> Exception:
+    "The exception a worker's `Type: message` names (a type not in `ABORT_ERRORS`: RuntimeError)."
+    cls = {c.__name__: c for c in ABORT_ERRORS}.get(error.split(':')[0], RuntimeError)
+    return cls(error.split(': ', 1)[-1])
 
 def _raise_abort(row: dict) -> dict:
     "A worker's row, or the error that stops the run (unreachable server, replay miss) raised here."
-    if row.get('abort') or row.get('status') == 'abort':
-        cls = {c.__name__: c for c in ABORT_ERRORS}.get(row['error'].split(':')[0], RuntimeError)
-        raise cls(row['error'].split(': ', 1)[-1])
+    if row.get('abort') or row.get('status') == 'abort': raise _abort_error(row['error'])
     return row
 
 # %% ../../nbs/46_eval.ray.ipynb #be1aa5ce
@@ -153,13 +191,17 @@ def _build_row(row: dict, spec: dict) -> dict:
     "Ray Data map function: one JSON job in, one JSON build row out."
     return {'row': json.dumps(build_one(json.loads(row['job']), spec))}
 
+def _one_block_each(ray, items: list[dict]):
+    "A Ray dataset of `items`, one block per item (so each is a task of its own)."
+    return ray.data.from_items(items, override_num_blocks=len(items))
+
 def _ray_builds(ray, jobs: list[dict], spec: dict, concurrency: int, worker_cpus: float,
                 retries: int | None):
     "The Ray dataset that builds `jobs`: one task per job, `concurrency` at a time."
     items = [{'job': json.dumps(j)} for j in jobs]
     opts = {} if retries is None else {'max_retries': retries}
     tasks = ray.data.TaskPoolStrategy(size=max(1, int(concurrency)))
-    return ray.data.from_items(items, override_num_blocks=len(items)).map(
+    return _one_block_each(ray, items).map(
         _build_row, fn_kwargs={'spec': spec}, compute=tasks, num_cpus=worker_cpus, **opts)
 
 def _build_rows(jobs: list[dict], spec: dict, concurrency: int, ray_address: str | None,
@@ -181,13 +223,20 @@ def _build_context(name: str, cfg: Config, s: RunSettings) -> RunContext:
     return RunContext(name, 'build-all', runs_dir() / 'build-all', cfg, s.backend, s.model,
                       s.base_url, None, s.cache_mode, s.timeout_s)
 
+def _failed_lines(rows: list[dict]) -> list[str]:
+    "One line per failed build: its video, chunking and error."
+    return [f"{r['video_id']} ({r['chunking']}): {r['error']}" for r in rows
+            if r['status'] == 'failed']
+
+def _status_counts(rows: list[dict]) -> dict:
+    "How many memories were built and how many reused."
+    return {s: sum(r['status'] == s for r in rows) for s in ('built', 'reused')}
+
 def _build_summary(name: str, jobs: list[dict], rows: list[dict], ray_address: str | None,
                    t0: float) -> dict:
     "What `build_all` returns: memories built, reused and failed (each with why), where, how long."
-    n = {s: sum(r['status'] == s for r in rows) for s in ('built', 'reused')}
-    failed = [f"{r['video_id']} ({r['chunking']}): {r['error']}" for r in rows
-              if r['status'] == 'failed']
-    return dict(benchmark=name, memories=len(jobs), **n, failed=failed,
+    n = _status_counts(rows)
+    return dict(benchmark=name, memories=len(jobs), **n, failed=_failed_lines(rows),
                 memory_root=str(runs_dir() / 'memories'), ray=ray_address,
                 seconds=round(time.time() - t0, 2))
 
@@ -232,7 +281,7 @@ def _ray_answers(ray, todo: list[Question], spec: dict, concurrency: int, worker
     items = [{'q': json.dumps(q.to_dict())} for q in sorted(todo, key=lambda q: q.video_id)]
     opts = {} if retries is None else {'max_restarts': retries}
     actors = ray.data.ActorPoolStrategy(size=max(1, int(concurrency)))
-    return ray.data.from_items(items, override_num_blocks=len(items)).map(
+    return _one_block_each(ray, items).map(
         Answerer, fn_constructor_kwargs={'spec': spec}, compute=actors, num_cpus=worker_cpus,
         **opts)
 

@@ -48,10 +48,15 @@ def _question_fields(q: Question) -> dict:
     return dict(qid=q.qid, video_id=q.video_id, qtype=q.qtype, duration_group=q.duration_group,
                 gold=q.answer)
 
-def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
-    "A method's result completed with the question's fields and gold letter, scored by the record."
+def _unscored(raw: dict, q: Question) -> tuple[dict, str | None]:
+    "The result unscored, and its answer (not an option: kept as `raw_answer`)."
     r, ans = {k: v for k, v in raw.items() if k != 'correct'}, raw.get('answer')
     if ans is not None and ans not in q.options: r['raw_answer'], ans = ans, None
+    return r, ans
+
+def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
+    "A method's result completed with the question's fields and gold letter, scored by the record."
+    r, ans = _unscored(raw, q)
     r = _with_counters(r, seconds)
     r.update(**_question_fields(q), answer=ans, method=method, failed=bool(r.get('failed', False)),
              wall_seconds=seconds)
@@ -60,10 +65,15 @@ def finalize(raw: dict, q: Question, method: str, seconds: float) -> dict:
 # %% ../../nbs/42c_eval.runner.ipynb #dc58ac20
 ABORT_ERRORS = (BackendUnavailable, CacheMiss)
 
-def _failed_raw(e: Exception, q: Question, method: str, ctx: RunContext) -> dict:
-    "The result of a method that raised `e`: failed, the error, its traceback in a trace file."
+def _write_traceback(q: Question, method: str, ctx: RunContext) -> Path:
+    "Write the handled exception's traceback beside the trace; its path."
     tp = trace_path(ctx.trace_dir, q.qid, method).with_suffix('.error.txt')
     atomic_write_text(tp, traceback.format_exc())
+    return tp
+
+def _failed_raw(e: Exception, q: Question, method: str, ctx: RunContext) -> dict:
+    "The result of a method that raised `e`: failed, the error, its traceback in a trace file."
+    tp = _write_traceback(q, method, ctx)
     return dict(answer=None, failed=True, error=f"{type(e).__name__}: {e}", trace=str(tp),
                 stop_reason='error')
 
@@ -74,24 +84,32 @@ def _trace_row(r: dict, q: Question, method: str, ctx: RunContext) -> None:
     atomic_write_text(tp, json.dumps(doc, indent=1, default=json_or_str))
     r['trace'] = str(tp)
 
+def _raw_result(q: Question, method: str, fn: Callable, ctx: RunContext) -> dict:
+    "The method's raw result; an exception (not an abort) becomes a failed one."
+    try: return fn(q, ctx)
+    except ABORT_ERRORS:
+        raise          # a server down fails every question: stop, keep what is done
+    except Exception as e: return _failed_raw(e, q, method, ctx)
+
 def run_one(q: Question, method: str, fn: Callable, ctx: RunContext) -> dict:
     "Run one question; an exception becomes a failed record with the error (and its traceback in a trace file)."
     t0 = time.time()
-    try: raw = fn(q, ctx)
-    except ABORT_ERRORS:
-        raise          # an unreachable server fails every question: stop, keep what is done
-    except Exception as e: raw = _failed_raw(e, q, method, ctx)
+    raw = _raw_result(q, method, fn, ctx)
     r = finalize(raw, q, method, time.time() - t0)
     if not r.get('trace'): _trace_row(r, q, method, ctx)
     return r
 
 # %% ../../nbs/42c_eval.runner.ipynb #9f7c7918
+def _config_of(config: Config | dict | str | Path | None) -> Config:
+    "A Config as given, from its values, or from a YAML path (None: defaults)."
+    if isinstance(config, Config): return config
+    if isinstance(config, dict): return Config().replace(**config)
+    return load_config(config)
+
 def resolve_config(config: Config | dict | str | Path | None,
                    overrides: Iterable[str] | None = None) -> Config:
     "A Config from a Config, a dict of values, a YAML path or None, then `key=value` overrides."
-    if isinstance(config, Config): cfg = config
-    elif isinstance(config, dict): cfg = Config().replace(**config)
-    else: cfg = load_config(config)
+    cfg = _config_of(config)
     return cfg.replace(**parse_overrides(overrides)) if overrides else cfg
 
 # %% ../../nbs/42c_eval.runner.ipynb #3ec8f62b
@@ -103,11 +121,15 @@ def load_run_questions(benchmark: str | list[Question], root,
     return benchmark, qs, rep.to_dict()
 
 # %% ../../nbs/42c_eval.runner.ipynb #4b2019e9
+def _thread_pool(concurrency: int) -> ThreadPoolExecutor:
+    "A pool of `concurrency` threads (at least one)."
+    return ThreadPoolExecutor(max_workers=max(1, int(concurrency)))
+
 def answer_in_process(todo: list[Question], method: str, ctx: RunContext,
                       concurrency: int = 1) -> Iterator[dict]:
     "Each question's result row as it finishes, from a bounded thread pool; on an abort, cancel what has not started."
     fn = get_method(method)
-    pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)))
+    pool = _thread_pool(concurrency)
     try:
         futs = [pool.submit(run_one, q, method, fn, ctx) for q in todo]
         for fut in as_completed(futs): yield fut.result()
@@ -119,9 +141,12 @@ def _count(stats: dict, r: dict) -> None:
     "Count one new row in the run's counts: answered, new, correct, failed, degraded."
     stats['n'] += 1
     stats['new'] += 1
-    stats['correct'] += bool(r.get('correct'))
-    stats['failed'] += bool(r.get('failed'))
-    stats['degraded'] += bool(r.get('degraded'))
+    for k in ('correct', 'failed', 'degraded'): stats[k] += bool(r.get(k))
+
+def _advance(bar, stats: dict) -> None:
+    "Move the progress bar one question on, showing the accuracy and failures so far."
+    bar.update(1)
+    bar.set_postfix(acc=f"{stats['correct'] / max(stats['n'], 1):.3f}", failed=stats['failed'])
 
 def _record(rows: Iterable[dict], todo: list[Question], ctx: RunContext, writer: ResultWriter,
             stats: dict, bar) -> None:
@@ -133,41 +158,57 @@ def _record(rows: Iterable[dict], todo: list[Question], ctx: RunContext, writer:
         writer.write(r)
         ctx.release(by_qid[r['qid']])
         _count(stats, r)
-        bar.update(1)
-        bar.set_postfix(acc=f"{stats['correct'] / max(stats['n'], 1):.3f}", failed=stats['failed'])
+        _advance(bar, stats)
 
 # %% ../../nbs/42c_eval.runner.ipynb #387fd906
+def _embedder_ids() -> dict:
+    "The model ids of the kit's text and image embedders."
+    return dict(text_embedder=get_text_embedder().model_id,
+                image_embedder=get_image_embedder().model_id)
+
 def _models_meta(ctx: RunContext) -> dict:
     "What `run.json` records of the run's models: chat model, embedders, server, roles and groups."
-    return dict(model=ctx.model_id(), text_embedder=get_text_embedder().model_id,
-                image_embedder=get_image_embedder().model_id, **ctx.model_base_url(),
+    return dict(model=ctx.model_id(), **_embedder_ids(), **ctx.model_base_url(),
                 roles=ctx.roles, role_models=ctx.role_models_meta())
+
+def _utc_now() -> str:
+    "The time now, UTC, to the second (ISO 8601)."
+    return datetime.now(timezone.utc).isoformat(timespec='seconds')
 
 def _provenance() -> dict:
     "Where and when a run was made: kit version, git commit, Python, platform, time."
     return dict(kit_version=kit_version(), git_commit=git_commit(), python=sys.version.split()[0],
-                platform=platform.platform(),
-                created=datetime.now(timezone.utc).isoformat(timespec='seconds'))
+                platform=platform.platform(), created=_utc_now())
+
+def _input_meta(cfg: Config) -> dict:
+    "What a method reads besides frames: subtitles on or off, memories cut at query time or not."
+    return dict(subtitles=cfg.subtitles, before_query=cfg.before_query)
 
 def _run_meta(name: str, method: str, cfg: Config, ctx: RunContext, **kw) -> dict:
     "What `run.json` records about this run."
     return dict(benchmark=name, method=method, method_spec=method_spec(method),
                 config_hash=cfg.hash(), config=cfg.to_dict(), **_models_meta(ctx),
-                input=dict(subtitles=cfg.subtitles, before_query=cfg.before_query),
+                input=_input_meta(cfg),
                 index_caps=index_caps(method, cfg), **kw, **_provenance())
 
 # %% ../../nbs/42c_eval.runner.ipynb #847e38f9
-def _check_cache_timeout(cache_mode: str | None, timeout_s: float | None) -> None:
-    "Refuse a cache mode the cache does not have, or a timeout that is not above 0."
+def _check_cache_mode(cache_mode: str | None) -> None:
+    "Refuse a cache mode the cache does not have."
     if cache_mode is not None and cache_mode not in MODES:
         raise ValueError(f"cache mode must be one of {', '.join(MODES)}, got {cache_mode!r}")
+
+def _check_timeout(timeout_s: float | None) -> None:
+    "Refuse a timeout that is not above 0."
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout_s!r}")
 
-def _check_backend(roles: str, backend: str | None, model: ChatModel | str | None) -> None:
-    "Refuse a backend the kit does not have, or one without the chat model it or the roles need."
+def _check_model_roles(roles: str, backend: str | None, model: ChatModel | str | None) -> None:
+    "Refuse roles='model' without a chat model."
     if roles == 'model' and backend in (None, 'none') and model is None:
         raise ValueError("roles='model' needs a chat model; backend 'none' has none")
+
+def _check_backend(backend: str | None, model: ChatModel | str | None) -> None:
+    "Refuse a backend the kit does not have, or one without the chat model it needs."
     if backend not in (None, 'none', *BACKENDS):
         raise ValueError(f"unknown backend {backend!r}: choose one of none, {', '.join(BACKENDS)}")
     if backend == 'vllm' and model is None:
@@ -176,9 +217,11 @@ def _check_backend(roles: str, backend: str | None, model: ChatModel | str | Non
 def check_run_options(cache_mode: str | None, timeout_s: float | None, roles: str,
                       backend: str | None, model: ChatModel | str | None) -> None:
     "Refuse a cache mode, timeout, roles, backend or model value at once (later, every question would fail on it)."
-    _check_cache_timeout(cache_mode, timeout_s)
+    _check_cache_mode(cache_mode)
+    _check_timeout(timeout_s)
     check_roles(roles)
-    _check_backend(roles, backend, model)
+    _check_model_roles(roles, backend, model)
+    _check_backend(backend, model)
 
 # %% ../../nbs/42c_eval.runner.ipynb #bb641d9e
 def check_concurrency(concurrency: Any) -> int:
@@ -189,12 +232,16 @@ def check_concurrency(concurrency: Any) -> int:
     return concurrency
 
 # %% ../../nbs/42c_eval.runner.ipynb #eeab2637
+def _finished(last: dict, retry_failed: bool) -> set:
+    "The qids whose last row stands (a failed one does not when retrying failures)."
+    return {k for k, r in last.items() if not (retry_failed and r.get('failed'))}
+
 def _todo(sel: list[Question], results: Path,
           retry_failed: bool) -> tuple[list[Question], list[dict], int]:
     "The selected questions still to do (ordered by video), the finished rows of the others, the broken lines dropped."
     done, dropped = repair_results(results)
     last = {r['qid']: r for r in done}
-    finished = {k for k, r in last.items() if not (retry_failed and r.get('failed'))}
+    finished = _finished(last, retry_failed)
     todo = sorted((q for q in sel if q.qid not in finished), key=lambda q: q.video_id)
     return todo, [last[q.qid] for q in sel if q.qid in finished], dropped
 
@@ -229,13 +276,16 @@ def _summary(out: Path, sel: list[Question], todo: list[Question], stats: dict, 
                 seconds=time.time() - t0)
 
 # %% ../../nbs/42c_eval.runner.ipynb #eff5b9e2
+def _warn_substituted(c: dict) -> None:
+    "Warn how many answers a stand-in gave (counts `c`), and that they are scored as wrong."
+    warn(f"{format_substituted(c)}: scored as wrong (`eval report --substituted exclude` "
+         "leaves them out)")
+
 def substituted_end(out: Path, max_substituted: float | None = None) -> int:
     "How many of the run's answers a stand-in gave: one warning line of counts if any; above the limit, an error."
     rows = load_results(out) if (Path(out) / 'results.jsonl').exists() else []
     c = check_substituted(rows, None)
-    if c['substituted']:
-        warn(f"{format_substituted(c)}: scored as wrong (`eval report --substituted exclude` "
-             "leaves them out)")
+    if c['substituted']: _warn_substituted(c)
     check_substituted(rows, max_substituted, str(out))
     return c['substituted']
 
@@ -317,9 +367,13 @@ def _context(name: str, method: str, cfg: Config, s: RunSettings) -> RunContext:
                       s.base_url, None if named else m, s.cache_mode, s.timeout_s, s.roles,
                       dict(s.role_models))
 
+def _data_root(s: RunSettings) -> str | None:
+    "The benchmark's data root, absolute (None if not given)."
+    return str(Path(s.root).resolve()) if s.root else None
+
 def _recorded(s: RunSettings, shard: tuple[int, int], pool: dict, load_rep: dict) -> dict:
     "What `run.json` records of the run settings (beside the config and models)."
-    root = str(Path(s.root).resolve()) if s.root else None
+    root = _data_root(s)
     return dict(backend=s.backend, base_url=s.base_url, cache_mode=s.cache_mode, **pool, root=root,
                 split=s.split, limit=s.limit, only_present=s.only_present, shards=[shard],
                 load_report=load_rep)
@@ -335,8 +389,7 @@ def _answer_todo(sel: list[Question], method: str, ctx: RunContext, s: RunSettin
 
 def _end_run_json(out: Path, meta: dict, ctx: RunContext, summary: dict) -> None:
     "Write the run's metadata again with this invocation's summary and the time."
-    updated = datetime.now(timezone.utc).isoformat(timespec='seconds')
-    meta = dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=updated)
+    meta = dict(meta, **ctx.model_base_url(), last_invocation=summary, updated=_utc_now())
     write_run_json(out, meta)
 
 
@@ -352,6 +405,15 @@ def _begin_run(benchmark: str | list[Question], method: str, s: RunSettings,
     meta = write_run_json(Path(s.out_dir), _run_meta(name, method, cfg, ctx, **recorded))
     return sel, ctx, meta
 
+def _run_locked(benchmark: str | list[Question], method: str, s: RunSettings, answer) -> dict:
+    "Begin the run, answer what is left, record the end: under the run folder's lock; the summary."
+    out, shard = Path(s.out_dir), parse_shard(s.shard)
+    with locked_run_dir(out):
+        sel, ctx, meta = _begin_run(benchmark, method, s, shard)
+        summary = _answer_todo(sel, method, ctx, s, answer)
+        _end_run_json(out, meta, ctx, summary)
+    return summary
+
 def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path | None = None,
              settings: RunSettings | None = None,
              answer: Callable[..., Iterable[dict]] | None = None, **kw) -> dict:
@@ -360,9 +422,5 @@ def run_eval(benchmark: str | list[Question], method: str, out_dir: str | Path |
     get_method(method)                          # an unknown name fails before anything is written
     # `rerank_only` → `rerank-only`, unless the folder has it
     method = run_spelling(s.out_dir, method)
-    out, shard = Path(s.out_dir), parse_shard(s.shard)
-    with locked_run_dir(out):
-        sel, ctx, meta = _begin_run(benchmark, method, s, shard)
-        summary = _answer_todo(sel, method, ctx, s, answer)
-        _end_run_json(out, meta, ctx, summary)
-    return dict(summary, substituted=substituted_end(out, s.max_substituted))
+    summary = _run_locked(benchmark, method, s, answer)
+    return dict(summary, substituted=substituted_end(Path(s.out_dir), s.max_substituted))
