@@ -47,19 +47,30 @@ def score_colour(z: float | None) -> str:
     return f"hsl({round(120 * min(max(float(z), 0.0), 1.0))}, 65%, 78%)"
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e724fb30
+def _table_row(r: dict, cols: list[str]) -> FT:
+    "A row's values in the given columns, as table cells."
+    return Tr(*[Td(as_text(r.get(c))) for c in cols])
+
 def html_table(rows: list[dict], cols: list[str], cls: str = '') -> str:
     "An HTML table of `rows` with the given columns (missing values as '—')."
     head = Tr(*[Th(as_text(c)) for c in cols])
-    body = [Tr(*[Td(as_text(r.get(c))) for c in cols]) for r in rows]
+    body = [_table_row(r, cols) for r in rows]
     return as_html(Table(head, *body, cls=cls))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #516a5966
 _ITEM_COLS = ('item', 'level', 'time', 'score', 'rank score', 'query', 'reason', 'frame')
 
+def _item_img(it: dict, thumbs: dict[str, str]) -> FT | str:
+    "The item's keyframe as an image ('' when none was cut)."
+    return Img(src=thumbs[it['item_id']], width='120') if it.get('item_id') in thumbs else ''
+
+def _item_span(it: dict) -> str:
+    "The item's time range ('—' when it has none)."
+    return f"{fmt_time(it['t_start'])}–{fmt_time(it['t_end'])}" if 't_start' in it else '—'
+
 def _item_row(it: dict, thumbs: dict[str, str]) -> FT:
     "One item as a table row, with its keyframe when one was cut."
-    img = Img(src=thumbs[it['item_id']], width='120') if it.get('item_id') in thumbs else ''
-    span = f"{fmt_time(it['t_start'])}–{fmt_time(it['t_end'])}" if 't_start' in it else '—'
+    img, span = _item_img(it, thumbs), _item_span(it)
     cells = [as_text(it.get('item_id')), f"L{as_text(it.get('level'))}", span,
              *[as_text(it.get(k)) for k in ('score', 'rank_score', 'query', 'reason')], img]
     return Tr(*map(Td, cells))
@@ -78,13 +89,16 @@ def _criterion_th(c: str, w: Any) -> FT:
     "A criterion's column head, with its weight below."
     return Th(as_text(c), Br(), Small(f"w={as_text(w)}"))
 
+def _option_tr(o: str, row: dict, crits: list[str], rho_o: dict) -> FT:
+    "An option's row: its score per criterion, coloured, then its ρ_o."
+    return Tr(Td(B(as_text(o))), *[_score_cell(row.get(c), as_text(row.get(c))) for c in crits],
+              _score_cell(rho_o.get(o), f"{rho_o.get(o):.2f}"))
+
 def _verifier_table(v: dict) -> FT:
     "One row per option, one column per criterion (with its weight), then the option's ρ_o."
     crits, w, rho_o = v.get('criteria') or [], v.get('weights') or {}, v.get('rho_o') or {}
     head = Tr(Th('option'), *[_criterion_th(c, w.get(c)) for c in crits], Th('ρ', Sub('o')))
-    rows = [Tr(Td(B(as_text(o))), *[_score_cell(row.get(c), as_text(row.get(c))) for c in crits],
-               _score_cell(rho_o.get(o), f"{rho_o.get(o):.2f}"))
-            for o, row in (v.get('table') or {}).items()]
+    rows = [_option_tr(o, row, crits, rho_o) for o, row in (v.get('table') or {}).items()]
     return Table(head, *rows, cls='verifier')
 
 def _verdict_p(v: dict, tau: float | None) -> FT:
@@ -94,11 +108,14 @@ def _verdict_p(v: dict, tau: float | None) -> FT:
     return P('ρ = ', B(f"{v.get('rho', 0):.3f}"), f" vs τ = {as_text(tau)} → ", B(verdict),
              f"; unknown options: {as_text(unknown)} (source: {as_text(v.get('source'))})")
 
+def _missing_list(v: dict) -> list[FT]:
+    "The evidence the verifier still misses, as a list (nothing when it misses none)."
+    miss = [Li(as_text(m)) for m in v.get('missing') or []]
+    return [P('missing evidence:'), Ul(*miss)] if miss else []
+
 def verifier_html(v: dict, tau: float | None) -> str:
     "The option × criterion score table as a heat map with ρ_o, then ρ against τ, verdict, unknown options, missing."
-    miss = [Li(as_text(m)) for m in v.get('missing') or []]
-    missing = [P('missing evidence:'), Ul(*miss)] if miss else []
-    return as_html(_verifier_table(v), _verdict_p(v, tau), *missing)
+    return as_html(_verifier_table(v), _verdict_p(v, tau), *_missing_list(v))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e35f7621
 def _plan_p(rd: dict) -> FT:
@@ -108,11 +125,14 @@ def _plan_p(rd: dict) -> FT:
              f" (planned {as_text(rd.get('strategy'))} by {as_text(rd.get('plan_source'))}{fb}): "
              f"{as_text(rd.get('reasoning'))}")
 
+def _rejected_li(r: dict) -> FT:
+    "A rejected query, struck through, with its reason."
+    return Li(S(as_text(r.get('query'))), f" — {as_text(r.get('reason'))}")
+
 def _queries(rd: dict) -> list[FT]:
     "The queries kept ('none' if none was), then those rejected, struck through, with their reasons."
     kept = [Li(as_text(q)) for q in rd.get('kept') or []] or [Li('none')]
-    rej = [Li(S(as_text(r.get('query'))), f" — {as_text(r.get('reason'))}")
-           for r in rd.get('rejected') or []]
+    rej = [_rejected_li(r) for r in rd.get('rejected') or []]
     return [P('queries kept:'), Ul(*kept)] + ([P('queries rejected:'), Ul(*rej)] if rej else [])
 
 def _folded(what: str, items: list[dict]) -> FT:
@@ -182,13 +202,16 @@ def _outcome(ok: bool | None) -> FT | str:
     "The outcome in colour (correct, wrong), or 'no gold'."
     return B('correct', cls='ok') if ok else (B('wrong', cls='bad') if ok is False else 'no gold')
 
+def _tokens(tot: dict) -> int:
+    "Prompt plus completion tokens."
+    return int(tot.get('prompt_tokens') or 0) + int(tot.get('completion_tokens') or 0)
+
 def _totals(t: dict) -> str:
     "What the answer took: rounds (and tool calls), model calls, tokens, seconds."
     tot = t.get('totals') or t
     steps = f", tool calls {len(t['steps'])}" if t.get('steps') else ''
-    toks = int(tot.get('prompt_tokens') or 0) + int(tot.get('completion_tokens') or 0)
     return (f"rounds {as_text(_rounds_count(t))}{steps}, "
-            f"model calls {as_text(tot.get('llm_calls'))}, tokens {toks}, "
+            f"model calls {as_text(tot.get('llm_calls'))}, tokens {_tokens(tot)}, "
             f"{float(tot.get('seconds') or t.get('seconds') or 0):.2f} s")
 
 def _answer_p(t: dict) -> FT:
@@ -197,13 +220,16 @@ def _answer_p(t: dict) -> FT:
              _outcome(t.get('correct')),
              f"; stop: {as_text(t.get('stop_reason'))}; {_totals(t)}")
 
+def _title(t: dict) -> str:
+    "The trace's title: question id · preset (or method) · question type."
+    return ' · '.join(map(as_text, (t.get('qid'), t.get('preset') or t.get('method'),
+                                     t.get('qtype'))))
+
 def header_html(t: dict) -> str:
     "The question, its options marked with the answer and the gold letter, the outcome, the stop reason and totals."
     ans, gold = t.get('answer'), t.get('gold')
-    title = ' · '.join(map(as_text, (t.get('qid'), t.get('preset') or t.get('method'),
-                                     t.get('qtype'))))
     opts = [_option_li(k, v, ans, gold) for k, v in (t.get('options') or {}).items()]
-    return as_html(H3(title), P(as_text(t.get('question'))), Ul(*opts), _answer_p(t))
+    return as_html(H3(_title(t)), P(as_text(t.get('question'))), Ul(*opts), _answer_p(t))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b07c467d
 def notes_html(notes: list[str] | None) -> str:
@@ -223,16 +249,21 @@ def switches_html(t: dict) -> str:
                      f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}"))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fc65d143
+def _final_missing(t: dict) -> list[FT]:
+    "The evidence still missing at the end, where the trace has it."
+    if not t.get('missing_evidence'): return []
+    missing = as_text('; '.join(map(str, t['missing_evidence'])))
+    return [P(f"final missing evidence: {missing}")]
+
+def _reasoning(t: dict) -> list[FT]:
+    "The answerer's reasoning, where the trace has it."
+    if not t.get('answer_reasoning'): return []
+    said = as_text(t['answer_reasoning'])
+    return [P(f"answerer ({as_text(t.get('answer_source'))}): {said}")]
+
 def _closing(t: dict) -> list[FT]:
     "The evidence still missing at the end, and the answerer's reasoning, where the trace has them."
-    out = []
-    if t.get('missing_evidence'):
-        missing = as_text('; '.join(map(str, t['missing_evidence'])))
-        out.append(P(f"final missing evidence: {missing}"))
-    if t.get('answer_reasoning'):
-        said = as_text(t['answer_reasoning'])
-        out.append(P(f"answerer ({as_text(t.get('answer_source'))}): {said}"))
-    return out
+    return _final_missing(t) + _reasoning(t)
 
 def _answer_parts(t: dict, thumbs: dict[str, str] | None) -> list[str]:
     "What the answer did: its rounds or tool calls, its evidence, what was still missing, the answerer's reasoning."
@@ -259,12 +290,16 @@ def page_notes(q: Question | None, qid: Any, why: str | None, thumbs: bool) -> l
     return []
 
 # %% ../../nbs/45_eval.trace_view.ipynb #9054332f
+def _thumbs(t: dict, q: Question | None) -> dict[str, str]:
+    "The trace's keyframes cut from the question's video ({} when its video is not known)."
+    return keyframe_thumbs(t, q.video_path) if q is not None and q.video_path else {}
+
 def trace_fragment(run_dir: str | Path, qid: Any, thumbs: bool = True, source: tuple | None = None,
                    row: dict | None = None) -> str:
     "One question's trace as an HTML fragment (`source`: `run_question_source`'s answer, read once per run)."
     qs, why = source if source is not None else run_question_source(run_dir)
     t, q = run_trace(run_dir, qid, row), qs.get(str(qid))
-    th = keyframe_thumbs(t, q.video_path) if thumbs and q is not None and q.video_path else {}
+    th = _thumbs(t, q) if thumbs else {}
     return trace_html(t, th, q, page_notes(q, qid, why, thumbs))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b1a69a09
