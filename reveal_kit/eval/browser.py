@@ -33,11 +33,14 @@ def _row(r: dict, q: Any) -> dict:
                 correct=r.get('correct'), rounds=r.get('rounds'), stop_reason=r.get('stop_reason'),
                 **_row_cost(r), failed=bool(r.get('failed')), question=q.question if q else '')
 
+def _by_qid(rows: list[dict]) -> list[dict]:
+    "Rows in the order of their qids as text."
+    return sorted(rows, key=lambda r: str(r['qid']))
+
 def browser_rows(run_dir: str | Path, source: tuple | None = None) -> list[dict]:
     "One row per question of a run (qid order, as text): type, answer, gold, correct, rounds, stop, calls, tokens."
     qs, _ = source if source is not None else run_question_source(run_dir)
-    return [_row(r, qs.get(str(r['qid'])))
-            for r in sorted(load_results(run_dir), key=lambda r: str(r['qid']))]
+    return [_row(r, qs.get(str(r['qid']))) for r in _by_qid(load_results(run_dir))]
 
 # %% ../../nbs/45a_eval.browser.ipynb #0ed928fb
 def outcome(r: dict) -> str:
@@ -103,9 +106,13 @@ _JS = """
 """
 
 # %% ../../nbs/45a_eval.browser.ipynb #a785c44e
+def _sort_value(v: Any) -> Any:
+    "What a cell sorts by: '' for none, 0/1 for a truth value, else the value."
+    return '' if v is None else (int(v) if isinstance(v, bool) else v)
+
 def _cell(v: Any, cls: str = '', link: str | None = None) -> FT:
     "A table cell: its sort value and its text (a link when given)."
-    sv = '' if v is None else (int(v) if isinstance(v, bool) else v)
+    sv = _sort_value(v)
     text = A(as_text(v), href=as_text(link)) if link else as_text(v)
     return Td(text, cls=cls, data_v=as_text(sv))
 
@@ -135,10 +142,13 @@ def row_html(r: dict, link: str | None, both: bool = False) -> str:
     return as_html(Tr(*_row_cells(r, link, both), cls=as_text(out), **_row_data(r, out)))
 
 # %% ../../nbs/45a_eval.browser.ipynb #d6324409
+def _values(rows: list[dict], key) -> list[str]:
+    "The distinct values (as text, sorted) `key` takes over the rows, none left out."
+    return sorted({str(key(r)) for r in rows if key(r) is not None})
+
 def _select(rows: list[dict], name: str, fid: str, key) -> FT:
     "A filter: its name and a menu of all, then each distinct value."
-    vals = sorted({str(key(r)) for r in rows if key(r) is not None})
-    opts = [Option(as_text(v), value=as_text(v)) for v in vals]
+    opts = [Option(as_text(v), value=as_text(v)) for v in _values(rows, key)]
     return Label(f"{name} ", Select(Option('all', value=''), *opts, id=fid))
 
 def _selects(rows: list[dict]) -> list[FT]:
@@ -148,7 +158,7 @@ def _selects(rows: list[dict]) -> list[FT]:
             _select(rows, 'stop reason', 'f-stop', lambda r: r['stop_reason'])]
 
 def _filters(rows: list[dict]) -> FT:
-    "The filters (type, outcome, stop reason, text) and how many rows shown."
+    "The filters (type, outcome, stop reason, text) and how many show."
     n = len(rows)
     return Div(*_selects(rows), Label('search ', Input(id='f-text', type='search')), ' ',
                Span(n, id='shown'), f" of {n} questions shown", cls='filters')
@@ -164,9 +174,13 @@ def _run_table(rows: list[dict], links: dict[str, str], both: bool) -> FT:
     body = [Safe(row_html(r, links.get(r['qid']), both)) for r in rows]
     return Table(Thead(Tr(*[Th(as_text(h)) for h in _columns(both)])), Tbody(*body), id='runs')
 
+def _head(title: str) -> FT:
+    "The run page's head: charset, title, inline CSS."
+    return Head(Meta(charset='utf-8'), Title(as_text(title)), Style(Safe(_CSS)))
+
 def run_page_html(rows: list[dict], links: dict[str, str], title: str, both: bool = False) -> str:
     "The run page: title, filters (type, outcome, stop reason, text), the sortable table; static, inline CSS/JS."
-    head = Head(Meta(charset='utf-8'), Title(as_text(title)), Style(Safe(_CSS)))
+    head = _head(title)
     table = _run_table(rows, links, both)
     body = Body(H2(as_text(title)), _filters(rows), table, Script(Safe(_JS)))
     return as_html(Html(head, body)) + '\n'
@@ -217,12 +231,16 @@ def _page_links(folder: Path, rows: list[dict]) -> dict[Any, str]:
     "qid → the path of its question page from the run page (`<folder>/00000.html`, in row order)."
     return {r['qid']: f"{folder.name}/{i:05d}.html" for i, r in enumerate(rows)}
 
+def _both_pages(run_dir: str | Path, compare: str | Path | None,
+                thumbs: bool) -> tuple[RunPages, RunPages | None]:
+    "What run A's pages need, and run B's when comparing."
+    return RunPages(run_dir, thumbs), RunPages(compare, thumbs) if compare is not None else None
+
 def write_trace_pages(run_dir: str | Path, folder: Path, rows: list[dict], thumbs: bool = False,
                       compare: str | Path | None = None) -> dict[Any, str]:
     "A page per question (run B's trace beside when comparing) in `folder`; qid → its path relative to the parent."
     folder.mkdir(parents=True, exist_ok=True)
-    a = RunPages(run_dir, thumbs)
-    b = RunPages(compare, thumbs) if compare is not None else None
+    a, b = _both_pages(run_dir, compare, thumbs)
     for i, r in enumerate(rows):
         atomic_write_text(folder / f"{i:05d}.html", question_page(r['qid'], a, b))
     return _page_links(folder, rows)

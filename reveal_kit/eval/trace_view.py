@@ -101,10 +101,17 @@ def _verifier_table(v: dict) -> FT:
     rows = [_option_tr(o, row, crits, rho_o) for o, row in (v.get('table') or {}).items()]
     return Table(head, *rows, cls='verifier')
 
+def _verdict_word(v: dict) -> str:
+    "'sufficient' or 'insufficient', as the verifier judged."
+    return 'sufficient' if v.get('sufficient') else 'insufficient'
+
+def _unknown(v: dict) -> str:
+    "The options the evidence cannot judge yet, as a list in words ('none' when none)."
+    return ', '.join(v.get('unknown_options') or []) or 'none'
+
 def _verdict_p(v: dict, tau: float | None) -> FT:
     "ρ against τ, the verdict, the options the evidence cannot judge yet, where the scores came from."
-    verdict = 'sufficient' if v.get('sufficient') else 'insufficient'
-    unknown = ', '.join(v.get('unknown_options') or []) or 'none'
+    verdict, unknown = _verdict_word(v), _unknown(v)
     return P('ρ = ', B(f"{v.get('rho', 0):.3f}"), f" vs τ = {as_text(tau)} → ", B(verdict),
              f"; unknown options: {as_text(unknown)} (source: {as_text(v.get('source'))})")
 
@@ -118,9 +125,13 @@ def verifier_html(v: dict, tau: float | None) -> str:
     return as_html(_verifier_table(v), _verdict_p(v, tau), *_missing_list(v))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e35f7621
+def _fallback(rd: dict) -> str:
+    "The round's fallback, after a semicolon ('' when there was none)."
+    return f"; {as_text(rd['fallback'])}" if rd.get('fallback') else ''
+
 def _plan_p(rd: dict) -> FT:
     "How the round was planned: the strategy run (planned which, by whom, any fallback) and the planner's reasoning."
-    fb = f"; {as_text(rd['fallback'])}" if rd.get('fallback') else ''
+    fb = _fallback(rd)
     return P(B(as_text(rd.get('strategy_executed'))),
              f" (planned {as_text(rd.get('strategy'))} by {as_text(rd.get('plan_source'))}{fb}): "
              f"{as_text(rd.get('reasoning'))}")
@@ -146,19 +157,25 @@ def _round_items(rd: dict, thumbs: dict[str, str] | None) -> list[FT]:
             P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:"),
             Safe(item_rows(adm, thumbs)), _folded('not admitted', rd.get('not_admitted') or [])]
 
+def _verifier_part(rd: dict, tau: float | None) -> list[FT]:
+    "The round's verifier table and verdict, where it ran."
+    return [Safe(verifier_html(rd['verifier'], tau))] if rd.get('verifier') else []
+
 def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None) -> str:
     "One round of a trace: plan, kept and rejected queries, retrieved / admitted / not admitted items, verifier."
     parts = [H4(f"Round {as_text(rd.get('round'))}"), _plan_p(rd), *_queries(rd),
              *_round_items(rd, thumbs)]
-    if rd.get('verifier'): parts.append(Safe(verifier_html(rd['verifier'], tau)))
-    return '\n'.join(map(as_html, parts))
+    return '\n'.join(map(as_html, parts + _verifier_part(rd, tau)))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7fdf138
+def _step_calls(t: dict) -> list[dict]:
+    "The model calls of a PACE or DVD trace's tool calls, in order."
+    return [c for s in t.get('steps') or [] for c in s.get('calls') or []]
+
 def trace_calls(t: dict) -> list[dict]:
     "A trace's model calls: REVEAL's `calls`; for PACE and DVD the factor calls, then each tool call's."
     if t.get('calls'): return list(t['calls'])
-    return list(t.get('factor_calls') or []) + [c for s in t.get('steps') or []
-                                                for c in s.get('calls') or []]
+    return list(t.get('factor_calls') or []) + _step_calls(t)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #00ebe61c
 _CALL_COLS = ['role', 'prompt', 'completion', 'latency_s', 'cache_hit', 'error']
@@ -265,27 +282,38 @@ def _closing(t: dict) -> list[FT]:
     "The evidence still missing at the end, and the answerer's reasoning, where the trace has them."
     return _final_missing(t) + _reasoning(t)
 
+def _rounds_html(t: dict, thumbs: dict[str, str] | None) -> list[str]:
+    "Each round of a REVEAL trace as HTML (none for other traces)."
+    return [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
+
 def _answer_parts(t: dict, thumbs: dict[str, str] | None) -> list[str]:
     "What the answer did: its rounds or tool calls, its evidence, what was still missing, the answerer's reasoning."
-    rounds = [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
-    return rounds + [steps_html(t.get('steps') or []), evidence_html(t, thumbs),
+    return _rounds_html(t, thumbs) + [steps_html(t.get('steps') or []), evidence_html(t, thumbs),
                      *map(as_html, _closing(t))]
+
+def _trace_parts(t: dict, thumbs: dict[str, str] | None, question: Question | dict | None,
+                 notes: list[str] | None) -> list[str]:
+    "The page's parts: header, switches, notes, timeline, what the answer did, the model calls."
+    return [header_html(t), switches_html(t), notes_html(notes), timeline_html(t, question),
+            *_answer_parts(t, thumbs), as_html(H4('Model calls')), calls_html(trace_calls(t))]
 
 def trace_html(trace: dict, thumbs: dict[str, str] | None = None,
                question: Question | dict | None = None, notes: list[str] | None = None) -> str:
     "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds or tool calls, evidence."
-    t = trace
-    parts = [header_html(t), switches_html(t), notes_html(notes), timeline_html(t, question),
-             *_answer_parts(t, thumbs), as_html(H4('Model calls')), calls_html(trace_calls(t))]
+    parts = _trace_parts(trace, thumbs, question, notes)
     return _STYLE + '\n' + as_html(Div(Safe('\n'.join(p for p in parts if p)), cls='reveal-trace'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #f731048e
+def _no_video(q: Question) -> bool:
+    "Whether the question's video is not found from here."
+    return not (q.video_path and Path(q.video_path).is_file())
+
 def page_notes(q: Question | None, qid: Any, why: str | None, thumbs: bool) -> list[str]:
     "What a question's page cannot show: its benchmark's questions, this question, or its video for thumbnails."
     if why: return [why]
     if q is None:
         return [f"question {qid} is not in the run's benchmark: no gold spans, cues or thumbnails"]
-    if thumbs and not (q.video_path and Path(q.video_path).is_file()):
+    if thumbs and _no_video(q):
         return [f"the video {q.video_path} is not found from here: no keyframe thumbnails"]
     return []
 
