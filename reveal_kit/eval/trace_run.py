@@ -27,12 +27,16 @@ def run_questions(run_dir: str | Path) -> list[dict]:
                   key=lambda r: str(r['qid']))
 
 # %% ../../nbs/45_eval.trace_run.ipynb #619057e0
+def _matches(r: dict, correct: bool | None, qtype: str | None, stop_reason: str | None) -> bool:
+    "Whether a row matches every filter that is not None."
+    return ((correct is None or bool(r.get('correct')) == correct)
+            and (qtype is None or r.get('qtype') == qtype)
+            and (stop_reason is None or r.get('stop_reason') == stop_reason))
+
 def filter_questions(rows: list[dict], correct: bool | None = None, qtype: str | None = None,
                      stop_reason: str | None = None) -> list[dict]:
     "The rows matching every filter that is not None."
-    return [r for r in rows if (correct is None or bool(r.get('correct')) == correct)
-            and (qtype is None or r.get('qtype') == qtype)
-            and (stop_reason is None or r.get('stop_reason') == stop_reason)]
+    return [r for r in rows if _matches(r, correct, qtype, stop_reason)]
 
 # %% ../../nbs/45_eval.trace_run.ipynb #16e83a5b
 def _result_row(run_dir: str | Path, qid: Any) -> dict:
@@ -63,9 +67,13 @@ def benchmark_root(run_dir: str | Path, meta: dict) -> str | None:
     return root
 
 # %% ../../nbs/45_eval.trace_run.ipynb #0f03f93d
+def _first_line(e: Exception) -> str:
+    "The first line of an error's message (its type's name when it has none)."
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
 def _not_loaded(meta: dict, root: str | None, e: Exception) -> str:
     "Why a run's benchmark questions cannot be loaded from here, and what its pages lose for it."
-    why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    why = _first_line(e)
     return (f"the questions of benchmark {meta.get('benchmark')} under {root} cannot be "
             f"loaded from here ({why}): no gold spans, cues, question text or thumbnails")
 
@@ -73,20 +81,28 @@ def _run_meta(d: Path) -> dict:
     "A run's run.json ({} when it has none)."
     return json.loads((d / 'run.json').read_text()) if (d / 'run.json').is_file() else {}
 
+def _split_kw(meta: dict) -> dict:
+    "The split a run's run.json names, as a keyword for `load_benchmark` ({} when none)."
+    return {'split': meta['split']} if meta.get('split') else {}
+
 def _benchmark_questions(d: Path) -> tuple[dict[str, Question], str | None]:
     "The questions (by qid) of the benchmark a run's run.json names, or why they cannot be loaded here."
     meta = _run_meta(d)
-    root, kw = benchmark_root(d, meta), {'split': meta['split']} if meta.get('split') else {}
+    root, kw = benchmark_root(d, meta), _split_kw(meta)
     try: qs, _ = load_benchmark(meta['benchmark'], root, **kw)
     except Exception as e: return {}, _not_loaded(meta, root, e)
     return {str(q.qid): q for q in qs}, None
+
+def _own_questions(d: Path) -> dict[str, Question]:
+    "qid (as text) → Question, from the questions.jsonl a run keeps beside it."
+    qs = map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))
+    return {str(q.qid): q for q in qs}
 
 def run_question_source(run_dir: str | Path) -> tuple[dict[str, Question], str | None]:
     "qid (as text) → Question of a run, and why they could not be loaded (None when they were)."
     d = Path(run_dir)
     if not (d / 'questions.jsonl').is_file(): return _benchmark_questions(d)
-    qs = map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))
-    return {str(q.qid): q for q in qs}, None
+    return _own_questions(d), None
 
 # %% ../../nbs/45_eval.trace_run.ipynb #e3f090e2
 def run_question_index(run_dir: str | Path) -> dict[str, Question]:

@@ -22,7 +22,7 @@ def _tip(i: dict, what: str) -> str:
     return f"{what} {i.get('item_id', '')} L{i.get('level', '')} {_span_text(i)}"
 
 def item_spans(items: list[dict] | None, what: str) -> list[tuple[float, float, str, int | None]]:
-    "(start, end, tooltip, level) of the items with a time range."
+    "(start, end, tooltip, level) of items with a time range."
     return [(float(i['t_start']), float(i['t_end']), _tip(i, what), i.get('level'))
             for i in items or [] if 't_start' in i]
 
@@ -63,25 +63,32 @@ def _step_result(s: dict) -> Any:
     said = [P(f"{k}: {_plain(s[k])}") for k in ('thought', 'reasoning') if s.get(k)]
     return Details(Summary(_plain(res, 90) or '—'), Pre(res), *said)
 
+def _step_no(s: dict) -> int:
+    "A tool call's step, counted from 1."
+    return int(s.get('step') or 0) + 1
+
 def _tokens(s: dict) -> int:
     "Prompt plus completion tokens of a tool call."
     return int(s.get('prompt_tokens') or 0) + int(s.get('completion_tokens') or 0)
 
 def step_row(s: dict) -> Any:
     "One tool call as a table row: step, tool, arguments, time ranges, outcome, result (folded), tokens, seconds."
-    return Tr(Td(int(s.get('step') or 0) + 1), Td(_plain(s.get('tool'))),
+    return Tr(Td(_step_no(s)), Td(_plain(s.get('tool'))),
               Td(Pre(_plain(s.get('arguments') or {}))), Td(step_ranges(s)),
               Td(_step_outcome(s), cls='ok' if s.get('ok') else 'bad'), Td(_step_result(s)),
               Td(_tokens(s)), Td(f"{float(s.get('latency_s') or 0):.2f}"))
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #c79112c2
+_STEP_COLS = ('step', 'tool', 'arguments', 'time ranges', 'outcome', 'result', 'tokens', 'seconds')
+
+def _steps_table(steps: list[dict]) -> Any:
+    "The table of tool calls: its head, then a row per call."
+    return Table(Tr(*[Th(c) for c in _STEP_COLS]), *map(step_row, steps), cls='steps')
+
 def steps_html(steps: list[dict]) -> str:
     "Every tool call of a PACE or DVD trace as a table ('' when the trace has none)."
     if not steps: return ''
-    cols = ('step', 'tool', 'arguments', 'time ranges', 'outcome', 'result', 'tokens', 'seconds')
-    head = Tr(*[Th(c) for c in cols])
-    return to_xml(Div(H4(f"Tool calls ({len(steps)})"),
-                      Table(head, *map(step_row, steps), cls='steps')), indent=False)
+    return to_xml(Div(H4(f"Tool calls ({len(steps)})"), _steps_table(steps)), indent=False)
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #ffd1f490
 _EVIDENCE_COLS = ('item', 'level', 'time', 'from', 'score', 'text (what was read)', 'frame')
@@ -115,7 +122,7 @@ def evidence_html(trace: dict, thumbs: dict[str, str] | None = None) -> str:
 def _step_line(s: dict) -> str:
     "One tool call on one line: step, tool, arguments, ranges, outcome, the start of its result."
     args, res = _plain(s.get('arguments') or {}, 160), _plain(s.get('summary') or '', 100)
-    line = (f"  step {int(s.get('step') or 0) + 1} {_plain(s.get('tool'))} {args} "
+    line = (f"  step {_step_no(s)} {_plain(s.get('tool'))} {args} "
             f"ranges={step_ranges(s)} {_step_outcome(s)} → {res}")
     return line.replace('\n', ' ')
 

@@ -66,10 +66,13 @@ def _oracle_lanes(trace: dict) -> list[tuple]:
     if not (trace.get('oracle') or {}).get('items'): return []
     return [('oracle evidence', 'admitted', item_spans(trace['oracle']['items'], 'oracle'))]
 
+def _framed(i: dict) -> dict:
+    "A segment the answerer saw frames of, its id saying how many."
+    return dict(i, item_id=f"{i.get('item_id', '')} ({i.get('frames')} frames)")
+
 def _frame_lanes(trace: dict) -> list[tuple]:
-    "The segments the answerer saw frames of (how many each) as a lane, where the trace has them."
-    fr = [dict(i, item_id=f"{i.get('item_id', '')} ({i.get('frames')} frames)")
-          for i in (trace.get('answer_frames') or {}).get('items') or []]
+    "The answerer's framed segments as a lane, where the trace has them."
+    fr = [_framed(i) for i in (trace.get('answer_frames') or {}).get('items') or []]
     return [('answer frames', 'frames', item_spans(fr, 'frames of'))] if fr else []
 
 def _answer_lanes(trace: dict) -> list[tuple]:
@@ -103,10 +106,13 @@ def _lane_svg(i: int, label: str, kind: str, spans: list, dur: float, x0: int, w
     return _html(ft('text', printable(label), x=0, y=y + 12, font_size=11),
                  ft('rect', x=x0, y=y + 2, width=w, height=12, fill='#eceff1'), *rects)
 
+def _own_span(label: str, a: float, b: float) -> tuple:
+    "A span of the question's own as a lane shows it: start, end, tooltip, no level."
+    return (a, b, f"{label} {fmt_time(a)}–{fmt_time(b)}", None)
+
 def _spans_lane(label: str, kind: str, spans: list[tuple[float, float]]) -> list[tuple]:
     "A lane of the question's own spans (gold evidence, distractors), none when it has none."
-    return [(label, kind, [(a, b, f"{label} {fmt_time(a)}–{fmt_time(b)}", None)
-                           for a, b in spans])] if spans else []
+    return [(label, kind, [_own_span(label, a, b) for a, b in spans])] if spans else []
 
 def _swatch(kind: str) -> FT:
     "A small box in the colour of a kind of lane."
