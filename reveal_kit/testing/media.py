@@ -231,9 +231,13 @@ def _fade_gain(t: float, c: float, s: float, hold: float) -> float:
     "A fade's brightness at `t`: black for the hold around the boundary `c`, back up over `s` s."
     return min(1.0, max(0.0, (abs(t - c) - hold / 2) / s))
 
+def _scene_at(t: float, starts) -> int:
+    "The index of the scene running at `t` (the last to start by then)."
+    return max(j for j, s in enumerate(starts) if s <= t)
+
 def _at(t: float, views, starts, spans) -> np.ndarray:
     "The float frame at `t`: the current scene's view, darkened or blended by a transition at `t`."
-    i = max(j for j, s in enumerate(starts) if s <= t)
+    i = _scene_at(t, starts)
     fr = views[i](t - starts[i]).astype(np.float32)
     for j, (c, kind, s, hold, half) in enumerate(spans):
         if not c - half <= t < c + half: continue
@@ -247,12 +251,16 @@ def _noisy(fr: np.ndarray, noise: float, rng) -> np.ndarray:
     "The float frame with sensor noise of std `noise` (none for 0), as uint8."
     return (fr + rng.normal(0, noise, fr.shape) if noise else fr).clip(0, 255).astype(np.uint8)
 
+def _views(scenes: Sequence[Scene], size: tuple[int, int], seed: int) -> list[Callable]:
+    "A moving camera's view of each scene, each seeded apart."
+    return [camera_view(sc[1], size, seed * 1000 + i) for i, sc in enumerate(scenes)]
+
 def transition_frames(scenes: Sequence[Scene], transitions: Sequence[Transition],
                       fps: float = 30000 / 1001, size: tuple[int, int] = (160, 120),
                       noise: float = 2.0, seed: int = 0) -> Iterable[np.ndarray]:
     "RGB frames of camera-filmed `scenes` joined by `transitions`, sensor noise of std `noise`."
     spans, starts = _spans(scenes, transitions), [0.0, *scene_boundaries(scenes)]
-    views = [camera_view(sc[1], size, seed * 1000 + i) for i, sc in enumerate(scenes)]
+    views = _views(scenes, size, seed)
     rng = np.random.default_rng(seed)
     for n in range(int(round(sum(s[0] for s in scenes) * fps))):
         yield _noisy(_at(n / fps, views, starts, spans), noise, rng)
@@ -288,11 +296,15 @@ def _share(k: int, n: int) -> float:
     "`k` out of `n` as a fraction to 3 decimals (0 when `n` is 0)."
     return round(k / max(1, n), 3)
 
+def _of_kind(kind: str, kinds: list[str]) -> list[int]:
+    "The indices of the kinds that are `kind` (all of them for 'all')."
+    return [i for i, k in enumerate(kinds) if kind in (k, 'all')]
+
 def _kind_scores(kind: str, truth: Sequence[tuple], near: list[str], hit: dict) -> dict:
     "Recall over the true boundaries of `kind`, precision over the found ones nearest to that kind."
     used = set(hit.values())
-    idx = [i for i, (_, k, _) in enumerate(truth) if kind in (k, 'all')]
-    att = [j for j, k in enumerate(near) if kind in (k, 'all')]
+    idx = _of_kind(kind, [k for _, k, _ in truth])
+    att = _of_kind(kind, near)
     return dict(recall=_share(sum(i in hit for i in idx), len(idx)), n=len(idx),
                 precision=_share(sum(j in used for j in att), len(att)), found=len(att))
 

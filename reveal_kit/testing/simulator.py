@@ -163,11 +163,14 @@ def _too_long(limit: int, pt: int, asked: int) -> str:
             f"completion). Please reduce the "
             "length of the messages or completion.")
 
+def _too_many(limit: int) -> str:
+    "vLLM's message for a request with more images than `limit`."
+    return f"At most {limit} image(s) may be provided in one prompt."
+
 def _refusal(payload: dict, how: str, s: SimSettings) -> tuple[int, dict] | None:
     "The HTTP 400 of a request over the server's image or context limit (for behaviours with one)."
     n, asked = _images(payload), int(payload.get('max_tokens') or 0)
-    if how == 'too_many_images' and n > s.max_images:
-        return _error(f"At most {s.max_images} image(s) may be provided in one prompt.")
+    if how == 'too_many_images' and n > s.max_images: return _error(_too_many(s.max_images))
     pt = _prompt_tokens(payload, s)
     if how == 'long_context' and pt + asked > s.max_context:
         return _error(_too_long(s.max_context, pt, asked))
@@ -192,13 +195,16 @@ def _message(content: str, thought: str, calls: list | None) -> dict:
     msg = {'content': content or None, **({'reasoning_content': thought} if thought else {})}
     return {**msg, **({'tool_calls': calls} if calls else {})}
 
+def _cut(content: str, thought: str, limit: int) -> tuple[str, str]:
+    "Content and reasoning cut at `limit` tokens (a reasoning reply loses its content)."
+    return '' if thought else cut_to_tokens(content, limit), cut_to_tokens(thought, limit)
+
 def _fit(content: str, thought: str, calls: list | None, limit: int) -> tuple[dict, str, int]:
     "The message as the server returns it, cut at `limit` tokens (finish 'length'), and its tokens."
     n = estimate_tokens(thought) + estimate_tokens(content)
     finish = 'tool_calls' if calls else 'stop'
     if n > limit:
-        content = '' if thought else cut_to_tokens(content, limit)
-        thought = cut_to_tokens(thought, limit)
+        content, thought = _cut(content, thought, limit)
         calls, finish, n = None, 'length', limit
     # calls are not cut (`many_calls` writes 50)
     n += estimate_tokens(json.dumps(calls)) if calls else 0
