@@ -102,11 +102,15 @@ class ResultWriter:
         with self.lock: append_jsonl(self.path, row)
 
 # %% ../../nbs/42_eval.run_dir.ipynb #e2e20207
+def _rev_parse(cwd: str | Path) -> subprocess.CompletedProcess:
+    "`git rev-parse HEAD` run in `cwd` (10 s at most)."
+    return subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=cwd, capture_output=True, text=True,
+                          timeout=10)
+
 def git_commit(root: str | Path | None = None) -> str:
     "The checkout's commit (`git rev-parse HEAD`), 'unknown' when there is none."
     try:
-        r = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root or project_root(),
-                           capture_output=True, text=True, timeout=10)
+        r = _rev_parse(root or project_root())
         return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else 'unknown'
     except (OSError, subprocess.SubprocessError): return 'unknown'
 
@@ -129,10 +133,14 @@ def _merged_meta(old: dict, meta: dict, out_dir: Path) -> dict:
     _check_identity(old, meta, out_dir)
     return {**old, **meta, 'created': old.get('created'), 'shards': _united_shards(old, meta)}
 
+def _old_meta(p: Path) -> dict | None:
+    "An earlier run.json (None when there is none)."
+    return json.loads(p.read_text()) if p.exists() else None
+
 def write_run_json(out_dir: Path, meta: dict) -> dict:
     "Create or update `run.json`; refuse one of another benchmark/method/config/model/roles/pool."
     p = Path(out_dir) / 'run.json'
-    old = json.loads(p.read_text()) if p.exists() else None
+    old = _old_meta(p)
     if old: meta = _merged_meta(old, meta, out_dir)
     atomic_write_text(p, json.dumps(meta, indent=1, default=json_or_str))
     return meta
