@@ -152,7 +152,7 @@ def _select(rows: list[dict], name: str, fid: str, key) -> FT:
     return Label(f"{name} ", Select(Option('all', value=''), *opts, id=fid))
 
 def _selects(rows: list[dict]) -> list[FT]:
-    "The filters' menus: type, outcome, stop reason."
+    "The filters' menus: type, outcome, stop."
     return [_select(rows, 'type', 'f-type', lambda r: r['qtype']),
             _select(rows, 'outcome', 'f-outcome', outcome),
             _select(rows, 'stop reason', 'f-stop', lambda r: r['stop_reason'])]
@@ -264,11 +264,15 @@ def _summary(out: Path, n: int, shown: list[dict], both: bool) -> dict:
     return dict(page=str(out), traces=n, questions=len(shown),
                 differ=_differ(shown) if both else None)
 
+def _traces_folder(out: Path) -> Path:
+    "Where the question pages go: `<stem>_traces/` beside the run page."
+    return out.parent / f"{out.stem}_traces"
+
 def write_run_browser(run_dir: str | Path, html_out: str | Path, compare: str | Path | None = None,
                       thumbs: bool = False) -> dict:
     "The run page at `html_out` first, then a page per question in `<stem>_traces/` (`compare`: run B beside it)."
     a, out = Path(run_dir), Path(html_out)
-    rows, folder = browser_rows(a), out.parent / f"{out.stem}_traces"
+    rows, folder = browser_rows(a), _traces_folder(out)
     title, shown = _page_rows(a, rows, compare)
     out.parent.mkdir(parents=True, exist_ok=True)
     page = run_page_html(shown, _page_links(folder, rows), title, both=compare is not None)

@@ -183,7 +183,7 @@ def open_pack(pack: str | Path, root: str | Path) -> tuple[Path, dict]:
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #dd5d279a
 def pack_chat(d: Path, row: dict) -> ChatModel:
-    "A packed run's chat model behind the pack's cache in replay mode (a stand-in named 'none' if it had none)."
+    "A packed run's chat model behind the pack's cache in replay mode (a stand-in 'none' if none)."
     card = row['model'] or dict(backend='none', model_id='none')
     return CachedModel(PackedModel(card), CallCache(d / 'calls.sqlite'), mode='replay')
 

@@ -39,7 +39,7 @@ def parse_shard(s: str | tuple[int, int] | None) -> tuple[int, int]:
 
 # %% ../../nbs/42_eval.run_dir.ipynb #498e258d
 def _check_limit(limit: Any) -> None:
-    "Refuse a limit that is not a whole number of questions ≥ 0."
+    "Refuse a limit other than a whole number ≥ 0."
     if limit is not None and not (isinstance(limit, int) and limit >= 0):
         raise ValueError(f"limit must be a whole number of questions ≥ 0 (0 or none: all), got "
                          f"{limit!r}")

@@ -90,7 +90,7 @@ def _criterion_th(c: str, w: Any) -> FT:
     return Th(as_text(c), Br(), Small(f"w={as_text(w)}"))
 
 def _option_tr(o: str, row: dict, crits: list[str], rho_o: dict) -> FT:
-    "An option's row: its score per criterion, coloured, then its ρ_o."
+    "An option's row: scores per criterion, coloured, then ρ_o."
     return Tr(Td(B(as_text(o))), *[_score_cell(row.get(c), as_text(row.get(c))) for c in crits],
               _score_cell(rho_o.get(o), f"{rho_o.get(o):.2f}"))
 
@@ -150,11 +150,14 @@ def _folded(what: str, items: list[dict]) -> FT:
     "A table of items folded away, its summary saying what they are and how many."
     return Details(Summary(f"{what} ({len(items)})"), Safe(item_rows(items)))
 
+def _admitted_p(rd: dict, adm: list[dict]) -> FT:
+    "How many items the round admitted, and what ranked them."
+    return P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:")
+
 def _round_items(rd: dict, thumbs: dict[str, str] | None) -> list[FT]:
     "What the round retrieved (folded), admitted (ranked, with keyframes) and turned away (folded)."
     adm = rd.get('admitted') or []
-    return [_folded('retrieved', rd.get('retrieved') or []),
-            P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:"),
+    return [_folded('retrieved', rd.get('retrieved') or []), _admitted_p(rd, adm),
             Safe(item_rows(adm, thumbs)), _folded('not admitted', rd.get('not_admitted') or [])]
 
 def _verifier_part(rd: dict, tau: float | None) -> list[FT]:
@@ -180,11 +183,15 @@ def trace_calls(t: dict) -> list[dict]:
 # %% ../../nbs/45_eval.trace_view.ipynb #00ebe61c
 _CALL_COLS = ['role', 'prompt', 'completion', 'latency_s', 'cache_hit', 'error']
 
+def _latency(c: dict) -> float:
+    "A call's latency in seconds, to the millisecond (0 when not recorded)."
+    return round(float(c.get('latency_s') or 0), 3)
+
 def _call_row(c: dict) -> dict:
     "A model call as a row of the table: role, tokens, latency, cache hit, error."
     return dict(role=c.get('role'), prompt=c.get('prompt_tokens'),
                 completion=c.get('completion_tokens'),
-                latency_s=round(float(c.get('latency_s') or 0), 3), cache_hit=c.get('cache_hit'),
+                latency_s=_latency(c), cache_hit=c.get('cache_hit'),
                 error=c.get('error'))
 
 def calls_html(calls: list[dict]) -> str:
@@ -258,9 +265,13 @@ def _switch(v: Any) -> str:
     "A switch as text: on, off, '?' where unknown, else its value (an embedder's name)."
     return as_text('?' if v is None else ('on' if v is True else 'off' if v is False else v))
 
+def _switches(t: dict) -> dict[str, str]:
+    "Each of the trace's data switches, as text."
+    return {k: _switch(v) for k, v in trace_switches(t).items()}
+
 def switches_html(t: dict) -> str:
     "The trace's data switches (subtitles, before the query time, embedders); '?' where unknown."
-    s = {k: _switch(v) for k, v in trace_switches(t).items()}
+    s = _switches(t)
     return as_html(P(f"switches: subtitles {s['subtitles']}, "
                      f"before the query time {s['before_query']}, "
                      f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}"))
@@ -322,10 +333,14 @@ def _thumbs(t: dict, q: Question | None) -> dict[str, str]:
     "The trace's keyframes cut from the question's video ({} when its video is not known)."
     return keyframe_thumbs(t, q.video_path) if q is not None and q.video_path else {}
 
+def _source_of(run_dir: str | Path, source: tuple | None) -> tuple:
+    "The run's questions and why they could not be loaded: `source` when given, else read."
+    return source if source is not None else run_question_source(run_dir)
+
 def trace_fragment(run_dir: str | Path, qid: Any, thumbs: bool = True, source: tuple | None = None,
                    row: dict | None = None) -> str:
     "One question's trace as an HTML fragment (`source`: `run_question_source`'s answer, read once per run)."
-    qs, why = source if source is not None else run_question_source(run_dir)
+    qs, why = _source_of(run_dir, source)
     t, q = run_trace(run_dir, qid, row), qs.get(str(qid))
     th = _thumbs(t, q) if thumbs else {}
     return trace_html(t, th, q, page_notes(q, qid, why, thumbs))

@@ -32,7 +32,7 @@ def _ffmpeg_cmd(path: Path, size: tuple[int, int], rate: str, inputs: Sequence[s
             f'{w}x{h}', '-r', rate, '-i', '-', *extra, '-pix_fmt', 'yuv420p', *args, str(path)]
 
 def _feed(p, first: np.ndarray, frames: Iterable[np.ndarray]):
-    "Write the frames to FFmpeg's stdin as uint8 RGB, until FFmpeg stops reading."
+    "Write uint8 RGB frames to FFmpeg's stdin until it stops reading."
     try:
         for fr in [first, *frames]:
             p.stdin.write(np.ascontiguousarray(fr, dtype=np.uint8).tobytes())
@@ -70,13 +70,16 @@ def make_mkv_with_subtitles(path: str | Path, scenes: Sequence[Scene] = ((3, 1),
                               'ultrafast', '-c:s', 'srt'])
 
 # %% ../../nbs/01c_testing.media.ipynb #d050f606
+def _codec(webm: bool) -> list[str]:
+    "FFmpeg's codec options: VP8 for WebM, else H.264."
+    x264 = ['-c:v', 'libx264', '-preset', 'ultrafast']
+    return ['-c:v', 'libvpx', '-b:v', '200k'] if webm else x264
+
 def make_ntsc_video(path: str | Path, scenes: Sequence[Scene] = ((12, 1), (12, 2)),
                     size: tuple[int, int] = (64, 48)) -> Path:
     "A clip at exactly 30000/1001 fps (NTSC) in the container of its suffix (.mp4, .mkv, .webm)."
     path = Path(path)
-    webm = path.suffix == '.webm'
-    x264 = ['-c:v', 'libx264', '-preset', 'ultrafast']
-    codec = ['-c:v', 'libvpx', '-b:v', '200k'] if webm else x264
+    codec = _codec(path.suffix == '.webm')
     return ffmpeg_write(path, scene_frames(scenes, 30000 / 1001, size), '30000/1001', args=codec)
 
 # %% ../../nbs/01c_testing.media.ipynb #41d6db48
@@ -113,7 +116,7 @@ def _draw_shape(img: np.ndarray, pal: np.ndarray, size: tuple[int, int], rng):
     else: cv2.ellipse(img, (x, y), (rw, rh), float(rng.uniform(0, 180)), 0, 360, c, -1)
 
 def _textured(img: np.ndarray, key, size: tuple[int, int], rng) -> np.ndarray:
-    "The canvas under the scene's fine texture, as uint8."
+    "The canvas under the scene's fine texture."
     tex = scene_texture(key, size, block=int(rng.choice([4, 6, 8]))).astype(np.float32)
     return np.clip(img + 0.35 * (tex - tex.mean((0, 1))), 0, 255).astype(np.uint8)
 
@@ -126,14 +129,18 @@ def _scene_canvas(key, size: tuple[int, int], rng) -> np.ndarray:
     return _textured(img, key, (2 * w, 2 * h), rng)
 
 # %% ../../nbs/01c_testing.media.ipynb #4febf667
+def _blob(size: tuple[int, int], rng) -> tuple:
+    "The blob's start (x, y), its speed (px/s) and radius."
+    w, h = size
+    return rng.uniform(0, w), rng.uniform(0, h), rng.uniform(-0.06, 0.06) * w, int(0.12 * h)
+
 def _camera_path(size: tuple[int, int], rng) -> tuple:
     "The camera's pan (px/s), the start of its 0.5-s jolt (inf: none), the blob (x, y, speed, radius)."
     w, h = size
     v = rng.uniform(0.015, 0.04, 2) * (w, h) * rng.choice([-1, 1], 2)           # pan, px/s
     # a 0.5-s hand-held jolt
     jolt = rng.uniform(0.5, 3.0) if rng.random() < 0.5 else math.inf
-    blob = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(-0.06, 0.06) * w, int(0.12 * h)
-    return v, jolt, blob
+    return v, jolt, _blob(size, rng)
 
 def _centre(t: float, size: tuple[int, int], v, jolt: float) -> tuple[float, float]:
     "Where the camera looks at `t`."

@@ -32,14 +32,14 @@ class SimSettings:
 _TAG = re.compile(r'\[sim:([a-z_]+)\]')
 
 def behaviour_of(payload: dict, default: str = 'plain') -> str:
-    "The behaviour a conversation asks for: a tag `[sim:NAME]` (the first wins), or `default`."
+    "The behaviour asked for: the first tag `[sim:NAME]`, or `default`."
     for m in payload.get('messages') or []:
         if (t := _TAG.search(message_text(m))) and t.group(1) in BEHAVIOURS: return t.group(1)
     return default
 
 # %% ../../nbs/01e_testing.simulator.ipynb #3d0035e6
 def _string(s: dict) -> str:
-    "A plausible string under a schema node: a time, a name (for such patterns), else a phrase."
+    "A plausible string for a schema node: a time, a name, else a phrase."
     p = s.get('pattern', '')
     if ':' in p: return '00:00:10'
     if p: return 'sim_criterion'
@@ -185,7 +185,7 @@ def _reasoning(how: str, s: SimSettings) -> str:
     return ' '.join((_THOUGHT.split() * (1 + n // 16))[:n])
 
 def _written(text: str, thought: str, how: str) -> tuple[str, str]:
-    "`(content, reasoning field)` as the model writes them: reasoning in its field or `<think>`."
+    "`(content, reasoning field)` as written: reasoning in its field or `<think>`."
     if thought and how == 'think_field': return text, thought
     return (f"<think>\n{thought}\n</think>\n\n{text}" if thought else text), ''
 
