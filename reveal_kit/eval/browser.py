@@ -191,9 +191,13 @@ def _run_meta(run_dir: Path) -> dict:
     return (json.loads((run_dir / 'run.json').read_text()) if (run_dir / 'run.json').is_file()
             else {})
 
+def _n_correct(rows: list[dict]) -> int:
+    "How many of the rows are correct."
+    return sum(outcome(r) == 'correct' for r in rows)
+
 def _run_title(run_dir: Path, rows: list[dict]) -> str:
-    "A run's title: its folder, method and benchmark, accuracy."
-    meta, k = _run_meta(run_dir), sum(outcome(r) == 'correct' for r in rows)
+    "A run's title: folder, method and benchmark, accuracy."
+    meta, k = _run_meta(run_dir), _n_correct(rows)
     return (f"{run_dir.name}: {meta.get('method', '?')} on {meta.get('benchmark', '?')}, "
             f"{k}/{len(rows)} correct")
 

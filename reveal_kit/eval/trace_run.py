@@ -40,7 +40,7 @@ def filter_questions(rows: list[dict], correct: bool | None = None, qtype: str |
 
 # %% ../../nbs/45_eval.trace_run.ipynb #16e83a5b
 def _result_row(run_dir: str | Path, qid: Any) -> dict:
-    "The result row of question `qid` of a run (KeyError when the run has no such question)."
+    "The result row of question `qid` of a run (a KeyError if none)."
     row = next((r for r in run_questions(run_dir) if str(r['qid']) == str(qid)), None)
     if row is None: raise KeyError(f"no question {qid!r} in {run_dir}")
     return row
@@ -125,17 +125,24 @@ def _thumbable(a: Any) -> bool:
     "Whether an item is an L1 item with a time range and an id."
     return isinstance(a, dict) and a.get('level') == 1 and 't_start' in a and 'item_id' in a
 
+def _admitted(trace: dict) -> list:
+    "Every item admitted in a round of the trace."
+    return [a for rd in trace_rounds(trace) for a in rd.get('admitted') or []]
+
 def _thumb_items(trace: dict) -> dict[str, dict]:
     "The L1 items worth a keyframe: admitted in a round, or part of the final evidence; by item id."
-    its = [a for rd in trace_rounds(trace) for a in rd.get('admitted') or []]
-    its += list(trace.get('evidence') or [])
+    its = _admitted(trace) + list(trace.get('evidence') or [])
     return {a['item_id']: a for a in its if _thumbable(a)}
+
+def _jpeg(rgb: Any) -> tuple:
+    "OpenCV's JPEG encoding of an RGB frame at quality 80: (ok, bytes)."
+    import cv2
+    bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+    return cv2.imencode('.jpg', bgr, [cv2.IMWRITE_JPEG_QUALITY, 80])
 
 def _jpeg_url(rgb: Any) -> str | None:
     "An RGB frame as a JPEG data URL (None when it cannot be encoded)."
-    import cv2
-    bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
-    ok, buf = cv2.imencode('.jpg', bgr, [cv2.IMWRITE_JPEG_QUALITY, 80])
+    ok, buf = _jpeg(rgb)
     return 'data:image/jpeg;base64,' + base64.b64encode(buf.tobytes()).decode() if ok else None
 
 def _middles(items: dict[str, dict]) -> tuple[list[str], list[float]]:

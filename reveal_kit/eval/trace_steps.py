@@ -57,11 +57,14 @@ def _step_outcome(s: dict) -> str:
     return f"{'invalid call: ' if s.get('invalid') else 'error: '}{_plain(s.get('error') or '?')}"
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #c7757216
+def _said(s: dict) -> list:
+    "What the agent said of a tool call: its thought, its reasoning (where recorded)."
+    return [P(f"{k}: {_plain(s[k])}") for k in ('thought', 'reasoning') if s.get(k)]
+
 def _step_result(s: dict) -> Any:
     "A tool call's result folded under its first 90 characters, with what the agent said of the call."
     res = _plain(s.get('summary') or '')
-    said = [P(f"{k}: {_plain(s[k])}") for k in ('thought', 'reasoning') if s.get(k)]
-    return Details(Summary(_plain(res, 90) or '—'), Pre(res), *said)
+    return Details(Summary(_plain(res, 90) or '—'), Pre(res), *_said(s))
 
 def _step_no(s: dict) -> int:
     "A tool call's step, counted from 1."

@@ -123,11 +123,14 @@ def _key(kind: str) -> FT:
     "A kind of lane's swatch and name."
     return Span(_swatch(kind), ' ' + _LANE_NAMES[kind], style='margin-right:14px')
 
+def _pale() -> FT:
+    "What a paler span means."
+    return Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
+
 def legend_html(kinds: list[str]) -> str:
     "The key to the timeline: a swatch and a name per kind of lane shown, and what a paler span means."
     keys = [_key(k) for k in dict.fromkeys(kinds)]
-    pale = Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
-    return _html(Div(*keys, pale, cls='legend'))
+    return _html(Div(*keys, _pale(), cls='legend'))
 
 # %% ../../nbs/45_eval.trace_timeline.ipynb #8a7de4c9
 def _ticks(dur: float, x0: int, w: int) -> list[FT]:

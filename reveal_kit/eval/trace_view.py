@@ -187,11 +187,13 @@ def _latency(c: dict) -> float:
     "A call's latency in seconds, to the millisecond (0 when not recorded)."
     return round(float(c.get('latency_s') or 0), 3)
 
+def _call_tokens(c: dict) -> dict:
+    "A call's prompt and completion tokens."
+    return dict(prompt=c.get('prompt_tokens'), completion=c.get('completion_tokens'))
+
 def _call_row(c: dict) -> dict:
     "A model call as a row of the table: role, tokens, latency, cache hit, error."
-    return dict(role=c.get('role'), prompt=c.get('prompt_tokens'),
-                completion=c.get('completion_tokens'),
-                latency_s=_latency(c), cache_hit=c.get('cache_hit'),
+    return dict(role=c.get('role'), **_call_tokens(c), latency_s=_latency(c), cache_hit=c.get('cache_hit'),
                 error=c.get('error'))
 
 def calls_html(calls: list[dict]) -> str:
