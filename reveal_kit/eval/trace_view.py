@@ -193,8 +193,8 @@ def _call_tokens(c: dict) -> dict:
 
 def _call_row(c: dict) -> dict:
     "A model call as a row of the table: role, tokens, latency, cache hit, error."
-    return dict(role=c.get('role'), **_call_tokens(c), latency_s=_latency(c), cache_hit=c.get('cache_hit'),
-                error=c.get('error'))
+    return dict(role=c.get('role'), **_call_tokens(c), latency_s=_latency(c),
+                cache_hit=c.get('cache_hit'), error=c.get('error'))
 
 def calls_html(calls: list[dict]) -> str:
     "The model calls of a question: role, prompt and completion tokens, latency, cache hit, errors."
