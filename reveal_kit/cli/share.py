@@ -38,6 +38,11 @@ def _run_page(run_dir: Path, html: Path, compare: Path | None, thumbs: bool) -> 
     from reveal_kit.cli.present import format_browser_summary
     return format_browser_summary(write_run_browser(run_dir, html, compare, thumbs))
 
+def _check_run_page(qid: str | None, html: Path | None) -> None:
+    "Refuse a run page asked for with a QID, or without --html."
+    if qid is not None or html is None:
+        raise ValueError("the run page takes no QID and needs --html OUT.html")
+
 @trace_app.command('show')
 def trace_show(run_dir: RunDirArg, qid: _QidArg = None, html: _HtmlOpt = None,
                compare: _CompareOpt = None, thumbs: _ThumbsOpt = True):
@@ -46,8 +51,7 @@ def trace_show(run_dir: RunDirArg, qid: _QidArg = None, html: _HtmlOpt = None,
         if run_dir.is_file() and qid is None and html is None: return say(_trace_file(run_dir))
         if qid is not None and compare is None:
             return say(_question_trace(run_dir, qid, html, thumbs))
-        if qid is not None or html is None:
-            raise ValueError("the run page takes no QID and needs --html OUT.html")
+        _check_run_page(qid, html)
         say(_run_page(run_dir, html, compare, thumbs))
 
 app.add_typer(trace_app, name='trace')
@@ -140,14 +144,22 @@ def _demo_bench(out: Path, minutes: float, videos: int, per_video: int, seed: in
                            seed=seed, split='test', size=(640, 360))
     return bench
 
+def _run_folders(out: Path, names: list[str]) -> dict[str, Path]:
+    "Each method's run folder: OUT/eval-<method> ('+' written 'plus-')."
+    return {m: out / f"eval-{m.replace('+', 'plus-')}" for m in names}
+
 def _demo_runs(out: Path, bench: Path, names: list[str], **kw) -> dict:
     "[3/4] Answer the benchmark with each method (`kw`: `run_eval`'s settings): runs by method."
     from reveal_kit.eval.runner import run_eval
-    runs = {m: out / f"eval-{m.replace('+', 'plus-')}" for m in names}
+    runs = _run_folders(out, names)
     for i, m in enumerate(names):
         say(f"[3/4] answering with {m} ({i + 1}/{len(names)})")
         with cli_errors(): run_eval('synth', m, runs[m], root=bench, **kw)
     return runs
+
+def _method_names(methods: str) -> list[str]:
+    "The comma-separated method names, blanks dropped."
+    return [m.strip() for m in methods.split(',') if m.strip()]
 
 @app.command('demo')
 def demo(out: _DemoOutOpt = Path('runs/demo'), minutes: _MinutesOpt = 2.0, videos: _VideosNOpt = 2,
@@ -158,7 +170,7 @@ def demo(out: _DemoOutOpt = Path('runs/demo'), minutes: _MinutesOpt = 2.0, video
     from reveal_kit.eval.metrics import demo_report
     out = Path(out)
     bench = _demo_bench(out, minutes, videos, questions_per_video, seed)
-    names = [m.strip() for m in methods.split(',') if m.strip()]
+    names = _method_names(methods)
     with cli_errors(): demo_memories(bench, names)
     say(demo_report(_demo_runs(out, bench, names, backend=backend, model=model, base_url=base_url,
                                cache_mode=cache, timeout_s=timeout)))

@@ -22,19 +22,25 @@ __all__ = ['ROW_KEYS', 'browser_rows', 'outcome', 'compare_rows', 'row_html', 'r
 ROW_KEYS = ('qid', 'qtype', 'answer', 'gold', 'correct', 'rounds', 'stop_reason', 'calls', 'tokens',
             'failed')
 
+def _row_cost(r: dict) -> dict:
+    "What a question cost: model calls, and tokens (prompt plus completion)."
+    return dict(calls=int(r.get('llm_calls') or 0),
+                tokens=int(r.get('prompt_tokens') or 0) + int(r.get('completion_tokens') or 0))
+
 def _row(r: dict, q: Any) -> dict:
     "A results row as a browser row (with the question's text when its benchmark is at hand)."
     return dict(qid=r['qid'], qtype=r.get('qtype'), answer=r.get('answer'), gold=r.get('gold'),
                 correct=r.get('correct'), rounds=r.get('rounds'), stop_reason=r.get('stop_reason'),
-                calls=int(r.get('llm_calls') or 0),
-                tokens=int(r.get('prompt_tokens') or 0) + int(r.get('completion_tokens') or 0),
-                failed=bool(r.get('failed')), question=q.question if q else '')
+                **_row_cost(r), failed=bool(r.get('failed')), question=q.question if q else '')
+
+def _by_qid(rows: list[dict]) -> list[dict]:
+    "Rows in the order of their qids as text."
+    return sorted(rows, key=lambda r: str(r['qid']))
 
 def browser_rows(run_dir: str | Path, source: tuple | None = None) -> list[dict]:
     "One row per question of a run (qid order, as text): type, answer, gold, correct, rounds, stop, calls, tokens."
     qs, _ = source if source is not None else run_question_source(run_dir)
-    return [_row(r, qs.get(str(r['qid'])))
-            for r in sorted(load_results(run_dir), key=lambda r: str(r['qid']))]
+    return [_row(r, qs.get(str(r['qid']))) for r in _by_qid(load_results(run_dir))]
 
 # %% ../../nbs/45a_eval.browser.ipynb #0ed928fb
 def outcome(r: dict) -> str:
@@ -47,13 +53,19 @@ def _outcome_b(r: dict) -> str:
     "Run B's outcome of a compared row."
     return outcome({'correct': r['correct_b'], 'failed': r['failed_b']})
 
+def _with_b(r: dict, rb: dict) -> dict:
+    "Run A's row with run B's fields added (`_b`)."
+    return dict(r, **{f"{k}_b": rb.get(k) for k in ROW_KEYS if k != 'qid'})
+
+def _rank(r: dict) -> int:
+    "Where a compared row sorts: 0 when the outcomes differ, 1 when only the answers do, else 2."
+    return 0 if outcome(r) != _outcome_b(r) else 1 if r['answer'] != r['answer_b'] else 2
+
 def compare_rows(a: list[dict], b: list[dict]) -> list[dict]:
     "The questions both runs answered, with run B's fields (`_b`); other outcomes first, then other answers."
     bb = {r['qid']: r for r in b}
-    rows = [dict(r, **{f"{k}_b": bb[r['qid']].get(k) for k in ROW_KEYS if k != 'qid'})
-            for r in a if r['qid'] in bb]
-    rank = lambda r: 0 if outcome(r) != _outcome_b(r) else 1 if r['answer'] != r['answer_b'] else 2
-    return sorted(rows, key=lambda r: (rank(r), str(r['qid'])))
+    rows = [_with_b(r, bb[r['qid']]) for r in a if r['qid'] in bb]
+    return sorted(rows, key=lambda r: (_rank(r), str(r['qid'])))
 
 # %% ../../nbs/45a_eval.browser.ipynb #9901a4c0
 _CSS = """
@@ -94,9 +106,13 @@ _JS = """
 """
 
 # %% ../../nbs/45a_eval.browser.ipynb #a785c44e
+def _sort_value(v: Any) -> Any:
+    "What a cell sorts by: '' for none, 0/1 for a truth value, else the value."
+    return '' if v is None else (int(v) if isinstance(v, bool) else v)
+
 def _cell(v: Any, cls: str = '', link: str | None = None) -> FT:
     "A table cell: its sort value and its text (a link when given)."
-    sv = '' if v is None else (int(v) if isinstance(v, bool) else v)
+    sv = _sort_value(v)
     text = A(as_text(v), href=as_text(link)) if link else as_text(v)
     return Td(text, cls=cls, data_v=as_text(sv))
 
@@ -114,40 +130,57 @@ def _row_cells(r: dict, link: str | None, both: bool) -> list[FT]:
             _cell(r['stop_reason']), _cell(r['calls']), _cell(r['tokens']),
             _cell(r.get('question'), 'q')]
 
+def _row_data(r: dict, out: str) -> dict:
+    "A row's attributes for the filters: type, outcome, stop, text."
+    text = f"{r['qid']} {r.get('question') or ''}".lower()
+    return dict(data_type=as_text(r['qtype']), data_outcome=as_text(out),
+                data_stop=as_text(r['stop_reason']), data_text=as_text(text))
+
 def row_html(r: dict, link: str | None, both: bool = False) -> str:
     "One question as a table row with its filter attributes (both runs' answers and outcomes when `both`)."
-    out, text = outcome(r), f"{r['qid']} {r.get('question') or ''}".lower()
-    return as_html(Tr(*_row_cells(r, link, both), cls=as_text(out), data_type=as_text(r['qtype']),
-                      data_outcome=as_text(out), data_stop=as_text(r['stop_reason']),
-                      data_text=as_text(text)))
+    out = outcome(r)
+    return as_html(Tr(*_row_cells(r, link, both), cls=as_text(out), **_row_data(r, out)))
 
 # %% ../../nbs/45a_eval.browser.ipynb #d6324409
+def _values(rows: list[dict], key) -> list[str]:
+    "The distinct values (as text, sorted) `key` takes over the rows, none left out."
+    return sorted({str(key(r)) for r in rows if key(r) is not None})
+
 def _select(rows: list[dict], name: str, fid: str, key) -> FT:
     "A filter: its name and a menu of all, then each distinct value."
-    vals = sorted({str(key(r)) for r in rows if key(r) is not None})
-    opts = [Option(as_text(v), value=as_text(v)) for v in vals]
+    opts = [Option(as_text(v), value=as_text(v)) for v in _values(rows, key)]
     return Label(f"{name} ", Select(Option('all', value=''), *opts, id=fid))
 
+def _selects(rows: list[dict]) -> list[FT]:
+    "The filters' menus: type, outcome, stop."
+    return [_select(rows, 'type', 'f-type', lambda r: r['qtype']),
+            _select(rows, 'outcome', 'f-outcome', outcome),
+            _select(rows, 'stop reason', 'f-stop', lambda r: r['stop_reason'])]
+
 def _filters(rows: list[dict]) -> FT:
-    "The filters over the table (type, outcome, stop reason, text search) and how many rows show."
+    "The filters (type, outcome, stop reason, text) and how many show."
     n = len(rows)
-    return Div(_select(rows, 'type', 'f-type', lambda r: r['qtype']),
-               _select(rows, 'outcome', 'f-outcome', outcome),
-               _select(rows, 'stop reason', 'f-stop', lambda r: r['stop_reason']),
-               Label('search ', Input(id='f-text', type='search')), ' ', Span(n, id='shown'),
-               f" of {n} questions shown", cls='filters')
+    return Div(*_selects(rows), Label('search ', Input(id='f-text', type='search')), ' ',
+               Span(n, id='shown'), f" of {n} questions shown", cls='filters')
+
+def _columns(both: bool) -> list[str]:
+    "The column heads (run B's too when `both`)."
+    return ['question id', 'type', 'answer', 'gold', 'outcome',
+            *(['answer B', 'outcome B', 'A vs B'] if both else []),
+            'rounds', 'stop reason', 'calls', 'tokens', 'question']
 
 def _run_table(rows: list[dict], links: dict[str, str], both: bool) -> FT:
     "The table of questions, its columns sortable (both runs' answers and outcomes when `both`)."
-    head = ['question id', 'type', 'answer', 'gold', 'outcome',
-            *(['answer B', 'outcome B', 'A vs B'] if both else []),
-            'rounds', 'stop reason', 'calls', 'tokens', 'question']
     body = [Safe(row_html(r, links.get(r['qid']), both)) for r in rows]
-    return Table(Thead(Tr(*[Th(as_text(h)) for h in head])), Tbody(*body), id='runs')
+    return Table(Thead(Tr(*[Th(as_text(h)) for h in _columns(both)])), Tbody(*body), id='runs')
+
+def _head(title: str) -> FT:
+    "The run page's head: charset, title, inline CSS."
+    return Head(Meta(charset='utf-8'), Title(as_text(title)), Style(Safe(_CSS)))
 
 def run_page_html(rows: list[dict], links: dict[str, str], title: str, both: bool = False) -> str:
     "The run page: title, filters (type, outcome, stop reason, text), the sortable table; static, inline CSS/JS."
-    head = Head(Meta(charset='utf-8'), Title(as_text(title)), Style(Safe(_CSS)))
+    head = _head(title)
     table = _run_table(rows, links, both)
     body = Body(H2(as_text(title)), _filters(rows), table, Script(Safe(_JS)))
     return as_html(Html(head, body)) + '\n'
@@ -158,9 +191,13 @@ def _run_meta(run_dir: Path) -> dict:
     return (json.loads((run_dir / 'run.json').read_text()) if (run_dir / 'run.json').is_file()
             else {})
 
+def _n_correct(rows: list[dict]) -> int:
+    "How many of the rows are correct."
+    return sum(outcome(r) == 'correct' for r in rows)
+
 def _run_title(run_dir: Path, rows: list[dict]) -> str:
-    "A run's title: its folder, method and benchmark, accuracy."
-    meta, k = _run_meta(run_dir), sum(outcome(r) == 'correct' for r in rows)
+    "A run's title: folder, method and benchmark, accuracy."
+    meta, k = _run_meta(run_dir), _n_correct(rows)
     return (f"{run_dir.name}: {meta.get('method', '?')} on {meta.get('benchmark', '?')}, "
             f"{k}/{len(rows)} correct")
 
@@ -184,24 +221,30 @@ class RunPages:
             return as_html(P(said, cls='notice'))
 
 # %% ../../nbs/45a_eval.browser.ipynb #f460e3c8
+def _run_h2(p: RunPages, x: str) -> str:
+    "The heading of run `x`'s part of a question page: its folder and method."
+    return as_html(H2(f"Run {x}: {p.dir.name} ({_run_meta(p.dir).get('method', '?')})"))
+
 def question_page(qid: Any, a: RunPages, b: RunPages | None = None) -> str:
-    "A question's page: run A's trace, and run B's below it when comparing."
+    "A question's page: run A's trace, run B's below it when comparing."
     if b is None: return html_page(qid, a.fragment(qid))
-    method = lambda p: _run_meta(p.dir).get('method', '?')
-    head = lambda p, x: as_html(H2(f"Run {x}: {p.dir.name} ({method(p)})"))
-    return html_page(qid, head(a, 'A'), a.fragment(qid), head(b, 'B'), b.fragment(qid))
+    return html_page(qid, _run_h2(a, 'A'), a.fragment(qid), _run_h2(b, 'B'), b.fragment(qid))
 
 # %% ../../nbs/45a_eval.browser.ipynb #12292488
 def _page_links(folder: Path, rows: list[dict]) -> dict[Any, str]:
     "qid → the path of its question page from the run page (`<folder>/00000.html`, in row order)."
     return {r['qid']: f"{folder.name}/{i:05d}.html" for i, r in enumerate(rows)}
 
+def _both_pages(run_dir: str | Path, compare: str | Path | None,
+                thumbs: bool) -> tuple[RunPages, RunPages | None]:
+    "What run A's pages need, and run B's when comparing."
+    return RunPages(run_dir, thumbs), RunPages(compare, thumbs) if compare is not None else None
+
 def write_trace_pages(run_dir: str | Path, folder: Path, rows: list[dict], thumbs: bool = False,
                       compare: str | Path | None = None) -> dict[Any, str]:
     "A page per question (run B's trace beside when comparing) in `folder`; qid → its path relative to the parent."
     folder.mkdir(parents=True, exist_ok=True)
-    a = RunPages(run_dir, thumbs)
-    b = RunPages(compare, thumbs) if compare is not None else None
+    a, b = _both_pages(run_dir, compare, thumbs)
     for i, r in enumerate(rows):
         atomic_write_text(folder / f"{i:05d}.html", question_page(r['qid'], a, b))
     return _page_links(folder, rows)
@@ -220,15 +263,23 @@ def _page_rows(run_dir: Path, rows: list[dict],
     rb = browser_rows(compare)
     return title + f" | B = {_run_title(Path(compare), rb)}", compare_rows(rows, rb)
 
+def _summary(out: Path, n: int, shown: list[dict], both: bool) -> dict:
+    "The page, how many question pages, questions shown, how many differ in B."
+    return dict(page=str(out), traces=n, questions=len(shown),
+                differ=_differ(shown) if both else None)
+
+def _traces_folder(out: Path) -> Path:
+    "Where the question pages go: `<stem>_traces/` beside the run page."
+    return out.parent / f"{out.stem}_traces"
+
 def write_run_browser(run_dir: str | Path, html_out: str | Path, compare: str | Path | None = None,
                       thumbs: bool = False) -> dict:
     "The run page at `html_out` first, then a page per question in `<stem>_traces/` (`compare`: run B beside it)."
     a, out = Path(run_dir), Path(html_out)
-    rows, folder = browser_rows(a), out.parent / f"{out.stem}_traces"
+    rows, folder = browser_rows(a), _traces_folder(out)
     title, shown = _page_rows(a, rows, compare)
     out.parent.mkdir(parents=True, exist_ok=True)
     page = run_page_html(shown, _page_links(folder, rows), title, both=compare is not None)
     atomic_write_text(out, page)
     n = len(write_trace_pages(a, folder, rows, thumbs, compare))
-    return dict(page=str(out), traces=n, questions=len(shown),
-                differ=_differ(shown) if compare is not None else None)
+    return _summary(out, n, shown, compare is not None)

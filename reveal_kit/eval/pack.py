@@ -180,7 +180,7 @@ def _check_listed(m: tarfile.TarInfo, man: dict, got: set) -> None:
                         f"pack.json {want['size']}")
 
 def _listed(members: Iterable[tarfile.TarInfo], man: dict, got: set) -> Iterator[tarfile.TarInfo]:
-    "The members after pack.json, each refused unless a regular file listed once with the header size listed."
+    "The members after pack.json, each refused unless a regular file listed once, of its listed size."
     for m in members:
         _check_listed(m, man, got)
         got.add(m.name)

@@ -25,21 +25,28 @@ __all__ = ['load_pack_cache', 'cache_problems', 'replay_run', 'memory_build_seco
            'replayed_run']
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #f6c2d27c
-def load_pack_cache(src: Path, path: Path) -> CallCache:
-    "A call cache at `path` holding the pack's entries (from `cache/calls.jsonl`), written whole or not at all."
-    tmp = path.with_name(f".{path.stem}-{os.getpid()}.sqlite")
+def _fill_cache(src: Path, tmp: Path) -> None:
+    "Write the pack's cached calls (`cache/calls.jsonl`) into a call cache at `tmp`."
     cache = CallCache(tmp)
     for row in read_jsonl_rows(src / 'cache' / 'calls.jsonl'): cache.put(row['key'], row['entry'])
     cache.close()
+
+def load_pack_cache(src: Path, path: Path) -> CallCache:
+    "A call cache at `path` of the pack's `cache/calls.jsonl`, written whole or not at all."
+    tmp = path.with_name(f".{path.stem}-{os.getpid()}.sqlite")
+    _fill_cache(src, tmp)
     os.replace(tmp, path)
     return CallCache(path)
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #b3a5530f
+def _role(r: dict) -> str:
+    "The role of a cached call's row ('?' when it does not say)."
+    return ((r['entry'] or {}).get('record') or {}).get('role', '?')
+
 def cache_problems(src: Path) -> list[str]:
     "The pack's cached calls whose parsed data is not what their raw text says, one line each."
     rows = read_jsonl_rows(src / 'cache' / 'calls.jsonl')
-    return [f"the cached call {r['key'][:16]}… "
-            f"({((r['entry'] or {}).get('record') or {}).get('role', '?')}): {why}"
+    return [f"the cached call {r['key'][:16]}… ({_role(r)}): {why}"
             for r in rows if (why := entry_contradiction(r.get('entry')))]
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #b9e81f42
@@ -51,13 +58,16 @@ def _check_pool_here(meta: dict, src: Path, row: dict) -> None:
                         f"the pack's {src / (row['pool'] or '')} there")
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #97533dec
+def _in_pack(src: Path, paths: dict) -> dict:
+    "A mapping's paths made paths in the pack."
+    return {k: str(src / v) for k, v in paths.items()}
+
 def _packed_where(row: dict, src: Path) -> dict:
     "Where a replay finds a packed run's memories, videos, rubric pool and subtitles: in the pack."
-    return dict(memory_index={k: str(src / v) for k, v in row['memory_index'].items()},
-                videos={v: str(src / m) for v, m in row['videos'].items()},
+    return dict(memory_index=_in_pack(src, row['memory_index']),
+                videos=_in_pack(src, row['videos']),
                 pool_file=str(src / row['pool']) if row['pool'] else None,
-                subs=None if row.get('subtitles') is None
-                else {v: str(src / m) for v, m in row['subtitles'].items()})
+                subs=None if row.get('subtitles') is None else _in_pack(src, row['subtitles']))
 
 def _write_beside(d: Path, run: Path) -> None:
     "Write the packed run's questions and the replay's report into the replay's folder."
@@ -72,13 +82,17 @@ def _replay_line(row: dict, meta: dict, qs: list[Question], diffs: list[str], se
                 questions=len(qs), identical=not diffs, differences=diffs, seconds=round(secs, 2),
                 run_seconds=round(took, 2), partial=bool(row.get('partial')))
 
+def _replay_chat(row: dict, cache: CallCache) -> CachedModel | None:
+    "The packed run's model behind the pack's cache in replay mode (None when it had none)."
+    return CachedModel(PackedModel(row['model']), cache, mode='replay') if row['model'] else None
+
 def replay_run(row: dict, src: Path, out: Path, cache: CallCache, progress: bool = False) -> dict:
     "Rerun one packed run into `out/<name>` and compare it with the packed files; its line of the replay summary."
     name, d = row['name'], out / row['name']
     meta, run = json.loads((src / 'runs' / name / 'run.json').read_text()), src / 'runs' / name
     _check_pool_here(meta, src, row)
     qs = [Question.from_dict(r) for r in read_jsonl_rows(run / 'questions.jsonl')]
-    chat = CachedModel(PackedModel(row['model']), cache, mode='replay') if row['model'] else None
+    chat = _replay_chat(row, cache)
     t0 = time.time()
     rerun(meta, qs, d, chat, progress, **_packed_where(row, src))
     secs = time.time() - t0
@@ -94,11 +108,15 @@ def _manifests(d: Path) -> list[Path]:
     if (d / 'manifest.json').is_file(): return [d / 'manifest.json']
     return sorted(d.glob('*/manifest.json'))
 
+def _build_seconds(manifest: Path) -> float:
+    "The build seconds a manifest records (0 when none)."
+    return float(json.loads(manifest.read_text()).get('build_seconds') or 0)
+
 def memory_build_seconds(src: Path, rows: list[dict]) -> float:
     "Seconds the packed memories and PACE databases took to build, from their manifests."
     folders = {src / m for r in rows for m in r['memory_index'].values()}
     mans = [f for d in folders for f in _manifests(d)]
-    return round(sum(float(json.loads(f.read_text()).get('build_seconds') or 0) for f in mans), 2)
+    return round(sum(map(_build_seconds, mans)), 2)
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #f2e42267
 def _replay_out(pack: Path, out: str | Path | None) -> Path:
@@ -132,13 +150,18 @@ def _opened(d: Path) -> dict | None:
     whole = calls.is_file() and len(CallCache(calls, read_only=True)) == man.get('calls')
     return man if whole else None
 
+def _unpack_loaded(pack: Path, tmp: Path) -> dict:
+    "Unpack a pack into `tmp/pack`, check its runs and load its calls beside it; the manifest."
+    man = unpack(pack, tmp / 'pack')
+    check_runs(man)
+    load_pack_cache(tmp / 'pack', tmp / 'calls.sqlite').close()
+    return man
+
 def _open_whole(pack: Path, d: Path) -> dict:
     "Unpack a pack and load its calls in a working folder beside `d`, renamed to `d` once whole; the manifest."
     tmp = Path(tempfile.mkdtemp(prefix=f".open-{os.getpid()}-", dir=d.parent))
     try:
-        man = unpack(pack, tmp / 'pack')
-        check_runs(man)
-        load_pack_cache(tmp / 'pack', tmp / 'calls.sqlite').close()
+        man = _unpack_loaded(pack, tmp)
         try: os.rename(tmp, d)
         except OSError:
             if _opened(d) is None:
@@ -160,7 +183,7 @@ def open_pack(pack: str | Path, root: str | Path) -> tuple[Path, dict]:
 
 # %% ../../nbs/48b_eval.pack_replay.ipynb #dd5d279a
 def pack_chat(d: Path, row: dict) -> ChatModel:
-    "A packed run's chat model behind the pack's cache in replay mode (a stand-in named 'none' if it had none)."
+    "A packed run's chat model behind the pack's cache in replay mode (a stand-in 'none' if none)."
     card = row['model'] or dict(backend='none', model_id='none')
     return CachedModel(PackedModel(card), CallCache(d / 'calls.sqlite'), mode='replay')
 
@@ -173,13 +196,15 @@ def _packed_row(man: dict, name: str) -> dict:
                        f"{', '.join(r['name'] for r in man['runs'])}")
     return row
 
+def _replay_once(d: Path, row: dict, progress: bool) -> None:
+    "Replay a packed run under `d` once (a replay killed half-way is done again)."
+    if (d / row['name'] / 'replay.json').is_file(): return
+    shutil.rmtree(d / row['name'], ignore_errors=True)
+    replay_run(row, d / 'pack', d, CallCache(d / 'calls.sqlite'), progress)
+
 def replayed_run(d: Path, man: dict, name: str, progress: bool = False) -> Path:
     "The folder of a packed run replayed under `d` (replayed on first use); refused when it does not match the pack."
-    row = _packed_row(man, name)
-    if not (d / name / 'replay.json').is_file():
-        # a replay killed half-way is done again
-        shutil.rmtree(d / name, ignore_errors=True)
-        replay_run(row, d / 'pack', d, CallCache(d / 'calls.sqlite'), progress)
+    _replay_once(d, _packed_row(man, name), progress)
     line = json.loads((d / name / 'replay.json').read_text())
     if not line['identical']:
         raise PackError(f"the packed run {name} does not replay: {line['differences'][0]}")

@@ -269,7 +269,7 @@ def _traces(run: Path) -> Iterator[dict]:
         if isinstance(t, dict): yield t
 
 def reads_frames(run: str | Path) -> bool:
-    "Whether a run looked at frames while answering (a PACE or DVD FrameInspect call): its replay needs the video."
+    "Whether a run looked at frames (a PACE or DVD FrameInspect call): its replay needs the video."
     return any(isinstance(s, dict) and s.get('tool') == 'FrameInspect'
                for t in _traces(Path(run)) for s in t.get('steps') or [])
 

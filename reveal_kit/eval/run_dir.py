@@ -39,29 +39,35 @@ def parse_shard(s: str | tuple[int, int] | None) -> tuple[int, int]:
 
 # %% ../../nbs/42_eval.run_dir.ipynb #498e258d
 def _check_limit(limit: Any) -> None:
-    "Refuse a limit that is not a whole number of questions ≥ 0."
+    "Refuse a limit other than a whole number ≥ 0."
     if limit is not None and not (isinstance(limit, int) and limit >= 0):
         raise ValueError(f"limit must be a whole number of questions ≥ 0 (0 or none: all), got "
                          f"{limit!r}")
 
+def _no_videos(qs: list[Question]) -> FileNotFoundError:
+    "The error for questions none of whose videos is present, naming one video path as an example."
+    eg = next((q.video_path for q in qs if q.video_path), None)
+    return FileNotFoundError(f"none of the {len(qs)} questions' videos is present (e.g. "
+                             f"{eg or 'no video path in the annotations'}): put the videos "
+                             "under the benchmark root, or drop --only-present")
+
 def _present(qs: list[Question]) -> list[Question]:
     "The questions whose video file exists; refused when there are questions but no such video."
     have = [q for q in qs if q.video_path and Path(q.video_path).exists()]
-    if qs and not have:
-        eg = next((q.video_path for q in qs if q.video_path), None)
-        raise FileNotFoundError(f"none of the {len(qs)} questions' videos is present (e.g. "
-                                f"{eg or 'no video path in the annotations'}): put the videos "
-                                "under the benchmark root, or drop --only-present")
+    if qs and not have: raise _no_videos(qs)
     return have
+
+def _in_shard(qs: list[Question], shard: tuple[int, int]) -> list[Question]:
+    "The questions of shard `(i, n)` (by their video)."
+    i, n = shard
+    return [q for q in qs if shard_of(q.video_id, n) == i]
 
 def select_questions(qs: list[Question], limit: int | None = None, shard: tuple[int, int] = (0, 1),
                      only_present: bool = False) -> list[Question]:
     "The first `limit` questions (benchmark order; only those whose video exists, if asked), then this shard's."
     _check_limit(limit)
     if only_present: qs = _present(qs)                              # e.g. LVBench's subset
-    qs = qs[:limit] if limit else qs
-    i, n = shard
-    return [q for q in qs if shard_of(q.video_id, n) == i]
+    return _in_shard(qs[:limit] if limit else qs, shard)
 
 # %% ../../nbs/42_eval.run_dir.ipynb #8242d8df
 def json_or_str(o: Any) -> Any:
@@ -70,14 +76,18 @@ def json_or_str(o: Any) -> Any:
     except TypeError: return str(o)
 
 # %% ../../nbs/42_eval.run_dir.ipynb #24c4399a
+def _repaired_rows(p: Path) -> list:
+    "The rows of a JSONL file read with repair (its warnings silenced: the caller counts the drops)."
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        return read_jsonl_rows(p, repair=True)
+
 def repair_results(path: str | Path) -> tuple[list[dict], int]:
     "Valid records of a results file and how many broken lines were dropped (the file is rewritten cleanly if any)."
     p = Path(path)
     if not p.exists(): return [], 0
     lines = sum(1 for l in p.read_bytes().split(b'\n') if l.strip())
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        rows = read_jsonl_rows(p, repair=True)
+    rows = _repaired_rows(p)
     good = [d for d in rows if isinstance(d, dict) and 'qid' in d]
     return good, lines - len(good)
 
@@ -92,30 +102,45 @@ class ResultWriter:
         with self.lock: append_jsonl(self.path, row)
 
 # %% ../../nbs/42_eval.run_dir.ipynb #e2e20207
+def _rev_parse(cwd: str | Path) -> subprocess.CompletedProcess:
+    "`git rev-parse HEAD` run in `cwd` (10 s at most)."
+    return subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=cwd, capture_output=True, text=True,
+                          timeout=10)
+
 def git_commit(root: str | Path | None = None) -> str:
     "The checkout's commit (`git rev-parse HEAD`), 'unknown' when there is none."
     try:
-        r = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root or project_root(),
-                           capture_output=True, text=True, timeout=10)
+        r = _rev_parse(root or project_root())
         return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else 'unknown'
     except (OSError, subprocess.SubprocessError): return 'unknown'
 
 # %% ../../nbs/42_eval.run_dir.ipynb #9e8a3dec
 _IDENTITY = ('benchmark', 'method', 'config_hash', 'model', 'roles', 'rubric_pool_sha256')
 
-def _merged_meta(old: dict, meta: dict, out_dir: Path) -> dict:
-    "`meta` over a run's earlier `run.json`: same identity required, creation kept, shards united."
+def _check_identity(old: dict, meta: dict, out_dir: Path) -> None:
+    "Refuse `meta` when its identity (benchmark, method, config, model, roles, pool) is not `old`'s."
     diff = {k: (old.get(k), meta.get(k)) for k in _IDENTITY if old.get(k) != meta.get(k)}
     if diff:
         raise RunMismatch(f"{out_dir} was made with other settings {diff}; "
                           "use a new --out (results are never mixed)")
-    shards = set(map(tuple, old.get('shards', []))) | set(map(tuple, meta.get('shards', [])))
-    return {**old, **meta, 'created': old.get('created'), 'shards': sorted(shards)}
+
+def _united_shards(old: dict, meta: dict) -> list[tuple]:
+    "The shards of both run.jsons, united and sorted."
+    return sorted(set(map(tuple, old.get('shards', []))) | set(map(tuple, meta.get('shards', []))))
+
+def _merged_meta(old: dict, meta: dict, out_dir: Path) -> dict:
+    "`meta` over a run's earlier `run.json`: same identity required, creation kept, shards united."
+    _check_identity(old, meta, out_dir)
+    return {**old, **meta, 'created': old.get('created'), 'shards': _united_shards(old, meta)}
+
+def _old_meta(p: Path) -> dict | None:
+    "An earlier run.json (None when there is none)."
+    return json.loads(p.read_text()) if p.exists() else None
 
 def write_run_json(out_dir: Path, meta: dict) -> dict:
     "Create or update `run.json`; refuse one of another benchmark/method/config/model/roles/pool."
     p = Path(out_dir) / 'run.json'
-    old = json.loads(p.read_text()) if p.exists() else None
+    old = _old_meta(p)
     if old: meta = _merged_meta(old, meta, out_dir)
     atomic_write_text(p, json.dumps(meta, indent=1, default=json_or_str))
     return meta
@@ -138,6 +163,13 @@ def _record_holder(owner: Path) -> None:
     atomic_write_text(owner,
                       json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), since=since)))
 
+def _acquire(lock: FileLock, out: Path, owner: Path) -> None:
+    "Take the run's lock now, or raise `RunLocked` naming its holder."
+    try: lock.acquire()
+    except Timeout:
+        raise RunLocked(f"{out} is in use by another run ({_lock_holder(owner)}); "
+                        "wait for it to finish or use another --out") from None
+
 @contextlib.contextmanager
 def locked_run_dir(out_dir: str | Path):
     "Hold RUN_DIR's lock for the block, recording this process beside it; a lock held elsewhere raises `RunLocked`."
@@ -145,10 +177,7 @@ def locked_run_dir(out_dir: str | Path):
     out.mkdir(parents=True, exist_ok=True)
     lock = FileLock(out / '.lock', timeout=0, preserve_lock_file=True)
     owner = out / '.lock.owner.json'
-    try: lock.acquire()
-    except Timeout:
-        raise RunLocked(f"{out} is in use by another run ({_lock_holder(owner)}); "
-                        "wait for it to finish or use another --out") from None
+    _acquire(lock, out, owner)
     try:
         _record_holder(owner)
         yield out

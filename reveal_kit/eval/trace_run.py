@@ -27,25 +27,33 @@ def run_questions(run_dir: str | Path) -> list[dict]:
                   key=lambda r: str(r['qid']))
 
 # %% ../../nbs/45_eval.trace_run.ipynb #619057e0
+def _matches(r: dict, correct: bool | None, qtype: str | None, stop_reason: str | None) -> bool:
+    "Whether a row matches every filter that is not None."
+    return ((correct is None or bool(r.get('correct')) == correct)
+            and (qtype is None or r.get('qtype') == qtype)
+            and (stop_reason is None or r.get('stop_reason') == stop_reason))
+
 def filter_questions(rows: list[dict], correct: bool | None = None, qtype: str | None = None,
                      stop_reason: str | None = None) -> list[dict]:
     "The rows matching every filter that is not None."
-    return [r for r in rows if (correct is None or bool(r.get('correct')) == correct)
-            and (qtype is None or r.get('qtype') == qtype)
-            and (stop_reason is None or r.get('stop_reason') == stop_reason)]
+    return [r for r in rows if _matches(r, correct, qtype, stop_reason)]
 
 # %% ../../nbs/45_eval.trace_run.ipynb #16e83a5b
 def _result_row(run_dir: str | Path, qid: Any) -> dict:
-    "The result row of question `qid` of a run (KeyError when the run has no such question)."
+    "The result row of question `qid` of a run (a KeyError if none)."
     row = next((r for r in run_questions(run_dir) if str(r['qid']) == str(qid)), None)
     if row is None: raise KeyError(f"no question {qid!r} in {run_dir}")
     return row
 
+def _trace_path(run_dir: str | Path, row: dict) -> Path:
+    "Where a result row's trace is: its recorded path, else the same name under the run's traces/."
+    p = Path(row.get('trace') or '')
+    return p if p.is_file() else Path(run_dir) / 'traces' / p.name
+
 def run_trace(run_dir: str | Path, qid: Any, row: dict | None = None) -> dict:
     "The trace of one question of a run (by the path in its result `row`, or by name under the run's traces/)."
     row = row or _result_row(run_dir, qid)
-    p = Path(row.get('trace') or '')
-    if not p.is_file(): p = Path(run_dir) / 'traces' / p.name
+    p = _trace_path(run_dir, row)
     if not p.is_file(): raise FileNotFoundError(f"trace of {qid} not found: {row.get('trace')}")
     return load_trace(p)
 
@@ -59,26 +67,42 @@ def benchmark_root(run_dir: str | Path, meta: dict) -> str | None:
     return root
 
 # %% ../../nbs/45_eval.trace_run.ipynb #0f03f93d
+def _first_line(e: Exception) -> str:
+    "The first line of an error's message (its type's name when it has none)."
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
 def _not_loaded(meta: dict, root: str | None, e: Exception) -> str:
     "Why a run's benchmark questions cannot be loaded from here, and what its pages lose for it."
-    why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    why = _first_line(e)
     return (f"the questions of benchmark {meta.get('benchmark')} under {root} cannot be "
             f"loaded from here ({why}): no gold spans, cues, question text or thumbnails")
 
+def _run_meta(d: Path) -> dict:
+    "A run's run.json ({} when it has none)."
+    return json.loads((d / 'run.json').read_text()) if (d / 'run.json').is_file() else {}
+
+def _split_kw(meta: dict) -> dict:
+    "The split a run's run.json names, as a keyword for `load_benchmark` ({} when none)."
+    return {'split': meta['split']} if meta.get('split') else {}
+
 def _benchmark_questions(d: Path) -> tuple[dict[str, Question], str | None]:
     "The questions (by qid) of the benchmark a run's run.json names, or why they cannot be loaded here."
-    meta = json.loads((d / 'run.json').read_text()) if (d / 'run.json').is_file() else {}
-    root, kw = benchmark_root(d, meta), {'split': meta['split']} if meta.get('split') else {}
+    meta = _run_meta(d)
+    root, kw = benchmark_root(d, meta), _split_kw(meta)
     try: qs, _ = load_benchmark(meta['benchmark'], root, **kw)
     except Exception as e: return {}, _not_loaded(meta, root, e)
     return {str(q.qid): q for q in qs}, None
+
+def _own_questions(d: Path) -> dict[str, Question]:
+    "qid (as text) → Question, from the questions.jsonl a run keeps beside it."
+    qs = map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))
+    return {str(q.qid): q for q in qs}
 
 def run_question_source(run_dir: str | Path) -> tuple[dict[str, Question], str | None]:
     "qid (as text) → Question of a run, and why they could not be loaded (None when they were)."
     d = Path(run_dir)
     if not (d / 'questions.jsonl').is_file(): return _benchmark_questions(d)
-    qs = map(Question.from_dict, read_jsonl_rows(d / 'questions.jsonl'))
-    return {str(q.qid): q for q in qs}, None
+    return _own_questions(d), None
 
 # %% ../../nbs/45_eval.trace_run.ipynb #e3f090e2
 def run_question_index(run_dir: str | Path) -> dict[str, Question]:
@@ -97,27 +121,41 @@ def trace_rounds(t: dict) -> list[dict]:
     return [r for r in rs if isinstance(r, dict)] if isinstance(rs, list) else []
 
 # %% ../../nbs/45_eval.trace_run.ipynb #8018fdac
+def _thumbable(a: Any) -> bool:
+    "Whether an item is an L1 item with a time range and an id."
+    return isinstance(a, dict) and a.get('level') == 1 and 't_start' in a and 'item_id' in a
+
+def _admitted(trace: dict) -> list:
+    "Every item admitted in a round of the trace."
+    return [a for rd in trace_rounds(trace) for a in rd.get('admitted') or []]
+
 def _thumb_items(trace: dict) -> dict[str, dict]:
     "The L1 items worth a keyframe: admitted in a round, or part of the final evidence; by item id."
-    its = [a for rd in trace_rounds(trace) for a in rd.get('admitted') or []]
-    its += list(trace.get('evidence') or [])
-    return {a['item_id']: a for a in its if isinstance(a, dict) and a.get('level') == 1
-            and 't_start' in a and 'item_id' in a}
+    its = _admitted(trace) + list(trace.get('evidence') or [])
+    return {a['item_id']: a for a in its if _thumbable(a)}
+
+def _jpeg(rgb: Any) -> tuple:
+    "OpenCV's JPEG encoding of an RGB frame at quality 80: (ok, bytes)."
+    import cv2
+    bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+    return cv2.imencode('.jpg', bgr, [cv2.IMWRITE_JPEG_QUALITY, 80])
 
 def _jpeg_url(rgb: Any) -> str | None:
     "An RGB frame as a JPEG data URL (None when it cannot be encoded)."
-    import cv2
-    bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
-    ok, buf = cv2.imencode('.jpg', bgr, [cv2.IMWRITE_JPEG_QUALITY, 80])
+    ok, buf = _jpeg(rgb)
     return 'data:image/jpeg;base64,' + base64.b64encode(buf.tobytes()).decode() if ok else None
+
+def _middles(items: dict[str, dict]) -> tuple[list[str], list[float]]:
+    "The items' ids in time order, and the middle time of each."
+    ids = sorted(items, key=lambda i: items[i]['t_start'])
+    return ids, [(items[i]['t_start'] + items[i]['t_end']) / 2 for i in ids]
 
 def keyframe_thumbs(trace: dict, video_path: str | Path | None, width: int = 160) -> dict[str, str]:
     "A JPEG data URL of the middle frame of every admitted (or evidence) L1 item of the trace, by item id."
     items = _thumb_items(trace)
     if not items or not video_path or not Path(video_path).is_file():
         return {}     # a FIFO or device: no frames
-    ids = sorted(items, key=lambda i: items[i]['t_start'])
-    mids = [(items[i]['t_start'] + items[i]['t_end']) / 2 for i in ids]
+    ids, mids = _middles(items)
     frames = read_frames_at(video_path, mids, max_width=width)
     urls = {i: _jpeg_url(f.rgb) for i, f in zip(ids, frames)}
     return {i: u for i, u in urls.items() if u}

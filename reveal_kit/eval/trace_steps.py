@@ -13,22 +13,32 @@ from ..text import fmt_time, hms_to_seconds, printable
 __all__ = ['item_spans', 'step_spans', 'step_ranges', 'step_row', 'steps_html', 'evidence_html', 'step_lines']
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #dd1e571d
+def _span_text(i: dict) -> str:
+    "An item's time range as `m:ss–m:ss`."
+    return f"{fmt_time(i['t_start'])}–{fmt_time(i['t_end'])}"
+
+def _tip(i: dict, what: str) -> str:
+    "An item's tooltip: what it is, its id, level and time range."
+    return f"{what} {i.get('item_id', '')} L{i.get('level', '')} {_span_text(i)}"
+
 def item_spans(items: list[dict] | None, what: str) -> list[tuple[float, float, str, int | None]]:
-    "(start, end, tooltip, level) of every item that has a time range."
-    span = lambda i: f"{fmt_time(i['t_start'])}–{fmt_time(i['t_end'])}"
-    tip = lambda i: f"{what} {i.get('item_id', '')} L{i.get('level', '')} {span(i)}"
-    return [(float(i['t_start']), float(i['t_end']), tip(i), i.get('level')) for i in items or []
-            if 't_start' in i]
+    "(start, end, tooltip, level) of items with a time range."
+    return [(float(i['t_start']), float(i['t_end']), _tip(i, what), i.get('level'))
+            for i in items or [] if 't_start' in i]
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #011c5194
-def step_spans(step: dict) -> list[tuple[float, float, str, int | None]]:
-    "A tool call's ranges: the records it returned, and the HH:MM:SS ranges its arguments named."
-    out = item_spans(step.get('records'), step.get('tool', 'step'))
+def _asked_spans(step: dict) -> list[tuple]:
+    "The HH:MM:SS ranges a tool call's arguments named (those that do not parse left out)."
+    out = []
     for r in (step.get('arguments') or {}).get('time_ranges_hhmmss') or []:
         try: a, b = hms_to_seconds(r[0]), hms_to_seconds(r[1])
         except (ValueError, TypeError, IndexError): continue
         out.append((a, b, f"{step.get('tool')} asked for {fmt_time(a)}–{fmt_time(b)}", None))
     return out
+
+def step_spans(step: dict) -> list[tuple[float, float, str, int | None]]:
+    "A tool call's ranges: the records it returned, and the HH:MM:SS ranges its arguments named."
+    return item_spans(step.get('records'), step.get('tool', 'step')) + _asked_spans(step)
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #3519bfa1
 def _plain(x: Any, n: int | None = None) -> str:
@@ -47,29 +57,41 @@ def _step_outcome(s: dict) -> str:
     return f"{'invalid call: ' if s.get('invalid') else 'error: '}{_plain(s.get('error') or '?')}"
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #c7757216
+def _said(s: dict) -> list:
+    "What the agent said of a tool call: its thought, its reasoning (where recorded)."
+    return [P(f"{k}: {_plain(s[k])}") for k in ('thought', 'reasoning') if s.get(k)]
+
 def _step_result(s: dict) -> Any:
     "A tool call's result folded under its first 90 characters, with what the agent said of the call."
     res = _plain(s.get('summary') or '')
-    said = [P(f"{k}: {_plain(s[k])}") for k in ('thought', 'reasoning') if s.get(k)]
-    return Details(Summary(_plain(res, 90) or '—'), Pre(res), *said)
+    return Details(Summary(_plain(res, 90) or '—'), Pre(res), *_said(s))
+
+def _step_no(s: dict) -> int:
+    "A tool call's step, counted from 1."
+    return int(s.get('step') or 0) + 1
+
+def _tokens(s: dict) -> int:
+    "Prompt plus completion tokens of a tool call."
+    return int(s.get('prompt_tokens') or 0) + int(s.get('completion_tokens') or 0)
 
 def step_row(s: dict) -> Any:
     "One tool call as a table row: step, tool, arguments, time ranges, outcome, result (folded), tokens, seconds."
-    toks = int(s.get('prompt_tokens') or 0) + int(s.get('completion_tokens') or 0)
-    return Tr(Td(int(s.get('step') or 0) + 1), Td(_plain(s.get('tool'))),
+    return Tr(Td(_step_no(s)), Td(_plain(s.get('tool'))),
               Td(Pre(_plain(s.get('arguments') or {}))), Td(step_ranges(s)),
               Td(_step_outcome(s), cls='ok' if s.get('ok') else 'bad'), Td(_step_result(s)),
-              Td(toks),
-              Td(f"{float(s.get('latency_s') or 0):.2f}"))
+              Td(_tokens(s)), Td(f"{float(s.get('latency_s') or 0):.2f}"))
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #c79112c2
+_STEP_COLS = ('step', 'tool', 'arguments', 'time ranges', 'outcome', 'result', 'tokens', 'seconds')
+
+def _steps_table(steps: list[dict]) -> Any:
+    "The table of tool calls: its head, then a row per call."
+    return Table(Tr(*[Th(c) for c in _STEP_COLS]), *map(step_row, steps), cls='steps')
+
 def steps_html(steps: list[dict]) -> str:
     "Every tool call of a PACE or DVD trace as a table ('' when the trace has none)."
     if not steps: return ''
-    cols = ('step', 'tool', 'arguments', 'time ranges', 'outcome', 'result', 'tokens', 'seconds')
-    head = Tr(*[Th(c) for c in cols])
-    return to_xml(Div(H4(f"Tool calls ({len(steps)})"),
-                      Table(head, *map(step_row, steps), cls='steps')), indent=False)
+    return to_xml(Div(H4(f"Tool calls ({len(steps)})"), _steps_table(steps)), indent=False)
 
 # %% ../../nbs/45_eval.trace_steps.ipynb #ffd1f490
 _EVIDENCE_COLS = ('item', 'level', 'time', 'from', 'score', 'text (what was read)', 'frame')
@@ -79,10 +101,14 @@ def _evidence_from(e: dict) -> str:
     rnd = f" (round {e['round']})" if e.get('round') is not None else ''
     return _plain(e.get('source') or '') + rnd
 
+def _keyframe(e: dict, thumbs: dict[str, str]) -> Any:
+    "An evidence item's keyframe as an image ('' when none was cut)."
+    return Img(src=thumbs[e['item_id']], width='120') if e.get('item_id') in thumbs else ''
+
 def _evidence_row(e: dict, thumbs: dict[str, str]) -> Any:
     "One evidence item: id, level, time range, where it came from, score, its text, its keyframe."
-    span = f"{fmt_time(e['t_start'])}–{fmt_time(e['t_end'])}" if 't_start' in e else '—'
-    img = Img(src=thumbs[e['item_id']], width='120') if e.get('item_id') in thumbs else ''
+    span = _span_text(e) if 't_start' in e else '—'
+    img = _keyframe(e, thumbs)
     return Tr(Td(_plain(e.get('item_id'))), Td(f"L{_plain(e.get('level'))}"), Td(span),
               Td(_evidence_from(e)),
               Td(_plain(e.get('score'))), Td(_plain(e.get('text') or '—'), cls='text'), Td(img))
@@ -99,7 +125,7 @@ def evidence_html(trace: dict, thumbs: dict[str, str] | None = None) -> str:
 def _step_line(s: dict) -> str:
     "One tool call on one line: step, tool, arguments, ranges, outcome, the start of its result."
     args, res = _plain(s.get('arguments') or {}, 160), _plain(s.get('summary') or '', 100)
-    line = (f"  step {int(s.get('step') or 0) + 1} {_plain(s.get('tool'))} {args} "
+    line = (f"  step {_step_no(s)} {_plain(s.get('tool'))} {args} "
             f"ranges={step_ranges(s)} {_step_outcome(s)} → {res}")
     return line.replace('\n', ' ')
 

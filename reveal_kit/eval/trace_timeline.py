@@ -20,14 +20,15 @@ def _html(*elements: Any) -> str:
     return ''.join(to_xml(e, indent=False) for e in elements)
 
 # %% ../../nbs/45_eval.trace_timeline.ipynb #3957ef11
+def _pairs(spans: list | None) -> list[tuple[float, float]]:
+    "(start, end) of each span, as floats."
+    return [(float(s[0]), float(s[1])) for s in spans or []]
+
 def question_spans(q: Question | dict | None) -> dict:
     "A question's duration, gold evidence spans, distractor spans and cues (empty where the benchmark has none)."
     d = q.to_dict() if isinstance(q, Question) else dict(q or {})
-    pair = lambda s: (float(s[0]), float(s[1]))
-    return dict(duration=d.get('duration'),
-                evidence=[pair(s) for s in d.get('evidence_spans') or []],
-                distractors=[pair(s) for s in d.get('distractor_spans') or []],
-                cues=list(d.get('cues') or []))
+    return dict(duration=d.get('duration'), evidence=_pairs(d.get('evidence_spans')),
+                distractors=_pairs(d.get('distractor_spans')), cues=list(d.get('cues') or []))
 
 # %% ../../nbs/45_eval.trace_timeline.ipynb #08711252
 def _verdict(rd: dict) -> str:
@@ -37,36 +38,46 @@ def _verdict(rd: dict) -> str:
     verdict = 'sufficient' if v.get('sufficient') else 'insufficient'
     return f" · ρ={float(v.get('rho') or 0):.2f} {verdict}"
 
+def _two_lanes(rd: dict) -> list[tuple]:
+    "A round's lanes: what it retrieved, what it admitted (with the verifier's verdict)."
+    r = rd.get('round')
+    return [(f"round {r} retrieved", 'retrieved', item_spans(rd.get('retrieved'), 'retrieved')),
+            (f"round {r} admitted{_verdict(rd)}", 'admitted',
+             item_spans(rd.get('admitted'), 'admitted'))]
+
 def _round_lanes(trace: dict) -> list[tuple]:
     "Two lanes per REVEAL round: what it retrieved, what it admitted (with the verifier's verdict)."
-    lanes = []
-    for rd in trace_rounds(trace):
-        r = rd.get('round')
-        lanes += [(f"round {r} retrieved", 'retrieved',
-                   item_spans(rd.get('retrieved'), 'retrieved')),
-                  (f"round {r} admitted{_verdict(rd)}", 'admitted',
-                   item_spans(rd.get('admitted'), 'admitted'))]
-    return lanes
+    return [lane for rd in trace_rounds(trace) for lane in _two_lanes(rd)]
+
+def _step_lane(s: dict) -> tuple:
+    "A tool call's lane: its step and tool, the ranges it named and returned."
+    return (f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', step_spans(s))
 
 def _step_lanes(trace: dict) -> list[tuple]:
     "A lane per PACE or DVD tool call, then one of the evidence the answer rested on."
     steps = trace.get('steps') or []
-    lanes = [(f"step {int(s.get('step') or 0) + 1} {s.get('tool')}", 'tool', step_spans(s))
-             for s in steps]
+    lanes = [_step_lane(s) for s in steps]
     if steps and trace.get('evidence'):
         lanes.append(('evidence', 'admitted', item_spans(trace['evidence'], 'evidence')))
     return lanes
 
+def _oracle_lanes(trace: dict) -> list[tuple]:
+    "The oracle's evidence as a lane, where the trace has it."
+    if not (trace.get('oracle') or {}).get('items'): return []
+    return [('oracle evidence', 'admitted', item_spans(trace['oracle']['items'], 'oracle'))]
+
+def _framed(i: dict) -> dict:
+    "A segment the answerer saw frames of, its id saying how many."
+    return dict(i, item_id=f"{i.get('item_id', '')} ({i.get('frames')} frames)")
+
+def _frame_lanes(trace: dict) -> list[tuple]:
+    "The answerer's framed segments as a lane, where the trace has them."
+    fr = [_framed(i) for i in (trace.get('answer_frames') or {}).get('items') or []]
+    return [('answer frames', 'frames', item_spans(fr, 'frames of'))] if fr else []
+
 def _answer_lanes(trace: dict) -> list[tuple]:
     "The oracle's evidence and the segments the answerer saw frames of, where the trace has them."
-    lanes = []
-    if (trace.get('oracle') or {}).get('items'):
-        lanes.append(('oracle evidence', 'admitted',
-                      item_spans(trace['oracle']['items'], 'oracle')))
-    fr = [dict(i, item_id=f"{i.get('item_id', '')} ({i.get('frames')} frames)")
-          for i in (trace.get('answer_frames') or {}).get('items') or []]
-    if fr: lanes.append(('answer frames', 'frames', item_spans(fr, 'frames of')))
-    return lanes
+    return _oracle_lanes(trace) + _frame_lanes(trace)
 
 def trace_lanes(trace: dict) -> list[tuple[str, str, list[tuple]]]:
     "(label, kind, spans) per lane: each round's retrieved and admitted items, each tool call, the evidence, frames."
@@ -95,22 +106,31 @@ def _lane_svg(i: int, label: str, kind: str, spans: list, dur: float, x0: int, w
     return _html(ft('text', printable(label), x=0, y=y + 12, font_size=11),
                  ft('rect', x=x0, y=y + 2, width=w, height=12, fill='#eceff1'), *rects)
 
+def _own_span(label: str, a: float, b: float) -> tuple:
+    "A span of the question's own as a lane shows it: start, end, tooltip, no level."
+    return (a, b, f"{label} {fmt_time(a)}–{fmt_time(b)}", None)
+
 def _spans_lane(label: str, kind: str, spans: list[tuple[float, float]]) -> list[tuple]:
     "A lane of the question's own spans (gold evidence, distractors), none when it has none."
-    return [(label, kind, [(a, b, f"{label} {fmt_time(a)}–{fmt_time(b)}", None)
-                           for a, b in spans])] if spans else []
+    return [(label, kind, [_own_span(label, a, b) for a, b in spans])] if spans else []
 
 def _swatch(kind: str) -> FT:
     "A small box in the colour of a kind of lane."
     css = f"display:inline-block;width:12px;height:10px;background:{_LANE_COLOURS[kind]}"
     return Span(style=css)
 
+def _key(kind: str) -> FT:
+    "A kind of lane's swatch and name."
+    return Span(_swatch(kind), ' ' + _LANE_NAMES[kind], style='margin-right:14px')
+
+def _pale() -> FT:
+    "What a paler span means."
+    return Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
+
 def legend_html(kinds: list[str]) -> str:
     "The key to the timeline: a swatch and a name per kind of lane shown, and what a paler span means."
-    keys = [Span(_swatch(k), ' ' + _LANE_NAMES[k], style='margin-right:14px')
-            for k in dict.fromkeys(kinds)]
-    pale = Span('paler: an L2 event or the L3 narrative, which spans more than it pins down')
-    return _html(Div(*keys, pale, cls='legend'))
+    keys = [_key(k) for k in dict.fromkeys(kinds)]
+    return _html(Div(*keys, _pale(), cls='legend'))
 
 # %% ../../nbs/45_eval.trace_timeline.ipynb #8a7de4c9
 def _ticks(dur: float, x0: int, w: int) -> list[FT]:
@@ -130,11 +150,19 @@ def _question_lanes(qs: dict) -> list[tuple]:
     return (_spans_lane('gold evidence', 'gold', qs['evidence'])
             + _spans_lane('distractor', 'distractor', qs['distractors']))
 
+def _duration(qs: dict, lanes: list[tuple]) -> float:
+    "The bar's length: the question's duration, else the end of the last span (1 s when none)."
+    end = max((s[1] for _, _, ss in lanes for s in ss), default=0.0)
+    return float(qs['duration'] or end or 1.0)
+
+def _cues_p(qs: dict) -> FT | str:
+    "The question's cues as a paragraph ('' when it has none)."
+    return P(f"cues: {printable('; '.join(qs['cues']))}", cls='cues') if qs['cues'] else ''
+
 def timeline_html(trace: dict, question: Question | dict | None = None, width: int = 900) -> str:
     "The video as a bar with gold/distractor spans, rounds' items, tool calls and frames as lanes, and a legend."
     qs = question_spans(question)
     lanes = _question_lanes(qs) + trace_lanes(trace)
-    dur = float(qs['duration'] or max((s[1] for _, _, ss in lanes for s in ss), default=0.0) or 1.0)
-    cues = P(f"cues: {printable('; '.join(qs['cues']))}", cls='cues') if qs['cues'] else ''
+    dur, cues = _duration(qs, lanes), _cues_p(qs)
     legend = Safe(legend_html([k for _, k, _ in lanes]))
     return _html(Div(_timeline_svg(lanes, dur, width), legend, cues, cls='timeline'))

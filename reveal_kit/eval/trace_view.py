@@ -47,19 +47,30 @@ def score_colour(z: float | None) -> str:
     return f"hsl({round(120 * min(max(float(z), 0.0), 1.0))}, 65%, 78%)"
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e724fb30
+def _table_row(r: dict, cols: list[str]) -> FT:
+    "A row's values in the given columns, as table cells."
+    return Tr(*[Td(as_text(r.get(c))) for c in cols])
+
 def html_table(rows: list[dict], cols: list[str], cls: str = '') -> str:
     "An HTML table of `rows` with the given columns (missing values as '—')."
     head = Tr(*[Th(as_text(c)) for c in cols])
-    body = [Tr(*[Td(as_text(r.get(c))) for c in cols]) for r in rows]
+    body = [_table_row(r, cols) for r in rows]
     return as_html(Table(head, *body, cls=cls))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #516a5966
 _ITEM_COLS = ('item', 'level', 'time', 'score', 'rank score', 'query', 'reason', 'frame')
 
+def _item_img(it: dict, thumbs: dict[str, str]) -> FT | str:
+    "The item's keyframe as an image ('' when none was cut)."
+    return Img(src=thumbs[it['item_id']], width='120') if it.get('item_id') in thumbs else ''
+
+def _item_span(it: dict) -> str:
+    "The item's time range ('—' when it has none)."
+    return f"{fmt_time(it['t_start'])}–{fmt_time(it['t_end'])}" if 't_start' in it else '—'
+
 def _item_row(it: dict, thumbs: dict[str, str]) -> FT:
     "One item as a table row, with its keyframe when one was cut."
-    img = Img(src=thumbs[it['item_id']], width='120') if it.get('item_id') in thumbs else ''
-    span = f"{fmt_time(it['t_start'])}–{fmt_time(it['t_end'])}" if 't_start' in it else '—'
+    img, span = _item_img(it, thumbs), _item_span(it)
     cells = [as_text(it.get('item_id')), f"L{as_text(it.get('level'))}", span,
              *[as_text(it.get(k)) for k in ('score', 'rank_score', 'query', 'reason')], img]
     return Tr(*map(Td, cells))
@@ -78,77 +89,112 @@ def _criterion_th(c: str, w: Any) -> FT:
     "A criterion's column head, with its weight below."
     return Th(as_text(c), Br(), Small(f"w={as_text(w)}"))
 
+def _option_tr(o: str, row: dict, crits: list[str], rho_o: dict) -> FT:
+    "An option's row: scores per criterion, coloured, then ρ_o."
+    return Tr(Td(B(as_text(o))), *[_score_cell(row.get(c), as_text(row.get(c))) for c in crits],
+              _score_cell(rho_o.get(o), f"{rho_o.get(o):.2f}"))
+
 def _verifier_table(v: dict) -> FT:
     "One row per option, one column per criterion (with its weight), then the option's ρ_o."
     crits, w, rho_o = v.get('criteria') or [], v.get('weights') or {}, v.get('rho_o') or {}
     head = Tr(Th('option'), *[_criterion_th(c, w.get(c)) for c in crits], Th('ρ', Sub('o')))
-    rows = [Tr(Td(B(as_text(o))), *[_score_cell(row.get(c), as_text(row.get(c))) for c in crits],
-               _score_cell(rho_o.get(o), f"{rho_o.get(o):.2f}"))
-            for o, row in (v.get('table') or {}).items()]
+    rows = [_option_tr(o, row, crits, rho_o) for o, row in (v.get('table') or {}).items()]
     return Table(head, *rows, cls='verifier')
+
+def _verdict_word(v: dict) -> str:
+    "'sufficient' or 'insufficient', as the verifier judged."
+    return 'sufficient' if v.get('sufficient') else 'insufficient'
+
+def _unknown(v: dict) -> str:
+    "The options the evidence cannot judge yet, as a list in words ('none' when none)."
+    return ', '.join(v.get('unknown_options') or []) or 'none'
 
 def _verdict_p(v: dict, tau: float | None) -> FT:
     "ρ against τ, the verdict, the options the evidence cannot judge yet, where the scores came from."
-    verdict = 'sufficient' if v.get('sufficient') else 'insufficient'
-    unknown = ', '.join(v.get('unknown_options') or []) or 'none'
+    verdict, unknown = _verdict_word(v), _unknown(v)
     return P('ρ = ', B(f"{v.get('rho', 0):.3f}"), f" vs τ = {as_text(tau)} → ", B(verdict),
              f"; unknown options: {as_text(unknown)} (source: {as_text(v.get('source'))})")
 
+def _missing_list(v: dict) -> list[FT]:
+    "The evidence the verifier still misses, as a list (nothing when it misses none)."
+    miss = [Li(as_text(m)) for m in v.get('missing') or []]
+    return [P('missing evidence:'), Ul(*miss)] if miss else []
+
 def verifier_html(v: dict, tau: float | None) -> str:
     "The option × criterion score table as a heat map with ρ_o, then ρ against τ, verdict, unknown options, missing."
-    miss = [Li(as_text(m)) for m in v.get('missing') or []]
-    missing = [P('missing evidence:'), Ul(*miss)] if miss else []
-    return as_html(_verifier_table(v), _verdict_p(v, tau), *missing)
+    return as_html(_verifier_table(v), _verdict_p(v, tau), *_missing_list(v))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #e35f7621
+def _fallback(rd: dict) -> str:
+    "The round's fallback, after a semicolon ('' when there was none)."
+    return f"; {as_text(rd['fallback'])}" if rd.get('fallback') else ''
+
 def _plan_p(rd: dict) -> FT:
     "How the round was planned: the strategy run (planned which, by whom, any fallback) and the planner's reasoning."
-    fb = f"; {as_text(rd['fallback'])}" if rd.get('fallback') else ''
+    fb = _fallback(rd)
     return P(B(as_text(rd.get('strategy_executed'))),
              f" (planned {as_text(rd.get('strategy'))} by {as_text(rd.get('plan_source'))}{fb}): "
              f"{as_text(rd.get('reasoning'))}")
 
+def _rejected_li(r: dict) -> FT:
+    "A rejected query, struck through, with its reason."
+    return Li(S(as_text(r.get('query'))), f" — {as_text(r.get('reason'))}")
+
 def _queries(rd: dict) -> list[FT]:
     "The queries kept ('none' if none was), then those rejected, struck through, with their reasons."
     kept = [Li(as_text(q)) for q in rd.get('kept') or []] or [Li('none')]
-    rej = [Li(S(as_text(r.get('query'))), f" — {as_text(r.get('reason'))}")
-           for r in rd.get('rejected') or []]
+    rej = [_rejected_li(r) for r in rd.get('rejected') or []]
     return [P('queries kept:'), Ul(*kept)] + ([P('queries rejected:'), Ul(*rej)] if rej else [])
 
 def _folded(what: str, items: list[dict]) -> FT:
     "A table of items folded away, its summary saying what they are and how many."
     return Details(Summary(f"{what} ({len(items)})"), Safe(item_rows(items)))
 
+def _admitted_p(rd: dict, adm: list[dict]) -> FT:
+    "How many items the round admitted, and what ranked them."
+    return P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:")
+
 def _round_items(rd: dict, thumbs: dict[str, str] | None) -> list[FT]:
     "What the round retrieved (folded), admitted (ranked, with keyframes) and turned away (folded)."
     adm = rd.get('admitted') or []
-    return [_folded('retrieved', rd.get('retrieved') or []),
-            P(f"admitted ({len(adm)}), ranked by {as_text(rd.get('ranking'))}:"),
+    return [_folded('retrieved', rd.get('retrieved') or []), _admitted_p(rd, adm),
             Safe(item_rows(adm, thumbs)), _folded('not admitted', rd.get('not_admitted') or [])]
+
+def _verifier_part(rd: dict, tau: float | None) -> list[FT]:
+    "The round's verifier table and verdict, where it ran."
+    return [Safe(verifier_html(rd['verifier'], tau))] if rd.get('verifier') else []
 
 def round_html(rd: dict, tau: float | None, thumbs: dict[str, str] | None = None) -> str:
     "One round of a trace: plan, kept and rejected queries, retrieved / admitted / not admitted items, verifier."
     parts = [H4(f"Round {as_text(rd.get('round'))}"), _plan_p(rd), *_queries(rd),
              *_round_items(rd, thumbs)]
-    if rd.get('verifier'): parts.append(Safe(verifier_html(rd['verifier'], tau)))
-    return '\n'.join(map(as_html, parts))
+    return '\n'.join(map(as_html, parts + _verifier_part(rd, tau)))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b7fdf138
+def _step_calls(t: dict) -> list[dict]:
+    "The model calls of a PACE or DVD trace's tool calls, in order."
+    return [c for s in t.get('steps') or [] for c in s.get('calls') or []]
+
 def trace_calls(t: dict) -> list[dict]:
     "A trace's model calls: REVEAL's `calls`; for PACE and DVD the factor calls, then each tool call's."
     if t.get('calls'): return list(t['calls'])
-    return list(t.get('factor_calls') or []) + [c for s in t.get('steps') or []
-                                                for c in s.get('calls') or []]
+    return list(t.get('factor_calls') or []) + _step_calls(t)
 
 # %% ../../nbs/45_eval.trace_view.ipynb #00ebe61c
 _CALL_COLS = ['role', 'prompt', 'completion', 'latency_s', 'cache_hit', 'error']
 
+def _latency(c: dict) -> float:
+    "A call's latency in seconds, to the millisecond (0 when not recorded)."
+    return round(float(c.get('latency_s') or 0), 3)
+
+def _call_tokens(c: dict) -> dict:
+    "A call's prompt and completion tokens."
+    return dict(prompt=c.get('prompt_tokens'), completion=c.get('completion_tokens'))
+
 def _call_row(c: dict) -> dict:
     "A model call as a row of the table: role, tokens, latency, cache hit, error."
-    return dict(role=c.get('role'), prompt=c.get('prompt_tokens'),
-                completion=c.get('completion_tokens'),
-                latency_s=round(float(c.get('latency_s') or 0), 3), cache_hit=c.get('cache_hit'),
-                error=c.get('error'))
+    return dict(role=c.get('role'), **_call_tokens(c), latency_s=_latency(c),
+                cache_hit=c.get('cache_hit'), error=c.get('error'))
 
 def calls_html(calls: list[dict]) -> str:
     "The model calls of a question: role, prompt and completion tokens, latency, cache hit, errors."
@@ -182,13 +228,16 @@ def _outcome(ok: bool | None) -> FT | str:
     "The outcome in colour (correct, wrong), or 'no gold'."
     return B('correct', cls='ok') if ok else (B('wrong', cls='bad') if ok is False else 'no gold')
 
+def _tokens(tot: dict) -> int:
+    "Prompt plus completion tokens."
+    return int(tot.get('prompt_tokens') or 0) + int(tot.get('completion_tokens') or 0)
+
 def _totals(t: dict) -> str:
     "What the answer took: rounds (and tool calls), model calls, tokens, seconds."
     tot = t.get('totals') or t
     steps = f", tool calls {len(t['steps'])}" if t.get('steps') else ''
-    toks = int(tot.get('prompt_tokens') or 0) + int(tot.get('completion_tokens') or 0)
     return (f"rounds {as_text(_rounds_count(t))}{steps}, "
-            f"model calls {as_text(tot.get('llm_calls'))}, tokens {toks}, "
+            f"model calls {as_text(tot.get('llm_calls'))}, tokens {_tokens(tot)}, "
             f"{float(tot.get('seconds') or t.get('seconds') or 0):.2f} s")
 
 def _answer_p(t: dict) -> FT:
@@ -197,13 +246,16 @@ def _answer_p(t: dict) -> FT:
              _outcome(t.get('correct')),
              f"; stop: {as_text(t.get('stop_reason'))}; {_totals(t)}")
 
+def _title(t: dict) -> str:
+    "The trace's title: question id · preset (or method) · question type."
+    return ' · '.join(map(as_text, (t.get('qid'), t.get('preset') or t.get('method'),
+                                     t.get('qtype'))))
+
 def header_html(t: dict) -> str:
     "The question, its options marked with the answer and the gold letter, the outcome, the stop reason and totals."
     ans, gold = t.get('answer'), t.get('gold')
-    title = ' · '.join(map(as_text, (t.get('qid'), t.get('preset') or t.get('method'),
-                                     t.get('qtype'))))
     opts = [_option_li(k, v, ans, gold) for k, v in (t.get('options') or {}).items()]
-    return as_html(H3(title), P(as_text(t.get('question'))), Ul(*opts), _answer_p(t))
+    return as_html(H3(_title(t)), P(as_text(t.get('question'))), Ul(*opts), _answer_p(t))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b07c467d
 def notes_html(notes: list[str] | None) -> str:
@@ -215,56 +267,84 @@ def _switch(v: Any) -> str:
     "A switch as text: on, off, '?' where unknown, else its value (an embedder's name)."
     return as_text('?' if v is None else ('on' if v is True else 'off' if v is False else v))
 
+def _switches(t: dict) -> dict[str, str]:
+    "Each of the trace's data switches, as text."
+    return {k: _switch(v) for k, v in trace_switches(t).items()}
+
 def switches_html(t: dict) -> str:
     "The trace's data switches (subtitles, before the query time, embedders); '?' where unknown."
-    s = {k: _switch(v) for k, v in trace_switches(t).items()}
+    s = _switches(t)
     return as_html(P(f"switches: subtitles {s['subtitles']}, "
                      f"before the query time {s['before_query']}, "
                      f"text embedder {s['text_embedder']}, image embedder {s['image_embedder']}"))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #fc65d143
+def _final_missing(t: dict) -> list[FT]:
+    "The evidence still missing at the end, where the trace has it."
+    if not t.get('missing_evidence'): return []
+    missing = as_text('; '.join(map(str, t['missing_evidence'])))
+    return [P(f"final missing evidence: {missing}")]
+
+def _reasoning(t: dict) -> list[FT]:
+    "The answerer's reasoning, where the trace has it."
+    if not t.get('answer_reasoning'): return []
+    said = as_text(t['answer_reasoning'])
+    return [P(f"answerer ({as_text(t.get('answer_source'))}): {said}")]
+
 def _closing(t: dict) -> list[FT]:
     "The evidence still missing at the end, and the answerer's reasoning, where the trace has them."
-    out = []
-    if t.get('missing_evidence'):
-        missing = as_text('; '.join(map(str, t['missing_evidence'])))
-        out.append(P(f"final missing evidence: {missing}"))
-    if t.get('answer_reasoning'):
-        said = as_text(t['answer_reasoning'])
-        out.append(P(f"answerer ({as_text(t.get('answer_source'))}): {said}"))
-    return out
+    return _final_missing(t) + _reasoning(t)
+
+def _rounds_html(t: dict, thumbs: dict[str, str] | None) -> list[str]:
+    "Each round of a REVEAL trace as HTML (none for other traces)."
+    return [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
 
 def _answer_parts(t: dict, thumbs: dict[str, str] | None) -> list[str]:
     "What the answer did: its rounds or tool calls, its evidence, what was still missing, the answerer's reasoning."
-    rounds = [round_html(rd, t.get('tau'), thumbs) for rd in trace_rounds(t)]
-    return rounds + [steps_html(t.get('steps') or []), evidence_html(t, thumbs),
+    return _rounds_html(t, thumbs) + [steps_html(t.get('steps') or []), evidence_html(t, thumbs),
                      *map(as_html, _closing(t))]
+
+def _trace_parts(t: dict, thumbs: dict[str, str] | None, question: Question | dict | None,
+                 notes: list[str] | None) -> list[str]:
+    "The page's parts: header, switches, notes, timeline, what the answer did, the model calls."
+    return [header_html(t), switches_html(t), notes_html(notes), timeline_html(t, question),
+            *_answer_parts(t, thumbs), as_html(H4('Model calls')), calls_html(trace_calls(t))]
 
 def trace_html(trace: dict, thumbs: dict[str, str] | None = None,
                question: Question | dict | None = None, notes: list[str] | None = None) -> str:
     "A whole trace as one self-contained HTML fragment (styles inline): header, timeline, rounds or tool calls, evidence."
-    t = trace
-    parts = [header_html(t), switches_html(t), notes_html(notes), timeline_html(t, question),
-             *_answer_parts(t, thumbs), as_html(H4('Model calls')), calls_html(trace_calls(t))]
+    parts = _trace_parts(trace, thumbs, question, notes)
     return _STYLE + '\n' + as_html(Div(Safe('\n'.join(p for p in parts if p)), cls='reveal-trace'))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #f731048e
+def _no_video(q: Question) -> bool:
+    "Whether the question's video is not found from here."
+    return not (q.video_path and Path(q.video_path).is_file())
+
 def page_notes(q: Question | None, qid: Any, why: str | None, thumbs: bool) -> list[str]:
     "What a question's page cannot show: its benchmark's questions, this question, or its video for thumbnails."
     if why: return [why]
     if q is None:
         return [f"question {qid} is not in the run's benchmark: no gold spans, cues or thumbnails"]
-    if thumbs and not (q.video_path and Path(q.video_path).is_file()):
+    if thumbs and _no_video(q):
         return [f"the video {q.video_path} is not found from here: no keyframe thumbnails"]
     return []
 
 # %% ../../nbs/45_eval.trace_view.ipynb #9054332f
+def _thumbs(t: dict, q: Question | None) -> dict[str, str]:
+    "The trace's keyframes cut from the question's video ({} when its video is not known)."
+    return keyframe_thumbs(t, q.video_path) if q is not None and q.video_path else {}
+
+def _source_of(run_dir: str | Path, source: tuple | None) -> tuple:
+    "The run's questions and why they could not be loaded: `source` when given, else read."
+    return source if source is not None else run_question_source(run_dir)
+
 def trace_fragment(run_dir: str | Path, qid: Any, thumbs: bool = True, source: tuple | None = None,
                    row: dict | None = None) -> str:
     "One question's trace as an HTML fragment (`source`: `run_question_source`'s answer, read once per run)."
-    qs, why = source if source is not None else run_question_source(run_dir)
+    qs, why = _source_of(run_dir, source)
     t, q = run_trace(run_dir, qid, row), qs.get(str(qid))
-    th = keyframe_thumbs(t, q.video_path) if thumbs and q is not None and q.video_path else {}
+    th = _thumbs(t, q) if thumbs else {}
     return trace_html(t, th, q, page_notes(q, qid, why, thumbs))
 
 # %% ../../nbs/45_eval.trace_view.ipynb #b1a69a09

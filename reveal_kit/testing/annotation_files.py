@@ -19,22 +19,28 @@ def _touch(p: Path, videos: bool) -> None:
         p.write_bytes(b'')
 
 # %% ../../nbs/01b_testing.annotation_files.ipynb #b8f64f51
+def _videomme_options(j: int) -> list[str]:
+    "Question `j`'s options as `'A. …'` strings (some with a letter or list of their own)."
+    return [f'A. L. Pasteur and R. Koch {j}.', f'B. two {j}', f'C. (c)(a)(d)(e)(b) {j}.',
+            f'D. four {j}']
+
 def _videomme_row(i: int, d: str, j: int, t: str) -> dict:
     "Video-MME's question `j` (task type `t`) about video `i` of duration group `d`."
     return dict(video_id=f'{i:03d}', duration=d, domain='Knowledge',
                 sub_category='Humanity & History', url=f'https://www.youtube.com/watch?v=V{i}',
                 videoID=f'V{i}', question_id=f'{i:03d}-{j}', task_type=t,
-                question=f'What happens {j}?',
-                options=[f'A. L. Pasteur and R. Koch {j}.', f'B. two {j}',
-                         f'C. (c)(a)(d)(e)(b) {j}.', f'D. four {j}'], answer='ABCD'[j % 4])
+                question=f'What happens {j}?', options=_videomme_options(j), answer='ABCD'[j % 4])
+
+def _videomme_rows() -> list[dict]:
+    "Two questions (two task types) about each of two videos (long, short)."
+    return [_videomme_row(i, d, j, t) for i, d in ((1, 'long'), (2, 'short'))
+            for j, t in ((1, 'Counting Problem'), (2, 'Temporal Reasoning'))]
 
 def _fixture_videomme(root: Path, videos: bool) -> None:
     "Video-MME: a parquet of questions with options as a list of `'A. …'` strings."
     import pandas as pd
-    rows = [_videomme_row(i, d, j, t) for i, d in ((1, 'long'), (2, 'short'))
-            for j, t in ((1, 'Counting Problem'), (2, 'Temporal Reasoning'))]
     (root / 'videomme').mkdir(exist_ok=True)
-    pd.DataFrame(rows).to_parquet(root / 'videomme' / 'test-00000-of-00001.parquet')
+    pd.DataFrame(_videomme_rows()).to_parquet(root / 'videomme' / 'test-00000-of-00001.parquet')
     _touch(root / 'data' / 'V1.mp4', videos)
     _touch(root / 'subtitle' / 'V1.srt', videos)
 
@@ -88,18 +94,25 @@ def _fixture_egoschema(root: Path, videos: bool) -> None:
     _touch(root / 'videos' / 'uid-a.mp4', videos)
 
 # %% ../../nbs/01b_testing.annotation_files.ipynb #606c9262
+def _mmrv_flame(tv: dict) -> dict:
+    "MMR-V's question on how the magician controls the flame (answer D)."
+    return dict(tv, question='How does he control the flame?',
+                options=['(A) a hologram', '(B) a chemical', '(C) immunity',
+                         '(D) a hidden lighter, sleight of hand'], correctAnswer='(D)',
+                abilityType_L2='Counterintuitive Reasoning', abilityType_L3='Magic Deconstruction',
+                question_idx=20)
+
+def _mmrv_box(tv: dict) -> dict:
+    "MMR-V's question on what is in the box (answer B; options that look like letters or lists)."
+    return dict(tv, question='What is in the box?',
+                options=['(A) a coin', '(B) B. a card', '(C) (c)(a)(b) nothing'],
+                correctAnswer='(B)', abilityType_L2='Causal Reasoning', abilityType_L3='x',
+                question_idx=21)
+
 def _mmrv_recs() -> list[dict]:
     "Two MMR-V questions about one video, options as `'(A) …'` strings."
     tv = dict(video='Magic Tricks.mp4', videoType='TV')
-    return [dict(tv, question='How does he control the flame?',
-                 options=['(A) a hologram', '(B) a chemical', '(C) immunity',
-                          '(D) a hidden lighter, sleight of hand'], correctAnswer='(D)',
-                 abilityType_L2='Counterintuitive Reasoning', abilityType_L3='Magic Deconstruction',
-                 question_idx=20),
-            dict(tv, question='What is in the box?',
-                 options=['(A) a coin', '(B) B. a card', '(C) (c)(a)(b) nothing'],
-                 correctAnswer='(B)', abilityType_L2='Causal Reasoning', abilityType_L3='x',
-                 question_idx=21)]
+    return [_mmrv_flame(tv), _mmrv_box(tv)]
 
 def _fixture_mmrv(root: Path, videos: bool) -> None:
     "MMR-V: a parquet with options as `'(A) …'` strings and `correctAnswer` as `'(D)'`."
@@ -117,11 +130,15 @@ def _egolife_rec(i: int) -> dict:
                 choice_b='Alice', choice_c='Shure', choice_d='Lucia', answer='B',
                 target_time=dict(date='DAY1', time='11152408'), keywords='HINT')
 
+def _egolife_file(root: Path, name: str) -> Path:
+    "Where EgoLifeQA's or Ego-R1's question file is."
+    if name == 'egolifeqa': return root / 'EgoLifeQA' / 'EgoLifeQA_A1_JAKE.json'
+    return root / 'Ego-R1-Bench.json'
+
 def _fixture_egolife(root: Path, videos: bool, name: str) -> None:
     "EgoLifeQA / Ego-R1: a JSON list of questions (`_egolife_rec`), in the file each names."
     recs = [_egolife_rec(i) for i in (1, 2)]
-    p = (root / 'EgoLifeQA' / 'EgoLifeQA_A1_JAKE.json' if name == 'egolifeqa'
-         else root / 'Ego-R1-Bench.json')
+    p = _egolife_file(root, name)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(recs))
     _touch(root / 'A1_JAKE' / 'DAY1' / 'DAY1_A1_JAKE_11150000.mp4', videos)
@@ -147,11 +164,16 @@ _FIXTURES = {'videomme': _fixture_videomme, 'lvbench': _fixture_lvbench,
              'egolifeqa': lambda r, v: _fixture_egolife(r, v, 'egolifeqa'),
              'egor1': lambda r, v: _fixture_egolife(r, v, 'egor1')}
 
-def write_fixture(name: str, root: str | Path, videos: bool = True) -> Path:
-    "Write a tiny annotation file in `name`'s official format under `root` (empty videos if `videos`)."
+def _fixture_writer(name: str):
+    "The function writing `name`'s fixture; an unknown name is a KeyError."
     if name not in _FIXTURES:
         raise KeyError(f"no fixture for {name!r}")
+    return _FIXTURES[name]
+
+def write_fixture(name: str, root: str | Path, videos: bool = True) -> Path:
+    "Write a tiny annotation file in `name`'s official format under `root` (empty videos if `videos`)."
+    write = _fixture_writer(name)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    _FIXTURES[name](root, videos)
+    write(root, videos)
     return root

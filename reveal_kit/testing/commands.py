@@ -11,10 +11,15 @@ from typer.testing import CliRunner
 __all__ = ['command_path', 'cli_for']
 
 # %% ../../nbs/01i_testing.commands.ipynb #c0aa0006
-def command_path(fn: Callable, group: Any, path: tuple = ()) -> list[str] | None:
-    "The words that run the command function `fn` in the typer application `group` (None if none of it runs `fn`)."
+def _own_command(fn: Callable, group: Any, path: tuple) -> list[str] | None:
+    "The words of `fn`'s command among the group's own commands (None if none of them runs it)."
     for c in group.registered_commands:
         if c.callback is fn: return [*path, c.name]
+    return None
+
+def command_path(fn: Callable, group: Any, path: tuple = ()) -> list[str] | None:
+    "The words that run the command function `fn` in the typer app `group` (None if none of it does)."
+    if (p := _own_command(fn, group, path)): return p
     for g in group.registered_groups:
         if (p := command_path(fn, g.typer_instance, (*path, g.name))): return p
     return None

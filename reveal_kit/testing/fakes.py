@@ -15,19 +15,26 @@ from ..text import content_words, fmt_time
 __all__ = ['FakeChatServer', 'HashEmbedder', 'synthetic_items', 'TinyHit', 'TinyMemory']
 
 # %% ../../nbs/01a_testing.fakes.ipynb #f20d9cda
+def _wrapped(i: int, c: dict) -> dict:
+    "Call `i` in OpenAI's form (arguments as JSON text)."
+    a = c['arguments']
+    args = a if isinstance(a, str) else json.dumps(a)
+    return {'id': f'chatcmpl-tool-{i}', 'type': 'function',
+            'function': {'name': c['name'], 'arguments': args}}
+
 def _openai_calls(calls: list[dict]) -> list[dict]:
     "Tool calls in OpenAI's form: `{'name', 'arguments'}` ones wrapped, complete ones kept."
-    args = lambda a: a if isinstance(a, str) else json.dumps(a)
-    return [c if 'function' in c else {'id': f'chatcmpl-tool-{i}', 'type': 'function',
-                                       'function': {'name': c['name'],
-                                                    'arguments': args(c['arguments'])}}
-            for i, c in enumerate(calls)]
+    return [c if 'function' in c else _wrapped(i, c) for i, c in enumerate(calls)]
+
+def _usage_of(m: dict) -> dict:
+    "The reply's usage: 11 prompt tokens and its words, under what the reply sets (taken out of `m`)."
+    return {'prompt_tokens': 11, 'completion_tokens': len(str(m.get('content') or '').split()),
+            **m.pop('usage', {})}
 
 def _completion_body(out: str | dict) -> dict:
     "The chat completion for a handler's reply: a text, or a message dict (its `tool_calls` short)."
     m = {'content': out} if isinstance(out, str) else dict(out)
-    usage = {'prompt_tokens': 11, 'completion_tokens': len(str(m.get('content') or '').split()),
-             **m.pop('usage', {})}
+    usage = _usage_of(m)
     calls = _openai_calls(m.pop('tool_calls', None) or [])
     finish = m.pop('finish_reason', 'tool_calls' if calls else 'stop')
     msg = {'role': 'assistant', 'content': None, **m, **({'tool_calls': calls} if calls else {})}
@@ -95,27 +102,32 @@ _VERB = ['walks along', 'sits quietly on', 'looks out of', 'wipes', 'stands besi
 _OBJ = ['the hallway', 'a wooden bench', 'the window', 'the bookshelf', 'the sofa', 'a floor lamp',
         'the garden gate', 'the staircase']
 
+def _parent(ch: list[MemoryItem], level: int, k: int, words: int) -> MemoryItem:
+    "Item `k` of `level` over its children: their time-labelled narratives, cut to `words`."
+    text = ' '.join(f"At {fmt_time(c.t_start)} {c.narrative}." for c in ch)
+    return MemoryItem(f'L{level}_{k:03d}', level, ch[0].t_start, ch[-1].t_end,
+                      ' '.join(text.split()[:words]), [c.item_id for c in ch])
+
 def _summarize_up(items: list[MemoryItem], level: int, group: int, words: int) -> list[MemoryItem]:
-    "Parents of every `group` consecutive items: their time-labelled narratives, cut to `words`."
-    out = []
-    for j in range(0, len(items), group):
-        ch = items[j:j + group]
-        text = ' '.join(f"At {fmt_time(c.t_start)} {c.narrative}." for c in ch)
-        out.append(MemoryItem(f'L{level}_{j // group:03d}', level, ch[0].t_start, ch[-1].t_end,
-                              ' '.join(text.split()[:words]), [c.item_id for c in ch]))
-    return out
+    "The parents of every `group` consecutive items (narratives cut to `words`)."
+    return [_parent(items[j:j + group], level, j // group, words)
+            for j in range(0, len(items), group)]
 
 # %% ../../nbs/01a_testing.fakes.ipynb #6cec8b12
 def _filler(rng: random.Random) -> str:
     "A seeded filler narrative: someone doing something somewhere."
     return f"{rng.choice(_SUBJ)} {rng.choice(_VERB)} {rng.choice(_OBJ)}"
 
+def _l1_items(n: int, events: dict[int, str], rng: random.Random,
+              l1_s: float) -> list[MemoryItem]:
+    "`n` L1 items of `l1_s` seconds each: the planted event at its index, else seeded filler."
+    return [MemoryItem(f'L1_{i:04d}', 1, l1_s * i, l1_s * (i + 1), events.get(i) or _filler(rng))
+            for i in range(n)]
+
 def synthetic_items(n_l1: int = 60, events: dict[int, str] | None = None, seed: int = 0,
                     l1_s: float = 10.0, group: int = 12, l2_words: int = 120) -> list[MemoryItem]:
     "L1/L2/L3 `MemoryItem`s of a synthetic video: seeded filler, `events` planted at L1 indices."
-    rng, events = random.Random(seed), events or {}
-    l1 = [MemoryItem(f'L1_{i:04d}', 1, l1_s * i, l1_s * (i + 1), events.get(i) or _filler(rng))
-          for i in range(n_l1)]
+    l1 = _l1_items(n_l1, events or {}, random.Random(seed), l1_s)
     l2 = _summarize_up(l1, 2, group, l2_words)
     return l1 + l2 + _summarize_up(l2, 3, group, 300)
 

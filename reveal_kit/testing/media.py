@@ -32,26 +32,29 @@ def _ffmpeg_cmd(path: Path, size: tuple[int, int], rate: str, inputs: Sequence[s
             f'{w}x{h}', '-r', rate, '-i', '-', *extra, '-pix_fmt', 'yuv420p', *args, str(path)]
 
 def _feed(p, first: np.ndarray, frames: Iterable[np.ndarray]):
-    "Write the frames to FFmpeg's stdin as uint8 RGB, until FFmpeg stops reading."
+    "Write uint8 RGB frames to FFmpeg's stdin until it stops reading."
     try:
         for fr in [first, *frames]:
             p.stdin.write(np.ascontiguousarray(fr, dtype=np.uint8).tobytes())
     except BrokenPipeError:
         pass                          # ffmpeg gave up early: its stderr says why
 
-def ffmpeg_write(path: str | Path, frames: Iterable[np.ndarray], rate: str = '10',
-                 inputs: Sequence[str] = (), args: Sequence[str] = ()) -> Path:
-    "Pipe RGB frames to FFmpeg at an exact `rate` ('30000/1001'); `inputs`: more files; `args`: options."
+def _run_ffmpeg(cmd: list[str], first: np.ndarray, frames: Iterable[np.ndarray]) -> None:
+    "Run FFmpeg's command on the frames; its error's tail when it fails."
     import subprocess
-    path, frames = Path(path), iter(frames)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    first = next(frames)
-    h, w = first.shape[:2]
-    cmd = _ffmpeg_cmd(path, (w, h), rate, inputs, args)
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     _feed(p, first, frames)
     _, err = p.communicate()
     if p.returncode: raise RuntimeError(f"ffmpeg failed: {err.decode()[-300:]}")
+
+def ffmpeg_write(path: str | Path, frames: Iterable[np.ndarray], rate: str = '10',
+                 inputs: Sequence[str] = (), args: Sequence[str] = ()) -> Path:
+    "Pipe RGB frames to FFmpeg at an exact `rate` ('30000/1001'); `inputs`: more files; `args`: options."
+    path, frames = Path(path), iter(frames)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    first = next(frames)
+    h, w = first.shape[:2]
+    _run_ffmpeg(_ffmpeg_cmd(path, (w, h), rate, inputs, args), first, frames)
     return path
 
 # %% ../../nbs/01c_testing.media.ipynb #8aeae0fb
@@ -67,13 +70,16 @@ def make_mkv_with_subtitles(path: str | Path, scenes: Sequence[Scene] = ((3, 1),
                               'ultrafast', '-c:s', 'srt'])
 
 # %% ../../nbs/01c_testing.media.ipynb #d050f606
+def _codec(webm: bool) -> list[str]:
+    "FFmpeg's codec options: VP8 for WebM, else H.264."
+    x264 = ['-c:v', 'libx264', '-preset', 'ultrafast']
+    return ['-c:v', 'libvpx', '-b:v', '200k'] if webm else x264
+
 def make_ntsc_video(path: str | Path, scenes: Sequence[Scene] = ((12, 1), (12, 2)),
                     size: tuple[int, int] = (64, 48)) -> Path:
     "A clip at exactly 30000/1001 fps (NTSC) in the container of its suffix (.mp4, .mkv, .webm)."
     path = Path(path)
-    webm = path.suffix == '.webm'
-    x264 = ['-c:v', 'libx264', '-preset', 'ultrafast']
-    codec = ['-c:v', 'libvpx', '-b:v', '200k'] if webm else x264
+    codec = _codec(path.suffix == '.webm')
     return ffmpeg_write(path, scene_frames(scenes, 30000 / 1001, size), '30000/1001', args=codec)
 
 # %% ../../nbs/01c_testing.media.ipynb #41d6db48
@@ -91,15 +97,28 @@ def _backdrop(pal: np.ndarray, size: tuple[int, int], rng) -> np.ndarray:
     a = np.linspace(0, 1, 2 * h)[:, None, None]
     return (1 - a) * pal[i] + a * pal[j] + np.zeros((2 * h, 2 * w, 3), np.float32)
 
+def _shape_colour(pal: np.ndarray, rng) -> tuple[float, ...]:
+    "A palette colour, shaded at random."
+    return tuple(float(x) for x in pal[rng.integers(len(pal))] * rng.uniform(0.6, 1.2))
+
+def _shape_box(size: tuple[int, int], rng) -> tuple[int, int, int, int]:
+    "A shape's centre and half-sizes on the canvas, at random."
+    w, h = size
+    x, y = int(rng.uniform(0, 2 * w)), int(rng.uniform(0, 2 * h))
+    return x, y, int(rng.uniform(0.15, 0.5) * w), int(rng.uniform(0.15, 0.5) * h)
+
 def _draw_shape(img: np.ndarray, pal: np.ndarray, size: tuple[int, int], rng):
     "Draw a rectangle or an ellipse of a (shaded) palette colour at a random place on `img`."
     import cv2
-    w, h = size
-    c = tuple(float(x) for x in pal[rng.integers(len(pal))] * rng.uniform(0.6, 1.2))
-    x, y = int(rng.uniform(0, 2 * w)), int(rng.uniform(0, 2 * h))
-    rw, rh = int(rng.uniform(0.15, 0.5) * w), int(rng.uniform(0.15, 0.5) * h)
+    c = _shape_colour(pal, rng)
+    x, y, rw, rh = _shape_box(size, rng)
     if rng.random() < 0.5: cv2.rectangle(img, (x - rw, y - rh), (x + rw, y + rh), c, -1)
     else: cv2.ellipse(img, (x, y), (rw, rh), float(rng.uniform(0, 180)), 0, 360, c, -1)
+
+def _textured(img: np.ndarray, key, size: tuple[int, int], rng) -> np.ndarray:
+    "The canvas under the scene's fine texture."
+    tex = scene_texture(key, size, block=int(rng.choice([4, 6, 8]))).astype(np.float32)
+    return np.clip(img + 0.35 * (tex - tex.mean((0, 1))), 0, 255).astype(np.uint8)
 
 def _scene_canvas(key, size: tuple[int, int], rng) -> np.ndarray:
     "A canvas twice the frame size: gradient backdrop, large shapes in the scene's palette, fine texture."
@@ -107,25 +126,33 @@ def _scene_canvas(key, size: tuple[int, int], rng) -> np.ndarray:
     pal = scene_palette(key).astype(np.float32)
     img = _backdrop(pal, size, rng)
     for _ in range(int(rng.integers(4, 8))): _draw_shape(img, pal, size, rng)
-    tex = scene_texture(key, (2 * w, 2 * h), block=int(rng.choice([4, 6, 8]))).astype(np.float32)
-    return np.clip(img + 0.35 * (tex - tex.mean((0, 1))), 0, 255).astype(np.uint8)
+    return _textured(img, key, (2 * w, 2 * h), rng)
 
 # %% ../../nbs/01c_testing.media.ipynb #4febf667
+def _blob(size: tuple[int, int], rng) -> tuple:
+    "The blob's start (x, y), its speed (px/s) and radius."
+    w, h = size
+    return rng.uniform(0, w), rng.uniform(0, h), rng.uniform(-0.06, 0.06) * w, int(0.12 * h)
+
 def _camera_path(size: tuple[int, int], rng) -> tuple:
     "The camera's pan (px/s), the start of its 0.5-s jolt (inf: none), the blob (x, y, speed, radius)."
     w, h = size
     v = rng.uniform(0.015, 0.04, 2) * (w, h) * rng.choice([-1, 1], 2)           # pan, px/s
     # a 0.5-s hand-held jolt
     jolt = rng.uniform(0.5, 3.0) if rng.random() < 0.5 else math.inf
-    blob = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(-0.06, 0.06) * w, int(0.12 * h)
-    return v, jolt, blob
+    return v, jolt, _blob(size, rng)
+
+def _centre(t: float, size: tuple[int, int], v, jolt: float) -> tuple[float, float]:
+    "Where the camera looks at `t`."
+    w, h = size
+    bump = np.sin(np.pi * np.clip((t - jolt) / 0.5, 0, 1))
+    cx = w + v[0] * t + 0.15 * w * bump + 0.02 * w * np.sin(2.1 * t)
+    return cx, h + v[1] * t + 0.02 * h * np.sin(1.7 * t + 1)
 
 def _camera_matrix(t: float, size: tuple[int, int], v, jolt: float) -> np.ndarray:
     "The camera's affine map at `t`: its centre panned, shaken and jolted, a slow zoom."
     w, h = size
-    bump = np.sin(np.pi * np.clip((t - jolt) / 0.5, 0, 1))
-    cx = w + v[0] * t + 0.15 * w * bump + 0.02 * w * np.sin(2.1 * t)
-    cy = h + v[1] * t + 0.02 * h * np.sin(1.7 * t + 1)
+    cx, cy = _centre(t, size, v, jolt)
     z = 1.0 + 0.05 * np.sin(0.3 * t)
     return np.float32([[z, 0, w / 2 - z * cx], [0, z, h / 2 - z * cy]])
 
@@ -134,13 +161,21 @@ def _jolt_blur(t: float, jolt: float, w: int) -> int:
     if not jolt <= t < jolt + 0.5: return 1
     return int(1 + 0.15 * w * np.pi / 15 * abs(np.cos(np.pi * (t - jolt) / 0.5)))
 
+def _with_blob(canvas: np.ndarray, t: float, size: tuple[int, int], blob: tuple) -> np.ndarray:
+    "The canvas with the blob where it is at `t`."
+    import cv2
+    w, h = size
+    bx, by, bv, br = blob
+    img = canvas.copy()
+    cv2.circle(img, (int(w / 2 + bx + bv * t), int(h / 2 + by)), br, (235, 235, 235), -1)
+    return img
+
 def _shot(canvas: np.ndarray, t: float, size: tuple[int, int], path: tuple) -> np.ndarray:
     "The frame at `t`: the blob drawn on the canvas, seen by the moving camera, blurred in a jolt."
     import cv2
     w, h = size
-    v, jolt, (bx, by, bv, br) = path
-    img = canvas.copy()
-    cv2.circle(img, (int(w / 2 + bx + bv * t), int(h / 2 + by)), br, (235, 235, 235), -1)
+    v, jolt, blob = path
+    img = _with_blob(canvas, t, size, blob)
     M = _camera_matrix(t, size, v, jolt)
     fr = cv2.warpAffine(img, M, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
     k = _jolt_blur(t, jolt, w)
@@ -166,16 +201,23 @@ def _transition(tr: Transition) -> tuple[str, float, float]:
         raise ValueError(f"unknown transition {kind!r}")
     return kind, s, hold
 
-def _spans(scenes: Sequence[Scene], transitions: Sequence[Transition]) -> list[tuple]:
-    "(boundary time, kind, s, hold, half-span) of each transition."
+def _check_count(scenes: Sequence[Scene], transitions: Sequence[Transition]) -> None:
+    "Refuse other than one transition per boundary."
     if len(transitions) != len(scenes) - 1:
         raise ValueError(f"need {len(scenes) - 1} transitions for {len(scenes)} scenes, got "
                          f"{len(transitions)}")
+
+def _half_span(kind: str, s: float, hold: float) -> float:
+    "How far a transition reaches on either side of its boundary."
+    return dict(cut=0.0, black=s / 2, fade=s + hold / 2, dissolve=s / 2)[kind]
+
+def _spans(scenes: Sequence[Scene], transitions: Sequence[Transition]) -> list[tuple]:
+    "(boundary time, kind, s, hold, half-span) of each transition."
+    _check_count(scenes, transitions)
     out = []
     for c, tr in zip(scene_boundaries(scenes), transitions):
         kind, s, hold = _transition(tr)
-        half = dict(cut=0.0, black=s / 2, fade=s + hold / 2, dissolve=s / 2)[kind]
-        out.append((c, kind, s, hold, half))
+        out.append((c, kind, s, hold, _half_span(kind, s, hold)))
     return out
 
 
@@ -192,28 +234,43 @@ def _dissolve(t: float, c: float, half: float, views, starts, j: int) -> np.ndar
     before = views[j](t - starts[j]).astype(np.float32)
     return (1 - a) * before + a * views[j + 1](t - starts[j + 1])
 
+def _fade_gain(t: float, c: float, s: float, hold: float) -> float:
+    "A fade's brightness at `t`: black for the hold around the boundary `c`, back up over `s` s."
+    return min(1.0, max(0.0, (abs(t - c) - hold / 2) / s))
+
+def _scene_at(t: float, starts) -> int:
+    "The index of the scene running at `t` (the last to start by then)."
+    return max(j for j, s in enumerate(starts) if s <= t)
+
 def _at(t: float, views, starts, spans) -> np.ndarray:
     "The float frame at `t`: the current scene's view, darkened or blended by a transition at `t`."
-    i = max(j for j, s in enumerate(starts) if s <= t)
+    i = _scene_at(t, starts)
     fr = views[i](t - starts[i]).astype(np.float32)
     for j, (c, kind, s, hold, half) in enumerate(spans):
         if not c - half <= t < c + half: continue
         if kind == 'black': fr = fr * 0
-        if kind == 'fade': fr = fr * min(1.0, max(0.0, (abs(t - c) - hold / 2) / s))
+        if kind == 'fade': fr = fr * _fade_gain(t, c, s, hold)
         if kind == 'dissolve': fr = _dissolve(t, c, half, views, starts, j)
     return fr
 
+
+def _noisy(fr: np.ndarray, noise: float, rng) -> np.ndarray:
+    "The float frame with sensor noise of std `noise` (none for 0), as uint8."
+    return (fr + rng.normal(0, noise, fr.shape) if noise else fr).clip(0, 255).astype(np.uint8)
+
+def _views(scenes: Sequence[Scene], size: tuple[int, int], seed: int) -> list[Callable]:
+    "A moving camera's view of each scene, each seeded apart."
+    return [camera_view(sc[1], size, seed * 1000 + i) for i, sc in enumerate(scenes)]
 
 def transition_frames(scenes: Sequence[Scene], transitions: Sequence[Transition],
                       fps: float = 30000 / 1001, size: tuple[int, int] = (160, 120),
                       noise: float = 2.0, seed: int = 0) -> Iterable[np.ndarray]:
     "RGB frames of camera-filmed `scenes` joined by `transitions`, sensor noise of std `noise`."
     spans, starts = _spans(scenes, transitions), [0.0, *scene_boundaries(scenes)]
-    views = [camera_view(sc[1], size, seed * 1000 + i) for i, sc in enumerate(scenes)]
+    views = _views(scenes, size, seed)
     rng = np.random.default_rng(seed)
     for n in range(int(round(sum(s[0] for s in scenes) * fps))):
-        fr = _at(n / fps, views, starts, spans)
-        yield (fr + rng.normal(0, noise, fr.shape) if noise else fr).clip(0, 255).astype(np.uint8)
+        yield _noisy(_at(n / fps, views, starts, spans), noise, rng)
 
 # %% ../../nbs/01c_testing.media.ipynb #c9634b5b
 def make_transition_video(path: str | Path, scenes: Sequence[Scene],
@@ -225,12 +282,15 @@ def make_transition_video(path: str | Path, scenes: Sequence[Scene],
                         args=['-c:v', 'libx264', '-preset', 'ultrafast', '-crf', '20'])
 
 # %% ../../nbs/01c_testing.media.ipynb #81bc4914
+def _close_pairs(found: Sequence[float], truth: Sequence[tuple], tol: float) -> list[tuple]:
+    "(distance past the half-width, truth index, found index) of the close pairs, nearest first."
+    return sorted((abs(f - t) - h, i, j) for i, (t, _, h) in enumerate(truth)
+                  for j, f in enumerate(found) if abs(f - t) <= h + tol)
+
 def _pair_up(found: Sequence[float], truth: Sequence[tuple], tol: float) -> dict[int, int]:
     "True boundary → the found one matched to it: nearest pairs first, each used at most once."
-    pairs = sorted((abs(f - t) - h, i, j) for i, (t, _, h) in enumerate(truth)
-                   for j, f in enumerate(found) if abs(f - t) <= h + tol)
     hit = {}
-    for _, i, j in pairs:
+    for _, i, j in _close_pairs(found, truth, tol):
         if i not in hit and j not in set(hit.values()): hit[i] = j
     return hit
 
@@ -239,14 +299,21 @@ def _nearest_kinds(found: Sequence[float], truth: Sequence[tuple]) -> list[str]:
     if not truth: return []
     return [truth[int(np.argmin([abs(f - t) for t, _, _ in truth]))][1] for f in found]
 
+def _share(k: int, n: int) -> float:
+    "`k` out of `n` as a fraction to 3 decimals (0 when `n` is 0)."
+    return round(k / max(1, n), 3)
+
+def _of_kind(kind: str, kinds: list[str]) -> list[int]:
+    "The indices of the kinds that are `kind` (all of them for 'all')."
+    return [i for i, k in enumerate(kinds) if kind in (k, 'all')]
+
 def _kind_scores(kind: str, truth: Sequence[tuple], near: list[str], hit: dict) -> dict:
     "Recall over the true boundaries of `kind`, precision over the found ones nearest to that kind."
     used = set(hit.values())
-    idx = [i for i, (_, k, _) in enumerate(truth) if kind in (k, 'all')]
-    att = [j for j, k in enumerate(near) if kind in (k, 'all')]
-    return dict(recall=round(sum(i in hit for i in idx) / max(1, len(idx)), 3), n=len(idx),
-                precision=round(sum(j in used for j in att) / max(1, len(att)), 3),
-                found=len(att))
+    idx = _of_kind(kind, [k for _, k, _ in truth])
+    att = _of_kind(kind, near)
+    return dict(recall=_share(sum(i in hit for i in idx), len(idx)), n=len(idx),
+                precision=_share(sum(j in used for j in att), len(att)), found=len(att))
 
 def match_boundaries(found: Sequence[float], truth: Sequence[tuple], tol: float = 1.0) -> dict:
     "Recall, precision and counts per transition kind (and 'all') of `found` against the truth."
@@ -255,14 +322,16 @@ def match_boundaries(found: Sequence[float], truth: Sequence[tuple], tol: float 
     return {kind: _kind_scores(kind, truth, near, hit) for kind in kinds}
 
 # %% ../../nbs/01c_testing.media.ipynb #19431e98
+def _one_of_each(rng) -> list[Transition]:
+    "A cut, a black, a fade and a dissolve, their lengths (and the fade's hold) at random."
+    return [('cut',), ('black', float(rng.choice([0.3, 0.7, 1.5, 2.5]))),
+            ('fade', round(float(rng.uniform(0.5, 1.5)), 2), float(rng.choice([0, 0, 0.5, 1.0]))),
+            ('dissolve', round(float(rng.uniform(1.0, 2.0)), 2))]
+
 def _shuffled_kinds(n_each: int, rng) -> list[Transition]:
     "Each kind of transition `n_each` times (random lengths), shuffled."
     kinds = []
-    for _ in range(n_each):
-        kinds += [('cut',), ('black', float(rng.choice([0.3, 0.7, 1.5, 2.5]))),
-                  ('fade', round(float(rng.uniform(0.5, 1.5)), 2),
-                   float(rng.choice([0, 0, 0.5, 1.0]))),
-                  ('dissolve', round(float(rng.uniform(1.0, 2.0)), 2))]
+    for _ in range(n_each): kinds += _one_of_each(rng)
     return [kinds[i] for i in rng.permutation(len(kinds))]
 
 def _next_key(i: int, key, rng):

@@ -51,15 +51,21 @@ def event_narrative(e: dict) -> str:
     return f"the {e['entity'].replace('_', ' ')} {e['action']}s the {e['obj']}" + cause
 
 # %% ../../nbs/01d_testing.scripted.ipynb #f35aa546
+def _event_items(events: list[dict]) -> list[MemoryItem]:
+    "One L1 item per timeline event, captioned by `event_narrative`."
+    return [MemoryItem(f"L1_{i:03d}", 1, e['t_start'], e['t_end'], event_narrative(e))
+            for i, e in enumerate(events)]
+
+def _summaries(l1: list[MemoryItem], dur: float) -> list[MemoryItem]:
+    "The L2 item (the first six events, chained) and the L3 item, both over the whole video."
+    l2 = MemoryItem('L2_000', 2, 0.0, dur, '; then '.join(it.narrative for it in l1[:6]))
+    return [l2, MemoryItem('L3_000', 3, 0.0, dur, 'A video of people and robots handling objects.')]
+
 def script_memory(bench: str | Path, q: Question, emb: Any = None) -> TinyMemory:
     "A memory of q's video from its timeline in `bench`: one L1 item per event, one L2, one L3."
     tl = json.loads((Path(bench) / q.meta['timeline_path']).read_text())
-    l1 = [MemoryItem(f"L1_{i:03d}", 1, e['t_start'], e['t_end'], event_narrative(e))
-          for i, e in enumerate(tl['events'])]
-    dur = tl['duration']
-    l2 = MemoryItem('L2_000', 2, 0.0, dur, '; then '.join(it.narrative for it in l1[:6]))
-    l3 = MemoryItem('L3_000', 3, 0.0, dur, 'A video of people and robots handling objects.')
-    return TinyMemory(l1 + [l2, l3], emb or HashEmbedder())
+    l1 = _event_items(tl['events'])
+    return TinyMemory(l1 + _summaries(l1, tl['duration']), emb or HashEmbedder())
 
 # %% ../../nbs/01d_testing.scripted.ipynb #aabb45f6
 class ScriptedMemories:

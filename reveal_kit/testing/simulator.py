@@ -32,26 +32,33 @@ class SimSettings:
 _TAG = re.compile(r'\[sim:([a-z_]+)\]')
 
 def behaviour_of(payload: dict, default: str = 'plain') -> str:
-    "The behaviour a conversation asks for: a tag `[sim:NAME]` (the first wins), or `default`."
+    "The behaviour asked for: the first tag `[sim:NAME]`, or `default`."
     for m in payload.get('messages') or []:
         if (t := _TAG.search(message_text(m))) and t.group(1) in BEHAVIOURS: return t.group(1)
     return default
 
 # %% ../../nbs/01e_testing.simulator.ipynb #3d0035e6
 def _string(s: dict) -> str:
-    "A plausible string under a schema node: a time, a name (for such patterns), else a phrase."
+    "A plausible string for a schema node: a time, a name, else a phrase."
     p = s.get('pattern', '')
     if ':' in p: return '00:00:10'
     if p: return 'sim_criterion'
     return 'the person near the door'[:s.get('maxLength', 64)].ljust(s.get('minLength', 0), 'x')
 
+def _is_choice(s: dict) -> bool:
+    "Whether a schema node is an enum, a const or a union."
+    return 'const' in s or 'enum' in s or any(k in s for k in ('anyOf', 'oneOf', 'allOf'))
+
+def _type_of(s: dict) -> str:
+    "A schema node's type (the first of a list; 'object' when it names none)."
+    t = s.get('type', 'object')
+    return t[0] if isinstance(t, list) else t
+
 def instance(schema: dict | None) -> Any:
     "A valid, plausible value under `schema` (strings filled, one item per array), as a reply."
     s = schema or {}
-    if 'const' in s or 'enum' in s or any(k in s for k in ('anyOf', 'oneOf', 'allOf')):
-        return _pick(s)
-    t = s.get('type', 'object')
-    t = t[0] if isinstance(t, list) else t
+    if _is_choice(s): return _pick(s)
+    t = _type_of(s)
     if t == 'object': return {k: instance(v) for k, v in s.get('properties', {}).items()}
     if t == 'array':
         return [instance(s.get('items', {})) for _ in range(max(1, s.get('minItems', 0)))]
@@ -93,9 +100,13 @@ def _next_tool(tools: dict, payload: dict, how: str) -> str | None:
     return other if (how in ('never_finish', 'many_calls') or _turn(payload) == 0
                      or not fin) and other else fin
 
+def _tool_params(payload: dict) -> dict:
+    "A request's native tools: name → parameters schema."
+    return {t['function']['name']: t['function'].get('parameters') or {} for t in payload['tools']}
+
 def _native_calls(payload: dict, how: str, s: SimSettings) -> list[dict]:
     "A native function-calling reply's tool calls: a search first, Finish next, or what `how` asks."
-    tools = {t['function']['name']: t['function'].get('parameters') or {} for t in payload['tools']}
+    tools = _tool_params(payload)
     name = _next_tool(tools, payload, how)
     if how == 'unknown_tool': return [_tool_call(payload, 'Teleport', {'to': '00:00:10'})]
     if how == 'bad_arguments': return [_tool_call(payload, name, '{"query": ')]
@@ -107,19 +118,25 @@ def _tool_branches(schema: dict) -> list[dict]:
     "The branches of a JSON-protocol tool schema (an `anyOf` over tools), else []."
     return [b for b in schema.get('anyOf') or [] if isinstance(b, dict) and 'properties' in b]
 
-def _schema_reply(schema: dict, payload: dict, how: str) -> Any:
-    "A JSON reply under a schema; for tools, a search first, Finish next (or what `how` asks)."
-    branches = _tool_branches(schema)
-    if not branches: return instance(schema)
+def _branch(branches: list[dict], payload: dict, how: str) -> dict:
+    "The tool a JSON reply calls: a search first (always for `never_finish`), then Finish."
     fin = [b for b in branches if 'Finish' in json.dumps(b)]
     other = [b for b in branches if b not in fin] or branches
-    pick = other[0] if (how == 'never_finish' or _turn(payload) == 0 or not fin) else fin[0]
-    out = instance(pick)
+    return other[0] if (how == 'never_finish' or _turn(payload) == 0 or not fin) else fin[0]
+
+def _spoiled(out: dict, how: str) -> dict:
+    "A JSON tool reply spoiled as `how` asks: an unknown tool, or nonsense arguments."
     if how == 'unknown_tool':
         out = {**out, 'tool': 'Teleport'} if 'tool' in out else {'tool': 'Teleport'}
     if how == 'bad_arguments' and isinstance(out.get('arguments'), dict):
         out['arguments'] = {'nonsense': True}
     return out
+
+def _schema_reply(schema: dict, payload: dict, how: str) -> Any:
+    "A JSON reply under a schema; for tools, a search first, then Finish."
+    branches = _tool_branches(schema)
+    if not branches: return instance(schema)
+    return _spoiled(instance(_branch(branches, payload, how)), how)
 
 # %% ../../nbs/01e_testing.simulator.ipynb #c24e3b03
 def _images(payload: dict) -> int:
@@ -139,17 +156,24 @@ def _error(message: str) -> tuple[int, dict]:
                  'code': 400}
 
 # %% ../../nbs/01e_testing.simulator.ipynb #46bc8417
+def _too_long(limit: int, pt: int, asked: int) -> str:
+    "vLLM's message for a request over the context: `pt` prompt tokens and `asked` completion ones."
+    return (f"This model's maximum context length is {limit} tokens. However, "
+            f"you requested {pt + asked} tokens ({pt} in the messages, {asked} in the "
+            f"completion). Please reduce the "
+            "length of the messages or completion.")
+
+def _too_many(limit: int) -> str:
+    "vLLM's message for a request with more images than `limit`."
+    return f"At most {limit} image(s) may be provided in one prompt."
+
 def _refusal(payload: dict, how: str, s: SimSettings) -> tuple[int, dict] | None:
     "The HTTP 400 of a request over the server's image or context limit (for behaviours with one)."
     n, asked = _images(payload), int(payload.get('max_tokens') or 0)
-    if how == 'too_many_images' and n > s.max_images:
-        return _error(f"At most {s.max_images} image(s) may be provided in one prompt.")
+    if how == 'too_many_images' and n > s.max_images: return _error(_too_many(s.max_images))
     pt = _prompt_tokens(payload, s)
     if how == 'long_context' and pt + asked > s.max_context:
-        return _error(f"This model's maximum context length is {s.max_context} tokens. However, "
-                      f"you requested {pt + asked} tokens ({pt} in the messages, {asked} in the "
-                      f"completion). Please reduce the "
-                      "length of the messages or completion.")
+        return _error(_too_long(s.max_context, pt, asked))
     return None
 
 # %% ../../nbs/01e_testing.simulator.ipynb #c6ad3007
@@ -161,23 +185,30 @@ def _reasoning(how: str, s: SimSettings) -> str:
     return ' '.join((_THOUGHT.split() * (1 + n // 16))[:n])
 
 def _written(text: str, thought: str, how: str) -> tuple[str, str]:
-    "`(content, reasoning field)` as the model writes them: reasoning in its field or `<think>`."
+    "`(content, reasoning field)` as written: reasoning in its field or `<think>`."
     if thought and how == 'think_field': return text, thought
     return (f"<think>\n{thought}\n</think>\n\n{text}" if thought else text), ''
 
 # %% ../../nbs/01e_testing.simulator.ipynb #90111a9a
+def _message(content: str, thought: str, calls: list | None) -> dict:
+    "The reply's message: content (or None), reasoning, tool calls."
+    msg = {'content': content or None, **({'reasoning_content': thought} if thought else {})}
+    return {**msg, **({'tool_calls': calls} if calls else {})}
+
+def _cut(content: str, thought: str, limit: int) -> tuple[str, str]:
+    "Content and reasoning cut at `limit` tokens (a reasoning reply loses its content)."
+    return '' if thought else cut_to_tokens(content, limit), cut_to_tokens(thought, limit)
+
 def _fit(content: str, thought: str, calls: list | None, limit: int) -> tuple[dict, str, int]:
     "The message as the server returns it, cut at `limit` tokens (finish 'length'), and its tokens."
     n = estimate_tokens(thought) + estimate_tokens(content)
     finish = 'tool_calls' if calls else 'stop'
     if n > limit:
-        content = '' if thought else cut_to_tokens(content, limit)
-        thought = cut_to_tokens(thought, limit)
+        content, thought = _cut(content, thought, limit)
         calls, finish, n = None, 'length', limit
     # calls are not cut (`many_calls` writes 50)
     n += estimate_tokens(json.dumps(calls)) if calls else 0
-    msg = {'content': content or None, **({'reasoning_content': thought} if thought else {})}
-    return {**msg, **({'tool_calls': calls} if calls else {})}, finish, n
+    return _message(content, thought, calls), finish, n
 
 # %% ../../nbs/01e_testing.simulator.ipynb #ddaa66e9
 def _usage(how: str, pt: int, ct: int) -> dict | None:
@@ -196,11 +227,15 @@ def _body(msg: dict, finish: str, usage: dict | None, model: str) -> dict:
     return body if usage is None else {**body, 'usage': usage}
 
 # %% ../../nbs/01e_testing.simulator.ipynb #140e49eb
+def _schema_of(payload: dict) -> dict | None:
+    "The JSON schema a request's `response_format` asks for (None when none)."
+    rf = payload.get('response_format') or {}
+    return (rf.get('json_schema') or {}).get('schema') or rf.get('schema')
+
 def _answer(payload: dict, how: str, s: SimSettings) -> tuple[str, list | None]:
     "The reply's text and native tool calls, before reasoning, cutting and usage."
     if payload.get('tools'): return '', _native_calls(payload, how, s)
-    rf = payload.get('response_format') or {}
-    schema = (rf.get('json_schema') or {}).get('schema') or rf.get('schema')
+    schema = _schema_of(payload)
     if schema is not None: return json.dumps(_schema_reply(schema, payload, how)), None
     return 'A person walks to the door and opens it.', None
 

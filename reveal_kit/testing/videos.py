@@ -19,40 +19,50 @@ __all__ = ['Scene', 'CueTuple', 'scene_palette', 'scene_texture', 'blur_frame', 
 # %% ../../nbs/01_testing.videos.ipynb #064264f0
 Scene = tuple  # (seconds, seed: int | (r,g,b)) or (seconds, seed, on-screen text)
 
-def scene_palette(key, n: int = 4) -> np.ndarray:
-    "Distinct colours for a scene: a hue family from an int seed, or shades of an (r,g,b) colour."
-    if isinstance(key, (tuple, list)):
-        base = np.array(key, dtype=float)
-        return np.clip(np.stack([base * f for f in np.linspace(0.45, 1.0, n)]) + 10, 0,
-                       255).astype(np.uint8)
-    h = (int(key) * 0.3819660113) % 1.0
+def _shades(rgb, n: int) -> np.ndarray:
+    "`n` shades of an (r,g,b) colour, from dark to the colour itself."
+    base = np.array(rgb, dtype=float)
+    return np.clip(np.stack([base * f for f in np.linspace(0.45, 1.0, n)]) + 10, 0,
+                   255).astype(np.uint8)
+
+def _hues(seed: int, n: int) -> np.ndarray:
+    "`n` colours of one hue family (picked by `seed`), of varied saturation and brightness."
+    h = (seed * 0.3819660113) % 1.0
     hsv = [((h + 0.06 * i) % 1.0, 0.55 + 0.4 * (i % 2), 0.35 + 0.6 * ((i * 7) % 4) / 3)
            for i in range(n)]
-    cols = [colorsys.hsv_to_rgb(*c) for c in hsv]
-    return (np.array(cols) * 255).astype(np.uint8)
+    return (np.array([colorsys.hsv_to_rgb(*c) for c in hsv]) * 255).astype(np.uint8)
+
+def scene_palette(key, n: int = 4) -> np.ndarray:
+    "Distinct colours for a scene: a hue family from an int seed, or shades of an (r,g,b) colour."
+    return _shades(key, n) if isinstance(key, (tuple, list)) else _hues(int(key), n)
 
 # %% ../../nbs/01_testing.videos.ipynb #268ab9d0
+def _texture_seed(key) -> int:
+    "A texture's random seed: the int key, or the (r,g,b) colour read as one number."
+    if not isinstance(key, (tuple, list)): return int(key)
+    return int(sum(c * 256 ** i for i, c in enumerate(key)))
+
 def scene_texture(key, size: tuple[int, int] = (160, 120), block: int = 8) -> np.ndarray:
     "A sharp-edged block texture (H×W×3 uint8), the same for one `key` (int seed or RGB colour)."
     w, h = size
-    seed = int(key) if not isinstance(key, (tuple, list)) else int(sum(c * 256 ** i
-                                                                       for i, c in enumerate(key)))
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(_texture_seed(key))
     pal = scene_palette(key)
     cells = rng.integers(0, len(pal), size=(h // block + 2, w // block + 2))
     img = pal[cells].repeat(block, 0).repeat(block, 1)
     return np.ascontiguousarray(img[:h, :w])
 
 # %% ../../nbs/01_testing.videos.ipynb #0b40b8a5
+def _box_mean(f: np.ndarray, k: int, ax: int) -> np.ndarray:
+    "The running mean over `k` pixels along axis `ax` (edges repeated), by cumulative sums."
+    pad = [(k // 2 + 1, k // 2) if a == ax else (0, 0) for a in range(3)]
+    c = np.cumsum(np.pad(f, pad, mode='edge'), axis=ax)
+    hi = np.take(c, range(k, c.shape[ax]), axis=ax)
+    return (hi - np.take(c, range(0, c.shape[ax] - k), axis=ax)) / k
+
 def blur_frame(img: np.ndarray, k: int = 31) -> np.ndarray:
     "A strong box blur of a frame, `k` pixels wide (no OpenCV needed)."
     f = img.astype(np.float32)
-    for ax in (0, 1):
-        pad = [(k // 2 + 1, k // 2) if a == ax else (0, 0) for a in range(3)]
-        c = np.cumsum(np.pad(f, pad, mode='edge'), axis=ax)
-        hi = np.take(c, range(k, c.shape[ax]), axis=ax)
-        lo = np.take(c, range(0, c.shape[ax] - k), axis=ax)
-        f = (hi - lo) / k
+    for ax in (0, 1): f = _box_mean(f, k, ax)
     return f.clip(0, 255).astype(np.uint8)
 
 # %% ../../nbs/01_testing.videos.ipynb #b0cc723f
@@ -121,19 +131,22 @@ def _audio_frames(pcm: np.ndarray, rate: int, fmt: str) -> list:
     if fmt == 's16': return [frame]
     return av.AudioResampler(format=fmt, layout='mono', rate=rate).resample(frame)
 
-def make_audio_only(path: str | Path, seconds: float = 1.0, rate: int = 16000) -> Path:
-    "An audio-only file (a sine tone; AAC in .m4a, PCM in .wav): valid media, no video stream."
+def _write_audio(path: Path, frames: list, codec: str, rate: int) -> None:
+    "Encode mono audio frames with `codec` into a file of their own."
     import av
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pcm = _tone(seconds, rate)
-    codec, fmt = ('pcm_s16le', 's16') if path.suffix == '.wav' else ('aac', 'fltp')
     with av.open(str(path), 'w') as out:
         st = out.add_stream(codec, rate=rate)
         st.layout = 'mono'
-        for f in _audio_frames(pcm, rate, fmt):
+        for f in frames:
             for pkt in st.encode(f): out.mux(pkt)
         for pkt in st.encode(): out.mux(pkt)
+
+def make_audio_only(path: str | Path, seconds: float = 1.0, rate: int = 16000) -> Path:
+    "An audio-only file (a sine tone; AAC in .m4a, PCM in .wav): valid media, no video stream."
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    codec, fmt = ('pcm_s16le', 's16') if path.suffix == '.wav' else ('aac', 'fltp')
+    _write_audio(path, _audio_frames(_tone(seconds, rate), rate, fmt), codec, rate)
     return path
 
 # %% ../../nbs/01_testing.videos.ipynb #84ef43f3
@@ -144,14 +157,19 @@ def truncate_copy(src: str | Path, dst: str | Path, keep: float = 0.3) -> Path:
     return Path(dst)
 
 # %% ../../nbs/01_testing.videos.ipynb #10b222e5
+def _small_stream(out, rate):
+    "A 160×120 yuv420p video stream at `rate` in the container `out`."
+    st = out.add_stream(pick_codec(), rate=rate)
+    st.pix_fmt = 'yuv420p'
+    st.width, st.height = 160, 120
+    return st
+
 def _write_faststart(path: Path, scenes: Sequence[Scene], fps: float) -> Path:
     "The 160×120 `scene_frames` of `scenes` as an MP4 whose index is at the front."
     import av
     from fractions import Fraction
     with av.open(str(path), 'w', options={'movflags': 'faststart'}) as out:
-        st = out.add_stream(pick_codec(), rate=Fraction(fps).limit_denominator(1000))
-        st.pix_fmt = 'yuv420p'
-        st.width, st.height = 160, 120
+        st = _small_stream(out, Fraction(fps).limit_denominator(1000))
         for fr in scene_frames(scenes, fps):
             for pkt in st.encode(av.VideoFrame.from_ndarray(fr, format='rgb24')): out.mux(pkt)
         for pkt in st.encode(): out.mux(pkt)
