@@ -38,31 +38,43 @@ def _delta_label(m: str, reference: str, pairs: pd.DataFrame) -> str:
     if m == reference: return 'reference'
     return f"{100 * d[m].diff:+.1f}\n{fmt_p(d[m].mcnemar_p)}" if m in d else ''
 
+def _delta_labels(ax, x, acc: pd.DataFrame, pairs: pd.DataFrame, reference: str):
+    "Above each whisker, the bar's change and its p."
+    for xi, m, top in zip(x, acc.method, 100 * acc.ci_high.to_numpy(float)):
+        ax.text(xi, top + 2, _delta_label(m, reference, pairs), ha='center', va='bottom',
+                fontsize=7.5)
+
 def _versus_bars(ax, acc: pd.DataFrame, pairs: pd.DataFrame, reference: str):
     "Accuracy bars (the reference's red) with 95 % whiskers, each labelled with its change and p."
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
     colors = ['C3' if m == reference else 'C0' for m in acc.method]
     ax.bar(x, y, yerr=ci_whiskers(acc), capsize=3, color=colors)
-    for xi, m, top in zip(x, acc.method, 100 * acc.ci_high.to_numpy(float)):
-        ax.text(xi, top + 2, _delta_label(m, reference, pairs), ha='center', va='bottom',
-                fontsize=7.5)
+    _delta_labels(ax, x, acc, pairs, reference)
     ax.set(xticks=x, ylim=(0, 125), xlabel='method', ylabel='accuracy (%) with 95 % CI')
     ax.set_xticklabels(acc.method, rotation=30, ha='right')
     ax.set_title(f'change against {reference} (points) and McNemar p', fontsize=9.5)
 
 _COSTS = {'rounds_mean': 'agent steps / rounds', 'llm_calls_mean': 'model calls'}
 
+def _cost_axes(ax, c: pd.DataFrame):
+    "The cost panel's labels, title and height."
+    ax.set(xlabel='method', ylabel='per question (mean)')
+    ax.set_title('tool steps (PACE, DVD) or rounds (REVEAL); model calls', fontsize=9.5)
+    ax.set_ylim(0, 1.25 * max(c.value.max(), 1))
+
+def _no_calls_note(ax):
+    "The note, top right, that no model was called (offline roles)."
+    ax.text(0.98, 0.97, 'no model calls (offline roles)', ha='right', va='top', fontsize=8.5,
+            transform=ax.transAxes)
+
 def _cost_bars(ax, cost: pd.DataFrame):
     "Steps (or rounds) and model calls per question and method; a note when no model was called."
     c = cost.melt(id_vars='method', value_vars=list(_COSTS)).fillna(0)
     c['variable'] = c.variable.map(_COSTS)
     sns.barplot(c, x='method', y='value', hue='variable', ax=ax)
-    ax.set(xlabel='method', ylabel='per question (mean)')
-    ax.set_title('tool steps (PACE, DVD) or rounds (REVEAL); model calls', fontsize=9.5)
-    ax.set_ylim(0, 1.25 * max(c.value.max(), 1))
+    _cost_axes(ax, c)
     if not cost.llm_calls_mean.fillna(0).any():
-        ax.text(0.98, 0.97, 'no model calls (offline roles)', ha='right', va='top', fontsize=8.5,
-                transform=ax.transAxes)
+        _no_calls_note(ax)
     ax.tick_params(axis='x', labelrotation=30)
     ax.legend(fontsize=8.5, loc='upper left', title=None)
 
@@ -94,10 +106,14 @@ def question_needle(r: dict, q: Question, judged: dict | None = None) -> float |
     return needle_recall(q, judge_rows(r))
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #0668f4b4
+def _recalls(got: list[dict], Q: dict, v: dict | None) -> list[float]:
+    "Each result's needle recall, where it has one (`v`: judged)."
+    j = {q: d['needle_recall'] for q, d in v.items()} if v else None
+    return [x for x in (question_needle(r, Q[r['qid']], j) for r in got) if x is not None]
+
 def _needle_row(m: str, got: list[dict], Q: dict, v: dict | None, seed: int, n_boot: int) -> dict:
     "One method's needle-table row, from its results on the questions with cues (`v`: judged)."
-    j = {q: d['needle_recall'] for q, d in v.items()} if v else None
-    rec = [x for x in (question_needle(r, Q[r['qid']], j) for r in got) if x is not None]
+    rec = _recalls(got, Q, v)
     lo, hi = bootstrap_ci(rec, seed, n_boot)
     acc = accuracy_row(got)
     return dict(method=m, n=len(rec), needle_recall=float(np.mean(rec)) if rec else math.nan,
@@ -161,12 +177,16 @@ def _free_arms(ax, refs: pd.DataFrame):
                    zorder=3 + j, color=f"C{j + 1}", edgecolors='white',
                    label=f"{r.arm} (free |F_Q|, mean {r.factors:.1f})")
 
+def _forced_line(ax, f: pd.DataFrame):
+    "Accuracy (%) with 95 % whiskers at each forced budget k."
+    ax.errorbar(f.k.astype(float), 100 * f.accuracy, yerr=ci_whiskers(f), marker='o', capsize=3,
+                label='forced |F_Q| = k')
+
 def plot_factors(ft: pd.DataFrame, title: str):
     "Fig. 4: accuracy (%) against the forced factor budget; free-budget arms at their mean |F_Q|."
     fig, (ax,) = new_figure(title, width=8.0)
     f = ft[ft.arm == 'forced']
-    ax.errorbar(f.k.astype(float), 100 * f.accuracy, yerr=ci_whiskers(f), marker='o', capsize=3,
-                label='forced |F_Q| = k')
+    _forced_line(ax, f)
     _free_arms(ax, ft[ft.arm != 'forced'])
     ax.set(xlabel='question factors |F_Q|', ylabel='accuracy (%) with 95 % CI', ylim=(0, 105),
            xticks=sorted(set(f.k.dropna().astype(int)) | {1}))
@@ -184,21 +204,30 @@ def _pass_row(m: str, stage: str, xs: list[dict], k: str) -> dict:
     return dict(method=m, stage=stage, n=len(xs), calls=math.nan, prompt_tokens=mean('prompt'),
                 completion_tokens=mean('completion'), reasoning_tokens=math.nan)
 
+def _pass_counts(rs: list[dict]) -> list[dict]:
+    "The index records that count tokens per pass (shared and per question)."
+    return [r['index'] for r in rs if isinstance(r.get('index'), dict)
+            and 'shared_prompt_tokens_per_clip' in r['index']]
+
 def _pass_rows(m: str, rs: list[dict]) -> list[dict]:
     "Table 6's two indexing passes per clip: shared plain captions (once per video), per question."
-    idx = [r['index'] for r in rs if isinstance(r.get('index'), dict)
-           and 'shared_prompt_tokens_per_clip' in r['index']]
+    idx = _pass_counts(rs)
     if not idx: return []
     shared = list({i.get('plain_path'): i for i in idx}.values())
     return [_pass_row(m, 'indexing: shared plain pass (per clip)', shared, 'shared'),
             _pass_row(m, 'indexing: per-question pass (per clip)', idx, 'question')]
 
-def _index_row(m: str, rs: list[dict]) -> dict:
-    "Indexing calls and tokens per clip, each evidence database counted once."
+def _databases(rs: list[dict]) -> list[dict]:
+    "Each evidence database the results used, once (by video, kind and path)."
     dbs = {(r['video_id'], r['index'].get('kind'), r['index'].get('path')): r['index']
            for r in rs if r.get('index')}
-    clips = sum(int(d.get('n_clips') or 0) for d in dbs.values())
-    per = lambda k: sum(int(d.get(k) or 0) for d in dbs.values()) / clips if clips else math.nan
+    return list(dbs.values())
+
+def _index_row(m: str, rs: list[dict]) -> dict:
+    "Indexing calls and tokens per clip, each evidence database counted once."
+    dbs = _databases(rs)
+    clips = sum(int(d.get('n_clips') or 0) for d in dbs)
+    per = lambda k: sum(int(d.get(k) or 0) for d in dbs) / clips if clips else math.nan
     return dict(method=m, stage='indexing (per clip)', n=clips, calls=per('calls'),
                 **{k: per(k) for k in _TOKENS})
 
@@ -232,38 +261,55 @@ def tool_use_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
                                        'episodes_using'])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d8877b81
-def _token_bars(ax, tok: pd.DataFrame):
-    "Prompt and completion tokens per stage and method; a note when no model was called."
+def _token_long(tok: pd.DataFrame) -> pd.DataFrame:
+    "Prompt and completion tokens in long form, one bar label per stage and kind."
     t = tok.melt(id_vars=['method', 'stage'],
                  value_vars=['prompt_tokens', 'completion_tokens']).fillna(0)
     t['what'] = t.stage.str.split(' ').str[0] + '\n' + t.variable.str.replace('_tokens', '')
+    return t
+
+def _offline_note(ax):
+    "An empty panel's note, in its centre, that no model was called."
+    ax.set_ylim(0, 1)
+    ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
+            transform=ax.transAxes)
+
+def _token_bars(ax, tok: pd.DataFrame):
+    "Prompt and completion tokens per stage and method; a note when no model was called."
+    t = _token_long(tok)
     order = [f"{s}\n{k}" for s in ('indexing', 'reasoning') for k in ('prompt', 'completion')]
     sns.barplot(t, x='what', y='value', hue='method', order=order, ax=ax)
     ax.set(xlabel='stage and token kind', ylabel='tokens (per clip / per query)')
     ax.set_title('token cost (Table 6): indexing per clip, reasoning per query', fontsize=9.5)
-    if t.value.any(): return
-    ax.set_ylim(0, 1)
-    ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
-            transform=ax.transAxes)
+    if not t.value.any():
+        _offline_note(ax)
+
+def _tool_bars(ax, tools: pd.DataFrame):
+    "Fig. 5: calls per episode, per tool and method."
+    sns.barplot(tools, x='tool', y='calls_per_episode', hue='method', ax=ax)
+    ax.set(xlabel='tool', ylabel='calls per episode (mean)')
+    ax.set_title('tool use (Fig. 5)', fontsize=9.5)
+    ax.tick_params(axis='x', labelrotation=30)
 
 def plot_pace_cost(tok: pd.DataFrame, tools: pd.DataFrame, title: str):
     "Table 6 as bars (tokens per clip / per query) and Fig. 5's tool calls per episode."
     fig, (ax, ax2) = new_figure(title, ncols=2, width=5.6)
     _token_bars(ax, tok)
-    sns.barplot(tools, x='tool', y='calls_per_episode', hue='method', ax=ax2)
-    ax2.set(xlabel='tool', ylabel='calls per episode (mean)')
-    ax2.set_title('tool use (Fig. 5)', fontsize=9.5)
-    ax2.tick_params(axis='x', labelrotation=30)
+    _tool_bars(ax2, tools)
     fig.tight_layout()
     return fig
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a10
+def _step_counts(rs: list[dict]) -> Counter:
+    "How many finished episodes took each number of steps (failed runs and non-agents left out)."
+    return Counter(int(r.get('steps') or 0) for r in rs
+                   if not r.get('failed') and r.get('tool_calls') is not None)
+
 def episode_lengths(runs: dict[str, list[dict]]) -> pd.DataFrame:
     "Per method: the share of episodes per number of steps (PACE Fig. 5: 83.4 % take four)."
     rows = []
     for m, rs in runs.items():
-        n = Counter(int(r.get('steps') or 0) for r in rs
-                    if not r.get('failed') and r.get('tool_calls') is not None)
+        n = _step_counts(rs)
         rows += [dict(method=m, steps=k, episodes=v, share=v / sum(n.values()))
                  for k, v in sorted(n.items())]
     return pd.DataFrame(rows, columns=['method', 'steps', 'episodes', 'share'])
@@ -283,20 +329,25 @@ def backbone_table(runs: dict[str, dict[str, list[dict]]], base: str = 'dvd',
     return pd.DataFrame([_backbone_row(name, rs, base, method) for name, rs in runs.items()])
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #9d1e0a23
+def _backbone_arm(bt: pd.DataFrame, m: str) -> pd.DataFrame:
+    "A method's accuracy and interval per setup."
+    return pd.DataFrame(dict(backbone=bt.backbone, n=bt.n, method=m, accuracy=bt[f"{m}_accuracy"],
+                             ci_low=bt[f"{m}_ci_low"], ci_high=bt[f"{m}_ci_high"]))
+
 def _backbone_long(bt: pd.DataFrame, base: str, method: str) -> pd.DataFrame:
     "The backbone table in long form for `plot_grouped`: one row per setup and method."
-    arm = lambda m: pd.DataFrame(dict(backbone=bt.backbone, n=bt.n, method=m,
-                                      accuracy=bt[f"{m}_accuracy"], ci_low=bt[f"{m}_ci_low"],
-                                      ci_high=bt[f"{m}_ci_high"]))
-    return pd.concat([arm(m) for m in (base, method)]).reset_index(drop=True)
+    return pd.concat([_backbone_arm(bt, m) for m in (base, method)]).reset_index(drop=True)
+
+def _delta_ticks(ax, bt: pd.DataFrame):
+    "Each setup's tick label with its gain Δ (points) below."
+    ax.set_xticks(ax.get_xticks(), [f"{t.get_text()}\nΔ {100 * d:+.1f}"
+                                    for t, d in zip(ax.get_xticklabels(), bt.delta)])
 
 def plot_backbones(bt: pd.DataFrame, title: str, base: str = 'dvd', method: str = 'pace'):
     "Table 3 as grouped bars: per backbone, `base` and `method` accuracy (%), the delta below."
     fig = plot_grouped(_backbone_long(bt, base, method), 'backbone', 'method', title,
                        'backbone setup (Δ: the gain)')
-    ax = fig.axes[0]
-    ax.set_xticks(ax.get_xticks(), [f"{t.get_text()}\nΔ {100 * d:+.1f}"
-                                    for t, d in zip(ax.get_xticklabels(), bt.delta)])
+    _delta_ticks(fig.axes[0], bt)
     fig.tight_layout()
     return fig
 
@@ -329,11 +380,15 @@ def with_usage(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> p
     return out.fillna({'calls_per_episode': 0.0, 'episodes_using': 0.0})
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #b3a27e48
-def ablated_tools(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> str:
-    "Each ablated tool and how much PACE used it: 'EvidenceRetrieve (its most-used tool, 4.2 …)'."
+def _top_tool(usage: pd.DataFrame, method: str) -> str | None:
+    "The tool `method` called most (Finish aside); none if none."
     mine = usage[(usage.method == method) & (usage.tool != 'Finish')]
     u = mine.set_index('tool').calls_per_episode
-    top = u.idxmax() if len(u) and u.max() > 0 else None
+    return u.idxmax() if len(u) and u.max() > 0 else None
+
+def ablated_tools(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> str:
+    "Each ablated tool and how much PACE used it: 'EvidenceRetrieve (its most-used tool, 4.2 …)'."
+    top = _top_tool(usage, method)
     one = (lambda t,
            c: f"{t} ({'its most-used tool, ' if t == top else ''}{c:.2g} calls per episode)")
     cpe = with_usage(ct, usage, method).calls_per_episode
@@ -356,15 +411,18 @@ def _subset_dir(exp, m: str, tag: str, overrides: list[str]) -> Path:
     base = resolve(exp.out_dir) / run_slug(exp.benchmark, exp.split, exp.chat, exp.roles)
     return base / safe_name(f"{m}-{tag}-{load_config(None, overrides).hash()}")
 
+def _run_subset(exp, m: str, qs: list[Question], d: Path, overrides: list[str]):
+    "Run `m` on `qs` into `d` with the experiment's model and roles."
+    run_eval(qs, m, d, model=exp.chat, overrides=overrides, progress=exp.progress,
+             roles=exp.roles, role_models=exp.role_models)
+
 def run_on(exp, methods: Sequence[str], qids: Sequence[str], tag: str,
            overrides: Sequence[str] | None = None) -> dict[str, list[dict]]:
     "Run methods on some of an experiment's questions, in run folders of their own; their results."
     qs, out = [q for q in exp.questions if q.qid in set(qids)], {}
     for m in methods:
         d = _subset_dir(exp, m, tag, list(overrides or []))
-        if qs:
-            run_eval(qs, m, d, model=exp.chat, overrides=list(overrides or []),
-                     progress=exp.progress, roles=exp.roles, role_models=exp.role_models)
+        if qs: _run_subset(exp, m, qs, d, list(overrides or []))
         out[m] = load_runs({m: d}, qids)[m]
     return out
 

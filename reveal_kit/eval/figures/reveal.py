@@ -66,14 +66,16 @@ def two_by_two(acc: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(grid).rename_axis(index='rubric rerank', columns='verifier')
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #bbc2f25e
+def _rankings(runs: dict[str, list[dict]], methods: Sequence[str]) -> str:
+    "The rankings the methods' results say they used, joined ('not run' without results)."
+    kinds = {k for m in methods for r in runs.get(m, [])
+             for k in (r.get('rerank') or 'unknown').split('+')}
+    return ' / '.join(sorted(kinds)) if kinds else 'not run'
+
 def rerank_used(runs: dict[str, list[dict]]) -> dict[str, str]:
     "Per 2×2 row ('no' / 'yes' rubric rerank): the ranking its results say they used."
-    out = {}
-    for row, methods in (('no', ('+onmem', 'verify-only')), ('yes', ('rerank-only', 'reveal'))):
-        kinds = {k for m in methods for r in runs.get(m, [])
-                 for k in (r.get('rerank') or 'unknown').split('+')}
-        out[row] = ' / '.join(sorted(kinds)) if kinds else 'not run'
-    return out
+    rows = (('no', ('+onmem', 'verify-only')), ('yes', ('rerank-only', 'reveal')))
+    return {row: _rankings(runs, methods) for row, methods in rows}
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #2b2c0001
 def two_by_two_csv(grid: pd.DataFrame, rerank: dict[str, str]) -> pd.DataFrame:
@@ -136,20 +138,28 @@ def calibration_table(arms: dict[str, list[dict]], verdicts: list[dict]) -> pd.D
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #39dd47ce
-def _frames_of(t: dict) -> tuple[int, str]:
-    "(frames the answerer got, the note when none) of a trace, old records (`oracle`) included."
-    fr = t.get('answer_frames')
-    if fr is not None:
-        return int(fr.get('frames') or 0), fr.get('note') or ''
+def _oracle_frames(t: dict) -> tuple[int, str]:
+    "(frames, note) of an older trace: the oracle's record, else the frames its visual steps sent."
     o = t.get('oracle') or {}
     if (t.get('spec') or {}).get('oracle_frames'):
         return int(o.get('frames') or 0), o.get('frames_note') or ''
     return sum(v.get('frames', 0) for v in t.get('visual') or []), ''
 
+def _frames_of(t: dict) -> tuple[int, str]:
+    "(frames the answerer got, the note when none) of a trace, old records (`oracle`) included."
+    fr = t.get('answer_frames')
+    if fr is not None:
+        return int(fr.get('frames') or 0), fr.get('note') or ''
+    return _oracle_frames(t)
+
+def _trace_frames(rs: list[dict]) -> list[tuple[int, str]]:
+    "(frames, note) of each result with a JSON trace."
+    return [_frames_of(load_trace(r['trace'])) for r in rs if r.get('trace')
+            and str(r['trace']).endswith('.json')]
+
 def answerer_frames(rs: list[dict]) -> str:
     "Frames the answerer got over an arm's questions, or '0 (why)' from the traces when none."
-    got = [_frames_of(load_trace(r['trace'])) for r in rs if r.get('trace')
-           and str(r['trace']).endswith('.json')]
+    got = _trace_frames(rs)
     n, notes = sum(k for k, _ in got), sorted({w for _, w in got} - {''})
     return f"{n}" if n or not notes else f"0 ({'; '.join(notes)})"
 
@@ -251,14 +261,16 @@ def build_memories(questions: Sequence, chat, config: Config | None = None,
     return pd.DataFrame(rows, columns=['video_id', 'chunking', 'seconds', 'build_seconds'])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #e918c5dc
+def _count_rows(m: str, rs: list[dict], key: str, values: Iterable[int] | None) -> list[dict]:
+    "One method's rows: questions per value of `key` (failed runs left out), zeros included."
+    got = [int(r.get(key) or 0) for r in rs if not r.get('failed')]
+    return [{'method': m, key: v, 'questions': got.count(v)}
+            for v in sorted(set(values or []) | set(got))]
+
 def count_table(runs: dict[str, list[dict]], key: str,
                 values: Iterable[int] | None = None) -> pd.DataFrame:
     "Per method, questions per value of an integer field (`rounds`, `llm_calls`), zeros included."
-    rows = []
-    for m, rs in runs.items():
-        got = [int(r.get(key) or 0) for r in rs if not r.get('failed')]
-        for v in sorted(set(values or []) | set(got)):
-            rows.append({'method': m, key: v, 'questions': got.count(v)})
+    rows = [row for m, rs in runs.items() for row in _count_rows(m, rs, key, values)]
     return pd.DataFrame(rows, columns=['method', key, 'questions'])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #483523b2
@@ -267,15 +279,18 @@ def fmt_p(p: float) -> str:
     return 'p<0.001' if p < 0.001 else f"p={p:.2g}"
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #bcf2bf1f
+def _ladder_steps(acc: pd.DataFrame, pairs: pd.DataFrame) -> list:
+    "The pairs that are ladder steps with both bars drawn."
+    steps, drawn = set(zip(LADDER, LADDER[1:])), set(acc.method)
+    return [r for r in pairs.itertuples()
+            if (r.before, r.after) in steps and r.before in drawn and r.after in drawn]
+
 def _step_labels(ax, acc: pd.DataFrame, pairs: pd.DataFrame, x: np.ndarray):
     "Each ladder step's change and McNemar p, between its two bars."
     pos = dict(zip(acc.method, x))
-    steps = set(zip(LADDER, LADDER[1:]))
-    for r in pairs.itertuples():
-        if (r.before, r.after) in steps and r.before in pos and r.after in pos:
-            ax.annotate(f"{100 * r.diff:+.1f}\n{fmt_p(r.mcnemar_p)}",
-                        ((pos[r.before] + pos[r.after]) / 2, 101), ha='center', va='top',
-                        fontsize=7.5)
+    for r in _ladder_steps(acc, pairs):
+        ax.annotate(f"{100 * r.diff:+.1f}\n{fmt_p(r.mcnemar_p)}",
+                    ((pos[r.before] + pos[r.after]) / 2, 101), ha='center', va='top', fontsize=7.5)
 
 def _ladder_bars(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
     "The ladder's accuracies with 95 % whiskers, each step's change and p between its bars."
@@ -286,10 +301,14 @@ def _ladder_bars(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
     ax.set(xticks=x, ylim=(0, 112), xlabel='method', ylabel='accuracy (%) with 95 % CI')
     ax.set_xticklabels(acc.method, rotation=30, ha='right')
 
+def _rerank_rows(grid: pd.DataFrame, rerank: dict[str, str]) -> list[str]:
+    "The grid's row names, the 'yes' row saying which ranking its runs used."
+    return [f"{r} ({rerank.get(r, '?')})" if r == 'yes' else r for r in grid.index]
+
 def _grid_map(ax, acc: pd.DataFrame, rerank: dict[str, str] | None):
     "The review's 2×2 as a heat map, its rerank row saying which ranking the runs used."
     grid = 100 * two_by_two(acc)
-    if rerank: grid.index = [f"{r} ({rerank.get(r, '?')})" if r == 'yes' else r for r in grid.index]
+    if rerank: grid.index = _rerank_rows(grid, rerank)
     sns.heatmap(grid, annot=True, fmt='.1f', vmin=0, vmax=100, cmap='crest', ax=ax,
                 cbar_kws={'label': 'accuracy (%)'})
     ax.set(ylabel='rubric rerank')
@@ -327,16 +346,24 @@ def _segments_axis(ax, sw: pd.DataFrame):
            xlabel='segments admitted per question (mean' + (', log scale)' if wide else ')'))
     if wide: ax.xaxis.set_major_formatter(plt.ScalarFormatter())
 
+def _fixed_line(ax, f: pd.DataFrame):
+    "The unverified arm: accuracy (%) with 95 % whiskers at each cap's mean admitted segments."
+    ax.errorbar(f.segments, 100 * f.accuracy, yerr=ci_whiskers(f), marker='o', capsize=3,
+                label='no verification (fixed cap per round)')
+
+def _reveal_point(ax, r: pd.DataFrame):
+    "REVEAL's own point (adaptive, verified) as a red star."
+    ax.scatter(r.segments, 100 * r.accuracy, marker='*', s=220, color='C3', zorder=3,
+               label='REVEAL (adaptive, verified)')
+
 def plot_sweep(sw: pd.DataFrame, title: str):
     "Fig. 4a: accuracy vs mean admitted segments, unverified (a point per cap), and REVEAL's."
     fig, (ax,) = new_figure(title)
     f, r = sw[sw.arm == 'fixed'], sw[sw.arm == 'reveal']
-    ax.errorbar(f.segments, 100 * f.accuracy, yerr=ci_whiskers(f), marker='o', capsize=3,
-                label='no verification (fixed cap per round)')
+    _fixed_line(ax, f)
     _cap_labels(ax, f)
     if len(r):
-        ax.scatter(r.segments, 100 * r.accuracy, marker='*', s=220, color='C3', zorder=3,
-                   label='REVEAL (adaptive, verified)')
+        _reveal_point(ax, r)
     _segments_axis(ax, sw)
     ax.legend(loc='best', fontsize=8.5)
     fig.tight_layout()
@@ -362,16 +389,20 @@ def memory_note(timing: pd.DataFrame) -> str:
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #945b5bc3
 _TOKEN_KINDS = {'prompt_tokens_mean': 'prompt', 'completion_tokens_mean': 'completion'}
 
+def _offline_note(ax):
+    "An empty panel's note, in its centre, that no model was called."
+    ax.set_ylim(0, 1)
+    ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
+            transform=ax.transAxes)
+
 def _token_bars(ax, cost: pd.DataFrame):
     "Prompt and completion tokens per question and method; a note when no model was called."
     tok = cost.melt(id_vars='method', value_vars=list(_TOKEN_KINDS))
     tok['variable'] = tok.variable.map(_TOKEN_KINDS)
     sns.barplot(tok, x='variable', y='value', hue='method', ax=ax, legend=False)
     ax.set(xlabel='tokens', ylabel='tokens per question (mean)', title='tokens per question')
-    if tok.value.any(): return
-    ax.set_ylim(0, 1)
-    ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
-            transform=ax.transAxes)
+    if not tok.value.any():
+        _offline_note(ax)
 
 def _seconds_bars(ax, timing: pd.DataFrame):
     "Wall seconds per question and method (not the memory build's row), the memory note as title."
@@ -379,14 +410,22 @@ def _seconds_bars(ax, timing: pd.DataFrame):
     sns.barplot(per_q, x='method', y='seconds_mean', hue='method', ax=ax, legend=False)
     ax.set(xlabel='method', ylabel='wall seconds per question (mean)', title=memory_note(timing))
 
+def _rounds_bars(ax, rounds: pd.DataFrame):
+    "Questions per number of retrieval rounds, per method (the figure's legend)."
+    sns.barplot(rounds, x='rounds', y='questions', hue='method', ax=ax)
+    ax.set(xlabel='retrieval rounds', ylabel='questions', title='rounds per question')
+
+def _calls_bars(ax, calls: pd.DataFrame):
+    "Questions per number of model calls, per method."
+    sns.barplot(calls, x='llm_calls', y='questions', hue='method', ax=ax, legend=False)
+    ax.set(xlabel='model calls', ylabel='questions', title='model calls per question')
+
 def plot_costs(cost: pd.DataFrame, rounds: pd.DataFrame, calls: pd.DataFrame, timing: pd.DataFrame,
                title: str):
     "Tables 3–4: rounds, model calls, tokens and wall seconds per question (one legend)."
     fig, axes = new_figure(title, ncols=4, width=3.9)
-    sns.barplot(rounds, x='rounds', y='questions', hue='method', ax=axes[0])
-    axes[0].set(xlabel='retrieval rounds', ylabel='questions', title='rounds per question')
-    sns.barplot(calls, x='llm_calls', y='questions', hue='method', ax=axes[1], legend=False)
-    axes[1].set(xlabel='model calls', ylabel='questions', title='model calls per question')
+    _rounds_bars(axes[0], rounds)
+    _calls_bars(axes[1], calls)
     _token_bars(axes[2], cost)
     _seconds_bars(axes[3], timing)
     fig.tight_layout()
