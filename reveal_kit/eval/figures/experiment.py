@@ -92,24 +92,30 @@ def _unknown_key(k: str, known: list[str]) -> ValueError:
     hint = f" (did you mean {near[0]!r}?)" if near else ''
     return ValueError(f"unknown setup key {k!r}{hint}; Experiment takes {', '.join(known)}")
 
-@patch(cls_method=True)
-def from_setup(cls: Experiment, setup: dict, **params) -> Experiment:
-    "An experiment from a notebook's parameters and `setup` (other fields); unknown keys fail."
-    known = [f.name for f in fields(cls)]
+def _check_setup(setup: dict, params: dict, known: list[str]) -> None:
+    "Fail on a setup key that is no field, or that the notebook's parameters also give."
     for k in setup:
         if k not in known: raise _unknown_key(k, known)
         if k in params:
             raise ValueError(f"setup key {k!r} is also a parameter of the notebook: give it once")
+
+@patch(cls_method=True)
+def from_setup(cls: Experiment, setup: dict, **params) -> Experiment:
+    "An experiment from a notebook's parameters and `setup` (other fields); unknown keys fail."
+    _check_setup(setup, params, [f.name for f in fields(cls)])
     return cls(**params, **setup)
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #277b88ca
+def _pool_spec(exp: Experiment) -> str | dict | None:
+    "The experiment's pool spec: its own, else SYNTH_POOL on the generated benchmark."
+    default = SYNTH_POOL if exp.benchmark == 'synth' else None
+    return exp.rubric_pool if exp.rubric_pool is not None else default
+
 @patch
 def pool_path(self: Experiment) -> Path | None:
     "The rubric pool REVEAL's methods use here (induced first when a recipe's file is absent)."
     if self._pool is None:
-        default = SYNTH_POOL if self.benchmark == 'synth' else None
-        spec = self.rubric_pool if self.rubric_pool is not None else default
-        self._pool = ensure_pool(spec, self.chat, self.progress) or False
+        self._pool = ensure_pool(_pool_spec(self), self.chat, self.progress) or False
     return self._pool or None
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #89ab7d74
@@ -140,12 +146,16 @@ def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict
     return MethodRuns({method_name(m): scored_rows(rs, self.substituted) for m, rs in runs.items()})
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #f112b441
+def _switched_off(exp: Experiment) -> list[str]:
+    "Config overrides for the input switches the experiment turns off (subtitles, before_query)."
+    return [f'{k}=false' for k in ('subtitles', 'before_query') if not getattr(exp, k)]
+
 @patch
 def run_settings(self: Experiment, overrides: Sequence[str] | None = None) -> RunSettings:
     "The `eval.runner.RunSettings` its methods run with: data, chat model, roles, input switches."
-    off = [f'{k}=false' for k in ('subtitles', 'before_query') if not getattr(self, k)]
     return RunSettings(out_dir=self.out_dir, root=self.root_path, split=self.split,
-                       limit=self.limit, model=self.chat, overrides=[*(overrides or []), *off],
+                       limit=self.limit, model=self.chat,
+                       overrides=[*(overrides or []), *_switched_off(self)],
                        progress=self.progress, roles=self.roles, only_present=self.only_present,
                        role_models=self.role_models)
 
@@ -189,11 +199,15 @@ def open_pack(self: Experiment) -> None:
     self.qids, self._pool, self.pools = [q.qid for q in self.questions], None, {}
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #b28945ed
-def packed_run_name(names: Iterable[str], method: str, tag: str = '') -> str:
-    "The one run folder of `method` (and `tag`) in a pack: `<method>-[<tag>-]<12-hex key>[-…]`."
+def _packed_matches(names: Iterable[str], method: str, tag: str) -> list[str]:
+    "The run folders named `<method>-[<tag>-]<12-hex key>[-…]`, under any spelling of the method."
     # earlier too
     heads = [re.escape(safe_name(f"{s}-{tag}" if tag else s)) for s in method_spellings(method)]
-    got = [n for n in names if any(re.fullmatch(h + r'-[0-9a-f]{12}(-.*)?', n) for h in heads)]
+    return [n for n in names if any(re.fullmatch(h + r'-[0-9a-f]{12}(-.*)?', n) for h in heads)]
+
+def packed_run_name(names: Iterable[str], method: str, tag: str = '') -> str:
+    "The one run folder of `method` (and `tag`) in a pack: `<method>-[<tag>-]<12-hex key>[-…]`."
+    got = _packed_matches(names, method, tag)
     if len(got) == 1: return got[0]
     raise KeyError(f"the pack holds {len(got)} runs of "
                    f"{method!r}{f' tagged {tag!r}' if tag else ''} ({', '.join(got) or 'none'}); "
@@ -224,17 +238,21 @@ def _substituted_note(exp: Experiment, runs: dict[str, list[dict]]) -> str:
     how = ' (left out)' if left_out and subs['substituted'] else ''
     return '' if subs['offline'] else f"; {format_substituted(subs)}{how}"
 
+def _pool_lines(exp: Experiment) -> str:
+    "A title's last lines: REVEAL's rubric pool(s), then the embedders that ran (each if any)."
+    pools = list(dict.fromkeys(pool_label(p, short=True) for p in exp.pools.values() if p))
+    embs = _embedders(exp.pools)
+    return ''.join(f"\n{' | '.join(x)}" for x in (pools, embs) if x)
+
 @patch
 def title(self: Experiment, headline: str, runs: dict[str, list[dict]]) -> str:
     "A figure title: headline, what produced it, REVEAL's rubric pool(s), the embedders that ran."
-    pools = list(dict.fromkeys(pool_label(p, short=True) for p in self.pools.values() if p))
-    embs = _embedders(self.pools)
     # `save` checks the face carries it
     self.caveat = caveat(self.benchmark, offline_roles(runs, self.roles))
     head = f"{headline}\n{self.caveat + chr(10) if self.caveat else ''}"
     head += provenance(runs, self.benchmark, self.split,
                        _chat_id(self.chat)) + _substituted_note(self, runs)
-    return head + ''.join(f"\n{' | '.join(x)}" for x in (pools, embs) if x)
+    return head + _pool_lines(self)
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #d5d9bb03
 def _save_png(fig, path: Path, banner: str) -> str:
@@ -244,14 +262,22 @@ def _save_png(fig, path: Path, banner: str) -> str:
     plt.close(fig)
     return str(path)
 
+def _table_records(tables: dict[str, pd.DataFrame]) -> dict[str, list[dict]]:
+    "Each table as a list of JSON records."
+    return {k: json.loads(v.to_json(orient='records')) for k, v in tables.items()}
+
 def _figure_meta(exp: Experiment, fig_id: str, paths: dict, tables: dict[str, pd.DataFrame],
                  extra: dict) -> dict:
     "What `save` writes to <id>.metrics.json: what made the figure, its files, its tables."
     pools = list(dict.fromkeys(p['label'] for p in exp.pools.values() if p))
-    records = {k: json.loads(v.to_json(orient='records')) for k, v in tables.items()}
     return dict(figure=fig_id, benchmark=exp.benchmark, split=exp.split, questions=len(exp.qids),
                 chat=_chat_id(exp.chat), cache_mode=exp.cache_mode, kit_version=kit_version(),
-                rubric_pools=pools, files=paths, tables=records, **extra)
+                rubric_pools=pools, files=paths, tables=_table_records(tables), **extra)
+
+def _write_tables(fd: Path, fig_id: str, tables: dict[str, pd.DataFrame]) -> dict[str, str]:
+    "Write the first table as <id>.csv, the others as <id>_<name>.csv; the path of each."
+    return {name: str(write_csv(df, fd / (f"{fig_id}.csv" if i == 0 else f"{fig_id}_{name}.csv")))
+            for i, (name, df) in enumerate(tables.items())}
 
 @patch
 def save(self: Experiment, fig_id: str, fig, tables: dict[str, pd.DataFrame], **extra) -> dict:
@@ -260,9 +286,7 @@ def save(self: Experiment, fig_id: str, fig, tables: dict[str, pd.DataFrame], **
     fd.mkdir(parents=True, exist_ok=True)
     if fig is not None:
         paths['png'] = _save_png(fig, fd / f"{fig_id}.png", getattr(self, 'caveat', ''))
-    for i, (name, df) in enumerate(tables.items()):
-        paths[name] = str(write_csv(df,
-                                    fd / (f"{fig_id}.csv" if i == 0 else f"{fig_id}_{name}.csv")))
+    paths.update(_write_tables(fd, fig_id, tables))
     meta = _figure_meta(self, fig_id, paths, tables, extra)
     atomic_write_json(resolve(self.out_dir) / f"{fig_id}.metrics.json", meta)
     return meta
