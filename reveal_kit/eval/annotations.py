@@ -22,13 +22,18 @@ class AnnotationError(ValueError):
     "An annotation file that cannot be read: the message names the file and the first bad record."
 
 # %% ../../nbs/40_eval.annotations.ipynb #81e3b5a2
+def _next_record(s: str, pos: int) -> int:
+    "Where the next record of a JSON array's text starts: past whitespace and commas."
+    while pos < len(s) and s[pos] in ' \t\r\n,': pos += 1
+    return pos
+
 def _first_bad_json_record(text: str) -> str:
     "Locate the first record of a top-level JSON array (or object) that does not decode."
     dec, s = json.JSONDecoder(), text.lstrip()
     if not s.startswith('['): return 'top-level value'
     pos, i = 1, 0
     while True:
-        while pos < len(s) and s[pos] in ' \t\r\n,': pos += 1
+        pos = _next_record(s, pos)
         if pos >= len(s): return f"record {i} (file ends before the closing ']': truncated?)"
         if s[pos] == ']': return f"after record {i - 1}"
         try: _, pos = dec.raw_decode(s, pos)
@@ -52,15 +57,18 @@ def _jsonl_error(path: str | Path, n: int, line: str, records: int,
     trunc = ' (last line, no newline: truncated?)' if not line.endswith('\n') else ''
     return AnnotationError(f"{path}: malformed JSON on line {n} (record {records}){trunc}: {e.msg}")
 
+def _decoded(path: str | Path, n: int, line: str, records: int) -> Any:
+    "Line `n`'s value; a line that does not decode raises `AnnotationError`."
+    try: return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _jsonl_error(path, n, line, records, e) from None
+
 def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
     "Parse a JSONL file into `(line_number, value)`; the first bad line raises `AnnotationError`."
     out = []
     with open(path, encoding='utf-8-sig') as f:          # a byte-order mark is allowed
         for n, line in enumerate(f, 1):
-            if not line.strip(): continue
-            try: out.append((n, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise _jsonl_error(path, n, line, len(out), e) from None
+            if line.strip(): out.append((n, _decoded(path, n, line, len(out))))
     return out
 
 # %% ../../nbs/40_eval.annotations.ipynb #ec2214be
@@ -140,39 +148,49 @@ def _marker(letter: str, style: str | None = None) -> re.Pattern:
     return re.compile(rf"(?:^|(?<=\s))(?:{forms})\s*")
 
 # %% ../../nbs/40_eval.annotations.ipynb #79331c7a
+def _next_marker(text: str, pos: int, tries: tuple, style: str | None) -> tuple | None:
+    "The first tried letter whose marker follows `pos`: (its index, the match), or None."
+    hits = [(j, m) for j in tries if j < 26
+            for m in [_marker(string.ascii_uppercase[j], style).search(text, pos)] if m]
+    return hits[0] if hits else None
+
 def _marker_spans(text: str, style: str | None) -> list[tuple[str, int, int]]:
     "`text`'s option markers as (letter, start, end), in order; after two, one may be skipped."
     starts, pos, i = [], 0, 0
     while i < len(string.ascii_uppercase):
-        tries = (i, i + 1) if len(starts) >= 2 else (i,)
-        hits = [(j, m) for j in tries if j < 26
-                for m in [_marker(string.ascii_uppercase[j], style).search(text, pos)] if m]
-        if not hits: break
-        j, m = hits[0]
+        hit = _next_marker(text, pos, (i, i + 1) if len(starts) >= 2 else (i,), style)
+        if not hit: break
+        j, m = hit
         starts.append((string.ascii_uppercase[j], m.start(), m.end()))
         pos, i = m.end(), j + 1
     return starts
+
+def _option_texts(text: str, starts: list[tuple[str, int, int]]) -> dict[str, str]:
+    "Each marker's letter and the text from its end to the next marker (or the end)."
+    ends = [s for _, s, _ in starts[1:]] + [len(text)]
+    return {l: text[e:end].strip() for (l, _, e), end in zip(starts, ends)}
 
 def split_inline_options(text: str, style: str | None = None) -> tuple[str, dict[str, str]]:
     "Split `'stem\\n(A) x\\n(B) y'` (or `A. x B. y`; only `style`'s markers when given) into stem and `{letter: text}`."
     starts = _marker_spans(text, style)
     if len(starts) < 2: raise ValueError(f"no inline lettered options in {text[:80]!r}")
-    ends = [s for _, s, _ in starts[1:]] + [len(text)]
-    opts = {l: text[e:end].strip() for (l, _, e), end in zip(starts, ends)}
-    return text[:starts[0][1]].strip(), normalize_options(opts)
+    return text[:starts[0][1]].strip(), normalize_options(_option_texts(text, starts))
 
 # %% ../../nbs/40_eval.annotations.ipynb #af33769e
 _SEP_PATTERNS = [re.compile(r'^option\s?(\d+)$', re.I), re.compile(r'^answer_choice_(\d+)$', re.I),
                  re.compile(r'^choice_([a-z])$', re.I), re.compile(r'^option_([a-z])$', re.I),
                  re.compile(r'^a(\d)$')]
 
+def _filled(v: Any) -> bool:
+    "Whether a field holds something: not None, not blank, not 'nan'."
+    return v is not None and bool(str(v).strip()) and str(v).strip().lower() != 'nan'
+
 def _fields_matching(rec: dict, pat: re.Pattern) -> dict[str, str]:
     "The record's non-empty fields whose names `pat` matches, by the number or letter in the name."
     found = {}
     for k, v in rec.items():
         m = pat.match(str(k))
-        if m and v is not None and str(v).strip() and str(v).strip().lower() != 'nan':
-            found[m.group(1)] = str(v)
+        if m and _filled(v): found[m.group(1)] = str(v)
     return found
 
 def _separate_fields(rec: dict) -> list[str] | dict[str, str] | None:
@@ -191,14 +209,17 @@ def _styled(v: Any, style: str | None) -> dict[str, str]:
     if isinstance(v, str): return split_inline_options(v, style)[1]
     return styled_options(v, style) if isinstance(v, (list, tuple)) else normalize_options(v)
 
+def _string_options(v: str, style: str | None) -> dict[str, str]:
+    "Options in a string field: JSON if it decodes (and reads), else inline."
+    try: return _styled(json.loads(v), style)
+    except (json.JSONDecodeError, ValueError): return split_inline_options(v, style)[1]
+
 def _field_options(rec: dict, style: str | None) -> dict[str, str] | None:
     "Options from a record's options (candidates, choices, option) field: list, dict, JSON, inline."
     for k in ('options', 'candidates', 'choices', 'option'):
         v = rec.get(k)
         if isinstance(v, (list, tuple, dict)) and len(v): return _styled(v, style)
-        if isinstance(v, str) and v.strip():
-            try: return _styled(json.loads(v), style)
-            except (json.JSONDecodeError, ValueError): return split_inline_options(v, style)[1]
+        if isinstance(v, str) and v.strip(): return _string_options(v, style)
     return None
 
 def extract_options(rec: dict, question_key: str = 'question',
@@ -212,11 +233,16 @@ def extract_options(rec: dict, question_key: str = 'question',
     return split_inline_options(q, style)
 
 # %% ../../nbs/40_eval.annotations.ipynb #eaca9f00
-def _as_index(value: Any) -> int | None:
-    "A gold answer given as a position (`2`, `'2'`; `2.0`, `'2.0'` from CSV or parquet), else None."
+def _integral(value: Any) -> Any:
+    "A whole float (`2.0`) as an int, a `'2.0'` string as `'2'`; anything else as it is."
     if isinstance(value, float) and value.is_integer():
         value = int(value)         # a CSV/parquet column of indices
     if isinstance(value, str) and re.fullmatch(r'\s*\d+\.0\s*', value): value = value.strip()[:-2]
+    return value
+
+def _as_index(value: Any) -> int | None:
+    "A gold answer given as a position (`2`, `'2'`; `2.0`, `'2.0'` from CSV or parquet), else None."
+    value = _integral(value)
     is_index = isinstance(value, int) and not isinstance(value, bool)
     return int(value) if is_index or (isinstance(value, str) and value.strip().isdigit()) else None
 
@@ -228,14 +254,17 @@ def _named_letter(s: str, options: dict[str, str]) -> str | None:
     if m and m.group(1).upper() in options: return m.group(1).upper()
     return next((k for k, v in options.items() if s.lower() == v.lower()), None)
 
+def _letter_at(i: int, options: dict[str, str]) -> str:
+    "The letter of the option at position `i`; a position out of range fails."
+    if not 0 <= i < len(options):
+        raise ValueError(f"gold index {i} out of range for {len(options)} options")
+    return list(options)[i]
+
 def gold_letter(value: Any, options: dict[str, str]) -> str | None:
     "Normalize a published gold answer (index, `'B'`, `'(B)'`, `'B. text'` or the option text) to its letter."
     if value is None or (isinstance(value, float) and value != value): return None
     i = _as_index(value)
-    if i is not None:
-        if not 0 <= i < len(options):
-            raise ValueError(f"gold index {i} out of range for {len(options)} options")
-        return list(options)[i]
+    if i is not None: return _letter_at(i, options)
     letter = _named_letter(str(value).strip(), options)
     if letter is None: raise ValueError(f"gold answer {value!r} matches none of {list(options)}")
     return letter

@@ -36,10 +36,14 @@ def _doc_fields(doc: dict, video: Path) -> dict:
     return dict(qtype=qtype, duration_group=doc.get('duration_group') or None,
                 video_path=str(video), subtitle_path=doc.get('subtitle_path') or None)
 
+def _stem_options(doc: dict, context: str) -> tuple[str, dict[str, str]]:
+    "A doc's stem and options: from its fields, else from the prompt's lettered lines."
+    try: return extract_options(doc)
+    except ValueError: return prompt_options(context)
+
 def doc_to_question(doc: dict, visual: str | Path, context: str = '', qid: str = '') -> Question:
     "The kit's `Question` for one doc: its video, stem and options (from the doc, else the prompt), gold, type."
-    try: stem, opts = extract_options(doc)
-    except ValueError: stem, opts = prompt_options(context)
+    stem, opts = _stem_options(doc, context)
     video, gold = Path(visual), doc.get('answer')
     return Question(str(doc.get('qid') or qid or video.stem),
                     str(doc.get('video_id') or video.stem), stem, opts,
@@ -74,13 +78,17 @@ def _check_unique(qids: list[str]) -> None:
         raise ValueError(f"duplicate question ids in one batch: "
                          f"{sorted({i for i in qids if qids.count(i) > 1})[:5]}")
 
+def _results_by_qid(out_dir: str | Path) -> dict:
+    "A run folder's results as records, by question id."
+    return {r.qid: r for r in map(as_record, read_jsonl_rows(Path(out_dir) / 'results.jsonl'))}
+
 def answer_questions(qs: list[Question], out_dir: str | Path, method: str = 'reveal',
                      **run_kw) -> list[str]:
     "The answered letter of each question (in order, '' where none) from `run_eval` of `method` into `out_dir`."
     qids = [q.qid for q in qs]
     _check_unique(qids)
     run_eval(qs, method, out_dir, progress=False, **run_kw)
-    rows = {r.qid: r for r in map(as_record, read_jsonl_rows(Path(out_dir) / 'results.jsonl'))}
+    rows = _results_by_qid(out_dir)
     return [_letter(rows[i]) for i in qids]
 
 # %% ../../nbs/47_eval.lmms.ipynb #a526de7a
@@ -104,13 +112,17 @@ def _run_kw(model_args: dict, overrides: str | None) -> dict:
     if overrides: kw['overrides'] = [o.strip() for o in str(overrides).split(';') if o.strip()]
     return kw
 
+def _default_out(method: str, kw: dict) -> Path:
+    "The runs folder of a method and backend under runs/lmms/."
+    name = re.sub(r'[^\w.+-]', '_', f"{method}-{kw.get('backend', 'embedded')}")
+    return runs_dir() / 'lmms' / name
+
 def run_options(method: str = 'reveal', out_dir: str | Path | None = None,
                 overrides: str | None = None, **model_args) -> dict:
     "`answer_questions` keywords from lmms-eval `--model_args` (lmms-eval's own batch/device keys ignored)."
     _check_model_args(model_args)
     kw = _run_kw(model_args, overrides)
-    name = re.sub(r'[^\w.+-]', '_', f"{method}-{kw.get('backend', 'embedded')}")
-    return dict(kw, method=method, out_dir=Path(out_dir) if out_dir else runs_dir() / 'lmms' / name)
+    return dict(kw, method=method, out_dir=Path(out_dir) if out_dir else _default_out(method, kw))
 
 # %% ../../nbs/47_eval.lmms.ipynb #81e88d79
 LMMS_EXTRA = "pip install 'reveal-kit[lmms]'"
@@ -189,11 +201,14 @@ def mc_process_results(doc: dict, results: list[str]) -> dict:
     return {'accuracy': float(parse_letter(results[0], opts) == gold_letter(doc['answer'], opts))}
 
 # %% ../../nbs/47_eval.lmms.ipynb #335ae216
+def _absolute(path: str | Path | None) -> str:
+    "A path made absolute, as text ('' when there is none)."
+    return str(Path(path).resolve()) if path else ''
+
 def question_doc(q: Question) -> dict:
     "One task JSONL row for a question: ids, absolute video and subtitle paths, stem, option texts, gold, type."
-    return dict(qid=q.qid, video_id=q.video_id,
-                video_path=str(Path(q.video_path).resolve()) if q.video_path else '',
-                subtitle_path=str(Path(q.subtitle_path).resolve()) if q.subtitle_path else '',
+    return dict(qid=q.qid, video_id=q.video_id, video_path=_absolute(q.video_path),
+                subtitle_path=_absolute(q.subtitle_path),
                 question=q.question, options=list(q.options.values()), answer=q.answer or '',
                 qtype=q.qtype, duration_group=q.duration_group or '')
 
@@ -230,6 +245,14 @@ def _task_yaml(out: Path, task: str) -> str:
     return TASK_YAML.format(task=task, jsonl=json.dumps(str(out / f"{task}.jsonl")),
                             cache=json.dumps(str(out / 'hf_cache')))
 
+def _write_task_files(out: Path, task: str, rows: list[dict]) -> Path:
+    "Write a task's JSONL rows, utils.py and YAML under `out`; the YAML's path."
+    (out / f"{task}.jsonl").write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    (out / 'utils.py').write_text(TASK_UTILS)
+    y = out / f"{task}.yaml"
+    y.write_text(_task_yaml(out, task))
+    return y
+
 def write_lmms_task(questions: Iterable[Question], out_dir: str | Path,
                     task: str = 'reveal_bench') -> Path:
     "A local lmms-eval task folder (JSONL, YAML, utils.py) for `--include_path`; the YAML's path."
@@ -237,8 +260,4 @@ def write_lmms_task(questions: Iterable[Question], out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     rows = [question_doc(q) for q in questions]
     if not rows: raise ValueError("no questions to write")
-    (out / f"{task}.jsonl").write_text(''.join(json.dumps(r) + '\n' for r in rows))
-    (out / 'utils.py').write_text(TASK_UTILS)
-    y = out / f"{task}.yaml"
-    y.write_text(_task_yaml(out, task))
-    return y
+    return _write_task_files(out, task, rows)
