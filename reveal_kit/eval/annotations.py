@@ -41,14 +41,17 @@ def _first_bad_json_record(text: str) -> str:
         i += 1
 
 # %% ../../nbs/40_eval.annotations.ipynb #f85ba04e
+def _malformed(path: str | Path, text: str, e: json.JSONDecodeError) -> AnnotationError:
+    "The error for a JSON file that does not decode: where, and the first bad record."
+    where = _first_bad_json_record(text)
+    return AnnotationError(f"{path}: malformed JSON at {where}; line {e.lineno} col {e.colno}: "
+                           f"{e.msg}")
+
 def read_json(path: str | Path) -> Any:
     "Parse a JSON file; a malformed or truncated one raises `AnnotationError` naming the file and first bad record."
     text = Path(path).read_text(encoding='utf-8-sig')    # a byte-order mark is allowed
     try: return json.loads(text)
-    except json.JSONDecodeError as e:
-        where = _first_bad_json_record(text)
-        raise AnnotationError(f"{path}: malformed JSON at {where}; line {e.lineno} col {e.colno}: "
-                              f"{e.msg}") from None
+    except json.JSONDecodeError as e: raise _malformed(path, text, e) from None
 
 # %% ../../nbs/40_eval.annotations.ipynb #d9b37168
 def _jsonl_error(path: str | Path, n: int, line: str, records: int,
@@ -120,10 +123,14 @@ OPTION_STYLES = {'A.': re.compile(r'^\s*([A-Z])\.\s+'),        # Video-MME: 'A. 
                  'plain': None}
 
 # %% ../../nbs/40_eval.annotations.ipynb #0b7105a3
-def strip_option_prefix(text: str, style: str) -> tuple[str | None, str]:
-    "(the letter of the file's own prefix, the text after it), stripped once by `style`; (None, text) without one."
+def _check_style(style: str) -> None:
+    "Refuse an option style that is none of `OPTION_STYLES`."
     if style not in OPTION_STYLES:
         raise ValueError(f"option style must be one of {list(OPTION_STYLES)}, got {style!r}")
+
+def strip_option_prefix(text: str, style: str) -> tuple[str | None, str]:
+    "(the letter of the file's own prefix, the text after it), stripped once by `style`; (None, text) without one."
+    _check_style(style)
     rx, text = OPTION_STYLES[style], str(text).strip()
     m = rx.match(text) if rx else None
     return (m.group(1), text[m.end():].strip()) if m else (None, text)
@@ -222,14 +229,19 @@ def _field_options(rec: dict, style: str | None) -> dict[str, str] | None:
         if isinstance(v, str) and v.strip(): return _string_options(v, style)
     return None
 
+def _separate_options(rec: dict, style: str | None) -> dict[str, str] | None:
+    "Options in separate fields (a numbered list is plain when the file has a style), or None."
+    sep = _separate_fields(rec)
+    if not sep: return None
+    return _styled(sep, 'plain' if style and isinstance(sep, list) else style)
+
 def extract_options(rec: dict, question_key: str = 'question',
                     style: str | None = None) -> tuple[str, dict[str, str]]:
     "The question stem and `{letter: text}` from a record (a list, separate fields or inline), by the file's `style`."
     q = str(rec.get(question_key) or '').strip()
     opts = _field_options(rec, style)
+    if opts is None: opts = _separate_options(rec, style)
     if opts is not None: return q, opts
-    sep = _separate_fields(rec)
-    if sep: return q, _styled(sep, 'plain' if style and isinstance(sep, list) else style)
     return split_inline_options(q, style)
 
 # %% ../../nbs/40_eval.annotations.ipynb #eaca9f00

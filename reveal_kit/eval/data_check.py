@@ -52,10 +52,14 @@ def _first_count(m: dict, names: tuple[str, ...]) -> int | None:
         if isinstance(v, (int, list)): return v if isinstance(v, int) else len(v)
     return None
 
+def _generated_manifest(root: Path) -> Path:
+    "Where a generated benchmark's `manifest.json` is: in its folder (or the file's folder)."
+    root = Path(root)
+    return (root.parent if root.is_file() else root) / 'manifest.json'
+
 def _generated_counts(root: Path) -> dict:
     "Expected counts of a generated benchmark, from its `manifest.json` when it states them."
-    root = Path(root)
-    p = (root.parent if root.is_file() else root) / 'manifest.json'
+    p = _generated_manifest(root)
     if not p.exists(): return {}
     m = json.loads(p.read_text())
     counts = {key: _first_count(m, names) for key, names in _COUNT_KEYS}

@@ -41,23 +41,35 @@ def _stem_options(doc: dict, context: str) -> tuple[str, dict[str, str]]:
     try: return extract_options(doc)
     except ValueError: return prompt_options(context)
 
+def _stem_options(doc: dict, context: str) -> tuple[str, dict[str, str]]:
+    "A doc's stem and options: from its fields, else from the prompt's lettered lines."
+    try: return extract_options(doc)
+    except ValueError: return prompt_options(context)
+
+def _doc_gold(doc: dict, opts: dict[str, str]) -> str | None:
+    "A doc's gold answer as its letter (None when it gives none)."
+    gold = doc.get('answer')
+    return gold_letter(gold, opts) if gold not in (None, '') else None
+
 def doc_to_question(doc: dict, visual: str | Path, context: str = '', qid: str = '') -> Question:
     "The kit's `Question` for one doc: its video, stem and options (from the doc, else the prompt), gold, type."
     stem, opts = _stem_options(doc, context)
-    video, gold = Path(visual), doc.get('answer')
+    video = Path(visual)
     return Question(str(doc.get('qid') or qid or video.stem),
                     str(doc.get('video_id') or video.stem), stem, opts,
-                    answer=gold_letter(gold, opts) if gold not in (None, '') else None,
-                    **_doc_fields(doc, video))
+                    answer=_doc_gold(doc, opts), **_doc_fields(doc, video))
 
 # %% ../../nbs/47_eval.lmms.ipynb #8743a835
+def _no_video(task: str, doc_id, visuals: list) -> ValueError:
+    "The error for a doc whose `doc_to_visual` gave no path."
+    return ValueError(f"{task} doc {doc_id}: no video path from doc_to_visual (got "
+                      f"{visuals!r:.80})")
+
 def _video_of(visuals, task: str, doc_id) -> str | Path:
     "The first path among what a task's `doc_to_visual` gave; refused when there is none."
     visuals = visuals if isinstance(visuals, (list, tuple)) else [visuals]
     video = next((v for v in visuals if isinstance(v, (str, Path))), None)
-    if video is None:
-        raise ValueError(f"{task} doc {doc_id}: no video path from doc_to_visual (got "
-                         f"{visuals!r:.80})")
+    if video is None: raise _no_video(task, doc_id, visuals)
     return video
 
 def request_question(args: tuple, task_dict: dict) -> Question:

@@ -75,12 +75,16 @@ def _cache_path(cache_mode: str, cache: str | Path | None) -> Path | str | None:
         raise ValueError(f"cache_mode must be one of {MODES}, got {cache_mode!r}")
     return None if cache_mode == 'off' else (resolve(cache) if cache else 'default')
 
+def _model_roles(roles: str, backend: str) -> dict:
+    "The embedded backend's `meaningful` switch when the roles are the model's, else nothing."
+    return {'meaningful': True} if roles == 'model' and backend == 'embedded' else {}
+
 def chat_model(backend: str = 'embedded', model: str | None = None, base_url: str | None = None,
                cache_mode: str = 'readwrite', cache: str | Path | None = None, roles: str = 'auto'):
     "An experiment's chat model, behind the call cache in `cache_mode` (readwrite | replay | off)."
     path = _cache_path(cache_mode, cache)
     check_roles(roles)
-    kw = {'meaningful': True} if roles == 'model' and backend == 'embedded' else {}
+    kw = _model_roles(roles, backend)
     return get_chat_model(backend, model, base_url, cache=path, replay=cache_mode == 'replay', **kw)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #ded1d61b
@@ -309,12 +313,22 @@ def _accuracy_axes(ax, x: np.ndarray, acc: pd.DataFrame):
     ax.set(xticks=x, xticklabels=acc.method, ylim=(0, 105), xlabel='method',
            ylabel='accuracy (%) with 95 % CI')
 
-def plot_accuracy(acc: pd.DataFrame, title: str):
-    "Bars of accuracy (%) per method with 95 % interval whiskers (Table 1)."
-    fig, (ax,) = new_figure(title, width=max(4.5, 1.3 * len(acc) + 2))
+def _accuracy_axes(ax, x: np.ndarray, acc: pd.DataFrame):
+    "The methods as ticks, accuracy 0–105 % with its label."
+    ax.set(xticks=x, xticklabels=acc.method, ylim=(0, 105), xlabel='method',
+           ylabel='accuracy (%) with 95 % CI')
+
+def _accuracy_bars(ax, acc: pd.DataFrame) -> np.ndarray:
+    "A bar per method with 95 % whiskers and its value above; the bars' positions."
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
     ax.bar(x, y, yerr=ci_whiskers(acc), capsize=4, color=sns.color_palette('deep', len(acc)))
     bar_labels(ax, x, y, 100 * acc.ci_high.to_numpy(float))
+    return x
+
+def plot_accuracy(acc: pd.DataFrame, title: str):
+    "Bars of accuracy (%) per method with 95 % interval whiskers (Table 1)."
+    fig, (ax,) = new_figure(title, width=max(4.5, 1.3 * len(acc) + 2))
+    x = _accuracy_bars(ax, acc)
     _accuracy_axes(ax, x, acc)
     fig.tight_layout()
     return fig

@@ -165,12 +165,16 @@ def _results(exp: Experiment, dirs: dict[str, Path]) -> dict[str, list[dict]]:
     exp.pools.update({str(d): run_pool(d) for d in dirs.values()})
     return exp.scored(load_runs(dirs, exp.qids))
 
+def _run_pool(exp: Experiment, methods: Sequence[str]) -> str | None:
+    "The pool override for the runs: the experiment's pool when a method uses one."
+    return pool_override(exp.pool_path()) if any(uses_pool(m) for m in methods) else None
+
 @patch
 def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | None = None,
         tag: str = '') -> dict[str, list[dict]]:
     "Run the methods (resumable, shared; REVEAL's with the experiment's pool); their results."
     if self.pack: return self.run_packed(methods, tag)
-    pool = pool_override(self.pool_path()) if any(uses_pool(m) for m in methods) else None
+    pool = _run_pool(self, methods)
     return _results(self,
                     run_methods(methods, self.benchmark, self.run_settings(overrides), tag, pool))
 
@@ -188,15 +192,18 @@ def _pack_rows(manifest: dict, pack: str, benchmark: str) -> list[dict]:
         raise ValueError(f"the pack {pack} holds runs on {sorted(have)}, not {benchmark!r}")
     return rows
 
+def _take_pack(exp: Experiment, rows: list[dict]) -> None:
+    "Take the first packed run's questions (up to `limit`) and chat model; no pool chosen yet."
+    exp.questions = _pack_questions(exp.pack_dir, rows[0]['name'])[:exp.limit or None]
+    exp.root_path, exp.chat = None, pack_chat(exp.pack_dir, rows[0])
+    exp.qids, exp._pool, exp.pools = [q.qid for q in exp.questions], None, {}
+
 @patch
 def open_pack(self: Experiment) -> None:
     "Take questions, chat model and runs from the pack (opened and checked under out_dir/packs/)."
     self.pack_dir, self.pack_manifest = open_pack(resolve(self.pack),
                                                   resolve(self.out_dir) / 'packs')
-    rows = _pack_rows(self.pack_manifest, self.pack, self.benchmark)
-    self.questions = _pack_questions(self.pack_dir, rows[0]['name'])[:self.limit or None]
-    self.root_path, self.chat = None, pack_chat(self.pack_dir, rows[0])
-    self.qids, self._pool, self.pools = [q.qid for q in self.questions], None, {}
+    _take_pack(self, _pack_rows(self.pack_manifest, self.pack, self.benchmark))
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #b28945ed
 def _packed_matches(names: Iterable[str], method: str, tag: str) -> list[str]:
@@ -214,13 +221,16 @@ def packed_run_name(names: Iterable[str], method: str, tag: str = '') -> str:
                    f"it holds {', '.join(names)}")
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #389ba762
+def _replayed(exp: Experiment, names: list[str], m: str, tag: str) -> Path:
+    "Method `m`'s packed run (by `tag`), replayed once; its folder."
+    return replayed_run(exp.pack_dir, exp.pack_manifest, packed_run_name(names, m, tag),
+                        exp.progress)
+
 @patch
 def run_packed(self: Experiment, methods: Sequence[str], tag: str = '') -> dict[str, list[dict]]:
     "Each method's packed run, replayed (once) and checked; its results on the questions."
     names = [r['name'] for r in self.pack_manifest['runs']]
-    replay = lambda m: replayed_run(self.pack_dir, self.pack_manifest,
-                                    packed_run_name(names, m, tag), self.progress)
-    return _results(self, {m: replay(m) for m in methods})
+    return _results(self, {m: _replayed(self, names, m, tag) for m in methods})
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #7ad32183
 def _embedders(run_dirs: Iterable[str]) -> list[str]:
@@ -229,12 +239,16 @@ def _embedders(run_dirs: Iterable[str]) -> list[str]:
     lines = (embedders_line(json.loads(m.read_text())) for m in metas if m.exists())
     return list(dict.fromkeys(e for e in lines if e))
 
+def _substitutions(exp: Experiment, runs: dict[str, list[dict]], left_out: bool) -> dict:
+    "The substitution counts: those taken before stand-ins were left out, else the runs' own."
+    if left_out: return exp.substitutions
+    return substitution_counts(r for v in runs.values() for r in v)
+
 def _substituted_note(exp: Experiment, runs: dict[str, list[dict]]) -> str:
     "The title's count of substituted answers ('' offline), ' (left out)' when left out."
     # the runs no longer hold them
     left_out = exp.substituted == 'exclude' and hasattr(exp, 'substitutions')
-    subs = (exp.substitutions if left_out
-            else substitution_counts(r for v in runs.values() for r in v))
+    subs = _substitutions(exp, runs, left_out)
     how = ' (left out)' if left_out and subs['substituted'] else ''
     return '' if subs['offline'] else f"; {format_substituted(subs)}{how}"
 

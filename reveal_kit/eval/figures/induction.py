@@ -112,6 +112,16 @@ def _change_title(ax, pairs: pd.DataFrame):
     change = f"{100 * pairs['diff'][0]:+.1f} points, {fmt_p(pairs.mcnemar_p[0])}"
     ax.set_title(f"test split: {change}", fontsize=9.5)
 
+def _change_title(ax, pairs: pd.DataFrame):
+    "The paired change (points) and McNemar p as the panel's title."
+    change = f"{100 * pairs['diff'][0]:+.1f} points, {fmt_p(pairs.mcnemar_p[0])}"
+    ax.set_title(f"test split: {change}", fontsize=9.5)
+
+def _pools_axes(ax, x: np.ndarray, acc: pd.DataFrame):
+    "Accuracy 0–112 %, each pool's name under its bar."
+    ax.set(xticks=x, ylim=(0, 112), xlabel='rubric pool', ylabel='accuracy (%) with 95 % CI')
+    ax.set_xticklabels(acc.method)
+
 def _plot_pools(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
     "Seed against induced pool on the test split, 95 % whiskers, the paired change as title."
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
@@ -119,8 +129,7 @@ def _plot_pools(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
     bar_labels(ax, x, y, 100 * acc.ci_high.to_numpy(float))
     if len(pairs):
         _change_title(ax, pairs)
-    ax.set(xticks=x, ylim=(0, 112), xlabel='rubric pool', ylabel='accuracy (%) with 95 % CI')
-    ax.set_xticklabels(acc.method)
+    _pools_axes(ax, x, acc)
 
 def plot_induction(curve: pd.DataFrame, filters: pd.DataFrame, acc: pd.DataFrame,
                    pairs: pd.DataFrame, title: str):

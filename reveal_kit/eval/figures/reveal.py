@@ -181,13 +181,16 @@ def _type_row(t: str, b: list[dict], A: dict[str, dict]) -> dict:
     ab, aa = accuracy_row(b)['accuracy'], accuracy_row([A[r['qid']] for r in b])['accuracy']
     return dict(qtype=t, n=len(b), acc_before=ab, acc_after=aa, diff=aa - ab)
 
+def _qtype(r: dict) -> str:
+    "A result's question type ('unknown' without one)."
+    return r.get('qtype') or 'unknown'
+
 def per_type_table(before: list[dict], after: list[dict]) -> pd.DataFrame:
     "Per question type (sorted), then 'all': questions, accuracy before and after, and the change."
     A = {r['qid']: r for r in after}
     B = [r for r in before if r['qid'] in A]
-    qtype = lambda r: r.get('qtype') or 'unknown'
-    types = sorted({qtype(r) for r in B})
-    return pd.DataFrame([_type_row(t, [r for r in B if t == 'all' or qtype(r) == t], A)
+    types = sorted({_qtype(r) for r in B})
+    return pd.DataFrame([_type_row(t, [r for r in B if t == 'all' or _qtype(r) == t], A)
                          for t in types + ['all']])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #b837fa6c
@@ -292,14 +295,18 @@ def _step_labels(ax, acc: pd.DataFrame, pairs: pd.DataFrame, x: np.ndarray):
         ax.annotate(f"{100 * r.diff:+.1f}\n{fmt_p(r.mcnemar_p)}",
                     ((pos[r.before] + pos[r.after]) / 2, 101), ha='center', va='top', fontsize=7.5)
 
+def _ladder_axes(ax, x: np.ndarray, acc: pd.DataFrame):
+    "Accuracy 0–112 % (room for the step labels), the methods slanted under their bars."
+    ax.set(xticks=x, ylim=(0, 112), xlabel='method', ylabel='accuracy (%) with 95 % CI')
+    ax.set_xticklabels(acc.method, rotation=30, ha='right')
+
 def _ladder_bars(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
     "The ladder's accuracies with 95 % whiskers, each step's change and p between its bars."
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
     ax.bar(x, y, yerr=ci_whiskers(acc), capsize=3, color=sns.color_palette('deep', len(acc)))
     # the ladder's steps sit between their bars; the 2×2 contrasts are on the right
     _step_labels(ax, acc, pairs, x)
-    ax.set(xticks=x, ylim=(0, 112), xlabel='method', ylabel='accuracy (%) with 95 % CI')
-    ax.set_xticklabels(acc.method, rotation=30, ha='right')
+    _ladder_axes(ax, x, acc)
 
 def _rerank_rows(grid: pd.DataFrame, rerank: dict[str, str]) -> list[str]:
     "The grid's row names, the 'yes' row saying which ranking its runs used."
