@@ -89,13 +89,16 @@ def read_parquet(path: str | Path) -> list[dict]:
     return [{k: _plain(v) for k, v in r.items()} for r in df.to_dict(orient='records')]
 
 # %% ../../nbs/40_eval.annotations.ipynb #489cc5a3
+def _blank_as_none(r: dict) -> dict:
+    "A CSV row with its empty (or blank) cells as None."
+    return {k: (v if v.strip() else None) for k, v in r.items()}
+
 def read_csv(path: str | Path) -> list[dict]:
     "Records of a CSV file with a header row; empty cells become None; an unreadable file raises `AnnotationError`."
     import pandas as pd
     try: df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as e: raise AnnotationError(f"{path}: cannot read CSV: {e}") from None
-    return [{k: (v if v.strip() else None) for k, v in r.items()}
-            for r in df.to_dict(orient='records')]
+    return [_blank_as_none(r) for r in df.to_dict(orient='records')]
 
 # %% ../../nbs/40_eval.annotations.ipynb #d3049a7b
 def _json_records(data: Any, p: Path) -> list:
@@ -272,9 +275,19 @@ def _letter_at(i: int, options: dict[str, str]) -> str:
         raise ValueError(f"gold index {i} out of range for {len(options)} options")
     return list(options)[i]
 
+def _letter_at(i: int, options: dict[str, str]) -> str:
+    "The letter of the option at position `i`; a position out of range fails."
+    if not 0 <= i < len(options):
+        raise ValueError(f"gold index {i} out of range for {len(options)} options")
+    return list(options)[i]
+
+def _no_gold(value: Any) -> bool:
+    "Whether a gold answer is absent: None, or NaN from a table."
+    return value is None or (isinstance(value, float) and value != value)
+
 def gold_letter(value: Any, options: dict[str, str]) -> str | None:
     "Normalize a published gold answer (index, `'B'`, `'(B)'`, `'B. text'` or the option text) to its letter."
-    if value is None or (isinstance(value, float) and value != value): return None
+    if _no_gold(value): return None
     i = _as_index(value)
     if i is not None: return _letter_at(i, options)
     letter = _named_letter(str(value).strip(), options)

@@ -100,11 +100,15 @@ def loader_split(benchmark: str, split: str | None) -> str | None:
     return None if benchmark == 'synth' else split
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #d052c3db
+def _split_kw(benchmark: str, split: str | None) -> dict:
+    "The loader's `split` keyword (none without a split, or for the generated benchmark)."
+    s = loader_split(benchmark, split)
+    return {'split': s} if s else {}
+
 def benchmark_questions(benchmark: str, root: str | Path, split: str | None = None,
                         limit: int | None = None, only_present: bool = False) -> list[Question]:
     "An experiment's questions, as the runner selects them: the first `limit` (with videos)."
-    s = loader_split(benchmark, split)
-    qs, _ = load_benchmark(benchmark, resolve(root), **({'split': s} if s else {}))
+    qs, _ = load_benchmark(benchmark, resolve(root), **_split_kw(benchmark, split))
     return select_questions(qs, limit, only_present=only_present)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #fdecd64a

@@ -116,14 +116,22 @@ def _recalls(got: list[dict], Q: dict, v: dict | None) -> list[float]:
     j = {q: d['needle_recall'] for q, d in v.items()} if v else None
     return [x for x in (question_needle(r, Q[r['qid']], j) for r in got) if x is not None]
 
+def _recalls(got: list[dict], Q: dict, v: dict | None) -> list[float]:
+    "Each result's needle recall, where it has one (`v`: judged)."
+    j = {q: d['needle_recall'] for q, d in v.items()} if v else None
+    return [x for x in (question_needle(r, Q[r['qid']], j) for r in got) if x is not None]
+
+def _judge_name(v: dict | None) -> str:
+    "The judge that gave the verdicts `v` ('lexical' without any)."
+    return next(iter(v.values()))['needle_judge'] if v else 'lexical'
+
 def _needle_row(m: str, got: list[dict], Q: dict, v: dict | None, seed: int, n_boot: int) -> dict:
     "One method's needle-table row, from its results on the questions with cues (`v`: judged)."
     rec = _recalls(got, Q, v)
     lo, hi = bootstrap_ci(rec, seed, n_boot)
     acc = accuracy_row(got)
     return dict(method=m, n=len(rec), needle_recall=float(np.mean(rec)) if rec else math.nan,
-                recall_ci_low=lo, recall_ci_high=hi,
-                judge=next(iter(v.values()))['needle_judge'] if v else 'lexical',
+                recall_ci_low=lo, recall_ci_high=hi, judge=_judge_name(v),
                 accuracy=acc['accuracy'], ci_low=acc['ci_low'], ci_high=acc['ci_high'])
 
 def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], seed: int = 0,
@@ -163,13 +171,15 @@ def _mean_factors(rs: list[dict]) -> float:
     "The mean number of question factors |F_Q| the results used."
     return float(np.mean([len(r.get('factors') or []) for r in rs])) if rs else math.nan
 
+def _budget_row(arm: str, k: int | None, rs: list[dict]) -> dict:
+    "One arm's row: its budget k (None when free), the factors it used, its accuracy."
+    return dict(arm=arm, k=k, factors=_mean_factors(rs), **accuracy_row(rs))
+
 def factor_table(sweep: dict[int, list[dict]],
                  reference: dict[str, list[dict]] | None = None) -> pd.DataFrame:
     "Accuracy per forced factor budget k (with the factors used), then each free-budget arm."
-    rows = [dict(arm='forced', k=k, factors=_mean_factors(rs), **accuracy_row(rs))
-            for k, rs in sorted(sweep.items())]
-    rows += [dict(arm=name, k=None, factors=_mean_factors(rs), **accuracy_row(rs))
-             for name, rs in (reference or {}).items()]
+    rows = [_budget_row('forced', k, rs) for k, rs in sorted(sweep.items())]
+    rows += [_budget_row(name, None, rs) for name, rs in (reference or {}).items()]
     df = pd.DataFrame(rows)
     df['k'] = df['k'].astype('Int64')
     return df
@@ -187,16 +197,25 @@ def _forced_line(ax, f: pd.DataFrame):
     ax.errorbar(f.k.astype(float), 100 * f.accuracy, yerr=ci_whiskers(f), marker='o', capsize=3,
                 label='forced |F_Q| = k')
 
+def _forced_line(ax, f: pd.DataFrame):
+    "Accuracy (%) with 95 % whiskers at each forced budget k."
+    ax.errorbar(f.k.astype(float), 100 * f.accuracy, yerr=ci_whiskers(f), marker='o', capsize=3,
+                label='forced |F_Q| = k')
+
+def _factor_axes(ax, f: pd.DataFrame):
+    "Accuracy 0–105 % against |F_Q| (ticks at each budget run, and 1), the legend beside."
+    ax.set(xlabel='question factors |F_Q|', ylabel='accuracy (%) with 95 % CI', ylim=(0, 105),
+           xticks=sorted(set(f.k.dropna().astype(int)) | {1}))
+    # beside the axes: no whisker hidden
+    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))
+
 def plot_factors(ft: pd.DataFrame, title: str):
     "Fig. 4: accuracy (%) against the forced factor budget; free-budget arms at their mean |F_Q|."
     fig, (ax,) = new_figure(title, width=8.0)
     f = ft[ft.arm == 'forced']
     _forced_line(ax, f)
     _free_arms(ax, ft[ft.arm != 'forced'])
-    ax.set(xlabel='question factors |F_Q|', ylabel='accuracy (%) with 95 % CI', ylim=(0, 105),
-           xticks=sorted(set(f.k.dropna().astype(int)) | {1}))
-    # beside the axes: no whisker hidden
-    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))
+    _factor_axes(ax, f)
     fig.tight_layout()
     return fig
 

@@ -88,13 +88,21 @@ def _top_tool(usage: pd.DataFrame, method: str) -> str | None:
     u = mine.set_index('tool').calls_per_episode
     return u.idxmax() if len(u) and u.max() > 0 else None
 
+def _top_tool(usage: pd.DataFrame, method: str) -> str | None:
+    "The tool `method` called most (Finish aside); none if none."
+    mine = usage[(usage.method == method) & (usage.tool != 'Finish')]
+    u = mine.set_index('tool').calls_per_episode
+    return u.idxmax() if len(u) and u.max() > 0 else None
+
+def _usage_note(t: str, c: float, top: str | None) -> str:
+    "A tool and its calls per episode, saying so when it is the most-used one."
+    return f"{t} ({'its most-used tool, ' if t == top else ''}{c:.2g} calls per episode)"
+
 def ablated_tools(ct: pd.DataFrame, usage: pd.DataFrame, method: str = 'pace') -> str:
     "Each ablated tool and how much PACE used it: 'EvidenceRetrieve (its most-used tool, 4.2 …)'."
     top = _top_tool(usage, method)
-    one = (lambda t,
-           c: f"{t} ({'its most-used tool, ' if t == top else ''}{c:.2g} calls per episode)")
     cpe = with_usage(ct, usage, method).calls_per_episode
-    return ' or '.join(one(t, c) for t, c in zip(ct.tool, cpe))
+    return ' or '.join(_usage_note(t, c, top) for t, c in zip(ct.tool, cpe))
 
 # %% ../../../nbs/44e_eval.figures.pace_variants.ipynb #6bc0e807
 _ARMS = (('with the tool', 'with_tool', 'with'), ('without it', 'without_tool', 'without'))

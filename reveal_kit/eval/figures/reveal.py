@@ -127,13 +127,15 @@ def split_available(named: dict[str, str]) -> tuple[dict[str, str], list[str]]:
             [m for m in named.values() if m not in known])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #798a13e1
+def _verdict_rows(arm: str, rs: list[dict], v: dict) -> list[dict]:
+    "An arm's accuracy where the plain run said sufficient, then where it said insufficient."
+    return [dict(arm=arm, verdict=label, **accuracy_row([r for r in rs if v.get(r['qid']) is flag]))
+            for label, flag in (('sufficient', True), ('insufficient', False))]
+
 def calibration_table(arms: dict[str, list[dict]], verdicts: list[dict]) -> pd.DataFrame:
     "Each arm's accuracy where the plain run's verifier said sufficient, and where it did not."
     v = {r['qid']: r.get('sufficient') for r in verdicts}
-    rows = [dict(arm=arm, verdict=label, **accuracy_row([r for r in rs if v.get(r['qid']) is flag]))
-            for arm, rs in arms.items()
-            for label, flag in (('sufficient', True), ('insufficient', False))]
-    return pd.DataFrame(rows)
+    return pd.DataFrame([row for arm, rs in arms.items() for row in _verdict_rows(arm, rs, v)])
 
 # %% ../../../nbs/44a_eval.figures.reveal.ipynb #39dd47ce
 def _oracle_frames(t: dict) -> tuple[int, str]:

@@ -27,13 +27,18 @@ def _calls_without(r: dict, role: str = 'reranker') -> int:
     by = r.get('calls_by_role') if isinstance(r.get('calls_by_role'), dict) else {}
     return int(r.get('llm_calls') or 0) - int(by.get(role) or 0)
 
+def _calls_no_rerank(rs: list[dict]) -> float:
+    "Mean model calls per answered question without the rerank's (nan when none answered)."
+    ok = [x for x in rs if not x.get('failed')]
+    return float(np.mean([_calls_without(x) for x in ok])) if ok else math.nan
+
 def _cost_row(m: str, rs: list[dict]) -> dict:
     "One method's cost row: its report's means and totals, and its calls without the rerank call."
-    r, ok = report(rs), [x for x in rs if not x.get('failed')]
-    no_rr = float(np.mean([_calls_without(x) for x in ok])) if ok else math.nan
+    r, no_rr = report(rs), _calls_no_rerank(rs)
     return dict(method=m, n=len(rs), rounds_mean=r['rounds_mean'],
                 llm_calls_mean=r['llm_calls_mean'], llm_calls_no_rerank_mean=no_rr,
-                prompt_tokens_mean=r['prompt_tokens_mean'], completion_tokens_mean=r['completion_tokens_mean'],
+                prompt_tokens_mean=r['prompt_tokens_mean'],
+                completion_tokens_mean=r['completion_tokens_mean'],
                 llm_calls_total=r['llm_calls_total'], tokens_total=r['tokens_total'])
 
 def cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
@@ -43,12 +48,15 @@ def cost_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
 # %% ../../../nbs/44f_eval.figures.reveal_cost.ipynb #408d1a52
 MEMORY_ROW = 'memory build'
 
+def _wall_seconds(x: dict) -> float:
+    "A result's wall seconds (`seconds` in older results)."
+    return float(x.get('wall_seconds', x.get('seconds')) or 0)
+
 def _timing_row(m: str, rs: list[dict]) -> dict:
     "A method's wall seconds per question and in total, and the model's part of them."
-    sec = lambda x: float(x.get('wall_seconds', x.get('seconds')) or 0)
     return dict(method=m, part='per question', n=len(rs),
-                seconds_mean=float(np.mean([sec(x) for x in rs])) if rs else math.nan,
-                seconds_total=sum(sec(x) for x in rs),
+                seconds_mean=float(np.mean([_wall_seconds(x) for x in rs])) if rs else math.nan,
+                seconds_total=sum(_wall_seconds(x) for x in rs),
                 model_seconds_total=sum(float(x.get('model_seconds') or 0) for x in rs))
 
 def _memory_row(memory: pd.DataFrame) -> dict:
@@ -81,11 +89,15 @@ def _timed_memory(ctx: RunContext, q, ch: str) -> dict:
     return dict(video_id=q.video_id, chunking=ch, seconds=round(time.time() - t0, 4),
                 build_seconds=float(mem.manifest.get('build_seconds') or 0))
 
+def _memory_context(chat, config: Config | None, out_dir: str | Path) -> RunContext:
+    "A run context whose `memory` builds (or loads) the memories the runs will find."
+    return RunContext('memory', 'memory', Path(out_dir), config=config or Config(), model_obj=chat)
+
 def build_memories(questions: Sequence, chat, config: Config | None = None,
                    out_dir: str | Path = 'runs',
                    methods: Sequence[str] | None = None) -> pd.DataFrame:
     "Every memory the methods read, built or loaded first: per video and chunking, its seconds."
-    ctx = RunContext('memory', 'memory', Path(out_dir), config=config or Config(), model_obj=chat)
+    ctx = _memory_context(chat, config, out_dir)
     videos = {q.video_id: q for q in questions}.values()
     rows = [_timed_memory(ctx, q, ch) for q in videos
             for ch in memory_chunkings(methods, ctx.config)]
@@ -122,10 +134,21 @@ def _offline_note(ax):
     ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
             transform=ax.transAxes)
 
-def _token_bars(ax, cost: pd.DataFrame):
-    "Prompt and completion tokens per question and method; a note when no model was called."
+def _offline_note(ax):
+    "An empty panel's note, in its centre, that no model was called."
+    ax.set_ylim(0, 1)
+    ax.text(0.5, 0.5, 'no model calls\n(offline roles)', ha='center', va='center',
+            transform=ax.transAxes)
+
+def _token_kinds(cost: pd.DataFrame) -> pd.DataFrame:
+    "Prompt and completion tokens per question in long form, one row per method and kind."
     tok = cost.melt(id_vars='method', value_vars=list(_TOKEN_KINDS))
     tok['variable'] = tok.variable.map(_TOKEN_KINDS)
+    return tok
+
+def _token_bars(ax, cost: pd.DataFrame):
+    "Prompt and completion tokens per question and method; a note when no model was called."
+    tok = _token_kinds(cost)
     sns.barplot(tok, x='variable', y='value', hue='method', ax=ax, legend=False)
     ax.set(xlabel='tokens', ylabel='tokens per question (mean)', title='tokens per question')
     if not tok.value.any():
