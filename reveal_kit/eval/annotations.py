@@ -48,7 +48,7 @@ def _malformed(path: str | Path, text: str, e: json.JSONDecodeError) -> Annotati
                            f"{e.msg}")
 
 def read_json(path: str | Path) -> Any:
-    "Parse a JSON file; a malformed or truncated one raises `AnnotationError` naming the file and first bad record."
+    "Parse a JSON file; malformed or truncated: `AnnotationError` naming the first bad record."
     text = Path(path).read_text(encoding='utf-8-sig')    # a byte-order mark is allowed
     try: return json.loads(text)
     except json.JSONDecodeError as e: raise _malformed(path, text, e) from None
@@ -94,7 +94,7 @@ def _blank_as_none(r: dict) -> dict:
     return {k: (v if v.strip() else None) for k, v in r.items()}
 
 def read_csv(path: str | Path) -> list[dict]:
-    "Records of a CSV file with a header row; empty cells become None; an unreadable file raises `AnnotationError`."
+    "Records of a CSV file with a header row, empty cells None; unreadable: `AnnotationError`."
     import pandas as pd
     try: df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as e: raise AnnotationError(f"{path}: cannot read CSV: {e}") from None
@@ -111,7 +111,7 @@ def _json_records(data: Any, p: Path) -> list:
     return data
 
 def read_table(path: str | Path) -> list[dict]:
-    "Records of a parquet, CSV, JSON (a list, or a dict holding one under data/questions/annotations) or JSONL file."
+    "Records of a parquet, CSV, JSONL or JSON file (a list, or a dict holding one)."
     p = Path(path)
     if p.suffix == '.parquet': return read_parquet(p)
     if p.suffix == '.csv': return read_csv(p)
@@ -132,7 +132,7 @@ def _check_style(style: str) -> None:
         raise ValueError(f"option style must be one of {list(OPTION_STYLES)}, got {style!r}")
 
 def strip_option_prefix(text: str, style: str) -> tuple[str | None, str]:
-    "(the letter of the file's own prefix, the text after it), stripped once by `style`; (None, text) without one."
+    "(the letter of the text's own prefix by `style`, the text after it); (None, text) without one."
     _check_style(style)
     rx, text = OPTION_STYLES[style], str(text).strip()
     m = rx.match(text) if rx else None
@@ -140,7 +140,7 @@ def strip_option_prefix(text: str, style: str) -> tuple[str | None, str]:
 
 # %% ../../nbs/40_eval.annotations.ipynb #0b7105a5
 def styled_options(options: list | tuple, style: str) -> dict[str, str]:
-    "A file's list of options as `{letter: text}`: each prefix (by `style`) names its letter, else the position does."
+    "Options as `{letter: text}`: each prefix (by `style`) names its letter, else its position."
     out = {}
     for i, o in enumerate(options):
         own, text = strip_option_prefix(o, style)
@@ -152,7 +152,7 @@ def styled_options(options: list | tuple, style: str) -> dict[str, str]:
 
 # %% ../../nbs/40_eval.annotations.ipynb #c7035b14
 def _marker(letter: str, style: str | None = None) -> re.Pattern:
-    "An option marker for `letter` at the start or after whitespace: `style`'s own (`(A)` or `A.`), else any of them."
+    "`letter`'s option marker at the start or after a space: `style`'s (`(A)`, `A.`), else any."
     any_form = rf"\({letter}\)|{letter}[\.\):：]"
     forms = {'(A)': rf"\({letter}\)", 'A.': rf"{letter}\."}.get(style, any_form)
     return re.compile(rf"(?:^|(?<=\s))(?:{forms})\s*")
@@ -181,7 +181,7 @@ def _option_texts(text: str, starts: list[tuple[str, int, int]]) -> dict[str, st
     return {l: text[e:end].strip() for (l, _, e), end in zip(starts, ends)}
 
 def split_inline_options(text: str, style: str | None = None) -> tuple[str, dict[str, str]]:
-    "Split `'stem\\n(A) x\\n(B) y'` (or `A. x B. y`; only `style`'s markers when given) into stem and `{letter: text}`."
+    "`'stem\\n(A) x\\n(B) y'` (or `A. x`; only `style`'s markers, if given) as stem, options."
     starts = _marker_spans(text, style)
     if len(starts) < 2: raise ValueError(f"no inline lettered options in {text[:80]!r}")
     return text[:starts[0][1]].strip(), normalize_options(_option_texts(text, starts))
@@ -204,7 +204,7 @@ def _fields_matching(rec: dict, pat: re.Pattern) -> dict[str, str]:
     return found
 
 def _separate_fields(rec: dict) -> list[str] | dict[str, str] | None:
-    "Options in separate fields: numbered (`option 0`, `a0` …) as a list in order; lettered (`choice_a` …) as a dict."
+    "Option fields: numbered (`option 0`, `a0`) as a list; lettered (`choice_a`) as a dict."
     for pat in _SEP_PATTERNS:
         found = _fields_matching(rec, pat)
         if found and all(g.isdigit() for g in found):
@@ -240,7 +240,7 @@ def _separate_options(rec: dict, style: str | None) -> dict[str, str] | None:
 
 def extract_options(rec: dict, question_key: str = 'question',
                     style: str | None = None) -> tuple[str, dict[str, str]]:
-    "The question stem and `{letter: text}` from a record (a list, separate fields or inline), by the file's `style`."
+    "A record's stem and `{letter: text}` (list, separate fields or inline) by the file's `style`."
     q = str(rec.get(question_key) or '').strip()
     opts = _field_options(rec, style)
     if opts is None: opts = _separate_options(rec, style)
@@ -286,7 +286,7 @@ def _no_gold(value: Any) -> bool:
     return value is None or (isinstance(value, float) and value != value)
 
 def gold_letter(value: Any, options: dict[str, str]) -> str | None:
-    "Normalize a published gold answer (index, `'B'`, `'(B)'`, `'B. text'` or the option text) to its letter."
+    "A published gold answer (index, `'B'`, `'(B)'`, `'B. text'` or the option text) as its letter."
     if _no_gold(value): return None
     i = _as_index(value)
     if i is not None: return _letter_at(i, options)
@@ -298,6 +298,6 @@ def gold_letter(value: Any, options: dict[str, str]) -> str | None:
 _SPAN_RE = re.compile(r'(\d+(?::\d+)*(?:\.\d+)?)\s*[-–~]\s*(\d+(?::\d+)*(?:\.\d+)?)')
 
 def parse_time_spans(text: str | None) -> list[tuple[float, float]]:
-    "All `start-end` spans in a time-reference string such as `'00:15-00:19'` or `'1:02:03-1:02:10, 5:00-5:05'`."
+    "The `start-end` spans of a time reference: `'00:15-00:19'`, `'1:02:03-1:02:10, 5:00-5:05'`."
     if not text: return []
     return [(hms_to_seconds(a), hms_to_seconds(b)) for a, b in _SPAN_RE.findall(str(text))]

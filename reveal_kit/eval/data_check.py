@@ -36,7 +36,7 @@ def load_manifest(name: str) -> dict:
 
 # %% ../../nbs/40b_eval.data_check.ipynb #ffbbdd5e
 def _present(paths: Iterable[str | None]) -> tuple[int, int, list[str]]:
-    "(present, missing, a few missing examples) over distinct non-empty paths; a FIFO or device is not present."
+    "(present, missing, a few missing examples) of the distinct paths; a FIFO or device is missing."
     ps = sorted({p for p in paths if p})
     miss = [p for p in ps if video_problem(p)]
     return len(ps) - len(miss), len(miss), [video_problem(p) for p in miss[:5]]
@@ -75,7 +75,7 @@ def _annotation_file(a: str, root: Path, base: Path) -> dict:
     return dict(path=hit or a, present=hit is not None)
 
 def _annotation_files(man: dict, root: Path) -> list[dict]:
-    "Each annotation file the manifest requires (`'x | y'` lists alternatives), and whether one is present."
+    "Each annotation file the manifest requires (`'x | y'`: alternatives); whether one is there."
     root = Path(root)
     base = root.parent if root.is_file() else root
     return [_annotation_file(a, root, base) for a in man.get('layout', {}).get('annotations', [])]
@@ -88,7 +88,7 @@ def _fields_read(man: dict) -> str:
     return f if isinstance(f, str) else ', '.join(str(k) for k in f)
 
 def expected_layout(man: dict) -> str:
-    "What a benchmark's loader looks for: the annotation files (alternatives with '|') and the fields it reads."
+    "What a loader looks for: the annotation files (alternatives with '|') and the fields it reads."
     files = '; '.join(man.get('layout', {}).get('annotations', [])) or '?'
     fields = _fields_read(man)
     return f"annotation file(s) {files}" + (f" with fields {fields}" if fields else '')
@@ -142,7 +142,7 @@ def _failed(out: dict, e: Exception) -> dict:
     return dict(out, error=str(e).strip("'\""), status=status)
 
 def check_data(name: str, root: str | Path | None = None, **kw) -> dict:
-    "What is present and missing for a benchmark under a data root, with counts against its manifest."
+    "What is present and missing of a benchmark under a data root, counted against its manifest."
     man, root = load_manifest(name), data_root(name, root)
     split = _split(name, man, kw)
     out = _unloaded(name, root, split, _expected(name, man, split, root), man)

@@ -52,7 +52,7 @@ def _doc_gold(doc: dict, opts: dict[str, str]) -> str | None:
     return gold_letter(gold, opts) if gold not in (None, '') else None
 
 def doc_to_question(doc: dict, visual: str | Path, context: str = '', qid: str = '') -> Question:
-    "The kit's `Question` for one doc: its video, stem and options (from the doc, else the prompt), gold, type."
+    "A doc as a `Question`: video, stem and options (the doc's, else the prompt's), gold, type."
     stem, opts = _stem_options(doc, context)
     video = Path(visual)
     return Question(str(doc.get('qid') or qid or video.stem),
@@ -73,7 +73,7 @@ def _video_of(visuals, task: str, doc_id) -> str | Path:
     return video
 
 def request_question(args: tuple, task_dict: dict) -> Question:
-    "The `Question` of one `generate_until` request `(context, gen_kwargs, doc_to_visual, doc_id, task, split)`."
+    "The `Question` of one `generate_until` request (its args: context, …, doc_id, task, split)."
     context, _, doc_to_visual, doc_id, task, split = args
     doc = task_dict[task][split][doc_id]
     video = _video_of(doc_to_visual(doc), task, doc_id)
@@ -81,7 +81,7 @@ def request_question(args: tuple, task_dict: dict) -> Question:
 
 # %% ../../nbs/47_eval.lmms.ipynb #65ad6c0e
 def _letter(r) -> str:
-    "The letter lmms-eval scores: '' (no answer, scored 0) when a stand-in gave it; the run warned with the counts."
+    "The letter lmms-eval scores; '' (scored 0) where a stand-in answered (the run warns)."
     return '' if r.answer_source == 'substituted' else r.answer or ''
 
 def _check_unique(qids: list[str]) -> None:
@@ -96,7 +96,7 @@ def _results_by_qid(out_dir: str | Path) -> dict:
 
 def answer_questions(qs: list[Question], out_dir: str | Path, method: str = 'reveal',
                      **run_kw) -> list[str]:
-    "The answered letter of each question (in order, '' where none) from `run_eval` of `method` into `out_dir`."
+    "Each question's letter in order ('' where none), from `run_eval` of `method` into `out_dir`."
     qids = [q.qid for q in qs]
     _check_unique(qids)
     run_eval(qs, method, out_dir, progress=False, **run_kw)
@@ -131,7 +131,7 @@ def _default_out(method: str, kw: dict) -> Path:
 
 def run_options(method: str = 'reveal', out_dir: str | Path | None = None,
                 overrides: str | None = None, **model_args) -> dict:
-    "`answer_questions` keywords from lmms-eval `--model_args` (lmms-eval's own batch/device keys ignored)."
+    "`answer_questions` keywords from lmms-eval `--model_args` (its own batch/device keys ignored)."
     _check_model_args(model_args)
     kw = _run_kw(model_args, overrides)
     return dict(kw, method=method, out_dir=Path(out_dir) if out_dir else _default_out(method, kw))
@@ -140,7 +140,7 @@ def run_options(method: str = 'reveal', out_dir: str | Path | None = None,
 LMMS_EXTRA = "pip install 'reveal-kit[lmms]'"
 
 def require_lmms() -> type:
-    "lmms-eval's model base class `lmms`; an ImportError naming the extra to install where lmms-eval is absent."
+    "lmms-eval's base class `lmms`; without lmms-eval, an ImportError naming the extra to install."
     try: from lmms_eval.api.model import lmms
     except ImportError as e:
         raise ImportError(f"the lmms-eval adapter needs lmms-eval: {LMMS_EXTRA} ({e})") from e
@@ -185,7 +185,7 @@ def __getattr__(name: str):
 
 # %% ../../nbs/47_eval.lmms.ipynb #622e2282
 def manifest():
-    "The `lmms_eval.models` entry point's payload: model id `reveal`, simple class `reveal_kit.eval.lmms.Reveal`."
+    "The `lmms_eval.models` entry: model id `reveal`, simple class `reveal_kit.eval.lmms.Reveal`."
     try: from lmms_eval.models.registry_v2 import ModelManifest
     except ImportError as e:
         raise ImportError(f"the lmms-eval adapter needs lmms-eval: {LMMS_EXTRA} ({e})") from e
@@ -208,7 +208,7 @@ def mc_doc_to_text(doc: dict, lmms_eval_specific_kwargs: dict | None = None) -> 
 
 # %% ../../nbs/47_eval.lmms.ipynb #09f44185
 def mc_process_results(doc: dict, results: list[str]) -> dict:
-    "lmms-eval's `process_results` for a task doc: `{'accuracy': 1.0}` when the reply names the gold letter, else 0."
+    "lmms-eval's `process_results`: accuracy 1.0 when the reply names the gold letter, else 0."
     _, opts = extract_options(doc)
     return {'accuracy': float(parse_letter(results[0], opts) == gold_letter(doc['answer'], opts))}
 
@@ -218,7 +218,7 @@ def _absolute(path: str | Path | None) -> str:
     return str(Path(path).resolve()) if path else ''
 
 def question_doc(q: Question) -> dict:
-    "One task JSONL row for a question: ids, absolute video and subtitle paths, stem, option texts, gold, type."
+    "A question's JSONL row: ids, absolute video and subtitle paths, stem, options, gold, type."
     return dict(qid=q.qid, video_id=q.video_id, video_path=_absolute(q.video_path),
                 subtitle_path=_absolute(q.subtitle_path),
                 question=q.question, options=list(q.options.values()), answer=q.answer or '',

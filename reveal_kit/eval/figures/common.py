@@ -124,7 +124,7 @@ def _run_dir(base: Path, m: str, key: str, tag: str) -> Path:
     return next((folder(x) for x in method_spellings(m) if folder(x).exists()), folder(m))
 
 def _method_overrides(m: str, pool: str | None, overrides: Sequence[str] | None) -> list[str]:
-    "A method's Config overrides: the experiment's pool first for REVEAL's methods, then the given ones."
+    "A method's Config overrides: the experiment's pool first (REVEAL's), then the given ones."
     own_pool = [f'rubric_pool={pool}'] if pool and uses_pool(m) else []
     return own_pool + list(overrides or [])
 
