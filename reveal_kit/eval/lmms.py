@@ -116,12 +116,16 @@ def _check_model_args(model_args: dict) -> None:
         known = ', '.join(['method', 'out_dir', 'overrides', *RUN_KEYS])
         raise TypeError(f"unknown reveal model_args {unknown}; known: {known}")
 
+def _override_list(overrides: str) -> list[str]:
+    "`;`-separated Config overrides as a list, blank ones dropped."
+    return [o.strip() for o in str(overrides).split(';') if o.strip()]
+
 def _run_kw(model_args: dict, overrides: str | None) -> dict:
     "`run_eval` keywords from `--model_args` (those given, typed) and `;`-separated overrides."
     kw = {RUN_KEYS[k]: v for k, v in model_args.items() if k in RUN_KEYS and v is not None}
     if 'model' in kw: kw['model'] = str(kw['model'])
     if 'max_substituted' in kw: kw['max_substituted'] = float(kw['max_substituted'])
-    if overrides: kw['overrides'] = [o.strip() for o in str(overrides).split(';') if o.strip()]
+    if overrides: kw['overrides'] = _override_list(overrides)
     return kw
 
 def _default_out(method: str, kw: dict) -> Path:

@@ -353,12 +353,15 @@ def _group_bars(ax, df: pd.DataFrame, x: str, hue: str, xs: list):
         d = df[df[hue] == h].set_index(x).reindex(xs)
         _hue_bars(ax, d, np.arange(len(xs)) + (j - (len(hs) - 1) / 2) * w, w, str(h))
 
+def _tick_label(v, k) -> str:
+    "A group's tick: its name, with its question count below when it has one."
+    return f"{v}\n(n={int(k)})" if k is not None and not pd.isna(k) else str(v)
+
 def _group_ticks(ax, df: pd.DataFrame, x: str, xs: list):
     "Each group's name under its bars, with its question count when the table has one."
     n = df.drop_duplicates(x).set_index(x).reindex(xs)['n'] if 'n' in df else None
     ks = n if n is not None else [None] * len(xs)
-    ax.set_xticklabels([f"{v}\n(n={int(k)})" if n is not None and not pd.isna(k) else str(v)
-                        for v, k in zip(xs, ks)])
+    ax.set_xticklabels([_tick_label(v, k) for v, k in zip(xs, ks)])
 
 def _grouped_axes(ax, df: pd.DataFrame, x: str, xs: list, xlabel: str, ylabel: str):
     "A 0–100 % axis, each group's name (and count) as its tick, the legend beside the axes."

@@ -137,10 +137,14 @@ class MethodRuns(dict):
     def get(self, m, default=None): return super().get(method_name(m), default)
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #bbc76c8c
+def _check_all(runs: dict[str, list[dict]], most: float | None) -> None:
+    "Fail when more of any method's answers than `most` came from stand-ins."
+    for m, rs in runs.items(): check_substituted(rs, most, m)
+
 @patch
 def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
     "The runs checked against `max_substituted`, stand-ins left out if asked; current method names."
-    for m, rs in runs.items(): check_substituted(rs, self.max_substituted, m)
+    _check_all(runs, self.max_substituted)
     # before any is left out
     self.substitutions = substitution_counts(r for rs in runs.values() for r in rs)
     return MethodRuns({method_name(m): scored_rows(rs, self.substituted) for m, rs in runs.items()})

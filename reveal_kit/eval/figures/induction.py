@@ -84,28 +84,46 @@ def _curve_lines(ax, curve: pd.DataFrame):
     for col, lab in (('val_accuracy', 'held-out pairs'), ('train_accuracy', 'training pairs')):
         ax.plot(curve.iteration, 100 * curve[col], marker='o', label=lab)
 
-def _plot_curve(ax, curve: pd.DataFrame):
-    "The validation curve: pairs separated per iteration (held out, training), the chosen circled."
-    _curve_lines(ax, curve)
-    _mark_chosen(ax, curve)
+def _curve_lines(ax, curve: pd.DataFrame):
+    "Pairs separated (%) per iteration: held out, then training."
+    for col, lab in (('val_accuracy', 'held-out pairs'), ('train_accuracy', 'training pairs')):
+        ax.plot(curve.iteration, 100 * curve[col], marker='o', label=lab)
+
+def _curve_axes(ax, curve: pd.DataFrame):
+    "Pairs separated, −5–105 %, a tick per iteration, the title and legend."
     ax.set(xlabel='induction iteration', ylabel='pairs separated (%)', ylim=(-5, 105),
            xticks=list(curve.iteration))
     ax.set_title('validation curve', fontsize=9.5)
     ax.legend(fontsize=8, loc='lower right')
+
+def _plot_curve(ax, curve: pd.DataFrame):
+    "The validation curve: pairs separated per iteration (held out, training), the chosen circled."
+    _curve_lines(ax, curve)
+    _mark_chosen(ax, curve)
+    _curve_axes(ax, curve)
 
 def _share_labels(ax, filters: pd.DataFrame):
     "Each bar's count and share of the candidates, at its end."
     for i, (k, s) in enumerate(zip(filters.questions, filters.share)):
         ax.text(k, i, f" {k} ({100 * s:.0f} %)", va='center', fontsize=8)
 
-def _plot_filters(ax, filters: pd.DataFrame):
-    "The filter counts: questions removed by the first condition they failed, and those kept."
-    ax.barh(filters.meaning, filters.questions, color=['C7'] * (len(filters) - 1) + ['C2'])
-    _share_labels(ax, filters)
+def _share_labels(ax, filters: pd.DataFrame):
+    "Each bar's count and share of the candidates, at its end."
+    for i, (k, s) in enumerate(zip(filters.questions, filters.share)):
+        ax.text(k, i, f" {k} ({100 * s:.0f} %)", va='center', fontsize=8)
+
+def _filter_axes(ax, filters: pd.DataFrame):
+    "Room right of the bars for their labels, the first condition on top, labels and title."
     ax.set_xlim(0, 1.35 * max(filters.questions.max(), 1))
     ax.invert_yaxis()
     ax.set(xlabel='development questions')
     ax.set_title('filter: first condition failed, or kept', fontsize=9.5)
+
+def _plot_filters(ax, filters: pd.DataFrame):
+    "The filter counts: questions removed by the first condition they failed, and those kept."
+    ax.barh(filters.meaning, filters.questions, color=['C7'] * (len(filters) - 1) + ['C2'])
+    _share_labels(ax, filters)
+    _filter_axes(ax, filters)
 
 def _change_title(ax, pairs: pd.DataFrame):
     "The paired change (points) and McNemar p as the panel's title."

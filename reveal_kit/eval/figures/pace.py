@@ -133,10 +133,14 @@ def _needle_row(m: str, got: list[dict], Q: dict, v: dict | None, seed: int, n_b
                 recall_ci_low=lo, recall_ci_high=hi, judge=_judge_name(v),
                 accuracy=acc['accuracy'], ci_low=acc['ci_low'], ci_high=acc['ci_high'])
 
+def _cued(questions: Sequence[Question]) -> dict[str, Question]:
+    "The questions with annotated cues, by qid."
+    return {q.qid: q for q in questions if q.cues}
+
 def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], seed: int = 0,
                  n_boot: int = 2000, verdicts: dict[str, dict] | None = None) -> pd.DataFrame:
     "Per method, on questions with cues: needle recall (bootstrap 95 % CI), its judge, accuracy."
-    Q = {q.qid: q for q in questions if q.cues}
+    Q = _cued(questions)
     return pd.DataFrame([_needle_row(m, [r for r in rs if r['qid'] in Q], Q,
                                      (verdicts or {}).get(m), seed, n_boot)
                          for m, rs in runs.items()])
@@ -145,7 +149,7 @@ def needle_table(runs: dict[str, list[dict]], questions: Sequence[Question], see
 def judge_runs(runs: dict[str, list[dict]], questions: Sequence[Question], model,
                max_tokens: int = REPLY_TOKENS['needle_judge']) -> dict[str, dict[str, dict]]:
     "Every result with cues judged by a judge model (cached): `{method: {qid: judged row}}`."
-    Q = {q.qid: q for q in questions if q.cues}
+    Q = _cued(questions)
     return {m: {r['qid']: judge_result(Q[r['qid']], r, model, max_tokens=max_tokens) for r in rs
                 if r['qid'] in Q and not r.get('failed')} for m, rs in runs.items()}
 
