@@ -101,11 +101,16 @@ def read_csv(path: str | Path) -> list[dict]:
     return [_blank_as_none(r) for r in df.to_dict(orient='records')]
 
 # %% ../../nbs/40_eval.annotations.ipynb #d3049a7b
+def _held_list(data: dict) -> list | None:
+    "The list a dict holds under data, questions or annotations (the first found), else None."
+    for k in ('data', 'questions', 'annotations'):
+        if isinstance(data.get(k), list): return data[k]
+    return None
+
 def _json_records(data: Any, p: Path) -> list:
     "A JSON file's records: its list, or the list its dict holds under data/questions/annotations."
-    if isinstance(data, dict):
-        for k in ('data', 'questions', 'annotations'):
-            if isinstance(data.get(k), list): return data[k]
+    held = _held_list(data) if isinstance(data, dict) else None
+    if held is not None: return held
     if not isinstance(data, list):
         raise AnnotationError(f"{p}: expected a list of records, got {type(data).__name__}")
     return data
@@ -139,14 +144,18 @@ def strip_option_prefix(text: str, style: str) -> tuple[str | None, str]:
     return (m.group(1), text[m.end():].strip()) if m else (None, text)
 
 # %% ../../nbs/40_eval.annotations.ipynb #0b7105a5
+def _check_new(letter: str, out: dict, options: list | tuple) -> None:
+    "Refuse an option letter already given."
+    if letter in out:
+        raise ValueError(f"option letter {letter} given twice in {list(options)!r}"[:200])
+
 def styled_options(options: list | tuple, style: str) -> dict[str, str]:
     "Options as `{letter: text}`: each prefix (by `style`) names its letter, else its position."
     out = {}
     for i, o in enumerate(options):
         own, text = strip_option_prefix(o, style)
         letter = own or string.ascii_uppercase[i]
-        if letter in out:
-            raise ValueError(f"option letter {letter} given twice in {list(options)!r}"[:200])
+        _check_new(letter, out, options)
         out[letter] = text
     return normalize_options(out)
 

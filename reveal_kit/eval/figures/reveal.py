@@ -229,12 +229,20 @@ def _rerank_rows(grid: pd.DataFrame, rerank: dict[str, str]) -> list[str]:
     "The grid's row names, the 'yes' row saying which ranking its runs used."
     return [f"{r} ({rerank.get(r, '?')})" if r == 'yes' else r for r in grid.index]
 
+def _rerank_rows(grid: pd.DataFrame, rerank: dict[str, str]) -> list[str]:
+    "The grid's row names, the 'yes' row saying which ranking its runs used."
+    return [f"{r} ({rerank.get(r, '?')})" if r == 'yes' else r for r in grid.index]
+
+def _heat_map(ax, grid: pd.DataFrame):
+    "The grid's accuracies (%) as an annotated heat map on a 0–100 scale."
+    sns.heatmap(grid, annot=True, fmt='.1f', vmin=0, vmax=100, cmap='crest', ax=ax,
+                cbar_kws={'label': 'accuracy (%)'})
+
 def _grid_map(ax, acc: pd.DataFrame, rerank: dict[str, str] | None):
     "The review's 2×2 as a heat map, its rerank row saying which ranking the runs used."
     grid = 100 * two_by_two(acc)
     if rerank: grid.index = _rerank_rows(grid, rerank)
-    sns.heatmap(grid, annot=True, fmt='.1f', vmin=0, vmax=100, cmap='crest', ax=ax,
-                cbar_kws={'label': 'accuracy (%)'})
+    _heat_map(ax, grid)
     ax.set(ylabel='rubric rerank')
     ax.set_title('review 2×2 on top of +onmem', fontsize=9.5)
 

@@ -117,9 +117,13 @@ def count_table(runs: dict[str, list[dict]], key: str,
     return pd.DataFrame(rows, columns=['method', key, 'questions'])
 
 # %% ../../../nbs/44f_eval.figures.reveal_cost.ipynb #cede7bdd
+def _memory_rows(timing: pd.DataFrame) -> pd.DataFrame:
+    "The timing table's memory-build row (none in a table without parts)."
+    return timing[timing.method == MEMORY_ROW] if 'part' in timing else timing.iloc[:0]
+
 def memory_note(timing: pd.DataFrame) -> str:
     "The time panel's title: per-question time, and the memory build apart (or included)."
-    mem = timing[timing.method == MEMORY_ROW] if 'part' in timing else timing.iloc[:0]
+    mem = _memory_rows(timing)
     if not len(mem): return 'wall time per question (incl. memory building)'
     m = mem.iloc[0]
     built = f"{m.seconds_total:.1f} s for {int(m.n)} memories, shared"
