@@ -80,12 +80,16 @@ def _plain(v: Any) -> Any:
     return v.tolist() if hasattr(v, 'tolist') else v
 
 # %% ../../nbs/40_eval.annotations.ipynb #9e6da4ab
-def read_parquet(path: str | Path) -> list[dict]:
-    "Records of a parquet file as plain Python values; an unreadable file raises `AnnotationError`."
+def _parquet_frame(path: str | Path):
+    "A parquet file as a DataFrame; an unreadable one raises `AnnotationError`."
     import pandas as pd
-    try: df = pd.read_parquet(path)
+    try: return pd.read_parquet(path)
     except Exception as e:
         raise AnnotationError(f"{path}: cannot read parquet (truncated or corrupt?): {e}") from None
+
+def read_parquet(path: str | Path) -> list[dict]:
+    "Records of a parquet file as plain Python values; an unreadable file raises `AnnotationError`."
+    df = _parquet_frame(path)
     return [{k: _plain(v) for k, v in r.items()} for r in df.to_dict(orient='records')]
 
 # %% ../../nbs/40_eval.annotations.ipynb #489cc5a3
@@ -93,12 +97,19 @@ def _blank_as_none(r: dict) -> dict:
     "A CSV row with its empty (or blank) cells as None."
     return {k: (v if v.strip() else None) for k, v in r.items()}
 
+def _blank_as_none(r: dict) -> dict:
+    "A CSV row with its empty (or blank) cells as None."
+    return {k: (v if v.strip() else None) for k, v in r.items()}
+
+def _csv_frame(path: str | Path):
+    "A CSV file as a DataFrame of strings (empty cells ''); unreadable: `AnnotationError`."
+    import pandas as pd
+    try: return pd.read_csv(path, dtype=str, keep_default_na=False)
+    except Exception as e: raise AnnotationError(f"{path}: cannot read CSV: {e}") from None
+
 def read_csv(path: str | Path) -> list[dict]:
     "Records of a CSV file with a header row, empty cells None; unreadable: `AnnotationError`."
-    import pandas as pd
-    try: df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except Exception as e: raise AnnotationError(f"{path}: cannot read CSV: {e}") from None
-    return [_blank_as_none(r) for r in df.to_dict(orient='records')]
+    return [_blank_as_none(r) for r in _csv_frame(path).to_dict(orient='records')]
 
 # %% ../../nbs/40_eval.annotations.ipynb #d3049a7b
 def _held_list(data: dict) -> list | None:

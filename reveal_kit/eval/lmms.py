@@ -30,10 +30,13 @@ def prompt_options(context: str) -> tuple[str, dict[str, str]]:
 # %% ../../nbs/47_eval.lmms.ipynb #47ac5ac9
 QTYPE_KEYS = ('qtype', 'task_type', 'question_type')
 
+def _doc_qtype(doc: dict) -> str:
+    "A doc's question type: the first of `QTYPE_KEYS` it fills, else 'unknown'."
+    return next((str(doc[k]) for k in QTYPE_KEYS if doc.get(k)), 'unknown')
+
 def _doc_fields(doc: dict, video: Path) -> dict:
     "A doc's question fields beside stem, options and gold: type, duration group, video, subtitles."
-    qtype = next((str(doc[k]) for k in QTYPE_KEYS if doc.get(k)), 'unknown')
-    return dict(qtype=qtype, duration_group=doc.get('duration_group') or None,
+    return dict(qtype=_doc_qtype(doc), duration_group=doc.get('duration_group') or None,
                 video_path=str(video), subtitle_path=doc.get('subtitle_path') or None)
 
 def _stem_options(doc: dict, context: str) -> tuple[str, dict[str, str]]:
