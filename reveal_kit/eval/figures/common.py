@@ -280,12 +280,16 @@ def _results_chat(rs: list[dict]) -> str:
              and r['models'].get('chat'))
     return next(named, 'no chat model')
 
+def _largest_run(runs: dict[str, list[dict]]) -> int:
+    "How many results the largest run has (0 without runs)."
+    return max((len(v) for v in runs.values()), default=0)
+
 def provenance(runs: dict[str, list[dict]], benchmark: str, split: str | None = None,
                chat: str | None = None) -> str:
     "'benchmark/split, n=…, backend:model or offline roles, reveal-kit X' (chat: the results')."
     chat = chat or _results_chat([r for v in runs.values() for r in v])
     who = 'offline roles' if offline_roles(runs) else chat
-    n = max((len(v) for v in runs.values()), default=0)
+    n = _largest_run(runs)
     return f"{benchmark}{'/' + split if split else ''}, n={n}, {who}, reveal-kit {kit_version()}"
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #c091889c

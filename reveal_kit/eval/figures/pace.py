@@ -161,10 +161,14 @@ def judge_model(spec: str | None, cache_mode: str = 'readwrite', cache: str | Pa
     return chat_model('http', name or None, url, cache_mode, cache)
 
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #d62ccfc8
+def _recall_rows(nt: pd.DataFrame) -> pd.DataFrame:
+    "The needle table with its recall (and interval) as the 'needle recall' metric's accuracy."
+    return nt.assign(metric='needle recall', accuracy=nt.needle_recall, ci_low=nt.recall_ci_low,
+                     ci_high=nt.recall_ci_high)
+
 def needle_long(nt: pd.DataFrame) -> pd.DataFrame:
     "The needle table in long form for `plot_grouped`: needle recall and accuracy, with intervals."
-    rec = nt.assign(metric='needle recall', accuracy=nt.needle_recall, ci_low=nt.recall_ci_low,
-                    ci_high=nt.recall_ci_high)
+    rec = _recall_rows(nt)
     acc = nt.assign(metric='accuracy')
     cols = ['method', 'n', 'metric', 'accuracy', 'ci_low', 'ci_high']
     return pd.concat([rec[cols], acc[cols]]).sort_index(kind='stable').reset_index(drop=True)
@@ -225,11 +229,15 @@ def plot_factors(ft: pd.DataFrame, title: str):
 # %% ../../../nbs/44b_eval.figures.pace.ipynb #87e0272d
 _TOKENS = ('prompt_tokens', 'completion_tokens', 'reasoning_tokens')
 
+def _per_clip(xs: list[dict], k: str, c: str) -> float:
+    "The mean `<k>_<c>_tokens_per_clip` of the index records (`c`: prompt or completion)."
+    return float(np.mean([x[f'{k}_{c}_tokens_per_clip'] for x in xs]))
+
 def _pass_row(m: str, stage: str, xs: list[dict], k: str) -> dict:
     "One indexing pass's mean tokens per clip (`k`: 'shared' or 'question'); no calls apart."
-    mean = lambda c: float(np.mean([x[f'{k}_{c}_tokens_per_clip'] for x in xs]))
-    return dict(method=m, stage=stage, n=len(xs), calls=math.nan, prompt_tokens=mean('prompt'),
-                completion_tokens=mean('completion'), reasoning_tokens=math.nan)
+    return dict(method=m, stage=stage, n=len(xs), calls=math.nan,
+                prompt_tokens=_per_clip(xs, k, 'prompt'),
+                completion_tokens=_per_clip(xs, k, 'completion'), reasoning_tokens=math.nan)
 
 def _pass_counts(rs: list[dict]) -> list[dict]:
     "The index records that count tokens per pass (shared and per question)."

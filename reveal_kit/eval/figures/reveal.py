@@ -271,9 +271,13 @@ def _cap_labels(ax, f: pd.DataFrame):
         ax.annotate(f"cap {row.cap}{_bent(row)}", (row.segments, 100 * row.accuracy),
                     xytext=_STAGGER[i % len(_STAGGER)], textcoords='offset points', fontsize=8)
 
+def _spans_wide(sw: pd.DataFrame) -> bool:
+    "Whether the mean admitted segments span more than 8× (a log scale then reads better)."
+    return sw.segments.max() / max(sw.segments.min(), 1e-9) > 8
+
 def _segments_axis(ax, sw: pd.DataFrame):
     "Accuracy 0–105 % against segments admitted, on a log scale when they span more than 8×."
-    wide = sw.segments.max() / max(sw.segments.min(), 1e-9) > 8
+    wide = _spans_wide(sw)
     ax.set(xscale='log' if wide else 'linear', ylim=(0, 105), ylabel='accuracy (%)',
            xlabel='segments admitted per question (mean' + (', log scale)' if wide else ')'))
     if wide: ax.xaxis.set_major_formatter(plt.ScalarFormatter())
