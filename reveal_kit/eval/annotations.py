@@ -22,13 +22,18 @@ class AnnotationError(ValueError):
     "An annotation file that cannot be read: the message names the file and the first bad record."
 
 # %% ../../nbs/40_eval.annotations.ipynb #81e3b5a2
+def _next_record(s: str, pos: int) -> int:
+    "Where the next record of a JSON array's text starts: past whitespace and commas."
+    while pos < len(s) and s[pos] in ' \t\r\n,': pos += 1
+    return pos
+
 def _first_bad_json_record(text: str) -> str:
     "Locate the first record of a top-level JSON array (or object) that does not decode."
     dec, s = json.JSONDecoder(), text.lstrip()
     if not s.startswith('['): return 'top-level value'
     pos, i = 1, 0
     while True:
-        while pos < len(s) and s[pos] in ' \t\r\n,': pos += 1
+        pos = _next_record(s, pos)
         if pos >= len(s): return f"record {i} (file ends before the closing ']': truncated?)"
         if s[pos] == ']': return f"after record {i - 1}"
         try: _, pos = dec.raw_decode(s, pos)
@@ -36,14 +41,17 @@ def _first_bad_json_record(text: str) -> str:
         i += 1
 
 # %% ../../nbs/40_eval.annotations.ipynb #f85ba04e
+def _malformed(path: str | Path, text: str, e: json.JSONDecodeError) -> AnnotationError:
+    "The error for a JSON file that does not decode: where, and the first bad record."
+    where = _first_bad_json_record(text)
+    return AnnotationError(f"{path}: malformed JSON at {where}; line {e.lineno} col {e.colno}: "
+                           f"{e.msg}")
+
 def read_json(path: str | Path) -> Any:
-    "Parse a JSON file; a malformed or truncated one raises `AnnotationError` naming the file and first bad record."
+    "Parse a JSON file; malformed or truncated: `AnnotationError` naming the first bad record."
     text = Path(path).read_text(encoding='utf-8-sig')    # a byte-order mark is allowed
     try: return json.loads(text)
-    except json.JSONDecodeError as e:
-        where = _first_bad_json_record(text)
-        raise AnnotationError(f"{path}: malformed JSON at {where}; line {e.lineno} col {e.colno}: "
-                              f"{e.msg}") from None
+    except json.JSONDecodeError as e: raise _malformed(path, text, e) from None
 
 # %% ../../nbs/40_eval.annotations.ipynb #d9b37168
 def _jsonl_error(path: str | Path, n: int, line: str, records: int,
@@ -52,15 +60,18 @@ def _jsonl_error(path: str | Path, n: int, line: str, records: int,
     trunc = ' (last line, no newline: truncated?)' if not line.endswith('\n') else ''
     return AnnotationError(f"{path}: malformed JSON on line {n} (record {records}){trunc}: {e.msg}")
 
+def _decoded(path: str | Path, n: int, line: str, records: int) -> Any:
+    "Line `n`'s value; a line that does not decode raises `AnnotationError`."
+    try: return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _jsonl_error(path, n, line, records, e) from None
+
 def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
     "Parse a JSONL file into `(line_number, value)`; the first bad line raises `AnnotationError`."
     out = []
     with open(path, encoding='utf-8-sig') as f:          # a byte-order mark is allowed
         for n, line in enumerate(f, 1):
-            if not line.strip(): continue
-            try: out.append((n, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise _jsonl_error(path, n, line, len(out), e) from None
+            if line.strip(): out.append((n, _decoded(path, n, line, len(out))))
     return out
 
 # %% ../../nbs/40_eval.annotations.ipynb #ec2214be
@@ -69,35 +80,54 @@ def _plain(v: Any) -> Any:
     return v.tolist() if hasattr(v, 'tolist') else v
 
 # %% ../../nbs/40_eval.annotations.ipynb #9e6da4ab
-def read_parquet(path: str | Path) -> list[dict]:
-    "Records of a parquet file as plain Python values; an unreadable file raises `AnnotationError`."
+def _parquet_frame(path: str | Path):
+    "A parquet file as a DataFrame; an unreadable one raises `AnnotationError`."
     import pandas as pd
-    try: df = pd.read_parquet(path)
+    try: return pd.read_parquet(path)
     except Exception as e:
         raise AnnotationError(f"{path}: cannot read parquet (truncated or corrupt?): {e}") from None
+
+def read_parquet(path: str | Path) -> list[dict]:
+    "Records of a parquet file as plain Python values; an unreadable file raises `AnnotationError`."
+    df = _parquet_frame(path)
     return [{k: _plain(v) for k, v in r.items()} for r in df.to_dict(orient='records')]
 
 # %% ../../nbs/40_eval.annotations.ipynb #489cc5a3
-def read_csv(path: str | Path) -> list[dict]:
-    "Records of a CSV file with a header row; empty cells become None; an unreadable file raises `AnnotationError`."
+def _blank_as_none(r: dict) -> dict:
+    "A CSV row with its empty (or blank) cells as None."
+    return {k: (v if v.strip() else None) for k, v in r.items()}
+
+def _blank_as_none(r: dict) -> dict:
+    "A CSV row with its empty (or blank) cells as None."
+    return {k: (v if v.strip() else None) for k, v in r.items()}
+
+def _csv_frame(path: str | Path):
+    "A CSV file as a DataFrame of strings (empty cells ''); unreadable: `AnnotationError`."
     import pandas as pd
-    try: df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    try: return pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as e: raise AnnotationError(f"{path}: cannot read CSV: {e}") from None
-    return [{k: (v if v.strip() else None) for k, v in r.items()}
-            for r in df.to_dict(orient='records')]
+
+def read_csv(path: str | Path) -> list[dict]:
+    "Records of a CSV file with a header row, empty cells None; unreadable: `AnnotationError`."
+    return [_blank_as_none(r) for r in _csv_frame(path).to_dict(orient='records')]
 
 # %% ../../nbs/40_eval.annotations.ipynb #d3049a7b
+def _held_list(data: dict) -> list | None:
+    "The list a dict holds under data, questions or annotations (the first found), else None."
+    for k in ('data', 'questions', 'annotations'):
+        if isinstance(data.get(k), list): return data[k]
+    return None
+
 def _json_records(data: Any, p: Path) -> list:
     "A JSON file's records: its list, or the list its dict holds under data/questions/annotations."
-    if isinstance(data, dict):
-        for k in ('data', 'questions', 'annotations'):
-            if isinstance(data.get(k), list): return data[k]
+    held = _held_list(data) if isinstance(data, dict) else None
+    if held is not None: return held
     if not isinstance(data, list):
         raise AnnotationError(f"{p}: expected a list of records, got {type(data).__name__}")
     return data
 
 def read_table(path: str | Path) -> list[dict]:
-    "Records of a parquet, CSV, JSON (a list, or a dict holding one under data/questions/annotations) or JSONL file."
+    "Records of a parquet, CSV, JSONL or JSON file (a list, or a dict holding one)."
     p = Path(path)
     if p.suffix == '.parquet': return read_parquet(p)
     if p.suffix == '.csv': return read_csv(p)
@@ -112,71 +142,89 @@ OPTION_STYLES = {'A.': re.compile(r'^\s*([A-Z])\.\s+'),        # Video-MME: 'A. 
                  'plain': None}
 
 # %% ../../nbs/40_eval.annotations.ipynb #0b7105a3
-def strip_option_prefix(text: str, style: str) -> tuple[str | None, str]:
-    "(the letter of the file's own prefix, the text after it), stripped once by `style`; (None, text) without one."
+def _check_style(style: str) -> None:
+    "Refuse an option style that is none of `OPTION_STYLES`."
     if style not in OPTION_STYLES:
         raise ValueError(f"option style must be one of {list(OPTION_STYLES)}, got {style!r}")
+
+def strip_option_prefix(text: str, style: str) -> tuple[str | None, str]:
+    "(the letter of the text's own prefix by `style`, the text after it); (None, text) without one."
+    _check_style(style)
     rx, text = OPTION_STYLES[style], str(text).strip()
     m = rx.match(text) if rx else None
     return (m.group(1), text[m.end():].strip()) if m else (None, text)
 
 # %% ../../nbs/40_eval.annotations.ipynb #0b7105a5
+def _check_new(letter: str, out: dict, options: list | tuple) -> None:
+    "Refuse an option letter already given."
+    if letter in out:
+        raise ValueError(f"option letter {letter} given twice in {list(options)!r}"[:200])
+
 def styled_options(options: list | tuple, style: str) -> dict[str, str]:
-    "A file's list of options as `{letter: text}`: each prefix (by `style`) names its letter, else the position does."
+    "Options as `{letter: text}`: each prefix (by `style`) names its letter, else its position."
     out = {}
     for i, o in enumerate(options):
         own, text = strip_option_prefix(o, style)
         letter = own or string.ascii_uppercase[i]
-        if letter in out:
-            raise ValueError(f"option letter {letter} given twice in {list(options)!r}"[:200])
+        _check_new(letter, out, options)
         out[letter] = text
     return normalize_options(out)
 
 # %% ../../nbs/40_eval.annotations.ipynb #c7035b14
 def _marker(letter: str, style: str | None = None) -> re.Pattern:
-    "An option marker for `letter` at the start or after whitespace: `style`'s own (`(A)` or `A.`), else any of them."
+    "`letter`'s option marker at the start or after a space: `style`'s (`(A)`, `A.`), else any."
     any_form = rf"\({letter}\)|{letter}[\.\):：]"
     forms = {'(A)': rf"\({letter}\)", 'A.': rf"{letter}\."}.get(style, any_form)
     return re.compile(rf"(?:^|(?<=\s))(?:{forms})\s*")
 
 # %% ../../nbs/40_eval.annotations.ipynb #79331c7a
+def _next_marker(text: str, pos: int, tries: tuple, style: str | None) -> tuple | None:
+    "The first tried letter whose marker follows `pos`: (its index, the match), or None."
+    hits = [(j, m) for j in tries if j < 26
+            for m in [_marker(string.ascii_uppercase[j], style).search(text, pos)] if m]
+    return hits[0] if hits else None
+
 def _marker_spans(text: str, style: str | None) -> list[tuple[str, int, int]]:
     "`text`'s option markers as (letter, start, end), in order; after two, one may be skipped."
     starts, pos, i = [], 0, 0
     while i < len(string.ascii_uppercase):
-        tries = (i, i + 1) if len(starts) >= 2 else (i,)
-        hits = [(j, m) for j in tries if j < 26
-                for m in [_marker(string.ascii_uppercase[j], style).search(text, pos)] if m]
-        if not hits: break
-        j, m = hits[0]
+        hit = _next_marker(text, pos, (i, i + 1) if len(starts) >= 2 else (i,), style)
+        if not hit: break
+        j, m = hit
         starts.append((string.ascii_uppercase[j], m.start(), m.end()))
         pos, i = m.end(), j + 1
     return starts
 
+def _option_texts(text: str, starts: list[tuple[str, int, int]]) -> dict[str, str]:
+    "Each marker's letter and the text from its end to the next marker (or the end)."
+    ends = [s for _, s, _ in starts[1:]] + [len(text)]
+    return {l: text[e:end].strip() for (l, _, e), end in zip(starts, ends)}
+
 def split_inline_options(text: str, style: str | None = None) -> tuple[str, dict[str, str]]:
-    "Split `'stem\\n(A) x\\n(B) y'` (or `A. x B. y`; only `style`'s markers when given) into stem and `{letter: text}`."
+    "`'stem\\n(A) x\\n(B) y'` (or `A. x`; only `style`'s markers, if given) as stem, options."
     starts = _marker_spans(text, style)
     if len(starts) < 2: raise ValueError(f"no inline lettered options in {text[:80]!r}")
-    ends = [s for _, s, _ in starts[1:]] + [len(text)]
-    opts = {l: text[e:end].strip() for (l, _, e), end in zip(starts, ends)}
-    return text[:starts[0][1]].strip(), normalize_options(opts)
+    return text[:starts[0][1]].strip(), normalize_options(_option_texts(text, starts))
 
 # %% ../../nbs/40_eval.annotations.ipynb #af33769e
 _SEP_PATTERNS = [re.compile(r'^option\s?(\d+)$', re.I), re.compile(r'^answer_choice_(\d+)$', re.I),
                  re.compile(r'^choice_([a-z])$', re.I), re.compile(r'^option_([a-z])$', re.I),
                  re.compile(r'^a(\d)$')]
 
+def _filled(v: Any) -> bool:
+    "Whether a field holds something: not None, not blank, not 'nan'."
+    return v is not None and bool(str(v).strip()) and str(v).strip().lower() != 'nan'
+
 def _fields_matching(rec: dict, pat: re.Pattern) -> dict[str, str]:
     "The record's non-empty fields whose names `pat` matches, by the number or letter in the name."
     found = {}
     for k, v in rec.items():
         m = pat.match(str(k))
-        if m and v is not None and str(v).strip() and str(v).strip().lower() != 'nan':
-            found[m.group(1)] = str(v)
+        if m and _filled(v): found[m.group(1)] = str(v)
     return found
 
 def _separate_fields(rec: dict) -> list[str] | dict[str, str] | None:
-    "Options in separate fields: numbered (`option 0`, `a0` …) as a list in order; lettered (`choice_a` …) as a dict."
+    "Option fields: numbered (`option 0`, `a0`) as a list; lettered (`choice_a`) as a dict."
     for pat in _SEP_PATTERNS:
         found = _fields_matching(rec, pat)
         if found and all(g.isdigit() for g in found):
@@ -191,32 +239,45 @@ def _styled(v: Any, style: str | None) -> dict[str, str]:
     if isinstance(v, str): return split_inline_options(v, style)[1]
     return styled_options(v, style) if isinstance(v, (list, tuple)) else normalize_options(v)
 
+def _string_options(v: str, style: str | None) -> dict[str, str]:
+    "Options in a string field: JSON if it decodes (and reads), else inline."
+    try: return _styled(json.loads(v), style)
+    except (json.JSONDecodeError, ValueError): return split_inline_options(v, style)[1]
+
 def _field_options(rec: dict, style: str | None) -> dict[str, str] | None:
     "Options from a record's options (candidates, choices, option) field: list, dict, JSON, inline."
     for k in ('options', 'candidates', 'choices', 'option'):
         v = rec.get(k)
         if isinstance(v, (list, tuple, dict)) and len(v): return _styled(v, style)
-        if isinstance(v, str) and v.strip():
-            try: return _styled(json.loads(v), style)
-            except (json.JSONDecodeError, ValueError): return split_inline_options(v, style)[1]
+        if isinstance(v, str) and v.strip(): return _string_options(v, style)
     return None
+
+def _separate_options(rec: dict, style: str | None) -> dict[str, str] | None:
+    "Options in separate fields (a numbered list is plain when the file has a style), or None."
+    sep = _separate_fields(rec)
+    if not sep: return None
+    return _styled(sep, 'plain' if style and isinstance(sep, list) else style)
 
 def extract_options(rec: dict, question_key: str = 'question',
                     style: str | None = None) -> tuple[str, dict[str, str]]:
-    "The question stem and `{letter: text}` from a record (a list, separate fields or inline), by the file's `style`."
+    "A record's stem and `{letter: text}` (list, separate fields or inline) by the file's `style`."
     q = str(rec.get(question_key) or '').strip()
     opts = _field_options(rec, style)
+    if opts is None: opts = _separate_options(rec, style)
     if opts is not None: return q, opts
-    sep = _separate_fields(rec)
-    if sep: return q, _styled(sep, 'plain' if style and isinstance(sep, list) else style)
     return split_inline_options(q, style)
 
 # %% ../../nbs/40_eval.annotations.ipynb #eaca9f00
-def _as_index(value: Any) -> int | None:
-    "A gold answer given as a position (`2`, `'2'`; `2.0`, `'2.0'` from CSV or parquet), else None."
+def _integral(value: Any) -> Any:
+    "A whole float (`2.0`) as an int, a `'2.0'` string as `'2'`; anything else as it is."
     if isinstance(value, float) and value.is_integer():
         value = int(value)         # a CSV/parquet column of indices
     if isinstance(value, str) and re.fullmatch(r'\s*\d+\.0\s*', value): value = value.strip()[:-2]
+    return value
+
+def _as_index(value: Any) -> int | None:
+    "A gold answer given as a position (`2`, `'2'`; `2.0`, `'2.0'` from CSV or parquet), else None."
+    value = _integral(value)
     is_index = isinstance(value, int) and not isinstance(value, bool)
     return int(value) if is_index or (isinstance(value, str) and value.strip().isdigit()) else None
 
@@ -228,14 +289,27 @@ def _named_letter(s: str, options: dict[str, str]) -> str | None:
     if m and m.group(1).upper() in options: return m.group(1).upper()
     return next((k for k, v in options.items() if s.lower() == v.lower()), None)
 
+def _letter_at(i: int, options: dict[str, str]) -> str:
+    "The letter of the option at position `i`; a position out of range fails."
+    if not 0 <= i < len(options):
+        raise ValueError(f"gold index {i} out of range for {len(options)} options")
+    return list(options)[i]
+
+def _letter_at(i: int, options: dict[str, str]) -> str:
+    "The letter of the option at position `i`; a position out of range fails."
+    if not 0 <= i < len(options):
+        raise ValueError(f"gold index {i} out of range for {len(options)} options")
+    return list(options)[i]
+
+def _no_gold(value: Any) -> bool:
+    "Whether a gold answer is absent: None, or NaN from a table."
+    return value is None or (isinstance(value, float) and value != value)
+
 def gold_letter(value: Any, options: dict[str, str]) -> str | None:
-    "Normalize a published gold answer (index, `'B'`, `'(B)'`, `'B. text'` or the option text) to its letter."
-    if value is None or (isinstance(value, float) and value != value): return None
+    "A published gold answer (index, `'B'`, `'(B)'`, `'B. text'` or the option text) as its letter."
+    if _no_gold(value): return None
     i = _as_index(value)
-    if i is not None:
-        if not 0 <= i < len(options):
-            raise ValueError(f"gold index {i} out of range for {len(options)} options")
-        return list(options)[i]
+    if i is not None: return _letter_at(i, options)
     letter = _named_letter(str(value).strip(), options)
     if letter is None: raise ValueError(f"gold answer {value!r} matches none of {list(options)}")
     return letter
@@ -244,6 +318,6 @@ def gold_letter(value: Any, options: dict[str, str]) -> str | None:
 _SPAN_RE = re.compile(r'(\d+(?::\d+)*(?:\.\d+)?)\s*[-–~]\s*(\d+(?::\d+)*(?:\.\d+)?)')
 
 def parse_time_spans(text: str | None) -> list[tuple[float, float]]:
-    "All `start-end` spans in a time-reference string such as `'00:15-00:19'` or `'1:02:03-1:02:10, 5:00-5:05'`."
+    "The `start-end` spans of a time reference: `'00:15-00:19'`, `'1:02:03-1:02:10, 5:00-5:05'`."
     if not text: return []
     return [(hms_to_seconds(a), hms_to_seconds(b)) for a, b in _SPAN_RE.findall(str(text))]

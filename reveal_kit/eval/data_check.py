@@ -36,7 +36,7 @@ def load_manifest(name: str) -> dict:
 
 # %% ../../nbs/40b_eval.data_check.ipynb #ffbbdd5e
 def _present(paths: Iterable[str | None]) -> tuple[int, int, list[str]]:
-    "(present, missing, a few missing examples) over distinct non-empty paths; a FIFO or device is not present."
+    "(present, missing, a few missing examples) of the distinct paths; a FIFO or device is missing."
     ps = sorted({p for p in paths if p})
     miss = [p for p in ps if video_problem(p)]
     return len(ps) - len(miss), len(miss), [video_problem(p) for p in miss[:5]]
@@ -52,10 +52,14 @@ def _first_count(m: dict, names: tuple[str, ...]) -> int | None:
         if isinstance(v, (int, list)): return v if isinstance(v, int) else len(v)
     return None
 
+def _generated_manifest(root: Path) -> Path:
+    "Where a generated benchmark's `manifest.json` is: in its folder (or the file's folder)."
+    root = Path(root)
+    return (root.parent if root.is_file() else root) / 'manifest.json'
+
 def _generated_counts(root: Path) -> dict:
     "Expected counts of a generated benchmark, from its `manifest.json` when it states them."
-    root = Path(root)
-    p = (root.parent if root.is_file() else root) / 'manifest.json'
+    p = _generated_manifest(root)
     if not p.exists(): return {}
     m = json.loads(p.read_text())
     counts = {key: _first_count(m, names) for key, names in _COUNT_KEYS}
@@ -71,18 +75,22 @@ def _annotation_file(a: str, root: Path, base: Path) -> dict:
     return dict(path=hit or a, present=hit is not None)
 
 def _annotation_files(man: dict, root: Path) -> list[dict]:
-    "Each annotation file the manifest requires (`'x | y'` lists alternatives), and whether one is present."
+    "Each annotation file the manifest requires (`'x | y'`: alternatives); whether one is there."
     root = Path(root)
     base = root.parent if root.is_file() else root
     return [_annotation_file(a, root, base) for a in man.get('layout', {}).get('annotations', [])]
 
 # %% ../../nbs/40b_eval.data_check.ipynb #497ee53a
-def expected_layout(man: dict) -> str:
-    "What a benchmark's loader looks for: the annotation files (alternatives with '|') and the fields it reads."
-    files = '; '.join(man.get('layout', {}).get('annotations', [])) or '?'
+def _fields_read(man: dict) -> str:
+    "The fields a manifest says its loader reads: a mapping's keys, or its sentence."
     f = man.get('fields') or {}
     # a mapping of fields, or a sentence
-    fields = f if isinstance(f, str) else ', '.join(str(k) for k in f)
+    return f if isinstance(f, str) else ', '.join(str(k) for k in f)
+
+def expected_layout(man: dict) -> str:
+    "What a loader looks for: the annotation files (alternatives with '|') and the fields it reads."
+    files = '; '.join(man.get('layout', {}).get('annotations', [])) or '?'
+    fields = _fields_read(man)
     return f"annotation file(s) {files}" + (f" with fields {fields}" if fields else '')
 
 # %% ../../nbs/40b_eval.data_check.ipynb #8515952b
@@ -99,32 +107,48 @@ def _unloaded(name: str, root: Path, split: str | None, exp: dict, man: dict) ->
                 source=None, loaded=0, skipped=0, reasons=[], notes=0, error=None,
                 expected_layout=expected_layout(man))
 
-def _loaded(qs: list, rep) -> dict:
-    "What loading found: source, loaded, skipped (why), notes, videos and subtitles there or not."
+def _media(qs: list) -> dict:
+    "The questions' videos and subtitles: how many there and missing, a few missing examples."
     vp, vm, vex = _present(q.video_path for q in qs)
     sp, sm, _ = _present(q.subtitle_path for q in qs)
+    return dict(videos=len({q.video_id for q in qs}), videos_present=vp, videos_missing=vm,
+                missing_examples=vex, subtitles_present=sp, subtitles_missing=sm)
+
+def _loaded(qs: list, rep) -> dict:
+    "What loading found: source, loaded, skipped (why), notes, videos and subtitles there or not."
     return dict(source=rep.source, loaded=rep.loaded, skipped=rep.skipped, reasons=rep.reasons[:10],
-                notes=len(rep.notes), videos=len({q.video_id for q in qs}), videos_present=vp,
-                videos_missing=vm, missing_examples=vex, subtitles_present=sp, subtitles_missing=sm)
+                notes=len(rep.notes), **_media(qs))
+
+def _counts_ok(out: dict) -> bool:
+    "Whether the questions and videos loaded are the counts expected (where any are)."
+    return (out['expected_questions'] in (None, out['loaded'])
+            and out['expected_videos'] in (None, out['videos']))
 
 def _status(out: dict) -> str:
     "no questions; ok (every video there, none skipped, counts as expected); else incomplete."
-    counts_ok = (out['expected_questions'] in (None, out['loaded'])
-                 and out['expected_videos'] in (None, out['videos']))
     if out['loaded'] == 0: return 'no questions'
-    complete = out['videos_missing'] == 0 and out['skipped'] == 0 and counts_ok
+    complete = out['videos_missing'] == 0 and out['skipped'] == 0 and _counts_ok(out)
     return 'ok' if complete else 'incomplete'
 
-def check_data(name: str, root: str | Path | None = None, **kw) -> dict:
-    "What is present and missing for a benchmark under a data root, with counts against its manifest."
-    man, root = load_manifest(name), data_root(name, root)
+def _split(name: str, man: dict, kw: dict) -> str | None:
+    "The split asked for (checked against the manifest's), else the manifest's default."
     split = kw.get('split') or man.get('default_split')
     if kw.get('split') and man.get('splits'): check_split(name, split, man['splits'])
+    return split
+
+def _failed(out: dict, e: Exception) -> dict:
+    "The check when loading failed: the error, and whether the annotations are missing or bad."
+    status = 'missing annotations' if isinstance(e, FileNotFoundError) else 'bad annotations'
+    return dict(out, error=str(e).strip("'\""), status=status)
+
+def check_data(name: str, root: str | Path | None = None, **kw) -> dict:
+    "What is present and missing of a benchmark under a data root, counted against its manifest."
+    man, root = load_manifest(name), data_root(name, root)
+    split = _split(name, man, kw)
     out = _unloaded(name, root, split, _expected(name, man, split, root), man)
     try: qs, rep = load_benchmark(name, root, **kw)
     except (FileNotFoundError, AnnotationError, KeyError) as e:
-        status = 'missing annotations' if isinstance(e, FileNotFoundError) else 'bad annotations'
-        return dict(out, error=str(e).strip("'\""), status=status)
+        return _failed(out, e)
     out.update(_loaded(qs, rep))
     out['status'] = _status(out)
     return out

@@ -30,34 +30,53 @@ def prompt_options(context: str) -> tuple[str, dict[str, str]]:
 # %% ../../nbs/47_eval.lmms.ipynb #47ac5ac9
 QTYPE_KEYS = ('qtype', 'task_type', 'question_type')
 
+def _doc_qtype(doc: dict) -> str:
+    "A doc's question type: the first of `QTYPE_KEYS` it fills, else 'unknown'."
+    return next((str(doc[k]) for k in QTYPE_KEYS if doc.get(k)), 'unknown')
+
 def _doc_fields(doc: dict, video: Path) -> dict:
     "A doc's question fields beside stem, options and gold: type, duration group, video, subtitles."
-    qtype = next((str(doc[k]) for k in QTYPE_KEYS if doc.get(k)), 'unknown')
-    return dict(qtype=qtype, duration_group=doc.get('duration_group') or None,
+    return dict(qtype=_doc_qtype(doc), duration_group=doc.get('duration_group') or None,
                 video_path=str(video), subtitle_path=doc.get('subtitle_path') or None)
 
+def _stem_options(doc: dict, context: str) -> tuple[str, dict[str, str]]:
+    "A doc's stem and options: from its fields, else from the prompt's lettered lines."
+    try: return extract_options(doc)
+    except ValueError: return prompt_options(context)
+
+def _stem_options(doc: dict, context: str) -> tuple[str, dict[str, str]]:
+    "A doc's stem and options: from its fields, else from the prompt's lettered lines."
+    try: return extract_options(doc)
+    except ValueError: return prompt_options(context)
+
+def _doc_gold(doc: dict, opts: dict[str, str]) -> str | None:
+    "A doc's gold answer as its letter (None when it gives none)."
+    gold = doc.get('answer')
+    return gold_letter(gold, opts) if gold not in (None, '') else None
+
 def doc_to_question(doc: dict, visual: str | Path, context: str = '', qid: str = '') -> Question:
-    "The kit's `Question` for one doc: its video, stem and options (from the doc, else the prompt), gold, type."
-    try: stem, opts = extract_options(doc)
-    except ValueError: stem, opts = prompt_options(context)
-    video, gold = Path(visual), doc.get('answer')
+    "A doc as a `Question`: video, stem and options (the doc's, else the prompt's), gold, type."
+    stem, opts = _stem_options(doc, context)
+    video = Path(visual)
     return Question(str(doc.get('qid') or qid or video.stem),
                     str(doc.get('video_id') or video.stem), stem, opts,
-                    answer=gold_letter(gold, opts) if gold not in (None, '') else None,
-                    **_doc_fields(doc, video))
+                    answer=_doc_gold(doc, opts), **_doc_fields(doc, video))
 
 # %% ../../nbs/47_eval.lmms.ipynb #8743a835
+def _no_video(task: str, doc_id, visuals: list) -> ValueError:
+    "The error for a doc whose `doc_to_visual` gave no path."
+    return ValueError(f"{task} doc {doc_id}: no video path from doc_to_visual (got "
+                      f"{visuals!r:.80})")
+
 def _video_of(visuals, task: str, doc_id) -> str | Path:
     "The first path among what a task's `doc_to_visual` gave; refused when there is none."
     visuals = visuals if isinstance(visuals, (list, tuple)) else [visuals]
     video = next((v for v in visuals if isinstance(v, (str, Path))), None)
-    if video is None:
-        raise ValueError(f"{task} doc {doc_id}: no video path from doc_to_visual (got "
-                         f"{visuals!r:.80})")
+    if video is None: raise _no_video(task, doc_id, visuals)
     return video
 
 def request_question(args: tuple, task_dict: dict) -> Question:
-    "The `Question` of one `generate_until` request `(context, gen_kwargs, doc_to_visual, doc_id, task, split)`."
+    "The `Question` of one `generate_until` request (its args: context, …, doc_id, task, split)."
     context, _, doc_to_visual, doc_id, task, split = args
     doc = task_dict[task][split][doc_id]
     video = _video_of(doc_to_visual(doc), task, doc_id)
@@ -65,7 +84,7 @@ def request_question(args: tuple, task_dict: dict) -> Question:
 
 # %% ../../nbs/47_eval.lmms.ipynb #65ad6c0e
 def _letter(r) -> str:
-    "The letter lmms-eval scores: '' (no answer, scored 0) when a stand-in gave it; the run warned with the counts."
+    "The letter lmms-eval scores; '' (scored 0) where a stand-in answered (the run warns)."
     return '' if r.answer_source == 'substituted' else r.answer or ''
 
 def _check_unique(qids: list[str]) -> None:
@@ -74,13 +93,17 @@ def _check_unique(qids: list[str]) -> None:
         raise ValueError(f"duplicate question ids in one batch: "
                          f"{sorted({i for i in qids if qids.count(i) > 1})[:5]}")
 
+def _results_by_qid(out_dir: str | Path) -> dict:
+    "A run folder's results as records, by question id."
+    return {r.qid: r for r in map(as_record, read_jsonl_rows(Path(out_dir) / 'results.jsonl'))}
+
 def answer_questions(qs: list[Question], out_dir: str | Path, method: str = 'reveal',
                      **run_kw) -> list[str]:
-    "The answered letter of each question (in order, '' where none) from `run_eval` of `method` into `out_dir`."
+    "Each question's letter in order ('' where none), from `run_eval` of `method` into `out_dir`."
     qids = [q.qid for q in qs]
     _check_unique(qids)
     run_eval(qs, method, out_dir, progress=False, **run_kw)
-    rows = {r.qid: r for r in map(as_record, read_jsonl_rows(Path(out_dir) / 'results.jsonl'))}
+    rows = _results_by_qid(out_dir)
     return [_letter(rows[i]) for i in qids]
 
 # %% ../../nbs/47_eval.lmms.ipynb #a526de7a
@@ -96,27 +119,35 @@ def _check_model_args(model_args: dict) -> None:
         known = ', '.join(['method', 'out_dir', 'overrides', *RUN_KEYS])
         raise TypeError(f"unknown reveal model_args {unknown}; known: {known}")
 
+def _override_list(overrides: str) -> list[str]:
+    "`;`-separated Config overrides as a list, blank ones dropped."
+    return [o.strip() for o in str(overrides).split(';') if o.strip()]
+
 def _run_kw(model_args: dict, overrides: str | None) -> dict:
     "`run_eval` keywords from `--model_args` (those given, typed) and `;`-separated overrides."
     kw = {RUN_KEYS[k]: v for k, v in model_args.items() if k in RUN_KEYS and v is not None}
     if 'model' in kw: kw['model'] = str(kw['model'])
     if 'max_substituted' in kw: kw['max_substituted'] = float(kw['max_substituted'])
-    if overrides: kw['overrides'] = [o.strip() for o in str(overrides).split(';') if o.strip()]
+    if overrides: kw['overrides'] = _override_list(overrides)
     return kw
+
+def _default_out(method: str, kw: dict) -> Path:
+    "The runs folder of a method and backend under runs/lmms/."
+    name = re.sub(r'[^\w.+-]', '_', f"{method}-{kw.get('backend', 'embedded')}")
+    return runs_dir() / 'lmms' / name
 
 def run_options(method: str = 'reveal', out_dir: str | Path | None = None,
                 overrides: str | None = None, **model_args) -> dict:
-    "`answer_questions` keywords from lmms-eval `--model_args` (lmms-eval's own batch/device keys ignored)."
+    "`answer_questions` keywords from lmms-eval `--model_args` (its own batch/device keys ignored)."
     _check_model_args(model_args)
     kw = _run_kw(model_args, overrides)
-    name = re.sub(r'[^\w.+-]', '_', f"{method}-{kw.get('backend', 'embedded')}")
-    return dict(kw, method=method, out_dir=Path(out_dir) if out_dir else runs_dir() / 'lmms' / name)
+    return dict(kw, method=method, out_dir=Path(out_dir) if out_dir else _default_out(method, kw))
 
 # %% ../../nbs/47_eval.lmms.ipynb #81e88d79
 LMMS_EXTRA = "pip install 'reveal-kit[lmms]'"
 
 def require_lmms() -> type:
-    "lmms-eval's model base class `lmms`; an ImportError naming the extra to install where lmms-eval is absent."
+    "lmms-eval's base class `lmms`; without lmms-eval, an ImportError naming the extra to install."
     try: from lmms_eval.api.model import lmms
     except ImportError as e:
         raise ImportError(f"the lmms-eval adapter needs lmms-eval: {LMMS_EXTRA} ({e})") from e
@@ -161,7 +192,7 @@ def __getattr__(name: str):
 
 # %% ../../nbs/47_eval.lmms.ipynb #622e2282
 def manifest():
-    "The `lmms_eval.models` entry point's payload: model id `reveal`, simple class `reveal_kit.eval.lmms.Reveal`."
+    "The `lmms_eval.models` entry: model id `reveal`, simple class `reveal_kit.eval.lmms.Reveal`."
     try: from lmms_eval.models.registry_v2 import ModelManifest
     except ImportError as e:
         raise ImportError(f"the lmms-eval adapter needs lmms-eval: {LMMS_EXTRA} ({e})") from e
@@ -184,16 +215,19 @@ def mc_doc_to_text(doc: dict, lmms_eval_specific_kwargs: dict | None = None) -> 
 
 # %% ../../nbs/47_eval.lmms.ipynb #09f44185
 def mc_process_results(doc: dict, results: list[str]) -> dict:
-    "lmms-eval's `process_results` for a task doc: `{'accuracy': 1.0}` when the reply names the gold letter, else 0."
+    "lmms-eval's `process_results`: accuracy 1.0 when the reply names the gold letter, else 0."
     _, opts = extract_options(doc)
     return {'accuracy': float(parse_letter(results[0], opts) == gold_letter(doc['answer'], opts))}
 
 # %% ../../nbs/47_eval.lmms.ipynb #335ae216
+def _absolute(path: str | Path | None) -> str:
+    "A path made absolute, as text ('' when there is none)."
+    return str(Path(path).resolve()) if path else ''
+
 def question_doc(q: Question) -> dict:
-    "One task JSONL row for a question: ids, absolute video and subtitle paths, stem, option texts, gold, type."
-    return dict(qid=q.qid, video_id=q.video_id,
-                video_path=str(Path(q.video_path).resolve()) if q.video_path else '',
-                subtitle_path=str(Path(q.subtitle_path).resolve()) if q.subtitle_path else '',
+    "A question's JSONL row: ids, absolute video and subtitle paths, stem, options, gold, type."
+    return dict(qid=q.qid, video_id=q.video_id, video_path=_absolute(q.video_path),
+                subtitle_path=_absolute(q.subtitle_path),
                 question=q.question, options=list(q.options.values()), answer=q.answer or '',
                 qtype=q.qtype, duration_group=q.duration_group or '')
 
@@ -230,6 +264,14 @@ def _task_yaml(out: Path, task: str) -> str:
     return TASK_YAML.format(task=task, jsonl=json.dumps(str(out / f"{task}.jsonl")),
                             cache=json.dumps(str(out / 'hf_cache')))
 
+def _write_task_files(out: Path, task: str, rows: list[dict]) -> Path:
+    "Write a task's JSONL rows, utils.py and YAML under `out`; the YAML's path."
+    (out / f"{task}.jsonl").write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    (out / 'utils.py').write_text(TASK_UTILS)
+    y = out / f"{task}.yaml"
+    y.write_text(_task_yaml(out, task))
+    return y
+
 def write_lmms_task(questions: Iterable[Question], out_dir: str | Path,
                     task: str = 'reveal_bench') -> Path:
     "A local lmms-eval task folder (JSONL, YAML, utils.py) for `--include_path`; the YAML's path."
@@ -237,8 +279,4 @@ def write_lmms_task(questions: Iterable[Question], out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     rows = [question_doc(q) for q in questions]
     if not rows: raise ValueError("no questions to write")
-    (out / f"{task}.jsonl").write_text(''.join(json.dumps(r) + '\n' for r in rows))
-    (out / 'utils.py').write_text(TASK_UTILS)
-    y = out / f"{task}.yaml"
-    y.write_text(_task_yaml(out, task))
-    return y
+    return _write_task_files(out, task, rows)

@@ -75,12 +75,16 @@ def _cache_path(cache_mode: str, cache: str | Path | None) -> Path | str | None:
         raise ValueError(f"cache_mode must be one of {MODES}, got {cache_mode!r}")
     return None if cache_mode == 'off' else (resolve(cache) if cache else 'default')
 
+def _model_roles(roles: str, backend: str) -> dict:
+    "The embedded backend's `meaningful` switch when the roles are the model's, else nothing."
+    return {'meaningful': True} if roles == 'model' and backend == 'embedded' else {}
+
 def chat_model(backend: str = 'embedded', model: str | None = None, base_url: str | None = None,
                cache_mode: str = 'readwrite', cache: str | Path | None = None, roles: str = 'auto'):
     "An experiment's chat model, behind the call cache in `cache_mode` (readwrite | replay | off)."
     path = _cache_path(cache_mode, cache)
     check_roles(roles)
-    kw = {'meaningful': True} if roles == 'model' and backend == 'embedded' else {}
+    kw = _model_roles(roles, backend)
     return get_chat_model(backend, model, base_url, cache=path, replay=cache_mode == 'replay', **kw)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #ded1d61b
@@ -96,11 +100,15 @@ def loader_split(benchmark: str, split: str | None) -> str | None:
     return None if benchmark == 'synth' else split
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #d052c3db
+def _split_kw(benchmark: str, split: str | None) -> dict:
+    "The loader's `split` keyword (none without a split, or for the generated benchmark)."
+    s = loader_split(benchmark, split)
+    return {'split': s} if s else {}
+
 def benchmark_questions(benchmark: str, root: str | Path, split: str | None = None,
                         limit: int | None = None, only_present: bool = False) -> list[Question]:
     "An experiment's questions, as the runner selects them: the first `limit` (with videos)."
-    s = loader_split(benchmark, split)
-    qs, _ = load_benchmark(benchmark, resolve(root), **({'split': s} if s else {}))
+    qs, _ = load_benchmark(benchmark, resolve(root), **_split_kw(benchmark, split))
     return select_questions(qs, limit, only_present=only_present)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #fdecd64a
@@ -116,32 +124,43 @@ def _run_dir(base: Path, m: str, key: str, tag: str) -> Path:
     return next((folder(x) for x in method_spellings(m) if folder(x).exists()), folder(m))
 
 def _method_overrides(m: str, pool: str | None, overrides: Sequence[str] | None) -> list[str]:
-    "A method's Config overrides: the experiment's pool first for REVEAL's methods, then the given ones."
+    "A method's Config overrides: the experiment's pool first (REVEAL's), then the given ones."
     own_pool = [f'rubric_pool={pool}'] if pool and uses_pool(m) else []
     return own_pool + list(overrides or [])
+
+def _roles_key(s: RunSettings) -> str:
+    "A Config key's suffix for PACE's role models ('' without them)."
+    return f"-roles-{digest(s.role_models)[:8]}" if s.role_models else ''
+
+def _method_run(benchmark: str, m: str, d: Path, s: RunSettings, ov: list[str]) -> None:
+    "Run one method into `d` with its overrides, on the loader's split of the resolved root."
+    split = loader_split(benchmark, s.split)
+    run_eval(benchmark, m, d, s.replace(root=resolve(s.root), split=split, overrides=ov))
 
 def run_methods(methods: Sequence[str], benchmark: str, settings: RunSettings, tag: str = '',
                 pool: str | None = None) -> dict[str, Path]:
     "Run each method into the shared folder `settings.out_dir` (resumable); the run folder of each."
     s = settings
     base, dirs = resolve(s.out_dir) / run_slug(benchmark, s.split, s.model, s.roles), {}
-    roles = f"-roles-{digest(s.role_models)[:8]}" if s.role_models else ''   # PACE's role models
+    roles = _roles_key(s)   # PACE's role models
     # `rerank_only` → `rerank-only`
     for i, m in enumerate(map(method_name, methods), 1):
         ov = _method_overrides(m, pool, s.overrides)
         d = _run_dir(base, m, _run_key(m, ov) + roles, tag)
         print(f"[{i}/{len(methods)}] {m}{f' ({tag})' if tag else ''} → {d}", flush=True)
-        split = loader_split(benchmark, s.split)
-        run_eval(benchmark, m, d, s.replace(root=resolve(s.root), split=split, overrides=ov))
+        _method_run(benchmark, m, d, s, ov)
         dirs[m] = d
     return dirs
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #de243449
+def _saved_results(d: Path) -> list[dict]:
+    "A run folder's results (none when it has no results.jsonl)."
+    return load_results(d) if (Path(d) / 'results.jsonl').exists() else []
+
 def load_runs(dirs: dict[str, Path], qids: Iterable[str]) -> dict[str, list[dict]]:
     "Each run's results on exactly these questions, in qid order (none from a run with no results)."
     keep = set(qids)
-    got = lambda d: load_results(d) if (Path(d) / 'results.jsonl').exists() else []
-    return {m: sorted((r for r in got(d) if r['qid'] in keep), key=lambda r: r['qid'])
+    return {m: sorted((r for r in _saved_results(d) if r['qid'] in keep), key=lambda r: r['qid'])
             for m, d in dirs.items()}
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #721502a2
@@ -154,26 +173,33 @@ SYNTH_POOL = dict(path='rubrics/induced-synth.yaml', benchmark='synth',
 _RECIPE_DEFAULTS = dict(split='dev', seed=0, teacher='oracle', proposer='offline', max_iters=5,
                         root=None, synth=None, limit=None)
 
-def pool_recipe(spec: dict) -> dict:
-    "A recipe with defaults (dev, seed 0, oracle, offline proposer, 5 iterations); bad keys fail."
+def _check_recipe(spec: dict) -> None:
+    "Fail on a recipe with unknown keys, or without path and benchmark."
     bad = sorted(set(spec) - set(POOL_RECIPE_KEYS))
     if bad:
         raise ValueError(f"unknown rubric_pool recipe key(s) {bad}; a recipe takes "
                          f"{', '.join(POOL_RECIPE_KEYS)}")
     if not spec.get('path') or not spec.get('benchmark'):
         raise ValueError("a rubric_pool recipe needs path and benchmark")
+
+def pool_recipe(spec: dict) -> dict:
+    "A recipe with defaults (dev, seed 0, oracle, offline proposer, 5 iterations); bad keys fail."
+    _check_recipe(spec)
     return dict(_RECIPE_DEFAULTS, **spec)
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #a0aa81d3
+def _not_induced(path: Path, o: dict, want: dict) -> ValueError:
+    "The error for a pool at a recipe's path that the recipe did not induce."
+    return ValueError(f"rubric pool {path} is {pool_label(o)}, not the recipe's {want}: delete "
+                      f"it to induce it "
+                      "again, or give the recipe another path")
+
 def _check_induced(path: Path, r: dict) -> Path:
     "The existing pool at a recipe's path, if induced as the recipe says (else a one-line error)."
     o = pool_origin(path)
     want = {k: r[k] for k in ('benchmark', 'split', 'teacher', 'proposer')}
     have = {k: o['provenance'].get(k) for k in want}
-    if o['kind'] != 'induced' or have != want:
-        raise ValueError(f"rubric pool {path} is {pool_label(o)}, not the recipe's {want}: delete "
-                         f"it to induce it "
-                         "again, or give the recipe another path")
+    if o['kind'] != 'induced' or have != want: raise _not_induced(path, o, want)
     return path
 
 def _existing_pool(spec: str) -> Path:
@@ -182,13 +208,17 @@ def _existing_pool(spec: str) -> Path:
     if not p.exists(): raise FileNotFoundError(f"rubric pool {spec} not found")
     return p
 
+def _induction_dir(r: dict, p: Path) -> Path:
+    "Where a recipe's induction keeps its work: by the pool's name and the recipe's digest."
+    return runs_dir() / 'induction' / f"{p.stem}-{digest(r, 8)}"
+
 def _induce_pool(r: dict, p: Path, chat: Any, progress: bool, induce: Any) -> None:
     "Induce a recipe's pool into `p` (with the chat model if its teacher or proposer is 'model')."
     root = bench_root(r['benchmark'], r['root'], r['split'], r['seed'], r['synth'])
     model = chat if 'model' in (r['teacher'], r['proposer']) else None
     induce(r['benchmark'], root, r['split'], limit=r['limit'], out=p, teacher=r['teacher'],
            proposer=r['proposer'], model=model, max_iters=r['max_iters'], seed=r['seed'],
-           progress=progress, work_dir=runs_dir() / 'induction' / f"{p.stem}-{digest(r, 8)}")
+           progress=progress, work_dir=_induction_dir(r, p))
 
 def ensure_pool(spec: str | dict | None, chat: Any = None, progress: bool = False,
                 induce: Any = induce_benchmark) -> Path | None:
@@ -228,11 +258,16 @@ def accuracy_table(runs: dict[str, list[dict]]) -> pd.DataFrame:
     return pd.DataFrame([dict(method=m, **accuracy_row(rs)) for m, rs in runs.items()])
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #51ddf579
-def write_csv(df: pd.DataFrame, path: str | Path, digits: int = 4) -> Path:
-    "Write a table reproducibly: floats rounded, −0 as 0, no index, '\\n' line ends (atomically)."
+def _rounded(df: pd.DataFrame, digits: int) -> pd.DataFrame:
+    "A copy with float columns rounded and −0 made 0."
     out = df.copy()
     for c in out.select_dtypes('float').columns:
         out[c] = out[c].round(digits) + 0.0
+    return out
+
+def write_csv(df: pd.DataFrame, path: str | Path, digits: int = 4) -> Path:
+    "Write a table reproducibly: floats rounded, −0 as 0, no index, '\\n' line ends (atomically)."
+    out = _rounded(df, digits)
     p = resolve(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(p, out.to_csv(index=False, lineterminator='\n'))
@@ -245,12 +280,16 @@ def _results_chat(rs: list[dict]) -> str:
              and r['models'].get('chat'))
     return next(named, 'no chat model')
 
+def _largest_run(runs: dict[str, list[dict]]) -> int:
+    "How many results the largest run has (0 without runs)."
+    return max((len(v) for v in runs.values()), default=0)
+
 def provenance(runs: dict[str, list[dict]], benchmark: str, split: str | None = None,
                chat: str | None = None) -> str:
     "'benchmark/split, n=…, backend:model or offline roles, reveal-kit X' (chat: the results')."
     chat = chat or _results_chat([r for v in runs.values() for r in v])
     who = 'offline roles' if offline_roles(runs) else chat
-    n = max((len(v) for v in runs.values()), default=0)
+    n = _largest_run(runs)
     return f"{benchmark}{'/' + split if split else ''}, n={n}, {who}, reveal-kit {kit_version()}"
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #c091889c
@@ -277,35 +316,64 @@ def ci_whiskers(df: pd.DataFrame) -> np.ndarray:
                                    df.ci_high - df.accuracy]).astype(float))
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #c6b04373
-def plot_accuracy(acc: pd.DataFrame, title: str):
-    "Bars of accuracy (%) per method with 95 % interval whiskers (Table 1)."
-    fig, (ax,) = new_figure(title, width=max(4.5, 1.3 * len(acc) + 2))
+def _accuracy_axes(ax, x: np.ndarray, acc: pd.DataFrame):
+    "The methods as ticks, accuracy 0–105 % with its label."
+    ax.set(xticks=x, xticklabels=acc.method, ylim=(0, 105), xlabel='method',
+           ylabel='accuracy (%) with 95 % CI')
+
+def _accuracy_axes(ax, x: np.ndarray, acc: pd.DataFrame):
+    "The methods as ticks, accuracy 0–105 % with its label."
+    ax.set(xticks=x, xticklabels=acc.method, ylim=(0, 105), xlabel='method',
+           ylabel='accuracy (%) with 95 % CI')
+
+def _accuracy_bars(ax, acc: pd.DataFrame) -> np.ndarray:
+    "A bar per method with 95 % whiskers and its value above; the bars' positions."
     x, y = np.arange(len(acc)), 100 * acc.accuracy.to_numpy(float)
     ax.bar(x, y, yerr=ci_whiskers(acc), capsize=4, color=sns.color_palette('deep', len(acc)))
     bar_labels(ax, x, y, 100 * acc.ci_high.to_numpy(float))
-    ax.set(xticks=x, xticklabels=acc.method, ylim=(0, 105), xlabel='method',
-           ylabel='accuracy (%) with 95 % CI')
+    return x
+
+def plot_accuracy(acc: pd.DataFrame, title: str):
+    "Bars of accuracy (%) per method with 95 % interval whiskers (Table 1)."
+    fig, (ax,) = new_figure(title, width=max(4.5, 1.3 * len(acc) + 2))
+    x = _accuracy_bars(ax, acc)
+    _accuracy_axes(ax, x, acc)
     fig.tight_layout()
     return fig
 
 # %% ../../../nbs/44_eval.figures.common.ipynb #964e4e35
+def _hue_bars(ax, d: pd.DataFrame, pos: np.ndarray, w: float, label: str):
+    "One hue's bars at `pos`, labelled; 95 % whiskers when the table has intervals."
+    y = 100 * d.accuracy.to_numpy(float)
+    has_ci = 'ci_low' in d
+    ax.bar(pos, y, w, yerr=ci_whiskers(d) if has_ci else None, capsize=3, label=label)
+    bar_labels(ax, pos, y, 100 * d.ci_high.to_numpy(float) if has_ci else None, '{:.0f}')
+
 def _group_bars(ax, df: pd.DataFrame, x: str, hue: str, xs: list):
     "In each `x` group, a labelled bar per `hue` (with 95 % whiskers if the table has them)."
     hs = list(dict.fromkeys(df[hue]))
     w = 0.8 / max(len(hs), 1)
     for j, h in enumerate(hs):
         d = df[df[hue] == h].set_index(x).reindex(xs)
-        pos, y = np.arange(len(xs)) + (j - (len(hs) - 1) / 2) * w, 100 * d.accuracy.to_numpy(float)
-        has_ci = 'ci_low' in d
-        ax.bar(pos, y, w, yerr=ci_whiskers(d) if has_ci else None, capsize=3, label=str(h))
-        bar_labels(ax, pos, y, 100 * d.ci_high.to_numpy(float) if has_ci else None, '{:.0f}')
+        _hue_bars(ax, d, np.arange(len(xs)) + (j - (len(hs) - 1) / 2) * w, w, str(h))
+
+def _tick_label(v, k) -> str:
+    "A group's tick: its name, with its question count below when it has one."
+    return f"{v}\n(n={int(k)})" if k is not None and not pd.isna(k) else str(v)
 
 def _group_ticks(ax, df: pd.DataFrame, x: str, xs: list):
     "Each group's name under its bars, with its question count when the table has one."
     n = df.drop_duplicates(x).set_index(x).reindex(xs)['n'] if 'n' in df else None
     ks = n if n is not None else [None] * len(xs)
-    ax.set_xticklabels([f"{v}\n(n={int(k)})" if n is not None and not pd.isna(k) else str(v)
-                        for v, k in zip(xs, ks)])
+    ax.set_xticklabels([_tick_label(v, k) for v, k in zip(xs, ks)])
+
+def _grouped_axes(ax, df: pd.DataFrame, x: str, xs: list, xlabel: str, ylabel: str):
+    "A 0–100 % axis, each group's name (and count) as its tick, the legend beside the axes."
+    # a percentage: 0–100
+    ax.set(xticks=np.arange(len(xs)), ylim=(0, 100), xlabel=xlabel, ylabel=ylabel)
+    _group_ticks(ax, df, x, xs)
+    # outside: bars keep 0–100
+    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))
 
 def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str,
                  ylabel: str = 'accuracy (%)', order: Sequence[str] | None = None):
@@ -313,10 +381,6 @@ def plot_grouped(df: pd.DataFrame, x: str, hue: str, title: str, xlabel: str,
     xs = list(order or dict.fromkeys(df[x]))
     fig, (ax,) = new_figure(title, width=max(5.0, 1.1 * len(xs) + 3))
     _group_bars(ax, df, x, hue, xs)
-    # a percentage: 0–100
-    ax.set(xticks=np.arange(len(xs)), ylim=(0, 100), xlabel=xlabel, ylabel=ylabel)
-    _group_ticks(ax, df, x, xs)
-    # outside: bars keep 0–100
-    ax.legend(fontsize=8.5, loc='upper left', bbox_to_anchor=(1.01, 1.0))
+    _grouped_axes(ax, df, x, xs, xlabel, ylabel)
     fig.tight_layout()
     return fig

@@ -92,24 +92,30 @@ def _unknown_key(k: str, known: list[str]) -> ValueError:
     hint = f" (did you mean {near[0]!r}?)" if near else ''
     return ValueError(f"unknown setup key {k!r}{hint}; Experiment takes {', '.join(known)}")
 
-@patch(cls_method=True)
-def from_setup(cls: Experiment, setup: dict, **params) -> Experiment:
-    "An experiment from a notebook's parameters and `setup` (other fields); unknown keys fail."
-    known = [f.name for f in fields(cls)]
+def _check_setup(setup: dict, params: dict, known: list[str]) -> None:
+    "Fail on a setup key that is no field, or that the notebook's parameters also give."
     for k in setup:
         if k not in known: raise _unknown_key(k, known)
         if k in params:
             raise ValueError(f"setup key {k!r} is also a parameter of the notebook: give it once")
+
+@patch(cls_method=True)
+def from_setup(cls: Experiment, setup: dict, **params) -> Experiment:
+    "An experiment from a notebook's parameters and `setup` (other fields); unknown keys fail."
+    _check_setup(setup, params, [f.name for f in fields(cls)])
     return cls(**params, **setup)
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #277b88ca
+def _pool_spec(exp: Experiment) -> str | dict | None:
+    "The experiment's pool spec: its own, else SYNTH_POOL on the generated benchmark."
+    default = SYNTH_POOL if exp.benchmark == 'synth' else None
+    return exp.rubric_pool if exp.rubric_pool is not None else default
+
 @patch
 def pool_path(self: Experiment) -> Path | None:
     "The rubric pool REVEAL's methods use here (induced first when a recipe's file is absent)."
     if self._pool is None:
-        default = SYNTH_POOL if self.benchmark == 'synth' else None
-        spec = self.rubric_pool if self.rubric_pool is not None else default
-        self._pool = ensure_pool(spec, self.chat, self.progress) or False
+        self._pool = ensure_pool(_pool_spec(self), self.chat, self.progress) or False
     return self._pool or None
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #89ab7d74
@@ -131,21 +137,29 @@ class MethodRuns(dict):
     def get(self, m, default=None): return super().get(method_name(m), default)
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #bbc76c8c
+def _check_all(runs: dict[str, list[dict]], most: float | None) -> None:
+    "Fail when more of any method's answers than `most` came from stand-ins."
+    for m, rs in runs.items(): check_substituted(rs, most, m)
+
 @patch
 def scored(self: Experiment, runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
     "The runs checked against `max_substituted`, stand-ins left out if asked; current method names."
-    for m, rs in runs.items(): check_substituted(rs, self.max_substituted, m)
+    _check_all(runs, self.max_substituted)
     # before any is left out
     self.substitutions = substitution_counts(r for rs in runs.values() for r in rs)
     return MethodRuns({method_name(m): scored_rows(rs, self.substituted) for m, rs in runs.items()})
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #f112b441
+def _switched_off(exp: Experiment) -> list[str]:
+    "Config overrides for the input switches the experiment turns off (subtitles, before_query)."
+    return [f'{k}=false' for k in ('subtitles', 'before_query') if not getattr(exp, k)]
+
 @patch
 def run_settings(self: Experiment, overrides: Sequence[str] | None = None) -> RunSettings:
     "The `eval.runner.RunSettings` its methods run with: data, chat model, roles, input switches."
-    off = [f'{k}=false' for k in ('subtitles', 'before_query') if not getattr(self, k)]
     return RunSettings(out_dir=self.out_dir, root=self.root_path, split=self.split,
-                       limit=self.limit, model=self.chat, overrides=[*(overrides or []), *off],
+                       limit=self.limit, model=self.chat,
+                       overrides=[*(overrides or []), *_switched_off(self)],
                        progress=self.progress, roles=self.roles, only_present=self.only_present,
                        role_models=self.role_models)
 
@@ -155,12 +169,16 @@ def _results(exp: Experiment, dirs: dict[str, Path]) -> dict[str, list[dict]]:
     exp.pools.update({str(d): run_pool(d) for d in dirs.values()})
     return exp.scored(load_runs(dirs, exp.qids))
 
+def _run_pool(exp: Experiment, methods: Sequence[str]) -> str | None:
+    "The pool override for the runs: the experiment's pool when a method uses one."
+    return pool_override(exp.pool_path()) if any(uses_pool(m) for m in methods) else None
+
 @patch
 def run(self: Experiment, methods: Sequence[str], overrides: Sequence[str] | None = None,
         tag: str = '') -> dict[str, list[dict]]:
     "Run the methods (resumable, shared; REVEAL's with the experiment's pool); their results."
     if self.pack: return self.run_packed(methods, tag)
-    pool = pool_override(self.pool_path()) if any(uses_pool(m) for m in methods) else None
+    pool = _run_pool(self, methods)
     return _results(self,
                     run_methods(methods, self.benchmark, self.run_settings(overrides), tag, pool))
 
@@ -178,35 +196,45 @@ def _pack_rows(manifest: dict, pack: str, benchmark: str) -> list[dict]:
         raise ValueError(f"the pack {pack} holds runs on {sorted(have)}, not {benchmark!r}")
     return rows
 
+def _take_pack(exp: Experiment, rows: list[dict]) -> None:
+    "Take the first packed run's questions (up to `limit`) and chat model; no pool chosen yet."
+    exp.questions = _pack_questions(exp.pack_dir, rows[0]['name'])[:exp.limit or None]
+    exp.root_path, exp.chat = None, pack_chat(exp.pack_dir, rows[0])
+    exp.qids, exp._pool, exp.pools = [q.qid for q in exp.questions], None, {}
+
 @patch
 def open_pack(self: Experiment) -> None:
     "Take questions, chat model and runs from the pack (opened and checked under out_dir/packs/)."
     self.pack_dir, self.pack_manifest = open_pack(resolve(self.pack),
                                                   resolve(self.out_dir) / 'packs')
-    rows = _pack_rows(self.pack_manifest, self.pack, self.benchmark)
-    self.questions = _pack_questions(self.pack_dir, rows[0]['name'])[:self.limit or None]
-    self.root_path, self.chat = None, pack_chat(self.pack_dir, rows[0])
-    self.qids, self._pool, self.pools = [q.qid for q in self.questions], None, {}
+    _take_pack(self, _pack_rows(self.pack_manifest, self.pack, self.benchmark))
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #b28945ed
-def packed_run_name(names: Iterable[str], method: str, tag: str = '') -> str:
-    "The one run folder of `method` (and `tag`) in a pack: `<method>-[<tag>-]<12-hex key>[-…]`."
+def _packed_matches(names: Iterable[str], method: str, tag: str) -> list[str]:
+    "The run folders named `<method>-[<tag>-]<12-hex key>[-…]`, under any spelling of the method."
     # earlier too
     heads = [re.escape(safe_name(f"{s}-{tag}" if tag else s)) for s in method_spellings(method)]
-    got = [n for n in names if any(re.fullmatch(h + r'-[0-9a-f]{12}(-.*)?', n) for h in heads)]
+    return [n for n in names if any(re.fullmatch(h + r'-[0-9a-f]{12}(-.*)?', n) for h in heads)]
+
+def packed_run_name(names: Iterable[str], method: str, tag: str = '') -> str:
+    "The one run folder of `method` (and `tag`) in a pack: `<method>-[<tag>-]<12-hex key>[-…]`."
+    got = _packed_matches(names, method, tag)
     if len(got) == 1: return got[0]
     raise KeyError(f"the pack holds {len(got)} runs of "
                    f"{method!r}{f' tagged {tag!r}' if tag else ''} ({', '.join(got) or 'none'}); "
                    f"it holds {', '.join(names)}")
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #389ba762
+def _replayed(exp: Experiment, names: list[str], m: str, tag: str) -> Path:
+    "Method `m`'s packed run (by `tag`), replayed once; its folder."
+    return replayed_run(exp.pack_dir, exp.pack_manifest, packed_run_name(names, m, tag),
+                        exp.progress)
+
 @patch
 def run_packed(self: Experiment, methods: Sequence[str], tag: str = '') -> dict[str, list[dict]]:
     "Each method's packed run, replayed (once) and checked; its results on the questions."
     names = [r['name'] for r in self.pack_manifest['runs']]
-    replay = lambda m: replayed_run(self.pack_dir, self.pack_manifest,
-                                    packed_run_name(names, m, tag), self.progress)
-    return _results(self, {m: replay(m) for m in methods})
+    return _results(self, {m: _replayed(self, names, m, tag) for m in methods})
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #7ad32183
 def _embedders(run_dirs: Iterable[str]) -> list[str]:
@@ -215,26 +243,34 @@ def _embedders(run_dirs: Iterable[str]) -> list[str]:
     lines = (embedders_line(json.loads(m.read_text())) for m in metas if m.exists())
     return list(dict.fromkeys(e for e in lines if e))
 
+def _substitutions(exp: Experiment, runs: dict[str, list[dict]], left_out: bool) -> dict:
+    "The substitution counts: those taken before stand-ins were left out, else the runs' own."
+    if left_out: return exp.substitutions
+    return substitution_counts(r for v in runs.values() for r in v)
+
 def _substituted_note(exp: Experiment, runs: dict[str, list[dict]]) -> str:
     "The title's count of substituted answers ('' offline), ' (left out)' when left out."
     # the runs no longer hold them
     left_out = exp.substituted == 'exclude' and hasattr(exp, 'substitutions')
-    subs = (exp.substitutions if left_out
-            else substitution_counts(r for v in runs.values() for r in v))
+    subs = _substitutions(exp, runs, left_out)
     how = ' (left out)' if left_out and subs['substituted'] else ''
     return '' if subs['offline'] else f"; {format_substituted(subs)}{how}"
+
+def _pool_lines(exp: Experiment) -> str:
+    "A title's last lines: REVEAL's rubric pool(s), then the embedders that ran (each if any)."
+    pools = list(dict.fromkeys(pool_label(p, short=True) for p in exp.pools.values() if p))
+    embs = _embedders(exp.pools)
+    return ''.join(f"\n{' | '.join(x)}" for x in (pools, embs) if x)
 
 @patch
 def title(self: Experiment, headline: str, runs: dict[str, list[dict]]) -> str:
     "A figure title: headline, what produced it, REVEAL's rubric pool(s), the embedders that ran."
-    pools = list(dict.fromkeys(pool_label(p, short=True) for p in self.pools.values() if p))
-    embs = _embedders(self.pools)
     # `save` checks the face carries it
     self.caveat = caveat(self.benchmark, offline_roles(runs, self.roles))
     head = f"{headline}\n{self.caveat + chr(10) if self.caveat else ''}"
     head += provenance(runs, self.benchmark, self.split,
                        _chat_id(self.chat)) + _substituted_note(self, runs)
-    return head + ''.join(f"\n{' | '.join(x)}" for x in (pools, embs) if x)
+    return head + _pool_lines(self)
 
 # %% ../../../nbs/44_eval.figures.experiment.ipynb #d5d9bb03
 def _save_png(fig, path: Path, banner: str) -> str:
@@ -244,14 +280,22 @@ def _save_png(fig, path: Path, banner: str) -> str:
     plt.close(fig)
     return str(path)
 
+def _table_records(tables: dict[str, pd.DataFrame]) -> dict[str, list[dict]]:
+    "Each table as a list of JSON records."
+    return {k: json.loads(v.to_json(orient='records')) for k, v in tables.items()}
+
 def _figure_meta(exp: Experiment, fig_id: str, paths: dict, tables: dict[str, pd.DataFrame],
                  extra: dict) -> dict:
     "What `save` writes to <id>.metrics.json: what made the figure, its files, its tables."
     pools = list(dict.fromkeys(p['label'] for p in exp.pools.values() if p))
-    records = {k: json.loads(v.to_json(orient='records')) for k, v in tables.items()}
     return dict(figure=fig_id, benchmark=exp.benchmark, split=exp.split, questions=len(exp.qids),
                 chat=_chat_id(exp.chat), cache_mode=exp.cache_mode, kit_version=kit_version(),
-                rubric_pools=pools, files=paths, tables=records, **extra)
+                rubric_pools=pools, files=paths, tables=_table_records(tables), **extra)
+
+def _write_tables(fd: Path, fig_id: str, tables: dict[str, pd.DataFrame]) -> dict[str, str]:
+    "Write the first table as <id>.csv, the others as <id>_<name>.csv; the path of each."
+    return {name: str(write_csv(df, fd / (f"{fig_id}.csv" if i == 0 else f"{fig_id}_{name}.csv")))
+            for i, (name, df) in enumerate(tables.items())}
 
 @patch
 def save(self: Experiment, fig_id: str, fig, tables: dict[str, pd.DataFrame], **extra) -> dict:
@@ -260,9 +304,7 @@ def save(self: Experiment, fig_id: str, fig, tables: dict[str, pd.DataFrame], **
     fd.mkdir(parents=True, exist_ok=True)
     if fig is not None:
         paths['png'] = _save_png(fig, fd / f"{fig_id}.png", getattr(self, 'caveat', ''))
-    for i, (name, df) in enumerate(tables.items()):
-        paths[name] = str(write_csv(df,
-                                    fd / (f"{fig_id}.csv" if i == 0 else f"{fig_id}_{name}.csv")))
+    paths.update(_write_tables(fd, fig_id, tables))
     meta = _figure_meta(self, fig_id, paths, tables, extra)
     atomic_write_json(resolve(self.out_dir) / f"{fig_id}.metrics.json", meta)
     return meta

@@ -30,13 +30,16 @@ def induction_curve(report: dict) -> pd.DataFrame:
 FILTER_MEANING = {'no_pair': 'no E⁺ or no E⁻', 'wrong_with_pos': 'wrong with E⁺',
                   'right_without_evidence': 'right, no evidence', 'right_with_neg': 'right with E⁻'}
 
+def _condition_row(f: dict, c: str) -> dict:
+    "One filter condition: its meaning, questions failing it, questions it removed first."
+    return dict(condition=c, meaning=FILTER_MEANING.get(c, c),
+                failing=int(f['by_condition'].get(c, 0)), questions=int(f['first'].get(c, 0)))
+
 def _filter_rows(f: dict) -> list[dict]:
     "Per filter condition, the questions failing it and those it removed first; then those kept."
-    rows = [dict(condition=c, meaning=FILTER_MEANING.get(c, c),
-                 failing=int(f['by_condition'].get(c, 0)), questions=int(f['first'].get(c, 0)))
-            for c in FILTER_CONDITIONS]
-    return (rows + [dict(condition='kept', meaning='kept (a pair)', failing=0,
-                         questions=int(f['kept']))])
+    rows = [_condition_row(f, c) for c in FILTER_CONDITIONS]
+    return rows + [dict(condition='kept', meaning='kept (a pair)', failing=0,
+                        questions=int(f['kept']))]
 
 def filter_table(report: dict) -> pd.DataFrame:
     "Per filter condition: questions failing it, those it removed first (and share); then kept."
@@ -47,18 +50,26 @@ def filter_table(report: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #c73c4a68
+def _no_report(p: Path, rp: Path) -> FileNotFoundError:
+    "The error for a pool without its induction report: how to make one that has it."
+    return FileNotFoundError(f"{p} has no induction report ({rp.name}): the induction figure "
+                             f"needs a pool "
+                             "made by `reveal rubrics induce` (give the experiment's "
+                             "rubric_pool a recipe)")
+
 def pool_report(path: str | Path) -> dict:
     "The induction report beside an induced pool (`<pool>.report.json`); else a one-line error."
     p = Path(path)
     rp = p.with_suffix('.report.json')
-    if not rp.exists():
-        raise FileNotFoundError(f"{p} has no induction report ({rp.name}): the induction figure "
-                                f"needs a pool "
-                                "made by `reveal rubrics induce` (give the experiment's "
-                                "rubric_pool a recipe)")
+    if not rp.exists(): raise _no_report(p, rp)
     return json.loads(rp.read_text())
 
 # %% ../../../nbs/44c_eval.figures.induction.ipynb #db7e6664
+def _no_held_out_note(ax):
+    "The note, at the panel's top, that no pair was held out."
+    ax.text(0.5, 0.9, 'no held-out pairs', ha='center', va='top', fontsize=8.5,
+            transform=ax.transAxes)
+
 def _mark_chosen(ax, curve: pd.DataFrame):
     "Circle the chosen pool (on the held-out curve if any); say so when no pair was held out."
     b = curve[curve.best]
@@ -66,28 +77,68 @@ def _mark_chosen(ax, curve: pd.DataFrame):
     ax.scatter(b.iteration, 100 * (b.val_accuracy if held else b.train_accuracy), s=180,
                facecolors='none', edgecolors='C3', label='chosen pool')
     if curve.val_accuracy.isna().all():
-        ax.text(0.5, 0.9, 'no held-out pairs', ha='center', va='top', fontsize=8.5,
-                transform=ax.transAxes)
+        _no_held_out_note(ax)
 
-def _plot_curve(ax, curve: pd.DataFrame):
-    "The validation curve: pairs separated per iteration (held out, training), the chosen circled."
+def _curve_lines(ax, curve: pd.DataFrame):
+    "Pairs separated (%) per iteration: held out, then training."
     for col, lab in (('val_accuracy', 'held-out pairs'), ('train_accuracy', 'training pairs')):
         ax.plot(curve.iteration, 100 * curve[col], marker='o', label=lab)
-    _mark_chosen(ax, curve)
+
+def _curve_lines(ax, curve: pd.DataFrame):
+    "Pairs separated (%) per iteration: held out, then training."
+    for col, lab in (('val_accuracy', 'held-out pairs'), ('train_accuracy', 'training pairs')):
+        ax.plot(curve.iteration, 100 * curve[col], marker='o', label=lab)
+
+def _curve_axes(ax, curve: pd.DataFrame):
+    "Pairs separated, −5–105 %, a tick per iteration, the title and legend."
     ax.set(xlabel='induction iteration', ylabel='pairs separated (%)', ylim=(-5, 105),
            xticks=list(curve.iteration))
     ax.set_title('validation curve', fontsize=9.5)
     ax.legend(fontsize=8, loc='lower right')
 
-def _plot_filters(ax, filters: pd.DataFrame):
-    "The filter counts: questions removed by the first condition they failed, and those kept."
-    ax.barh(filters.meaning, filters.questions, color=['C7'] * (len(filters) - 1) + ['C2'])
+def _plot_curve(ax, curve: pd.DataFrame):
+    "The validation curve: pairs separated per iteration (held out, training), the chosen circled."
+    _curve_lines(ax, curve)
+    _mark_chosen(ax, curve)
+    _curve_axes(ax, curve)
+
+def _share_labels(ax, filters: pd.DataFrame):
+    "Each bar's count and share of the candidates, at its end."
     for i, (k, s) in enumerate(zip(filters.questions, filters.share)):
         ax.text(k, i, f" {k} ({100 * s:.0f} %)", va='center', fontsize=8)
+
+def _share_labels(ax, filters: pd.DataFrame):
+    "Each bar's count and share of the candidates, at its end."
+    for i, (k, s) in enumerate(zip(filters.questions, filters.share)):
+        ax.text(k, i, f" {k} ({100 * s:.0f} %)", va='center', fontsize=8)
+
+def _filter_axes(ax, filters: pd.DataFrame):
+    "Room right of the bars for their labels, the first condition on top, labels and title."
     ax.set_xlim(0, 1.35 * max(filters.questions.max(), 1))
     ax.invert_yaxis()
     ax.set(xlabel='development questions')
     ax.set_title('filter: first condition failed, or kept', fontsize=9.5)
+
+def _plot_filters(ax, filters: pd.DataFrame):
+    "The filter counts: questions removed by the first condition they failed, and those kept."
+    ax.barh(filters.meaning, filters.questions, color=['C7'] * (len(filters) - 1) + ['C2'])
+    _share_labels(ax, filters)
+    _filter_axes(ax, filters)
+
+def _change_title(ax, pairs: pd.DataFrame):
+    "The paired change (points) and McNemar p as the panel's title."
+    change = f"{100 * pairs['diff'][0]:+.1f} points, {fmt_p(pairs.mcnemar_p[0])}"
+    ax.set_title(f"test split: {change}", fontsize=9.5)
+
+def _change_title(ax, pairs: pd.DataFrame):
+    "The paired change (points) and McNemar p as the panel's title."
+    change = f"{100 * pairs['diff'][0]:+.1f} points, {fmt_p(pairs.mcnemar_p[0])}"
+    ax.set_title(f"test split: {change}", fontsize=9.5)
+
+def _pools_axes(ax, x: np.ndarray, acc: pd.DataFrame):
+    "Accuracy 0–112 %, each pool's name under its bar."
+    ax.set(xticks=x, ylim=(0, 112), xlabel='rubric pool', ylabel='accuracy (%) with 95 % CI')
+    ax.set_xticklabels(acc.method)
 
 def _plot_pools(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
     "Seed against induced pool on the test split, 95 % whiskers, the paired change as title."
@@ -95,10 +146,8 @@ def _plot_pools(ax, acc: pd.DataFrame, pairs: pd.DataFrame):
     ax.bar(x, y, yerr=ci_whiskers(acc), capsize=4, color=['C0', 'C1'][:len(acc)])
     bar_labels(ax, x, y, 100 * acc.ci_high.to_numpy(float))
     if len(pairs):
-        change = f"{100 * pairs['diff'][0]:+.1f} points, {fmt_p(pairs.mcnemar_p[0])}"
-        ax.set_title(f"test split: {change}", fontsize=9.5)
-    ax.set(xticks=x, ylim=(0, 112), xlabel='rubric pool', ylabel='accuracy (%) with 95 % CI')
-    ax.set_xticklabels(acc.method)
+        _change_title(ax, pairs)
+    _pools_axes(ax, x, acc)
 
 def plot_induction(curve: pd.DataFrame, filters: pd.DataFrame, acc: pd.DataFrame,
                    pairs: pd.DataFrame, title: str):
