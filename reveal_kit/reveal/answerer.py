@@ -41,17 +41,25 @@ class AnswerResult:
         return asdict(self)
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d0002
-def _option_support(q: Question, view: EvidenceView) -> dict[str, float]:
-    "Each option's best support over the evidence (a causal option read together with the question's focus)."
+def _option_texts(q: Question) -> list[str]:
+    "The options' texts; a causal option is read together with the question's focus."
     foc = focus(q.question)
-    texts = [f'{foc} {t}' if role_type(q) == 'causal' and foc else t for t in q.options.values()]
+    return [f'{foc} {t}' if role_type(q) == 'causal' and foc else t for t in q.options.values()]
+
+def _option_support(q: Question, view: EvidenceView) -> dict[str, float]:
+    "Each option's best support over the evidence."
+    texts = _option_texts(q)
     S = view.support(texts, option_common_words(texts))
     return {o: float(S[i].max()) if S.shape[1] else 0.0 for i, o in enumerate(q.options)}
 
+def _l1_support(view: EvidenceView, text: str) -> list[tuple]:
+    "The L1 evidence items that support `text` at least at LO, each with its support."
+    s = view.support([text])[0] if view.evidence else np.zeros(0)
+    return [(v, e) for v, e in zip(s, view.evidence) if e.level == 1 and v >= SUPPORT_LO]
+
 def _when(view: EvidenceView, text: str) -> tuple[float, str] | None:
     "(midpoint, item id) of the L1 evidence item that best supports `text` (≥ LO), else None."
-    s = view.support([text])[0] if view.evidence else np.zeros(0)
-    l1 = [(v, e) for v, e in zip(s, view.evidence) if e.level == 1 and v >= SUPPORT_LO]
+    l1 = _l1_support(view, text)
     if not l1:
         return None
     e = max(l1, key=lambda x: x[0])[1]
@@ -70,13 +78,14 @@ def _nearest_to_anchor(q: Question, view: EvidenceView, support: dict) -> str | 
           for o, w in where.items() if sign * (w[0] - at[0]) >= 0}
     return min(ok, key=lambda o: (*ok[o], -support[o], o)) if ok else None
 
+def _in_order(q: Question, view: EvidenceView, option: str) -> bool:
+    "Whether the evidence locates two or more of the option's events, in its stated order."
+    times = [w[0] for e in temporal_events(q, option) if (w := _when(view, e)) is not None]
+    return len(times) >= 2 and all(a <= b for a, b in zip(times, times[1:]))
+
 def _consistent_order(q: Question, view: EvidenceView, support: dict) -> str | None:
     "Order options: the best supported among those whose located events do not contradict their stated order."
-    ok = []
-    for o, t in q.options.items():
-        times = [w[0] for e in temporal_events(q, t) if (w := _when(view, e)) is not None]
-        if len(times) >= 2 and all(a <= b for a, b in zip(times, times[1:])):
-            ok.append(o)
+    ok = [o for o, t in q.options.items() if _in_order(q, view, t)]
     return max(ok, key=lambda o: (support[o], -ord(o))) if ok else None
 
 # %% ../../nbs/24_reveal.answerer.ipynb #75348c4b
@@ -105,14 +114,18 @@ def _pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, s
     return _order_pick(q, view, support)
 
 # %% ../../nbs/24_reveal.answerer.ipynb #1f54921d
+def _guess_reason(view: EvidenceView, best: str, rule: str, support: float) -> str:
+    "The guess's reasoning line: the option, its rule and its support."
+    return (f"{'no evidence; ' if not view.evidence else ''}a guess (the evidence does not "
+            f"determine the answer): option {best} ({rule}): support={support:.2f}")
+
 def _guess(q: Question, view: EvidenceView) -> AnswerResult:
     "The support rules above: a guess, since the reader found nothing that decides."
     support = _option_support(q, view)
     best, rule = _pick(q, view, support)
     if best is None:
         best, rule = max(q.options, key=lambda o: (round(support[o], 9), -ord(o))), 'best supported'
-    why = (f"{'no evidence; ' if not view.evidence else ''}a guess (the evidence does not "
-           f"determine the answer): option {best} ({rule}): support={support[best]:.2f}")
+    why = _guess_reason(view, best, rule, support[best])
     return AnswerResult(best, why, 'offline',
                         scores={'support': support, 'rule': rule, 'determined': False})
 
@@ -147,11 +160,15 @@ def answer_schema(letters: list[str]) -> dict:
     return reply_schema(answer_reply(tuple(letters)))
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d0005
+def _frames_line(n_frames: int, frames_note: str) -> str:
+    "The prompt's line on the attached frames and where they come from ('' without frames)."
+    where = f" ({frames_note})" if frames_note else ''
+    return f"\n\n{n_frames} video frames are attached{where}." if n_frames else ''
+
 def answer_prompt(q: Question, evidence: list[Evidence], n_frames: int = 0,
                   token_budget: int | None = EVIDENCE_TOKENS, frames_note: str = '') -> str:
     "The answerer's user message: question, options, the evidence (and how many frames are attached, from where)."
-    where = f" ({frames_note})" if frames_note else ''
-    fr = f"\n\n{n_frames} video frames are attached{where}." if n_frames else ''
+    fr = _frames_line(n_frames, frames_note)
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
             f"Evidence:\n{evidence_block(evidence, token_budget=token_budget)}{fr}\n\n"
             'Reply as {"answer": "<letter>", "reasoning": "one sentence"}.')

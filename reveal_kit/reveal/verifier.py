@@ -109,14 +109,19 @@ def token_cap(lengths: list[int], budget: int) -> int | None:
     return rest[-1]
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0020
+def _within_budget(texts: list[str], token_budget: int | None) -> list[str]:
+    "The texts, each cut to the common cap `token_cap` finds (marked `…`) when they exceed the budget."
+    cap = token_cap([estimate_tokens(t) for t in texts], token_budget) if token_budget else None
+    if cap is None:
+        return texts
+    return [t if estimate_tokens(t) <= cap else cut_to_tokens(t, cap) + ' …' for t in texts]
+
 def evidence_block(evidence: list[Evidence], max_words: int | None = None,
                    token_budget: int | None = EVIDENCE_TOKENS) -> str:
     "Evidence as numbered lines `[i] (L1 1:02-1:12) text` for prompts, within a token budget for the whole block."
     texts = [' '.join(e.text.split()[:max_words]) if max_words else e.text.strip()
              for e in evidence]
-    cap = token_cap([estimate_tokens(t) for t in texts], token_budget) if token_budget else None
-    if cap is not None:
-        texts = [t if estimate_tokens(t) <= cap else cut_to_tokens(t, cap) + ' …' for t in texts]
+    texts = _within_budget(texts, token_budget)
     lines = [f"[{i}] (L{e.level} {fmt_time(e.t_start)}-{fmt_time(e.t_end)}) {t}"
              for i, (e, t) in enumerate(zip(evidence, texts))]
     return '\n'.join(lines) or '(no evidence)'
@@ -165,12 +170,15 @@ class Verifier:
         self._selected: dict[tuple, tuple[list[str], str]] = {}
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #9016213c
-def _model_select(self: Verifier, q: Question) -> tuple[list[str], dict]:
-    "Call 1 by the model: the criterion names it selects (none if the reply is unusable), the call."
-    user = (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCriterion "
+def _select_prompt(self: Verifier, q: Question) -> str:
+    "Call 1's user message: question, options, the pool's criterion catalog."
+    return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCriterion "
             f"catalog:\n{self.pool.catalog()}\n\n"
             'Reply as {"criteria": ["name", ...]}.')
-    data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, user,
+
+def _model_select(self: Verifier, q: Question) -> tuple[list[str], dict]:
+    "Call 1 by the model: the criterion names it selects (none if the reply is unusable), the call."
+    data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, _select_prompt(self, q),
                           select_schema(self.pool), reply_tokens('verifier_select'))
     r = parse_reply(select_reply(tuple(self.pool.names)), data)
     return (list(dict.fromkeys(r.criteria)) if r else []), rec
@@ -211,6 +219,11 @@ def _model_scores(self: Verifier, q: Question, names: list[str],
                           score_schema(list(q.options), names), reply_tokens('verifier'))
     return parse_reply(score_reply(tuple(q.options), tuple(names)), data), rec
 
+def _unusable_note(rec: dict) -> str:
+    "Mark an unusable call-2 record as falling back to the offline scores; the report's note."
+    mark(rec, 'offline scores')
+    return f"verifier reply unusable ({rec.get('error') or 'invalid'}); offline scores used"
+
 @patch
 def verify(self: Verifier, q: Question, view: EvidenceView,
            names: list[str] | None = None) -> VerifierReport:
@@ -226,9 +239,7 @@ def verify(self: Verifier, q: Question, view: EvidenceView,
         calls.append(rec)
         if r is None:
             src = 'fallback'
-            mark(rec, 'offline scores')
-            notes.append(f"verifier reply unusable ({rec.get('error') or 'invalid'}); offline "
-                         f"scores used")
+            notes.append(_unusable_note(rec))
         else:
             (table, unknown, missing), src = _model_table(r), 'model'
     rho_o, rho = sufficiency_score(table, weights)
