@@ -40,7 +40,7 @@ def _inside(l1: list[MemoryItem], evidence: list[Evidence]) -> list[MemoryItem]:
     return [it for it in l1 if any(it.t_start < b and it.t_end > a for a, b in spans)]
 
 def _span_items(l1: list[MemoryItem], evidence: list[Evidence]) -> list[MemoryItem]:
-    "The L1 segments of the evidence; when it holds none, those inside its (L2/L3) spans."
+    "The L1 segments of the evidence; when it holds none, those its spans overlap."
     ids = {e.item_id for e in evidence if e.level == 1}
     return [it for it in l1 if it.item_id in ids] or _inside(l1, evidence)
 

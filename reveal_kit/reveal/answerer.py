@@ -53,7 +53,7 @@ def _option_support(q: Question, view: EvidenceView) -> dict[str, float]:
     return {o: float(S[i].max()) if S.shape[1] else 0.0 for i, o in enumerate(q.options)}
 
 def _l1_support(view: EvidenceView, text: str) -> list[tuple]:
-    "The L1 evidence items that support `text` at least at LO, each with its support."
+    "The L1 items supporting `text` at least at LO, with their support."
     s = view.support([text])[0] if view.evidence else np.zeros(0)
     return [(v, e) for v, e in zip(s, view.evidence) if e.level == 1 and v >= SUPPORT_LO]
 
@@ -66,6 +66,10 @@ def _when(view: EvidenceView, text: str) -> tuple[float, str] | None:
     return (e.t_start + e.t_end) / 2, e.item_id
 
 # %% ../../nbs/24_reveal.answerer.ipynb #d33020d9
+def _located(q: Question, view: EvidenceView) -> dict[str, tuple[float, str]]:
+    "Each option the evidence locates, with `_when` it happens."
+    return {o: w for o, t in q.options.items() if (w := _when(view, t)) is not None}
+
 def _nearest_to_anchor(q: Question, view: EvidenceView, support: dict) -> str | None:
     "'right after / before X': the located option nearest the anchor on the asked side; its own segment comes last."
     rel, x = question_anchor(q)
@@ -73,7 +77,7 @@ def _nearest_to_anchor(q: Question, view: EvidenceView, support: dict) -> str | 
     if at is None:
         return None
     sign = 1.0 if rel == 'after' else -1.0
-    where = {o: w for o, t in q.options.items() if (w := _when(view, t)) is not None}
+    where = _located(q, view)
     ok = {o: (w[1] == at[1], sign * (w[0] - at[0]))
           for o, w in where.items() if sign * (w[0] - at[0]) >= 0}
     return min(ok, key=lambda o: (*ok[o], -support[o], o)) if ok else None
@@ -115,24 +119,32 @@ def _pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, s
 
 # %% ../../nbs/24_reveal.answerer.ipynb #1f54921d
 def _guess_reason(view: EvidenceView, best: str, rule: str, support: float) -> str:
-    "The guess's reasoning line: the option, its rule and its support."
+    "The guess's reasoning."
     return (f"{'no evidence; ' if not view.evidence else ''}a guess (the evidence does not "
             f"determine the answer): option {best} ({rule}): support={support:.2f}")
+
+def _best_supported(q: Question, support: dict) -> str:
+    "The option with the best support (ties: the earliest letter)."
+    return max(q.options, key=lambda o: (round(support[o], 9), -ord(o)))
 
 def _guess(q: Question, view: EvidenceView) -> AnswerResult:
     "The support rules above: a guess, since the reader found nothing that decides."
     support = _option_support(q, view)
     best, rule = _pick(q, view, support)
     if best is None:
-        best, rule = max(q.options, key=lambda o: (round(support[o], 9), -ord(o))), 'best supported'
+        best, rule = _best_supported(q, support), 'best supported'
     why = _guess_reason(view, best, rule, support[best])
     return AnswerResult(best, why, 'offline',
                         scores={'support': support, 'rule': rule, 'determined': False})
 
+def _how_read(r: Reading) -> str:
+    "Whether the reading determines the answer or only guesses it, in words."
+    return ('the evidence determines it' if r.determined
+            else 'the best reading, a guess: the evidence does not determine it')
+
 def _read_answer(r: Reading) -> AnswerResult:
     "The answer of a reading that found one: determined by the evidence, or its best guess."
-    how = ('the evidence determines it' if r.determined
-           else 'the best reading, a guess: the evidence does not determine it')
+    how = _how_read(r)
     return AnswerResult(r.answer, f"option {r.answer} (reader, {r.kind}): {how}", 'offline',
                         scores={'rule': 'reader', 'determined': r.determined,
                                 'directions': r.directions})
@@ -185,13 +197,24 @@ class Answerer:
         self.evidence_tokens = evidence_tokens
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d000b
+def _unusable_note(rec: dict) -> str:
+    "Why the answer is the offline one: the call's error, else no valid letter."
+    return f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); offline answer"
+
 def _fallback(q: Question, view: EvidenceView, rec: dict) -> AnswerResult:
-    "The offline answer in place of an unusable reply, with the call marked and a note on why."
+    "The offline answer in place of an unusable reply, the call marked."
     a = offline_answer(q, view)
     a.source, a.calls = 'fallback', [mark(rec, 'offline answer')]
-    a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); "
-                   f"offline answer")
+    a.notes.append(_unusable_note(rec))
     return a
+
+def _answer_call(self: Answerer, q: Question, view: EvidenceView, images: list | None,
+                 frames_note: str) -> tuple[Any, dict]:
+    "The answerer's model call: its reply data and the call record."
+    prompt = answer_prompt(q, view.evidence, len(images or []), self.evidence_tokens, frames_note)
+    return role_call(self.model, 'answerer', ANSWER_SYSTEM, prompt,
+                     answer_schema(list(q.options)), max_tokens=reply_tokens('answerer'),
+                     images=images or None)
 
 @patch
 def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None = None,
@@ -199,10 +222,7 @@ def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None 
     "Answer from the final evidence (and frames, with a note on where they come from)."
     if self.offline:
         return offline_answer(q, view)
-    prompt = answer_prompt(q, view.evidence, len(images or []), self.evidence_tokens, frames_note)
-    data, rec = role_call(self.model, 'answerer', ANSWER_SYSTEM, prompt,
-                          answer_schema(list(q.options)), max_tokens=reply_tokens('answerer'),
-                          images=images or None)
+    data, rec = _answer_call(self, q, view, images, frames_note)
     r = parse_reply(answer_reply(tuple(q.options)), data)
     if r is None:
         return _fallback(q, view, rec)

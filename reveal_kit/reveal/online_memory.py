@@ -109,7 +109,7 @@ def record_attempt(self: OnlineMemory, round: int, strategy: str, query: str | N
 # %% ../../nbs/20_reveal.online_memory.ipynb #f97a2517
 @patch
 def set_missing(self: OnlineMemory, analysis: list[str] | str | None) -> None:
-    "Store the verifier's latest missing-evidence analysis A_t (a list of facts to retrieve)."
+    "Store A_t, the verifier's latest missing-evidence analysis (facts to retrieve)."
     if isinstance(analysis, str): analysis = [analysis]
     self.missing = [str(a).strip() for a in (analysis or []) if str(a).strip()]
 

@@ -109,7 +109,7 @@ def _resolve(preset: str | MethodSpec) -> MethodSpec | None:
     return _oracle_variant(preset) if isinstance(preset, str) else None
 
 def _unknown_method(preset: str) -> KeyError:
-    "The error for a name that is no preset: it lists the presets and the suffixes."
+    "The error for an unknown preset name."
     return KeyError(f"unknown method {preset!r}; presets: {', '.join(sorted(PRESETS))} "
                     f"(each also with the suffix {ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX})")
 

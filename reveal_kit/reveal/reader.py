@@ -67,6 +67,10 @@ def screen_events(text: str) -> list[tuple[tuple[str, str, str], str | None]]:
     return [tuple(x) for x in out]
 
 # %% ../../nbs/22a_reveal.reader.ipynb #dbff5b59
+def _triple(m: re.Match) -> tuple[str, str, str]:
+    "The (entity, action, object) an `EVENT_RE` match names."
+    return NAMES[m[1]], VERBS[m[2]], m[3]
+
 def _cause_event(c: re.Match, ms: list[tuple]) -> int | None:
     "The event a cause binds to: the last one before `because C`, the first one after `C, so`."
     if c[1]:
@@ -76,7 +80,7 @@ def _cause_event(c: re.Match, ms: list[tuple]) -> int | None:
 def sentence_events(text: str) -> list[tuple[tuple[str, str, str], str | None]]:
     "Events read from sentences (`the chef opens the box`), with the cause bound by `because C` or `C, so`."
     t = norm_text(text)
-    ms = [(m.start(), m.end(), (NAMES[m[1]], VERBS[m[2]], m[3])) for m in EVENT_RE.finditer(t)]
+    ms = [(m.start(), m.end(), _triple(m)) for m in EVENT_RE.finditer(t)]
     causes = [None] * len(ms)
     for c in CAUSE_RE.finditer(t):
         i = _cause_event(c, ms)
@@ -141,6 +145,16 @@ def _mentions(evidence: list[Evidence]) -> list[tuple]:
     return sorted((a, b, i, tr, c, e.item_id, tr in said_triples(t)) for e in evidence
                   for a, b, t in timed_chunks(e) for i, (tr, c) in enumerate(event_mentions(t)))
 
+def _continues(prev: ReadEvent, a: float, b: float, s: bool, reach: float, said: bool,
+               gap: float) -> bool:
+    "Whether a mention at [a, b] continues `prev`: near its end, within its reach, said alike or inside."
+    return a <= prev.t_end + gap and a < reach and (s == said or b <= prev.t_end)
+
+def _extend(prev: ReadEvent, b: float, c: str | None, iid: str) -> None:
+    "Stretch `prev` to `b`, keep its cause (else take `c`), and note the item."
+    prev.t_end, prev.cause = max(prev.t_end, b), prev.cause or c
+    prev.items += [iid] if iid not in prev.items else []
+
 def read_events(evidence: list[Evidence], gap: float = 0.01) -> list[ReadEvent]:
     "The events the evidence states, in time order: mentions of one triple merged while one event could span them."
     ms = _mentions(evidence)
@@ -148,10 +162,8 @@ def read_events(evidence: list[Evidence], gap: float = 0.01) -> list[ReadEvent]:
     reach, said = {}, {}
     for a, b, i, tr, c, iid, s in ms:
         prev = next((x for x in reversed(out) if x.triple == tr), None)
-        if (prev and a <= prev.t_end + gap and a < reach[id(prev)]
-            and (s == said[id(prev)] or b <= prev.t_end)):
-            prev.t_end, prev.cause = max(prev.t_end, b), prev.cause or c
-            prev.items += [iid] if iid not in prev.items else []
+        if prev and _continues(prev, a, b, s, reach[id(prev)], said[id(prev)], gap):
+            _extend(prev, b, c, iid)
         else:
             out.append(ReadEvent(*tr, a, b, c, [iid], i))
             reach[id(out[-1])] = b + MAX_EVENT_S
@@ -182,7 +194,7 @@ def option_fact(kind: str, text: str):
     if kind == 'causal': return m[1] if (m := _BECAUSE.search(t)) else None
     if kind == 'global': return NAMES.get(t[4:] if t.startswith('the ') else t)
     m = EVENT_RE.search(t)
-    return (NAMES[m[1]], VERBS[m[2]], m[3]) if m else None
+    return _triple(m) if m else None
 
 # %% ../../nbs/22a_reveal.reader.ipynb #464f6064
 @dataclass
@@ -215,6 +227,10 @@ def _option_facts(q: Question, kind: str) -> dict:
     "What each option of `q` asserts, read as a `kind` option."
     return {o: option_fact(kind, t) for o, t in q.options.items()}
 
+def _answer_of(facts: dict, good) -> str | None:
+    "The option whose fact is `good` (None without one, or without `good`)."
+    return next((o for o, f in facts.items() if good and f == good), None)
+
 def _dirs(facts: dict, good, known: bool) -> dict[str, str]:
     "Directions: the option whose fact is `good` supported, the rest ruled out when `known`, else all unknown."
     if not known: return {o: 'unknown' for o in facts}
@@ -222,7 +238,7 @@ def _dirs(facts: dict, good, known: bool) -> dict[str, str]:
 
 # %% ../../nbs/22a_reveal.reader.ipynb #bbe5d2c9
 def _count_dirs(facts: dict, n: int, closed: bool) -> dict[str, str]:
-    "Count n supported once closed; no count, a smaller one, or (once closed) any other ruled out."
+    "Counting directions for the count `n` read."
     return {o: 'supported' if k == n and closed else
             'ruled_out' if k is None or k < n or closed else 'unknown'
             for o, k in facts.items()}
@@ -254,7 +270,7 @@ def read_temporal(q: Question, anchor: tuple, r: Reading, evidence: list[Evidenc
     A, nxt = _anchor_next(r.events, anchor)
     fixed = bool(nxt) and _covered(evidence, A.t_start, nxt.t_start)
     r.directions = _dirs(facts, nxt.triple if nxt else None, fixed)
-    r.answer = next((o for o, f in facts.items() if nxt and f == nxt.triple), None)
+    r.answer = _answer_of(facts, nxt.triple if nxt else None)
     r.facts = dict(anchor=A is not None, next=nxt.triple if nxt else None, fixed=fixed,
                    located={o: f in seen for o, f in facts.items()}, options=facts)
     r.missing = [_ph(anchor)] if A is None else [] if fixed else [f'right after {_ph(anchor)}']
@@ -288,7 +304,7 @@ def read_action(q: Question, r: Reading) -> None:
     hits = {e.triple for e in r.events if m and (e.entity, e.obj) == (NAMES[m[1]], m[2])}
     good = next(iter(hits)) if len(hits) == 1 else None
     r.directions = _dirs(facts, good, good is not None and good in facts.values())
-    r.answer = next((o for o, f in facts.items() if good and f == good), None)
+    r.answer = _answer_of(facts, good)
     r.facts = dict(pair=bool(hits), options=facts)
     r.missing = [] if good else [f'the {m[1]} with the {m[2]}' if m else q.question]
 
@@ -299,7 +315,7 @@ def read_causal(q: Question, target: tuple, r: Reading) -> None:
     hit = [e for e in r.events if e.triple == target]
     cause = next((e.cause for e in hit if e.cause), None)
     r.directions = _dirs(facts, cause, cause is not None and cause in facts.values())
-    r.answer = next((o for o, f in facts.items() if cause and f == cause), None)
+    r.answer = _answer_of(facts, cause)
     r.facts = dict(event=bool(hit), cause=cause, options=facts)
     r.missing = [] if cause else [f'why {_ph(target)}'] if hit else [_ph(target)]
 
@@ -332,7 +348,7 @@ def read_global(q: Question, r: Reading, evidence: list[Evidence], duration: flo
 def _target(q: Question) -> tuple | None:
     "The event a counting, temporal-order or causal question is about."
     m = EVENT_RE.search(norm_text(q.question.split('right after')[-1]))
-    return (NAMES[m[1]], VERBS[m[2]], m[3]) if m else None
+    return _triple(m) if m else None
 
 def _read_kind(q: Question, r: Reading, tgt: tuple | None, evidence: list[Evidence],
                duration: float | None, searched: bool) -> None:
@@ -345,13 +361,18 @@ def _read_kind(q: Question, r: Reading, tgt: tuple | None, evidence: list[Eviden
     elif k == 'causal': read_causal(q, tgt, r)
     else: read_global(q, r, evidence, duration)
 
+def _unreadable(r: Reading, tgt: tuple | None) -> bool:
+    "Whether the rules cannot read: no kind, an event question without its event, or no events."
+    k = r.kind
+    return k is None or (k in ('counting', 'temporal_order', 'causal') and tgt is None) or not r.events
+
 def read_question(q: Question, evidence: list[Evidence], duration: float | None = None,
                   searched: bool = False) -> Reading:
     "Read the evidence into events and answer `q` from them alone (rules above); undetermined outside the language."
     r = Reading(question_kind(q.question), events=read_events(evidence))
     k, tgt = r.kind, _target(q)
     r.directions = {o: 'unknown' for o in q.options}
-    if k is None or (k in ('counting', 'temporal_order', 'causal') and tgt is None) or not r.events:
+    if _unreadable(r, tgt):
         r.missing = [] if k is None else [_ph(tgt) if tgt else q.question]
         return r
     _read_kind(q, r, tgt, evidence, duration, searched)

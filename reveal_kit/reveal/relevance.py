@@ -98,7 +98,7 @@ def _times(e: dict | Evidence) -> tuple[float, float]:
     return e.t_start, e.t_end
 
 def span_relevant(q: Question, evidence: list[dict | Evidence]) -> bool:
-    "Whether any evidence item overlaps the question's annotated decisive or distractor spans."
+    "Whether any evidence overlaps the question's annotated decisive or distractor spans."
     spans = [*q.evidence_spans, *q.distractor_spans]
     return any(s < b and e > a for s, e in map(_times, evidence) for a, b in spans)
 
@@ -157,10 +157,14 @@ def _rates(rows: list[dict], t: float) -> tuple[float, float]:
     tnr = sum(r['score'] < t for r in neg) / len(neg) if neg else 1.0
     return tpr, tnr
 
+def _judged_relevant(rows: list[dict], t: float) -> float:
+    "The share of rows the rule `score >= t` judges relevant (where the loop would stop)."
+    return sum(r['score'] >= t for r in rows) / max(len(rows), 1)
+
 def _threshold_line(rows: list[dict], t: float) -> dict:
     "One threshold's line: true positive and negative rates, balanced accuracy, share relevant."
     tpr, tnr = _rates(rows, t)
-    stop = sum(r['score'] >= t for r in rows) / max(len(rows), 1)
+    stop = _judged_relevant(rows, t)
     return {'threshold': t, 'tpr': round(tpr, 4), 'tnr': round(tnr, 4),
             'balanced_accuracy': round((tpr + tnr) / 2, 4), 'judged_relevant': round(stop, 4)}
 

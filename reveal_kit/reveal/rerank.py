@@ -96,6 +96,11 @@ def _support(cands: list[Candidate], targets: list[str], vecs: np.ndarray | None
     ev = [Evidence.from_item(c.item) for c in cands]
     return EvidenceView(ev, vecs, embed).support(targets).max(axis=0)
 
+def _rank_score(c: Candidate, s: float, crits: list) -> float:
+    "The formula above: weighted retrieval score, best target support and cue share."
+    a, b, g = RERANK_WEIGHTS
+    return a * c.score + b * float(s) + g * _cue_share(c, crits)
+
 def rubric_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: list[str],
                   missing: list[str], vecs: np.ndarray | None,
                   embed: Callable | None) -> list[Candidate]:
@@ -104,9 +109,8 @@ def rubric_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: 
         return []
     sup = _support(cands, rerank_targets(q, missing), vecs, embed)
     crits = [pool[n] for n in names]
-    a, b, g = RERANK_WEIGHTS
     for c, s in zip(cands, sup):
-        c.rank_score = a * c.score + b * float(s) + g * _cue_share(c, crits)
+        c.rank_score = _rank_score(c, s, crits)
     return sorted(cands, key=lambda c: -c.rank_score)
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #9a7e000b
@@ -119,7 +123,7 @@ def relevance_rank(cands: list[Candidate]) -> list[Candidate]:
 # %% ../../nbs/25a_reveal.rerank.ipynb #ab05c0d1
 @functools.lru_cache(maxsize=64)
 def rerank_reply(n: int) -> type[ReplyModel]:
-    "The rerank reply model: `scores`, a score in {0, 0.5, 1} for each candidate number 0…n−1."
+    "The rerank reply model: a score in {0, 0.5, 1} for each candidate number 0…n−1."
     scores = keyed_model('CandidateScores', tuple(str(i) for i in range(n)), SCORE)
     return create_model('RerankReply', __base__=ReplyModel, scores=(scores, ...))
 
