@@ -140,7 +140,7 @@ def _is_open_clip_dir(p: Path) -> bool:
             and any((p / w).exists() for w in _OC_WEIGHTS))
 
 def _siglip_weights(p: Path) -> tuple[dict, str]:
-    "A SigLIP weights file, of the architecture `$REVEAL_SIGLIP_ARCH` (default ViT-L-16-SigLIP-384)."
+    "A weights file of the `$REVEAL_SIGLIP_ARCH` architecture (default ViT-L-16-SigLIP-384)."
     arch = os.environ.get('REVEAL_SIGLIP_ARCH', 'ViT-L-16-SigLIP-384')
     return (dict(model_name=arch, pretrained=str(p)),
             f"SigLIP weights {p} with architecture {arch} (REVEAL_SIGLIP)")

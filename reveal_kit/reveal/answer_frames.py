@@ -93,12 +93,16 @@ def _text_only_why(route: str, offline: bool, model: ChatModel | None) -> str | 
         return 'answer_frames is none' if route == 'none' else 'answerer cannot take images'
     return None
 
+def _blank_record(route: str, cap: int) -> dict:
+    "The frames record before any frame is cut."
+    return {'route': route, 'frames': 0, 'cap': cap, 'items': [], 'note': None}
+
 def answer_frames(q: Question, memory: Memory, evidence: list[Evidence], spec: MethodSpec,
                   config: Config, model: ChatModel | None, offline: bool,
                   oracle_items: list[MemoryItem] | None = None) -> tuple[list, dict]:
     "The answerer's frames (B.2 routing or the oracle segments) and their trace record."
     cap, route = frame_cap(spec, config), spec.answer_frames
-    rec = {'route': route, 'frames': 0, 'cap': cap, 'items': [], 'note': None}
+    rec = _blank_record(route, cap)
     why = _text_only_why(route, offline, model)
     if why:
         return [], {**rec, 'note': f'{why}: text only'}

@@ -241,12 +241,16 @@ def _missing_queries(view: dict, config: Config) -> list[str]:
                         config.query_jaccard_reject)
     return qs[:config.max_repair_queries]
 
+def _stalled(flags: list[bool]) -> bool:
+    "Whether the last two attempts added no new evidence."
+    return len(flags) >= 2 and not any(flags[-2:])
+
 def offline_repair(q: Question, view: dict, config: Config = Config()) -> PlanAction:
     "Rule-based repair decision (see the rules above)."
     flags = view.get('new_evidence', [])
     if role_type(q) == 'global':
         return PlanAction('Uniform Sampling', [], 'Global question: sample the whole timeline.')
-    if len(flags) >= 2 and not any(flags[-2:]):
+    if _stalled(flags):
         return PlanAction('Uniform Sampling', [], 'The last two attempts added no new evidence.')
     if view.get('missing'):
         return PlanAction('Text Retrieval', _missing_queries(view, config),
@@ -337,16 +341,20 @@ def repair(self: Planner, q: Question, view: dict) -> PlanAction:
     return PlanAction(strat, qs, r.reasoning, 'model', [rec], notes)
 
 # %% ../../nbs/22_reveal.planner.ipynb #63d03e3f
+def _nearest_past(qq: str, hist: list[str]) -> tuple[float, str]:
+    "(Jaccard, query) of the past query most like `qq` ((0.0, '') with none)."
+    return max([(jaccard(qq, h), h) for h in hist] or [(0.0, '')])
+
 def _reject_reason(qq: str, hist: list[str], c: float, jt: float, ct: float) -> str | None:
     "Why a query is rejected: Jaccard ≥ `jt` to a past query, else cosine `c` ≥ `ct` (None: kept)."
-    j, near = max([(jaccard(qq, h), h) for h in hist] or [(0.0, '')])
+    j, near = _nearest_past(qq, hist)
     if j >= jt:
         return f'jaccard={j:.3f}>={jt} to "{near}"'
     return f'cosine={c:.3f}>={ct} to accumulated evidence' if c >= ct else None
 
 def _screen(queries: list[str], vecs: np.ndarray | None, om: OnlineMemory,
             config: Config) -> tuple[list[str], list[int], list[dict]]:
-    "Each query in turn kept or rejected (kept, their rows, rejected); a kept one joins the history."
+    "Each query kept or rejected in turn: (kept, their rows, rejected)."
     jt, ct = config.query_jaccard_reject, config.query_cosine_reject
     kept, kept_v, rejected, hist = [], [], [], list(om.history)
     for i, qq in enumerate(queries):

@@ -147,7 +147,7 @@ def _mentions(evidence: list[Evidence]) -> list[tuple]:
 
 def _continues(prev: ReadEvent, a: float, b: float, s: bool, reach: float, said: bool,
                gap: float) -> bool:
-    "Whether a mention at [a, b] continues `prev`: near its end, within its reach, said alike or inside."
+    "Whether a mention at [a, b] continues `prev`: near its end, in reach, said alike or inside."
     return a <= prev.t_end + gap and a < reach and (s == said or b <= prev.t_end)
 
 def _extend(prev: ReadEvent, b: float, c: str | None, iid: str) -> None:
@@ -237,6 +237,10 @@ def _dirs(facts: dict, good, known: bool) -> dict[str, str]:
     return {o: 'supported' if f == good else 'ruled_out' for o, f in facts.items()}
 
 # %% ../../nbs/22a_reveal.reader.ipynb #bbe5d2c9
+def _top_count(facts: dict) -> int:
+    "The highest count any option states (0 when none states one)."
+    return max([k for k in facts.values() if k is not None] or [0])
+
 def _count_dirs(facts: dict, n: int, closed: bool) -> dict[str, str]:
     "Counting directions for the count `n` read."
     return {o: 'supported' if k == n and closed else
@@ -247,7 +251,7 @@ def read_counting(q: Question, target: tuple, r: Reading, searched: bool) -> Non
     "Counting: the target's instances; higher counts stay open until a search found no more."
     n = sum(e.triple == target for e in r.events)
     facts = _option_facts(q, 'counting')
-    top = max([k for k in facts.values() if k is not None] or [0])
+    top = _top_count(facts)
     closed = n > 0 and (searched or n >= top)
     r.directions = _count_dirs(facts, n, closed)
     r.answer = next((o for o, k in facts.items() if k == n), None)
@@ -364,7 +368,8 @@ def _read_kind(q: Question, r: Reading, tgt: tuple | None, evidence: list[Eviden
 def _unreadable(r: Reading, tgt: tuple | None) -> bool:
     "Whether the rules cannot read: no kind, an event question without its event, or no events."
     k = r.kind
-    return k is None or (k in ('counting', 'temporal_order', 'causal') and tgt is None) or not r.events
+    return (k is None or (k in ('counting', 'temporal_order', 'causal') and tgt is None)
+            or not r.events)
 
 def read_question(q: Question, evidence: list[Evidence], duration: float | None = None,
                   searched: bool = False) -> Reading:

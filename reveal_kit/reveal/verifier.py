@@ -113,7 +113,7 @@ def token_cap(lengths: list[int], budget: int) -> int | None:
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0020
 def _within_budget(texts: list[str], token_budget: int | None) -> list[str]:
-    "The texts, each cut to the common cap `token_cap` finds (marked `…`) when they exceed the budget."
+    "The texts cut to the common cap `token_cap` finds (marked `…`) when over the budget."
     cap = token_cap([estimate_tokens(t) for t in texts], token_budget) if token_budget else None
     if cap is None:
         return texts
@@ -189,9 +189,13 @@ def _model_select(self: Verifier, q: Question) -> tuple[list[str], dict]:
     r = parse_reply(select_reply(tuple(self.pool.names)), data)
     return (list(dict.fromkeys(r.criteria)) if r else []), rec
 
+def _type_criteria(self: Verifier, q: Question) -> list[str]:
+    "The names of the pool's criteria for the question's type (the rules' selection)."
+    return [c.name for c in self.pool.for_type(role_type(q))]
+
 def _select_uncached(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
     "Call 1 itself: the rules' criteria offline, else the model's (the rules' if it is unusable)."
-    offline_names = [c.name for c in self.pool.for_type(role_type(q))]
+    offline_names = _type_criteria(self, q)
     if self.offline:
         return offline_names, 'offline', []
     names, rec = _model_select(self, q)
@@ -210,11 +214,15 @@ def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
     return names, src, calls
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0028
+def _snapped(rows) -> dict[str, dict[str, float]]:
+    "The score table with every score snapped to {0, 0.5, 1}."
+    return {o: {n: snap_score(s) for n, s in row.items()} for o, row in rows}
+
 def _model_table(r: BaseModel) -> tuple[dict, list[str], list[str]]:
     "(table, unknown options, missing evidence) from a call-2 reply model."
     d = r.model_dump(by_alias=True)
     rows = d['rubric_criteria_scores'].items()
-    table = {o: {n: snap_score(s) for n, s in row.items()} for o, row in rows}
+    table = _snapped(rows)
     missing = [m.strip() for m in d['missing_evidence_analysis'] if m.strip()]
     return table, list(dict.fromkeys(d['unknown_options'])), missing
 
