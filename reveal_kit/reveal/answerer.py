@@ -93,10 +93,14 @@ def _consistent_order(q: Question, view: EvidenceView, support: dict) -> str | N
     return max(ok, key=lambda o: (support[o], -ord(o))) if ok else None
 
 # %% ../../nbs/24_reveal.answerer.ipynb #75348c4b
+def _option_numbers(q: Question) -> dict[str, int]:
+    "The number each option states, for the options that state one."
+    return {o: k for o, t in q.options.items() if (k := option_number(t)) is not None}
+
 def _count_nearest(q: Question, view: EvidenceView, support: dict) -> str | None:
     "Counting: the option whose number is nearest the distinct instances of the question's focus."
     n = len(count_instances(view, focus(q.question) or q.question)[0])
-    nums = {o: k for o, t in q.options.items() if (k := option_number(t)) is not None}
+    nums = _option_numbers(q)
     return min(nums, key=lambda o: (abs(nums[o] - n), -support[o], o)) if nums else None
 
 def _order_pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, str]:

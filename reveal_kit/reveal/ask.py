@@ -31,22 +31,29 @@ def _score_row(o: str, row: dict, rho_o: float) -> str:
     return (f"     {o}: " + ' '.join(f"{k}={x:g}" for k, x in row.items())
             + f"  rho_o={rho_o:.3f}")
 
+def _verifier_head(v: dict) -> str:
+    "A round's verifier line: ρ, verdict, unknown options, missing evidence."
+    return (f"   verifier: rho={v['rho']:.3f} sufficient={v['sufficient']} "
+            f"unknown={v['unknown_options']} missing={v['missing']}")
+
 def _verifier_lines(v: dict) -> list[str]:
     "A round's verifier record: ρ, verdict, unknown options, missing evidence, the score table."
-    L = [f"   verifier: rho={v['rho']:.3f} sufficient={v['sufficient']} "
-         f"unknown={v['unknown_options']} missing={v['missing']}"]
-    return L + [_score_row(o, row, v['rho_o'][o]) for o, row in v['table'].items()]
+    return [_verifier_head(v)] + [_score_row(o, row, v['rho_o'][o]) for o, row in v['table'].items()]
 
 def _admitted_line(a: dict) -> str:
     "One admitted item: id, level, time span, rank score."
     return (f"   + {a['item_id']} L{a['level']} "
             f"{fmt_time(a['t_start'])}-{fmt_time(a['t_end'])} score={a['rank_score']}")
 
+def _round_head(rd: dict) -> str:
+    "A round's first line: its strategy, who planned it, the queries, rejections, new items."
+    return (f"round {rd['round']}: {rd['strategy_executed']} ({rd.get('plan_source')}) "
+            f"queries={rd.get('kept')} rejected={len(rd.get('rejected', []))} "
+            f"admitted={rd.get('new_evidence')}")
+
 def _round_lines(rd: dict, max_items: int) -> list[str]:
     "One round of a trace: plan, admitted items, verifier table."
-    L = [f"round {rd['round']}: {rd['strategy_executed']} ({rd.get('plan_source')}) "
-         f"queries={rd.get('kept')} rejected={len(rd.get('rejected', []))} "
-         f"admitted={rd.get('new_evidence')}"]
+    L = [_round_head(rd)]
     L += [_admitted_line(a) for a in rd.get('admitted', [])[:max_items]]
     return L + (_verifier_lines(rd['verifier']) if rd.get('verifier') else [])
 
