@@ -57,6 +57,13 @@ def _descriptor_fallback(why: str) -> ImageEmbedder:
     why = f"{why}; using the deterministic {DESCRIPTOR_ID} frame descriptor"
     return DescriptorImageEmbedder(is_fallback=True, why=why)
 
+def _siglip_or_descriptor(name: str) -> ImageEmbedder:
+    "SigLIP when it loads; else an error ('siglip') or the descriptor ('auto')."
+    emb, why = _siglip_or_reason()
+    if emb is not None: return emb
+    if name == 'siglip': raise RuntimeError(why)
+    return _descriptor_fallback(why)
+
 @functools.lru_cache(maxsize=4)
 def get_image_embedder(name: str = 'auto') -> ImageEmbedder:
     "The frame embedder for `name` ('auto' | 'siglip' | 'descriptor'); one load per process."
@@ -65,7 +72,4 @@ def get_image_embedder(name: str = 'auto') -> ImageEmbedder:
         return DescriptorImageEmbedder(is_fallback=False, why="descriptor requested by name")
     if name not in ('auto', 'siglip'):
         raise ValueError(f"unknown image embedder {name!r}: use 'auto', 'siglip' or 'descriptor'")
-    emb, why = _siglip_or_reason()
-    if emb is not None: return emb
-    if name == 'siglip': raise RuntimeError(why)
-    return _descriptor_fallback(why)
+    return _siglip_or_descriptor(name)

@@ -52,23 +52,31 @@ class ImageEmbedder(Embedder):
                                   "(pip install open_clip_torch)")
 
 # %% ../../nbs/04_retrieval.embedders.ipynb #dfd7eb96
+def _check_all_str(texts: list) -> None:
+    "Fail, naming the first few, when items are not strings."
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"texts must be str; items {bad[:5]} are {type(texts[bad[0]]).__name__}")
+
 def check_texts(texts: Sequence[str]) -> list[str]:
     "Validate a list of strings (a single string is an error: wrap it in a list)."
     if isinstance(texts, str):
         raise TypeError("encode() takes a list of strings, got a single str; wrap it: [text]")
     texts = list(texts)
-    bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
-    if bad:
-        raise TypeError(f"texts must be str; items {bad[:5]} are {type(texts[bad[0]]).__name__}")
+    _check_all_str(texts)
     return texts
 
 # %% ../../nbs/04_retrieval.embedders.ipynb #15e0789e
+def _check_shape(f: np.ndarray) -> None:
+    "Fail unless `f` is HxWx3 or HxWx4, at least 2×2."
+    if f.ndim != 3 or f.shape[2] not in (3, 4) or min(f.shape[:2]) < 2:
+        raise ValueError(f"frames must be HxWx3 RGB uint8, got shape {f.shape}")
+
 def check_frame(frame: Any) -> np.ndarray:
     "Validate one frame as an RGB uint8 HxWx3 array (HxW grey and HxWx4 RGBA are converted)."
     f = np.asarray(frame)
     if f.dtype != np.uint8:
         raise ValueError(f"frames must be uint8 RGB arrays, got dtype {f.dtype}")
     if f.ndim == 2: f = np.repeat(f[..., None], 3, axis=2)
-    if f.ndim != 3 or f.shape[2] not in (3, 4) or min(f.shape[:2]) < 2:
-        raise ValueError(f"frames must be HxWx3 RGB uint8, got shape {f.shape}")
+    _check_shape(f)
     return np.ascontiguousarray(f[..., :3])

@@ -24,14 +24,14 @@ _W_LAYOUT, _W_MEAN, _W_HIST, _W_GRAD = 1.2, 1.0, 1.3, 1.0   # block weights
 # histograms are centred on ½ × the uniform sqrt histogram
 _CENTRE = 0.5
 
+def _decimated(f: np.ndarray) -> np.ndarray:
+    "A large frame cut to every step-th pixel first, still ≥ 4×4 pixels per thumbnail cell."
+    step = max(1, min(f.shape[0] // (4 * _THUMB_H), f.shape[1] // (4 * _THUMB_W)))
+    return np.ascontiguousarray(f[::step, ::step]) if step > 1 else f
+
 def frame_thumbnail(frame: np.ndarray) -> np.ndarray:
     "Shrink a frame to the 64×36 RGB uint8 thumbnail every descriptor block is computed from (area averaging)."
-    f = check_frame(frame)
-    # large frames: every step-th pixel
-    step = max(1, min(f.shape[0] // (4 * _THUMB_H), f.shape[1] // (4 * _THUMB_W)))
-    if step > 1:
-        # first, still ≥ 4×4 per cell
-        f = np.ascontiguousarray(f[::step, ::step])
+    f = _decimated(check_frame(frame))
     import cv2
     return cv2.resize(f, (_THUMB_W, _THUMB_H), interpolation=cv2.INTER_AREA)
 
@@ -70,11 +70,14 @@ def _orientation_bins(gx: np.ndarray, gy: np.ndarray, n: int) -> np.ndarray:
     "Each pixel's unsigned gradient orientation (0 to π) as one of `n` bins."
     return np.minimum(((np.arctan2(gy, gx) % np.pi) / np.pi * n).astype(np.int32), n - 1)
 
+def _sobel(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    "The horizontal and vertical 3×3 Sobel gradients of a grey image, float32."
+    import cv2
+    return cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=3), cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=3)
+
 def gradient_histogram(grey: np.ndarray, n_orient: int = 8, damp: float = 5.0) -> np.ndarray:
     "Magnitude-weighted histogram of unsigned gradient orientations in each image quadrant (32-d), sqrt and centred."
-    import cv2
-    gx = cv2.Sobel(grey, cv2.CV_32F, 1, 0, ksize=3)
-    gy = cv2.Sobel(grey, cv2.CV_32F, 0, 1, ksize=3)
+    gx, gy = _sobel(grey)
     mag = np.sqrt(gx * gx + gy * gy)
     ob = _orientation_bins(gx, gy, n_orient)
     quad = _quadrants(*grey.shape)
@@ -83,12 +86,15 @@ def gradient_histogram(grey: np.ndarray, n_orient: int = 8, damp: float = 5.0) -
     return _W_GRAD * (np.sqrt(hist / (hist.sum() + damp)) - _CENTRE / np.sqrt(4 * n_orient))
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #4c5e049e
+def _lab_and_hsv(small: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    "A thumbnail in Lab (floats in 0..1) and in OpenCV's uint8 HSV."
+    import cv2
+    lab = cv2.cvtColor(small, cv2.COLOR_RGB2Lab).astype(np.float32) / 255.0
+    return lab, cv2.cvtColor(small, cv2.COLOR_RGB2HSV)
+
 def frame_descriptor(frame: np.ndarray) -> np.ndarray:
     "The `descriptor-v1` vector of one RGB uint8 frame: layout, mean colour, colour and gradient histograms (243-d)."
-    import cv2
-    small = frame_thumbnail(frame)
-    lab = cv2.cvtColor(small, cv2.COLOR_RGB2Lab).astype(np.float32) / 255.0
-    hsv = cv2.cvtColor(small, cv2.COLOR_RGB2HSV)
+    lab, hsv = _lab_and_hsv(frame_thumbnail(frame))
     v = np.concatenate([colour_layout(lab), colour_histogram(hsv), gradient_histogram(lab[..., 0])])
     return l2_normalize(v)
 
@@ -133,6 +139,12 @@ def _is_open_clip_dir(p: Path) -> bool:
     return (p.is_dir() and (p / 'open_clip_config.json').exists()
             and any((p / w).exists() for w in _OC_WEIGHTS))
 
+def _siglip_weights(p: Path) -> tuple[dict, str]:
+    "A weights file of the `$REVEAL_SIGLIP_ARCH` architecture (default ViT-L-16-SigLIP-384)."
+    arch = os.environ.get('REVEAL_SIGLIP_ARCH', 'ViT-L-16-SigLIP-384')
+    return (dict(model_name=arch, pretrained=str(p)),
+            f"SigLIP weights {p} with architecture {arch} (REVEAL_SIGLIP)")
+
 def _siglip_from_env(env: str) -> tuple[dict | None, str]:
     "Resolve `$REVEAL_SIGLIP`: an `hf-hub:` name in the local cache, a hub-layout directory, or a weights file."
     if env.startswith('hf-hub:'): return _siglip_from_hub(env)
@@ -140,10 +152,7 @@ def _siglip_from_env(env: str) -> tuple[dict | None, str]:
     if _is_open_clip_dir(p):
         return (dict(model_name=None, pretrained=None, local_dir=str(p)),
                 f"SigLIP found at {p} (REVEAL_SIGLIP)")
-    if p.is_file():
-        arch = os.environ.get('REVEAL_SIGLIP_ARCH', 'ViT-L-16-SigLIP-384')
-        return (dict(model_name=arch, pretrained=str(p)),
-                f"SigLIP weights {p} with architecture {arch} (REVEAL_SIGLIP)")
+    if p.is_file(): return _siglip_weights(p)
     return None, f"REVEAL_SIGLIP={p} is neither an open_clip model directory nor a weights file"
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #3b301eef
@@ -155,7 +164,10 @@ def _in_hf_cache(repo: str) -> bool:
 def find_siglip() -> tuple[dict | None, str]:
     "How to build SigLIP from local files (`dict(model_name=, pretrained=, local_dir=)`), or None, with the reason."
     env = os.environ.get('REVEAL_SIGLIP')
-    if env: return _siglip_from_env(env)
+    return _siglip_from_env(env) if env else _siglip_in_hf_cache()
+
+def _siglip_in_hf_cache() -> tuple[dict | None, str]:
+    "The first of `SIGLIP_REPOS` the local Hugging Face cache holds, or None, with the reason."
     for repo in SIGLIP_REPOS:
         if _in_hf_cache(repo):
             return (dict(model_name=f'hf-hub:{repo}', pretrained=None),
@@ -209,6 +221,14 @@ def _set_tokenizer(self: SiglipImageEmbedder, name: str):
         self.tokenizer, self.why = None, f"{self.why}; text tower unavailable ({e})"
 
 @patch
+def _probe_dim(self: SiglipImageEmbedder) -> int:
+    "The image tower's output dimension, from one blank frame."
+    import torch
+    with torch.no_grad():
+        probe = self._model.encode_image(self._batch([np.zeros((64, 64, 3), np.uint8)]))
+    return int(probe.shape[-1])
+
+@patch
 def _load(self: SiglipImageEmbedder):
     "Create the open_clip model, preprocessing and tokenizer on the embedder's device; probe the dimension."
     import torch, open_clip
@@ -220,9 +240,7 @@ def _load(self: SiglipImageEmbedder):
         name, pretrained=pretrained, device=self.device)
     self._model.eval()
     self._set_tokenizer(name)
-    with torch.no_grad():
-        probe = self._model.encode_image(self._batch([np.zeros((64, 64, 3), np.uint8)]))
-    self._dim = int(probe.shape[-1])
+    self._dim = self._probe_dim()
 
 # %% ../../nbs/04c_retrieval.frame_embedders.ipynb #78242279
 @patch(as_prop=True)

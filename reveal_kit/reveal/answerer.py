@@ -41,23 +41,35 @@ class AnswerResult:
         return asdict(self)
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d0002
-def _option_support(q: Question, view: EvidenceView) -> dict[str, float]:
-    "Each option's best support over the evidence (a causal option read together with the question's focus)."
+def _option_texts(q: Question) -> list[str]:
+    "The options' texts; a causal option is read together with the question's focus."
     foc = focus(q.question)
-    texts = [f'{foc} {t}' if role_type(q) == 'causal' and foc else t for t in q.options.values()]
+    return [f'{foc} {t}' if role_type(q) == 'causal' and foc else t for t in q.options.values()]
+
+def _option_support(q: Question, view: EvidenceView) -> dict[str, float]:
+    "Each option's best support over the evidence."
+    texts = _option_texts(q)
     S = view.support(texts, option_common_words(texts))
     return {o: float(S[i].max()) if S.shape[1] else 0.0 for i, o in enumerate(q.options)}
 
+def _l1_support(view: EvidenceView, text: str) -> list[tuple]:
+    "The L1 items supporting `text` at least at LO, with their support."
+    s = view.support([text])[0] if view.evidence else np.zeros(0)
+    return [(v, e) for v, e in zip(s, view.evidence) if e.level == 1 and v >= SUPPORT_LO]
+
 def _when(view: EvidenceView, text: str) -> tuple[float, str] | None:
     "(midpoint, item id) of the L1 evidence item that best supports `text` (≥ LO), else None."
-    s = view.support([text])[0] if view.evidence else np.zeros(0)
-    l1 = [(v, e) for v, e in zip(s, view.evidence) if e.level == 1 and v >= SUPPORT_LO]
+    l1 = _l1_support(view, text)
     if not l1:
         return None
     e = max(l1, key=lambda x: x[0])[1]
     return (e.t_start + e.t_end) / 2, e.item_id
 
 # %% ../../nbs/24_reveal.answerer.ipynb #d33020d9
+def _located(q: Question, view: EvidenceView) -> dict[str, tuple[float, str]]:
+    "Each option the evidence locates, with `_when` it happens."
+    return {o: w for o, t in q.options.items() if (w := _when(view, t)) is not None}
+
 def _nearest_to_anchor(q: Question, view: EvidenceView, support: dict) -> str | None:
     "'right after / before X': the located option nearest the anchor on the asked side; its own segment comes last."
     rel, x = question_anchor(q)
@@ -65,25 +77,30 @@ def _nearest_to_anchor(q: Question, view: EvidenceView, support: dict) -> str | 
     if at is None:
         return None
     sign = 1.0 if rel == 'after' else -1.0
-    where = {o: w for o, t in q.options.items() if (w := _when(view, t)) is not None}
+    where = _located(q, view)
     ok = {o: (w[1] == at[1], sign * (w[0] - at[0]))
           for o, w in where.items() if sign * (w[0] - at[0]) >= 0}
     return min(ok, key=lambda o: (*ok[o], -support[o], o)) if ok else None
 
+def _in_order(q: Question, view: EvidenceView, option: str) -> bool:
+    "Whether the evidence locates two or more of the option's events, in its stated order."
+    times = [w[0] for e in temporal_events(q, option) if (w := _when(view, e)) is not None]
+    return len(times) >= 2 and all(a <= b for a, b in zip(times, times[1:]))
+
 def _consistent_order(q: Question, view: EvidenceView, support: dict) -> str | None:
     "Order options: the best supported among those whose located events do not contradict their stated order."
-    ok = []
-    for o, t in q.options.items():
-        times = [w[0] for e in temporal_events(q, t) if (w := _when(view, e)) is not None]
-        if len(times) >= 2 and all(a <= b for a, b in zip(times, times[1:])):
-            ok.append(o)
+    ok = [o for o, t in q.options.items() if _in_order(q, view, t)]
     return max(ok, key=lambda o: (support[o], -ord(o))) if ok else None
 
 # %% ../../nbs/24_reveal.answerer.ipynb #75348c4b
+def _option_numbers(q: Question) -> dict[str, int]:
+    "The number each option states, for the options that state one."
+    return {o: k for o, t in q.options.items() if (k := option_number(t)) is not None}
+
 def _count_nearest(q: Question, view: EvidenceView, support: dict) -> str | None:
     "Counting: the option whose number is nearest the distinct instances of the question's focus."
     n = len(count_instances(view, focus(q.question) or q.question)[0])
-    nums = {o: k for o, t in q.options.items() if (k := option_number(t)) is not None}
+    nums = _option_numbers(q)
     return min(nums, key=lambda o: (abs(nums[o] - n), -support[o], o)) if nums else None
 
 def _order_pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, str]:
@@ -105,21 +122,33 @@ def _pick(q: Question, view: EvidenceView, support: dict) -> tuple[str | None, s
     return _order_pick(q, view, support)
 
 # %% ../../nbs/24_reveal.answerer.ipynb #1f54921d
+def _guess_reason(view: EvidenceView, best: str, rule: str, support: float) -> str:
+    "The guess's reasoning."
+    return (f"{'no evidence; ' if not view.evidence else ''}a guess (the evidence does not "
+            f"determine the answer): option {best} ({rule}): support={support:.2f}")
+
+def _best_supported(q: Question, support: dict) -> str:
+    "The option with the best support (ties: the earliest letter)."
+    return max(q.options, key=lambda o: (round(support[o], 9), -ord(o)))
+
 def _guess(q: Question, view: EvidenceView) -> AnswerResult:
     "The support rules above: a guess, since the reader found nothing that decides."
     support = _option_support(q, view)
     best, rule = _pick(q, view, support)
     if best is None:
-        best, rule = max(q.options, key=lambda o: (round(support[o], 9), -ord(o))), 'best supported'
-    why = (f"{'no evidence; ' if not view.evidence else ''}a guess (the evidence does not "
-           f"determine the answer): option {best} ({rule}): support={support[best]:.2f}")
+        best, rule = _best_supported(q, support), 'best supported'
+    why = _guess_reason(view, best, rule, support[best])
     return AnswerResult(best, why, 'offline',
                         scores={'support': support, 'rule': rule, 'determined': False})
 
+def _how_read(r: Reading) -> str:
+    "Whether the reading determines the answer or only guesses it, in words."
+    return ('the evidence determines it' if r.determined
+            else 'the best reading, a guess: the evidence does not determine it')
+
 def _read_answer(r: Reading) -> AnswerResult:
     "The answer of a reading that found one: determined by the evidence, or its best guess."
-    how = ('the evidence determines it' if r.determined
-           else 'the best reading, a guess: the evidence does not determine it')
+    how = _how_read(r)
     return AnswerResult(r.answer, f"option {r.answer} (reader, {r.kind}): {how}", 'offline',
                         scores={'rule': 'reader', 'determined': r.determined,
                                 'directions': r.directions})
@@ -147,11 +176,15 @@ def answer_schema(letters: list[str]) -> dict:
     return reply_schema(answer_reply(tuple(letters)))
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d0005
+def _frames_line(n_frames: int, frames_note: str) -> str:
+    "The prompt's line on the attached frames and where they come from ('' without frames)."
+    where = f" ({frames_note})" if frames_note else ''
+    return f"\n\n{n_frames} video frames are attached{where}." if n_frames else ''
+
 def answer_prompt(q: Question, evidence: list[Evidence], n_frames: int = 0,
                   token_budget: int | None = EVIDENCE_TOKENS, frames_note: str = '') -> str:
     "The answerer's user message: question, options, the evidence (and how many frames are attached, from where)."
-    where = f" ({frames_note})" if frames_note else ''
-    fr = f"\n\n{n_frames} video frames are attached{where}." if n_frames else ''
+    fr = _frames_line(n_frames, frames_note)
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
             f"Evidence:\n{evidence_block(evidence, token_budget=token_budget)}{fr}\n\n"
             'Reply as {"answer": "<letter>", "reasoning": "one sentence"}.')
@@ -168,13 +201,24 @@ class Answerer:
         self.evidence_tokens = evidence_tokens
 
 # %% ../../nbs/24_reveal.answerer.ipynb #7c3d000b
+def _unusable_note(rec: dict) -> str:
+    "Why the answer is the offline one: the call's error, else no valid letter."
+    return f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); offline answer"
+
 def _fallback(q: Question, view: EvidenceView, rec: dict) -> AnswerResult:
-    "The offline answer in place of an unusable reply, with the call marked and a note on why."
+    "The offline answer in place of an unusable reply, the call marked."
     a = offline_answer(q, view)
     a.source, a.calls = 'fallback', [mark(rec, 'offline answer')]
-    a.notes.append(f"answerer reply unusable ({rec.get('error') or 'no valid letter'}); "
-                   f"offline answer")
+    a.notes.append(_unusable_note(rec))
     return a
+
+def _answer_call(self: Answerer, q: Question, view: EvidenceView, images: list | None,
+                 frames_note: str) -> tuple[Any, dict]:
+    "The answerer's model call: its reply data and the call record."
+    prompt = answer_prompt(q, view.evidence, len(images or []), self.evidence_tokens, frames_note)
+    return role_call(self.model, 'answerer', ANSWER_SYSTEM, prompt,
+                     answer_schema(list(q.options)), max_tokens=reply_tokens('answerer'),
+                     images=images or None)
 
 @patch
 def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None = None,
@@ -182,10 +226,7 @@ def answer(self: Answerer, q: Question, view: EvidenceView, images: list | None 
     "Answer from the final evidence (and frames, with a note on where they come from)."
     if self.offline:
         return offline_answer(q, view)
-    prompt = answer_prompt(q, view.evidence, len(images or []), self.evidence_tokens, frames_note)
-    data, rec = role_call(self.model, 'answerer', ANSWER_SYSTEM, prompt,
-                          answer_schema(list(q.options)), max_tokens=reply_tokens('answerer'),
-                          images=images or None)
+    data, rec = _answer_call(self, q, view, images, frames_note)
     r = parse_reply(answer_reply(tuple(q.options)), data)
     if r is None:
         return _fallback(q, view, rec)

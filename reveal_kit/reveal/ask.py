@@ -26,24 +26,43 @@ def load_trace(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
 
 # %% ../../nbs/25c_reveal.ask.ipynb #9a7e0027
+def _score_row(o: str, row: dict, rho_o: float) -> str:
+    "One option's line of the verifier table: its score per criterion and ρ_o."
+    return (f"     {o}: " + ' '.join(f"{k}={x:g}" for k, x in row.items())
+            + f"  rho_o={rho_o:.3f}")
+
+def _verifier_head(v: dict) -> str:
+    "A round's verifier line: ρ, verdict, unknown options, missing evidence."
+    return (f"   verifier: rho={v['rho']:.3f} sufficient={v['sufficient']} "
+            f"unknown={v['unknown_options']} missing={v['missing']}")
+
 def _verifier_lines(v: dict) -> list[str]:
     "A round's verifier record: ρ, verdict, unknown options, missing evidence, the score table."
-    L = [f"   verifier: rho={v['rho']:.3f} sufficient={v['sufficient']} "
-         f"unknown={v['unknown_options']} missing={v['missing']}"]
-    for o, row in v['table'].items():
-        L.append(f"     {o}: " + ' '.join(f"{k}={x:g}" for k, x in row.items())
-                 + f"  rho_o={v['rho_o'][o]:.3f}")
-    return L
+    return [_verifier_head(v)] + [_score_row(o, row, v['rho_o'][o]) for o, row in v['table'].items()]
+
+def _admitted_line(a: dict) -> str:
+    "One admitted item: id, level, time span, rank score."
+    return (f"   + {a['item_id']} L{a['level']} "
+            f"{fmt_time(a['t_start'])}-{fmt_time(a['t_end'])} score={a['rank_score']}")
+
+def _round_head(rd: dict) -> str:
+    "A round's first line: its strategy, who planned it, the queries, rejections, new items."
+    return (f"round {rd['round']}: {rd['strategy_executed']} ({rd.get('plan_source')}) "
+            f"queries={rd.get('kept')} rejected={len(rd.get('rejected', []))} "
+            f"admitted={rd.get('new_evidence')}")
 
 def _round_lines(rd: dict, max_items: int) -> list[str]:
     "One round of a trace: plan, admitted items, verifier table."
-    L = [f"round {rd['round']}: {rd['strategy_executed']} ({rd.get('plan_source')}) "
-         f"queries={rd.get('kept')} rejected={len(rd.get('rejected', []))} "
-         f"admitted={rd.get('new_evidence')}"]
-    for a in rd.get('admitted', [])[:max_items]:
-        L.append(f"   + {a['item_id']} L{a['level']} "
-                 f"{fmt_time(a['t_start'])}-{fmt_time(a['t_end'])} score={a['rank_score']}")
+    L = [_round_head(rd)]
+    L += [_admitted_line(a) for a in rd.get('admitted', [])[:max_items]]
     return L + (_verifier_lines(rd['verifier']) if rd.get('verifier') else [])
+
+def _totals_line(t: dict) -> str:
+    "A trace's last line: stop reason, answer, gold, model calls and tokens."
+    tot = t.get('totals', {})
+    toks = tot.get('prompt_tokens', 0) + tot.get('completion_tokens', 0)
+    return (f"stop={t.get('stop_reason')} answer={t.get('answer')} gold={t.get('gold')} "
+            f"calls={tot.get('llm_calls')} tokens={toks}")
 
 def format_trace(t: dict, max_items: int = 5) -> str:
     "A readable summary of a trace: rounds, queries, admitted items, verifier table, stop reason, answer."
@@ -51,10 +70,7 @@ def format_trace(t: dict, max_items: int = 5) -> str:
     # baselines record a count
     for rd in (t['rounds'] if isinstance(t.get('rounds'), list) else []):
         L += _round_lines(rd, max_items)
-    tot = t.get('totals', {})
-    toks = tot.get('prompt_tokens', 0) + tot.get('completion_tokens', 0)
-    L.append(f"stop={t.get('stop_reason')} answer={t.get('answer')} gold={t.get('gold')} "
-             f"calls={tot.get('llm_calls')} tokens={toks}")
+    L.append(_totals_line(t))
     return '\n'.join(L)
 
 # %% ../../nbs/25c_reveal.ask.ipynb #708f518d
@@ -64,11 +80,15 @@ def subtitles_beside(video: str | Path) -> Path | None:
     return next((p for p in (v.with_suffix('.srt'), v.with_suffix('.vtt')) if v.is_file()
                  and p.is_file()), None)
 
+def _json_or_none(path: Path) -> Any:
+    "The JSON in `path`, or None when it is missing or unreadable."
+    try: return json.loads(path.read_text())
+    except (OSError, ValueError): return None
+
 def _holds(memory_dir: Path, key: str, vsha: str) -> bool:
     "Whether the manifest (or build record) in `memory_dir` has memory key `key`, video SHA `vsha`."
     for f in ('manifest.json', 'build.json'):
-        try: old = json.loads((memory_dir / f).read_text())
-        except (OSError, ValueError): continue
+        old = _json_or_none(memory_dir / f)
         if (isinstance(old, dict) and old.get('memory_key') == key
             and old.get('video_sha256') == vsha):
             return True
@@ -88,11 +108,16 @@ def _announce(d: Path, video: Path) -> float | None:
           file=sys.stderr, flush=True)
     return time.time()
 
+def _memory_folder(video: Path, memory_dir: Path | None, config: Config, chat: Any,
+                   subtitles: Path | None) -> Path:
+    "The memory's folder: under `memory_dir` when given, else the default place."
+    return (memory_dir_for(video, config, memory_models(chat), subtitles) if memory_dir is None
+            else _memory_under(memory_dir, video, config, chat, subtitles))
+
 def _get_memory(video: Path, memory_dir: Path | None, config: Config, chat: Any,
                 subtitles: Path | None) -> tuple:
     "(memory, seconds its build took or None if reused): under `memory_dir` when given, else the default place."
-    d = (memory_dir_for(video, config, memory_models(chat), subtitles) if memory_dir is None
-         else _memory_under(memory_dir, video, config, chat, subtitles))
+    d = _memory_folder(video, memory_dir, config, chat, subtitles)
     t0 = _announce(d, video)
     kw = dict(chat_model=chat, subtitles=subtitles, progress=True)
     mem = (get_or_build_memory(video, config, **kw) if memory_dir is None
@@ -138,19 +163,29 @@ def _ask_chat(s: AskSettings, cfg: Config) -> Any:
                           timeout_s=s.timeout_s or getattr(cfg, 'timeout_s', None),
                           **cfg.thinking_settings())
 
+def _ask_config(s: AskSettings, spec: Any) -> Config:
+    "The settings' config file and overrides, chunked as the method chunks."
+    return load_config(s.config, s.overrides or []).replace(chunking=spec.chunking)
+
+def _answer(q: Question, mem: Any, chat: Any, cfg: Config, spec: Any, s: AskSettings,
+            pool: Any) -> dict:
+    "`answer_question` with the settings' roles and trace folder (a note when none can be written)."
+    td = s.trace_dir or ask_trace_dir()
+    res = answer_question(q, mem, chat, cfg, spec, trace_dir=td, roles=s.roles, pool=pool)
+    if td is None:
+        res['trace_error'] = "trace not written: the runs folder cannot be created (set $REVEAL_RUNS)"
+    return res
+
 def ask(video: str | Path, question: str, options: list[str], method: str = 'reveal',
         settings: AskSettings | None = None, **kw) -> dict:
     "Answer one question about one video with a REVEAL method; the result of `answer_question` + options, tau, memory."
     s, spec = _ask_settings(settings, kw), get_preset(method)
-    cfg = load_config(s.config, s.overrides or []).replace(chunking=spec.chunking)
+    cfg = _ask_config(s, spec)
     q = Question('ask', Path(video).stem, question, list(options))
     chat = _ask_chat(s, cfg)
     subs = Path(s.subtitles) if s.subtitles else subtitles_beside(video)
     pool = load_rubric_pool(cfg.rubric_pool or None)   # a bad pool fails before the memory is built
     mem, built_s = _get_memory(Path(video), Path(s.memory) if s.memory else None, cfg, chat, subs)
-    td = s.trace_dir or ask_trace_dir()
-    res = answer_question(q, mem, chat, cfg, spec, trace_dir=td, roles=s.roles, pool=pool)
-    if td is None:
-        res['trace_error'] = "trace not written: the runs folder cannot be created (set $REVEAL_RUNS)"
+    res = _answer(q, mem, chat, cfg, spec, s, pool)
     return {'trace_error': None, **res, 'options': q.options, 'tau': cfg.tau,
             **_memory_fields(mem, built_s, subs)}

@@ -62,24 +62,32 @@ class OnlineMemory:
 def max_cosine(self: OnlineMemory, vec: np.ndarray | None) -> float:
     "Highest cosine between `vec` (L2-normalized) and the admitted evidence; 0.0 for an empty cache."
     if vec is None or self._vecs is None or not len(self._vecs): return 0.0
-    return float(np.max(self._vecs @ np.asarray(vec, dtype=np.float64).ravel()))
+    return float(np.max(self._vecs @ np.asarray(vec, np.float64).ravel()))
 
 # %% ../../nbs/20_reveal.online_memory.ipynb #e25210b5
+def _with_row(vecs: np.ndarray | None, vec: np.ndarray) -> np.ndarray:
+    "The matrix `vecs` (None: no rows yet) with `vec` as one more row."
+    v = np.asarray(vec, dtype=np.float64).reshape(1, -1)
+    return v if vecs is None else np.vstack([vecs, v])
+
+def _near_duplicate(self: OnlineMemory, vec: np.ndarray) -> str | None:
+    "Why `vec` is too close to the admitted evidence to admit it, or None."
+    c = self.max_cosine(vec)
+    return f'near_duplicate cos={c:.3f}>{self.dedup_cosine}' if c > self.dedup_cosine else None
+
 def _store(self: OnlineMemory, ev: Evidence, vec: np.ndarray | None) -> None:
     "Append `ev`, and its embedding as a row of the cache's matrix when given."
     self.evidence.append(ev)
     if vec is not None:
-        v = np.asarray(vec, dtype=np.float64).reshape(1, -1)
-        self._vecs = v if self._vecs is None else np.vstack([self._vecs, v])
+        self._vecs = _with_row(self._vecs, vec)
 
 @patch
 def admit(self: OnlineMemory, ev: Evidence, vec: np.ndarray | None = None) -> tuple[bool, str]:
     "Offer `ev` (with its normalized text embedding) to the cache; returns (admitted, reason)."
     if self.enabled: self.visited.add(ev.item_id)
     if ev.item_id in self.ids: return False, 'duplicate_id'
-    if self.enabled and vec is not None:
-        c = self.max_cosine(vec)
-        if c > self.dedup_cosine: return False, f'near_duplicate cos={c:.3f}>{self.dedup_cosine}'
+    why = _near_duplicate(self, vec) if self.enabled and vec is not None else None
+    if why: return False, why
     _store(self, ev, vec)
     return True, 'admitted'
 
@@ -101,7 +109,7 @@ def record_attempt(self: OnlineMemory, round: int, strategy: str, query: str | N
 # %% ../../nbs/20_reveal.online_memory.ipynb #f97a2517
 @patch
 def set_missing(self: OnlineMemory, analysis: list[str] | str | None) -> None:
-    "Store the verifier's latest missing-evidence analysis A_t (a list of facts to retrieve)."
+    "Store A_t, the verifier's latest missing-evidence analysis (facts to retrieve)."
     if isinstance(analysis, str): analysis = [analysis]
     self.missing = [str(a).strip() for a in (analysis or []) if str(a).strip()]
 
@@ -112,15 +120,17 @@ def covered(self: OnlineMemory) -> list[tuple[float, float]]:
     return merge_spans([(e.t_start, e.t_end) for e in self.evidence])
 
 # %% ../../nbs/20_reveal.online_memory.ipynb #26931ce1
+def _quality(self: OnlineMemory) -> list[dict]:
+    "Each attempt's retrieval quality: its query, items retrieved, items admitted."
+    return [{'query': a.query or '(uniform sampling)', 'retrieved': a.retrieved,
+             'new': a.admitted} for a in self.attempts]
+
 @patch
 def planner_view(self: OnlineMemory) -> dict:
     "What the planner may see: (H_t, N_t, A_t), retrieval-quality records and covered timestamps — nothing else."
     if not self.enabled: return {'history': [], 'new_evidence': [], 'quality': [], 'missing': [],
                                  'covered': []}
-    quality = [{'query': a.query or '(uniform sampling)', 'retrieved': a.retrieved,
-                'new': a.admitted}
-               for a in self.attempts]
-    return {'history': self.history, 'new_evidence': self.new_flags, 'quality': quality,
+    return {'history': self.history, 'new_evidence': self.new_flags, 'quality': _quality(self),
             'missing': list(self.missing), 'covered': self.covered()}
 
 # %% ../../nbs/20_reveal.online_memory.ipynb #bb0bd69e

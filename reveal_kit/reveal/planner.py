@@ -6,7 +6,7 @@
 from __future__ import annotations
 import re
 from dataclasses import dataclass, field, asdict
-from typing import Annotated, Callable
+from typing import Annotated, Any, Callable
 import functools
 from pydantic import Field, create_model
 import numpy as np
@@ -93,20 +93,23 @@ def _topped_up(qs: list[str], extras: tuple[str, ...], config: Config) -> list[s
             qs.append(extra)
     return qs[:config.max_subqueries]
 
+def _queries_by_type(q: Question, qt: str, foc: str, config: Config) -> list[str]:
+    "The rules' raw round-0 queries for a question of type `qt` other than negation."
+    n, opts = config.subquery_max_words, list(q.options.values())
+    if qt == 'counting':
+        return [foc, f'another time {foc}']
+    if qt == 'temporal_order':
+        return [clip_words(e, n) for e in _order_events(q, opts)][:config.max_subqueries]
+    if len(opts) <= config.max_subqueries:
+        return [join_query(o, foc, n) for o in opts]
+    return [foc] + [join_query(o, foc, n) for o in opts[:config.max_subqueries - 1]]
+
 def offline_decompose(q: Question, config: Config = Config()) -> list[str]:
     "Rule-based round-0 sub-queries (see the rules above)."
     n, qt, foc = config.subquery_max_words, role_type(q), focus(q.question)
-    opts = list(q.options.values())
     if qt == 'negation':
-        return [join_query(o, foc, n) for o in opts]
-    if qt == 'counting':
-        qs = [foc, f'another time {foc}']
-    elif qt == 'temporal_order':
-        qs = [clip_words(e, n) for e in _order_events(q, opts)][:config.max_subqueries]
-    elif len(opts) <= config.max_subqueries:
-        qs = [join_query(o, foc, n) for o in opts]
-    else:
-        qs = [foc] + [join_query(o, foc, n) for o in opts[:config.max_subqueries - 1]]
+        return [join_query(o, foc, n) for o in q.options.values()]
+    qs = _queries_by_type(q, qt, foc, config)
     return _topped_up(_dedup_queries([clip_words(x, n) for x in qs], config.query_jaccard_reject),
                       (foc, clip_words(q.question, n)), config)
 
@@ -134,11 +137,12 @@ def decompose_schema(n_options: int, config: Config = Config()) -> dict:
     return reply_schema(decompose_reply(max(config.max_subqueries, n_options)))
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c0d
+_NEGATION_NOTE = "This is a negation question: write exactly one query per option.\n"
+
 def decompose_prompt(q: Question) -> str:
     "The decomposer's user message."
-    neg = is_negation(q)
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
-            + ("This is a negation question: write exactly one query per option.\n" if neg else '')
+            + (_NEGATION_NOTE if is_negation(q) else '')
             + 'Reply as {"queries": ["..."], "reasoning": "one sentence"}.')
 
 # %% ../../nbs/22_reveal.planner.ipynb #c9aa1e5c
@@ -157,27 +161,34 @@ class PlanAction:
         return asdict(self)
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c12
+def _one_per_option(q: Question, qs: list[str], config: Config) -> tuple[list[str], list[str]]:
+    "A negation question's queries: the model's when one per option, else the rules' (noted)."
+    if len(qs) != len(q.options):
+        return offline_decompose(q, config), [f'negation: {len(qs)} queries for {len(q.options)} '
+                                              f'options; used one per option']
+    return qs, []
+
+def _filled_up(q: Question, qs: list[str], config: Config, notes: list[str]) -> list[str]:
+    "`qs` topped up from the offline decomposition to `min_subqueries`, a note per query added."
+    for extra in offline_decompose(q, config):
+        if len(qs) >= config.min_subqueries:
+            break
+        if all(jaccard(extra, o) < config.query_jaccard_reject for o in qs):
+            qs.append(extra)
+            notes.append('topped up from offline decomposition')
+    return qs
+
 def _clean_decomposition(q: Question, raw: list, config: Config) -> tuple[list[str], list[str]]:
     "Enforce the round-0 contract on a model's sub-queries; returns (queries, notes on what was changed)."
     notes, n, thr = [], config.subquery_max_words, config.query_jaccard_reject
     # '...' is no query
     qs = _dedup_queries([clip_words(str(x), n) for x in raw if tokens(str(x))], thr)
     if is_negation(q):
-        if len(qs) != len(q.options):
-            notes.append(f'negation: {len(qs)} queries for {len(q.options)} options; used one per '
-                         f'option')
-            return offline_decompose(q, config), notes
-        return qs, notes
+        return _one_per_option(q, qs, config)
     if len(qs) > config.max_subqueries:
         notes.append(f'cut {len(qs)} queries to {config.max_subqueries}')
         qs = qs[:config.max_subqueries]
-    for extra in offline_decompose(q, config):
-        if len(qs) >= config.min_subqueries:
-            break
-        if all(jaccard(extra, o) < thr for o in qs):
-            qs.append(extra)
-            notes.append('topped up from offline decomposition')
-    return qs, notes
+    return _filled_up(q, qs, config, notes), notes
 
 # %% ../../nbs/22_reveal.planner.ipynb #ab01c0d2
 STRATEGIES = ('Text Retrieval', 'Uniform Sampling')
@@ -204,11 +215,18 @@ def repair_schema(config: Config = Config()) -> dict:
     return reply_schema(repair_reply(config.max_repair_queries))
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c16
+def _tried_lines(view: dict) -> str:
+    "The prompt's 'Already tried' list: each query with what it retrieved and added."
+    return '\n'.join(f"- {r['query']} (retrieved {r['retrieved']}, new evidence {r['new']})"
+                     for r in view.get('quality', [])) or '- (nothing yet)'
+
+def _covered_text(view: dict) -> str:
+    "The covered timestamps as `m:ss-m:ss` spans."
+    return ', '.join(f"{fmt_time(s)}-{fmt_time(e)}" for s, e in view.get('covered', [])) or '(none)'
+
 def repair_prompt(q: Question, view: dict) -> str:
     "The repair planner's user message: question, options, Already tried (+ quality), covered timestamps, A_t."
-    tried = '\n'.join(f"- {r['query']} (retrieved {r['retrieved']}, new evidence {r['new']})"
-                      for r in view.get('quality', [])) or '- (nothing yet)'
-    cov = ', '.join(f"{fmt_time(s)}-{fmt_time(e)}" for s, e in view.get('covered', [])) or '(none)'
+    tried, cov = _tried_lines(view), _covered_text(view)
     miss = '\n'.join(view.get('missing', [])) or '(no analysis)'
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nAlready tried:\n{tried}\n\n"
             f"Timestamps covered by current evidence: "
@@ -217,28 +235,44 @@ def repair_prompt(q: Question, view: dict) -> str:
             '"reasoning": "one sentence"}.')
 
 # %% ../../nbs/22_reveal.planner.ipynb #8c9e9770
+def _missing_queries(view: dict, config: Config) -> list[str]:
+    "Queries for the facts A_t names."
+    qs = _dedup_queries([clip_words(m, config.subquery_max_words) for m in view['missing']],
+                        config.query_jaccard_reject)
+    return qs[:config.max_repair_queries]
+
+def _stalled(flags: list[bool]) -> bool:
+    "Whether the last two attempts added no new evidence."
+    return len(flags) >= 2 and not any(flags[-2:])
+
 def offline_repair(q: Question, view: dict, config: Config = Config()) -> PlanAction:
     "Rule-based repair decision (see the rules above)."
-    flags, n = view.get('new_evidence', []), config.subquery_max_words
+    flags = view.get('new_evidence', [])
     if role_type(q) == 'global':
         return PlanAction('Uniform Sampling', [], 'Global question: sample the whole timeline.')
-    if len(flags) >= 2 and not any(flags[-2:]):
+    if _stalled(flags):
         return PlanAction('Uniform Sampling', [], 'The last two attempts added no new evidence.')
     if view.get('missing'):
-        qs = _dedup_queries([clip_words(m, n) for m in view['missing']],
-                            config.query_jaccard_reject)
-        return PlanAction('Text Retrieval', qs[:config.max_repair_queries],
+        return PlanAction('Text Retrieval', _missing_queries(view, config),
                           'Target the evidence the verifier reported missing.')
     return PlanAction('Text Retrieval', offline_decompose(q, config)[:config.max_repair_queries],
                       'No analysis: search the question again.')
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c18
+def _reply_queries(raw: dict, config: Config) -> list[str]:
+    "The reply's non-empty queries, each cut to `subquery_max_words`."
+    return [clip_words(str(x), config.subquery_max_words)
+            for x in raw.get('queries') or [] if tokens(str(x))]
+
+def _strategy(raw: dict) -> str:
+    "The reply's strategy: Uniform Sampling when it says so, else Text Retrieval."
+    s = str(raw.get('strategy', '')).strip().lower()
+    return 'Uniform Sampling' if s.startswith('uniform') else 'Text Retrieval'
+
 def _clean_repair(raw: dict, config: Config) -> tuple[str, list[str], list[str]]:
     "Normalize a model's repair reply: (strategy, queries, notes on what was changed)."
-    notes, s = [], str(raw.get('strategy', '')).strip().lower()
-    strat = 'Uniform Sampling' if s.startswith('uniform') else 'Text Retrieval'
-    qs = [clip_words(str(x), config.subquery_max_words)
-          for x in raw.get('queries') or [] if tokens(str(x))]
+    notes, strat = [], _strategy(raw)
+    qs = _reply_queries(raw, config)
     if strat == 'Uniform Sampling' and qs:
         notes.append('Uniform Sampling takes no queries; dropped them')
         qs = []
@@ -259,25 +293,40 @@ class Planner:
         self.offline = offline if offline is not None else offline_role(model)
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c1b
+def _decompose_call(self: Planner, q: Question) -> tuple[Any, dict]:
+    "The decomposer's model call: its reply data and the call record."
+    return role_call(self.model, 'planner_decompose', DECOMPOSE_SYSTEM, decompose_prompt(q),
+                     decompose_schema(len(q.options), self.config),
+                     reply_tokens('planner_decompose'))
+
+def _decompose_fallback(self: Planner, q: Question, rec: dict) -> PlanAction:
+    "The rules' decomposition in place of an unusable reply, the call marked."
+    return PlanAction('Text Retrieval', offline_decompose(q, self.config),
+                      'Model reply unusable; rule-based decomposition.', 'fallback',
+                      [mark(rec, 'rule decomposition')])
+
 @patch
 def decompose(self: Planner, q: Question) -> PlanAction:
     "Round-0 sub-queries."
     if self.offline:
         return PlanAction('Text Retrieval', offline_decompose(q, self.config),
                           'Rule-based decomposition.')
-    data, rec = role_call(self.model, 'planner_decompose', DECOMPOSE_SYSTEM, decompose_prompt(q),
-                          decompose_schema(len(q.options), self.config),
-                          reply_tokens('planner_decompose'))
+    data, rec = _decompose_call(self, q)
     r = parse_reply(decompose_reply(max(self.config.max_subqueries, len(q.options))), data)
     if r is None:
-        return PlanAction('Text Retrieval', offline_decompose(q, self.config),
-                          'Model reply unusable; rule-based decomposition.', 'fallback',
-                          [mark(rec, 'rule decomposition')])
+        return _decompose_fallback(self, q, rec)
     qs, notes = _clean_decomposition(q, r.queries, self.config)
     return PlanAction('Text Retrieval', qs, r.reasoning, 'model', [rec], notes)
 
 
 # %% ../../nbs/22_reveal.planner.ipynb #4a1b2c1e
+def _repair_fallback(self: Planner, q: Question, view: dict, rec: dict) -> PlanAction:
+    "The rules' repair action in place of an unusable reply, the call marked."
+    a = offline_repair(q, view, self.config)
+    a.source, a.calls = 'fallback', [mark(rec, 'rule repair')]
+    a.notes.append('model reply unusable')
+    return a
+
 @patch
 def repair(self: Planner, q: Question, view: dict) -> PlanAction:
     "A repair-round action from the planner view `(H, N, A)` + covered timestamps."
@@ -287,30 +336,25 @@ def repair(self: Planner, q: Question, view: dict) -> PlanAction:
                           repair_schema(self.config), reply_tokens('planner'))
     r = parse_reply(repair_reply(self.config.max_repair_queries), data)
     if r is None:
-        a = offline_repair(q, view, self.config)
-        a.source, a.calls = 'fallback', [mark(rec, 'rule repair')]
-        a.notes.append('model reply unusable')
-        return a
+        return _repair_fallback(self, q, view, rec)
     strat, qs, notes = _clean_repair(r.model_dump(), self.config)
     return PlanAction(strat, qs, r.reasoning, 'model', [rec], notes)
 
 # %% ../../nbs/22_reveal.planner.ipynb #63d03e3f
+def _nearest_past(qq: str, hist: list[str]) -> tuple[float, str]:
+    "(Jaccard, query) of the past query most like `qq` ((0.0, '') with none)."
+    return max([(jaccard(qq, h), h) for h in hist] or [(0.0, '')])
+
 def _reject_reason(qq: str, hist: list[str], c: float, jt: float, ct: float) -> str | None:
     "Why a query is rejected: Jaccard ≥ `jt` to a past query, else cosine `c` ≥ `ct` (None: kept)."
-    j, near = max([(jaccard(qq, h), h) for h in hist] or [(0.0, '')])
+    j, near = _nearest_past(qq, hist)
     if j >= jt:
         return f'jaccard={j:.3f}>={jt} to "{near}"'
     return f'cosine={c:.3f}>={ct} to accumulated evidence' if c >= ct else None
 
-def screen_queries(queries: list[str], om: OnlineMemory,
-                   embed: Callable[[list[str]], np.ndarray] | None,
-                   config: Config = Config()) -> tuple[list[str], list[dict], np.ndarray | None]:
-    "Split queries into kept and rejected (`{'query', 'reason'}`); also returns the kept queries' embeddings."
-    if not queries:
-        return [], [], None
-    vecs = embed(list(queries)) if embed is not None else None
-    if not om.enabled:
-        return list(queries), [], vecs
+def _screen(queries: list[str], vecs: np.ndarray | None, om: OnlineMemory,
+            config: Config) -> tuple[list[str], list[int], list[dict]]:
+    "Each query kept or rejected in turn: (kept, their rows, rejected)."
     jt, ct = config.query_jaccard_reject, config.query_cosine_reject
     kept, kept_v, rejected, hist = [], [], [], list(om.history)
     for i, qq in enumerate(queries):
@@ -322,13 +366,29 @@ def screen_queries(queries: list[str], om: OnlineMemory,
             kept.append(qq)
             hist.append(qq)
             kept_v.append(i)
+    return kept, kept_v, rejected
+
+def screen_queries(queries: list[str], om: OnlineMemory,
+                   embed: Callable[[list[str]], np.ndarray] | None,
+                   config: Config = Config()) -> tuple[list[str], list[dict], np.ndarray | None]:
+    "Split queries into kept and rejected (`{'query', 'reason'}`); also returns the kept queries' embeddings."
+    if not queries:
+        return [], [], None
+    vecs = embed(list(queries)) if embed is not None else None
+    if not om.enabled:
+        return list(queries), [], vecs
+    kept, kept_v, rejected = _screen(queries, vecs, om, config)
     return kept, rejected, (vecs[kept_v] if vecs is not None and kept_v else None)
 
 # %% ../../nbs/22_reveal.planner.ipynb #1fba4985
+def _spread(items: list[MemoryItem], n: int) -> list[MemoryItem]:
+    "`n` of the items at uniform steps, in order (fewer where rounding picks one twice)."
+    idx = np.unique(np.round(np.linspace(0, len(items) - 1, n)).astype(int))
+    return [items[i] for i in idx]
+
 def uniform_sample(l1: list[MemoryItem], visited: set[str], n: int) -> list[MemoryItem]:
     "`n` unvisited L1 segments spread evenly across the timeline (fewer when fewer are left)."
     free = sorted((it for it in l1 if it.item_id not in visited), key=lambda it: it.t_start)
     if len(free) <= n:
         return free
-    idx = np.unique(np.round(np.linspace(0, len(free) - 1, n)).astype(int))
-    return [free[i] for i in idx]
+    return _spread(free, n)

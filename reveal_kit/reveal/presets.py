@@ -100,16 +100,23 @@ def _oracle_variant(name: str) -> MethodSpec | None:
             return PRESETS[base].replace(name=name, oracle_evidence=True, **extra)
     return None
 
+def _resolve(preset: str | MethodSpec) -> MethodSpec | None:
+    "The spec a (current) name or a spec stands for; None for an unknown name."
+    if isinstance(preset, MethodSpec):
+        return preset
+    if preset in PRESETS:
+        return PRESETS[preset]
+    return _oracle_variant(preset) if isinstance(preset, str) else None
+
+def _unknown_method(preset: str) -> KeyError:
+    "The error for an unknown preset name."
+    return KeyError(f"unknown method {preset!r}; presets: {', '.join(sorted(PRESETS))} "
+                    f"(each also with the suffix {ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX})")
+
 def get_preset(preset: str | MethodSpec, **overrides) -> MethodSpec:
     "A preset by name (suffix `+oracle`: oracle evidence; `+oracle-frames`: and its frames) or a spec, with overrides."
     if isinstance(preset, str): preset = preset_name(preset)
-    if isinstance(preset, MethodSpec):
-        spec = preset
-    elif preset in PRESETS:
-        spec = PRESETS[preset]
-    else:
-        spec = _oracle_variant(preset) if isinstance(preset, str) else None
+    spec = _resolve(preset)
     if spec is None:
-        raise KeyError(f"unknown method {preset!r}; presets: {', '.join(sorted(PRESETS))} "
-                       f"(each also with the suffix {ORACLE_SUFFIX} or {ORACLE_FRAMES_SUFFIX})")
+        raise _unknown_method(preset)
     return spec.replace(**overrides) if overrides else spec

@@ -35,11 +35,15 @@ UNITS = {**{n.replace(' ', ''): ('ent', k) for n, k in NAMES.items()},
          **{v[0]: ('verb', k) for k, v in ACTIONS.items()}, **{o: ('obj', o) for o in OBJECTS},
          'because': ('because', ''), **{c.split()[1]: ('cause', c) for c in CAUSES}}
 
+def _unit_at(s: str, i: int) -> str | None:
+    "The longest lexicon word that starts at position `i` of `s`, or None."
+    return next((u for u in sorted(UNITS, key=len, reverse=True) if s.startswith(u, i)), None)
+
 def screen_units(text: str) -> list[tuple[str, str]]:
     "On-screen letters cut into lexicon words, longest first (letters no word starts are skipped)."
     s, i, out = re.sub(r"[^a-z]", '', text.lower()), 0, []
     while i < len(s):
-        w = next((u for u in sorted(UNITS, key=len, reverse=True) if s.startswith(u, i)), None)
+        w = _unit_at(s, i)
         if w: out.append(UNITS[w])
         i += len(w) if w else 1
     return out
@@ -63,31 +67,43 @@ def screen_events(text: str) -> list[tuple[tuple[str, str, str], str | None]]:
     return [tuple(x) for x in out]
 
 # %% ../../nbs/22a_reveal.reader.ipynb #dbff5b59
+def _triple(m: re.Match) -> tuple[str, str, str]:
+    "The (entity, action, object) an `EVENT_RE` match names."
+    return NAMES[m[1]], VERBS[m[2]], m[3]
+
+def _cause_event(c: re.Match, ms: list[tuple]) -> int | None:
+    "The event a cause binds to: the last one before `because C`, the first one after `C, so`."
+    if c[1]:
+        return max((j for j, m in enumerate(ms) if m[1] <= c.start()), default=None)
+    return min((j for j, m in enumerate(ms) if m[0] >= c.end()), default=None)
+
 def sentence_events(text: str) -> list[tuple[tuple[str, str, str], str | None]]:
     "Events read from sentences (`the chef opens the box`), with the cause bound by `because C` or `C, so`."
     t = norm_text(text)
-    ms = [(m.start(), m.end(), (NAMES[m[1]], VERBS[m[2]], m[3])) for m in EVENT_RE.finditer(t)]
+    ms = [(m.start(), m.end(), _triple(m)) for m in EVENT_RE.finditer(t)]
     causes = [None] * len(ms)
     for c in CAUSE_RE.finditer(t):
-        if c[1]:
-            i = max((j for j, m in enumerate(ms) if m[1] <= c.start()), default=None)
-        else:
-            i = min((j for j, m in enumerate(ms) if m[0] >= c.end()), default=None)
+        i = _cause_event(c, ms)
         if i is not None: causes[i] = c[1] or c[2]
     return [(m[2], c) for m, c in zip(ms, causes)]
 
 # %% ../../nbs/22a_reveal.reader.ipynb #b670ef5b
+def _split_screen(text: str) -> tuple[str | None, str]:
+    "A caption's on-screen text (None without one) and the rest of it."
+    m = re.search(r'On-screen text:(.*?)(?=Subtitles:|$)', text, re.S)
+    if not m: return None, text
+    return m[1], text[:m.start()] + ' ' + text[m.end():]
+
 def event_mentions(text: str) -> list[tuple[tuple[str, str, str], str | None]]:
     "Events a caption states: its on-screen text read as OCR words, the rest (subtitles, prose) as sentences."
-    m = re.search(r'On-screen text:(.*?)(?=Subtitles:|$)', text, re.S)
-    if not m: return sentence_events(text)
-    return screen_events(m[1]) + sentence_events(text[:m.start()] + ' ' + text[m.end():])
+    screen, rest = _split_screen(text)
+    if screen is None: return sentence_events(text)
+    return screen_events(screen) + sentence_events(rest)
 
 # %% ../../nbs/22a_reveal.reader.ipynb #7aff884d
 def said_triples(text: str) -> set[tuple[str, str, str]]:
     "The events a caption's sentences (its subtitles) state."
-    m = re.search(r'On-screen text:(.*?)(?=Subtitles:|$)', text, re.S)
-    return {tr for tr, _ in sentence_events(text[:m.start()] + ' ' + text[m.end():] if m else text)}
+    return {tr for tr, _ in sentence_events(_split_screen(text)[1])}
 
 # %% ../../nbs/22a_reveal.reader.ipynb #96c3e4ce
 @dataclass
@@ -124,18 +140,30 @@ def timed_chunks(e: Evidence) -> list[tuple[float, float, str]]:
 # %% ../../nbs/22a_reveal.reader.ipynb #de4e93d1
 MAX_EVENT_S = 5.0     # an event is on screen at most this long (dev: 3.5-5 s)
 
+def _mentions(evidence: list[Evidence]) -> list[tuple]:
+    "Every event mention: (start, end, position, triple, cause, item, said in a sentence), sorted."
+    return sorted((a, b, i, tr, c, e.item_id, tr in said_triples(t)) for e in evidence
+                  for a, b, t in timed_chunks(e) for i, (tr, c) in enumerate(event_mentions(t)))
+
+def _continues(prev: ReadEvent, a: float, b: float, s: bool, reach: float, said: bool,
+               gap: float) -> bool:
+    "Whether a mention at [a, b] continues `prev`: near its end, in reach, said alike or inside."
+    return a <= prev.t_end + gap and a < reach and (s == said or b <= prev.t_end)
+
+def _extend(prev: ReadEvent, b: float, c: str | None, iid: str) -> None:
+    "Stretch `prev` to `b`, keep its cause (else take `c`), and note the item."
+    prev.t_end, prev.cause = max(prev.t_end, b), prev.cause or c
+    prev.items += [iid] if iid not in prev.items else []
+
 def read_events(evidence: list[Evidence], gap: float = 0.01) -> list[ReadEvent]:
     "The events the evidence states, in time order: mentions of one triple merged while one event could span them."
-    ms = sorted((a, b, i, tr, c, e.item_id, tr in said_triples(t)) for e in evidence
-                for a, b, t in timed_chunks(e) for i, (tr, c) in enumerate(event_mentions(t)))
+    ms = _mentions(evidence)
     out: list[ReadEvent] = []
     reach, said = {}, {}
     for a, b, i, tr, c, iid, s in ms:
         prev = next((x for x in reversed(out) if x.triple == tr), None)
-        if (prev and a <= prev.t_end + gap and a < reach[id(prev)]
-            and (s == said[id(prev)] or b <= prev.t_end)):
-            prev.t_end, prev.cause = max(prev.t_end, b), prev.cause or c
-            prev.items += [iid] if iid not in prev.items else []
+        if prev and _continues(prev, a, b, s, reach[id(prev)], said[id(prev)], gap):
+            _extend(prev, b, c, iid)
         else:
             out.append(ReadEvent(*tr, a, b, c, [iid], i))
             reach[id(out[-1])] = b + MAX_EVENT_S
@@ -146,13 +174,15 @@ def read_events(evidence: list[Evidence], gap: float = 0.01) -> list[ReadEvent]:
 _NUM = re.compile(r'^\s*(\d+)\b')
 _BECAUSE = re.compile(rf"because ({_alt(CAUSES)})")
 
+_KIND_WORDING = (('counting', r'^how many times does '),
+                 ('temporal_order', r'\bright after\b'), ('negation', r'\bnot\b'),
+                 ('action', r'^what does .* do with the '), ('causal', r'^why does '),
+                 ('global', r'\bthe most\b'))
+
 def question_kind(question: str) -> str | None:
     "The benchmark question type its wording states, or None for a question outside the language."
     t = norm_text(question)
-    for kind, pat in (('counting', r'^how many times does '),
-                      ('temporal_order', r'\bright after\b'), ('negation', r'\bnot\b'),
-                      ('action', r'^what does .* do with the '), ('causal', r'^why does '),
-                      ('global', r'\bthe most\b')):
+    for kind, pat in _KIND_WORDING:
         if re.search(pat, t): return kind
     return None
 
@@ -164,7 +194,7 @@ def option_fact(kind: str, text: str):
     if kind == 'causal': return m[1] if (m := _BECAUSE.search(t)) else None
     if kind == 'global': return NAMES.get(t[4:] if t.startswith('the ') else t)
     m = EVENT_RE.search(t)
-    return (NAMES[m[1]], VERBS[m[2]], m[3]) if m else None
+    return _triple(m) if m else None
 
 # %% ../../nbs/22a_reveal.reader.ipynb #464f6064
 @dataclass
@@ -193,21 +223,37 @@ def _covered(evidence: list[Evidence], a: float, b: float) -> bool:
         if s <= t + 0.01: t = max(t, e)
     return t >= b - 0.01
 
+def _option_facts(q: Question, kind: str) -> dict:
+    "What each option of `q` asserts, read as a `kind` option."
+    return {o: option_fact(kind, t) for o, t in q.options.items()}
+
+def _answer_of(facts: dict, good) -> str | None:
+    "The option whose fact is `good` (None without one, or without `good`)."
+    return next((o for o, f in facts.items() if good and f == good), None)
+
 def _dirs(facts: dict, good, known: bool) -> dict[str, str]:
     "Directions: the option whose fact is `good` supported, the rest ruled out when `known`, else all unknown."
     if not known: return {o: 'unknown' for o in facts}
     return {o: 'supported' if f == good else 'ruled_out' for o, f in facts.items()}
 
 # %% ../../nbs/22a_reveal.reader.ipynb #bbe5d2c9
+def _top_count(facts: dict) -> int:
+    "The highest count any option states (0 when none states one)."
+    return max([k for k in facts.values() if k is not None] or [0])
+
+def _count_dirs(facts: dict, n: int, closed: bool) -> dict[str, str]:
+    "Counting directions for the count `n` read."
+    return {o: 'supported' if k == n and closed else
+            'ruled_out' if k is None or k < n or closed else 'unknown'
+            for o, k in facts.items()}
+
 def read_counting(q: Question, target: tuple, r: Reading, searched: bool) -> None:
     "Counting: the target's instances; higher counts stay open until a search found no more."
     n = sum(e.triple == target for e in r.events)
-    facts = {o: option_fact('counting', t) for o, t in q.options.items()}
-    top = max([k for k in facts.values() if k is not None] or [0])
+    facts = _option_facts(q, 'counting')
+    top = _top_count(facts)
     closed = n > 0 and (searched or n >= top)
-    r.directions = {o: 'supported' if k == n and closed else
-                    'ruled_out' if k is None or k < n or closed else 'unknown'
-                    for o, k in facts.items()}
+    r.directions = _count_dirs(facts, n, closed)
     r.answer = next((o for o, k in facts.items() if k == n), None)
     r.facts = dict(count=n, closed=closed, options=facts)
     r.missing = [] if closed else [f'{_ph(target)} again'] if n else [_ph(target)]
@@ -223,49 +269,57 @@ def _anchor_next(events: list[ReadEvent],
 
 def read_temporal(q: Question, anchor: tuple, r: Reading, evidence: list[Evidence]) -> None:
     "Temporal order: the first event after the anchor, settled when the evidence has no hole between them."
-    facts = {o: option_fact('temporal_order', t) for o, t in q.options.items()}
+    facts = _option_facts(q, 'temporal_order')
     seen = {e.triple for e in r.events}
     A, nxt = _anchor_next(r.events, anchor)
     fixed = bool(nxt) and _covered(evidence, A.t_start, nxt.t_start)
     r.directions = _dirs(facts, nxt.triple if nxt else None, fixed)
-    r.answer = next((o for o, f in facts.items() if nxt and f == nxt.triple), None)
+    r.answer = _answer_of(facts, nxt.triple if nxt else None)
     r.facts = dict(anchor=A is not None, next=nxt.triple if nxt else None, fixed=fixed,
                    located={o: f in seen for o, f in facts.items()}, options=facts)
     r.missing = [_ph(anchor)] if A is None else [] if fixed else [f'right after {_ph(anchor)}']
 
 # %% ../../nbs/22a_reveal.reader.ipynb #8a267a15
+def _negation_dirs(facts: dict, unread: list[str]) -> dict[str, str]:
+    "Options read in the evidence ruled out; a single unread one supported, several unknown."
+    return {o: 'ruled_out' if o not in unread else 'supported' if len(unread) == 1
+            else 'unknown' for o in facts}
+
 def read_negation(q: Question, r: Reading) -> None:
     "Negation: options read in the evidence are ruled out; a single one left is the answer."
-    facts = {o: option_fact('negation', t) for o, t in q.options.items()}
+    facts = _option_facts(q, 'negation')
     seen = {e.triple for e in r.events}
     unread = [o for o, f in facts.items() if f not in seen]
-    r.directions = {o: 'ruled_out' if o not in unread else 'supported' if len(unread) == 1
-                    else 'unknown' for o in facts}
+    r.directions = _negation_dirs(facts, unread)
     r.answer = unread[0] if len(unread) == 1 else None
     r.facts = dict(unread=unread, options=facts)
     r.missing = [_ph(facts[o]) for o in unread if facts[o]] if len(unread) > 1 else []
 
 # %% ../../nbs/22a_reveal.reader.ipynb #a0a95802
+def _action_pair(q: Question) -> re.Match | None:
+    "The entity and object an action question asks about (groups 1 and 2), or None."
+    return re.search(rf"what does the ({_alt(NAMES)}) do with the ({_alt(OBJECTS)})",
+                     norm_text(q.question))
+
 def read_action(q: Question, r: Reading) -> None:
     "Action: the event of the question's entity with its object; its action decides."
-    m = re.search(rf"what does the ({_alt(NAMES)}) do with the ({_alt(OBJECTS)})",
-                  norm_text(q.question))
-    facts = {o: option_fact('action', t) for o, t in q.options.items()}
+    m = _action_pair(q)
+    facts = _option_facts(q, 'action')
     hits = {e.triple for e in r.events if m and (e.entity, e.obj) == (NAMES[m[1]], m[2])}
     good = next(iter(hits)) if len(hits) == 1 else None
     r.directions = _dirs(facts, good, good is not None and good in facts.values())
-    r.answer = next((o for o, f in facts.items() if good and f == good), None)
+    r.answer = _answer_of(facts, good)
     r.facts = dict(pair=bool(hits), options=facts)
     r.missing = [] if good else [f'the {m[1]} with the {m[2]}' if m else q.question]
 
 # %% ../../nbs/22a_reveal.reader.ipynb #93c272ff
 def read_causal(q: Question, target: tuple, r: Reading) -> None:
     "Causal: the target event read with its stated cause."
-    facts = {o: option_fact('causal', t) for o, t in q.options.items()}
+    facts = _option_facts(q, 'causal')
     hit = [e for e in r.events if e.triple == target]
     cause = next((e.cause for e in hit if e.cause), None)
     r.directions = _dirs(facts, cause, cause is not None and cause in facts.values())
-    r.answer = next((o for o, f in facts.items() if cause and f == cause), None)
+    r.answer = _answer_of(facts, cause)
     r.facts = dict(event=bool(hit), cause=cause, options=facts)
     r.missing = [] if cause else [f'why {_ph(target)}'] if hit else [_ph(target)]
 
@@ -278,12 +332,16 @@ def thirds_reached(evidence: list[Evidence], duration: float | None) -> int:
             else 0)
 
 # %% ../../nbs/22a_reveal.reader.ipynb #32aca9ee
+def _lead(c: Counter, facts: dict, ranked: list[str]) -> int:
+    "How many more events the first-ranked option's entity has than the runner-up's."
+    return c[facts[ranked[0]]] - max([c[facts[o]] for o in ranked[1:]] or [0])
+
 def read_global(q: Question, r: Reading, evidence: list[Evidence], duration: float | None) -> None:
     "Global: events per entity; the leader by two or more, once the evidence reaches the whole video."
-    facts = {o: option_fact('global', t) for o, t in q.options.items()}
+    facts = _option_facts(q, 'global')
     c = Counter(e.entity for e in r.events)
     ranked = sorted(facts, key=lambda o: -c[facts[o]])
-    lead = c[facts[ranked[0]]] - max([c[facts[o]] for o in ranked[1:]] or [0])
+    lead = _lead(c, facts, ranked)
     wide = thirds_reached(evidence, duration) == 3
     r.directions = _dirs(facts, facts[ranked[0]], lead >= 2 and wide)
     r.answer = ranked[0] if c[facts[ranked[0]]] else None
@@ -294,7 +352,7 @@ def read_global(q: Question, r: Reading, evidence: list[Evidence], duration: flo
 def _target(q: Question) -> tuple | None:
     "The event a counting, temporal-order or causal question is about."
     m = EVENT_RE.search(norm_text(q.question.split('right after')[-1]))
-    return (NAMES[m[1]], VERBS[m[2]], m[3]) if m else None
+    return _triple(m) if m else None
 
 def _read_kind(q: Question, r: Reading, tgt: tuple | None, evidence: list[Evidence],
                duration: float | None, searched: bool) -> None:
@@ -307,13 +365,19 @@ def _read_kind(q: Question, r: Reading, tgt: tuple | None, evidence: list[Eviden
     elif k == 'causal': read_causal(q, tgt, r)
     else: read_global(q, r, evidence, duration)
 
+def _unreadable(r: Reading, tgt: tuple | None) -> bool:
+    "Whether the rules cannot read: no kind, an event question without its event, or no events."
+    k = r.kind
+    return (k is None or (k in ('counting', 'temporal_order', 'causal') and tgt is None)
+            or not r.events)
+
 def read_question(q: Question, evidence: list[Evidence], duration: float | None = None,
                   searched: bool = False) -> Reading:
     "Read the evidence into events and answer `q` from them alone (rules above); undetermined outside the language."
     r = Reading(question_kind(q.question), events=read_events(evidence))
     k, tgt = r.kind, _target(q)
     r.directions = {o: 'unknown' for o in q.options}
-    if k is None or (k in ('counting', 'temporal_order', 'causal') and tgt is None) or not r.events:
+    if _unreadable(r, tgt):
         r.missing = [] if k is None else [_ph(tgt) if tgt else q.question]
         return r
     _read_kind(q, r, tgt, evidence, duration, searched)

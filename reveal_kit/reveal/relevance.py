@@ -63,15 +63,15 @@ def relevance_prompt(q: Question, evidence: list[Evidence],
 RELEVANCE_COSINE = 0.5
 RELEVANCE_EMBEDDER = 'sentence-transformers/all-MiniLM-L6-v2'   # ... with this embedder
 
-def judge_relevance(q: Question, view: EvidenceView, model: ChatModel | None = None,
-                    offline: bool = True, threshold: float = RELEVANCE_COSINE,
-                    token_budget: int | None = EVIDENCE_TOKENS) -> tuple[dict, list[dict]]:
-    "Whether the evidence so far is relevant to the question: (record for the trace, model calls)."
+def _cosine_record(q: Question, view: EvidenceView, threshold: float) -> dict:
+    "Offline: relevant when the cosine score reaches `threshold`."
     s = relevance_score(q, view)
-    rec = {'relevant': s >= threshold, 'score': round(s, 4), 'threshold': threshold,
-           'source': 'offline'}
-    if offline:
-        return rec, []
+    return {'relevant': s >= threshold, 'score': round(s, 4), 'threshold': threshold,
+            'source': 'offline'}
+
+def _model_relevance(q: Question, view: EvidenceView, model: ChatModel, rec: dict,
+                     token_budget: int | None) -> tuple[dict, list[dict]]:
+    "Ask the model; an unreadable reply keeps the cosine judgement `rec` (marked as a fallback)."
     data, call = role_call(model, 'relevance', RELEVANCE_SYSTEM,
                            relevance_prompt(q, view.evidence, token_budget), relevance_schema(),
                            reply_tokens('relevance'))
@@ -80,52 +80,91 @@ def judge_relevance(q: Question, view: EvidenceView, model: ChatModel | None = N
         return {**rec, 'source': 'fallback'}, [mark(call, 'cosine relevance')]
     return {**rec, 'relevant': r.relevant, 'source': 'model', 'reasoning': r.reasoning}, [call]
 
+def judge_relevance(q: Question, view: EvidenceView, model: ChatModel | None = None,
+                    offline: bool = True, threshold: float = RELEVANCE_COSINE,
+                    token_budget: int | None = EVIDENCE_TOKENS) -> tuple[dict, list[dict]]:
+    "Whether the evidence so far is relevant to the question: (record for the trace, model calls)."
+    rec = _cosine_record(q, view, threshold)
+    if offline:
+        return rec, []
+    return _model_relevance(q, view, model, rec, token_budget)
+
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #8c8bed67
+def _times(e: dict | Evidence) -> tuple[float, float]:
+    "An evidence item's (start, end), from a record or from its dict."
+    if isinstance(e, dict):
+        return e['t_start'], e['t_end']
+    return e.t_start, e.t_end
+
 def span_relevant(q: Question, evidence: list[dict | Evidence]) -> bool:
-    "Whether any evidence item overlaps the question's annotated decisive or distractor spans."
-    spans = [tuple(s) for s in [*q.evidence_spans, *q.distractor_spans]]
-    get = lambda e, k: e[k] if isinstance(e, dict) else getattr(e, k)
-    return any(get(e, 't_start') < b and get(e, 't_end') > a for e in evidence for a, b in spans)
+    "Whether any evidence overlaps the question's annotated decisive or distractor spans."
+    spans = [*q.evidence_spans, *q.distractor_spans]
+    return any(s < b and e > a for s, e in map(_times, evidence) for a, b in spans)
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #7ede1f65
+def _embedded(got: list[Evidence], embed: Callable[[list[str]], np.ndarray]) -> EvidenceView:
+    "The evidence `got`, its texts embedded by `embed`."
+    vecs = np.asarray(embed([e.text for e in got]), np.float64) if got else None
+    return EvidenceView(got, vecs, embed)
+
+def _trace_evidence(trace: dict) -> list[Evidence]:
+    "The evidence items a trace records, as records."
+    keys = ('item_id', 'level', 't_start', 't_end', 'text', 'round')
+    return [Evidence(*(e[k] for k in keys)) for e in trace['evidence']]
+
 def _round_row(q: Question, judged: Question, got: list[Evidence], r: int,
                embed: Callable[[list[str]], np.ndarray]) -> dict:
     "One round's row: the offline score of the evidence `got` so far against `judged`; the truth."
-    vecs = np.asarray(embed([e.text for e in got]), np.float64) if got else None
     # another video's evidence: never
     truth = judged.video_id == q.video_id and span_relevant(judged, got)
     return {'qid': q.qid, 'judged': judged.qid, 'round': r, 'relevant': truth,
-            'score': relevance_score(judged, EvidenceView(got, vecs, embed))}
+            'score': relevance_score(judged, _embedded(got, embed))}
 
 def relevance_rows(q: Question, trace: dict, embed: Callable[[list[str]], np.ndarray],
                    against: Question | None = None) -> list[dict]:
     "Per round of q's trace: the offline score of the evidence so far against `against` (default q), and the truth."
-    judged, keys = against or q, ('item_id', 'level', 't_start', 't_end', 'text', 'round')
-    ev = [Evidence(*(e[k] for k in keys)) for e in trace['evidence']]
+    judged, ev = against or q, _trace_evidence(trace)
     return [_round_row(q, judged, [e for e in ev if e.round <= r], r, embed)
             for r in range(len(trace['rounds']))]
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #98a52ced
-def partner_question(q: Question, questions: list[Question]) -> Question | None:
-    "A question of q's type about the next other video (in video order, cyclic), at q's position among its type."
+def _next_video(q: Question, questions: list[Question]) -> str | None:
+    "The next other video (cyclic order) with a question of q's type, or None."
     vids = sorted({x.video_id for x in questions if x.qtype == q.qtype
                    and x.video_id != q.video_id})
-    if not vids:
+    return next((v for v in vids if v > q.video_id), vids[0]) if vids else None
+
+def _of_type(questions: list[Question], qtype: str, video_id: str) -> list[Question]:
+    "The questions of type `qtype` about `video_id`, by qid."
+    return sorted((x for x in questions if x.qtype == qtype and x.video_id == video_id),
+                  key=lambda x: x.qid)
+
+def partner_question(q: Question, questions: list[Question]) -> Question | None:
+    "A question of q's type about the next other video (in video order, cyclic), at q's position among its type."
+    nxt = _next_video(q, questions)
+    if nxt is None:
         return None
-    nxt = next((v for v in vids if v > q.video_id), vids[0])
-    mine = sorted(x.qid for x in questions if x.qtype == q.qtype and x.video_id == q.video_id)
-    theirs = sorted((x for x in questions if x.qtype == q.qtype and x.video_id == nxt),
-                    key=lambda x: x.qid)
+    mine = [x.qid for x in _of_type(questions, q.qtype, q.video_id)]
+    theirs = _of_type(questions, q.qtype, nxt)
     return theirs[mine.index(q.qid) % len(theirs)]
 
 # %% ../../nbs/23b_reveal.relevance.ipynb #852aed2b
-def _threshold_line(rows: list[dict], t: float) -> dict:
-    "One threshold's line: true positive and negative rates, balanced accuracy, share relevant."
+def _rates(rows: list[dict], t: float) -> tuple[float, float]:
+    "True positive and true negative rates of the rule `score >= t` (1.0 for a class with no rows)."
     pos, neg = [r for r in rows if r['relevant']], [r for r in rows if not r['relevant']]
     tpr = sum(r['score'] >= t for r in pos) / len(pos) if pos else 1.0
     tnr = sum(r['score'] < t for r in neg) / len(neg) if neg else 1.0
-    stop = sum(r['score'] >= t for r in rows) / max(len(rows), 1)
+    return tpr, tnr
+
+def _judged_relevant(rows: list[dict], t: float) -> float:
+    "The share of rows the rule `score >= t` judges relevant (where the loop would stop)."
+    return sum(r['score'] >= t for r in rows) / max(len(rows), 1)
+
+def _threshold_line(rows: list[dict], t: float) -> dict:
+    "One threshold's line: true positive and negative rates, balanced accuracy, share relevant."
+    tpr, tnr = _rates(rows, t)
+    stop = _judged_relevant(rows, t)
     return {'threshold': t, 'tpr': round(tpr, 4), 'tnr': round(tnr, 4),
             'balanced_accuracy': round((tpr + tnr) / 2, 4), 'judged_relevant': round(stop, 4)}
 

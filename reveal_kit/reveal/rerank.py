@@ -45,11 +45,15 @@ def topk_for(spec: MethodSpec, config: Config) -> dict[int, int]:
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #9a7e0006
 def _merge_hits(merged: dict[str, Candidate], hits: list, q: str) -> None:
-    "Add one query's hits to `merged`, keeping each item's best score and the query that found it."
+    "Add one query's hits to `merged`, keeping each item's best score and its query."
     for h in hits:
         c = merged.get(h.item.item_id)
         if c is None or h.score > c.score:
             merged[h.item.item_id] = Candidate(h.item, float(h.score), q)
+
+def _search(memory: Memory, q: str, qvec: np.ndarray | None, k: dict[int, int]) -> list:
+    "One query's text-channel hits, searched by its vector when given."
+    return memory.search_text(q if qvec is None else np.asarray(qvec, dtype=np.float32), k=k)
 
 def retrieve(memory: Memory, queries: list[str], k: dict[int, int],
              qvecs: np.ndarray | None = None) -> tuple[dict[str, Candidate], dict[str, int]]:
@@ -57,8 +61,7 @@ def retrieve(memory: Memory, queries: list[str], k: dict[int, int],
     merged: dict[str, Candidate] = {}
     per_query: dict[str, int] = {}
     for i, q in enumerate(queries):
-        hits = memory.search_text(q if qvecs is None else np.asarray(qvecs[i], dtype=np.float32),
-                                  k=k)
+        hits = _search(memory, q, None if qvecs is None else qvecs[i], k)
         per_query[q] = len(hits)
         _merge_hits(merged, hits, q)
     return merged, per_query
@@ -87,18 +90,27 @@ def _cue_share(c: Candidate, crits: list) -> float:
     toks, wsum = set(tokens(c.item.narrative)), sum(cr.weight for cr in crits) or 1.0
     return sum(cr.weight for cr in crits if toks & set(cr.cues)) / wsum
 
+def _support(cands: list[Candidate], targets: list[str], vecs: np.ndarray | None,
+             embed: Callable | None) -> np.ndarray:
+    "Each candidate's best support for any of the rerank targets."
+    ev = [Evidence.from_item(c.item) for c in cands]
+    return EvidenceView(ev, vecs, embed).support(targets).max(axis=0)
+
+def _rank_score(c: Candidate, s: float, crits: list) -> float:
+    "The formula above: weighted retrieval score, best target support and cue share."
+    a, b, g = RERANK_WEIGHTS
+    return a * c.score + b * float(s) + g * _cue_share(c, crits)
+
 def rubric_rerank(cands: list[Candidate], q: Question, pool: RubricPool, names: list[str],
                   missing: list[str], vecs: np.ndarray | None,
                   embed: Callable | None) -> list[Candidate]:
     "Score candidates against the selected rubric (formula above), best first."
     if not cands:
         return []
-    ev = [Evidence.from_item(c.item) for c in cands]
-    sup = EvidenceView(ev, vecs, embed).support(rerank_targets(q, missing)).max(axis=0)
+    sup = _support(cands, rerank_targets(q, missing), vecs, embed)
     crits = [pool[n] for n in names]
-    a, b, g = RERANK_WEIGHTS
     for c, s in zip(cands, sup):
-        c.rank_score = a * c.score + b * float(s) + g * _cue_share(c, crits)
+        c.rank_score = _rank_score(c, s, crits)
     return sorted(cands, key=lambda c: -c.rank_score)
 
 # %% ../../nbs/25a_reveal.rerank.ipynb #9a7e000b
@@ -111,7 +123,7 @@ def relevance_rank(cands: list[Candidate]) -> list[Candidate]:
 # %% ../../nbs/25a_reveal.rerank.ipynb #ab05c0d1
 @functools.lru_cache(maxsize=64)
 def rerank_reply(n: int) -> type[ReplyModel]:
-    "The rerank reply model: `scores`, a score in {0, 0.5, 1} for each candidate number 0…n−1."
+    "The rerank reply model: a score in {0, 0.5, 1} for each candidate number 0…n−1."
     scores = keyed_model('CandidateScores', tuple(str(i) for i in range(n)), SCORE)
     return create_model('RerankReply', __base__=ReplyModel, scores=(scores, ...))
 
@@ -132,15 +144,19 @@ _ANCHOR_NOTE = ("The question is anchored on: {}. A candidate that shows this an
                 "target too (it places the options in time): score it as one that shows an "
                 "option.\n\n")
 
+def _gaps_and_anchor(q: Question, missing: list[str]) -> str:
+    "The prompt's 'Still missing' list (A_t) and anchor note, each only when there is one."
+    miss, anchor = ''.join(f"\n- {m}" for m in missing), question_anchor(q)
+    return ((f"Still missing:{miss}\n\n" if miss else '')
+            + (_ANCHOR_NOTE.format(anchor[1]) if anchor else ''))
+
 def rerank_prompt(q: Question, pool: RubricPool, names: list[str], missing: list[str],
                   cands: list[Candidate], token_budget: int | None = EVIDENCE_TOKENS) -> str:
     "The rerank call's user message: question, options, the selected rubric, A_t, the numbered candidates."
-    miss, anchor = ''.join(f"\n- {m}" for m in missing), question_anchor(q)
     block = evidence_block([Evidence.from_item(c.item) for c in cands], token_budget=token_budget)
     return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\n"
             f"Rubric:\n{pool.catalog(names, boundaries=True)}\n\n"
-            + (f"Still missing:{miss}\n\n" if miss else '')
-            + (_ANCHOR_NOTE.format(anchor[1]) if anchor else '')
+            + _gaps_and_anchor(q, missing)
             + f"Candidates:\n{block}\n\n"
             'Reply as {"scores": {"0": 1, "1": 0.5, "2": 0, ...}} with one score per candidate '
             'number.')

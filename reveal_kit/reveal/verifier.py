@@ -37,14 +37,17 @@ def snap_score(x: Any) -> float:
     return min((0.0, 0.5, 1.0), key=lambda s: abs(s - v))
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0002
+def _rho(row: dict[str, float], weights: dict[str, float], wsum: float) -> float:
+    "ρ_o of one option's row of scores (a missing score counts as 0)."
+    return sum(w * float(row.get(k, 0.0)) for k, w in weights.items()) / wsum
+
 def sufficiency_score(table: dict[str, dict[str, float]],
                       weights: dict[str, float]) -> tuple[dict[str, float], float]:
     "ρ_o = Σ_k w_k z_{o,k} / Σ_k w_k for every option, and ρ = max_o ρ_o (missing scores count as 0)."
     wsum = sum(weights.values())
     if wsum <= 0 or not table:
         return {o: 0.0 for o in table}, 0.0
-    rho_o = {o: sum(w * float(row.get(k, 0.0)) for k, w in weights.items()) / wsum
-             for o, row in table.items()}
+    rho_o = {o: _rho(row, weights, wsum) for o, row in table.items()}
     return rho_o, max(rho_o.values())
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0003
@@ -109,17 +112,25 @@ def token_cap(lengths: list[int], budget: int) -> int | None:
     return rest[-1]
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0020
+def _within_budget(texts: list[str], token_budget: int | None) -> list[str]:
+    "The texts cut to the common cap `token_cap` finds (marked `…`) when over the budget."
+    cap = token_cap([estimate_tokens(t) for t in texts], token_budget) if token_budget else None
+    if cap is None:
+        return texts
+    return [t if estimate_tokens(t) <= cap else cut_to_tokens(t, cap) + ' …' for t in texts]
+
+def _numbered(evidence: list[Evidence], texts: list[str]) -> str:
+    "Numbered prompt lines of the evidence."
+    lines = [f"[{i}] (L{e.level} {fmt_time(e.t_start)}-{fmt_time(e.t_end)}) {t}"
+             for i, (e, t) in enumerate(zip(evidence, texts))]
+    return '\n'.join(lines) or '(no evidence)'
+
 def evidence_block(evidence: list[Evidence], max_words: int | None = None,
                    token_budget: int | None = EVIDENCE_TOKENS) -> str:
     "Evidence as numbered lines `[i] (L1 1:02-1:12) text` for prompts, within a token budget for the whole block."
     texts = [' '.join(e.text.split()[:max_words]) if max_words else e.text.strip()
              for e in evidence]
-    cap = token_cap([estimate_tokens(t) for t in texts], token_budget) if token_budget else None
-    if cap is not None:
-        texts = [t if estimate_tokens(t) <= cap else cut_to_tokens(t, cap) + ' …' for t in texts]
-    lines = [f"[{i}] (L{e.level} {fmt_time(e.t_start)}-{fmt_time(e.t_end)}) {t}"
-             for i, (e, t) in enumerate(zip(evidence, texts))]
-    return '\n'.join(lines) or '(no evidence)'
+    return _numbered(evidence, _within_budget(texts, token_budget))
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0022
 def score_prompt(q: Question, pool: RubricPool, names: list[str], evidence: list[Evidence],
@@ -165,15 +176,31 @@ class Verifier:
         self._selected: dict[tuple, tuple[list[str], str]] = {}
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #9016213c
-def _model_select(self: Verifier, q: Question) -> tuple[list[str], dict]:
-    "Call 1 by the model: the criterion names it selects (none if the reply is unusable), the call."
-    user = (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCriterion "
+def _select_prompt(self: Verifier, q: Question) -> str:
+    "Call 1's user message."
+    return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n\nCriterion "
             f"catalog:\n{self.pool.catalog()}\n\n"
             'Reply as {"criteria": ["name", ...]}.')
-    data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, user,
+
+def _model_select(self: Verifier, q: Question) -> tuple[list[str], dict]:
+    "Call 1 by the model: the criterion names it selects (none if the reply is unusable), the call."
+    data, rec = role_call(self.model, 'verifier_select', SELECT_SYSTEM, _select_prompt(self, q),
                           select_schema(self.pool), reply_tokens('verifier_select'))
     r = parse_reply(select_reply(tuple(self.pool.names)), data)
     return (list(dict.fromkeys(r.criteria)) if r else []), rec
+
+def _type_criteria(self: Verifier, q: Question) -> list[str]:
+    "The names of the pool's criteria for the question's type (the rules' selection)."
+    return [c.name for c in self.pool.for_type(role_type(q))]
+
+def _select_uncached(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
+    "Call 1 itself: the rules' criteria offline, else the model's (the rules' if it is unusable)."
+    offline_names = _type_criteria(self, q)
+    if self.offline:
+        return offline_names, 'offline', []
+    names, rec = _model_select(self, q)
+    if not names: mark(rec, 'offline criteria')
+    return names or offline_names, 'model' if names else 'fallback', [rec]
 
 @patch
 def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
@@ -182,23 +209,20 @@ def select(self: Verifier, q: Question) -> tuple[list[str], str, list[dict]]:
     if key in self._selected:
         names, src = self._selected[key]
         return names, src + '+cached', []
-    offline_names = [c.name for c in self.pool.for_type(role_type(q))]
-    if self.offline:
-        self._selected[key] = (offline_names, 'offline')
-        return offline_names, 'offline', []
-    names, rec = _model_select(self, q)
-    src = 'model' if names else 'fallback'
-    if not names: mark(rec, 'offline criteria')
-    names = names or offline_names
+    names, src, calls = _select_uncached(self, q)
     self._selected[key] = (names, src)
-    return names, src, [rec]
+    return names, src, calls
 
 # %% ../../nbs/23a_reveal.verifier.ipynb #5b0c0028
+def _snapped(rows) -> dict[str, dict[str, float]]:
+    "The score table with every score snapped to {0, 0.5, 1}."
+    return {o: {n: snap_score(s) for n, s in row.items()} for o, row in rows}
+
 def _model_table(r: BaseModel) -> tuple[dict, list[str], list[str]]:
     "(table, unknown options, missing evidence) from a call-2 reply model."
     d = r.model_dump(by_alias=True)
     rows = d['rubric_criteria_scores'].items()
-    table = {o: {n: snap_score(s) for n, s in row.items()} for o, row in rows}
+    table = _snapped(rows)
     missing = [m.strip() for m in d['missing_evidence_analysis'] if m.strip()]
     return table, list(dict.fromkeys(d['unknown_options'])), missing
 
@@ -211,6 +235,23 @@ def _model_scores(self: Verifier, q: Question, names: list[str],
                           score_schema(list(q.options), names), reply_tokens('verifier'))
     return parse_reply(score_reply(tuple(q.options), tuple(names)), data), rec
 
+def _unusable_note(rec: dict) -> str:
+    "Mark an unusable call-2 record as falling back to the offline scores; the report's note."
+    mark(rec, 'offline scores')
+    return f"verifier reply unusable ({rec.get('error') or 'invalid'}); offline scores used"
+
+def _scored(self: Verifier, q: Question, names: list[str], view: EvidenceView, off: Any,
+            calls: list[dict], notes: list[str]) -> tuple[tuple, str]:
+    "(table, unknown, missing) and their source: the model's, else the offline scores `off`."
+    if self.offline:
+        return (off.table, off.unknown_options, off.missing), 'offline'
+    r, rec = _model_scores(self, q, names, view)
+    calls.append(rec)
+    if r is None:
+        notes.append(_unusable_note(rec))
+        return (off.table, off.unknown_options, off.missing), 'fallback'
+    return _model_table(r), 'model'
+
 @patch
 def verify(self: Verifier, q: Question, view: EvidenceView,
            names: list[str] | None = None) -> VerifierReport:
@@ -220,17 +261,7 @@ def verify(self: Verifier, q: Question, view: EvidenceView,
         names, _, calls = self.select(q)
     crits, weights = [self.pool[n] for n in names], self.pool.weights(names)
     off = offline_scores(q, crits, view)
-    table, unknown, missing, src = off.table, off.unknown_options, off.missing, 'offline'
-    if not self.offline:
-        r, rec = _model_scores(self, q, names, view)
-        calls.append(rec)
-        if r is None:
-            src = 'fallback'
-            mark(rec, 'offline scores')
-            notes.append(f"verifier reply unusable ({rec.get('error') or 'invalid'}); offline "
-                         f"scores used")
-        else:
-            (table, unknown, missing), src = _model_table(r), 'model'
+    (table, unknown, missing), src = _scored(self, q, names, view, off, calls, notes)
     rho_o, rho = sufficiency_score(table, weights)
     return VerifierReport(names, weights, table, rho_o, rho, is_sufficient(rho, self.config.tau),
                           unknown, missing, src, calls, notes,
