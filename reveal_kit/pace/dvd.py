@@ -117,11 +117,15 @@ def observe(self: ToolCallPolicy, st: AgentState, call_id: str | None, obs) -> N
     if c is not None: self.messages.append(c.reply(obs.summary))
 
 # %% ../../nbs/32b_pace.dvd.ipynb #fd1b0002
+def _call_answer(c: dict):
+    "The `answer` argument of a tool call (its arguments a JSON text or a dict)."
+    args = c.get('function', {}).get('arguments') or '{}'
+    return (json.loads(args) if isinstance(args, str) else args).get('answer')
+
 def dvd_extract_answer(message: dict) -> str | None:
     "DVD's `extract_answer` (`dvd/utils.py`): a tool call's `answer`, else the text, or None."
     for c in message.get('tool_calls') or []:
-        args = c.get('function', {}).get('arguments') or '{}'
-        a = (json.loads(args) if isinstance(args, str) else args).get('answer')
+        a = _call_answer(c)
         if a: return a
     return message_text(message).strip() or None
 
