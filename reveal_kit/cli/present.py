@@ -29,12 +29,15 @@ def _memory_line(res: dict) -> str:
     where, subs = res.get('memory_dir') or 'in memory', res.get('subtitles') or 'none'
     return f"Memory: {how} ({where}); subtitles: {subs}"
 
+def _rho_text(res: dict) -> str:
+    "'rho=0.80 (tau=0.7)', or 'rho=n/a' without a verifier."
+    return 'rho=n/a' if res['rho'] is None else f"rho={res['rho']:.2f} (tau={res['tau']})"
+
 def _verdict_line(res: dict) -> str:
-    "'Verdict: sufficient, rho=0.80 (tau=0.7)', or 'not verified' and 'rho=n/a' without a verifier."
+    "'Verdict: sufficient, rho=…', or 'not verified' without a verifier."
     ok = res['sufficient']
     verdict = 'not verified' if ok is None else ('sufficient' if ok else 'insufficient')
-    rho = 'rho=n/a' if res['rho'] is None else f"rho={res['rho']:.2f} (tau={res['tau']})"
-    return f"Verdict: {verdict}, {rho}"
+    return f"Verdict: {verdict}, {_rho_text(res)}"
 
 def _item_line(e: dict) -> str:
     "An evidence item: its level, time span, first 25 words."
@@ -102,19 +105,26 @@ def _known(x) -> str:
     return '?' if x is None else str(x)
 
 # %% ../../nbs/90e_cli.present.ipynb #cdadc5db
-def _questions_lines(r: dict) -> list[str]:
-    "Where the questions were read, how many loaded and skipped (with the first reasons)."
+def _loaded_line(r: dict) -> str:
+    "How many questions loaded (against the manifest's count) and skipped."
     notes = f", {r['notes']} with a repeated option text" if r.get('notes') else ''
-    L = [f"  read: {r['source']}",
-         f"  questions: {r['loaded']} loaded (expected {_known(r['expected_questions'])}), "
-         f"{r['skipped']} skipped{notes}"]
+    return (f"  questions: {r['loaded']} loaded (expected {_known(r['expected_questions'])}), "
+            f"{r['skipped']} skipped{notes}")
+
+def _questions_lines(r: dict) -> list[str]:
+    "Where the questions were read, the counts, the first skip reasons."
+    L = [f"  read: {r['source']}", _loaded_line(r)]
     L += [f"    - {x}" for x in r['reasons'][:5]]
     return L + ([] if r['loaded'] else [f"  expected: {r['expected_layout']}"])
 
+def _videos_line(r: dict) -> str:
+    "How many distinct videos (against the manifest's count) are present and missing."
+    return (f"  videos: {r['videos']} distinct (expected {_known(r['expected_videos'])}), "
+            f"{r['videos_present']} present, {r['videos_missing']} missing")
+
 def _media_lines(r: dict) -> list[str]:
     "How many videos and subtitle files are present and missing (with a few missing videos)."
-    L = [f"  videos: {r['videos']} distinct (expected {_known(r['expected_videos'])}), "
-         f"{r['videos_present']} present, {r['videos_missing']} missing"]
+    L = [_videos_line(r)]
     L += [f"    missing e.g. {x}" for x in r['missing_examples'][:3]]
     return L + [f"  subtitles: {r['subtitles_present']} present, {r['subtitles_missing']} missing "
                 "(not every benchmark/video has subtitles)"]
@@ -155,13 +165,16 @@ def format_build_summary(s: dict) -> str:
             f"{s['seconds']:.1f}s{fb}")
 
 # %% ../../nbs/90e_cli.present.ipynb #c0dbeae7
-def format_build_all_summary(s: dict) -> str:
-    "Lines about a `build_all` summary: counts and where, then each failure with its reason."
+def _build_all_head(s: dict) -> str:
+    "Memories built, reused and failed, the seconds, where they are."
     ray = ' on Ray' if s.get('ray') else ''
-    head = (f"{s['memories']} memories of {s['benchmark']}: {s['built']} built, "
+    return (f"{s['memories']} memories of {s['benchmark']}: {s['built']} built, "
             f"{s['reused']} reused, {len(s['failed'])} failed, {s['seconds']:.1f}s{ray} "
             f"→ {s['memory_root']}")
-    return '\n'.join([head, *(f"  failed {f}" for f in s['failed'])])
+
+def format_build_all_summary(s: dict) -> str:
+    "Lines about a `build_all` summary: counts and where, then each failure with its reason."
+    return '\n'.join([_build_all_head(s), *(f"  failed {f}" for f in s['failed'])])
 
 # %% ../../nbs/90e_cli.present.ipynb #d9144244
 def _video_line(mem: OfflineMemory) -> str:

@@ -51,7 +51,7 @@ def _question_dbs(db: EvidenceDB, plain: EvidenceDB) -> list[EvidenceDB]:
     return [plain] + ([db] if db is not plain else [])
 
 def _index_calls(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> list[dict]:
-    "The calls of each index pass (plain first, then the question's), then F_Q's calls."
+    "Each index pass's calls (plain, the question's), then F_Q's."
     cs = [d.manifest.get('index_calls', {}) for d in _question_dbs(db, plain)]
     return cs + [dict(calls=1, **c) for c in factor_calls]
 
@@ -70,11 +70,14 @@ def index_cost(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> d
                 path=_db_path(db), plain_path=_db_path(plain))
 
 # %% ../../nbs/32g_pace.accounting.ipynb #1c588a3b
+def _reasoning(calls: list[dict]) -> int:
+    "The reasoning tokens of the calls."
+    return sum(int(c.get('reasoning_tokens') or 0) for c in calls)
+
 def step_totals(tr: dict, factor_calls: list[dict]) -> dict:
     "Totals of the loop's model calls (reasoning tokens too); failed calls with the factor calls."
     calls = [c for s in tr['steps'] for c in s['calls']]
-    reasoning = sum(int(c.get('reasoning_tokens') or 0) for c in calls)
-    return {**call_totals(calls), 'reasoning_tokens': reasoning,
+    return {**call_totals(calls), 'reasoning_tokens': _reasoning(calls),
             'failed_calls': call_totals(calls + factor_calls)['failed_calls']}
 
 # %% ../../nbs/32g_pace.accounting.ipynb #497653e5

@@ -64,7 +64,7 @@ def _factor_db(plain: EvidenceDB, fq: Sequence[Factor], config: Config,
     return db.before(plain.manifest['before']) if whole is not plain else db
 
 def _write_trace(trace: dict, trace_dir: str | Path, qid: str, method: str) -> str:
-    "Write a trace where `core.trace_path` puts it; its path."
+    "Write the trace at `trace_path`; its path."
     p = trace_path(trace_dir, qid, method)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(trace, indent=1, default=str))

@@ -202,12 +202,15 @@ def merge_registry(model: ChatModel, lists: Sequence[Sequence[dict]], max_tokens
     return (parts[0] if parts else []), calls
 
 # %% ../../nbs/30b_pace.captions.ipynb #d7420e6e
+def _ocr_words(r) -> set[str]:
+    "The content words read on screen in a record's clip."
+    return set(content_words(' '.join(r.meta.get('ocr', []))))
+
 def _screen_words(records: Sequence) -> dict[str, list[float]]:
     "Each word read on screen: the start times of the clips that show it."
     seen: dict[str, list[float]] = {}
     for r in records:
-        for w in set(content_words(' '.join(r.meta.get('ocr', [])))):
-            seen.setdefault(w, []).append(r.t_start)
+        for w in _ocr_words(r): seen.setdefault(w, []).append(r.t_start)
     return seen
 
 def offline_registry(records: Sequence, top: int = 8) -> list[dict]:

@@ -41,11 +41,14 @@ DVD_TASK = (
     "The video is {seconds:g} seconds long ({hms}).\n\nQuestion: {question}\nOptions:\n{options}\n"
     "Choose the option that best answers the question and give its letter to Finish.")
 
+def _dvd_task(q: Question, duration: float) -> str:
+    "DVD's request: the video's length, the question and its options."
+    return DVD_TASK.format(seconds=round(duration, 1), hms=fmt_time(duration, hours=True),
+                           question=q.question, options=q.options_text())
+
 def dvd_messages(q: Question, duration: float) -> list[dict]:
     "The start of a DVD conversation: the system prompt, the request (video length, question)."
-    task = DVD_TASK.format(seconds=round(duration, 1), hms=fmt_time(duration, hours=True),
-                           question=q.question, options=q.options_text())
-    return [system_message(DVD_SYSTEM), user_message(task)]
+    return [system_message(DVD_SYSTEM), user_message(_dvd_task(q, duration))]
 
 # %% ../../nbs/32b_pace.dvd.ipynb #1739970b
 FINISH_NOW = "This is your last turn: call Finish with the letter of the best option."

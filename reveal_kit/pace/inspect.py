@@ -76,9 +76,13 @@ def look_text(data: dict) -> str:
 # %% ../../nbs/31a_pace.inspect.ipynb #6afcc639
 OFFLINE_READ_FRAMES = 4
 
+def _spread(n: int, k: int) -> np.ndarray:
+    "Up to `k` distinct indices spread evenly over `n` items."
+    return np.unique(np.linspace(0, n - 1, min(k, n)).round())
+
 def _screen_lines(frames: Sequence) -> list[str]:
     "The distinct on-screen text lines of a few frames spread over the range."
-    idx = np.unique(np.linspace(0, len(frames) - 1, min(OFFLINE_READ_FRAMES, len(frames))).round())
+    idx = _spread(len(frames), OFFLINE_READ_FRAMES)
     return list(dict.fromkeys(l for i in idx for l in ocr_text(frames[int(i)])))
 
 def _screen_text(lines: list[str]) -> str:

@@ -55,12 +55,15 @@ class Turn:
     reason: str | None = None
 
 # %% ../../nbs/32a_pace.loop.ipynb #a628ad29
+def _keep_best(best: dict, d: dict) -> None:
+    "Keep row `d` in `best` when it is its item's first or best-scored row."
+    if d['item_id'] not in best or d['score'] > best[d['item_id']]['score']:
+        best[d['item_id']] = d
+
 def trace_evidence(tb: ToolBox) -> list[dict]:
     "The localized evidence a trajectory surfaced: one row per item (best score), in time order."
-    best: dict[str, dict] = {}
-    for d in tb.evidence.values():
-        if d['item_id'] not in best or d['score'] > best[d['item_id']]['score']:
-            best[d['item_id']] = d
+    best = {}
+    for d in tb.evidence.values(): _keep_best(best, d)
     return sorted(best.values(), key=lambda d: (d['t_start'], d['item_id']))
 
 # %% ../../nbs/32a_pace.loop.ipynb #9933b6e9

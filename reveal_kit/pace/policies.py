@@ -39,11 +39,14 @@ def _untested(st: AgentState) -> list:
     asked = {s['arguments'].get('factor') for s in st.steps if s['tool'] == 'EvidenceRetrieve'}
     return [d for d in st.tb.factors if d.did not in asked]
 
+def _may_inspect(st: AgentState) -> bool:
+    "Whether FrameInspect is offered and not used yet."
+    return 'FrameInspect' in st.tb.tools and not st.used('FrameInspect')
+
 def _unresolved_look(st: AgentState) -> tuple | None:
     "Inspect the first range of each unresolved factor (FrameInspect, once)."
     rng = [_hms(r) for d in st.unresolved for r in d.ranges[:1]][:4]
-    ok = 'FrameInspect' in st.tb.tools and not st.used('FrameInspect')
-    return _inspect(st.tb, rng) if rng and ok else None
+    return _inspect(st.tb, rng) if rng and _may_inspect(st) else None
 
 def _factor_step(st: AgentState) -> tuple | None:
     "With contrastive factors: retrieve the next untested one, else inspect the unresolved ones."
@@ -57,13 +60,17 @@ def _best_look(tb: ToolBox) -> tuple:
     best = sorted(tb.evidence.values(), key=lambda d: -d['score'])[:2]
     return _inspect(tb, [_hms([d['t_start'], d['t_end']]) for d in best])
 
+def _best_look(tb: ToolBox) -> tuple:
+    "Inspect the spans of the two best hits."
+    best = sorted(tb.evidence.values(), key=lambda d: -d['score'])[:2]
+    return _inspect(tb, [_hms([d['t_start'], d['t_end']]) for d in best])
+
 def _plain_step(st: AgentState) -> tuple | None:
     "Without contrastive factors: ClipSearch the question's focus, else inspect the two best hits."
     tb, tools = st.tb, st.tb.tools
     if 'ClipSearch' in tools and not st.used('ClipSearch'):
         return 'ClipSearch', {'event_description': focus(tb.q.question) or tb.q.question}, None
-    if 'FrameInspect' in tools and not st.used('FrameInspect') and tb.evidence:
-        return _best_look(tb)
+    if _may_inspect(st) and tb.evidence: return _best_look(tb)
     return None
 
 class OfflinePolicy:

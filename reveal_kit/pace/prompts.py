@@ -81,12 +81,16 @@ def _factor_line(d, steps: list[dict]) -> str:
     ins, outs = ','.join(d.rules_in) or '-', ','.join(d.rules_out) or '-'
     return f"{d.did}: {d.criterion} [rules in {ins}; out {outs}] — {_factor_tests(d, steps)}"
 
+def _video_line(st: AgentState, clip_s: float) -> str:
+    "The video's length and the index's clips."
+    d = st.tb.duration
+    return (f"The video is {d:g} seconds long ({fmt_time(d, hours=True)}); "
+            f"the index holds {len(st.tb.db)} clips of {clip_s:g} s.")
+
 def _question_lines(st: AgentState, clip_s: float) -> list[str]:
     "The question, its options, the video's length and the index's clips."
-    tb, d = st.tb, st.tb.duration
-    return [f"Question: {tb.q.question}", f"Options:\n{tb.q.options_text()}",
-            f"The video is {d:g} seconds long ({fmt_time(d, hours=True)}); "
-            f"the index holds {len(tb.db)} clips of {clip_s:g} s."]
+    q = st.tb.q
+    return [f"Question: {q.question}", f"Options:\n{q.options_text()}", _video_line(st, clip_s)]
 
 def _fq_line(fq: Sequence) -> str:
     "F_Q as the agent reads it."

@@ -332,7 +332,7 @@ def reading_memo(self: ToolBox) -> ReadingMemo:
 # %% ../../nbs/32_pace.tools.ipynb #85d1db90
 @patch
 def _width(self: ToolBox) -> int | None:
-    "The width that brings the video's frames to at most `frame_height`; a ToolError if unreadable."
+    "Frame width for ≤ `frame_height` px high; a ToolError if unreadable."
     try: return frame_width(probe_video(self.video_path), self.settings.frame_height)
     except (VideoError, OSError) as e: raise ToolError(f"could not read frames: {e}") from None
 
