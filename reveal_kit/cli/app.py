@@ -54,7 +54,7 @@ _DISK_ERRORS = {errno.ENOSPC: "no space left on the device: free some space and 
                 "the folder's rights"}
 
 def disk_error(e: OSError) -> str | None:
-    "The one line for a file-system error (full disk, read-only, name too long, no permission), naming the path."
+    "One line for a file-system error (`_DISK_ERRORS`), naming the path."
     why = _DISK_ERRORS.get(e.errno)
     if why is None: return None
     where = e.filename or (e.args[1] if len(e.args) > 1 else '')

@@ -16,13 +16,17 @@ __all__ = ['backends_report', 'backends_check', 'memory_build', 'memory_show', '
            'data_check']
 
 # %% ../../nbs/90a_cli.data.ipynb #fe11c4df
+def _chat_error(backend: str | None, e: Exception) -> dict:
+    "The entry of a chat model that could not be had: why."
+    return {'backend': backend, 'error': f"{type(e).__name__}: {e}", 'is_fallback': None}
+
 def _chat_entry(backend: str | None, model: str | None, base_url: str | None) -> dict:
     "The chat model these options name (which, fallback, why), or why it could not be had."
     from reveal_kit.backends.models import get_chat_model, describe_chat_model
     try:
         return describe_chat_model(get_chat_model(backend, model, base_url, cache=None))
     except Exception as e:
-        return {'backend': backend, 'error': f"{type(e).__name__}: {e}", 'is_fallback': None}
+        return _chat_error(backend, e)
 
 def backends_report(backend: str | None = None, model: str | None = None,
                     base_url: str | None = None, text: str = 'auto', vision: str = 'auto') -> dict:
@@ -46,11 +50,15 @@ def _say_replica(r: dict) -> None:
     say(f"  replica {r['url']}  {'healthy' if r['healthy'] else 'down'}, {r['in_flight']} "
         f"in flight, {r['served']} served, {r['failures']} failures")
 
+def _say_model(k: str, d: dict) -> None:
+    "One model's line: its name, whether it is a fallback, why."
+    name, why = d.get('model_id') or d.get('backend'), d.get('why') or d.get('error') or ''
+    say(f"{k:7s} {name}  {'(fallback) ' if d.get('is_fallback') else ''}{why}")
+
 def _say_backends(rep: dict) -> None:
     "One line per model in use (fallback or not, and why), its replicas beneath."
     for k, d in rep.items():
-        name, why = d.get('model_id') or d.get('backend'), d.get('why') or d.get('error') or ''
-        say(f"{k:7s} {name}  {'(fallback) ' if d.get('is_fallback') else ''}{why}")
+        _say_model(k, d)
         for r in d.get('replicas') or []: _say_replica(r)
 
 @backends_app.command('check')
@@ -106,13 +114,17 @@ _MemoryArg = Annotated[Path, typer.Argument(help="memory directory")]
 _NarrativesOpt = Annotated[int, typer.Option(help="L1 narratives to show")]
 _ManifestJsonOpt = Annotated[bool, typer.Option('--json', help="print the manifest as JSON")]
 
+def _load_memory(path: Path):
+    "The memory at `path` (none or a broken one: a CLI error)."
+    from reveal_kit.memory.store import OfflineMemory
+    with cli_errors():
+        return OfflineMemory.load(path)
+
 @memory_app.command('show')
 def memory_show(path: _MemoryArg, n: _NarrativesOpt = 3, as_json: _ManifestJsonOpt = False):
     "Summarize a memory: levels, time coverage, a few narratives."
-    from reveal_kit.memory.store import OfflineMemory
     from reveal_kit.cli.present import describe
-    with cli_errors():
-        mem = OfflineMemory.load(path)
+    mem = _load_memory(path)
     say(json.dumps(mem.manifest, indent=1) if as_json else describe(mem, n))
 
 # %% ../../nbs/90a_cli.data.ipynb #bb09aef1
@@ -214,14 +226,18 @@ _BenchmarkNameArg = Annotated[str, typer.Argument(
 _DataSplitOpt = Annotated[Optional[str],
                         typer.Option(help="split, where the benchmark has several")]
 
+def _data_report(benchmark: str, root, split) -> dict:
+    "The data check's report (bad input: a CLI error)."
+    from reveal_kit.eval.data_check import check_data
+    with cli_errors():
+        return check_data(benchmark, root, **({'split': split} if split else {}))
+
 @data_app.command('check')
 def data_check(benchmark: _BenchmarkNameArg, root: RootOpt = None, split: _DataSplitOpt = None,
                as_json: JsonOpt = False):
     "Report present/missing annotations, videos and subtitles, with counts against the manifest."
-    from reveal_kit.eval.data_check import check_data
     from reveal_kit.cli.present import format_check
-    with cli_errors():
-        r = check_data(benchmark, root, **({'split': split} if split else {}))
+    r = _data_report(benchmark, root, split)
     say(json.dumps(r, indent=1) if as_json else format_check(r))
     raise typer.Exit(0 if r['status'] == 'ok' else 1)
 

@@ -46,16 +46,19 @@ def ask_chat_model(s: PaceAskSettings, cfg: Config) -> Any:
 
 # %% ../../nbs/90g_cli.pace_ask.ipynb #9966f462
 def _caption_model(chat: Any, cfg: Config, s: PaceAskSettings) -> Any:
-    "The vision group's model, when its replies are meaningful (else None: offline captions)."
+    "The vision group's model if meaningful (else None: offline captions)."
     vision = pace_models_of(chat, s.roles, pace_settings(cfg).vision_substitute).vision
     return vision if is_meaningful(vision) else None
 
+def _index_config(cfg: Config, vision: Any, method: str) -> Config:
+    "The config the plain index is built with: DVD's caps for DVD with a captioning model."
+    return dvd_index_config(cfg) if vision and get_pace_spec(method).prompt == 'dvd' else cfg
+
 def _plain_db(video: str | Path, chat: Any, cfg: Config, s: PaceAskSettings,
               method: str) -> EvidenceDB:
-    "The video's plain database, captioned by the vision group's model when it is meaningful (DVD: at DVD's caps)."
+    "The video's plain database, captioned by the vision group's model when it is meaningful."
     vision = _caption_model(chat, cfg, s)
-    # DVD's caps
-    icfg = dvd_index_config(cfg) if vision and get_pace_spec(method).prompt == 'dvd' else cfg
+    icfg = _index_config(cfg, vision, method)
     return get_pace_dbs(video, (), icfg, vision, s.subtitles, s.root, s.text_embedder)[0]
 
 def ask_pace(video: str | Path, question: str, options: list[str], method: str = 'pace',

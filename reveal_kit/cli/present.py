@@ -29,31 +29,42 @@ def _memory_line(res: dict) -> str:
     where, subs = res.get('memory_dir') or 'in memory', res.get('subtitles') or 'none'
     return f"Memory: {how} ({where}); subtitles: {subs}"
 
+def _rho_text(res: dict) -> str:
+    "'rho=0.80 (tau=0.7)', or 'rho=n/a' without a verifier."
+    return 'rho=n/a' if res['rho'] is None else f"rho={res['rho']:.2f} (tau={res['tau']})"
+
 def _verdict_line(res: dict) -> str:
-    "'Verdict: sufficient, rho=0.80 (tau=0.7)', or 'not verified' and 'rho=n/a' without a verifier."
+    "'Verdict: sufficient, rho=…', or 'not verified' without a verifier."
     ok = res['sufficient']
     verdict = 'not verified' if ok is None else ('sufficient' if ok else 'insufficient')
-    rho = 'rho=n/a' if res['rho'] is None else f"rho={res['rho']:.2f} (tau={res['tau']})"
-    return f"Verdict: {verdict}, {rho}"
+    return f"Verdict: {verdict}, {_rho_text(res)}"
+
+def _item_line(e: dict) -> str:
+    "An evidence item: its level, time span, first 25 words."
+    span = f"{fmt_time(e['t_start'])}-{fmt_time(e['t_end'])}"
+    return f"  [L{e['level']} {span}] {' '.join(e['text'].split()[:25])}"
 
 def _evidence_lines(res: dict) -> list[str]:
-    "One line per evidence item: level, time span, its first 25 words ('(none)' without any)."
-    return [f"  [L{e['level']} {fmt_time(e['t_start'])}-{fmt_time(e['t_end'])}] "
-            f"{' '.join(e['text'].split()[:25])}" for e in res['evidence']] or ['  (none)']
+    "One line per evidence item ('(none)' without any)."
+    return [_item_line(e) for e in res['evidence']] or ['  (none)']
 
 def _degraded_line(failed_calls: dict) -> str:
     "The failed model calls by role of a degraded answer, which used the offline fallback."
     fc = ', '.join(f"{r} {n}" for r, n in failed_calls.items())
     return f"DEGRADED: failed model calls ({fc}); those steps used the offline fallback"
 
+def _trace_line(res: dict) -> str:
+    "Where the trace is, or why it was not written."
+    trace = res.get('trace')
+    where = f"reveal trace show {trace}" if trace else f"not written ({res.get('trace_error')})"
+    return f"Trace: {where}"
+
 def _ask_tail(res: dict) -> list[str]:
     "The missing evidence, the failed calls of a degraded answer, and where the trace is."
     missing = res.get('missing_evidence')
     L = ['Missing evidence: ' + '; '.join(missing)] if missing else []
     if res.get('degraded'): L.append(_degraded_line(res['failed_calls']))
-    trace = res.get('trace')
-    where = f"reveal trace show {trace}" if trace else f"not written ({res.get('trace_error')})"
-    return L + [f"Trace: {where}"]
+    return L + [_trace_line(res)]
 
 def _ask_usage(res: dict) -> str:
     "The answer's rounds and stop reason, model calls, tokens and seconds."
@@ -66,6 +77,11 @@ def format_ask_summary(res: dict) -> str:
     return '\n'.join(L + _evidence_lines(res) + _ask_tail(res))
 
 # %% ../../nbs/90e_cli.present.ipynb #6b63b9c9
+def _no_embedder(key: str, e: Exception) -> dict:
+    "A `key` embedder that could not be had, and why."
+    why = f"{type(e).__name__}: {e}"
+    return dict(kind=key, which=None, model_id=None, is_fallback=True, ok=False, why=why)
+
 def _embedder_entry(key: str, get, name: str, probe: list, load: bool) -> dict:
     "One embedder's description (`load`: after encoding `probe` once), or why it could not be had."
     try:
@@ -73,8 +89,7 @@ def _embedder_entry(key: str, get, name: str, probe: list, load: bool) -> dict:
         if load: emb.encode(probe)
         return dict(emb.describe(), which=emb.backend, ok=True)
     except Exception as e:
-        why = f"{type(e).__name__}: {e}"
-        return dict(kind=key, which=None, model_id=None, is_fallback=True, ok=False, why=why)
+        return _no_embedder(key, e)
 
 def describe_embedders(text: str = 'auto', vision: str = 'auto', load: bool = True) -> dict:
     "For `reveal backends check`: each embedder in use, fallback or not, why; `load` runs it once."
@@ -90,29 +105,39 @@ def _known(x) -> str:
     return '?' if x is None else str(x)
 
 # %% ../../nbs/90e_cli.present.ipynb #cdadc5db
-def _questions_lines(r: dict) -> list[str]:
-    "Where the questions were read, how many loaded and skipped (with the first reasons)."
+def _loaded_line(r: dict) -> str:
+    "How many questions loaded (against the manifest's count) and skipped."
     notes = f", {r['notes']} with a repeated option text" if r.get('notes') else ''
-    L = [f"  read: {r['source']}",
-         f"  questions: {r['loaded']} loaded (expected {_known(r['expected_questions'])}), "
-         f"{r['skipped']} skipped{notes}"]
+    return (f"  questions: {r['loaded']} loaded (expected {_known(r['expected_questions'])}), "
+            f"{r['skipped']} skipped{notes}")
+
+def _questions_lines(r: dict) -> list[str]:
+    "Where the questions were read, the counts, the first skip reasons."
+    L = [f"  read: {r['source']}", _loaded_line(r)]
     L += [f"    - {x}" for x in r['reasons'][:5]]
     return L + ([] if r['loaded'] else [f"  expected: {r['expected_layout']}"])
 
+def _videos_line(r: dict) -> str:
+    "How many distinct videos (against the manifest's count) are present and missing."
+    return (f"  videos: {r['videos']} distinct (expected {_known(r['expected_videos'])}), "
+            f"{r['videos_present']} present, {r['videos_missing']} missing")
+
 def _media_lines(r: dict) -> list[str]:
     "How many videos and subtitle files are present and missing (with a few missing videos)."
-    L = [f"  videos: {r['videos']} distinct (expected {_known(r['expected_videos'])}), "
-         f"{r['videos_present']} present, {r['videos_missing']} missing"]
+    L = [_videos_line(r)]
     L += [f"    missing e.g. {x}" for x in r['missing_examples'][:3]]
     return L + [f"  subtitles: {r['subtitles_present']} present, {r['subtitles_missing']} missing "
                 "(not every benchmark/video has subtitles)"]
 
+def _annotation_lines(r: dict) -> list[str]:
+    "One line per annotation file: present or MISSING."
+    return [f"  annotation {a['path']}: {'present' if a['present'] else 'MISSING'}"
+            for a in r['annotations']]
+
 def format_check(r: dict) -> str:
     "A data-check report as readable lines."
     sp = f" (split {r['split']})" if r['split'] else ''
-    L = [f"{r['benchmark']} under {r['root']}{sp}: {r['status']}"]
-    L += [f"  annotation {a['path']}: {'present' if a['present'] else 'MISSING'}"
-          for a in r['annotations']]
+    L = [f"{r['benchmark']} under {r['root']}{sp}: {r['status']}"] + _annotation_lines(r)
     if r.get('error'):
         return '\n'.join(L + [f"  error: {r['error']}", f"  expected: {r['expected_layout']}"])
     return '\n'.join(L + _questions_lines(r) + _media_lines(r))
@@ -140,13 +165,16 @@ def format_build_summary(s: dict) -> str:
             f"{s['seconds']:.1f}s{fb}")
 
 # %% ../../nbs/90e_cli.present.ipynb #c0dbeae7
-def format_build_all_summary(s: dict) -> str:
-    "Lines about a `build_all` summary: counts and where, then each failure with its reason."
+def _build_all_head(s: dict) -> str:
+    "Memories built, reused and failed, the seconds, where they are."
     ray = ' on Ray' if s.get('ray') else ''
-    head = (f"{s['memories']} memories of {s['benchmark']}: {s['built']} built, "
+    return (f"{s['memories']} memories of {s['benchmark']}: {s['built']} built, "
             f"{s['reused']} reused, {len(s['failed'])} failed, {s['seconds']:.1f}s{ray} "
             f"→ {s['memory_root']}")
-    return '\n'.join([head, *(f"  failed {f}" for f in s['failed'])])
+
+def format_build_all_summary(s: dict) -> str:
+    "Lines about a `build_all` summary: counts and where, then each failure with its reason."
+    return '\n'.join([_build_all_head(s), *(f"  failed {f}" for f in s['failed'])])
 
 # %% ../../nbs/90e_cli.present.ipynb #d9144244
 def _video_line(mem: OfflineMemory) -> str:
@@ -187,9 +215,13 @@ def _level_lines(mem: OfflineMemory) -> list[str]:
     d = max(mem.duration, 1e-9)
     return [_level_line(l, mem.level(l), d) for l in (1, 2, 3)]
 
+def _cut(text: str, width: int) -> str:
+    "`text` cut to `width` characters (an ellipsis ends a cut one)."
+    return text if len(text) <= width else text[:width - 1] + '…'
+
 def _narrative_line(it, width: int) -> str:
-    "An item's narrative cut to `width` characters, after its time span unless it starts with one."
-    txt = it.narrative if len(it.narrative) <= width else it.narrative[:width - 1] + '…'
+    "An item's narrative cut to `width`, after its time span unless it starts with one."
+    txt = _cut(it.narrative, width)
     if not txt.startswith('['): txt = f"[{fmt_time(it.t_start)}-{fmt_time(it.t_end)}] {txt}"
     return f"  {it.item_id} {txt}"
 
@@ -297,6 +329,6 @@ def _replay_head(s: dict) -> str:
             f"{s['memory_build_seconds']:.1f} s to build")
 
 def format_replay_summary(s: dict) -> str:
-    "One line per replayed run: identical or its first differences, its time against the run's."
+    "The replay's head, one line per replayed run, the cache's differences."
     problems = [f"  DIFFERS: {p}" for p in s.get('cache_problems') or []]
     return '\n'.join([_replay_head(s)] + [_replayed_line(r) for r in s['runs']] + problems)

@@ -17,14 +17,17 @@ def _evidence_line(e: dict) -> str:
     return f"  [{fmt_time(e['t_start'])}-{fmt_time(e['t_end'])}] {e['source']}: {words}"
 
 def _pace_usage(res: dict) -> str:
-    "The agent's steps and stop reason, tool calls, model calls, tokens and seconds."
+    "The run's steps, stop reason, tool and model calls, tokens, seconds."
     return (f"Steps: {res['steps']} (stop: {res['stop_reason']}), tools: {res['tool_calls']}, "
             f"LLM calls: {res['llm_calls']}, tokens: {res['tokens']}, {res['seconds']:.2f}s")
 
+def _factors_line(res: dict) -> str:
+    "The question's factors, or that the captions were plain."
+    return f"Factors: {'; '.join(res['factors']) or '(plain captions)'}"
+
 def format_pace_summary(res: dict) -> str:
     "The human-readable `reveal ask --method pace|dvd` output."
-    L = [answer_head(res), _pace_usage(res),
-         f"Factors: {'; '.join(res['factors']) or '(plain captions)'}", "Evidence:"]
+    L = [answer_head(res), _pace_usage(res), _factors_line(res), "Evidence:"]
     L += [_evidence_line(e) for e in res['evidence']] or ['  (none)']
     if res.get('missing_evidence'): L.append('Unresolved: ' + '; '.join(res['missing_evidence']))
     return '\n'.join(L + [f"Trace: {res['trace']}"])

@@ -17,15 +17,18 @@ __all__ = ['eval_app', 'SubstitutedOpt', 'rubrics_app', 'ask_pace_method', 'ask'
            'eval_compare', 'eval_cost', 'rubrics_induce', 'rubrics_show']
 
 # %% ../../nbs/90b_cli.runs.ipynb #508fce74
+def _pace_keys() -> tuple:
+    "The JSON keys of a PACE answer: REVEAL's, then PACE's own."
+    from reveal_kit.reveal.ask import ASK_JSON_KEYS
+    return tuple(ASK_JSON_KEYS) + ('steps', 'tool_calls', 'factors', 'needle_recall', 'index')
+
 def ask_pace_method(video, question, option, method, settings) -> tuple[dict, str, tuple]:
     "`reveal ask` with a PACE method and its `PaceAskSettings`: the result, summary and JSON keys."
     from reveal_kit.cli.pace_ask import ask_pace
     from reveal_kit.cli.present_pace import format_pace_summary
-    from reveal_kit.reveal.ask import ASK_JSON_KEYS
     with cli_errors():
         res = ask_pace(video, question, list(option), method=method, settings=settings)
-    keys = tuple(ASK_JSON_KEYS) + ('steps', 'tool_calls', 'factors', 'needle_recall', 'index')
-    return res, format_pace_summary(res), keys
+    return res, format_pace_summary(res), _pace_keys()
 
 # %% ../../nbs/90b_cli.runs.ipynb #a251428e
 _VideoArg = Annotated[Path, typer.Argument(help="video file")]
@@ -58,7 +61,7 @@ def _ask_reveal(kw: dict) -> tuple[dict, str, list]:
     return res, format_ask_summary(res), ASK_JSON_KEYS
 
 def _ask_pace(video: Path, question: str, option: list[str], method: str, kw: dict) -> tuple:
-    "Answer with a PACE method (`kw`: `PaceAskSettings`' fields): result, summary, JSON keys."
+    "Answer with a PACE method (`kw`: `PaceAskSettings`' fields)."
     from reveal_kit.cli.pace_ask import PaceAskSettings
     return ask_pace_method(video, question, option, method, PaceAskSettings(**kw))
 

@@ -40,7 +40,7 @@ def _tot(cs: list[dict], k: str) -> int:
     return sum(int(c.get(k) or 0) for c in cs)
 
 def _per_clip(cs: list[dict], n: int, name: str) -> dict:
-    "Prompt and completion tokens per clip of one indexing pass's calls (`<name>_…_per_clip`)."
+    "Prompt and completion tokens per clip of one indexing pass's calls."
     return {f'{name}_prompt_tokens_per_clip': _tot(cs, 'prompt_tokens') / n,
             f'{name}_completion_tokens_per_clip': _tot(cs, 'completion_tokens') / n}
 
@@ -51,36 +51,45 @@ def _question_dbs(db: EvidenceDB, plain: EvidenceDB) -> list[EvidenceDB]:
     return [plain] + ([db] if db is not plain else [])
 
 def _index_calls(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> list[dict]:
-    "The calls of each index pass (plain first, then the question's), then F_Q's calls."
+    "Each index pass's calls (plain, the question's), then F_Q's."
     cs = [d.manifest.get('index_calls', {}) for d in _question_dbs(db, plain)]
     return cs + [dict(calls=1, **c) for c in factor_calls]
+
+def _clip_shares(cs: list[dict], toks: dict, n: int) -> dict:
+    "Tokens per clip: of all passes, the shared plain pass, the question's own passes."
+    return {**{f'{k}_per_clip': v / n for k, v in toks.items()},
+            **_per_clip(cs[:1], n, 'shared'),  # the plain pass, every question's
+            **_per_clip(cs[1:], n, 'question')}  # F_Q and its records
 
 def index_cost(db: EvidenceDB, plain: EvidenceDB, factor_calls: list[dict]) -> dict:
     "Indexing cost of a question: every call its indexes made, per clip; shared, own passes apart."
     cs = _index_calls(db, plain, factor_calls)
-    n = max(len(db), 1)
     toks = {k: _tot(cs, k) for k in ('prompt_tokens', 'completion_tokens', 'reasoning_tokens')}
     return dict(kind=db.kind, n_clips=len(db), calls=_tot(cs, 'calls'), **toks,
-                **{f'{k}_per_clip': v / n for k, v in toks.items()},
-                **_per_clip(cs[:1], n, 'shared'),               # the plain pass, every question's
-                **_per_clip(cs[1:], n, 'question'),             # F_Q and its records
+                **_clip_shares(cs, toks, max(len(db), 1)),
                 path=_db_path(db), plain_path=_db_path(plain))
 
 # %% ../../nbs/32g_pace.accounting.ipynb #1c588a3b
+def _reasoning(calls: list[dict]) -> int:
+    "The reasoning tokens of the calls."
+    return sum(int(c.get('reasoning_tokens') or 0) for c in calls)
+
 def step_totals(tr: dict, factor_calls: list[dict]) -> dict:
     "Totals of the loop's model calls (reasoning tokens too); failed calls with the factor calls."
     calls = [c for s in tr['steps'] for c in s['calls']]
-    reasoning = sum(int(c.get('reasoning_tokens') or 0) for c in calls)
-    return {**call_totals(calls), 'reasoning_tokens': reasoning,
+    return {**call_totals(calls), 'reasoning_tokens': _reasoning(calls),
             'failed_calls': call_totals(calls + factor_calls)['failed_calls']}
 
 # %% ../../nbs/32g_pace.accounting.ipynb #497653e5
+def _build_calls(dbs: list[EvidenceDB]) -> list[dict]:
+    "The calls that built the indexes: their clips', then their registries'."
+    calls = [c for d in dbs for r in d.records for c in r.meta.get('calls', [])]
+    return calls + [c for d in dbs for c in d.manifest.get('registry_calls') or []]
+
 def pace_marks(db: EvidenceDB, plain: EvidenceDB, fcalls: list[dict],
                fsrc: str | None) -> list[dict]:
     "Marks of what stand-ins wrote for a question: its indexes' clips and registry, a fallback F_Q."
-    dbs = _question_dbs(db, plain)
-    calls = [c for d in dbs for r in d.records for c in r.meta.get('calls', [])]
-    calls += [c for d in dbs for c in d.manifest.get('registry_calls') or []]
+    calls = _build_calls(_question_dbs(db, plain))
     fallback = fsrc == 'fallback' and fcalls
     fac = [call_substitution(fcalls[-1], 'offline factors')] if fallback else []
     return merge_marks(call_marks(calls)) + fac
@@ -116,13 +125,16 @@ def _outcome_fields(ep: PaceEpisode, models: dict, error: str | None) -> dict:
                 failed_calls=ep.totals['failed_calls'], substitutions=tr.get('substitutions', []),
                 answer_source='offline' if models.get('roles') == 'offline' else 'model')
 
+def _evidence_rows(ep: PaceEpisode) -> list[dict]:
+    "The episode's evidence rows with the keys a result keeps."
+    return [{k: d[k] for k in _PACE_EVIDENCE_KEYS} for d in ep.evidence]
+
 def pace_result(ep: PaceEpisode, seconds: float, config: Config, models: dict,
                 error: str | None = None) -> dict:
     "The result row of one question via the record (common fields, PACE's part); the protocol used."
     tr = ep.loop
     row = Result(**_question_fields(ep), **usage_fields(ep.totals, seconds),
-                 stop_reason=tr.get('stop_reason'),
-                 evidence=[{k: d[k] for k in _PACE_EVIDENCE_KEYS} for d in ep.evidence],
+                 stop_reason=tr.get('stop_reason'), evidence=_evidence_rows(ep),
                  missing_evidence=_unresolved(tr), trace=None, config_hash=config.hash(),
                  models=models, **_outcome_fields(ep, models, error),
                  part=_pace_part(ep)).to_row()

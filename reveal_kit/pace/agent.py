@@ -50,18 +50,21 @@ def _in_memory_factor_db(plain: EvidenceDB, fq: Sequence[Factor]) -> EvidenceDB:
     recs = offline_records(plain, fq)
     return EvidenceDB.from_records(recs, plain.text_embedder, fq, plain.manifest)
 
+def _factor_dir(whole: EvidenceDB, fq: Sequence[Factor], model: ChatModel | None) -> Path:
+    "Where F_Q's factor-conditioned database is kept: next to the whole plain one."
+    return whole.path.parent / f"factors-{factor_key(fq, tagger_kind(model))}"
+
 def _factor_db(plain: EvidenceDB, fq: Sequence[Factor], config: Config,
                model: ChatModel | None) -> EvidenceDB:
     "The database a question reads: the plain one without F_Q, else the factor-conditioned one."
     if not fq: return plain
     if plain.path is None: return _in_memory_factor_db(plain, fq)
     whole = getattr(plain, 'whole', plain)      # a view cut at query time: index the whole, cut it
-    out = whole.path.parent / f"factors-{factor_key(fq, tagger_kind(model))}"
-    db = build_factor_db(whole, fq, out, config, model)
+    db = build_factor_db(whole, fq, _factor_dir(whole, fq, model), config, model)
     return db.before(plain.manifest['before']) if whole is not plain else db
 
 def _write_trace(trace: dict, trace_dir: str | Path, qid: str, method: str) -> str:
-    "Write a trace where `core.trace_path` puts it; its path."
+    "Write the trace at `trace_path`; its path."
     p = trace_path(trace_dir, qid, method)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(trace, indent=1, default=str))

@@ -29,15 +29,21 @@ __all__ = ['CLIP_SYSTEM', 'CAPTION_TASK', 'REGISTRY_SYSTEM', 'RECORD_TASK', 'cli
 CLIP_SYSTEM = ("You describe one short clip of a long video for a searchable index. "
                "Answer with JSON only.")
 
+def _frames_line(facts: str, n_frames: int) -> str:
+    "Facts extracted from the frames, or that the frames are attached."
+    return (f"The frames are not attached; facts extracted from them automatically: {facts}"
+            if facts else f"Its {n_frames} frames are attached, in time order.")
+
+def _transcript_line(subtitles: str) -> str:
+    "The clip's transcript line ('none' without subtitles)."
+    return (f'Transcript of the clip: "{subtitles}"' if subtitles
+            else "Transcript of the clip: none.")
+
 def clip_header(t0: float, t1: float, subtitles: str = '', facts: str = '',
                 n_frames: int = 0) -> str:
     "The start of every clip prompt: the clip's span, what stands for its frames, its transcript."
     span = f"Clip {fmt_time(t0, hours=True)}–{fmt_time(t1, hours=True)} of a long video."
-    seen = (f"The frames are not attached; facts extracted from them automatically: {facts}"
-            if facts else f"Its {n_frames} frames are attached, in time order.")
-    said = (f'Transcript of the clip: "{subtitles}"' if subtitles
-            else "Transcript of the clip: none.")
-    return f"{span} {seen}\n{said}"
+    return f"{span} {_frames_line(facts, n_frames)}\n{_transcript_line(subtitles)}"
 
 # %% ../../nbs/30b_pace.captions.ipynb #eb35702e
 def with_transcript(text: str, subtitles: str = '') -> str:
@@ -81,9 +87,13 @@ def caption_schema(max_chars: int = 2400) -> dict:
 
 # %% ../../nbs/30b_pace.captions.ipynb #7fc97a4e
 def _perceptual(config: Config, clip_s: float) -> PerceptualCaptioner:
-    "The offline captioner with one OCR frame per `ocr_every_s` of a clip."
+    "The offline captioner: one OCR frame per `ocr_every_s` of a clip."
     n = max(1, math.ceil(clip_s / config.ocr_every_s)) if config.ocr_every_s > 0 else None
     return PerceptualCaptioner(ocr_frames=n, theta=config.theta)
+
+def _no_frames_text(t0: float, t1: float) -> str:
+    "The placeholder caption of a clip without a decodable frame."
+    return f"[{fmt_time(t0)}-{fmt_time(t1)}] (no decodable frames)"
 
 def _offline_caption(frames, t0: float, t1: float, subtitles: str,
                      config: Config) -> tuple[str, dict]:
@@ -91,7 +101,7 @@ def _offline_caption(frames, t0: float, t1: float, subtitles: str,
     cap = _perceptual(config, t1 - t0).caption(list(frames), t0, t1, subtitles) if frames else None
     meta = dict(cap.meta) if cap else {}
     if subtitles: meta['subtitles'] = subtitles
-    return (cap.text if cap else f"[{fmt_time(t0)}-{fmt_time(t1)}] (no decodable frames)"), meta
+    return (cap.text if cap else _no_frames_text(t0, t1)), meta
 
 def _images_for(model: ChatModel, frames: Sequence[np.ndarray]) -> list | None:
     "The frames to attach for a model that reads images, else None (it reads the facts instead)."
@@ -103,6 +113,18 @@ def _ask_caption(model: ChatModel, user: str, imgs: list | None, max_tokens: int
     data, rec = role_call(model, 'pace_caption', CLIP_SYSTEM, user, schema, max_tokens, images=imgs)
     return data, parse_reply(caption_reply(4 * max_tokens), data), rec
 
+def _caption_user(model: ChatModel, frames, t0: float, t1: float, subtitles: str, text: str,
+                  meta: dict) -> tuple[str, list | None]:
+    "The caption's user message and images (the offline facts stand in for frames it cannot see)."
+    imgs = _images_for(model, frames)
+    if imgs is None: meta['vision_substitute'] = 'ocr-facts'
+    user = f"{clip_header(t0, t1, subtitles, '' if imgs else text, len(frames))}\n\n{CAPTION_TASK}"
+    return user, imgs
+
+def _described(t0: float, t1: float, description: str, subtitles: str) -> str:
+    "A model's description of a clip after the clip's span, its transcript appended."
+    return with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {description}", subtitles)
+
 def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles: str = '',
                   model: ChatModel | None = None, config: Config = Config(),
                   max_tokens: int = 600) -> tuple[str, dict, list[dict]]:
@@ -110,15 +132,12 @@ def plain_caption(frames: Sequence[np.ndarray], t0: float, t1: float, subtitles:
     text, meta = _offline_caption(frames, t0, t1, subtitles, config)
     if offline_role(model): return text, meta, []
     if not frames: return text, dict(meta, no_frames=True), []      # a sliver clip: nothing to see
-    imgs = _images_for(model, frames)
-    if imgs is None: meta['vision_substitute'] = 'ocr-facts'
-    user = f"{clip_header(t0, t1, subtitles, '' if imgs else text, len(frames))}\n\n{CAPTION_TASK}"
+    user, imgs = _caption_user(model, frames, t0, t1, subtitles, text, meta)
     data, r, rec = _ask_caption(model, user, imgs, max_tokens)
     if r is None:
         return text, dict(meta, fallback='offline-perceptual'), [mark(rec, 'offline caption')]
     meta['subjects'] = data['subjects']          # as the model wrote them (their key order kept)
-    text = with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {r.description}", subtitles)
-    return text, meta, [rec]
+    return _described(t0, t1, r.description, subtitles), meta, [rec]
 
 # %% ../../nbs/30b_pace.captions.ipynb #ab09c0d3
 class RegistryReply(ReplyModel):
@@ -137,14 +156,17 @@ def registry_schema() -> dict:
     return reply_schema(RegistryReply)
 
 # %% ../../nbs/30b_pace.captions.ipynb #f03febf7
+def _unite(o: dict, s: dict) -> None:
+    "Fold subject `s` into `o`: the earlier first_seen, the descriptions `o` lacks."
+    o['first_seen'] = min(o['first_seen'], s['first_seen'])
+    for f in ('appearance', 'identity'): o[f] += [x for x in s.get(f, []) if x not in o[f]]
+
 def union_subjects(lists: Sequence[Sequence[dict]]) -> list[dict]:
     "The subjects of lists, one per name (any case): the earliest first_seen, descriptions united."
     out: dict[str, dict] = {}
     for s in (s for l in lists for s in l):
         k = s['name'].strip().lower()
-        o = out.setdefault(k, dict(s, appearance=[], identity=[]))
-        o['first_seen'] = min(o['first_seen'], s['first_seen'])
-        for f in ('appearance', 'identity'): o[f] += [x for x in s.get(f, []) if x not in o[f]]
+        _unite(out.setdefault(k, dict(s, appearance=[], identity=[])), s)
     return list(out.values())
 
 # %% ../../nbs/30b_pace.captions.ipynb #e1cf7b6f
@@ -180,26 +202,38 @@ def merge_registry(model: ChatModel, lists: Sequence[Sequence[dict]], max_tokens
     return (parts[0] if parts else []), calls
 
 # %% ../../nbs/30b_pace.captions.ipynb #d7420e6e
-def offline_registry(records: Sequence, top: int = 8) -> list[dict]:
-    "The offline registry: the words read on screen in most clips, their clip count, first seen."
+def _ocr_words(r) -> set[str]:
+    "The content words read on screen in a record's clip."
+    return set(content_words(' '.join(r.meta.get('ocr', []))))
+
+def _screen_words(records: Sequence) -> dict[str, list[float]]:
+    "Each word read on screen: the start times of the clips that show it."
     seen: dict[str, list[float]] = {}
     for r in records:
-        for w in set(content_words(' '.join(r.meta.get('ocr', [])))):
-            seen.setdefault(w, []).append(r.t_start)
-    rank = sorted(seen.items(), key=lambda kv: (-len(kv[1]), min(kv[1]), kv[0]))[:top]
+        for w in _ocr_words(r): seen.setdefault(w, []).append(r.t_start)
+    return seen
+
+def offline_registry(records: Sequence, top: int = 8) -> list[dict]:
+    "The offline registry: the words read on screen in most clips, their clip count, first seen."
+    rank = sorted(_screen_words(records).items(),
+                  key=lambda kv: (-len(kv[1]), min(kv[1]), kv[0]))[:top]
     return [dict(name=w, first_seen=fmt_time(min(ts), hours=True), clips=len(ts),
                  source='on-screen text') for w, ts in rank]
 
 # %% ../../nbs/30b_pace.captions.ipynb #ab09c0d4
+def _factor_tag(fids: tuple[str, ...]) -> type[ReplyModel]:
+    "The reply model of one factor's tag: its id, whether it was observed, how."
+    how = Annotated[str, Field(max_length=200)]
+    return create_model('FactorTag', __base__=ReplyModel, id=(choice(fids), ...),
+                        observed=(bool, ...), how=(how, ...))
+
 @functools.lru_cache(maxsize=64)
 def factor_record_reply(fids: tuple[str, ...], max_chars: int = 2400) -> type[ReplyModel]:
     "A factor-conditioned record's reply model: the narration, one {id, observed, how} per factor."
-    how = Annotated[str, Field(max_length=200)]
-    tag = create_model('FactorTag', __base__=ReplyModel, id=(choice(fids), ...),
-                       observed=(bool, ...), how=(how, ...))
     order = {'x-order': ['type', 'items', 'minItems', 'maxItems']}
     n = len(fids)
-    tags = Annotated[list[tag], Field(min_length=n, max_length=n, json_schema_extra=order)]
+    tags = Annotated[list[_factor_tag(fids)],
+                     Field(min_length=n, max_length=n, json_schema_extra=order)]
     text = _narration(max_chars)
     return create_model('RecordReply', __base__=ReplyModel, description=(text, ...),
                         factors=(tags, ...))
@@ -219,11 +253,15 @@ def factor_record_schema(factors: Sequence[Factor], max_chars: int = 2400) -> di
     return reply_schema(factor_record_reply(tuple(f.fid for f in factors), int(max_chars)))
 
 # %% ../../nbs/30b_pace.captions.ipynb #c74063ae
+def _factor_lines(factors: Sequence[Factor]) -> str:
+    "The factors, one line each: '- id (kind): text'."
+    return '\n'.join(f"- {f.fid} ({f.kind}): {f.text}" for f in factors)
+
 def factor_record_prompt(t0: float, t1: float, factors: Sequence[Factor], subtitles: str = '',
                          facts: str = '', n_frames: int = 0) -> str:
     "The user message of a factor-conditioned record: the clip header, the factors, the task."
-    fl = '\n'.join(f"- {f.fid} ({f.kind}): {f.text}" for f in factors)
-    return f"{clip_header(t0, t1, subtitles, facts, n_frames)}\n\n{RECORD_TASK.format(factors=fl)}"
+    task = RECORD_TASK.format(factors=_factor_lines(factors))
+    return f"{clip_header(t0, t1, subtitles, facts, n_frames)}\n\n{task}"
 
 # %% ../../nbs/30b_pace.captions.ipynb #8355ad16
 def _ask_record(model: ChatModel, user: str, imgs: list | None, factors: Sequence[Factor],
@@ -234,10 +272,14 @@ def _ask_record(model: ChatModel, user: str, imgs: list | None, factors: Sequenc
     reply = factor_record_reply(tuple(f.fid for f in factors), 4 * max_tokens)
     return parse_reply(reply, data), rec
 
+def _tag(observed: bool, how: str) -> dict:
+    "A factor's tag, not yet scored."
+    return dict(observed=observed, how=how, cover=None, score=None)
+
 def _reply_tags(factors: Sequence[Factor], r) -> dict:
     "The tags of a record reply, one per factor (unobserved where the reply says nothing)."
-    tags = {f.fid: dict(observed=False, how='', cover=None, score=None) for f in factors}
-    for d in r.factors: tags[d.id] = dict(observed=d.observed, how=d.how, cover=None, score=None)
+    tags = {f.fid: _tag(False, '') for f in factors}
+    for d in r.factors: tags[d.id] = _tag(d.observed, d.how)
     return tags
 
 def model_record(model: ChatModel, frames: Sequence[np.ndarray], t0: float, t1: float,
@@ -249,5 +291,5 @@ def model_record(model: ChatModel, frames: Sequence[np.ndarray], t0: float, t1: 
     user = factor_record_prompt(t0, t1, factors, subtitles, '' if imgs else facts, len(frames))
     r, rec = _ask_record(model, user, imgs, factors, max_tokens)
     if r is None: return None, None, [mark(rec, 'lexical tagger')]
-    text = with_transcript(f"[{fmt_time(t0)}-{fmt_time(t1)}] {r.description}", subtitles)
+    text = _described(t0, t1, r.description, subtitles)
     return text, _reply_tags(factors, r), [rec]

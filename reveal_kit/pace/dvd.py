@@ -41,11 +41,14 @@ DVD_TASK = (
     "The video is {seconds:g} seconds long ({hms}).\n\nQuestion: {question}\nOptions:\n{options}\n"
     "Choose the option that best answers the question and give its letter to Finish.")
 
+def _dvd_task(q: Question, duration: float) -> str:
+    "DVD's request: the video's length, the question and its options."
+    return DVD_TASK.format(seconds=round(duration, 1), hms=fmt_time(duration, hours=True),
+                           question=q.question, options=q.options_text())
+
 def dvd_messages(q: Question, duration: float) -> list[dict]:
     "The start of a DVD conversation: the system prompt, the request (video length, question)."
-    task = DVD_TASK.format(seconds=round(duration, 1), hms=fmt_time(duration, hours=True),
-                           question=q.question, options=q.options_text())
-    return [system_message(DVD_SYSTEM), user_message(task)]
+    return [system_message(DVD_SYSTEM), user_message(_dvd_task(q, duration))]
 
 # %% ../../nbs/32b_pace.dvd.ipynb #1739970b
 FINISH_NOW = "This is your last turn: call Finish with the letter of the best option."
@@ -117,11 +120,15 @@ def observe(self: ToolCallPolicy, st: AgentState, call_id: str | None, obs) -> N
     if c is not None: self.messages.append(c.reply(obs.summary))
 
 # %% ../../nbs/32b_pace.dvd.ipynb #fd1b0002
+def _call_answer(c: dict):
+    "The `answer` argument of a tool call (its arguments a JSON text or a dict)."
+    args = c.get('function', {}).get('arguments') or '{}'
+    return (json.loads(args) if isinstance(args, str) else args).get('answer')
+
 def dvd_extract_answer(message: dict) -> str | None:
     "DVD's `extract_answer` (`dvd/utils.py`): a tool call's `answer`, else the text, or None."
     for c in message.get('tool_calls') or []:
-        args = c.get('function', {}).get('arguments') or '{}'
-        a = (json.loads(args) if isinstance(args, str) else args).get('answer')
+        a = _call_answer(c)
         if a: return a
     return message_text(message).strip() or None
 

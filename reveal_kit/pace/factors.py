@@ -36,14 +36,17 @@ class Factor:
     def from_dict(cls, d: dict) -> Factor: return cls(d['fid'], d['text'], d.get('kind', 'entity'))
 
 # %% ../../nbs/30_pace.factors.ipynb #759c387f
-def factor_budget(config: Config = Config(), force: int = 0) -> tuple[int, int]:
-    "The allowed (min, max) number of factors: the Config's budget, or (k, k) when `force` = k > 0."
-    if force < 0: raise ValueError(f"force must be >= 0, got {force}")
-    if force: return force, force
+def _budget(config: Config) -> tuple[int, int]:
+    "The Config's (min, max) factor budget, checked."
     lo, hi = config.pace_min_factors, config.pace_max_factors
     if not 1 <= lo <= hi:
         raise ValueError(f"need 1 <= pace_min_factors <= pace_max_factors, got {lo}, {hi}")
     return lo, hi
+
+def factor_budget(config: Config = Config(), force: int = 0) -> tuple[int, int]:
+    "(min, max) number of factors: the Config's budget, or (k, k) when `force` = k > 0."
+    if force < 0: raise ValueError(f"force must be >= 0, got {force}")
+    return (force, force) if force else _budget(config)
 
 # %% ../../nbs/30_pace.factors.ipynb #7456f71c
 FACTOR_SYSTEM = (
@@ -52,11 +55,15 @@ FACTOR_SYSTEM = (
     "facets a video description must record to answer it — entities, actions, relations, "
     "attributes or temporal anchors. Answer with JSON only.")
 
+def _how_many(lo: int, hi: int) -> str:
+    "'exactly k' or 'between lo and hi'."
+    return f"exactly {lo}" if lo == hi else f"between {lo} and {hi}"
+
 def factor_prompt(question: str, lo: int, hi: int) -> str:
     "The user message of the factor call: the question text and the budget (never the options)."
-    n = f"exactly {lo}" if lo == hi else f"between {lo} and {hi}"
-    return (f"Question: {question.strip()}\n\nReturn {n} factors, most important first, as "
-            '{"factors": [{"text": "...", "kind": "entity|action|relation|attribute|temporal"}]}.')
+    return (f"Question: {question.strip()}\n\nReturn {_how_many(lo, hi)} factors, most important "
+            'first, as {"factors": [{"text": "...", '
+            '"kind": "entity|action|relation|attribute|temporal"}]}.')
 
 # %% ../../nbs/30_pace.factors.ipynb #ab08c0d1
 class FactorItem(ReplyModel):
@@ -92,6 +99,10 @@ def _whole_question(question: str) -> list[tuple[str, str]]:
     words = [w for w in tokens(question) if w not in STOPWORDS and w not in _NEGATIONS]
     return [(' '.join(words or ['main events']), 'action')]
 
+def _focus_phrase(part: str) -> str:
+    "The content words of a part of the question, filler words dropped."
+    return ' '.join(w for w in focus(part).split() if w not in ('right', 'just', 'video'))
+
 def question_phrases(question: str) -> list[tuple[str, str]]:
     "(phrase, kind) parts of the question: content words between connectives, kinds by the rule."
     out, anchor = [], None
@@ -99,7 +110,7 @@ def question_phrases(question: str) -> list[tuple[str, str]]:
         if part.lower() in _CONNECT:
             anchor = part.lower()
             continue
-        ph = ' '.join(w for w in focus(part).split() if w not in ('right', 'just', 'video'))
+        ph = _focus_phrase(part)
         if not ph: continue
         out.append((ph, _phrase_kind(ph, anchor)))
         anchor = None
@@ -121,13 +132,17 @@ def _merge_last(ph: list[tuple[str, str]], hi: int) -> None:
         (a, ka), (b, _) = ph[-2], ph[-1]
         ph[-2:] = [(f"{a} {b}", ka)]
 
+def _templates(whole: str) -> list[tuple[str, str]]:
+    "Template phrases around the whole focus."
+    return [(f"when {whole} happens", 'temporal'), (f"appearance of {whole}", 'attribute'),
+            (f"who or what is with {whole}", 'relation'), (f"what {whole} does", 'action')]
+
 def _pads(ph: list[tuple[str, str]]) -> list[tuple[str, str]]:
     "Padding phrases, in order: the whole focus, word pairs, then templates around the focus."
     words = ' '.join(p for p, _ in ph).split()
     whole = ' '.join(words)
-    pads = [(whole, 'action')] + [(f"{a} {b}", 'relation') for a, b in zip(words, words[1:])]
-    return pads + [(f"when {whole} happens", 'temporal'), (f"appearance of {whole}", 'attribute'),
-                   (f"who or what is with {whole}", 'relation'), (f"what {whole} does", 'action')]
+    pairs = [(f"{a} {b}", 'relation') for a, b in zip(words, words[1:])]
+    return [(whole, 'action')] + pairs + _templates(whole)
 
 def fit_phrases(ph: list[tuple[str, str]], lo: int, hi: int) -> list[tuple[str, str]]:
     "Merge or split phrases until lo <= len <= hi (padding with the whole focus and word pairs)."

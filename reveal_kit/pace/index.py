@@ -5,128 +5,34 @@
 # %% ../../nbs/31_pace.index.ipynb #9708d8eb
 from __future__ import annotations
 import json
-import math
 import time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 import numpy as np
 from fastcore.basics import patch
 from ..core import (Config, run_subtitles, MemoryBuildError, runs_dir, kit_version, digest,
                              build_stamp)
-from ..text import content_words, fmt_time
+from ..text import fmt_time
 from ..io import atomic_write_json, atomic_save_npy, append_jsonl, read_jsonl_rows, locked_dir
 from ..protocols import ChatModel
 from ..backends.chat import offline_role
-from ..video.frames import probe_video, iter_frames
+from ..video.frames import probe_video
 from ..video.subtitles import load_subtitles, align_cues, cues_text
 from ..retrieval.choice import get_text_embedder
 from ..retrieval.index import VectorIndex
 from ..memory.store import content_sha256, captioner_kind
 from .factors import Factor
+from .clips import (clip_spans, frame_width, clip_frames, time_label, ClipRecord, TAG_MIN_COVER,
+                                   tag_factors, factor_text)
 from .roles import PaceSettings, pace_settings
 from types import SimpleNamespace
 from .captions import plain_caption, model_record, merge_registry, union_subjects
 
 # %% auto #0
-__all__ = ['TAG_MIN_COVER', 'PACE_FIELDS', 'INDEX_CAPS', 'pace_models', 'clip_spans', 'frame_width', 'clip_frames', 'time_label',
-           'ClipRecord', 'tag_factors', 'factor_text', 'EvidenceDB', 'index_config', 'pace_index_models',
-           'PaceIndexError', 'pace_dir_for', 'factor_key', 'load_db', 'build_plain_db', 'offline_records',
-           'tagger_kind', 'build_factor_db', 'get_pace_dbs']
-
-# %% ../../nbs/31_pace.index.ipynb #f3581a85
-def clip_spans(duration: float, clip_s: float = 10.0) -> list[tuple[float, float]]:
-    "Uniform `clip_s` clips covering [0, duration); the last one ends at the video's end."
-    if duration <= 0 or clip_s <= 0:
-        raise ValueError(f"need duration > 0 and clip_s > 0, got {duration}, {clip_s}")
-    n = max(1, math.ceil(duration / clip_s - 1e-9))
-    return [(i * clip_s, min((i + 1) * clip_s, duration)) for i in range(n)]
-
-# %% ../../nbs/31_pace.index.ipynb #307128f6
-def frame_width(info, max_height: int = 720) -> int | None:
-    "The width that brings a video's frames to at most `max_height` pixels high (None: no resize)."
-    if not info.height or info.height <= max_height: return None
-    return int(round(info.width * max_height / info.height))
-
-# %% ../../nbs/31_pace.index.ipynb #cf535e58
-def clip_frames(video: str | Path, config: Config = Config(), info=None,
-                max_height: int = 720) -> Iterator[tuple[int, float, float, list[np.ndarray]]]:
-    "(clip index, t_start, t_end, RGB frames) of every clip: `pace_fps` frames ≤ `max_height` high."
-    info = info or probe_video(video)
-    spans = clip_spans(info.duration, config.pace_clip_s)
-    cur, frames = 0, []
-    for fr in iter_frames(video, fps=config.pace_fps, max_width=frame_width(info, max_height),
-                          info=info):
-        i = min(int(fr.t // config.pace_clip_s), len(spans) - 1)
-        while i > cur:
-            yield cur, *spans[cur], frames
-            cur, frames = cur + 1, []
-        frames.append(fr.rgb)
-    for j in range(cur, len(spans)):
-        yield j, *spans[j], (frames if j == cur else [])
-
-# %% ../../nbs/31_pace.index.ipynb #bd6ddcc2
-def time_label(t0: float, t1: float) -> str:
-    "`[HH:MM:SS–HH:MM:SS]`: the label of a time range in the tools' outputs."
-    return f"[{fmt_time(t0, hours=True)}–{fmt_time(t1, hours=True)}]"
-
-# %% ../../nbs/31_pace.index.ipynb #8d62fa8e
-@dataclass
-class ClipRecord:
-    "One entry of M: clip id, time range, record text, factor tags `{fid: {observed, how, score}}`."
-    clip_id: str
-    t_start: float
-    t_end: float
-    text: str
-    tags: dict = field(default_factory=dict)
-    meta: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict: return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ClipRecord: return cls(**d)
-
-    def observed(self) -> list[str]:
-        "Ids of the factors this record observes."
-        return [f for f, t in self.tags.items() if t.get('observed')]
-
-    def label(self) -> str:
-        "`[HH:MM:SS–HH:MM:SS]` time range of the record."
-        return time_label(self.t_start, self.t_end)
-
-# %% ../../nbs/31_pace.index.ipynb #c9609fa2
-TAG_MIN_COVER = 0.5
-
-def _where(words: set, meta: dict) -> str:
-    "Where matched words were read: on-screen text, subtitles, or the caption."
-    ocr = set(content_words(' '.join(meta.get('ocr', []))))
-    sub = set(content_words(meta.get('subtitles', '')))
-    src = [n for n, s in (('on-screen text', ocr), ('subtitles', sub)) if words & s]
-    return ' and '.join(src) or 'caption'
-
-def _tag(f: Factor, have: set, meta: dict, cos: float | None) -> dict:
-    "One factor's tag: observed, how (the words and where), stem cover, cosine."
-    fw = content_words(f.text)
-    hit = [w for w in fw if w in have]
-    cover = len(hit) / len(fw) if fw else 0.0
-    obs = bool(fw) and cover >= TAG_MIN_COVER
-    how = f"{', '.join(hit)} in the {_where(set(hit), meta)}" if obs else ''
-    return dict(observed=obs, how=how, cover=round(cover, 3),
-                score=None if cos is None else round(cos, 4))
-
-def tag_factors(factors: Sequence[Factor], text: str, meta: dict | None = None,
-                cosines: Sequence[float] | None = None) -> dict:
-    "Offline factor tags of a caption: observed when ≥ TAG_MIN_COVER of a factor's stems occur."
-    have = set(content_words(text))
-    return {f.fid: _tag(f, have, meta or {}, float(cosines[j]) if cosines is not None else None)
-            for j, f in enumerate(factors)}
-
-# %% ../../nbs/31_pace.index.ipynb #069c6fe0
-def factor_text(text: str, factors: Sequence[Factor], tags: dict) -> str:
-    "A record's text: the description plus how each observed factor is seen (not unobserved ones)."
-    obs = [f"{f.fid} ({tags[f.fid]['how'] or 'observed'})" for f in factors
-           if tags.get(f.fid, {}).get('observed')]
-    return f"{text} Question factors observed: {'; '.join(obs)}." if obs else text
+__all__ = ['PACE_FIELDS', 'INDEX_CAPS', 'pace_models', 'EvidenceDB', 'index_config', 'pace_index_models', 'PaceIndexError',
+           'pace_dir_for', 'factor_key', 'load_db', 'build_plain_db', 'offline_records', 'tagger_kind',
+           'build_factor_db', 'get_pace_dbs']
 
 # %% ../../nbs/31_pace.index.ipynb #0cc5733d
 class EvidenceDB:
@@ -186,12 +92,16 @@ def embed(self: EvidenceDB, texts: Sequence[str]) -> np.ndarray:
     return np.asarray(self.text_embedder.encode(list(texts)), dtype=np.float32)
 
 # %% ../../nbs/31_pace.index.ipynb #6f3af25b
+def _query_vector(db: EvidenceDB, query: str | np.ndarray) -> np.ndarray:
+    "The vector of a query: a text embedded, or the vector given."
+    return db.embed([query])[0] if isinstance(query, str) else np.asarray(query, dtype=np.float32)
+
 @patch
 def search(self: EvidenceDB, query: str | np.ndarray,
            k: int = 16) -> list[tuple[ClipRecord, float]]:
     "Top-k (record, cosine) for a text or a vector, best first."
     if not self.records: return []
-    v = self.embed([query])[0] if isinstance(query, str) else np.asarray(query, dtype=np.float32)
+    v = _query_vector(self, query)
     return [(self.get(cid), s)
             for cid, s in self.index.search(v, max(1, min(int(k), len(self))))[0]]
 
@@ -225,12 +135,16 @@ def index_config(config: Config = Config()) -> dict:
     return {**fixed, 'pace_frame_height': pace_settings(config).frame_height, **caps}
 
 # %% ../../nbs/31_pace.index.ipynb #7f9d4f9a
+def _ocr_suffix(chat_model) -> str:
+    "'+ocr-facts' for a captioning model that cannot see frames (it reads the offline facts)."
+    blind = not offline_role(chat_model) and not getattr(chat_model, 'supports_images', False)
+    return '+ocr-facts' if blind else ''
+
 def pace_index_models(chat_model=None, text_embedder=None) -> dict:
     "The model ids a PACE index depends on: its captioner (with +ocr-facts) and text embedder."
     te = text_embedder or get_text_embedder()
-    sub = ('+ocr-facts' if not offline_role(chat_model)
-           and not getattr(chat_model, 'supports_images', False) else '')
-    return dict(captioner=captioner_kind(chat_model) + sub, text_embedder=te.model_id)
+    return dict(captioner=captioner_kind(chat_model) + _ocr_suffix(chat_model),
+                text_embedder=te.model_id)
 
 pace_models = pace_index_models       # the old name, for callers outside the kit
 
@@ -254,8 +168,8 @@ def factor_key(factors: Sequence[Factor], tagger: str) -> str:
     return digest(dict(factors=[(f.text, f.kind) for f in factors], tagger=tagger))
 
 # %% ../../nbs/31_pace.index.ipynb #49c8ae78
-def _start(out: Path, ident: dict) -> dict[str, ClipRecord]:
-    "Records of an earlier (interrupted) build of the same identity; refuses another identity."
+def _claim(out: Path, ident: dict) -> None:
+    "Write `build.json` for a new build; refuse a folder holding a build of another identity."
     bj = out / 'build.json'
     if bj.exists():
         old = json.loads(bj.read_text())
@@ -263,17 +177,24 @@ def _start(out: Path, ident: dict) -> dict[str, ClipRecord]:
             raise PaceIndexError(f"{out} holds a PACE index built differently; delete it or use "
                                  f"another root")
     else: atomic_write_json(bj, dict(ident, started=build_stamp()))
+
+def _start(out: Path, ident: dict) -> dict[str, ClipRecord]:
+    "The records of an interrupted build of the same identity; refuses another."
+    _claim(out, ident)
     return {r['clip_id']: ClipRecord.from_dict(r)
             for r in read_jsonl_rows(out / 'clips.jsonl', repair=True)}
 
 # %% ../../nbs/31_pace.index.ipynb #7bea7dbe
+def _sum(cs: list[dict], k: str) -> int:
+    "The sum of field `k` over the calls (missing or None: 0)."
+    return sum(int(c.get(k) or 0) for c in cs)
+
 def _call_totals(recs: list[ClipRecord], more: Sequence[dict] = ()) -> dict:
     "Indexing calls and tokens over the records' `meta['calls']` and `more` (the registry merge)."
     cs = [c for r in recs for c in r.meta.get('calls', [])] + list(more)
-    tok = lambda k: sum(int(c.get(k) or 0) for c in cs)
-    return dict(calls=len(cs), prompt_tokens=tok('prompt_tokens'),
-                completion_tokens=tok('completion_tokens'),
-                reasoning_tokens=tok('reasoning_tokens'))
+    return dict(calls=len(cs), prompt_tokens=_sum(cs, 'prompt_tokens'),
+                completion_tokens=_sum(cs, 'completion_tokens'),
+                reasoning_tokens=_sum(cs, 'reasoning_tokens'))
 
 def _finish(out: Path, ident: dict, recs: list[ClipRecord], te, factors, extra: dict, t0: float,
             more_calls: Sequence[dict] = ()) -> EvidenceDB:
@@ -287,6 +208,12 @@ def _finish(out: Path, ident: dict, recs: list[ClipRecord], te, factors, extra: 
     return EvidenceDB(recs, vecs, te, factors, man, out)
 
 # %% ../../nbs/31_pace.index.ipynb #2aa08b6d
+def _check_embedder(p: Path, man: dict, te) -> None:
+    "Refuse a database of another text embedder."
+    if man['models']['text_embedder'] != te.model_id:
+        raise PaceIndexError(f"{p} was embedded with {man['models']['text_embedder']!r}, not "
+                             f"{te.model_id!r}")
+
 def _read_manifest(p: Path, text_embedder=None) -> tuple[dict, Any]:
     "The manifest of a complete database and its text embedder; a PaceIndexError otherwise."
     if not (p / 'manifest.json').exists():
@@ -294,17 +221,19 @@ def _read_manifest(p: Path, text_embedder=None) -> tuple[dict, Any]:
                              f"to resume)")
     man = json.loads((p / 'manifest.json').read_text())
     te = text_embedder or get_text_embedder()
-    if man['models']['text_embedder'] != te.model_id:
-        raise PaceIndexError(f"{p} was embedded with {man['models']['text_embedder']!r}, not "
-                             f"{te.model_id!r}")
+    _check_embedder(p, man, te)
     return man, te
+
+def _records_at(p: Path) -> list[ClipRecord]:
+    "The records of a database folder, in time order."
+    return sorted((ClipRecord.from_dict(r) for r in read_jsonl_rows(p / 'clips.jsonl')),
+                  key=lambda r: r.t_start)
 
 def load_db(path: str | Path, text_embedder=None) -> EvidenceDB:
     "Load a complete evidence database; refuses an unfinished one or one of another text embedder."
     p = Path(path)
     man, te = _read_manifest(p, text_embedder)
-    recs = sorted((ClipRecord.from_dict(r) for r in read_jsonl_rows(p / 'clips.jsonl')),
-                  key=lambda r: r.t_start)
+    recs = _records_at(p)
     if len(recs) != man['n_clips']:
         raise PaceIndexError(f"corrupt PACE index at {p}: clips and manifest disagree")
     return EvidenceDB(recs, np.load(p / 'text_emb.npy'), te,
@@ -362,11 +291,15 @@ def build_plain_db(video: str | Path, out: str | Path, config: Config = Config()
         return _finish(out, ident, recs, te, [], extra, t0, calls)
 
 # %% ../../nbs/31_pace.index.ipynb #7df95f5d
+def _without_calls(meta: dict) -> dict:
+    "A record's meta with no calls (the offline tagger makes none)."
+    return {k: v for k, v in meta.items() if k != 'calls'} | {'calls': []}
+
 def _offline_record(r: ClipRecord, factors: Sequence[Factor], cos) -> ClipRecord:
     "A plain record tagged offline: its text with the observed factors, its meta without calls."
     tags = tag_factors(factors, r.text, r.meta, cos)
     return ClipRecord(r.clip_id, r.t_start, r.t_end, factor_text(r.text, factors, tags), tags,
-                      {k: v for k, v in r.meta.items() if k != 'calls'} | {'calls': []})
+                      _without_calls(r.meta))
 
 def offline_records(plain: EvidenceDB, factors: Sequence[Factor]) -> list[ClipRecord]:
     "Factor-conditioned records by the offline tagger over the plain captions."
@@ -381,6 +314,11 @@ def tagger_kind(model: ChatModel | None = None) -> str:
             else pace_index_models(model, SimpleNamespace(model_id=''))['captioner'])
 
 # %% ../../nbs/31_pace.index.ipynb #8387a26a
+def _tagged_offline(plain: EvidenceDB, i: int, factors) -> ClipRecord:
+    "Clip i's record by the offline tagger (where the VLM's reply is unusable)."
+    one = EvidenceDB([plain.records[i]], plain.vectors[i:i + 1], plain.text_embedder)
+    return offline_records(one, factors)[0]
+
 def _vlm_record(model, plain: EvidenceDB, i: int, span: tuple[float, float], frames: list,
                 factors, st: PaceSettings) -> ClipRecord:
     "Clip i's factor-conditioned record by the VLM (the offline one, marked, where it fails)."
@@ -390,8 +328,7 @@ def _vlm_record(model, plain: EvidenceDB, i: int, span: tuple[float, float], fra
     # in meta: tags hold factors only
     fb = {} if text is not None else {'fallback': 'offline tagger'}
     if text is None:
-        one = EvidenceDB([p], plain.vectors[i:i + 1], plain.text_embedder)
-        r = offline_records(one, factors)[0]
+        r = _tagged_offline(plain, i, factors)
         text, tags = r.text, r.tags
     else: text = factor_text(text, factors, tags)
     return ClipRecord(p.clip_id, a, b, text, tags, dict(p.meta, calls=calls, **fb))
@@ -419,6 +356,16 @@ def _factor_records(plain: EvidenceDB, factors, config, model, done: dict,
     _model_records(plain.manifest['video_path'], plain, factors, config, model, done, out)
     return [done[r.clip_id] for r in plain.records]
 
+def _append_new(out: Path, recs: list[ClipRecord], done: dict) -> None:
+    "Append the records not on disk yet (the offline tagger's) to `clips.jsonl`."
+    for r in recs:
+        if r.clip_id not in done: append_jsonl(out / 'clips.jsonl', r.to_dict())
+
+def _plain_fields(plain: EvidenceDB) -> dict:
+    "What a factor database's manifest takes from the plain one's."
+    keys = ('video_id', 'video_path', 'duration', 'subject_registry')
+    return {k: plain.manifest.get(k) for k in keys}
+
 def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Path,
                     config: Config = Config(), model: ChatModel | None = None) -> EvidenceDB:
     "Build (or resume, or reuse) the factor-conditioned database of a factor set from the plain."
@@ -429,13 +376,14 @@ def build_factor_db(plain: EvidenceDB, factors: Sequence[Factor], out: str | Pat
         if (out / 'manifest.json').exists(): return load_db(out, te)
         done = _start(out, ident)
         recs = _factor_records(plain, factors, config, model, done, out)
-        for r in recs:
-            if r.clip_id not in done: append_jsonl(out / 'clips.jsonl', r.to_dict())
-        extra = {k: plain.manifest.get(k)
-                 for k in ('video_id', 'video_path', 'duration', 'subject_registry')}
-        return _finish(out, ident, recs, te, factors, extra, t0)
+        _append_new(out, recs, done)
+        return _finish(out, ident, recs, te, factors, _plain_fields(plain), t0)
 
 # %% ../../nbs/31_pace.index.ipynb #65abb67b
+def _factor_dir(d: Path, factors: Sequence[Factor], model) -> Path:
+    "The folder of a factor set's database, beside the plain one."
+    return d / f"factors-{factor_key(factors, tagger_kind(model))}"
+
 def get_pace_dbs(video: str | Path, factors: Sequence[Factor] = (), config: Config = Config(),
                  model: ChatModel | None = None, subtitles: str | Path | None = None,
                  root: str | Path | None = None,
@@ -445,6 +393,4 @@ def get_pace_dbs(video: str | Path, factors: Sequence[Factor] = (), config: Conf
     d = pace_dir_for(video, config, pace_index_models(model, te), subtitles, root)
     plain = build_plain_db(video, d / 'plain', config, model, subtitles, te)
     if not factors: return plain, None
-    return plain, build_factor_db(plain, factors,
-                                  d / f"factors-{factor_key(factors, tagger_kind(model))}", config,
-                                  model)
+    return plain, build_factor_db(plain, factors, _factor_dir(d, factors, model), config, model)

@@ -76,26 +76,36 @@ def look_text(data: dict) -> str:
 # %% ../../nbs/31a_pace.inspect.ipynb #6afcc639
 OFFLINE_READ_FRAMES = 4
 
+def _spread(n: int, k: int) -> np.ndarray:
+    "Up to `k` distinct indices spread evenly over `n` items."
+    return np.unique(np.linspace(0, n - 1, min(k, n)).round())
+
 def _screen_lines(frames: Sequence) -> list[str]:
     "The distinct on-screen text lines of a few frames spread over the range."
-    idx = np.unique(np.linspace(0, len(frames) - 1, min(OFFLINE_READ_FRAMES, len(frames))).round())
+    idx = _spread(len(frames), OFFLINE_READ_FRAMES)
     return list(dict.fromkeys(l for i in idx for l in ocr_text(frames[int(i)])))
+
+def _screen_text(lines: list[str]) -> str:
+    "The on-screen text lines read, quoted, or that none was read."
+    quoted = '; '.join(chr(34) + l + chr(34) for l in lines)
+    return f"On-screen text: {quoted}." if lines else "No on-screen text was read in these frames."
 
 def offline_reading(frames: Sequence, a: float, b: float) -> str:
     "The offline stand-in for a VLM's look at a range: colour facts, a few frames' on-screen text."
     lines = _screen_lines(frames)
     facts = PerceptualCaptioner().facts(list(frames))[0]
-    quoted = '; '.join(chr(34) + l + chr(34) for l in lines)
-    txt = f"On-screen text: {quoted}." if lines else "No on-screen text was read in these frames."
-    return f"{time_label(a, b)} Inspected {len(frames)} frames. {facts} {txt}"
+    return f"{time_label(a, b)} Inspected {len(frames)} frames. {facts} {_screen_text(lines)}"
 
 # %% ../../nbs/31a_pace.inspect.ipynb #80d46c80
 READING_VERSION = 2
 
+def _r3(x) -> float:
+    "`x` rounded to the millisecond, as the key holds times."
+    return round(float(x), 3)
+
 def reading_key(a: float, b: float, times: Sequence[float], width: int | None = None) -> str:
-    "The memo key of an offline reading: version, frames read per range, width, range, frame times."
-    r3 = lambda x: round(float(x), 3)
-    key = [READING_VERSION, OFFLINE_READ_FRAMES, width, r3(a), r3(b), [r3(t) for t in times]]
+    "The memo key of an offline reading (a JSON list)."
+    key = [READING_VERSION, OFFLINE_READ_FRAMES, width, _r3(a), _r3(b), [_r3(t) for t in times]]
     return json.dumps(key)
 
 # %% ../../nbs/31a_pace.inspect.ipynb #302cfeca

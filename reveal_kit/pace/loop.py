@@ -55,12 +55,15 @@ class Turn:
     reason: str | None = None
 
 # %% ../../nbs/32a_pace.loop.ipynb #a628ad29
+def _keep_best(best: dict, d: dict) -> None:
+    "Keep row `d` in `best` when it is its item's first or best-scored row."
+    if d['item_id'] not in best or d['score'] > best[d['item_id']]['score']:
+        best[d['item_id']] = d
+
 def trace_evidence(tb: ToolBox) -> list[dict]:
     "The localized evidence a trajectory surfaced: one row per item (best score), in time order."
-    best: dict[str, dict] = {}
-    for d in tb.evidence.values():
-        if d['item_id'] not in best or d['score'] > best[d['item_id']]['score']:
-            best[d['item_id']] = d
+    best = {}
+    for d in tb.evidence.values(): _keep_best(best, d)
     return sorted(best.values(), key=lambda d: (d['t_start'], d['item_id']))
 
 # %% ../../nbs/32a_pace.loop.ipynb #9933b6e9
@@ -121,16 +124,20 @@ def step_row(i: int, turn: int, name, obs: Observation, calls: list[dict], polic
 
 # %% ../../nbs/32a_pace.loop.ipynb #d297cef9
 def invalid_obs(name, error: str | None) -> Observation:
-    "The observation of a reply that held no usable tool call."
-    return Observation(str(name), {}, ok=False,
-                       summary=f"ERROR: invalid tool call ({error or 'no tool call'})",
-                       error=str(error or 'no tool call'), data={'invalid': True})
+    "Observation of a reply with no valid tool call."
+    why = error or 'no tool call'
+    return Observation(str(name), {}, ok=False, summary=f"ERROR: invalid tool call ({why})",
+                       error=str(why), data={'invalid': True})
 
 # %% ../../nbs/32a_pace.loop.ipynb #dbd762ed
+def _refusal(n: int, spent: bool) -> str:
+    "Why a call over the budget of `n` calls is not run."
+    return (f"the budget of {n} tool calls is spent" if spent else
+            f"only one of the {n} tool calls is left, and it is kept for Finish")
+
 def refused_obs(name, args, n: int, spent: bool) -> Observation:
     "The observation of a call the budget refuses: not run; its `tool` message says why."
-    why = (f"the budget of {n} tool calls is spent" if spent else
-           f"only one of the {n} tool calls is left, and it is kept for Finish")
+    why = _refusal(n, spent)
     return Observation(str(name), args if isinstance(args, dict) else {}, ok=False,
                        summary=f"ERROR: not run: {why}. Call Finish with the letter of the best "
                        f"option.",
@@ -142,11 +149,15 @@ def _forced(name, args, last: bool) -> tuple[Any, Any]:
     if not last or name == 'Finish': return name, args
     return 'Finish', {'answer': (args or {}).get('answer', '') if isinstance(args, dict) else ''}
 
+def _refused_row(st: AgentState, obs: Observation) -> dict:
+    "The trace row of a refused call."
+    return dict(turn=st.turn, after_step=len(st.steps) - 1, tool=obs.tool,
+                arguments=obs.arguments, error=obs.error)
+
 def _refuse(st: AgentState, policy, name, args, cid) -> None:
-    "Refuse a call over the budget: a `refused` trace row, and an error result the policy reads."
+    "Refuse a call over the budget: a `refused` row, an error result the policy reads."
     obs = refused_obs(name, args, st.max_steps, spent=st.left <= 0)
-    st.refused.append(dict(turn=st.turn, after_step=len(st.steps) - 1, tool=obs.tool,
-                           arguments=obs.arguments, error=obs.error))
+    st.refused.append(_refused_row(st, obs))
     policy.observe(st, cid, obs)
 
 def _over_budget(st: AgentState, name, free: bool) -> bool:

@@ -43,12 +43,16 @@ def cue_recovered(cue: str, span: tuple[float, float] | None, rows: Sequence[dic
                if not d.get('registry') and _overlaps(d, span))
 
 # %% ../../nbs/32c_pace.needle.ipynb #ddea4f60
+def _cue_spans(q: Question, spans: bool) -> list:
+    "Each cue's span (None: anywhere, as when the spans do not pair with the cues)."
+    paired = spans and len(q.evidence_spans) == len(q.cues)
+    return q.evidence_spans if paired else [None] * len(q.cues)
+
 def needle_recall(q: Question, rows: Sequence[dict], min_cover: float = NEEDLE_MIN_COVER,
                   spans: bool = True) -> float | None:
     "The fraction of the question's cues the rows recover (`spans`: in their spans); None: no cues."
     if not q.cues: return None
-    sp = (q.evidence_spans if spans and len(q.evidence_spans) == len(q.cues)
-          else [None] * len(q.cues))
+    sp = _cue_spans(q, spans)
     return sum(cue_recovered(c, s, rows, min_cover) for c, s in zip(q.cues, sp)) / len(q.cues)
 
 # %% ../../nbs/32c_pace.needle.ipynb #ba086043
@@ -62,13 +66,17 @@ def _event_parts(ev: str) -> list[dict]:
         parts.append(dict(t_start=hms_to_seconds(a), t_end=hms_to_seconds(b), text=t.strip()))
     return parts
 
+def _registry_row(got: dict) -> dict:
+    "GlobalBrowse's subject registry as one untimed row."
+    text = json.dumps(got.get('subject_registry'), ensure_ascii=False)
+    return dict(t_start=None, t_end=None, text=text, registry=True)
+
 def browse_rows(d: dict) -> list[dict]:
     "A GlobalBrowse row as judge rows: its events' sentences (timed or not), then the registry."
     try: got = json.loads(d['text'])
     except (ValueError, TypeError): return [d]
     parts = _event_parts(str(got.get('query_related_event', '')))
-    reg = dict(t_start=None, t_end=None,
-               text=json.dumps(got.get('subject_registry'), ensure_ascii=False), registry=True)
+    reg = _registry_row(got)
     return [dict(p, source='GlobalBrowse') for p in parts] + [dict(reg, source='GlobalBrowse')]
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0022
@@ -99,12 +107,15 @@ def _row_line(d: dict) -> str:
     if d.get('t_start') is None: return text
     return f"[{fmt_time(d['t_start'], hours=True)}–{fmt_time(d['t_end'], hours=True)}] {text}"
 
-def judge_prompt(q: Question, cue: str, rows: Sequence[dict], max_chars: int = 64000) -> str:
-    "The judge's user message: question, cue, evidence (cut at `max_chars`, saying so); no options."
+def _evidence(rows: Sequence[dict], max_chars: int) -> str:
+    "Rows as lines, cut at `max_chars` (saying so)."
     ev = '\n'.join(_row_line(d) for d in rows) or '(no evidence)'
-    if len(ev) > max_chars:
-        ev = ev[:max_chars] + f"… [cut: {max_chars} of {len(ev)} characters shown]"
-    # PACE §4.3: no options
+    if len(ev) <= max_chars: return ev
+    return ev[:max_chars] + f"… [cut: {max_chars} of {len(ev)} characters shown]"
+
+def judge_prompt(q: Question, cue: str, rows: Sequence[dict], max_chars: int = 64000) -> str:
+    "The judge's user message (PACE §4.3): question, cue, evidence cut at `max_chars`; no options."
+    ev = _evidence(rows, max_chars)
     return f"Question: {q.question}\n\nCue: {cue}\n\nEvidence:\n{ev}"
 
 # %% ../../nbs/32c_pace.needle.ipynb #ba0841ec
@@ -133,7 +144,7 @@ def judge_name(model: ChatModel | None = None) -> str:
 
 # %% ../../nbs/32c_pace.needle.ipynb #7a7a0002
 def _lexical_judged(q: Question, rows: Sequence[dict], spans: bool) -> dict:
-    "The lexical judge's row of a result: its needle recall, no verdicts, no calls."
+    "The lexical judge's row of a result (no verdicts, no calls)."
     return dict(qid=q.qid, needle_recall=needle_recall(q, rows, spans=spans),
                 needle_judge='lexical', verdicts=[], calls=[])
 
@@ -180,11 +191,14 @@ def judge_run(run_dir: str | Path, questions: Sequence[Question], model: ChatMod
     return done
 
 # %% ../../nbs/32c_pace.needle.ipynb #8107d708
+def _recalls(rows: list[dict]) -> dict[str, float | None]:
+    "`{qid: recall}` of a judge's rows, failed verdicts left out."
+    return {r['qid']: r['needle_recall'] for r in rows if not judge_failed(r)}
+
 def judged_needles(run_dir: str | Path) -> dict[str, dict[str, float | None]]:
     "Each judge's needle recall per question in a run folder (`needles/`): `{judge: {qid: recall}}`"
     out = {}
     for p in sorted((Path(run_dir) / 'needles').glob('*.jsonl')):
         rows = read_jsonl_rows(p)
-        if rows: out[rows[0]['needle_judge']] = {r['qid']: r['needle_recall'] for r in rows
-                                              if not judge_failed(r)}
+        if rows: out[rows[0]['needle_judge']] = _recalls(rows)
     return out

@@ -39,24 +39,38 @@ def _untested(st: AgentState) -> list:
     asked = {s['arguments'].get('factor') for s in st.steps if s['tool'] == 'EvidenceRetrieve'}
     return [d for d in st.tb.factors if d.did not in asked]
 
+def _may_inspect(st: AgentState) -> bool:
+    "Whether FrameInspect is offered and not used yet."
+    return 'FrameInspect' in st.tb.tools and not st.used('FrameInspect')
+
+def _unresolved_look(st: AgentState) -> tuple | None:
+    "Inspect the first range of each unresolved factor (FrameInspect, once)."
+    rng = [_hms(r) for d in st.unresolved for r in d.ranges[:1]][:4]
+    return _inspect(st.tb, rng) if rng and _may_inspect(st) else None
+
 def _factor_step(st: AgentState) -> tuple | None:
     "With contrastive factors: retrieve the next untested one, else inspect the unresolved ones."
-    tb, tools = st.tb, st.tb.tools
     todo = _untested(st)
-    if todo and 'EvidenceRetrieve' in tools:
+    if todo and 'EvidenceRetrieve' in st.tb.tools:
         return 'EvidenceRetrieve', {'factor': todo[0].did}, None
-    rng = [_hms(r) for d in st.unresolved for r in d.ranges[:1]][:4]
-    if rng and 'FrameInspect' in tools and not st.used('FrameInspect'): return _inspect(tb, rng)
-    return None
+    return _unresolved_look(st)
+
+def _best_look(tb: ToolBox) -> tuple:
+    "Inspect the spans of the two best hits."
+    best = sorted(tb.evidence.values(), key=lambda d: -d['score'])[:2]
+    return _inspect(tb, [_hms([d['t_start'], d['t_end']]) for d in best])
+
+def _best_look(tb: ToolBox) -> tuple:
+    "Inspect the spans of the two best hits."
+    best = sorted(tb.evidence.values(), key=lambda d: -d['score'])[:2]
+    return _inspect(tb, [_hms([d['t_start'], d['t_end']]) for d in best])
 
 def _plain_step(st: AgentState) -> tuple | None:
     "Without contrastive factors: ClipSearch the question's focus, else inspect the two best hits."
     tb, tools = st.tb, st.tb.tools
     if 'ClipSearch' in tools and not st.used('ClipSearch'):
         return 'ClipSearch', {'event_description': focus(tb.q.question) or tb.q.question}, None
-    if 'FrameInspect' in tools and not st.used('FrameInspect') and tb.evidence:
-        best = sorted(tb.evidence.values(), key=lambda d: -d['score'])[:2]
-        return _inspect(tb, [_hms([d['t_start'], d['t_end']]) for d in best])
+    if _may_inspect(st) and tb.evidence: return _best_look(tb)
     return None
 
 class OfflinePolicy:
@@ -95,15 +109,18 @@ def _context_chars(model: Any, max_tokens: int) -> int | None:
     n = getattr(getattr(model, 'inner', model), 'n_ctx', None)
     return max(2000, 3 * (int(n) - max_tokens) - 4000) if n else None
 
-def _turn_of(res: Any, rec: dict) -> Turn:
-    "The turn a reply makes: its call, or what of it parses (an invalid step); record, reasoning."
-    why = getattr(res, 'reasoning', '') or ''
-    if rec['ok']:
-        call = (res.data['tool'], res.data['arguments'], None, None)
-        return Turn([call], [rec], res.data.get('thought', ''), why)
+def _loose_turn(res: Any, rec: dict, why: str) -> Turn:
+    "The turn of a reply that broke the schema: what of its call parses (an invalid step)."
     name, args, err = _loose_call(getattr(res, 'text', ''), rec.get('error'))
     call = (name, args, None, err) if name is not None else (None, None, None, err)
     return Turn([call], [rec], '', why)
+
+def _turn_of(res: Any, rec: dict) -> Turn:
+    "The turn a reply makes: its call, or what of it parses (an invalid step); record, reasoning."
+    why = getattr(res, 'reasoning', '') or ''
+    if not rec['ok']: return _loose_turn(res, rec, why)
+    call = (res.data['tool'], res.data['arguments'], None, None)
+    return Turn([call], [rec], res.data.get('thought', ''), why)
 
 class ModelPolicy:
     "Next calls from a chat model by structured output, one per turn; a bad reply: an invalid step."

@@ -48,11 +48,13 @@ _FINISH_RESOLVED = ("When you judge every contrastive factor resolved by the evi
                     "with one option letter.")
 _FINISH_SETTLED = "When the evidence settles the question, call Finish with one option letter."
 
+_AGENT_TASK = ("You answer a multiple-choice question about a long video by calling tools over an "
+               "index of its {clip_s:g}-second clips. Each turn, think about what is still "
+               "unresolved, call the tool that resolves it, and read its result. ")
+
 def _agent_task(names: Sequence[str], clip_s: float) -> str:
     "The agent's task over the clip index, then the guide to each of these tools."
-    task = ("You answer a multiple-choice question about a long video by calling tools over an "
-            f"index of its {clip_s:g}-second clips. Each turn, think about what is still "
-            "unresolved, call the tool that resolves it, and read its result. ")
+    task = _AGENT_TASK.format(clip_s=clip_s)
     return task + ' '.join(TOOL_GUIDE[n] for n in names if n in TOOL_GUIDE)
 
 def agent_system(names: Sequence[str], clip_s: float = 10.0, protocol: str = 'json') -> str:
@@ -67,31 +69,44 @@ def _retrieved_at(d, steps: list[dict]) -> list[str]:
     return [str(s['step'] + 1) for s in steps if s['tool'] == 'EvidenceRetrieve' and s['ok']
             and s['arguments'].get('factor') == d.did]
 
-def _factor_line(d, steps: list[dict]) -> str:
-    "A contrastive factor, the options it rules in and out, the steps that retrieved or saw it."
+def _factor_tests(d, steps: list[dict]) -> str:
+    "How a contrastive factor was tested: the steps that retrieved it, its records inspected."
     got = _retrieved_at(d, steps)
     seen = [f"retrieved at step {', '.join(got)}"] if got else []
     if d.by == 'inspected': seen.append('its best records were inspected')
+    return '; '.join(seen) or 'not tested yet'
+
+def _factor_line(d, steps: list[dict]) -> str:
+    "A contrastive factor, the options it rules in and out, how it was tested."
     ins, outs = ','.join(d.rules_in) or '-', ','.join(d.rules_out) or '-'
-    done = '; '.join(seen) or 'not tested yet'
-    return f"{d.did}: {d.criterion} [rules in {ins}; out {outs}] — {done}"
+    return f"{d.did}: {d.criterion} [rules in {ins}; out {outs}] — {_factor_tests(d, steps)}"
+
+def _video_line(st: AgentState, clip_s: float) -> str:
+    "The video's length and the index's clips."
+    d = st.tb.duration
+    return (f"The video is {d:g} seconds long ({fmt_time(d, hours=True)}); "
+            f"the index holds {len(st.tb.db)} clips of {clip_s:g} s.")
 
 def _question_lines(st: AgentState, clip_s: float) -> list[str]:
     "The question, its options, the video's length and the index's clips."
-    tb, d = st.tb, st.tb.duration
-    return [f"Question: {tb.q.question}", f"Options:\n{tb.q.options_text()}",
-            f"The video is {d:g} seconds long ({fmt_time(d, hours=True)}); "
-            f"the index holds {len(tb.db)} clips of {clip_s:g} s."]
+    q = st.tb.q
+    return [f"Question: {q.question}", f"Options:\n{q.options_text()}", _video_line(st, clip_s)]
+
+def _fq_line(fq: Sequence) -> str:
+    "F_Q as the agent reads it."
+    fs = '; '.join(f"{f.fid}: {f.text}" for f in fq)
+    return "Question factors the index was built with: " + fs
+
+def _contrastive_text(st: AgentState) -> str:
+    "The contrastive factors, one line each."
+    ds = '\n'.join(_factor_line(x, st.steps) for x in st.tb.factors)
+    return "Contrastive factors:\n" + ds
 
 def state_text(st: AgentState, clip_s: float = 10.0) -> str:
     "What the agent knows besides its steps: question, options, duration, F_Q, contrastive factors."
     L = _question_lines(st, clip_s)
-    if st.fq:
-        fs = '; '.join(f"{f.fid}: {f.text}" for f in st.fq)
-        L.append("Question factors the index was built with: " + fs)
-    if st.tb.factors is not None:
-        ds = '\n'.join(_factor_line(x, st.steps) for x in st.tb.factors)
-        L.append("Contrastive factors:\n" + ds)
+    if st.fq: L.append(_fq_line(st.fq))
+    if st.tb.factors is not None: L.append(_contrastive_text(st))
     return '\n\n'.join(L)
 
 # %% ../../nbs/32e_pace.prompts.ipynb #e79102bc
@@ -103,16 +118,19 @@ def _step_text(s: dict, result: str) -> str:
     call = f"{s['tool']}({json.dumps(s['arguments'], ensure_ascii=False)})"
     return f"Step {s['step'] + 1}.{thought}\nCall: {call}\nResult: {result}"
 
+def _steps_block(st: AgentState, room: int | None) -> list[str]:
+    "Every earlier step, the results fit to `room` characters in all (none: no block)."
+    res = fit_results([s['summary'] for s in st.steps], room)
+    steps = [_step_text(s, r) for s, r in zip(st.steps, res)]
+    return ["Steps so far:\n\n" + '\n\n'.join(steps)] if steps else []
+
 def agent_prompt(st: AgentState, last: bool = False, max_chars: int | None = None,
                  clip_s: float = 10.0) -> str:
     "One step's user message: the state, every earlier step (fit to `max_chars`), the turns left."
     head = state_text(st, clip_s)
     room = None if max_chars is None else max(0, max_chars - len(head))
-    res = fit_results([s['summary'] for s in st.steps], room)
-    steps = [_step_text(s, r) for s, r in zip(st.steps, res)]
     tail = f"Turns left: {st.max_steps - st.turn}." + (_LAST_TURN if last else '')
-    done = ["Steps so far:\n\n" + '\n\n'.join(steps)] if steps else []
-    return '\n\n'.join([head] + done + [tail])
+    return '\n\n'.join([head] + _steps_block(st, room) + [tail])
 
 # %% ../../nbs/32e_pace.prompts.ipynb #ab13c0d1
 THOUGHT = Annotated[str, Field(max_length=2000)]
@@ -122,12 +140,15 @@ def _object_union(s: dict) -> None:
     if 'anyOf' not in s: s.update(anyOf=[{k: s.pop(k) for k in list(s) if k != '$defs'}])
     s['type'] = 'object'
 
+def _call_model(n: str, letters: tuple[str, ...] | None) -> type[ReplyModel]:
+    "The model of one call of tool `n`."
+    return create_model(f"{n}Call", __base__=ReplyModel, thought=(THOUGHT, ''),
+                        tool=(choice([n]), ...), arguments=(tool_args(n, letters), ...))
+
 @functools.lru_cache(maxsize=64)
 def call_reply(names: tuple[str, ...], letters: tuple[str, ...] | None = None) -> type[RootModel]:
     "The model of one call `{thought?, tool, arguments}`: a union over `names` (Finish: `letters`)."
-    one = lambda n: create_model(f"{n}Call", __base__=ReplyModel, thought=(THOUGHT, ''),
-                                 tool=(choice([n]), ...), arguments=(tool_args(n, letters), ...))
-    root = RootModel[Union[tuple(one(n) for n in names)]]
+    root = RootModel[Union[tuple(_call_model(n, letters) for n in names)]]
     return type('CallReply', (root,), {'model_config': ConfigDict(json_schema_extra=_object_union)})
 
 # %% ../../nbs/32e_pace.prompts.ipynb #db3b37e4

@@ -71,7 +71,7 @@ def _spec(n: str, letters: Sequence[str] | None) -> dict:
 
 def tool_schemas(names: Sequence[str] = PACE_TOOLS,
                  letters: Sequence[str] | None = None) -> list[dict]:
-    "The tools as OpenAI specs `{type: 'function', function: {name, description, parameters}}`."
+    "The tools as OpenAI function specs."
     return [{'type': 'function', 'function': {'name': n, **_spec(n, letters)}} for n in names]
 
 # %% ../../nbs/32_pace.tools.ipynb #3b207ca4
@@ -95,7 +95,7 @@ class Observation:
 
 # %% ../../nbs/32_pace.tools.ipynb #de8af2d8
 def evidence_row(r: ClipRecord, score: float, tool: str) -> dict:
-    "A record as trace evidence: id, time range, text, score and the tool that surfaced it."
+    "A record as a trace evidence row, surfaced by `tool`."
     return dict(item_id=r.clip_id, level=1, t_start=r.t_start, t_end=r.t_end, text=r.text,
                 score=round(float(score), 4), source=tool, observed=r.observed())
 
@@ -332,7 +332,7 @@ def reading_memo(self: ToolBox) -> ReadingMemo:
 # %% ../../nbs/32_pace.tools.ipynb #85d1db90
 @patch
 def _width(self: ToolBox) -> int | None:
-    "The width that brings the video's frames to at most `frame_height`; a ToolError if unreadable."
+    "Frame width for ≤ `frame_height` px high; a ToolError if unreadable."
     try: return frame_width(probe_video(self.video_path), self.settings.frame_height)
     except (VideoError, OSError) as e: raise ToolError(f"could not read frames: {e}") from None
 

@@ -45,10 +45,13 @@ PACE_SPECS = {'pace': PaceSpec('pace'), 'pace-no-qcindex': PaceSpec('pace-no-qci
               'dvd': PaceSpec('dvd', 'plain', DVD_TOOLS, prompt='dvd')}
 PACE_ALIASES = {'pace_noindex': 'pace-no-qcindex', 'pace_nodecompose': 'pace-no-verify'}
 
+def _unknown(name) -> KeyError:
+    "The error for a PACE method no spec or alias knows."
+    known = sorted(PACE_SPECS) + sorted(PACE_ALIASES)
+    return KeyError(f"unknown PACE method {name!r}; known: {known}")
+
 def get_pace_spec(name: str | PaceSpec, **overrides) -> PaceSpec:
     "A PACE variant by name or alias (or a spec), with optional field overrides."
     spec = name if isinstance(name, PaceSpec) else PACE_SPECS.get(PACE_ALIASES.get(name, name))
-    if spec is None:
-        known = sorted(PACE_SPECS) + sorted(PACE_ALIASES)
-        raise KeyError(f"unknown PACE method {name!r}; known: {known}")
+    if spec is None: raise _unknown(name)
     return replace(spec, **overrides) if overrides else spec
