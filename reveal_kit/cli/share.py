@@ -142,7 +142,13 @@ def _demo_bench(out: Path, minutes: float, videos: int, per_video: int, seed: in
     with cli_errors():
         generate_benchmark(bench, minutes=minutes, videos=videos, questions_per_video=per_video,
                            seed=seed, split='test', size=(640, 360))
+        if not _bench_videos(bench): raise ValueError(_no_questions(videos, minutes, per_video))
     return bench
+
+def _no_questions(videos: int, minutes: float, per_video: int) -> str:
+    "Why the demo stops when its generated test split has no question: there is nothing to compare."
+    return (f"the generated benchmark has no test questions ({videos} × {minutes:g}-min videos, {per_video} "
+            f"per video): nothing to compare; ask for more --questions-per-video")
 
 def _run_folders(out: Path, names: list[str]) -> dict[str, Path]:
     "Each method's run folder: OUT/eval-<method> ('+' written 'plus-')."
