@@ -185,9 +185,13 @@ def footage_timestamps(spans: list, fps: float, max_frames: int) -> list[float]:
     return [_on_footage(spans, p) for p in uniform_timestamps(total, fps, max_frames)]
 
 # %% ../../nbs/41_eval.baselines.ipynb #a2f00d04
+def _clip_spans(memory) -> list | None:
+    "The spans of the memory's clips (from its manifest), or None."
+    return ((getattr(memory, 'manifest', None) or {}).get('clips') or {}).get('spans')
+
 def recorded_spans(memory, duration: float) -> list[tuple[float, float]]:
     "Where a memory has footage up to `duration`: its clips' spans, else `[0, duration]`."
-    spans = ((getattr(memory, 'manifest', None) or {}).get('clips') or {}).get('spans')
+    spans = _clip_spans(memory)
     return [(a, min(b, duration)) for a, b in spans if a < duration] if spans else [(0.0, duration)]
 
 # %% ../../nbs/41_eval.baselines.ipynb #74682662

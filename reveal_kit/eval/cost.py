@@ -191,10 +191,14 @@ def _check_questions(questions: int | None) -> None:
         raise ValueError(f"--questions must be a whole number ≥ 1 (or left out: the run's), got "
                          f"{questions}")
 
+def _check_gpus(gpus: int) -> None:
+    "Refuse a number of GPUs that is not a whole number ≥ 1."
+    if not _whole(gpus): raise ValueError(f"--gpus must be a whole number ≥ 1, got {gpus}")
+
 def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
     "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
     _check_questions(questions)
-    if not _whole(gpus): raise ValueError(f"--gpus must be a whole number ≥ 1, got {gpus}")
+    _check_gpus(gpus)
     _check_rate_concurrency(concurrency)
 
 # %% ../../nbs/49_eval.cost.ipynb #dcf42258

@@ -215,11 +215,15 @@ def plain_index_config(method: str, config: Config) -> Config | None:
     return dvd_index_config(config) if spec.prompt == 'dvd' else config
 
 # %% ../../nbs/42b_eval.methods.ipynb #e86c285d
+def _reply_caps(c: Config) -> dict:
+    "A config's PACE caption and registry-merge reply caps, as `run.json` names them."
+    return dict(caption_max_tokens=c.pace_caption_max_tokens,
+                registry_max_tokens=c.pace_tool_max_tokens)
+
 def index_caps(method: str, config: Config) -> dict | None:
     "What `run.json` records of a PACE method's index: its caption and registry-merge reply caps."
     c = plain_index_config(method, config)
-    return None if c is None else dict(caption_max_tokens=c.pace_caption_max_tokens,
-                                       registry_max_tokens=c.pace_tool_max_tokens)
+    return None if c is None else _reply_caps(c)
 
 # %% ../../nbs/42b_eval.methods.ipynb #c0312afe
 def _build_plain_db(q: Question, ctx: RunContext, method: str) -> EvidenceDB:
