@@ -196,7 +196,7 @@ def _check_gpus(gpus: int) -> None:
     if not _whole(gpus): raise ValueError(f"--gpus must be a whole number ≥ 1, got {gpus}")
 
 def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
-    "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
+    "Refuse a projection's questions, GPUs or concurrency out of range (each check says its range)."
     _check_questions(questions)
     _check_gpus(gpus)
     _check_rate_concurrency(concurrency)
