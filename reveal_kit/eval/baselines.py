@@ -107,11 +107,14 @@ def _usage(res: Any) -> dict:
                 completion_tokens=int(getattr(rec, 'completion_tokens', 0) or 0))
 
 # %% ../../nbs/41_eval.baselines.ipynb #ac325b8a
+def _option_scores(q: Question, encode) -> list[float]:
+    "Each option's dot product with the question in `encode`'s embedding space."
+    v = np.asarray(encode([q.question] + list(q.options.values())), np.float32)
+    return [float(v[0] @ v[i + 1]) for i in range(len(q.options))]
+
 def blind_offline(q: Question, encode=None) -> tuple[str, list[float]]:
     "The option closest to the question in text-embedding space (ties → first letter); returns (letter, scores)."
-    encode = encode or text_encoder()[0]
-    v = np.asarray(encode([q.question] + list(q.options.values())), np.float32)
-    scores = [float(v[0] @ v[i + 1]) for i in range(len(q.options))]
+    scores = _option_scores(q, encode or text_encoder()[0])
     return list(q.options)[int(np.argmax(scores))], scores
 
 # %% ../../nbs/41_eval.baselines.ipynb #c261494d
@@ -170,17 +173,25 @@ def _on_footage(spans: list[tuple[float, float]], p: float) -> float:
         p -= b - a
     return spans[-1][1]
 
+def _footage_spans(spans: list) -> list[tuple[float, float]]:
+    "The spans that hold footage (end after start), as floats."
+    return [(float(a), float(b)) for a, b in spans if b > a]
+
 def footage_timestamps(spans: list, fps: float, max_frames: int) -> list[float]:
     "Uniform timestamps over recorded footage only: the spans laid end to end, sampled, put back on the clock."
-    spans = [(float(a), float(b)) for a, b in spans if b > a]
+    spans = _footage_spans(spans)
     if not spans: return [0.0]
     total = sum(b - a for a, b in spans)
     return [_on_footage(spans, p) for p in uniform_timestamps(total, fps, max_frames)]
 
 # %% ../../nbs/41_eval.baselines.ipynb #a2f00d04
+def _clip_spans(memory) -> list | None:
+    "The spans of the memory's clips (from its manifest), or None."
+    return ((getattr(memory, 'manifest', None) or {}).get('clips') or {}).get('spans')
+
 def recorded_spans(memory, duration: float) -> list[tuple[float, float]]:
     "Where a memory has footage up to `duration`: its clips' spans, else `[0, duration]`."
-    spans = ((getattr(memory, 'manifest', None) or {}).get('clips') or {}).get('spans')
+    spans = _clip_spans(memory)
     return [(a, min(b, duration)) for a, b in spans if a < duration] if spans else [(0.0, duration)]
 
 # %% ../../nbs/41_eval.baselines.ipynb #74682662
@@ -216,19 +227,26 @@ def _text_encode(memory):
     emb = getattr(memory, 'text_embedder', None)
     return emb.encode if emb is not None else text_encoder()[0]
 
+def _as_evidence(items: list) -> list[Evidence]:
+    "Items as `Evidence` (memory items as uniform picks, `Evidence` as it is)."
+    return [it if isinstance(it, Evidence) else Evidence.from_item(it, 0, 0.0, 'uniform')
+            for it in items]
+
 def evidence_view(items: list, memory, duration: float | None = None) -> EvidenceView:
     "Items (memory items or `Evidence`) as a verifier `EvidenceView` (memory text vectors when it has them)."
-    ev = [it if isinstance(it, Evidence) else Evidence.from_item(it, 0, 0.0, 'uniform')
-          for it in items]
+    ev = _as_evidence(items)
     enc = _text_encode(memory)
     return EvidenceView(ev, _evidence_vectors(ev, memory, enc), enc, 0, duration)
 
 # %% ../../nbs/41_eval.baselines.ipynb #b3cc6374
+def _calls_tokens(calls: list[dict], key: str) -> int:
+    "The calls' `key` tokens in all (a missing count is 0)."
+    return sum(int(c.get(key) or 0) for c in calls)
+
 def _calls_usage(calls: list[dict]) -> dict:
     "Totals of the answerer's model calls."
-    return dict(llm_calls=len(calls),
-                prompt_tokens=sum(int(c.get('prompt_tokens') or 0) for c in calls),
-                completion_tokens=sum(int(c.get('completion_tokens') or 0) for c in calls))
+    return dict(llm_calls=len(calls), prompt_tokens=_calls_tokens(calls, 'prompt_tokens'),
+                completion_tokens=_calls_tokens(calls, 'completion_tokens'))
 
 # %% ../../nbs/41_eval.baselines.ipynb #f1770de6
 def _direct_images(memory, items: list, times: list[float]) -> list:
@@ -244,12 +262,16 @@ def _cue_evidence(cues: list) -> list[Evidence]:
     return [Evidence(f'sub_{i:05d}', 1, c.start, c.end, c.text, 0, 0.0, 'subtitle')
             for i, c in enumerate(cues)]
 
+def _thinning_step(cues: list, budget: int) -> int:
+    "Every how-many-th cue to keep so that the cues kept come to at most `budget` words."
+    words = sum(len(c.text.split()) for c in cues)
+    return max(1, math.ceil(words / budget))
+
 def _subtitle_evidence(path: str | Path | None, budget: int) -> list[Evidence]:
     "The subtitle cues as evidence lines (source 'subtitle'), evenly thinned to at most `budget` words in all."
     if not path: return []
     cues = load_subtitles(path)
-    words = sum(len(c.text.split()) for c in cues)
-    step = max(1, math.ceil(words / budget))
+    step = _thinning_step(cues, budget)
     return _cue_evidence(cues)[::step]
 
 def direct_text(kind: str | None, items: list, subtitles: str | Path | None = None,
@@ -323,9 +345,13 @@ def _direct_answer(q: Question, model, images: list | None, text: list[Evidence]
     return _direct_fallback(q, rec, text, memory, duration)
 
 # %% ../../nbs/41_eval.baselines.ipynb #f650cacc
+def _video_duration(q: Question, memory) -> float:
+    "The video's duration: the memory's, else the question's, else 0."
+    return float(getattr(memory, 'duration', None) or q.duration or 0.0)
+
 def _direct_frames(q: Question, memory, cfg: Config) -> tuple[float, list[float], list]:
     "(duration, frame times over the recorded footage, the level-1 items covering them)."
-    duration = float(getattr(memory, 'duration', None) or q.duration or 0.0)
+    duration = _video_duration(q, memory)
     spans = recorded_spans(memory, duration)
     times = footage_timestamps(spans, cfg.direct_fps, cfg.direct_max_frames)
     return duration, times, covering_items(memory.level(1), times)

@@ -91,10 +91,14 @@ def _role_pairs(pairs) -> Iterable:
     if isinstance(pairs, dict): return pairs.items()
     return [str(p).partition('=')[::2] for p in pairs or []]
 
+def _bad_role_spec(g: str, parts: list[str]) -> bool:
+    "Whether `g` is no role group, or its spec's `parts` are not shaped `URL[,NAME[,text]]`."
+    bad = g not in ROLE_MODEL_GROUPS or not parts[0] or len(parts) > 3
+    return bad or (len(parts) == 3 and parts[2] != 'text')
+
 def _check_role_spec(g: str, v: Any, parts: list[str]) -> None:
     "Refuse an unknown group, or a spec not shaped `URL[,NAME[,text]]`."
-    bad = g not in ROLE_MODEL_GROUPS or not parts[0] or len(parts) > 3
-    if bad or (len(parts) == 3 and parts[2] != 'text'):
+    if _bad_role_spec(g, parts):
         raise ValueError(f"role model {g}={v!r}: expected GROUP=URL[,NAME[,text]] with GROUP "
                          f"one of {', '.join(ROLE_MODEL_GROUPS)}")
 
@@ -124,16 +128,20 @@ def _spec_parts(spec: str) -> tuple[str, str, list]:
     url, name, *text = spec.split(',') + ([] if ',' in spec else [''])
     return url, name, text
 
+def _made_group_model(ctx: RunContext, group: str, spec: str) -> Any:
+    "A role group's own model from its spec: made on first use, then kept."
+    url, name, text = _spec_parts(spec)
+    with ctx._lock:
+        made = ctx.__dict__.setdefault('_role_objs', {})
+        if group not in made: made[group] = _group_model(ctx, name, url, text)
+        return made[group]
+
 @patch
 def model_for(self: RunContext, group: str):
     "The chat model of a PACE role group: its own (`role_models`, made on first use, cached calls) or the run's."
     spec = role_models_of(self.role_models).get(group)
     if spec is None: return self.model
-    url, name, text = _spec_parts(spec)
-    with self._lock:
-        made = self.__dict__.setdefault('_role_objs', {})
-        if group not in made: made[group] = _group_model(self, name, url, text)
-        return made[group]
+    return _made_group_model(self, group, spec)
 
 # %% ../../nbs/42a_eval.context.ipynb #c1a7e0a6
 @patch
@@ -153,10 +161,14 @@ def _as_srt(p: Path, out_dir: str | Path, q: Question) -> str:
         lvb_subtitles_to_srt(p, out, _subtitle_start(q))
     return str(out)
 
+def _subtitle_file(q: Question, cfg: Config) -> Path | None:
+    "The question's subtitle file when it names one and the run reads subtitles, else None."
+    return Path(q.subtitle_path) if q.subtitle_path and cfg.subtitles else None
+
 @patch
 def subtitles(self: RunContext, q: Question) -> str | None:
     "The question's subtitles as SRT/VTT (LongVideoBench JSON converted once), or None (also when switched off)."
-    p = Path(q.subtitle_path) if q.subtitle_path and self.config.subtitles else None
+    p = _subtitle_file(q, self.config)
     if not p or not p.exists(): return None
     return str(p) if p.suffix.lower() != '.json' else _as_srt(p, self.out_dir, q)
 
@@ -172,12 +184,15 @@ def _check_video(q: Question) -> None:
     if why and 'not found' in why: raise _video_missing(q)
     if why: raise FileNotFoundError(f"{q.qid}: {why}")
 
+def _video_lock(ctx: RunContext, key: tuple) -> threading.Lock:
+    "The lock of one (video, kind) of shared object, made on first use."
+    with ctx._lock: return ctx._vlocks.setdefault(key, threading.Lock())
+
 @patch
 def shared(self: RunContext, q: Question, kind: str, build: Callable[[], Any]) -> Any:
     "The run's one `kind` of object for the question's video: made by `build()` once under a per-video lock, shared."
     key = (q.video_id, kind)
-    with self._lock: vlock = self._vlocks.setdefault(key, threading.Lock())
-    with vlock:
+    with _video_lock(self, key):
         if key not in self._mems:
             _check_video(q)
             self._mems[key] = build()

@@ -67,12 +67,15 @@ def _trace_of(row: dict, run_dir: Path | None) -> dict | None:
         if p.name and f.is_file() and f.suffix == '.json': return json.loads(f.read_text())
     return None
 
+def _count(row: dict, key: str) -> int:
+    "A result row's count `key`, 0 when missing or empty."
+    return int(row.get(key) or 0)
+
 def _row_totals(row: dict) -> dict:
     "The cost of a result whose trace is gone: its totals, each call a step of its own, no roles."
-    n = int(row.get('llm_calls') or 0)
-    return dict(qid=row['qid'], calls=n, depth=n, prompt_tokens=int(row.get('prompt_tokens') or 0),
-                completion_tokens=int(row.get('completion_tokens') or 0), reasoning_tokens=0,
-                roles={})
+    n = _count(row, 'llm_calls')
+    return dict(qid=row['qid'], calls=n, depth=n, prompt_tokens=_count(row, 'prompt_tokens'),
+                completion_tokens=_count(row, 'completion_tokens'), reasoning_tokens=0, roles={})
 
 def row_cost(row: dict, run_dir: str | Path | None = None) -> dict:
     "The `question_cost` of one result from its trace; a result whose trace is gone counts its totals, no roles."
@@ -90,12 +93,17 @@ def _mean(xs: list[float]) -> float:
     "The mean, 0 for none."
     return sum(xs) / len(xs) if xs else 0.0
 
-def _role_means(costs: list[dict]) -> dict:
-    "Per role, each of its counts per question (roles and counts in name order)."
-    n, roles = len(costs), defaultdict(Counter)
+def _role_sums(costs: list[dict]) -> dict:
+    "Per role, its counts summed over the questions."
+    roles = defaultdict(Counter)
     for c in costs:
         for role, d in c['roles'].items(): roles[role].update(d)
-    return {r: {k: v / max(n, 1) for k, v in sorted(d.items())} for r, d in sorted(roles.items())}
+    return roles
+
+def _role_means(costs: list[dict]) -> dict:
+    "Per role, each of its counts per question (roles and counts in name order)."
+    sums, n = _role_sums(costs), max(len(costs), 1)
+    return {r: {k: v / n for k, v in sorted(d.items())} for r, d in sorted(sums.items())}
 
 def _tokens_total(costs: list[dict]) -> int:
     "The prompt and completion tokens of all the questions."
@@ -150,10 +158,14 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
     i = next(i for i in range(1, len(xs)) if x <= xs[i])
     return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
 
+def _log_curve(pts: list[dict], key: str) -> tuple[list[float], list[float]]:
+    "Profile points as log concurrencies and their `key` rates."
+    return [math.log(float(p['concurrency'])) for p in pts], [float(p[key]) for p in pts]
+
 def rate_at(profile: dict, concurrency: float, key: str) -> float:
     "A profile's aggregate tokens/s (`key`) at a concurrency: log-linear between points, flat beyond the ends."
     pts, c = profile['points'], max(float(concurrency), 1.0)
-    xs, ys = [math.log(float(p['concurrency'])) for p in pts], [float(p[key]) for p in pts]
+    xs, ys = _log_curve(pts, key)
     return _interp(math.log(c), xs, ys)
 
 # %% ../../nbs/49_eval.cost.ipynb #72d070bf
@@ -179,10 +191,14 @@ def _check_questions(questions: int | None) -> None:
         raise ValueError(f"--questions must be a whole number ≥ 1 (or left out: the run's), got "
                          f"{questions}")
 
-def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
-    "Refuse a projection's settings out of range: questions and GPUs whole numbers ≥ 1, concurrency finite and > 0."
-    _check_questions(questions)
+def _check_gpus(gpus: int) -> None:
+    "Refuse a number of GPUs that is not a whole number ≥ 1."
     if not _whole(gpus): raise ValueError(f"--gpus must be a whole number ≥ 1, got {gpus}")
+
+def check_projection(questions: int | None, gpus: int, concurrency: float | None) -> None:
+    "Refuse a projection's questions, GPUs or concurrency out of range (each check says its range)."
+    _check_questions(questions)
+    _check_gpus(gpus)
     _check_rate_concurrency(concurrency)
 
 # %% ../../nbs/49_eval.cost.ipynb #dcf42258
@@ -197,11 +213,14 @@ def _scaled(summary: dict, n: int) -> dict:
     return dict(tokens_m=n * (summary['prompt_per_q'] + summary['completion_per_q']) / 1e6,
                 calls=n * summary['calls_per_q'])
 
+def _chain_seconds(summary: dict, c: float, per_q: float) -> float:
+    "Seconds of the last question's dependent calls (its deepest chain); 0 without calls."
+    calls = max(summary['calls_per_q'], 1e-9)
+    return summary['depth_max'] * c * per_q / calls if summary['calls_per_q'] else 0.0
+
 def _wall_seconds(summary: dict, n: int, gpus: int, c: float, per_q: float) -> float:
     "Wall seconds of `n` questions on `gpus` engines and of the last question's dependent calls."
-    calls = max(summary['calls_per_q'], 1e-9)
-    chain = summary['depth_max'] * c * per_q / calls
-    return n * per_q / gpus + (chain if summary['calls_per_q'] else 0.0)
+    return n * per_q / gpus + _chain_seconds(summary, c, per_q)
 
 def _hours(wall: float, gpus: int) -> dict:
     "Wall hours and GPU-hours of `wall` seconds on `gpus` engines."

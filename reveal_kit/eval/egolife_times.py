@@ -14,12 +14,16 @@ __all__ = ['egolife_spans']
 # %% ../../nbs/40c_eval.egolife_times.ipynb #cef548eb
 _STAMPS = re.compile(r'(?:(DAY\d+)[_\s]*)?(\d{6,8})(?:\s*-\s*(?:(DAY\d+)[_\s]*)?(\d{6,8}))?', re.I)
 
+def _range_text(tt: dict) -> list[str]:
+    "A dict entry's range as `['A-B']` when it gives both start and end, else `[]`."
+    a, b = tt.get('start_time', tt.get('start')), tt.get('end_time', tt.get('end'))
+    return [f"{a}-{b}"] if a and b else []
+
 def _egolife_text(tt: Any, day: str) -> tuple[str, str]:
     "Day and stamps text of one `target_time` entry (a string, or dict: time, time_list, start/end)."
     if not isinstance(tt, dict): return day, str(tt)
     parts = [str(tt.get('time', ''))] + [str(t) for t in tt.get('time_list') or []]
-    a, b = tt.get('start_time', tt.get('start')), tt.get('end_time', tt.get('end'))
-    return tt.get('date') or day, ' '.join(parts + ([f"{a}-{b}"] if a and b else []))
+    return tt.get('date') or day, ' '.join(parts + _range_text(tt))
 
 def _stamp_span(m: re.Match, day: str) -> tuple[tuple[float, float], str]:
     "One stamp match as (start, end) seconds, and the day it ends on (no day named: the last one)."
@@ -29,13 +33,17 @@ def _stamp_span(m: re.Match, day: str) -> tuple[tuple[float, float], str]:
     b = egolife_seconds(day, m.group(4)) if m.group(4) else a
     return (min(a, b), max(a, b)), day
 
-def egolife_spans(tt: Any, day: str = 'DAY1') -> list[tuple[float, float]]:
-    "Every time of an EgoLife / Ego-R1 `target_time`: a range `A-B` as (a, b), one time as (t, t)."
-    if not tt: return []
-    if isinstance(tt, list): return [s for x in tt for s in egolife_spans(x, day)]
-    day, text = _egolife_text(tt, day)
+def _text_spans(text: str, day: str) -> list[tuple[float, float]]:
+    "The span of each stamp in `text`, a stamp without a day on the day of the one before."
     out = []
     for m in _STAMPS.finditer(text):
         span, day = _stamp_span(m, day)
         out.append(span)
     return out
+
+def egolife_spans(tt: Any, day: str = 'DAY1') -> list[tuple[float, float]]:
+    "Every time of an EgoLife / Ego-R1 `target_time`: a range `A-B` as (a, b), one time as (t, t)."
+    if not tt: return []
+    if isinstance(tt, list): return [s for x in tt for s in egolife_spans(x, day)]
+    day, text = _egolife_text(tt, day)
+    return _text_spans(text, day)

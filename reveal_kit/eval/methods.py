@@ -51,13 +51,17 @@ def _earlier_spellings(base: str, suffix: str) -> list[str]:
     "The earlier spellings of method `base`, each with `suffix`."
     return [old + suffix for old, new in METHOD_ALIASES.items() if new == base]
 
+def _renamed_base(name: str, suffix: str) -> str | None:
+    "The method `name` is with `suffix` taken off, if it ends so and was once spelled otherwise."
+    base = name[:len(name) - len(suffix)]
+    return base if name.endswith(suffix) and base in METHOD_ALIASES.values() else None
+
 def method_spellings(name: str) -> list[str]:
     "A method's current name, then each earlier spelling (a run folder may carry any of them)."
     name = method_name(name)
     for suffix in (ORACLE_FRAMES_SUFFIX, ORACLE_SUFFIX, ''):
-        base = name[:len(name) - len(suffix)]
-        if name.endswith(suffix) and base in METHOD_ALIASES.values():
-            return [name] + _earlier_spellings(base, suffix)
+        base = _renamed_base(name, suffix)
+        if base is not None: return [name] + _earlier_spellings(base, suffix)
     return [name]
 
 # %% ../../nbs/42b_eval.methods.ipynb #3d1a0006
@@ -112,21 +116,27 @@ def _import_plugin(m: str) -> None:
     try: importlib.import_module(m)
     except Exception as e: _PLUGIN_ERRORS[m] = f"{type(e).__name__}: {e}"
 
+def _try_plugin(m: str) -> None:
+    "Import plugin module `m` unless an earlier call tried it."
+    if m in _PLUGINS_TRIED: return
+    _import_plugin(m)
+    _PLUGINS_TRIED.add(m)
+
 def load_plugins() -> dict[str, str]:
     "Import each plugin module once (importing registers its methods); the error of each one that did not import."
     with _PLUGIN_LOCK:
-        for m in PLUGINS:
-            if m in _PLUGINS_TRIED: continue
-            _import_plugin(m)
-            _PLUGINS_TRIED.add(m)
+        for m in PLUGINS: _try_plugin(m)
         return dict(_PLUGIN_ERRORS)
 
 # %% ../../nbs/42b_eval.methods.ipynb #27ab4355
+def _oracle_presets() -> set[str]:
+    "Each agent preset with each oracle suffix."
+    return {p + s for p in PRESETS for s in (ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX)}
+
 def available_methods() -> list[str]:
     "Every method name the runner knows: registered ones (plugins loaded), the agent's presets, also oracle ones."
     load_plugins()
-    oracle = {p + s for p in PRESETS for s in (ORACLE_SUFFIX, ORACLE_FRAMES_SUFFIX)}
-    return sorted(set(METHODS) | set(PRESETS) | oracle)
+    return sorted(set(METHODS) | set(PRESETS) | _oracle_presets())
 
 # %% ../../nbs/42b_eval.methods.ipynb #f8b2102b
 def _is_preset(name: str) -> bool:
@@ -160,12 +170,16 @@ def get_method(name: str) -> Callable[[Question, RunContext], dict]:
     raise _unknown_method(name)
 
 # %% ../../nbs/42b_eval.methods.ipynb #5bec0002
+def _pace_spec_dict(name: str) -> dict | None:
+    "A PACE variant's `PaceSpec` as a dict, None for a name that is not one."
+    try: return asdict(get_pace_spec(name))
+    except KeyError: return None
+
 def method_spec(name: str) -> dict | None:
     "The switches a method runs with (a REVEAL preset's `MethodSpec`, a PACE variant's `PaceSpec`), or None."
     name = method_name(name)
     if _is_preset(name): return get_preset(name).to_dict()
-    try: return asdict(get_pace_spec(name))
-    except KeyError: return None
+    return _pace_spec_dict(name)
 
 # %% ../../nbs/42b_eval.methods.ipynb #f4e60591
 def method_family(name: str) -> str:
@@ -201,11 +215,15 @@ def plain_index_config(method: str, config: Config) -> Config | None:
     return dvd_index_config(config) if spec.prompt == 'dvd' else config
 
 # %% ../../nbs/42b_eval.methods.ipynb #e86c285d
+def _reply_caps(c: Config) -> dict:
+    "A config's PACE caption and registry-merge reply caps, as `run.json` names them."
+    return dict(caption_max_tokens=c.pace_caption_max_tokens,
+                registry_max_tokens=c.pace_tool_max_tokens)
+
 def index_caps(method: str, config: Config) -> dict | None:
     "What `run.json` records of a PACE method's index: its caption and registry-merge reply caps."
     c = plain_index_config(method, config)
-    return None if c is None else dict(caption_max_tokens=c.pace_caption_max_tokens,
-                                       registry_max_tokens=c.pace_tool_max_tokens)
+    return None if c is None else _reply_caps(c)
 
 # %% ../../nbs/42b_eval.methods.ipynb #c0312afe
 def _build_plain_db(q: Question, ctx: RunContext, method: str) -> EvidenceDB:

@@ -28,10 +28,15 @@ def _check_n_boot(n_boot: int) -> None:
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
         raise ValueError(f"n_boot must be a whole number of bootstrap resamples ≥ 1, got {n_boot!r}")
 
+def _check_paired(a: np.ndarray, b: np.ndarray) -> None:
+    "Refuse paired outcomes of different lengths."
+    if len(a) != len(b):
+        raise ValueError(f"paired outcomes need equal lengths, got {len(a)} and {len(b)}")
+
 def _paired_arrays(a: Iterable[bool], b: Iterable[bool]) -> tuple[np.ndarray, np.ndarray]:
     "The paired outcomes as float arrays; refused when their lengths differ."
     a, b = np.asarray(list(a), float), np.asarray(list(b), float)
-    if len(a) != len(b): raise ValueError(f"paired outcomes need equal lengths, got {len(a)} and {len(b)}")
+    _check_paired(a, b)
     return a, b
 
 def _percentile_ci(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int,
@@ -42,11 +47,15 @@ def _percentile_ci(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int,
                     method='percentile', rng=np.random.default_rng(seed))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
+def _one_difference(a: np.ndarray, b: np.ndarray) -> bool:
+    "Whether every pair differs by the same amount (then every resample is the same)."
+    return len(a) == 1 or bool(np.all(a - b == a[0] - b[0]))
+
 def paired_bootstrap_ci(a: Iterable[bool], b: Iterable[bool], n_boot: int = 10000, seed: int = 0,
                         alpha: float = 0.05) -> tuple[float, float]:
     "Percentile bootstrap CI of mean(a) − mean(b) over paired 0/1 outcomes (resampled in pairs)."
     _check_n_boot(n_boot)
     a, b = _paired_arrays(a, b)
     if len(a) == 0: return (float('nan'), float('nan'))
-    if len(a) == 1 or np.all(a - b == a[0] - b[0]): return (float(a[0] - b[0]),) * 2    # every resample is the same
+    if _one_difference(a, b): return (float(a[0] - b[0]),) * 2
     return _percentile_ci(a, b, n_boot, seed, alpha)

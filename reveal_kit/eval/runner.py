@@ -207,10 +207,14 @@ def _check_model_roles(roles: str, backend: str | None, model: ChatModel | str |
     if roles == 'model' and backend in (None, 'none') and model is None:
         raise ValueError("roles='model' needs a chat model; backend 'none' has none")
 
-def _check_backend(backend: str | None, model: ChatModel | str | None) -> None:
-    "Refuse a backend the kit does not have, or one without the chat model it needs."
+def _check_backend_name(backend: str | None) -> None:
+    "Refuse a backend the kit does not have."
     if backend not in (None, 'none', *BACKENDS):
         raise ValueError(f"unknown backend {backend!r}: choose one of none, {', '.join(BACKENDS)}")
+
+def _check_backend(backend: str | None, model: ChatModel | str | None) -> None:
+    "Refuse a backend the kit does not have, or one without the chat model it needs."
+    _check_backend_name(backend)
     if backend == 'vllm' and model is None:
         raise ValueError("backend 'vllm' needs --model (a Hugging Face id or path)")
 
@@ -267,13 +271,16 @@ def _answer_all(todo: list[Question], prev: list[dict], total: int, method: str,
     return stats
 
 # %% ../../nbs/42c_eval.runner.ipynb #351dd041
+def _invocation_counts(stats: dict) -> dict:
+    "The questions this invocation ran, failed and degraded, and the run's accuracy so far."
+    return dict(ran=stats['new'], failed=stats['failed'], degraded=stats['degraded'],
+                accuracy=stats['correct'] / max(stats['n'], 1))
+
 def _summary(out: Path, sel: list[Question], todo: list[Question], stats: dict, dropped: int,
              t0: float) -> dict:
     "What `run_eval` returns about this invocation (and records in `run.json`)."
     return dict(out_dir=str(out), selected=len(sel), skipped_finished=len(sel) - len(todo),
-                ran=stats['new'], failed=stats['failed'], degraded=stats['degraded'],
-                accuracy=stats['correct'] / max(stats['n'], 1), repaired_lines=dropped,
-                seconds=time.time() - t0)
+                **_invocation_counts(stats), repaired_lines=dropped, seconds=time.time() - t0)
 
 # %% ../../nbs/42c_eval.runner.ipynb #eff5b9e2
 def _warn_substituted(c: dict) -> None:
@@ -281,9 +288,13 @@ def _warn_substituted(c: dict) -> None:
     warn(f"{format_substituted(c)}: scored as wrong (`eval report --substituted exclude` "
          "leaves them out)")
 
+def _run_rows(out: Path) -> list[dict]:
+    "The run's result rows (none before its first)."
+    return load_results(out) if (Path(out) / 'results.jsonl').exists() else []
+
 def substituted_end(out: Path, max_substituted: float | None = None) -> int:
     "How many of the run's answers a stand-in gave: one warning line of counts if any; above the limit, an error."
-    rows = load_results(out) if (Path(out) / 'results.jsonl').exists() else []
+    rows = _run_rows(out)
     c = check_substituted(rows, None)
     if c['substituted']: _warn_substituted(c)
     check_substituted(rows, max_substituted, str(out))
@@ -360,12 +371,15 @@ def run_settings(settings: RunSettings | None, out_dir: str | Path | None, **kw)
     return s
 
 # %% ../../nbs/42c_eval.runner.ipynb #dcc06acd
+def _model_pair(model: Any) -> tuple[str | None, Any]:
+    "A run's model as (its name, None) when named, else (None, the chat model object)."
+    return (model, None) if isinstance(model, str) else (None, model)
+
 def _context(name: str, method: str, cfg: Config, s: RunSettings) -> RunContext:
     "The run's context: its chat model (named, or an object), cache, timeout, roles, role models."
-    named, m = isinstance(s.model, str), s.model
-    return RunContext(name, method, Path(s.out_dir), cfg, s.backend, m if named else None,
-                      s.base_url, None if named else m, s.cache_mode, s.timeout_s, s.roles,
-                      dict(s.role_models))
+    model_name, model_obj = _model_pair(s.model)
+    return RunContext(name, method, Path(s.out_dir), cfg, s.backend, model_name, s.base_url,
+                      model_obj, s.cache_mode, s.timeout_s, s.roles, dict(s.role_models))
 
 def _data_root(s: RunSettings) -> str | None:
     "The benchmark's data root, absolute (None if not given)."
