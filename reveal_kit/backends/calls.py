@@ -22,15 +22,20 @@ def record_dict(rec: Any) -> dict:
     return dict(rec) if isinstance(rec, dict) else {'record': str(rec)}
 
 # %% ../../nbs/02e_backends.calls.ipynb #52955c51
+def _call_record(res: Any, role: str, t0: float) -> dict:
+    "The reply's call record with its role, seconds since `t0`, and whether its data is usable (`ok`)."
+    rec = {**record_dict(getattr(res, 'record', None)), 'role': role,
+           'wall_s': round(time.perf_counter() - t0, 6)}
+    rec['ok'] = bool(getattr(res, 'ok', False)) and isinstance(res.data, dict)
+    return rec
+
 def role_call(model: protocols.ChatModel, role: str, system: str, user: str, schema: dict,
               max_tokens: int = 512, images: list | None = None) -> tuple[Any, dict]:
     "Call `model` for `role` with a JSON schema; returns (parsed data or None when unusable, call record dict)."
     t0 = time.perf_counter()
     res = model.chat(make_messages(system, user, images), schema=schema, role=role,
                      max_tokens=max_tokens, temperature=0.0)
-    rec = {**record_dict(getattr(res, 'record', None)), 'role': role,
-           'wall_s': round(time.perf_counter() - t0, 6)}
-    rec['ok'] = bool(getattr(res, 'ok', False)) and isinstance(res.data, dict)
+    rec = _call_record(res, role, t0)
     return (res.data if rec['ok'] else None), rec
 
 # %% ../../nbs/02e_backends.calls.ipynb #9a7e0010
@@ -38,15 +43,23 @@ def _total(calls: list[dict], key: str, cast=int):
     "The sum of `key` over call records (missing or None counts 0)."
     return sum(cast(c.get(key) or 0) for c in calls)
 
+def _failed_by_role(calls: list[dict]) -> dict:
+    "Failed calls per role, roles in order."
+    failed = Counter(c.get('role', '?') for c in calls if c.get('ok') is False)
+    return dict(sorted(failed.items()))
+
+def _with_token_notes(calls: list[dict], out: dict) -> dict:
+    "`out` with the reasoning tokens and the count of estimated usages, where there are any."
+    if (rt := _total(calls, 'reasoning_tokens')): out['reasoning_tokens'] = rt
+    if (ne := _total(calls, 'usage_note', bool)): out['usage_estimated'] = ne
+    return out
+
 def call_totals(calls: list[dict]) -> dict:
     "Totals of calls: count, cache hits, tokens (reasoning, estimated), model seconds, calls per role."
-    failed = Counter(c.get('role', '?') for c in calls if c.get('ok') is False)
     out = {'llm_calls': len(calls), 'cache_hits': _total(calls, 'cache_hit', bool),
            'prompt_tokens': _total(calls, 'prompt_tokens'),
            'completion_tokens': _total(calls, 'completion_tokens'),
            'model_seconds': round(_total(calls, 'wall_s', float), 6),
            'calls_by_role': dict(Counter(c.get('role', '?') for c in calls)),
-           'failed_calls': dict(sorted(failed.items()))}
-    if (rt := _total(calls, 'reasoning_tokens')): out['reasoning_tokens'] = rt
-    if (ne := _total(calls, 'usage_note', bool)): out['usage_estimated'] = ne
-    return out
+           'failed_calls': _failed_by_role(calls)}
+    return _with_token_notes(calls, out)
