@@ -90,16 +90,20 @@ def _new_llama(path: str | Path, n_ctx: int, n_threads: int, seed: int, chat_for
     return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, seed=seed,
                  chat_format=chat_format, verbose=False)
 
+def _open_llama(path: str | Path, key: tuple, seed: int) -> tuple:
+    "A new `(Llama, call lock)` for `key`, closed at exit."
+    _, n_ctx, n_threads, chat_format = key
+    llm = _new_llama(path, n_ctx, n_threads, seed, chat_format)
+    if not _LLAMAS: atexit.register(close_llamas)
+    return llm, threading.Lock()
+
 def load_llama(path: str | Path, n_ctx: int = 4096, n_threads: int | None = None, seed: int = 0,
                chat_format: str | None = None):
     "One `(llama_cpp.Llama, call lock)` per (path, n_ctx, n_threads, chat_format) in this process."
     n_threads = n_threads or default_llama_threads()
     key = (str(path), n_ctx, n_threads, chat_format)
     with _LLAMAS_LOCK:
-        if key not in _LLAMAS:
-            llm = _new_llama(path, n_ctx, n_threads, seed, chat_format)
-            if not _LLAMAS: atexit.register(close_llamas)
-            _LLAMAS[key] = (llm, threading.Lock())
+        if key not in _LLAMAS: _LLAMAS[key] = _open_llama(path, key, seed)
         return _LLAMAS[key]
 
 # %% ../../nbs/02c_backends.llamacpp.ipynb #d1932833
@@ -166,6 +170,12 @@ def _text_and_tokens(out: dict) -> tuple[str, int, int]:
     text = out['choices'][0]['message'].get('content') or ''
     return text, u.get('prompt_tokens', 0), u.get('completion_tokens', estimate_tokens(text))
 
+def _chat_locked(llm, lock, msgs: list[dict], **kw) -> dict:
+    "The chat completion under the call lock; a ValueError becomes RequestRejected."
+    try:
+        with lock: return llm.create_chat_completion(messages=msgs, **kw)
+    except ValueError as e: raise RequestRejected(f"llama.cpp rejected the request: {e}") from None
+
 @patch
 def _complete(self: LlamaCppModel, messages, *, schema, max_tokens, temperature, role):
     "One chat completion in-process; JSON under a grammar from the bounded schema."
@@ -173,9 +183,6 @@ def _complete(self: LlamaCppModel, messages, *, schema, max_tokens, temperature,
     llm, lock = self._llama()
     kw = {} if schema is None else {'response_format': self._grammar_format(schema)}
     msgs = merge_system(text_only(messages))
-    try:
-        with lock:
-            out = llm.create_chat_completion(messages=msgs, max_tokens=max_tokens,
-                                             temperature=temperature, seed=self.seed, **kw)
-    except ValueError as e: raise RequestRejected(f"llama.cpp rejected the request: {e}") from None
+    out = _chat_locked(llm, lock, msgs, max_tokens=max_tokens, temperature=temperature,
+                       seed=self.seed, **kw)
     return _text_and_tokens(out)
