@@ -39,11 +39,15 @@ def _field_message(model: type[BaseModel], err: dict, name: str, msg: str) -> st
     if err['type'] == 'literal_error': return f"must be one of {err['ctx']['expected']}"
     return f"must be valid: {msg[0].lower()}{msg[1:]}"
 
+def _error_parts(err: dict) -> tuple[str, Any, str]:
+    "A pydantic error's dotted field name, the value given, and its message (no 'Value error, ')."
+    name, got = '.'.join(map(str, err['loc'])), err.get('input')
+    return name, got, err['msg'].removeprefix('Value error, ')
+
 def invalid_line(model: type[BaseModel], e: ValidationError, owner: str = 'Config') -> str:
     "The first error of `e` as one line: `Config.tau must be in [0, 1], got 1.5`."
     err = e.errors()[0]
-    name, got = '.'.join(map(str, err['loc'])), err.get('input')
-    msg = err['msg'].removeprefix('Value error, ')
+    name, got, msg = _error_parts(err)
     if not name or err['type'] == 'value_error': return msg
     return f"{owner}.{name} {_field_message(model, err, name, msg)}, got {got!r}"
 
