@@ -22,20 +22,15 @@ def record_dict(rec: Any) -> dict:
     return dict(rec) if isinstance(rec, dict) else {'record': str(rec)}
 
 # %% ../../nbs/02e_backends.calls.ipynb #52955c51
-def _call_record(res: Any, role: str, t0: float) -> dict:
-    "The reply's call record with its role, seconds since `t0`, and whether its data is usable (`ok`)."
-    rec = {**record_dict(getattr(res, 'record', None)), 'role': role,
-           'wall_s': round(time.perf_counter() - t0, 6)}
-    rec['ok'] = bool(getattr(res, 'ok', False)) and isinstance(res.data, dict)
-    return rec
-
 def role_call(model: protocols.ChatModel, role: str, system: str, user: str, schema: dict,
               max_tokens: int = 512, images: list | None = None) -> tuple[Any, dict]:
     "Call `model` for `role` with a JSON schema; returns (parsed data or None when unusable, call record dict)."
     t0 = time.perf_counter()
     res = model.chat(make_messages(system, user, images), schema=schema, role=role,
                      max_tokens=max_tokens, temperature=0.0)
-    rec = _call_record(res, role, t0)
+    rec = {**record_dict(getattr(res, 'record', None)), 'role': role,
+           'wall_s': round(time.perf_counter() - t0, 6)}
+    rec['ok'] = bool(getattr(res, 'ok', False)) and isinstance(res.data, dict)
     return (res.data if rec['ok'] else None), rec
 
 # %% ../../nbs/02e_backends.calls.ipynb #9a7e0010
@@ -49,7 +44,7 @@ def _failed_by_role(calls: list[dict]) -> dict:
     return dict(sorted(failed.items()))
 
 def _with_token_notes(calls: list[dict], out: dict) -> dict:
-    "`out` with the reasoning tokens and the count of estimated usages, where there are any."
+    "`out` with reasoning and estimated-usage counts, if any."
     if (rt := _total(calls, 'reasoning_tokens')): out['reasoning_tokens'] = rt
     if (ne := _total(calls, 'usage_note', bool)): out['usage_estimated'] = ne
     return out

@@ -90,9 +90,9 @@ def _new_llama(path: str | Path, n_ctx: int, n_threads: int, seed: int, chat_for
     return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, seed=seed,
                  chat_format=chat_format, verbose=False)
 
-def _open_llama(path: str | Path, key: tuple, seed: int) -> tuple:
-    "A new `(Llama, call lock)` for `key`, closed at exit."
-    _, n_ctx, n_threads, chat_format = key
+def _open_llama(key: tuple, seed: int) -> tuple:
+    "`key`'s new `(Llama, call lock)`, closed at exit."
+    path, n_ctx, n_threads, chat_format = key
     llm = _new_llama(path, n_ctx, n_threads, seed, chat_format)
     if not _LLAMAS: atexit.register(close_llamas)
     return llm, threading.Lock()
@@ -103,7 +103,7 @@ def load_llama(path: str | Path, n_ctx: int = 4096, n_threads: int | None = None
     n_threads = n_threads or default_llama_threads()
     key = (str(path), n_ctx, n_threads, chat_format)
     with _LLAMAS_LOCK:
-        if key not in _LLAMAS: _LLAMAS[key] = _open_llama(path, key, seed)
+        if key not in _LLAMAS: _LLAMAS[key] = _open_llama(key, seed)
         return _LLAMAS[key]
 
 # %% ../../nbs/02c_backends.llamacpp.ipynb #d1932833
@@ -170,12 +170,6 @@ def _text_and_tokens(out: dict) -> tuple[str, int, int]:
     text = out['choices'][0]['message'].get('content') or ''
     return text, u.get('prompt_tokens', 0), u.get('completion_tokens', estimate_tokens(text))
 
-def _chat_locked(llm, lock, msgs: list[dict], **kw) -> dict:
-    "The chat completion under the call lock; a ValueError becomes RequestRejected."
-    try:
-        with lock: return llm.create_chat_completion(messages=msgs, **kw)
-    except ValueError as e: raise RequestRejected(f"llama.cpp rejected the request: {e}") from None
-
 @patch
 def _complete(self: LlamaCppModel, messages, *, schema, max_tokens, temperature, role):
     "One chat completion in-process; JSON under a grammar from the bounded schema."
@@ -183,6 +177,9 @@ def _complete(self: LlamaCppModel, messages, *, schema, max_tokens, temperature,
     llm, lock = self._llama()
     kw = {} if schema is None else {'response_format': self._grammar_format(schema)}
     msgs = merge_system(text_only(messages))
-    out = _chat_locked(llm, lock, msgs, max_tokens=max_tokens, temperature=temperature,
-                       seed=self.seed, **kw)
+    try:
+        with lock:
+            out = llm.create_chat_completion(messages=msgs, max_tokens=max_tokens,
+                                             temperature=temperature, seed=self.seed, **kw)
+    except ValueError as e: raise RequestRejected(f"llama.cpp rejected the request: {e}") from None
     return _text_and_tokens(out)
