@@ -93,7 +93,7 @@ def _warn_damaged(path: Path, bad: int) -> None:
          "(a write cut short, e.g. by a kill or a full disk)")
 
 def _rewrite_if_damaged(path: Path, data: bytes, rows: list[dict], bad: int) -> None:
-    "Rewrite the log as `rows` when a line was damaged or the last one is torn (no final newline)."
+    "Rewrite the log as `rows` if a line is damaged or the last torn."
     torn = bool(data) and not data.endswith(b'\n')
     if bad or torn:
         atomic_write_text(path, ''.join(map(_jsonl_line, rows)))
