@@ -151,9 +151,13 @@ def _calls_text(m: dict) -> str:
     if message_text(m): d['content'] = message_text(m)
     return json.dumps(d, ensure_ascii=False)
 
+def _result_line(m: dict) -> str:
+    "A `tool` reply as the user line that reports it."
+    return f"Result of tool call {m.get('tool_call_id', '?')}:\n{message_text(m)}"
+
 def _add_tool_result(out: list[dict], m: dict):
     "Append a `tool` reply to `out` as a user line, joining the user turn of the run it continues."
-    line = f"Result of tool call {m.get('tool_call_id', '?')}:\n{message_text(m)}"
+    line = _result_line(m)
     if out and out[-1].get('_tool'): out[-1]['content'] += '\n\n' + line
     else: out.append({'role': 'user', 'content': line, '_tool': True})
 
