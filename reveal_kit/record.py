@@ -43,11 +43,14 @@ def reason_of(call: dict) -> str:
     return next((r for r, words in _REASON_WORDS if any(w in err for w in words)), 'failed_call')
 
 # %% ../nbs/00c_record.ipynb #3eab88be
+def _short_detail(detail: Any) -> str:
+    "`detail` on one line, cut at 300 characters."
+    return ' '.join(str(detail or '').split())[:300]
+
 def substitution(role: str, reason: str, replaced_by: str, detail: Any = '') -> dict:
-    "A mark as the plain dict results carry (checked by `Substitution`)."
-    detail = ' '.join(str(detail or '').split())[:300]
+    "A mark as the dict results carry (checked by `Substitution`)."
     return Substitution(role=role, reason=reason, replaced_by=replaced_by,
-                        detail=detail).model_dump()
+                        detail=_short_detail(detail)).model_dump()
 
 # %% ../nbs/00c_record.ipynb #d4185c38
 def call_substitution(call: dict, replaced_by: str) -> dict:

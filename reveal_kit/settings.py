@@ -22,9 +22,13 @@ Unit = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]   # a cosine or 
 THINKING = ('auto', 'on', 'off')          # send nothing | enable_thinking true | false
 
 # %% ../nbs/00g_settings.ipynb #aaacd1ef
+def _bounds(info: Any) -> dict:
+    "A field's bounds: `ge`, `gt` and `le` where its metadata sets them."
+    return {k: getattr(m, k) for m in info.metadata for k in ('ge', 'gt', 'le') if hasattr(m, k)}
+
 def range_text(info: Any) -> str | None:
     "A field's range as an error says it (`'in [0, 1]'`, `'at least 1'`, `'> 0'`), or None."
-    b = {k: getattr(m, k) for m in info.metadata for k in ('ge', 'gt', 'le') if hasattr(m, k)}
+    b = _bounds(info)
     if 'le' in b: return f"in [{b.get('ge', 0)}, {b['le']}]"
     if 'gt' in b: return f"> {b['gt']}"
     if b.get('ge'): return f"at least {b['ge']}"
