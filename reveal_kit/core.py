@@ -90,19 +90,17 @@ def _refuse_repeat(qid: str, first: str, where: str) -> None:
     raise ValueError(f"{first} and {where} share the qid {qid!r}: give each question "
                      "its own id (or set REVEAL_DUPLICATE_QIDS=rename)")
 
-def _one_qid(q: Question, w: str, seen: dict, mode: str) -> Question:
-    "`q` under a qid not yet in `seen` (recorded there, from `w`); a repeat refused in mode 'refuse'."
-    if q.qid in seen and mode == 'refuse': _refuse_repeat(q.qid, seen[q.qid], w)
-    qid = _free_qid(q.qid, seen)
-    seen[qid] = w
-    return q if qid == q.qid else _renamed(q, qid)
-
 def unique_qids(questions: list[Question], wheres: list[str] | None = None,
                 mode: str | None = None) -> list[Question]:
     "One question per id: a repeated qid refused (naming both records) or, with `mode='rename'`, renamed `qid#2` …"
     mode = _duplicate_mode(mode)
-    wheres, seen = wheres or [f"question {i + 1}" for i in range(len(questions))], {}
-    return [_one_qid(q, w, seen, mode) for q, w in zip(questions, wheres)]
+    wheres, seen, out = wheres or [f"question {i + 1}" for i in range(len(questions))], {}, []
+    for q, w in zip(questions, wheres):
+        if q.qid in seen and mode == 'refuse': _refuse_repeat(q.qid, seen[q.qid], w)
+        qid = _free_qid(q.qid, seen)
+        seen[qid] = w
+        out.append(q if qid == q.qid else _renamed(q, qid))
+    return out
 
 # %% ../nbs/00_core.ipynb #fe074ef8
 def duration_group(seconds: float | None) -> str | None:
