@@ -87,6 +87,11 @@ def _sampling(self: VLLMModel, schema, max_tokens, temperature):
     return vllm_sampling_params(s, max_tokens, temperature, self.seed)
 
 @patch
+def _readable(self: VLLMModel, conversations: list) -> list:
+    "The conversations as the model reads them: without images unless it takes them."
+    return conversations if self.supports_images else [text_only(c) for c in conversations]
+
+@patch
 def _template_kwargs(self: VLLMModel) -> dict:
     "The chat template's keywords: the thinking switch, when one is set."
     sw = self.thinking_switch()
@@ -97,7 +102,7 @@ def _generate(self: VLLMModel, conversations, schema, max_tokens, temperature) -
     "One vLLM batch: a `Completion` (text, tokens, finish reason) per conversation; the thinking switch if set."
     llm = self.engine()   # first, so a missing vllm is reported as BackendUnavailable
     sp = self._sampling(schema, max_tokens, temperature)
-    if not self.supports_images: conversations = [text_only(c) for c in conversations]
+    conversations = self._readable(conversations)
     kw = self._template_kwargs()
     with self._lock: outs = llm.chat(conversations, sp, use_tqdm=False, **kw)
     return [_vllm_completion(o) for o in outs]
