@@ -141,13 +141,17 @@ def _drop_damaged(self: CallCache, key: str):
          + ("ignored" if self.read_only else "dropped, the call is made again"))
     if not self.read_only: self._conn().execute('DELETE FROM calls WHERE key=?', (key,))
 
+def _json_or_none(text: Any) -> Any:
+    "The JSON value in `text`, or None when it holds none."
+    try: return json.loads(text)
+    except (TypeError, ValueError): return None
+
 @patch
 def get(self: CallCache, key: str) -> dict | None:
     "The stored entry for `key`, or None; a damaged entry (not a JSON object) is a miss (and deleted unless read-only)."
     row = self._conn().execute('SELECT entry FROM calls WHERE key=?', (key,)).fetchone()
     if row is None: return None
-    try: entry = json.loads(row[0])
-    except (TypeError, ValueError): entry = None
+    entry = _json_or_none(row[0])
     if isinstance(entry, dict): return entry
     self._drop_damaged(key)
     return None
