@@ -92,6 +92,12 @@ def _warn_damaged(path: Path, bad: int) -> None:
     warn(f"{path}: skipped {bad} damaged line(s) "
          "(a write cut short, e.g. by a kill or a full disk)")
 
+def _rewrite_if_damaged(path: Path, data: bytes, rows: list[dict], bad: int) -> None:
+    "Rewrite the log as `rows` if a line is damaged or the last torn."
+    torn = bool(data) and not data.endswith(b'\n')
+    if bad or torn:
+        atomic_write_text(path, ''.join(map(_jsonl_line, rows)))
+
 def read_jsonl_rows(path: str | Path, repair: bool = False) -> list[dict]:
     "Rows of a JSONL log, skipping damaged lines with a warning; `repair=True` rewrites the log without them."
     path = Path(path)
@@ -99,10 +105,8 @@ def read_jsonl_rows(path: str | Path, repair: bool = False) -> list[dict]:
         return []
     data = path.read_bytes()
     rows, bad = _parse_lines(data)
-    torn = bool(data) and not data.endswith(b'\n')
     if bad: _warn_damaged(path, bad)
-    if repair and (bad or torn):
-        atomic_write_text(path, ''.join(map(_jsonl_line, rows)))
+    if repair: _rewrite_if_damaged(path, data, rows, bad)
     return rows
 
 # %% ../nbs/00b_io.ipynb #75966b5a
@@ -119,13 +123,18 @@ def _cue_event(start_s: float, end_s: float, text: str) -> Any:
     ms = lambda t: int(round(t * 1000))
     return pysubs2.SSAEvent(start=ms(start_s), end=ms(end_s), text=text)
 
-def write_subtitles(path: str | Path, cues: Iterable[tuple[float, float, str]]) -> Path:
-    "Write `(start_s, end_s, text)` cues as SubRip or WebVTT, chosen by the suffix (`.srt`, `.vtt`)."
+def _subtitle_file(cues: Iterable[tuple[float, float, str]]) -> Any:
+    "A pysubs2 file holding the cues."
     import pysubs2
-    path = Path(path)
-    fmt = _subtitle_format(path)
     subs = pysubs2.SSAFile()
     for s, e, text in cues: subs.append(_cue_event(s, e, text))
+    return subs
+
+def write_subtitles(path: str | Path, cues: Iterable[tuple[float, float, str]]) -> Path:
+    "Write `(start_s, end_s, text)` cues as SubRip or WebVTT, chosen by the suffix (`.srt`, `.vtt`)."
+    path = Path(path)
+    fmt = _subtitle_format(path)
+    subs = _subtitle_file(cues)
     path.parent.mkdir(parents=True, exist_ok=True)
     subs.save(str(path), format_=fmt)
     return path

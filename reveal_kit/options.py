@@ -22,10 +22,13 @@ def _own_letter(text: Any) -> tuple[str, str] | None:
     return ((m.group(1) or m.group(2)).upper(), m.group(3).strip()) if m else None
 
 # %% ../nbs/00d_options.ipynb #61f0855c
+def _repeats(letters: list[str]) -> list[str]:
+    "The letters that occur more than once in `letters`, sorted."
+    return sorted({l for l in letters if letters.count(l) > 1})
+
 def _distinct_letters(own: list[tuple[str, str]]) -> dict[str, str]:
     "Options that each carry their own letter, as given; refused when a letter repeats."
-    letters = [l for l, _ in own]
-    dup = sorted({l for l in letters if letters.count(l) > 1})
+    dup = _repeats([l for l, _ in own])
     if dup: raise ValueError(f"option letter(s) {', '.join(dup)} given twice")
     return dict(own)
 
@@ -36,24 +39,36 @@ def _check_lettering(options: list | tuple, own: list) -> None:
             raise ValueError(f"option {i + 1} {str(o)!r} carries the letter {ow[0]} but would be "
                              f"lettered {LETTERS[i]}; letter every option or none")
 
-def _options_from_list(options: list | tuple) -> dict[str, str]:
-    "`['B. x', 'A. y']` keeps the letters each text carries, in the order given; plain texts are lettered A, B, …"
+def _check_count(options: list | tuple) -> None:
+    "Refuse more options than there are letters."
     if len(options) > len(LETTERS):
         raise ValueError(f"at most {len(LETTERS)} options, got {len(options)}")
-    own = [_own_letter(o) for o in options]
-    if own and all(own): return _distinct_letters(own)
-    _check_lettering(options, own)
+
+def _lettered_by_position(options: list | tuple, own: list) -> dict[str, str]:
+    "Each text under the letter of its position (A, B, …), without the letter it carries."
     return {LETTERS[i]: ow[1] if ow else str(o).strip()
             for i, (o, ow) in enumerate(zip(options, own))}
 
+def _options_from_list(options: list | tuple) -> dict[str, str]:
+    "`['B. x', 'A. y']` keeps the letters each text carries, in the order given; plain texts are lettered A, B, …"
+    _check_count(options)
+    own = [_own_letter(o) for o in options]
+    if own and all(own): return _distinct_letters(own)
+    _check_lettering(options, own)
+    return _lettered_by_position(options, own)
+
 # %% ../nbs/00d_options.ipynb #795b322c
-def _options_from_str(options: str) -> dict[str, str]:
-    "`'A. a cat B. a dog'` → `{'A': 'a cat', 'B': 'a dog'}`."
+def _inline_parts(options: str) -> list[str]:
+    "`options` split at its letters (text, letter, text, …); refused when it has none."
     parts = _INLINE_RE.split(options.strip())
     if len(parts) < 3:
         raise ValueError(f"no lettered options found in {options!r}")
-    letters = parts[1:-1:2]
-    if len(set(letters)) < len(letters): raise ValueError(f"option letters repeat in {options!r}")
+    return parts
+
+def _options_from_str(options: str) -> dict[str, str]:
+    "`'A. a cat B. a dog'` → `{'A': 'a cat', 'B': 'a dog'}`."
+    parts = _inline_parts(options)
+    if _repeats(parts[1:-1:2]): raise ValueError(f"option letters repeat in {options!r}")
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
 
 # %% ../nbs/00d_options.ipynb #b4395f8b

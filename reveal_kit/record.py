@@ -43,11 +43,14 @@ def reason_of(call: dict) -> str:
     return next((r for r, words in _REASON_WORDS if any(w in err for w in words)), 'failed_call')
 
 # %% ../nbs/00c_record.ipynb #3eab88be
+def _short_detail(detail: Any) -> str:
+    "`detail` on one line, cut at 300 characters."
+    return ' '.join(str(detail or '').split())[:300]
+
 def substitution(role: str, reason: str, replaced_by: str, detail: Any = '') -> dict:
-    "A mark as the plain dict results carry (checked by `Substitution`)."
-    detail = ' '.join(str(detail or '').split())[:300]
+    "A mark as the dict results carry (checked by `Substitution`)."
     return Substitution(role=role, reason=reason, replaced_by=replaced_by,
-                        detail=detail).model_dump()
+                        detail=_short_detail(detail)).model_dump()
 
 # %% ../nbs/00c_record.ipynb #d4185c38
 def call_substitution(call: dict, replaced_by: str) -> dict:
@@ -216,6 +219,12 @@ def _part_keys(cls: Result, P: type, row: dict) -> set:
     return mine | (set() if P is not BaselinePart
                    else set(row) - set(cls.model_fields) - set(_RETIRED))
 
+def _common_fields(row: dict, keys: set) -> dict:
+    "The row's fields outside the part (retired ones dropped), with its answer source."
+    common = {k: v for k, v in row.items() if k not in keys and k not in _RETIRED and k != 'part'}
+    common.update(answer_source=source_of(row), degraded=bool(row.get('degraded')))
+    return common
+
 @patch(cls_method=True)
 def from_row(cls: Result, row: dict) -> Result:
     "A record from a flat row (of this kit or an older one)."
@@ -223,8 +232,7 @@ def from_row(cls: Result, row: dict) -> Result:
     P = PARTS[kind]
     keys = _part_keys(cls, P, row)
     part = {k: row[k] for k in keys if k in row}
-    common = {k: v for k, v in row.items() if k not in keys and k not in _RETIRED and k != 'part'}
-    common.update(answer_source=source_of(row), degraded=bool(row.get('degraded')))
+    common = _common_fields(row, keys)
     return cls.model_validate({**common, 'part': P.model_validate({**part, 'kind': kind})})
 
 
@@ -301,13 +309,17 @@ def _marks_by_reason(sub: list[dict]) -> Counter:
     if unmarked: by['unmarked'] += unmarked
     return by
 
+def _all_offline(rows: list[dict]) -> bool:
+    "Whether there are rows and every answer came from offline roles."
+    return bool(rows) and all(r.get('answer_source', 'offline') == 'offline' for r in rows)
+
 def substitution_counts(rows: Iterable[dict]) -> dict:
     "Answers, substituted answers, their marks by 'role/reason', and whether every answer came from offline roles."
     rows = list(rows)
     sub = [r for r in rows if r.get('answer_source') == 'substituted']
     by = _marks_by_reason(sub)
-    offline = bool(rows) and all(r.get('answer_source', 'offline') == 'offline' for r in rows)
-    return dict(n=len(rows), substituted=len(sub), by=dict(by.most_common()), offline=offline)
+    return dict(n=len(rows), substituted=len(sub), by=dict(by.most_common()),
+                offline=_all_offline(rows))
 
 # %% ../nbs/00c_record.ipynb #a45b7372
 def format_substituted(c: dict) -> str:
@@ -321,11 +333,15 @@ class TooManySubstituted(ValueError):
     "More of a run's answers came from stand-ins than its `max_substituted` allows."
 
 # %% ../nbs/00c_record.ipynb #82c17c72
+def _above(c: dict, max_fraction: float | None) -> bool:
+    "Whether the substituted share of counts `c` is above `max_fraction` (None: no limit)."
+    return max_fraction is not None and bool(c['n']) and c['substituted'] / c['n'] > max_fraction
+
 def check_substituted(rows: Iterable[dict], max_fraction: float | None,
                       what: str = 'the run') -> dict:
     "The substitution counts of `rows`; raises `TooManySubstituted` when their share is above `max_fraction`."
     c = substitution_counts(rows)
-    if max_fraction is not None and c['n'] and c['substituted'] / c['n'] > max_fraction:
+    if _above(c, max_fraction):
         raise TooManySubstituted(f"{what}: {format_substituted(c)}, above --max-substituted "
                                  f"{max_fraction:g}")
     return c

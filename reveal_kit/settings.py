@@ -22,9 +22,13 @@ Unit = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]   # a cosine or 
 THINKING = ('auto', 'on', 'off')          # send nothing | enable_thinking true | false
 
 # %% ../nbs/00g_settings.ipynb #aaacd1ef
+def _bounds(info: Any) -> dict:
+    "A field's bounds: `ge`, `gt` and `le` where its metadata sets them."
+    return {k: getattr(m, k) for m in info.metadata for k in ('ge', 'gt', 'le') if hasattr(m, k)}
+
 def range_text(info: Any) -> str | None:
     "A field's range as an error says it (`'in [0, 1]'`, `'at least 1'`, `'> 0'`), or None."
-    b = {k: getattr(m, k) for m in info.metadata for k in ('ge', 'gt', 'le') if hasattr(m, k)}
+    b = _bounds(info)
     if 'le' in b: return f"in [{b.get('ge', 0)}, {b['le']}]"
     if 'gt' in b: return f"> {b['gt']}"
     if b.get('ge'): return f"at least {b['ge']}"
@@ -39,11 +43,15 @@ def _field_message(model: type[BaseModel], err: dict, name: str, msg: str) -> st
     if err['type'] == 'literal_error': return f"must be one of {err['ctx']['expected']}"
     return f"must be valid: {msg[0].lower()}{msg[1:]}"
 
+def _error_parts(err: dict) -> tuple[str, Any, str]:
+    "A pydantic error's dotted field name, the value given, and its message (no 'Value error, ')."
+    name, got = '.'.join(map(str, err['loc'])), err.get('input')
+    return name, got, err['msg'].removeprefix('Value error, ')
+
 def invalid_line(model: type[BaseModel], e: ValidationError, owner: str = 'Config') -> str:
     "The first error of `e` as one line: `Config.tau must be in [0, 1], got 1.5`."
     err = e.errors()[0]
-    name, got = '.'.join(map(str, err['loc'])), err.get('input')
-    msg = err['msg'].removeprefix('Value error, ')
+    name, got, msg = _error_parts(err)
     if not name or err['type'] == 'value_error': return msg
     return f"{owner}.{name} {_field_message(model, err, name, msg)}, got {got!r}"
 

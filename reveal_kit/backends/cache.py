@@ -40,12 +40,16 @@ class CallRequest:
     tool_choice: Any = None
 
 # %% ../../nbs/03_backends.cache.ipynb #cebc760e
+def _request_fields(req: CallRequest) -> dict:
+    "The request's schema, token budget, temperature and sampling, as the key holds them."
+    return {'schema': req.schema, 'max_tokens': int(req.max_tokens),
+            'temperature': float(req.temperature), 'sampling': req.sampling or {}}
+
 def _key_blob(backend: str, model: str, messages: list[dict], req: CallRequest,
               base_url: str) -> dict:
     "The fields `call_key` hashes: backend, model, messages, the request, the URL and tools if any."
     blob = {'v': 1, 'backend': backend, 'model': model, 'messages': content_hashed(messages),
-            'schema': req.schema, 'max_tokens': int(req.max_tokens),
-            'temperature': float(req.temperature), 'sampling': req.sampling or {}}
+            **_request_fields(req)}
     if base_url: blob['base_url'] = base_url
     if req.tools is not None: blob['tools'] = {'tools': req.tools, 'tool_choice': req.tool_choice}
     return blob
@@ -137,13 +141,17 @@ def _drop_damaged(self: CallCache, key: str):
          + ("ignored" if self.read_only else "dropped, the call is made again"))
     if not self.read_only: self._conn().execute('DELETE FROM calls WHERE key=?', (key,))
 
+def _json_or_none(text: Any) -> Any:
+    "The JSON value in `text`, or None when it holds none."
+    try: return json.loads(text)
+    except (TypeError, ValueError): return None
+
 @patch
 def get(self: CallCache, key: str) -> dict | None:
     "The stored entry for `key`, or None; a damaged entry (not a JSON object) is a miss (and deleted unless read-only)."
     row = self._conn().execute('SELECT entry FROM calls WHERE key=?', (key,)).fetchone()
     if row is None: return None
-    try: entry = json.loads(row[0])
-    except (TypeError, ValueError): entry = None
+    entry = _json_or_none(row[0])
     if isinstance(entry, dict): return entry
     self._drop_damaged(key)
     return None
@@ -222,12 +230,16 @@ def _lookup(self: CachedModel, key: str, fields: tuple = ('text',)) -> dict | No
     return None
 
 # %% ../../nbs/03_backends.cache.ipynb #9f8da47f
+def _stored_record(entry: dict) -> CallRecord:
+    "The call record an entry holds (fields `CallRecord` lacks left out)."
+    return CallRecord(**{k: v for k, v in entry['record'].items()
+                         if k in CallRecord.__dataclass_fields__})
+
 @patch
 def _hit_record(self: CachedModel, entry: dict, role: str, t0: float) -> CallRecord:
     "A stored entry's record as this call's: cache_hit, this role, lookup latency, the original latency kept."
     self.stats['hits'] += 1
-    rec = CallRecord(**{k: v for k, v in entry['record'].items()
-                        if k in CallRecord.__dataclass_fields__})
+    rec = _stored_record(entry)
     rec.orig_latency_s = rec.orig_latency_s if rec.cache_hit else rec.latency_s
     rec.role, rec.cache_hit, rec.latency_s = role or rec.role, True, time.perf_counter() - t0
     return rec
@@ -279,18 +291,32 @@ def chat(self: CachedModel, messages, *, schema=None, role='', max_tokens=512,
 
 # %% ../../nbs/03_backends.cache.ipynb #e1f41184
 @patch
+def _cached_result(self: CachedModel, c, kw: dict) -> tuple[ChatResult | None, str]:
+    "A conversation's cached result (None for a miss, counted) and its key."
+    t0 = time.perf_counter()
+    key = self.key(c, kw['schema'], kw['max_tokens'], kw['temperature'])
+    entry = self._lookup(key)
+    if entry is not None: return self._hit(entry, kw['role'], t0), key
+    self._miss(key, kw['role'])
+    return None, key
+
+@patch
 def _split_hits(self: CachedModel, conversations, kw: dict) -> tuple[list, list]:
     "The cached results in input order (None for a miss), and the `(index, key)` of every miss."
     out, todo = [], []
     for i, c in enumerate(conversations):
-        t0 = time.perf_counter()
-        key = self.key(c, kw['schema'], kw['max_tokens'], kw['temperature'])
-        entry = self._lookup(key)
-        out.append(None if entry is None else self._hit(entry, kw['role'], t0))
-        if entry is None:
-            self._miss(key, kw['role'])
-            todo.append((i, key))
+        res, key = self._cached_result(c, kw)
+        out.append(res)
+        if res is None: todo.append((i, key))
     return out, todo
+
+@patch
+def _fill_misses(self: CachedModel, out: list, todo: list, fresh: list) -> list:
+    "`out` with each miss's fresh result in its place, each stored."
+    for (i, key), res in zip(todo, fresh):
+        self._store(key, res)
+        out[i] = res
+    return out
 
 @patch
 def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tokens=512,
@@ -301,10 +327,7 @@ def chat_many(self: CachedModel, conversations, *, schema=None, role='', max_tok
     out, todo = self._split_hits(conversations, kw)
     if not todo: return out
     fresh = self.inner.chat_many([conversations[i] for i, _ in todo], max_workers=max_workers, **kw)
-    for (i, key), res in zip(todo, fresh):
-        self._store(key, res)
-        out[i] = res
-    return out
+    return self._fill_misses(out, todo, fresh)
 
 # %% ../../nbs/03_backends.cache.ipynb #e2a74b1e
 @patch

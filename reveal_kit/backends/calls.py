@@ -38,15 +38,23 @@ def _total(calls: list[dict], key: str, cast=int):
     "The sum of `key` over call records (missing or None counts 0)."
     return sum(cast(c.get(key) or 0) for c in calls)
 
+def _failed_by_role(calls: list[dict]) -> dict:
+    "Failed calls per role, roles in order."
+    failed = Counter(c.get('role', '?') for c in calls if c.get('ok') is False)
+    return dict(sorted(failed.items()))
+
+def _with_token_notes(calls: list[dict], out: dict) -> dict:
+    "`out` with reasoning and estimated-usage counts, if any."
+    if (rt := _total(calls, 'reasoning_tokens')): out['reasoning_tokens'] = rt
+    if (ne := _total(calls, 'usage_note', bool)): out['usage_estimated'] = ne
+    return out
+
 def call_totals(calls: list[dict]) -> dict:
     "Totals of calls: count, cache hits, tokens (reasoning, estimated), model seconds, calls per role."
-    failed = Counter(c.get('role', '?') for c in calls if c.get('ok') is False)
     out = {'llm_calls': len(calls), 'cache_hits': _total(calls, 'cache_hit', bool),
            'prompt_tokens': _total(calls, 'prompt_tokens'),
            'completion_tokens': _total(calls, 'completion_tokens'),
            'model_seconds': round(_total(calls, 'wall_s', float), 6),
            'calls_by_role': dict(Counter(c.get('role', '?') for c in calls)),
-           'failed_calls': dict(sorted(failed.items()))}
-    if (rt := _total(calls, 'reasoning_tokens')): out['reasoning_tokens'] = rt
-    if (ne := _total(calls, 'usage_note', bool)): out['usage_estimated'] = ne
-    return out
+           'failed_calls': _failed_by_role(calls)}
+    return _with_token_notes(calls, out)

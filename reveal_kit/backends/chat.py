@@ -173,20 +173,28 @@ def offline_role(model: protocols.ChatModel | None, roles: str = 'auto') -> bool
     return roles == 'offline' or (roles == 'auto' and not is_meaningful(model))
 
 # %% ../../nbs/02a_backends.chat.ipynb #850ecbc1
+def _chat_label(model: protocols.ChatModel | None) -> str | None:
+    "A chat model as 'backend:model id' (None without one)."
+    return (None if model is None
+            else f"{getattr(model, 'backend_name', 'none')}:{getattr(model, 'model_id', None)}")
+
 def models_record(model: protocols.ChatModel | None, offline: bool,
                   text_embedder: Any = None) -> dict:
     "What a result and its trace record about the models: chat model (and its server), roles, text embedder."
-    chat = (None if model is None
-            else f"{getattr(model, 'backend_name', 'none')}:{getattr(model, 'model_id', None)}")
-    return {'chat': chat, 'base_url': getattr(model, 'base_url', None) or None,
+    return {'chat': _chat_label(model), 'base_url': getattr(model, 'base_url', None) or None,
             'meaningful': is_meaningful(model), 'roles': 'offline' if offline else 'model',
             'text_embedder': getattr(text_embedder, 'model_id', None)}
 
 # %% ../../nbs/02a_backends.chat.ipynb #2e91ac30
+def _check_thinking(thinking: str) -> None:
+    "Refuse a thinking switch other than auto, on or off."
+    if thinking not in ('auto', 'on', 'off'):
+        raise ValueError(f"thinking must be auto, on or off: {thinking!r}")
+
 def set_thinking(model: protocols.ChatModel | None, thinking: str = 'auto',
                  reasoning_allowance: int = 0) -> Any:
     "`model` (the one behind a cache too) set to serve a thinking backbone as `Config.thinking` says; returns it."
-    if thinking not in ('auto', 'on', 'off'): raise ValueError(f"thinking must be auto, on or off: {thinking!r}")
+    _check_thinking(thinking)
     inner = getattr(model, 'inner', model)
     inner.thinking, inner.reasoning_allowance = thinking, int(reasoning_allowance)
     return model
@@ -290,11 +298,16 @@ class _SlowCallNotice:
 
 # %% ../../nbs/02a_backends.chat.ipynb #3d4a3faa
 @patch
+def _count_in_row(self: ChatModel, ok: bool) -> int:
+    "Failed calls in a row, counted on (back to 0 after a call that went well)."
+    with _STATS_LOCK:
+        self._failed_in_row = 0 if ok else getattr(self, '_failed_in_row', 0) + 1
+        return self._failed_in_row
+
+@patch
 def _check_failures(self: ChatModel, res):
     "Count failed calls in a row (`res.record.ok` False); after `max_failures_in_row` raise `CallsFailing`."
-    with _STATS_LOCK:
-        self._failed_in_row = 0 if res.record.ok else getattr(self, '_failed_in_row', 0) + 1
-        n = self._failed_in_row
+    n = self._count_in_row(res.record.ok)
     if res.record.ok or not self.max_failures_in_row or n < self.max_failures_in_row: return res
     last = ' '.join(str(res.record.error).split())[:300]
     raise CallsFailing(f"the last {n} calls to {self.where()} failed; the last one: {last}. "
@@ -364,12 +377,16 @@ def _no_call_error(self: ChatModel, calls: list, c: Completion) -> str:
     cut = '; the reply was cut off at max_tokens' if c.finish_reason == 'length' else ''
     return f"no valid tool call from {self.where()}: {why}{cut}"
 
+def _checked_calls(c: Completion, tools, msgs) -> list:
+    "The reply's tool calls checked against `tools`, ids numbered by turn."
+    turn = sum(m['role'] == 'assistant' for m in msgs)
+    return [parse_tool_call(x, tools, f'call_{turn}_{i}')
+            for i, x in enumerate(c.tool_calls or [])]
+
 @patch
 def _tool_result(self: ChatModel, msgs, tools, tool_choice, c: Completion, t0, role) -> ToolResult:
     "The checked calls of a reply and its record (not ok when a call was required and none can run)."
-    turn = sum(m['role'] == 'assistant' for m in msgs)
-    calls = [parse_tool_call(x, tools, f'call_{turn}_{i}')
-             for i, x in enumerate(c.tool_calls or [])]
+    calls = _checked_calls(c, tools, msgs)
     rec = self._record_of(role, t0, (c,))
     with _STATS_LOCK: self.stats['invalid_tool_calls'] += sum(not x.ok for x in calls)
     if tool_choice not in ('auto', 'none') and not any(x.ok for x in calls):

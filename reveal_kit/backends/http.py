@@ -27,10 +27,14 @@ def normalize_base_url(url: str) -> str:
     return url + '/v1' if url.count('/') == 2 else url
 
 # %% ../../nbs/02b_backends.http.ipynb #c644111c
+def _url_parts(urls: str | Sequence[str]) -> list[str]:
+    "The comma-separated pieces of one URL string or of each in a list."
+    many = [urls] if isinstance(urls, str) else urls
+    return [p for u in many for p in str(u).split(',')]
+
 def parse_base_urls(urls: str | Sequence[str]) -> list[str]:
     "Normalized replica URLs from one URL, a comma-separated string or a list (blanks and repeats dropped)."
-    many = [urls] if isinstance(urls, str) else urls
-    parts = [p for u in many for p in str(u).split(',')]
+    parts = _url_parts(urls)
     out = []
     for u in (normalize_base_url(p) for p in parts if p.strip()):
         if u not in out: out.append(u)

@@ -90,16 +90,20 @@ def _new_llama(path: str | Path, n_ctx: int, n_threads: int, seed: int, chat_for
     return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, seed=seed,
                  chat_format=chat_format, verbose=False)
 
+def _open_llama(key: tuple, seed: int) -> tuple:
+    "`key`'s new `(Llama, call lock)`, closed at exit."
+    path, n_ctx, n_threads, chat_format = key
+    llm = _new_llama(path, n_ctx, n_threads, seed, chat_format)
+    if not _LLAMAS: atexit.register(close_llamas)
+    return llm, threading.Lock()
+
 def load_llama(path: str | Path, n_ctx: int = 4096, n_threads: int | None = None, seed: int = 0,
                chat_format: str | None = None):
     "One `(llama_cpp.Llama, call lock)` per (path, n_ctx, n_threads, chat_format) in this process."
     n_threads = n_threads or default_llama_threads()
     key = (str(path), n_ctx, n_threads, chat_format)
     with _LLAMAS_LOCK:
-        if key not in _LLAMAS:
-            llm = _new_llama(path, n_ctx, n_threads, seed, chat_format)
-            if not _LLAMAS: atexit.register(close_llamas)
-            _LLAMAS[key] = (llm, threading.Lock())
+        if key not in _LLAMAS: _LLAMAS[key] = _open_llama(key, seed)
         return _LLAMAS[key]
 
 # %% ../../nbs/02c_backends.llamacpp.ipynb #d1932833

@@ -93,14 +93,22 @@ def make_messages(system: str, user: str, images: list | None = None) -> list[di
 # %% ../../nbs/02_backends.messages.ipynb #481e3c43
 _ROLES = ('system', 'user', 'assistant', 'tool')
 
-def as_messages(messages: str | dict | list) -> list[dict]:
-    "Normalize a prompt string, one message or a list of messages into a checked list of messages."
-    if isinstance(messages, str): messages = [user_message(messages)]
-    elif isinstance(messages, dict): messages = [messages]
-    msgs = list(messages)
-    if not msgs: raise ValueError("no messages given")
+def _message_list(messages: str | dict | list) -> list:
+    "A prompt string, one message or a list of messages, as a list."
+    if isinstance(messages, str): return [user_message(messages)]
+    if isinstance(messages, dict): return [messages]
+    return list(messages)
+
+def _check_roles(msgs: list) -> None:
+    "Refuse a message that is not a dict with a known role."
     bad = [m for m in msgs if not isinstance(m, dict) or m.get('role') not in _ROLES]
     if bad: raise ValueError(f"a message must be a dict with role in {_ROLES}, got {bad[0]!r:.80}")
+
+def as_messages(messages: str | dict | list) -> list[dict]:
+    "Normalize a prompt string, one message or a list of messages into a checked list of messages."
+    msgs = _message_list(messages)
+    if not msgs: raise ValueError("no messages given")
+    _check_roles(msgs)
     return msgs
 
 # %% ../../nbs/02_backends.messages.ipynb #fdd555de
@@ -109,15 +117,18 @@ def text_only(messages: list[dict]) -> list[dict]:
     return [{**m, 'content': message_text(m)} for m in messages]
 
 # %% ../../nbs/02_backends.messages.ipynb #237a95e8
-def merge_system(messages: list[dict]) -> list[dict]:
-    "Fold system turns into the first user turn, for chat templates without a system role (Gemma)."
-    sys_txt = '\n\n'.join(message_text(m) for m in messages if m['role'] == 'system')
-    rest = [dict(m) for m in messages if m['role'] != 'system']
-    if not sys_txt: return rest
+def _prepend_system(sys_txt: str, rest: list[dict]) -> list[dict]:
+    "`rest` with `sys_txt` before the first turn's text if that turn is the user's, else as a new user turn."
     if rest and rest[0]['role'] == 'user':
         rest[0]['content'] = f"{sys_txt}\n\n{message_text(rest[0])}"
     else: rest.insert(0, user_message(sys_txt))
     return rest
+
+def merge_system(messages: list[dict]) -> list[dict]:
+    "Fold system turns into the first user turn, for chat templates without a system role (Gemma)."
+    sys_txt = '\n\n'.join(message_text(m) for m in messages if m['role'] == 'system')
+    rest = [dict(m) for m in messages if m['role'] != 'system']
+    return _prepend_system(sys_txt, rest) if sys_txt else rest
 
 # %% ../../nbs/02_backends.messages.ipynb #9ea38333
 def tool_message(call_id: str, content: str, name: str | None = None) -> dict:
@@ -140,9 +151,13 @@ def _calls_text(m: dict) -> str:
     if message_text(m): d['content'] = message_text(m)
     return json.dumps(d, ensure_ascii=False)
 
+def _result_line(m: dict) -> str:
+    "A `tool` reply as the user line that reports it."
+    return f"Result of tool call {m.get('tool_call_id', '?')}:\n{message_text(m)}"
+
 def _add_tool_result(out: list[dict], m: dict):
     "Append a `tool` reply to `out` as a user line, joining the user turn of the run it continues."
-    line = f"Result of tool call {m.get('tool_call_id', '?')}:\n{message_text(m)}"
+    line = _result_line(m)
     if out and out[-1].get('_tool'): out[-1]['content'] += '\n\n' + line
     else: out.append({'role': 'user', 'content': line, '_tool': True})
 

@@ -46,27 +46,38 @@ def _vllm_backend(model: str | None, **kw) -> ChatModel:
     from reveal_kit.backends.vllm import VLLMModel
     return VLLMModel(model, **kw)
 
+def _embedded_backend(model: str | None, **kw) -> ChatModel:
+    "llama.cpp in this process."
+    from reveal_kit.backends.llamacpp import LlamaCppModel
+    return LlamaCppModel(model, **kw)
+
 def make_backend(backend: str, model: str | None = None, base_url: str | list[str] | None = None,
                  **kw) -> ChatModel:
     "The uncached model for a backend name (HTTP and in-process vLLM: `supports_images` from `$REVEAL_IMAGES`)."
-    if backend == 'embedded':
-        from reveal_kit.backends.llamacpp import LlamaCppModel
-        return LlamaCppModel(model, **kw)
+    if backend == 'embedded': return _embedded_backend(model, **kw)
     if backend == 'http': return _http_backend(model, base_url, **_served(kw))
     if backend == 'vllm': return _vllm_backend(model, **_served(kw))
     if backend == 'scripted': return ScriptedModel(**kw)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 # %% ../../nbs/03a_backends.models.ipynb #7ab9ee52
-def _with_cache(inner: ChatModel, backend: str, cache: str | Path | None, mode: str) -> ChatModel:
-    "`inner` behind the call cache in `mode`: 'default' is runs_dir's (none for scripted), None: none unless replay."
+def _check_cache_mode(mode: str) -> None:
+    "Refuse a cache mode not in `MODES`."
     if mode not in MODES:
         raise ValueError(f"cache mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == 'off': return inner
+
+def _cache_path(backend: str, cache: str | Path | None, mode: str) -> str | Path | None:
+    "The cache file: 'default' is runs_dir's (none for scripted), None: none unless replay."
     if cache == 'default' and backend == 'scripted' and mode != 'replay': cache = None
-    if cache is None and mode != 'replay': return inner
-    path = default_cache_path() if cache in ('default', None) else cache
-    return CachedModel(inner, CallCache(path), mode=mode)
+    if cache is None and mode != 'replay': return None
+    return default_cache_path() if cache in ('default', None) else cache
+
+def _with_cache(inner: ChatModel, backend: str, cache: str | Path | None, mode: str) -> ChatModel:
+    "`inner` behind the call cache in `mode` (none when off or when there is no cache file)."
+    _check_cache_mode(mode)
+    if mode == 'off': return inner
+    path = _cache_path(backend, cache, mode)
+    return inner if path is None else CachedModel(inner, CallCache(path), mode=mode)
 
 # %% ../../nbs/03a_backends.models.ipynb #313832f6
 def _from_env(backend: str | None, model: str | None) -> tuple[str, str | None]:
@@ -80,13 +91,17 @@ def _check_replay(mode: str, backend: str, model: str | None):
         raise ValueError("replay with backend 'http' needs model= (the cache key holds the model "
                          "id; replay must not ask the server)")
 
+def _cache_mode(cache_mode: str | None, kw: dict) -> str:
+    "The cache mode as given, else 'replay' when `kw` asks for `replay=True` (taken out of `kw`), else 'readwrite'."
+    return cache_mode or ('replay' if kw.pop('replay', False) else 'readwrite')
+
 def get_chat_model(backend: str | None = None, model: str | None = None,
                    base_url: str | None = None, cache: str | Path | None = 'default',
                    cache_mode: str | None = None, timeout_s: float | None = None,
                    thinking: str = 'auto', reasoning_allowance: int = 0, **kw) -> ChatModel:
     "The chat model to use (default: `$REVEAL_BACKEND` or 'embedded'), set as `Config.thinking` says, cached."
     backend, model = _from_env(backend, model)
-    mode = cache_mode or ('replay' if kw.pop('replay', False) else 'readwrite')
+    mode = _cache_mode(cache_mode, kw)
     if timeout_s and backend == 'http': kw['timeout'] = float(timeout_s)
     inner = set_thinking(make_backend(backend, model, base_url, **kw), thinking,
                          reasoning_allowance)
@@ -101,13 +116,17 @@ def _model_facts(inner: ChatModel) -> dict:
             'supports_images': inner.supports_images, 'base_url': inner.base_url or None,
             'base_urls': list(getattr(inner, 'base_urls', ())) or None, 'timeout_s': inner.timeout_s}
 
-def describe_chat_model(model: ChatModel) -> dict:
-    "What chat model is in use: backend, model id, meaningful, fallback or not, why, every replica, the cache."
-    inner = getattr(model, 'inner', model)
-    d = _model_facts(inner)
+def _with_id(inner: ChatModel, d: dict) -> dict:
+    "`d` with the model's id (or why asking failed), then its replicas' status."
     try: d['model_id'] = inner.model_id
     except BackendError as e: d['error'] = str(e)
     if getattr(inner, 'replicas', None) is not None:
         d['replicas'] = inner.replicas.status()   # after asking for the id
+    return d
+
+def describe_chat_model(model: ChatModel) -> dict:
+    "What chat model is in use: backend, model id, meaningful, fallback or not, why, every replica, the cache."
+    inner = getattr(model, 'inner', model)
+    d = _with_id(inner, _model_facts(inner))
     if inner is not model: d.update(cache=str(model.cache.path), cache_mode=model.mode)
     return d

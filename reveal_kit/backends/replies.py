@@ -113,16 +113,19 @@ def schema_instruction(schema: dict) -> str:
     return f"Reply with only one JSON value that matches this JSON schema:\n{compact}"
 
 # %% ../../nbs/02_backends.replies.ipynb #2db962f4
+def _add_text(m: dict, extra: str) -> None:
+    "Add `extra` to the message `m`: after a blank line, or as one more text part."
+    c = m['content']
+    if isinstance(c, str): m['content'] = f"{c}\n\n{extra}"
+    else: m['content'] = [*c, {'type': 'text', 'text': extra}]
+
 def with_schema_instruction(messages: list[dict], schema: dict | None) -> list[dict]:
     "Messages with the schema instruction added to the last user turn (unchanged when no schema)."
     if schema is None: return messages
     msgs = [dict(m) for m in messages]
     i = max((j for j, m in enumerate(msgs) if m['role'] == 'user'), default=None)
     if i is None: return msgs + [user_message(schema_instruction(schema))]
-    c = msgs[i]['content']
-    extra = schema_instruction(schema)
-    if isinstance(c, str): msgs[i]['content'] = f"{c}\n\n{extra}"
-    else: msgs[i]['content'] = [*c, {'type': 'text', 'text': extra}]
+    _add_text(msgs[i], schema_instruction(schema))
     return msgs
 
 # %% ../../nbs/02_backends.replies.ipynb #635b16a2

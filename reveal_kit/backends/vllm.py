@@ -23,14 +23,17 @@ __all__ = ['GEMMA_CHAT_TEMPLATE', 'VLLM_RECIPE', 'vllm_sampling_params', 'VLLMMo
            'exit_with_parent']
 
 # %% ../../nbs/02d_backends.vllm.ipynb #a5a4e70f
+def _structured_output(vsp, schema: dict) -> dict:
+    "The SamplingParams keyword for JSON under `schema` (new and old vLLM APIs)."
+    if hasattr(vsp, 'StructuredOutputsParams'):
+        return {'structured_outputs': vsp.StructuredOutputsParams(json=schema)}
+    return {'guided_decoding': vsp.GuidedDecodingParams(json=schema)}
+
 def vllm_sampling_params(schema: dict | None, max_tokens: int, temperature: float, seed: int = 0,
                          **kw):
     "vLLM SamplingParams with JSON structured output when `schema` is given (new and old vLLM APIs)."
     import vllm.sampling_params as vsp
-    if schema is not None:
-        if hasattr(vsp, 'StructuredOutputsParams'):
-            kw['structured_outputs'] = vsp.StructuredOutputsParams(json=schema)
-        else: kw['guided_decoding'] = vsp.GuidedDecodingParams(json=schema)
+    if schema is not None: kw.update(_structured_output(vsp, schema))
     return vsp.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, **kw)
 
 # %% ../../nbs/02d_backends.vllm.ipynb #e4286cbd
@@ -84,13 +87,23 @@ def _sampling(self: VLLMModel, schema, max_tokens, temperature):
     return vllm_sampling_params(s, max_tokens, temperature, self.seed)
 
 @patch
+def _readable(self: VLLMModel, conversations: list) -> list:
+    "The conversations as the model reads them: without images unless it takes them."
+    return conversations if self.supports_images else [text_only(c) for c in conversations]
+
+@patch
+def _template_kwargs(self: VLLMModel) -> dict:
+    "The chat template's keywords: the thinking switch, when one is set."
+    sw = self.thinking_switch()
+    return {'chat_template_kwargs': sw} if sw else {}
+
+@patch
 def _generate(self: VLLMModel, conversations, schema, max_tokens, temperature) -> list[Completion]:
     "One vLLM batch: a `Completion` (text, tokens, finish reason) per conversation; the thinking switch if set."
     llm = self.engine()   # first, so a missing vllm is reported as BackendUnavailable
     sp = self._sampling(schema, max_tokens, temperature)
-    if not self.supports_images: conversations = [text_only(c) for c in conversations]
-    sw = self.thinking_switch()
-    kw = {'chat_template_kwargs': sw} if sw else {}
+    conversations = self._readable(conversations)
+    kw = self._template_kwargs()
     with self._lock: outs = llm.chat(conversations, sp, use_tqdm=False, **kw)
     return [_vllm_completion(o) for o in outs]
 
