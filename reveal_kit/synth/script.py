@@ -175,11 +175,15 @@ def _plan(qtype: str, t: tuple, evidence: list[Event], distractors: list[Event],
 
 # %% ../../nbs/09_synth.script.ipynb #e1b26a51
 def _window_and_count(d: Draft) -> tuple[int, int] | None:
-    "The question's window `lo` and the count n ≥ lo (None when fewer than 3 slots are free)."
+    "The question's window `lo` and the count n ≥ lo (None when under 3 slots are free)."
     cap = min(6, len(d.free()) - 2)
     if cap < 1: return None
     lo = int(d.rng.integers(1, min(3, cap) + 1))
-    return lo, int(d.rng.integers(lo, min(lo + 3, cap) + 1))
+    return lo, _count_from(d, lo, cap)
+
+def _count_from(d: Draft, lo: int, cap: int) -> int:
+    "A random count in `lo`..`lo + 3`, at most `cap`."
+    return int(d.rng.integers(lo, min(lo + 3, cap) + 1))
 
 def plant_counting(d: Draft) -> dict | None:
     "n ∈ 1..6 occurrences of one triple; near misses: same entity/other action, other entity/same."
