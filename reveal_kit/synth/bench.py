@@ -264,11 +264,15 @@ def _strict_rows(f: Path) -> list[dict]:
 
 def _row_question(row: dict, where: str, parent: Path) -> Question:
     "The question of one row, its video and subtitle paths made absolute against `parent`."
-    try: q = Question.from_dict(row)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{where}: malformed question: {e}") from e
+    q = _parse_question(row, where)
     _absolute_paths(q, parent)
     return q
+
+def _parse_question(row: dict, where: str) -> Question:
+    "The row as a Question; a ValueError that names `where` when it is malformed."
+    try: return Question.from_dict(row)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: malformed question: {e}") from e
 
 def _absolute_paths(q: Question, parent: Path):
     "Make the question's video and subtitle paths absolute against `parent` (a loop fails later)."
