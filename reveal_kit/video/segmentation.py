@@ -119,6 +119,11 @@ def _spike(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> bool:
 def _joins(self: AdaptiveSegmenter, t: float, emb: np.ndarray, sim: float) -> bool:
     "Whether a kept frame continues the open segment (not closer to the held run's last frame)."
     if sim < self.theta or self._spike(t, emb): return False
+    return self._beats_run(emb, sim)
+
+@patch
+def _beats_run(self: AdaptiveSegmenter, emb: np.ndarray, sim: float) -> bool:
+    "Whether `sim` is at least `emb`'s likeness to the held run's last kept frame (or none is held)."
     k = self._kept_run()
     return not k or sim >= float(emb @ k[-1][1])
 
