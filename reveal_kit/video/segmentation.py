@@ -110,9 +110,14 @@ def _cut(self: AdaptiveSegmenter, new_times, new_embs, bsim, start=None) -> list
 def _spike(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> bool:
     "Whether `emb` moved from the last member `REL_K` times the members' step (≥ `REL_FLOOR`)."
     if len(self.steps) < 2: return False
+    return 1 - float(emb @ self.embs[-1]) >= self._spike_bar(t)
+
+@patch
+def _spike_bar(self: AdaptiveSegmenter, t: float) -> float:
+    "The change a spike at `t` needs: `REL_K` × steps elapsed × median step (≥ `REL_FLOOR`)."
     n = max(1.0, round((t - self.times[-1]) / self.step))
     med = float(np.median(self.steps[-10:]))
-    return 1 - float(emb @ self.embs[-1]) >= max(REL_FLOOR, REL_K * n * med)
+    return max(REL_FLOOR, REL_K * n * med)
 
 # %% ../../nbs/11_video.segmentation.ipynb #14d948b4
 @patch
