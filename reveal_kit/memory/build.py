@@ -186,6 +186,10 @@ def _caption_times(seg: L1Segment, n: int) -> list[float]:
     "Up to n evenly chosen *kept* frame times of the segment (captions never see dropped frames)."
     ft = seg.frame_times
     if not ft: return spread_times(seg.t_start, seg.t_end, min(n, 2))
+    return _spread_picks(ft, n)
+
+def _spread_picks(ft: list[float], n: int) -> list[float]:
+    "Up to n of the times `ft`, evenly spread over the list."
     return [ft[int(i)] for i in np.unique(np.linspace(0, len(ft) - 1, min(n, len(ft))).round())]
 
 # %% ../../nbs/14a_memory.build.ipynb #9d97b1e4

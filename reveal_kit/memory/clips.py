@@ -131,7 +131,11 @@ def locate(self: ClipFolder, t: float) -> tuple[Clip, float]:
     a = t + self.origin
     for c in self.clips:
         if a < c.end: return c, max(0.0, a - c.start)
-    c = max(self.clips, key=lambda c: c.end)
+    return _past_the_end(self.clips)
+
+def _past_the_end(clips: list[Clip]) -> tuple[Clip, float]:
+    "The clip that ends last and the offset of its end (where times past the timeline go)."
+    c = max(clips, key=lambda c: c.end)
     return c, c.info.duration
 
 # %% ../../nbs/14b_memory.clips.ipynb #612f4fd2

@@ -60,10 +60,13 @@ def _differences(old: dict, new: dict) -> str:
 def _load_record(f: Path, rebuild: bool) -> dict:
     "A recorded identity; {} when the file is damaged and `rebuild`, else an error."
     try: return json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        why = f"damaged {f} (not valid JSON); pass --rebuild to replace it"
-        if not rebuild: raise MemoryBuildError(why)
-        return {}
+    except (json.JSONDecodeError, UnicodeDecodeError): return _damaged_record(f, rebuild)
+
+def _damaged_record(f: Path, rebuild: bool) -> dict:
+    "{} for a damaged record when `rebuild`, else the error saying how to replace it."
+    why = f"damaged {f} (not valid JSON); pass --rebuild to replace it"
+    if not rebuild: raise MemoryBuildError(why)
+    return {}
 
 def _recorded(out: Path, rebuild: bool) -> dict | None:
     "The identity `out` records (its manifest, else its build.json); None when it records none."
@@ -113,12 +116,15 @@ def _same_build(man: dict, ident: dict) -> bool:
 
 def memory_complete(out: Path, ident: dict) -> bool:
     "Whether `out` holds a finished memory of exactly this identity that loads (read only)."
-    try:
-        man = json.loads((out / 'manifest.json').read_text())
-        if not _same_build(man, ident): return False
-        OfflineMemory.load(out)
-        return True
+    try: return _loads_as(out, ident)
     except (OSError, ValueError): return False
+
+def _loads_as(out: Path, ident: dict) -> bool:
+    "Whether the manifest in `out` records this build and the memory loads (errors pass on)."
+    man = json.loads((out / 'manifest.json').read_text())
+    if not _same_build(man, ident): return False
+    OfflineMemory.load(out)
+    return True
 
 # %% ../../nbs/14a1_memory.manifest.ipynb #01902fb0
 def produced_by(items: list[MemoryItem]) -> dict:

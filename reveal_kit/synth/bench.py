@@ -113,13 +113,15 @@ def _render_step(root: Path, tl: Timeline, spec: BenchSpec, overwrite: bool,
     return render_once(tl, root / f'videos/{tl.video_id}.mp4', params, overwrite, progress)
 
 def _video_questions(tl: Timeline, seed: int, render: bool, timeline_path: str) -> list[Question]:
-    "The video's questions, with their split, seed and generator in meta, and their file paths."
-    vid = tl.video_id
-    meta = dict(split=vid.split('-')[0], video_seed=seed, generator_version=GENERATOR_VERSION,
-                timeline_path=timeline_path)
-    qs = make_questions(tl, meta)
-    for q in qs: _set_files(q, vid, render)
+    "The video's questions, with meta and file paths."
+    qs = make_questions(tl, _question_meta(tl.video_id, seed, timeline_path))
+    for q in qs: _set_files(q, tl.video_id, render)
     return qs
+
+def _question_meta(vid: str, seed: int, timeline_path: str) -> dict:
+    "The meta of a video's questions: split, video seed, generator version, timeline path."
+    return dict(split=vid.split('-')[0], video_seed=seed, generator_version=GENERATOR_VERSION,
+                timeline_path=timeline_path)
 
 def _set_files(q: Question, vid: str, render: bool):
     "Point a question at its video (None without rendering) and subtitles, relative to the root."
@@ -151,16 +153,24 @@ def check_params(minutes: float, videos: int, questions_per_video: int, split: s
                  subtitle_rate: float) -> None:
     "Raise a one-line ValueError for parameters no benchmark can be generated with."
     _check_sizes(minutes, videos, questions_per_video)
-    if not 0 <= subtitle_rate <= 1:
-        raise ValueError(f"subtitle_rate must be in [0, 1], got {subtitle_rate}")
+    _check_rate(subtitle_rate)
     _check_split(split)
 
 def _check_sizes(minutes: float, videos: int, questions_per_video: int):
-    "Refuse a non-positive size, or videos under half a minute."
+    "Refuse non-positive sizes and too short videos."
     if minutes <= 0 or videos < 1 or questions_per_video < 1:
         raise ValueError("minutes, videos and questions_per_video must be positive")
+    _check_length(minutes)
+
+def _check_length(minutes: float):
+    "Refuse videos under half a minute."
     if minutes * 60 < 30:
         raise ValueError(f"videos must be at least 0.5 minutes long, got {minutes}")
+
+def _check_rate(subtitle_rate: float):
+    "Refuse a subtitle rate outside [0, 1]."
+    if not 0 <= subtitle_rate <= 1:
+        raise ValueError(f"subtitle_rate must be in [0, 1], got {subtitle_rate}")
 
 # %% ../../nbs/09c_synth.bench.ipynb #3aac3383
 def _build_one(kw: dict) -> dict: return build_video(**kw)
@@ -225,11 +235,14 @@ def _jobs(root: Path, s: BenchSpec, overwrite: bool, progress: bool) -> list[dic
                  progress=progress) for i in range(s.videos)]
 
 def _bench_params(s: BenchSpec) -> dict:
-    "The parameters a manifest records (the codec as resolved, None without rendering)."
+    "The parameters a manifest records."
     return dict(minutes=s.minutes, videos=s.videos, questions_per_video=s.questions_per_video,
-                seed=s.seed, split=s.split, size=list(s.size), fps=s.fps,
-                codec=pick_codec(s.codec) if s.render else None, render=s.render,
-                subtitle_rate=s.subtitle_rate)
+                seed=s.seed, split=s.split, **_render_record(s), subtitle_rate=s.subtitle_rate)
+
+def _render_record(s: BenchSpec) -> dict:
+    "The render settings a manifest records (the codec as resolved, None without rendering)."
+    return dict(size=list(s.size), fps=s.fps, codec=pick_codec(s.codec) if s.render else None,
+                render=s.render)
 
 def generate_benchmark(out_dir: str | Path, *args, spec: BenchSpec | None = None, workers: int = 1,
                        overwrite: bool = False, progress: bool = True, **kw) -> dict:
@@ -251,11 +264,15 @@ def _strict_rows(f: Path) -> list[dict]:
 
 def _row_question(row: dict, where: str, parent: Path) -> Question:
     "The question of one row, its video and subtitle paths made absolute against `parent`."
-    try: q = Question.from_dict(row)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{where}: malformed question: {e}") from e
+    q = _parse_question(row, where)
     _absolute_paths(q, parent)
     return q
+
+def _parse_question(row: dict, where: str) -> Question:
+    "The row as a Question; a ValueError that names `where` when it is malformed."
+    try: return Question.from_dict(row)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: malformed question: {e}") from e
 
 def _absolute_paths(q: Question, parent: Path):
     "Make the question's video and subtitle paths absolute against `parent` (a loop fails later)."
@@ -272,11 +289,13 @@ def _questions_file(root: Path) -> Path:
 def load_questions(root: str | Path) -> list[Question]:
     "Questions of a generated benchmark (folder or questions.jsonl), absolute paths, one per qid."
     f = _questions_file(Path(root))
-    out, wheres = [], []
-    for n, row in enumerate(_strict_rows(f), 1):
-        wheres.append(f"{f}:{n}")
-        out.append(_row_question(row, wheres[-1], f.parent))
-    return unique_qids(out, wheres)
+    return unique_qids(*_file_questions(f))
+
+def _file_questions(f: Path) -> tuple[list[Question], list[str]]:
+    "The questions of a file, and where each stands (file:line)."
+    rows = _strict_rows(f)
+    wheres = [f"{f}:{n}" for n in range(1, len(rows) + 1)]
+    return [_row_question(r, w, f.parent) for r, w in zip(rows, wheres)], wheres
 
 
 # %% ../../nbs/09c_synth.bench.ipynb #2f1efe01

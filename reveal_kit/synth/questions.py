@@ -80,9 +80,13 @@ def derive_negation(tl: Timeline, p: dict, rng: np.random.Generator):
 
 # %% ../../nbs/09a_synth.questions.ipynb #a99768f7
 def _other_actions(near: list[Event], a: str, rng: np.random.Generator) -> list[str]:
-    "Actions other than `a`: those of the nearby distractors first, then the rest shuffled."
-    shuffled = [str(x) for x in rng.permutation(sorted(ACTIONS))]
-    return [x for x in dict.fromkeys([x.action for x in near] + shuffled) if x != a]
+    "Actions other than `a`: the nearby distractors' first, then the rest shuffled."
+    near_first = [x.action for x in near] + _shuffled_actions(rng)
+    return [x for x in dict.fromkeys(near_first) if x != a]
+
+def _shuffled_actions(rng: np.random.Generator) -> list[str]:
+    "All actions (sorted, then permuted by `rng`)."
+    return [str(x) for x in rng.permutation(sorted(ACTIONS))]
 
 def _pair_events(tl: Timeline, e: str, o: str) -> list[Event]:
     "The events where entity `e` acts on object `o`."
@@ -140,9 +144,12 @@ def _overlaps(a: tuple, b: tuple) -> bool: return a[0] < b[1] and b[0] < a[1]
 
 def _clean_distractors(dis: list[Event], ev: list[Event]) -> list[Event]:
     "Distinct distractor events that are not evidence and overlap no evidence span."
-    eids, spans = {x.eid for x in ev}, [e.span for e in ev]
-    keep = [e for e in dis if e.eid not in eids and not any(_overlaps(e.span, s) for s in spans)]
+    keep = [e for e in dis if not _touches_evidence(e, ev)]
     return list({e.eid: e for e in keep}.values())
+
+def _touches_evidence(e: Event, ev: list[Event]) -> bool:
+    "Whether `e` is one of the evidence events or overlaps one's span."
+    return any(e.eid == x.eid or _overlaps(e.span, x.span) for x in ev)
 
 def _evidence_fields(p: dict, ev: list[Event], dis: list[Event], meta: dict | None) -> dict:
     "A question's evidence and distractor spans, its cues, and its meta (plan target, event ids)."

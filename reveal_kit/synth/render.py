@@ -66,8 +66,10 @@ def scene_background(scene: Scene, size: tuple[int, int]) -> np.ndarray:
     w, h = size
     rng = np.random.default_rng(scene.seed)
     pat = pattern(scene.texture, h, w, rng)
-    pal = palette(scene.hues)
-    shade = _shade(rng, size)
+    return _shaded(pat, palette(scene.hues), _shade(rng, size))
+
+def _shaded(pat: np.ndarray, pal: np.ndarray, shade: np.ndarray) -> np.ndarray:
+    "The pattern in the palette's two colours, lit by `shade`, as uint8."
     img = np.where(pat[..., None], pal[1], pal[0]) * (0.8 + 0.4 * shade[..., None] / 255)
     return np.clip(img, 0, 255).astype(np.uint8)
 
@@ -109,14 +111,16 @@ def draw_line(dr: ImageDraw.ImageDraw, words: list[str], font, y: int, w: int, p
 
 # %% ../../nbs/09b_synth.render.ipynb #f934a18b
 def event_card(base: np.ndarray, ev: Event) -> np.ndarray:
-    "The background with the event's text: white words on black tiles, main line ~11 % high."
+    "The background with the event's text: white words on black tiles."
     h, w = base.shape[:2]
     img = Image.fromarray(base)
-    dr = ImageDraw.Draw(img)
-    pad = max(2, h // 45)
-    y = int(h * 0.12)
-    for i, l in enumerate(screen_lines(ev)): y += _card_line(dr, i, l, y, (w, h), pad)
+    _draw_lines(ImageDraw.Draw(img), screen_lines(ev), (w, h), max(2, h // 45))
     return np.asarray(img)
+
+def _draw_lines(dr: ImageDraw.ImageDraw, lines: list[str], size: tuple, pad: int):
+    "Draw the card's lines one under the other, from 12 % of the height down."
+    y = int(size[1] * 0.12)
+    for i, l in enumerate(lines): y += _card_line(dr, i, l, y, size, pad)
 
 def _card_line(dr: ImageDraw.ImageDraw, i: int, line: str, y: int, size: tuple, pad: int) -> int:
     "Draw the card's line `i` at `y` (the first ~11 % high, others ~8 %); its height and gap."

@@ -138,11 +138,15 @@ def place(d: Draft, slot: int, triple: tuple, role: str, cause: str | None = Non
 # %% ../../nbs/09_synth.script.ipynb #edf5aee8
 def _free_run(d: Draft, free: list[int], n: int) -> list[int] | None:
     "A random run of `n` consecutive free slots (None when there is none)."
-    fs = set(free)
-    runs = [i for i in free if all(i + j in fs for j in range(n))]
+    runs = _run_starts(free, n)
     if not runs: return None
     s = pick_from(d.rng, runs)
     return list(range(s, s + n))
+
+def _run_starts(free: list[int], n: int) -> list[int]:
+    "The free slots that start a run of `n` consecutive free slots."
+    fs = set(free)
+    return [i for i in free if all(i + j in fs for j in range(n))]
 
 def take(d: Draft, n: int, adjacent: bool = False) -> list[int] | None:
     "n random free slots (or one run of n consecutive free slots); None when there is no room."
@@ -171,11 +175,15 @@ def _plan(qtype: str, t: tuple, evidence: list[Event], distractors: list[Event],
 
 # %% ../../nbs/09_synth.script.ipynb #e1b26a51
 def _window_and_count(d: Draft) -> tuple[int, int] | None:
-    "The question's window `lo` and the count n ≥ lo (None when fewer than 3 slots are free)."
+    "The question's window `lo` and the count n ≥ lo (None when under 3 slots are free)."
     cap = min(6, len(d.free()) - 2)
     if cap < 1: return None
     lo = int(d.rng.integers(1, min(3, cap) + 1))
-    return lo, int(d.rng.integers(lo, min(lo + 3, cap) + 1))
+    return lo, _count_from(d, lo, cap)
+
+def _count_from(d: Draft, lo: int, cap: int) -> int:
+    "A random count in `lo`..`lo + 3`, at most `cap`."
+    return int(d.rng.integers(lo, min(lo + 3, cap) + 1))
 
 def plant_counting(d: Draft) -> dict | None:
     "n ∈ 1..6 occurrences of one triple; near misses: same entity/other action, other entity/same."
@@ -293,10 +301,14 @@ def filler_triple(d: Draft) -> tuple | None:
     "A filler triple: any combination that cannot change a planted answer."
     w = _cast_weights(d)
     for _ in range(100):
-        e = d.cast[int(d.rng.choice(len(d.cast), p=w))]
-        t = (e, pick_from(d.rng, d.actions), pick_from(d.rng, d.objects))
+        t = _weighted_triple(d, w)
         if _allowed(d, t): return t
     return None
+
+def _weighted_triple(d: Draft, w: np.ndarray) -> tuple:
+    "A random triple: an entity drawn with weights `w`, then an action, then an object."
+    e = d.cast[int(d.rng.choice(len(d.cast), p=w))]
+    return (e, pick_from(d.rng, d.actions), pick_from(d.rng, d.objects))
 
 # %% ../../nbs/09_synth.script.ipynb #44536464
 def add_fillers(d: Draft, density: float = 0.7) -> None:
@@ -353,10 +365,13 @@ class Timeline:
 
 # %% ../../nbs/09_synth.script.ipynb #3815390e
 def _plant_all(d: Draft, qtypes: list[str]) -> list[dict]:
-    "One plan per question type that fits (temporal order first: adjacent slots), `qtypes` order."
-    order = sorted(range(len(qtypes)), key=lambda i: (qtypes[i] != 'temporal_order', i))
-    planted = {i: PLANTERS[qtypes[i]](d) for i in order}
+    "One plan per question type that fits, in `qtypes` order."
+    planted = {i: PLANTERS[qtypes[i]](d) for i in _planting_order(qtypes)}
     return [planted[i] for i in range(len(qtypes)) if planted[i]]
+
+def _planting_order(qtypes: list[str]) -> list[int]:
+    "Question indices in planting order: temporal order first (it needs adjacent slots)."
+    return sorted(range(len(qtypes)), key=lambda i: (qtypes[i] != 'temporal_order', i))
 
 def _by_eid(plan: dict) -> dict:
     return dict(plan, evidence=[e.eid for e in plan['evidence']],

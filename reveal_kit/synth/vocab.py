@@ -76,8 +76,12 @@ class Event:
 # %% ../../nbs/09_synth.vocab.ipynb #87f076fc
 def phrase(entity: str, action: str, obj: str, tense: str = 'present') -> str:
     "How questions and options say an event: 'the chef slices the tomato' (present/past/base)."
-    verb = {'present': ACTIONS[action][0], 'past': ACTIONS[action][1], 'base': action}[tense]
+    verb = _verb(action, tense)
     return f"{ENTITIES[entity][0]} {verb} the {obj}"
+
+def _verb(action: str, tense: str) -> str:
+    "The action's verb in `tense`: 'throws' (present), 'threw' (past), 'throw' (base)."
+    return {'present': ACTIONS[action][0], 'past': ACTIONS[action][1], 'base': action}[tense]
 
 # %% ../../nbs/09_synth.vocab.ipynb #ad23baec
 def screen_lines(ev: Event) -> list[str]:

@@ -110,15 +110,25 @@ def _cut(self: AdaptiveSegmenter, new_times, new_embs, bsim, start=None) -> list
 def _spike(self: AdaptiveSegmenter, t: float, emb: np.ndarray) -> bool:
     "Whether `emb` moved from the last member `REL_K` times the members' step (≥ `REL_FLOOR`)."
     if len(self.steps) < 2: return False
+    return 1 - float(emb @ self.embs[-1]) >= self._spike_bar(t)
+
+@patch
+def _spike_bar(self: AdaptiveSegmenter, t: float) -> float:
+    "The change a spike at `t` needs: `REL_K` × steps elapsed × median step (≥ `REL_FLOOR`)."
     n = max(1.0, round((t - self.times[-1]) / self.step))
     med = float(np.median(self.steps[-10:]))
-    return 1 - float(emb @ self.embs[-1]) >= max(REL_FLOOR, REL_K * n * med)
+    return max(REL_FLOOR, REL_K * n * med)
 
 # %% ../../nbs/11_video.segmentation.ipynb #14d948b4
 @patch
 def _joins(self: AdaptiveSegmenter, t: float, emb: np.ndarray, sim: float) -> bool:
     "Whether a kept frame continues the open segment (not closer to the held run's last frame)."
     if sim < self.theta or self._spike(t, emb): return False
+    return self._beats_run(emb, sim)
+
+@patch
+def _beats_run(self: AdaptiveSegmenter, emb: np.ndarray, sim: float) -> bool:
+    "Whether `sim` is at least `emb`'s likeness to the run's last kept frame (True if none)."
     k = self._kept_run()
     return not k or sim >= float(emb @ k[-1][1])
 
@@ -135,16 +145,24 @@ def _boundary(self: AdaptiveSegmenter, f: int, ref: np.ndarray) -> float:
 @patch
 def _settled(self: AdaptiveSegmenter, k: list) -> np.ndarray | None:
     "The run's reference once it settles (two adjacent frames agree, or `RUN_MAX` kept), else None."
-    if len(k) >= 2 and self.run[-2] is k[-2] and float(k[-1][1] @ k[-2][1]) >= self.theta:
-        return _unit(k[-1][1] + k[-2][1])
+    if self._ends_agreeing(k): return _unit(k[-1][1] + k[-2][1])
     if len(k) >= RUN_MAX: return k[-1][1]
     return None
 
 @patch
+def _ends_agreeing(self: AdaptiveSegmenter, k: list) -> bool:
+    "Whether the run ends in two adjacent kept frames (`k`: its kept ones) that agree."
+    return len(k) >= 2 and self.run[-2] is k[-2] and float(k[-1][1] @ k[-2][1]) >= self.theta
+
+@patch
 def _first_new(self: AdaptiveSegmenter, k: list, ref: np.ndarray) -> int:
     "Where in the run the new segment starts: the first frame closer to `ref` than to the mean."
-    return next(i for i, r in enumerate(self.run)
-                if r is k[-1] or r[1] is not None and r[1] @ ref >= max(self.theta, r[2]))
+    return next(i for i, r in enumerate(self.run) if self._starts_new(r, k, ref))
+
+@patch
+def _starts_new(self: AdaptiveSegmenter, r: tuple, k: list, ref: np.ndarray) -> bool:
+    "Whether run frame `r` is the last kept one, or kept and closer to `ref` than to the mean."
+    return r is k[-1] or r[1] is not None and r[1] @ ref >= max(self.theta, r[2])
 
 @patch
 def _absorb(self: AdaptiveSegmenter, k: list) -> list[L1Segment]:
