@@ -48,12 +48,16 @@ WEIGHT_GRID = (0.5, 1.0, 1.5, 2.0, 3.0)
 _ALL_CHECKS = [Criterion(c, c, 1.0, {'1': '-', '0.5': '-', '0': '-'}, ['all'], [], c)
                for c in OFFLINE_CHECKS]
 
+def _option_z(tab: dict, o: str) -> list[float]:
+    "Option o's offline z for every check, in `OFFLINE_CHECKS` order."
+    return [tab[o][c] for c in OFFLINE_CHECKS]
+
 def check_table(q: Question, view: EvidenceView, n_options: int = 5) -> np.ndarray:
     "(n_options, n_checks) offline z of every check for every option (rows beyond q's options are 0)."
     tab = offline_scores(q, _ALL_CHECKS, view).table
     Z = np.zeros((n_options, len(OFFLINE_CHECKS)))
     for i, o in enumerate(list(q.options)[:n_options]):
-        Z[i] = [tab[o][c] for c in OFFLINE_CHECKS]
+        Z[i] = _option_z(tab, o)
     return Z
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #530bfe3e
@@ -213,11 +217,15 @@ class OfflineProposer:
         self.W = weight_candidates(len(OFFLINE_CHECKS), max_checks, grid)
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #9ec1de87
+def _current_score(pool: RubricPool, t: str, Z: np.ndarray, w: np.ndarray, tau: float) -> float:
+    "The score of type t's current check weights in `pool` on its pairs."
+    return table_scores(Z, type_weights(pool, t)[None], w, tau)[0]
+
 def _type_choice(self: OfflineProposer, pool: RubricPool, t: str, Z: np.ndarray,
                  w: np.ndarray) -> np.ndarray | None:
     "A type's best check weights, when they separate at least one more pair than its current ones."
     best, s_best = search_type(Z, w, self.tau, self.W)
-    s_cur = table_scores(Z, type_weights(pool, t)[None], w, self.tau)[0]
+    s_cur = _current_score(pool, t, Z, w, self.tau)
     return best if s_best - s_cur >= 0.99 else None
 
 def _free_name(t: Criterion, types: list[str], taken: set[str]) -> str:

@@ -292,12 +292,16 @@ def _induced_label(origin: dict, p: dict, short: bool) -> str:
     return (f"rubric pool {origin['name']} ({_induced_on(p)}, "
             f"teacher {p.get('teacher')}, proposer {p.get('proposer')}, {chosen})")
 
+def _hand_written_kind(kind: str) -> str:
+    "What a hand-written pool is: the seed, or a custom pool without induction provenance."
+    return ('hand-written seed, not induced' if kind == 'seed'
+            else 'hand-written, no induction provenance')
+
 def _hand_written_label(origin: dict, short: bool) -> str:
     "A seed or custom pool's line: its name, hand-written."
     if short:
         return f"pool {origin['name']} (hand-written)"
-    what = ('hand-written seed, not induced' if origin['kind'] == 'seed'
-            else 'hand-written, no induction provenance')
+    what = _hand_written_kind(origin['kind'])
     return f"rubric pool {origin['name']} ({what})"
 
 def pool_label(origin: dict, short: bool = False) -> str:
