@@ -30,9 +30,13 @@ def _rewrite_key(c: Criterion) -> tuple:
     "What a rewrite changes: description, boundaries, question types, check."
     return (c.description, c.boundaries, sorted(c.question_types), c.check)
 
+def _common_rescaling(a: dict, b: dict, both: list[str]) -> float:
+    "The median new / old weight over the criteria in both pools (1 when there are none)."
+    return float(np.median([b[n].weight / a[n].weight for n in both])) if both else 1.0
+
 def _reweighted(a: dict, b: dict, both: list[str]) -> list[str]:
     "Criteria in both whose weight changed beyond the common (median) rescaling."
-    r = float(np.median([b[n].weight / a[n].weight for n in both])) if both else 1.0
+    r = _common_rescaling(a, b, both)
     return [n for n in both if abs(b[n].weight / r - a[n].weight) > 0.01 * a[n].weight]
 
 def pool_diff(old: RubricPool, new: RubricPool) -> dict[str, list[str]]:
@@ -234,16 +238,23 @@ def _free_name(t: Criterion, types: list[str], taken: set[str]) -> str:
     taken.add(name)
     return name
 
+def _choosing_types(choices: dict, i: int) -> list[str]:
+    "The question types (in `QUESTION_TYPES` order) whose chosen weights use check i."
+    return [t for t in QUESTION_TYPES if t in choices and choices[t][i] > 0]
+
+def _from_template(t: Criterion, name: str, w: float, types: list[str], ch: str) -> Criterion:
+    "A criterion for check ch from template t: its text, with `name`, weight w and `types`."
+    return Criterion(name, t.description, w, dict(t.boundaries), types, list(t.cues), ch)
+
 def _chosen_criteria(tpl: dict, choices: dict, g: np.ndarray, taken: set[str]) -> list[Criterion]:
     "One criterion per chosen check: its template's text, the shared weight, the types choosing it."
     crits = []
     for i, ch in enumerate(OFFLINE_CHECKS):
-        types = [t for t in QUESTION_TYPES if t in choices and choices[t][i] > 0]
+        types = _choosing_types(choices, i)
         if types:
             t = tpl[ch]
             name = _free_name(t, types, taken)
-            crits.append(Criterion(name, t.description, float(g[i]), dict(t.boundaries), types,
-                                   list(t.cues), ch))
+            crits.append(_from_template(t, name, float(g[i]), types, ch))
     return crits
 
 def _by_type(pairs: list[Pair]) -> dict[str, list[Pair]]:
