@@ -270,6 +270,10 @@ def pair_views(pairs: list[Pair],
 def _separation_row(v: Verifier, p: Pair, pair_views: tuple) -> dict:
     "One pair's row: the verifier's ρ and verdict on E⁺ and on E⁻, and whether they separate."
     rp, rn = (v.verify(p.question, view) for view in pair_views)
+    return _pair_row(p, rp, rn)
+
+def _pair_row(p: Pair, rp: Any, rn: Any) -> dict:
+    "The row of pair p from the verifier's reports on its E⁺ (`rp`) and E⁻ (`rn`)."
     return {'qid': p.qid, 'qtype': question_type(p.question), 'rho_pos': rp.rho,
             'rho_neg': rn.rho, 'suff_pos': rp.sufficient, 'suff_neg': rn.sufficient,
             'correct': rp.sufficient and not rn.sufficient}

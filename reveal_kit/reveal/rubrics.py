@@ -63,7 +63,7 @@ def _boundary_key(name: str, k: Any) -> str:
     return key
 
 def _require_all_scores(name: str, b: dict[str, str]) -> None:
-    "ValueError naming the scores (1 / 0.5 / 0) with no boundary text."
+    "ValueError naming the scores with no boundary text."
     missing = [k for k in ('1', '0.5', '0') if not b.get(k)]
     if missing:
         raise ValueError(f"criterion {name!r}: missing boundary text for score(s) {missing}")
