@@ -229,10 +229,14 @@ def _verify_round(run: _Run, names: list[str], r: int) -> VerifierReport:
     return report
 
 # %% ../../nbs/25b_reveal.agent.ipynb #57737879
+def _attempt_kind(query: str) -> str:
+    "An attempt's kind in H_t: Text Retrieval for a query, Uniform Sampling for none."
+    return 'Text Retrieval' if query else 'Uniform Sampling'
+
 def _record_attempts(om: OnlineMemory, r: int, per_query: dict, admitted: list[dict]) -> None:
     "One attempt per query of round r (or one Uniform Sampling draw) into H_t / N_t, with how much it added."
     for qq, n in per_query.items():
-        om.record_attempt(r, 'Text Retrieval' if qq else 'Uniform Sampling', qq, n,
+        om.record_attempt(r, _attempt_kind(qq), qq, n,
                           sum(a['query'] == qq for a in admitted))
 
 def _run_round(run: _Run, r: int, names: list[str]) -> tuple[dict, VerifierReport | None, list]:
@@ -279,9 +283,13 @@ def _stop_reason(spec: MethodSpec, report: VerifierReport | None, rec: dict,
     return None
 
 # %% ../../nbs/25b_reveal.agent.ipynb #0b422ed3
+def _text_encoder(memory: Memory) -> Callable | None:
+    "The `encode` of the memory's text embedder (None when it has none)."
+    return getattr(getattr(memory, 'text_embedder', None), 'encode', None)
+
 def _question_embed(q: Question, memory: Memory) -> MemoEmbed | None:
     "The memory's text embedder memoized for one question, its own texts encoded up front (None: no embedder)."
-    enc = getattr(getattr(memory, 'text_embedder', None), 'encode', None)
+    enc = _text_encoder(memory)
     if enc is None:
         return None
     embed = MemoEmbed(enc)

@@ -57,19 +57,27 @@ def _is_paper_embedder(embedder: str) -> bool:
     "Whether the embedder's name names BGE-M3 (case and hyphens aside)."
     return PAPER_EMBEDDER.lower().replace('-', '') in embedder.lower().replace('-', '')
 
+def _paper_warning(config: Config, embedder: str) -> str:
+    "Warning text: the paper's thresholds meet `embedder`."
+    return (f"the {config.admit_dedup_cosine} / {config.query_cosine_reject} cosine "
+            f"thresholds are the paper's for {PAPER_EMBEDDER}; this run embeds with {embedder}")
+
 def _paper_mismatch(config: Config, embedder: str | None) -> list[str]:
     "A warning when the paper's cosine thresholds meet another embedder."
     if not embedder or _is_paper_embedder(embedder):
         return []
-    return [f"the {config.admit_dedup_cosine} / {config.query_cosine_reject} cosine "
-            f"thresholds are the paper's for {PAPER_EMBEDDER}; this run embeds with {embedder}"]
+    return [_paper_warning(config, embedder)]
+
+def _relevance_warning(embedder: str) -> str:
+    "The warning that the relevance threshold (chosen with MiniLM) meets `embedder`."
+    return (f"the relevance threshold {RELEVANCE_COSINE} was chosen on dev with "
+            f"{RELEVANCE_EMBEDDER}; this run embeds with {embedder}")
 
 def _relevance_mismatch(embedder: str | None) -> list[str]:
     "A warning when the relevance threshold (chosen with MiniLM) meets another embedder."
     if not embedder or embedder == RELEVANCE_EMBEDDER:
         return []
-    return [f"the relevance threshold {RELEVANCE_COSINE} was chosen on dev with "
-            f"{RELEVANCE_EMBEDDER}; this run embeds with {embedder}"]
+    return [_relevance_warning(embedder)]
 
 def thresholds_record(config: Config, spec: MethodSpec,
                       embedder: str | None) -> tuple[dict, list[str]]:

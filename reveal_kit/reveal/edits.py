@@ -110,14 +110,23 @@ def _apply_edit(crits: dict[str, Criterion], e: dict, op: str | None, name: str 
         return False
     return True
 
+def _skip_note(op: str | None, name: str | None, why: Any) -> str:
+    "The note on a skipped edit: its op, its criterion and why."
+    return f"skipped {op} {name!r}: {why}"
+
 def _try_edit(crits: dict[str, Criterion], e: dict, notes: list[str]) -> None:
     "Apply one edit; a skipped one (not applicable, invalid) goes to `notes`."
     op, name = e.get('op'), e.get('name')
     try:
         if not _apply_edit(crits, e, op, name):
-            notes.append(f"skipped {op} {name!r}: not applicable")
+            notes.append(_skip_note(op, name, 'not applicable'))
     except (KeyError, ValueError, TypeError) as err:
-        notes.append(f"skipped {op} {name!r}: {err}")
+        notes.append(_skip_note(op, name, err))
+
+def _edited_pool(pool: RubricPool, crits: dict[str, Criterion]) -> RubricPool:
+    "A new (not seed) pool of the edited criteria, named like `pool`."
+    return RubricPool(list(crits.values()), pool.name, pool.version, False, pool.description,
+                      pool.question_types)
 
 def apply_edits(pool: RubricPool, edits: list[dict]) -> tuple[RubricPool, list[str]]:
     "Apply proposer edits in order; returns the new pool and notes on skipped edits."
@@ -126,9 +135,7 @@ def apply_edits(pool: RubricPool, edits: list[dict]) -> tuple[RubricPool, list[s
         _try_edit(crits, e, notes)
     if not crits:
         return pool, notes + ['all criteria deleted; pool kept']
-    new = RubricPool(list(crits.values()), pool.name, pool.version, False, pool.description,
-                     pool.question_types)
-    return new, notes
+    return _edited_pool(pool, crits), notes
 
 # %% ../../nbs/26a1_reveal.edits.ipynb #36ea65ee
 def _pair_evidence(p: Pair) -> str:

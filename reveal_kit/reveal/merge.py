@@ -17,12 +17,14 @@ def criterion_text(c: Criterion) -> str:
     return f"{c.name.replace('_', ' ')}: {c.description}"
 
 # %% ../../nbs/26b1_reveal.merge.ipynb #bc5509f4
+def _joins(criteria: list[Criterion], V: np.ndarray, h: int, i: int, threshold: float) -> bool:
+    "Whether criterion i joins head h: the same check, cosine ≥ `threshold`."
+    return criteria[h].check == criteria[i].check and V[h] @ V[i] >= threshold
+
 def _head(members: dict, criteria: list[Criterion], V: np.ndarray, i: int,
           threshold: float) -> int | None:
     "The first head of criterion i's check within `threshold` of it (None: i starts a cluster)."
-    c = criteria[i]
-    return next((h for h in members if criteria[h].check == c.check and V[h] @ V[i] >= threshold),
-                None)
+    return next((h for h in members if _joins(criteria, V, h, i, threshold)), None)
 
 def _clusters(criteria: list[Criterion], V: np.ndarray, threshold: float) -> dict[int, list[int]]:
     "Greedy clusters, head → members: each joins the first head of its check within `threshold`."
@@ -50,6 +52,10 @@ def _unit_vectors(criteria: list[Criterion], embed: Callable) -> np.ndarray:
     V /= np.linalg.norm(V, axis=1, keepdims=True) + 1e-12
     return V
 
+def _merged_names(criteria: list[Criterion], members: dict[int, list[int]]) -> list[list[str]]:
+    "The names in each cluster of two or more (the criteria that were merged)."
+    return [[criteria[i].name for i in ms] for ms in members.values() if len(ms) > 1]
+
 def merge_criteria(criteria: list[Criterion], embed: Callable,
                    threshold: float = 0.9) -> tuple[list[Criterion], list[list[str]]]:
     "Cluster near-duplicates (cosine of name + description ≥ threshold, same check); merge each cluster."
@@ -58,7 +64,7 @@ def merge_criteria(criteria: list[Criterion], embed: Callable,
     V = _unit_vectors(criteria, embed)
     members = _clusters(criteria, V, threshold)
     out = [_merged([criteria[i] for i in ms]) for ms in members.values()]
-    return out, [[criteria[i].name for i in ms] for ms in members.values() if len(ms) > 1]
+    return out, _merged_names(criteria, members)
 
 # %% ../../nbs/26b1_reveal.merge.ipynb #a2cd4961
 def _scaled(c: Criterion, m: float) -> Criterion:
@@ -72,9 +78,13 @@ def normalize_weights(criteria: list[Criterion]) -> list[Criterion]:
     return [_scaled(c, m) for c in criteria]
 
 # %% ../../nbs/26b1_reveal.merge.ipynb #fabd0b5b
+def _with_criteria(pool: RubricPool, crits: list[Criterion]) -> RubricPool:
+    "`pool` with the criteria `crits`, their weights normalized."
+    return RubricPool(normalize_weights(crits), pool.name, pool.version, pool.seed,
+                      pool.description, pool.question_types)
+
 def merge_pool(pool: RubricPool, embed: Callable,
                threshold: float = 0.9) -> tuple[RubricPool, list[list[str]]]:
     "The pool with near-duplicates merged and weights normalized; also the merged clusters."
     crits, clusters = merge_criteria(pool.criteria, embed, threshold)
-    return RubricPool(normalize_weights(crits), pool.name, pool.version, pool.seed,
-                      pool.description, pool.question_types), clusters
+    return _with_criteria(pool, crits), clusters

@@ -29,9 +29,13 @@ def _merge_spans(hits: list[tuple], gap: float) -> list[tuple[float, float]]:
             spans.append([a, b])
     return [tuple(x) for x in spans]
 
+def _event_support(view: EvidenceView, event: str) -> np.ndarray:
+    "Each evidence item's support for `event` (empty without evidence)."
+    return view.support([event])[0] if view.evidence else np.zeros(0)
+
 def _l1_hits(view: EvidenceView, event: str, hi: float) -> list[tuple]:
     "Time-sorted (start, end, id) of the L1 items supporting `event` at `hi`."
-    s = view.support([event])[0] if view.evidence else np.zeros(0)
+    s = _event_support(view, event)
     return sorted((e.t_start, e.t_end, e.item_id)
                   for e, v in zip(view.evidence, s) if e.level == 1 and v >= hi)
 

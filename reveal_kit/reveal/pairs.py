@@ -38,12 +38,15 @@ def _top_per_level(found: list, k: dict[int, int]) -> list:
     top = [c for lv in (1, 2, 3) for c in [c for c in best if c.item.level == lv][:k[lv]]]
     return sorted(top, key=lambda c: (c.item.level, c.item.t_start, c.item.item_id))
 
+def _as_candidates(found: list) -> list[Evidence]:
+    "The chosen items as evidence: score rounded to 4 places, source 'candidate'."
+    return [Evidence.from_item(c.item, score=round(c.score, 4), source='candidate') for c in found]
+
 def candidates(q: Question, memory: Memory, k_l1: int = 16, k_l2: int = 16) -> list[Evidence]:
     "L1@16, L2@16 and all L3 items per question (B.4): the best over its queries (`retrieve`), by level and time."
     k = {1: k_l1, 2: k_l2, 3: max(len(memory.level(3)), 1)}
     merged, _ = retrieve(memory, candidate_queries(q), k)
-    cs = _top_per_level(list(merged.values()), k)
-    return [Evidence.from_item(c.item, score=round(c.score, 4), source='candidate') for c in cs]
+    return _as_candidates(_top_per_level(list(merged.values()), k))
 
 # %% ../../nbs/26_reveal.pairs.ipynb #be736237
 @dataclass
@@ -76,11 +79,15 @@ class OracleTeacher:
         return Labels(pos, neg, 'oracle')
 
 # %% ../../nbs/26_reveal.pairs.ipynb #ab06c0d1
+def _numbers(n: int) -> Any:
+    "The type of a list of candidate numbers: each in 0..n-1, at most min(16, n) of them."
+    item = Annotated[int, Field(ge=0, le=max(n - 1, 0))]
+    return Annotated[list[item], Field(max_length=min(16, n))]
+
 @functools.lru_cache(maxsize=64)
 def teacher_reply(n: int) -> type[ReplyModel]:
     "The teacher's reply model over n candidates: decisive and misleading numbers (≤ 16 each)."
-    item = Annotated[int, Field(ge=0, le=max(n - 1, 0))]
-    idx = Annotated[list[item], Field(max_length=min(16, n))]
+    idx = _numbers(n)
     return create_model('TeacherReply', __base__=ReplyModel, decisive=(idx, ...),
                         misleading=(idx, ...), reasoning=(REASONING, ''))
 
@@ -98,10 +105,14 @@ def teacher_schema(n: int) -> dict:
     return reply_schema(teacher_reply(n))
 
 # %% ../../nbs/26_reveal.pairs.ipynb #584a6c29
+def _gold_line(q: Question) -> str:
+    "The gold answer as the teacher reads it: its letter and its option text."
+    return f"Correct answer: {q.answer}. {q.options[q.answer]}"
+
 def teacher_prompt(q: Question, cands: list[Evidence]) -> str:
     "The teacher's user message: question, options, gold answer, numbered candidates."
-    return (f"Question: {q.question}\nOptions:\n{q.options_text()}\nCorrect answer: {q.answer}. "
-            f"{q.options[q.answer]}\n\nCandidates:\n{evidence_block(cands, 80)}\n\n"
+    return (f"Question: {q.question}\nOptions:\n{q.options_text()}\n{_gold_line(q)}"
+            f"\n\nCandidates:\n{evidence_block(cands, 80)}\n\n"
             'Reply as {"decisive": [0, 3], "misleading": [5], "reasoning": "one sentence"}.')
 
 # %% ../../nbs/26_reveal.pairs.ipynb #dc0d95ba
@@ -153,12 +164,16 @@ def _supported(res: Any) -> bool:
     direction = (res.scores.get('directions') or {}).get(res.answer)
     return res.source == 'model' or direction == 'supported'
 
+def _outcome(q: Question, res: Any) -> dict:
+    "The outcome record of the answer `res` to q: letter, right or not, supported, source."
+    return {'answer': res.answer, 'correct': res.answer == q.answer, 'supported': _supported(res),
+            'source': res.source}
+
 def answer_outcome(q: Question, evidence: list[Evidence], answerer: Answerer,
                    embed: Callable | None) -> dict:
     "The answerer's letter on this evidence, whether it is right, and whether its option is supported."
     res = answerer.answer(q, evidence_view(evidence, embed, q.duration))
-    return {'answer': res.answer, 'correct': res.answer == q.answer, 'supported': _supported(res),
-            'source': res.source}
+    return _outcome(q, res)
 
 # %% ../../nbs/26_reveal.pairs.ipynb #3c5db80f
 def filter_conditions(outcomes: dict | None) -> list[str]:
@@ -228,10 +243,14 @@ def _removed_first(pairs: list[Pair]) -> dict[str, int]:
     return {c: sum(bool(p.removed_by) and p.removed_by[0] == c for p in pairs)
             for c in FILTER_CONDITIONS}
 
+def _failed_by_condition(pairs: list[Pair]) -> dict[str, int]:
+    "Per condition, how many pairs fail it (a pair may fail several)."
+    return {c: sum(c in p.removed_by for p in pairs) for c in FILTER_CONDITIONS}
+
 def filter_counts(pairs: list[Pair]) -> dict:
     "Candidates → kept; per condition how many it fails (`by_condition`) and how many it removes first (`first`)."
     n, kept = len(pairs), sum(p.kept for p in pairs)
-    by = {c: sum(c in p.removed_by for p in pairs) for c in FILTER_CONDITIONS}
+    by = _failed_by_condition(pairs)
     first = _removed_first(pairs)
     return {'candidates': n, 'kept': kept, 'removed': n - kept,
             'removed_frac': (n - kept) / n if n else 0.0, 'by_condition': by, 'first': first}
@@ -251,6 +270,10 @@ def pair_views(pairs: list[Pair],
 def _separation_row(v: Verifier, p: Pair, pair_views: tuple) -> dict:
     "One pair's row: the verifier's ρ and verdict on E⁺ and on E⁻, and whether they separate."
     rp, rn = (v.verify(p.question, view) for view in pair_views)
+    return _pair_row(p, rp, rn)
+
+def _pair_row(p: Pair, rp: Any, rn: Any) -> dict:
+    "The row of pair p from the verifier's reports on its E⁺ (`rp`) and E⁻ (`rn`)."
     return {'qid': p.qid, 'qtype': question_type(p.question), 'rho_pos': rp.rho,
             'rho_neg': rn.rho, 'suff_pos': rp.sufficient, 'suff_neg': rn.sufficient,
             'correct': rp.sufficient and not rn.sufficient}

@@ -30,9 +30,13 @@ def _rewrite_key(c: Criterion) -> tuple:
     "What a rewrite changes: description, boundaries, question types, check."
     return (c.description, c.boundaries, sorted(c.question_types), c.check)
 
+def _common_rescaling(a: dict, b: dict, both: list[str]) -> float:
+    "The median new / old weight over the criteria in both pools (1 when there are none)."
+    return float(np.median([b[n].weight / a[n].weight for n in both])) if both else 1.0
+
 def _reweighted(a: dict, b: dict, both: list[str]) -> list[str]:
     "Criteria in both whose weight changed beyond the common (median) rescaling."
-    r = float(np.median([b[n].weight / a[n].weight for n in both])) if both else 1.0
+    r = _common_rescaling(a, b, both)
     return [n for n in both if abs(b[n].weight / r - a[n].weight) > 0.01 * a[n].weight]
 
 def pool_diff(old: RubricPool, new: RubricPool) -> dict[str, list[str]]:
@@ -48,12 +52,16 @@ WEIGHT_GRID = (0.5, 1.0, 1.5, 2.0, 3.0)
 _ALL_CHECKS = [Criterion(c, c, 1.0, {'1': '-', '0.5': '-', '0': '-'}, ['all'], [], c)
                for c in OFFLINE_CHECKS]
 
+def _option_z(tab: dict, o: str) -> list[float]:
+    "Option o's offline z for every check, in `OFFLINE_CHECKS` order."
+    return [tab[o][c] for c in OFFLINE_CHECKS]
+
 def check_table(q: Question, view: EvidenceView, n_options: int = 5) -> np.ndarray:
     "(n_options, n_checks) offline z of every check for every option (rows beyond q's options are 0)."
     tab = offline_scores(q, _ALL_CHECKS, view).table
     Z = np.zeros((n_options, len(OFFLINE_CHECKS)))
     for i, o in enumerate(list(q.options)[:n_options]):
-        Z[i] = [tab[o][c] for c in OFFLINE_CHECKS]
+        Z[i] = _option_z(tab, o)
     return Z
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #530bfe3e
@@ -74,10 +82,14 @@ def table_rho(Z: np.ndarray, W: np.ndarray) -> np.ndarray:
     return np.einsum('pxoc,kc->kpxo', Z, W).max(-1) / W.sum(1)[:, None, None]
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #1c786eae
+def _separated(rho: np.ndarray, tau: float) -> np.ndarray:
+    "(K, n_pairs): whether each weight vector separates each pair (ρ⁺ ≥ τ > ρ⁻)."
+    return (rho[:, :, 0] >= tau - 1e-12) & (rho[:, :, 1] < tau - 1e-12)
+
 def table_scores(Z: np.ndarray, W: np.ndarray, pair_w: np.ndarray, tau: float) -> np.ndarray:
     "Weighted separated-pair count for every weight vector, plus 1e-3 × the mean ρ⁺ − ρ⁻ margin."
     rho = table_rho(Z, W)
-    ok = (rho[:, :, 0] >= tau - 1e-12) & (rho[:, :, 1] < tau - 1e-12)
+    ok = _separated(rho, tau)
     return ok.astype(float) @ pair_w + 1e-3 * (rho[:, :, 0] - rho[:, :, 1]).mean(1)
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #b91120d8
@@ -90,12 +102,18 @@ def _subset_vectors(n_checks: int, sub: tuple, grid: tuple) -> list[np.ndarray]:
         rows.append(w)
     return rows
 
+def _k_check_vectors(n_checks: int, k: int, grid: tuple) -> list[np.ndarray]:
+    "Every weight vector nonzero on exactly k checks, weights from `grid`."
+    rows = []
+    for sub in combinations(range(n_checks), k):
+        rows += _subset_vectors(n_checks, sub, grid)
+    return rows
+
 def weight_candidates(n_checks: int, max_checks: int = 3, grid: tuple = WEIGHT_GRID) -> np.ndarray:
     "Every weight vector with 1..max_checks nonzero checks, weights from `grid`: (K, n_checks)."
     rows = []
     for k in range(1, max_checks + 1):
-        for sub in combinations(range(n_checks), k):
-            rows += _subset_vectors(n_checks, sub, grid)
+        rows += _k_check_vectors(n_checks, k, grid)
     return np.array(rows)
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #1a7dd201
@@ -107,12 +125,17 @@ def search_type(Z: np.ndarray, pair_w: np.ndarray, tau: float,
     return W[i], float(s[i])
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #2c3fac75
-def _best_trial(g: np.ndarray, c: int, grid: tuple, total: Callable) -> np.ndarray:
-    "`g` with check c's weight set to the grid value that most raises `total` (`g` if none does)."
+def _trials(g: np.ndarray, c: int, grid: tuple) -> list[np.ndarray]:
+    "Copies of `g`, one per grid value, with check c's weight set to it."
     trials = [g.copy() for _ in grid]
     for tv, x in zip(trials, grid):
         tv[c] = x
-    return max(trials, key=total) if total(max(trials, key=total)) > total(g) + 1e-12 else g
+    return trials
+
+def _best_trial(g: np.ndarray, c: int, grid: tuple, total: Callable) -> np.ndarray:
+    "`g` with check c's weight set to the grid value that most raises `total` (`g` if none does)."
+    best = max(_trials(g, c, grid), key=total)
+    return best if total(best) > total(g) + 1e-12 else g
 
 def _shared_score(g: np.ndarray, choices: dict, Zs: dict, ws: dict, tau: float) -> float:
     "The summed type scores when each type uses the shared weights of the checks it chose."
@@ -175,14 +198,18 @@ def _untouched(pool: RubricPool, c: Criterion, searched: set[str]) -> list[str]:
     types = pool.question_types if 'all' in c.question_types else c.question_types
     return [t for t in types if t not in searched and t != 'all']
 
+def _restricted(c: Criterion, types: list[str]) -> Criterion:
+    "A copy of criterion c for the question types `types` only."
+    return Criterion(c.name, c.description, c.weight, dict(c.boundaries), types, list(c.cues),
+                     c.check)
+
 def _carry(pool: RubricPool, searched: set[str]) -> list[Criterion]:
     "Old criteria for the question types the search did not touch (types restricted, emptied ones dropped)."
     out = []
     for c in pool.criteria:
         types = _untouched(pool, c, searched)
         if types:
-            out.append(Criterion(c.name, c.description, c.weight, dict(c.boundaries), types,
-                                 list(c.cues), c.check))
+            out.append(_restricted(c, types))
     return out
 
 class OfflineProposer:
@@ -194,11 +221,15 @@ class OfflineProposer:
         self.W = weight_candidates(len(OFFLINE_CHECKS), max_checks, grid)
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #9ec1de87
+def _current_score(pool: RubricPool, t: str, Z: np.ndarray, w: np.ndarray, tau: float) -> float:
+    "The score of type t's current check weights in `pool` on its pairs."
+    return table_scores(Z, type_weights(pool, t)[None], w, tau)[0]
+
 def _type_choice(self: OfflineProposer, pool: RubricPool, t: str, Z: np.ndarray,
                  w: np.ndarray) -> np.ndarray | None:
     "A type's best check weights, when they separate at least one more pair than its current ones."
     best, s_best = search_type(Z, w, self.tau, self.W)
-    s_cur = table_scores(Z, type_weights(pool, t)[None], w, self.tau)[0]
+    s_cur = _current_score(pool, t, Z, w, self.tau)
     return best if s_best - s_cur >= 0.99 else None
 
 def _free_name(t: Criterion, types: list[str], taken: set[str]) -> str:
@@ -207,16 +238,23 @@ def _free_name(t: Criterion, types: list[str], taken: set[str]) -> str:
     taken.add(name)
     return name
 
+def _choosing_types(choices: dict, i: int) -> list[str]:
+    "The question types (in `QUESTION_TYPES` order) whose chosen weights use check i."
+    return [t for t in QUESTION_TYPES if t in choices and choices[t][i] > 0]
+
+def _from_template(t: Criterion, name: str, w: float, types: list[str], ch: str) -> Criterion:
+    "A criterion for check ch from template t: its text, with `name`, weight w and `types`."
+    return Criterion(name, t.description, w, dict(t.boundaries), types, list(t.cues), ch)
+
 def _chosen_criteria(tpl: dict, choices: dict, g: np.ndarray, taken: set[str]) -> list[Criterion]:
     "One criterion per chosen check: its template's text, the shared weight, the types choosing it."
     crits = []
     for i, ch in enumerate(OFFLINE_CHECKS):
-        types = [t for t in QUESTION_TYPES if t in choices and choices[t][i] > 0]
+        types = _choosing_types(choices, i)
         if types:
             t = tpl[ch]
             name = _free_name(t, types, taken)
-            crits.append(Criterion(name, t.description, float(g[i]), dict(t.boundaries), types,
-                                   list(t.cues), ch))
+            crits.append(_from_template(t, name, float(g[i]), types, ch))
     return crits
 
 def _by_type(pairs: list[Pair]) -> dict[str, list[Pair]]:
@@ -226,11 +264,15 @@ def _by_type(pairs: list[Pair]) -> dict[str, list[Pair]]:
         by_type.setdefault(question_type(p.question), []).append(p)
     return by_type
 
+def _pool_like(pool: RubricPool, crits: list[Criterion]) -> RubricPool:
+    "A new pool (not a seed) of `crits`, with the name, version and types of `pool`."
+    return RubricPool(crits, pool.name, pool.version, False, pool.description, pool.question_types)
+
 def _searched_pool(pool: RubricPool, choices: dict, g: np.ndarray) -> RubricPool:
     "The carried criteria and one per chosen check, as a new pool named like `pool`."
     crits = _carry(pool, set(choices))
     crits += _chosen_criteria(check_templates(pool), choices, g, {c.name for c in crits})
-    return RubricPool(crits, pool.name, pool.version, False, pool.description, pool.question_types)
+    return _pool_like(pool, crits)
 
 @patch
 def propose(self: OfflineProposer, pool: RubricPool, working: list[Pair], context: list[Pair],
@@ -283,11 +325,15 @@ def own_pairs(names: list[str], pool: RubricPool, working: list[Pair],
     return out
 
 # %% ../../nbs/26a_reveal.proposers.ipynb #9356109e
+def _undone(old: RubricPool, new: RubricPool, drop: set[str]) -> list[Criterion]:
+    "`new`'s criteria with `drop` undone: old versions back, additions left out."
+    return [old[c.name] if c.name in drop else c for c in new.criteria if c.name not in drop
+            or c.name in old]
+
 def _restore(old: RubricPool, new: RubricPool, drop: set[str]) -> RubricPool:
     "`new` with the criteria in `drop` undone: a rewrite back to its old version, an addition removed."
-    crits = [old[c.name] if c.name in drop else c for c in new.criteria if c.name not in drop
-             or c.name in old]
-    return RubricPool(crits, new.name, new.version, new.seed, new.description, new.question_types)
+    return RubricPool(_undone(old, new, drop), new.name, new.version, new.seed, new.description,
+                      new.question_types)
 
 def _own_rho(c: Criterion, p: Pair, views: dict, model: ChatModel | None, config: Config | None,
              calls: list[dict]) -> tuple[float, float]:

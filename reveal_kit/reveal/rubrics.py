@@ -62,12 +62,16 @@ def _boundary_key(name: str, k: Any) -> str:
         raise ValueError(f"criterion {name!r}: boundary key {k!r} is not one of 1 / 0.5 / 0")
     return key
 
+def _require_all_scores(name: str, b: dict[str, str]) -> None:
+    "ValueError naming the scores with no boundary text."
+    missing = [k for k in ('1', '0.5', '0') if not b.get(k)]
+    if missing:
+        raise ValueError(f"criterion {name!r}: missing boundary text for score(s) {missing}")
+
 def _boundaries(name: str, b: dict) -> dict[str, str]:
     "Normalize boundary keys (YAML reads `1:` as int, `0.5:` as float) and require all three."
     out = {_boundary_key(name, k): str(v).strip() for k, v in b.items()}
-    missing = [k for k in ('1', '0.5', '0') if not out.get(k)]
-    if missing:
-        raise ValueError(f"criterion {name!r}: missing boundary text for score(s) {missing}")
+    _require_all_scores(name, out)
     return out
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #1f0a2c18
@@ -128,13 +132,17 @@ def _weight(c: dict, where: str) -> float:
                          f"got {c['weight']!r}")
     return w
 
+def _cues(c: dict) -> list[str]:
+    "The criterion's cue words, lower-cased (none when it lists none)."
+    return [str(x).lower() for x in c.get('cues', [])]
+
 def _criterion(c: dict, vocab: set[str], where: str) -> Criterion:
     "One criterion from its parsed mapping; its question types must come from `vocab`."
     _check_types(c, vocab, where)
     w = _weight(c, where)
     return Criterion(c['name'], c['description'].strip(), w,
                      _boundaries(c['name'], c['boundaries']), list(c['question_types']),
-                     [str(x).lower() for x in c.get('cues', [])], c.get('check', 'direct_support'))
+                     _cues(c), c.get('check', 'direct_support'))
 
 def _check_schema(d: dict, where: str) -> None:
     "Raise ValueError naming the first place where `d` breaks `POOL_SCHEMA`."
@@ -194,28 +202,36 @@ def _yaml_criterion(c: Criterion) -> dict:
     b = c.boundaries
     return {**c.to_dict(), 'boundaries': {1: b['1'], 0.5: b['0.5'], 0: b['0']}}
 
+_POOL_KEYS = ('name', 'version', 'seed', 'description', 'question_types')
+
+def _pool_mapping(pool: RubricPool) -> dict:
+    "The pool as the mapping its YAML holds, keys in schema order (criteria last)."
+    d = {k: getattr(pool, k) for k in _POOL_KEYS}
+    return {**d, 'criteria': [_yaml_criterion(c) for c in pool.criteria]}
+
 @patch
 def to_yaml(self: RubricPool) -> str:
     "The pool as YAML in the same schema (round-trips through `load`)."
-    crits = [_yaml_criterion(c) for c in self.criteria]
-    d = {'name': self.name, 'version': self.version, 'seed': self.seed,
-         'description': self.description, 'question_types': self.question_types, 'criteria': crits}
-    return yaml.safe_dump(d, sort_keys=False, allow_unicode=True)
+    return yaml.safe_dump(_pool_mapping(self), sort_keys=False, allow_unicode=True)
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #bd22ad47
 def _checkout_roots() -> tuple[Path, Path]:
     "Where a checkout may be: the project root from the working folder, then the package's."
     return project_root(), Path(reveal_kit.__file__).resolve().parent.parent
 
-def default_pool_path() -> Path:
-    "`$REVEAL_RUBRICS`, else `rubrics/seed.yaml` of the checkout (found from the working dir or the package)."
-    if os.environ.get('REVEAL_RUBRICS'):
-        return Path(os.environ['REVEAL_RUBRICS'])
+def _checkout_seed() -> Path | None:
+    "The first checkout's `rubrics/seed.yaml` that exists, else None."
     for root in _checkout_roots():
         p = root / 'rubrics' / 'seed.yaml'
         if p.exists():
             return p
-    return project_root() / 'rubrics' / 'seed.yaml'
+    return None
+
+def default_pool_path() -> Path:
+    "`$REVEAL_RUBRICS`, else the checkout's `rubrics/seed.yaml` (from the working dir or the package)."
+    if os.environ.get('REVEAL_RUBRICS'):
+        return Path(os.environ['REVEAL_RUBRICS'])
+    return _checkout_seed() or project_root() / 'rubrics' / 'seed.yaml'
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #7745e9e6
 def resolve_pool_path(path: str | Path) -> Path:
@@ -245,13 +261,17 @@ def _pool_kind(d: dict) -> str:
     "seed (flagged so), induced (it carries provenance) or custom."
     return 'seed' if d.get('seed') else 'induced' if d.get('provenance') else 'custom'
 
+def _origin_provenance(d: dict) -> dict:
+    "The keys of an induced pool's provenance that its origin reports (`_ORIGIN_KEYS`)."
+    prov = d.get('provenance') or {}
+    return {k: prov[k] for k in _ORIGIN_KEYS if k in prov}
+
 def pool_origin(path: str | Path) -> dict:
     "Which pool a file is: path, name, kind (seed | induced | custom), SHA-256 and the induced pool's provenance."
     p = resolve_pool_path(path)
     d = yaml.safe_load(p.read_text()) or {}
-    prov = d.get('provenance') or {}
     return dict(path=str(p), name=d.get('name'), kind=_pool_kind(d), sha256=sha256_file(p),
-                provenance={k: prov[k] for k in _ORIGIN_KEYS if k in prov})
+                provenance=_origin_provenance(d))
 
 # %% ../../nbs/21_reveal.rubrics.ipynb #f8dbd70f
 def _chosen(it: Any, short: bool) -> str:
@@ -260,20 +280,28 @@ def _chosen(it: Any, short: bool) -> str:
         return f"iteration {it}"
     return 'start pool kept' if short else 'start pool kept: no iteration beat it'
 
+def _induced_on(p: dict) -> str:
+    "Where an induced pool was induced: 'induced on BENCHMARK/SPLIT'."
+    return f"induced on {p.get('benchmark')}/{p.get('split')}"
+
 def _induced_label(origin: dict, p: dict, short: bool) -> str:
     "An induced pool's line: where it was induced, by whom (unless `short`), which iteration it is."
     chosen = _chosen(p.get('iteration'), short)
     if short:
-        return f"pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, {chosen})"
-    return (f"rubric pool {origin['name']} (induced on {p.get('benchmark')}/{p.get('split')}, "
+        return f"pool {origin['name']} ({_induced_on(p)}, {chosen})"
+    return (f"rubric pool {origin['name']} ({_induced_on(p)}, "
             f"teacher {p.get('teacher')}, proposer {p.get('proposer')}, {chosen})")
+
+def _hand_written_kind(kind: str) -> str:
+    "What a hand-written pool is: the seed, or a custom pool without induction provenance."
+    return ('hand-written seed, not induced' if kind == 'seed'
+            else 'hand-written, no induction provenance')
 
 def _hand_written_label(origin: dict, short: bool) -> str:
     "A seed or custom pool's line: its name, hand-written."
     if short:
         return f"pool {origin['name']} (hand-written)"
-    what = ('hand-written seed, not induced' if origin['kind'] == 'seed'
-            else 'hand-written, no induction provenance')
+    what = _hand_written_kind(origin['kind'])
     return f"rubric pool {origin['name']} ({what})"
 
 def pool_label(origin: dict, short: bool = False) -> str:

@@ -53,15 +53,22 @@ def _distinctive(texts: list[str], common: set[str] | frozenset) -> list[list[st
     "Each text's content words less `common` (all of them when none would stay)."
     return [[w for w in content_words(t) if w not in common] or content_words(t) for t in texts]
 
+def _coverage(cw: list[str], s: set[str]) -> float:
+    "Share of the words `cw` found in the word set `s` (0 when there are none)."
+    return len(set(cw) & s) / len(cw) if cw else 0.0
+
 def _lexical(view: EvidenceView, texts: list[str], common: set[str] | frozenset) -> np.ndarray:
     "Share of each text's content words (less `common`, if any stay) found in each evidence item."
     ecw = _item_words(view)
-    words = _distinctive(texts, common)
-    return np.array([[len(set(cw) & s) / len(cw) if cw else 0.0 for s in ecw] for cw in words])
+    return np.array([[_coverage(cw, s) for s in ecw] for cw in _distinctive(texts, common)])
+
+def _has_vectors(view: EvidenceView, tv: np.ndarray | None) -> bool:
+    "Whether the texts have embeddings and so does every evidence item."
+    return tv is not None and view.vecs is not None and len(view.vecs) == len(view.evidence)
 
 def _with_cosine(view: EvidenceView, tv: np.ndarray | None, lex: np.ndarray) -> np.ndarray:
     "½ cosine + ½ lexical (lexical alone without matching embeddings)."
-    if tv is None or view.vecs is None or len(view.vecs) != len(view.evidence):
+    if not _has_vectors(view, tv):
         return lex
     return 0.5 * np.clip(tv @ view.vecs.T, 0, 1) + 0.5 * lex
 
